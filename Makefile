@@ -299,7 +299,9 @@ fake-cuda-test: $(FAKE_CUDA_TESTS)
 #                       concurrency or TF32 numerics (tests/gpu/run.sh).
 # Under sanitizers:     make emu-cuda-test B=build/asan OPT="-O1 -g -fsanitize=address,undefined"
 #                       (ASan warns once that it does not fully support swapcontext; the
-#                       emulator annotates its fiber switches, so reports are genuine) and
+#                       emulator annotates its fiber switches and poisons their stacks itself,
+#                       so reports are genuine; EMU_SAME_FIGURES=0 skips the examples' CPU
+#                       reference runs, as .ci/run's ASan pass does) and
 #                       make emu-cuda-test B=build/tsan OPT="-O1 -g -fsanitize=thread" (slow)
 EB               = $(B)/emu_cuda
 EMU_CUDA_DEVICES ?= 1 2 3
@@ -319,13 +321,31 @@ $(EB)/cuda_emu.o: tests/cuda_emu/cuda_emu.cc $(EMU_HEADERS)
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_CXXFLAGS) $(OPT) $(CFLAGS) -c $< -o $@
 
-$(EB)/test_%.o: tests/test_%.c pdp.h tests/pdp_test.h
+# pdp.h's implementation with -DPDP_CUDA, compiled once (tests/pdp_impl.c, as make test does):
+# the tests and the examples link it (TEST_LINKED, IMPL_LINKED) instead of compiling the
+# implementation eight times (the GPU bench still compiles its own: bench/cuda/gpu.c relies on
+# the implementation for <stdlib.h>). The plain build's CPU time, measured: 91.6 s -> 30.9 s.
+EMU_IMPL      = $(EB)/pdp_impl.o
+EMU_OBJS      = $(EMU_IMPL) $(EB)/pdp_cuda.o $(EB)/cuda_emu.o
+EMU_EXAMPLES  = $(addprefix $(EB)/train_,mnist dp ddp tp pp)
+EMU_PROGRAMS  = $(EMU_CUDA_TESTS) $(EMU_EXAMPLES)
+# EMU_SAME_FIGURES=0 (the sanitizer pass in .ci/run) runs each example's GPU command alone,
+# without its CPU reference run and the comparison (tests/cuda_emu/same_figures.sh --run-only)
+EMU_SAME_FIGURES ?= 1
+EMU_FIGURES   = sh tests/cuda_emu/same_figures.sh $(if $(filter 0,$(EMU_SAME_FIGURES)),--run-only)
+
+$(EMU_IMPL): tests/pdp_impl.c tests/counting_alloc.h pdp.h
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) -c $< -o $@
 
-$(EB)/test_%: $(EB)/test_%.o $(EB)/pdp_cuda.o $(EB)/cuda_emu.o
-	$(CXX) $(OPT) $(CFLAGS) $^ -o $@ $(LDLIBS)
-.PRECIOUS: $(EB)/test_%.o
+$(EB)/test_%.o: tests/test_%.c $(TEST_HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) $(TEST_LINKED) -c $< -o $@
+
+# under ASan only: a kernel thread's stack overflow after a barrier is reported
+EMU_STACK_CHECK = $(if $(findstring sanitize=address,$(OPT)),$(EB)/stack_check)
+$(EB)/stack_check: tests/cuda_emu/stack_check.cc $(EB)/cuda_emu.o $(EMU_HEADERS)
+	$(CXX) $(EMU_CXXFLAGS) $(OPT) $(CFLAGS) $< $(EB)/cuda_emu.o -o $@ $(LDLIBS)
 
 $(EB)/bench_gpu.o: bench/cuda/gpu.c pdp.h
 	@mkdir -p $(@D)
@@ -336,11 +356,14 @@ $(EB)/bench_gpu: $(EB)/bench_gpu.o $(EB)/pdp_cuda.o $(EB)/cuda_emu.o
 
 $(EB)/train_%.o: examples/train_%.c pdp.h
 	@mkdir -p $(@D)
-	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) -c $< -o $@
+	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) $(IMPL_LINKED) -c $< -o $@
 
-$(EB)/train_%: $(EB)/train_%.o $(EB)/pdp_cuda.o $(EB)/cuda_emu.o
+$(EB)/test_%: $(EB)/test_%.o $(EMU_OBJS)
 	$(CXX) $(OPT) $(CFLAGS) $^ -o $@ $(LDLIBS)
-.PRECIOUS: $(EB)/train_%.o
+
+$(EB)/train_%: $(EB)/train_%.o $(EMU_OBJS) # any example (train_cnn, train_zero by hand)
+	$(CXX) $(OPT) $(CFLAGS) $^ -o $@ $(LDLIBS)
+.PRECIOUS: $(EB)/test_%.o $(EB)/train_%.o
 
 # ... then bench/cuda/gpu.c once at toy sizes (--smoke): the GPU bench runs to the end; and
 # three examples in short mode on emulated GPUs, whose losses and accuracies must read as
@@ -349,8 +372,13 @@ $(EB)/train_%: $(EB)/train_%.o $(EB)/pdp_cuda.o $(EB)/cuda_emu.o
 # per GPU), against the same example on -backend local: train_tp on 2 GPUs, train_pp on 2
 # stages, 1F1B and GPipe. (train_cnn -device cuda matches too, but takes 85 s on the
 # emulator: run it by hand.)
-emu-cuda-test: $(EMU_CUDA_TESTS) $(EB)/bench_gpu $(EB)/train_mnist $(EB)/train_dp \
-               $(EB)/train_ddp $(EB)/train_tp $(EB)/train_pp
+emu-cuda-test: $(EMU_PROGRAMS) $(EB)/bench_gpu $(EMU_STACK_CHECK)
+	@if [ -n "$(EMU_STACK_CHECK)" ]; then \
+	    echo "== $(EB)/stack_check (ASan sees a kernel thread's stack overflow after a barrier)"; \
+	    ./$(EB)/stack_check 2>&1 | grep -q "no report" || { echo "stack_check failed"; exit 1; }; \
+	    ./$(EB)/stack_check overflow 2>&1 | grep -q stack-buffer-overflow || \
+	        { echo "stack_check overflow: ASan reported no stack-buffer-overflow"; exit 1; }; \
+	fi
 	@for t in $(EMU_CUDA_TESTS); do \
 	    for n in $(EMU_CUDA_DEVICES); do \
 	        echo "== PDP_EMU_CUDA_DEVICES=$$n $$t"; \
@@ -364,21 +392,21 @@ emu-cuda-test: $(EMU_CUDA_TESTS) $(EB)/bench_gpu $(EB)/train_mnist $(EB)/train_d
 	@echo "== PDP_EMU_CUDA_DEVICES=1 $(EB)/bench_gpu --smoke"
 	@PDP_EMU_CUDA_DEVICES=1 timeout 600 ./$(EB)/bench_gpu --smoke
 	@echo "== $(EB)/train_mnist -device cuda, against -device cpu"
-	@PDP_EMU_CUDA_DEVICES=1 sh tests/cuda_emu/same_figures.sh \
+	@PDP_EMU_CUDA_DEVICES=1 $(EMU_FIGURES) \
 	    "./$(EB)/train_mnist -device cpu" "./$(EB)/train_mnist -device cuda"
 	@echo "== $(EB)/train_dp -j 2 -gpus 2 (DP on GPUs), against -j 2 on the CPU"
-	@PDP_EMU_CUDA_DEVICES=2 sh tests/cuda_emu/same_figures.sh \
+	@PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
 	    "./$(EB)/train_dp -j 2" "./$(EB)/train_dp -j 2 -gpus 2"
 	@echo "== $(EB)/train_ddp -backend nccl -np 2 (a thread per GPU), against -backend local"
-	@PDP_EMU_CUDA_DEVICES=2 sh tests/cuda_emu/same_figures.sh \
+	@PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
 	    "./$(EB)/train_ddp -backend local -np 2" "./$(EB)/train_ddp -backend nccl -np 2"
 	@echo "== $(EB)/train_tp -backend nccl -np 2 (TP, a thread per GPU), against -backend local"
-	@PDP_EMU_CUDA_DEVICES=2 sh tests/cuda_emu/same_figures.sh \
+	@PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
 	    "./$(EB)/train_tp -backend local -np 2" "./$(EB)/train_tp -backend nccl -np 2"
 	@echo "== $(EB)/train_pp -backend nccl -np 2 (PP 1F1B, a thread per GPU), against -backend local"
-	@PDP_EMU_CUDA_DEVICES=2 sh tests/cuda_emu/same_figures.sh \
+	@PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
 	    "./$(EB)/train_pp -backend local -np 2" "./$(EB)/train_pp -backend nccl -np 2"
 	@echo "== $(EB)/train_pp -backend nccl -np 2 -schedule gpipe, against -backend local"
-	@PDP_EMU_CUDA_DEVICES=2 sh tests/cuda_emu/same_figures.sh \
+	@PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
 	    "./$(EB)/train_pp -backend local -np 2 -schedule gpipe" \
 	    "./$(EB)/train_pp -backend nccl -np 2 -schedule gpipe"

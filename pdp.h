@@ -85,14 +85,25 @@
    ignored; pdp_model_forward_backward_target takes the target as a tensor whose dtype
    picks the loss (int32: cross-entropy, float32: mean squared error).
 
+   Activation recomputation (pdp_model_desc.recompute, pdp_gpt_desc.recompute) trades
+   compute for memory with the same bits: SELECTIVE keeps no attention probabilities
+   (Megatron's 5as/h term) and draws them again in backward; FULL keeps only each residual
+   region's input and runs the region again before its backward, in one scratch the size
+   of the largest region (pdp_model_activation_bytes counts what stays). Dropout masks are
+   keyed, not streamed, so the recomputed masks are the first ones. Single device, DP,
+   DDP, ZeRO 1-2, TP and pipelines honour it; ZeRO-3 refuses FULL.
+
    Checked against a PyTorch GPT (tools/gpt_reference.py, tests/test_gpt.c): logits,
    loss and every gradient within 1e-5 (measured 1.7e-7 and 6.3e-8), 5 AdamW steps with
    clipping within 1e-5, bf16 against autocast within 1e-2, the mask (a later token
-   changes no earlier logit, bit for bit) and finite differences. DataParallel and DDP
-   train it (each equal to one device); ZeRO stage 3 and pipelines refuse it with
-   PDP_ERR_UNSUPPORTED for now. On a CUDA device (desc.device = pdp_cuda(i)) every layer
-   runs in pdp_cuda.cu, checked against the same GPT on the CPU under the CUDA emulation
-   (tests/test_cuda.c: logits, loss, gradients and three AdamW steps within 1e-5).
+   changes no earlier logit, bit for bit) and finite differences. DataParallel, DDP and
+   ZeRO stages 1-3 train it (each equal to one device; the tied weight's two gradients are
+   summed and reduced once, after the embedding's backward), and so does tensor
+   parallelism by heads (pdp_gpt_desc.tp) and pipelines of blocks (pp.h: cut between
+   residual regions, the tied weight copied to the last stage and its gradients summed).
+   On a CUDA device (desc.device = pdp_cuda(i)) every layer runs in pdp_cuda.cu, checked
+   against the same GPT on the CPU under the CUDA emulation (tests/test_cuda.c: logits,
+   loss, gradients and three AdamW steps within 1e-5).
 
    BUILD
    =====
@@ -907,6 +918,19 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
 
 typedef struct pdp_model pdp_model;
 
+/* Activation recomputation (Korthikanti et al., "Reducing Activation Recomputation in
+   Large Transformer Models", 2022): memory for compute, the same results up to float
+   rounding (the same dropout masks: they are keyed, not drawn from a stream).
+   SELECTIVE: a CausalSelfAttention keeps no attention probabilities (heads x T x T a
+   sample); backward draws them again from its input. FULL: the layers inside each
+   residual region keep nothing; the region runs forward again from its input (kept)
+   before its backward, in one scratch set of buffers the size of the largest region. */
+typedef enum pdp_recompute {
+    PDP_RECOMPUTE_NONE = 0,      /* default: keep every activation */
+    PDP_RECOMPUTE_SELECTIVE = 1,
+    PDP_RECOMPUTE_FULL = 2
+} pdp_recompute;
+
 typedef struct pdp_model_desc {
     int input_ndim;          /* 1 (features) or 3 (channels, height, width); 0 = count of
                                 nonzero input_shape entries */
@@ -919,6 +943,7 @@ typedef struct pdp_model_desc {
                                 the rest stay fp32. Default fp32 */
     pdp_dtype input_dtype;   /* PDP_DTYPE_I32: samples are T token ids (input_shape {T}),
                                 taken by an Embedding first; default float32 */
+    pdp_recompute recompute; /* activation recomputation; default none */
 } pdp_model_desc;
 
 PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc);
@@ -1007,7 +1032,10 @@ PDP_API int pdp_model_output_shape(const pdp_model *m, int64_t shape[3]);
 PDP_API int64_t pdp_model_param_count(const pdp_model *m); /* floats in all parameters */
 /* Bytes of activations that layers [lo, hi) keep from forward for backward at batch
    samples, as pdp_model_reserve plans them: their outputs (a view has none) and what each
-   saves (a Dropout's mask, an attention's probabilities, a LayerNorm's mean and rstd). */
+   saves (a Dropout's mask, an attention's probabilities, a LayerNorm's mean and rstd).
+   Under FULL recomputation the layers inside a residual region keep nothing (counted 0);
+   the scratch they run in, the largest region's outputs and saved buffers, lives only
+   during that region's forward and backward and is not in this count. */
 PDP_API int64_t pdp_model_activation_bytes(const pdp_model *m, int lo, int hi, int64_t batch);
 PDP_API int pdp_model_num_params(const pdp_model *m);      /* named parameter tensors */
 PDP_API pdp_device pdp_model_device(const pdp_model *m);
@@ -1138,10 +1166,29 @@ typedef struct pdp_gpt_desc {
     uint64_t seed;           /* initialisation and dropout masks; default 0 */
     pdp_device device;       /* default CPU; pdp_cuda(i): every layer runs in pdp_cuda.cu */
     pdp_precision precision; /* as pdp_model_desc.precision */
+    pdp_recompute recompute; /* as pdp_model_desc.recompute: SELECTIVE keeps no attention
+                                probabilities, FULL keeps each residual region's input only */
+    struct pdp_comm *tp;     /* tensor parallel (Megatron's blocks, tp.h): each block's
+                                c_attn column-parallel with q, k and v split by heads, the
+                                attention of this rank's heads, attn.c_proj row-parallel,
+                                the MLP as tp.h's; LayerNorms, embeddings and the head
+                                replicated. heads must divide by its size. NULL: none */
 } pdp_gpt_desc;
 
 /* Builds the GPT described above into *out (free it with pdp_model_free). A field out of
-   range fails with PDP_ERR_INVALID naming it. */
+   range fails with PDP_ERR_INVALID naming it. With desc.tp, every rank of it calls this
+   with the same desc; each block is then
+
+       Residual, LayerNorm ln_1, f, ColumnParallelLinear c_attn (3 dim: q, k and v each
+       split by heads), CausalSelfAttention (this rank's heads), RowParallelLinear
+       attn.c_proj, g, [Dropout], ResidualAdd,
+       Residual, LayerNorm ln_2, f, ColumnParallelLinear c_fc, GELU, RowParallelLinear
+       mlp.c_proj, g, [Dropout], ResidualAdd
+
+   (4 all-reduces of batch x T x dim floats a block and step: g forward, f backward, twice),
+   and its parameters start as the single-device GPT's slices (the full GPT is built and
+   cut), so it trains as one device does up to float rounding. Its checkpoints are
+   pdp_tp_checkpoint_save/load's, the single-device GPT's file. */
 PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc);
 
 /* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room
@@ -2421,6 +2468,13 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
        g       ReduceFromModelParallelRegion  forward: all-reduce (sum) of the partial sums
                                               backward: identity
 
+   A GPT's attention block (pdp_gpt_create with desc.tp, gpt.h) is the same five steps
+   with the attention in the middle: f, c_attn column-parallel in three parts (q, k and v
+   each split by heads, so a rank holds the q, k and v of its heads), the attention of
+   those heads (CausalSelfAttention on the shard: heads / N of them; its dropout keyed by
+   the global head), attn.c_proj row-parallel over the heads' outputs, g. Samples may be
+   [T, C]: the split Linears act on every position, as Linear does.
+
    f and g are conjugate: each is the other's transpose. After g every rank holds the
    same output bits (the communicator reduces in a fixed order), so the layers after the
    block, the loss and the output gradient are replicated, and so is b2's gradient. Per
@@ -2486,8 +2540,12 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
    The full-tensor checkpoints gather and scatter on the GPU (the staging model lives
    on the model's device).
 
+   Random masks: a Dropout or an attention's dropout is keyed by its layer's place in the
+   model without f and g, so a TP model draws the single-device model's masks (dropout
+   after g, and attention dropout by global head, train as one device does).
+
    Limits: the TP kinds run on the CPU and on CUDA (f and g are the communicator's
-   all-reduce on the device's buffers); no Dropout inside the block (its masks are
+   all-reduce on the device's buffers); no Dropout inside an MLP block (its masks are
    keyed by the element's index in the slice); a DP replica (dp.c) of a TP model is not
    supported. */
 
@@ -2625,7 +2683,9 @@ PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_op
               last param_buffers units of backward (the first of forward),
               V_kept = (N-1)/N x 4 x their padded floats (all of Psi_pad when
               there are no more units than param_buffers: then (2k + 1) V).
-              k = 1: 3 V, 1.5x DDP.
+              k = 1: 3 V, 1.5x DDP. A tied head (below) with more units than
+              param_buffers adds 2k (N-1)/N x 4 Psi_T (its unit gathered again
+              for the head in forward and in backward).
    With batch_mean PDP_BATCH_MEAN_GLOBAL each backward adds its one-float
    all-reduce of the batch sizes (2 (N-1)/N x 4 bytes, rounded down, per pass).
    pdp_zero_get_stats gives k, the bytes sent and this formula (its value and its
@@ -2641,6 +2701,19 @@ PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_op
    bytes_sent and in the formula) and weighs this rank's loss gradient by
    N n_r / T, so every stage equals one device on the concatenated shards,
    accumulation included (each backward weighted by its own global batch).
+
+   Tied parameters (a GPT's head, pdp_model_add_tied_linear, uses the Embedding's
+   transformer.wte.weight): the parameter lies in its owner's unit, T, and the head
+   computes with that unit. Stage 3 gathers T for the head's forward and its backward
+   as for a layer of T (when more units than param_buffers have pushed T out of its
+   slot since its own layers ran, that is a gather more each: Psi_T above). Backward
+   meets the head first and the embedding last: at every stage the head's gradient
+   and the embedding rows' are summed in T's one gradient buffer, and T's one
+   reduce-scatter starts only after the embedding's backward (the parameter reports
+   its gradient after its own layer only), as DDP's bucket of it starts once, then.
+   At stages 2-3 T keeps its buffer through the backward, so T has one of its own
+   (the last) and the other units share the rest: grad_buffers must be 2 or more when
+   there are 2 units or more (the default is).
 
    Every backward of the wrapped model synchronises, whatever the loss
    (pdp_zero_forward_backward, or pdp_zero_forward + own loss +
@@ -2695,7 +2768,9 @@ typedef struct pdp_zero_desc {
     double bucket_cap_mb;    /* unit size in MiB; default 25 */
     double first_bucket_mb;  /* the first unit (the last layers); default min(1, cap) */
     int grad_buffers;        /* stages 2-3: gradient bucket buffers, 1..U; default
-                                min(2, U) */
+                                min(2, U); a tied head's unit holds one through the
+                                backward, so then 2..U (PDP_ERR_INVALID naming the
+                                layer otherwise) */
     int param_buffers;       /* stage 3: gathered parameter buffers, 2..max(2, U);
                                 default 2 */
     bool no_prefetch;        /* stage 3: gather each unit only when it is needed (for
@@ -2907,6 +2982,15 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
        split as rank 0. Parameter counts can leave a stage nearly idle (the first
        Linear of the MLP 784-512-512-10 holds 60% of its parameters but 50% of its
        estimated work), and its bubble then exceeds the formula below: balance by work;
+     - a GPT (gpt.h) is cut between blocks' residual regions only (a stage never starts
+       inside a region: the skip stays on one stage; a first_layer that cuts one fails
+       naming it): the embedding on stage 0, the final LayerNorm, head and loss on the
+       last, labels one a position (-1 ignored, the loss the mean over the batch's
+       labels that count). The head's weight is the embedding's (tied): the last stage
+       holds a copy of it, and after each pass the two stages exchange their gradients
+       of it and add (Megatron's embedding group), so both copies take the same step;
+       pdp_pp_clip_grad_norm counts it once. An attention's dropout, drawn again in
+       backward, uses its micro-batch's keys;
      - a schedule is an explicit list of actions (F j: forward of micro-batch j,
        B j: its backward) per stage, printed by pdp_pp_schedule_str:
          GPipe  all forwards, then all backwards: F0 F1 .. F(m-1) B0 .. B(m-1);
@@ -3449,6 +3533,37 @@ PDP_API PDP__NORETURN void pdp_check_fail(pdp_status status, const char *file, i
     } while (0)
 /* Monotonic seconds (clock_gettime(CLOCK_MONOTONIC)), for timing a step. */
 PDP_API double pdp_seconds(void);
+/* Each rank's line, in rank order: collective over c (every rank calls it, with its own
+   printf-style text); rank 0 prints the texts to stdout in rank order and flushes, so the
+   ranks' figures read in order whether they are threads or processes (whose stdouts would
+   interleave). Each text is cut at 1023 bytes. Fails as pdp_comm_broadcast_bytes does, or
+   with PDP_ERR_INVALID for a NULL c or fmt. */
+PDP_API pdp_status pdp_print_by_rank(pdp_comm *c, const char *fmt, ...);
+
+/* A program's options, "-name value" pairs (the examples' command lines): one pdp_arg per
+   option, whose value points at a variable that holds the default and receives the value
+   given. pdp_args_parse reads argv[1..argc-1]; a number must parse whole and lie in
+   [min, max] (both 0: any value of its type); a string with choices ("local|mpi|nccl") must
+   be one of them. On an unknown name, a name without a value or a value refused, it
+   returns PDP_ERR_INVALID and a message that names the option, the value and what it
+   accepts, then the usage: "usage: PROG [-np 2 (1..8)] [-backend local (local|mpi|nccl)]
+   ...", each option with its default. Variables already set stay set. */
+typedef enum pdp_arg_type {
+    PDP_ARG_INT,     /* value: int * */
+    PDP_ARG_INT64,   /* value: int64_t * */
+    PDP_ARG_DOUBLE,  /* value: double * */
+    PDP_ARG_STRING   /* value: const char ** (points into argv) */
+} pdp_arg_type;
+
+typedef struct pdp_arg {
+    const char *name;     /* "-np" */
+    pdp_arg_type type;
+    void *value;          /* the default in, the value given out */
+    double min, max;      /* numbers: the accepted range, inclusive (both 0: any) */
+    const char *choices;  /* strings: the accepted values, "a|b|c" (NULL: any) */
+} pdp_arg;
+
+PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count);
 /* ---- end src/launch.h ---- */
 
 #ifdef __cplusplus
@@ -4008,6 +4123,10 @@ typedef enum pdp__layer_kind {
 typedef struct pdp__layer {
     pdp__layer_kind kind;
     int index;                           /* position in the model ("3" of "3.weight") */
+    int mask_index;                      /* what keys its random masks (Dropout, attention
+                                            dropout): its place among the layers that are not
+                                            TP's f and g, so a TP model draws the single-device
+                                            model's masks; index on a model without TP */
     int in_ndim, out_ndim;               /* per-sample shapes: (F) or (C, H, W) */
     int64_t in_shape[3], out_shape[3];
     int64_t in_count, out_count;         /* per-sample element counts */
@@ -4022,6 +4141,8 @@ typedef struct pdp__layer {
     int64_t vocab, context;              /* Embedding: token ids [0, vocab), positions table
                                             rows */
     int64_t heads;                       /* CausalSelfAttention */
+    int recompute;                       /* the model's recomputation is selective (set at
+                                            the add): a CausalSelfAttention keeps no att */
     int residual_from;                   /* ResidualAdd: the index of its region's Residual */
     int tied_param;                      /* TiedLinear: the registry index of its weight (a
                                             parameter another layer owns) */
@@ -4030,7 +4151,13 @@ typedef struct pdp__layer {
     int64_t work_per_sample;             /* floats of temporary workspace */
     struct pdp__tp_state *tp;            /* TP kinds: the model's TP state (tp.c); else NULL */
     int64_t tp_lo, tp_full;              /* TP Linears: this rank holds [tp_lo, tp_lo + local)
-                                            of the split dimension, tp_full wide */
+                                            of the split dimension, tp_full wide (of each
+                                            part); a CausalSelfAttention on a TP shard: its
+                                            first head and the full head count */
+    int64_t tp_parts;                    /* ColumnParallelLinear: the output is tp_parts
+                                            blocks split alike (3: a GPT's q | k | v, so a
+                                            rank holds q, k and v of its heads); 0 or 1:
+                                            one */
     bool tp_skip_dx;                     /* ColumnParallelLinear after an f that is layer 0: no
                                             input gradient is needed */
 } pdp__layer;
@@ -4106,6 +4233,9 @@ typedef struct pdp__param_shapes {
                                  io->dskip): a Residual or its ResidualAdd */
 #define PDP__LAYER_TIED 2048u /* its weight is another layer's parameter (l->tied_param: a
                                  GPT's head tied to the token embedding); it owns none */
+#define PDP__LAYER_HEADWISE 4096u /* acts on each attention head's q, k, v alone: after a
+                                     ColumnParallelLinear split by heads (tp_parts 3) it is
+                                     the attention of this rank's heads (tp.c) */
 #define PDP__LAYER_FUSABLE_POOL 128u /* a max pool (kernel, stride) that a
                                         PDP__LAYER_FUSES_POOL kind applies after its fused
                                         ReLU when it is 2x2 stride 2 over an even H and W */
@@ -4202,9 +4332,10 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
 #endif
 /* The executor seam (DDP, ZeRO): events of a pass, and where a layer's parameters
    and gradients live. The event function (NULL: off) is called before the forward
-   of each layer with parameters (FORWARD_LAYER), when pdp_model_backward starts
-   (BACKWARD_BEGIN: a failure refuses the backward, its message stands), before the
-   backward of each layer with parameters (BACKWARD_LAYER), and after the last layer
+   of each layer with parameters, its own or another layer's (PDP__LAYER_TIED)
+   (FORWARD_LAYER), when pdp_model_backward starts (BACKWARD_BEGIN: a failure refuses
+   the backward, its message stands), before the backward of each such layer
+   (BACKWARD_LAYER), and after the last layer
    or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
 typedef enum pdp__model_event {
     PDP__EV_FORWARD_LAYER,
@@ -4240,6 +4371,7 @@ struct pdp_model {
     int in_ndim;
     int64_t in_shape[3], in_count;
     pdp_dtype in_dtype;      /* float32, or int32 token ids for an Embedding first */
+    pdp_recompute recompute; /* activation recomputation (pdp_model_desc.recompute) */
     int open_residual;       /* the Residual of a region not yet closed; -1: none */
     pdp__layer *layers;
     int nlayers, cap_layers;
@@ -4309,7 +4441,10 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
                                          pdp_model **out);
 /* Pipeline stages (model.c, for pp.c). pdp__model_stage: a new model holding layers [lo, hi)
    of full, with their parameters copied (names, layer indices and dropout keys stay full's:
-   "3.weight" stays "3.weight"), zeroed gradients, input shape that of layer lo.
+   "3.weight" stays "3.weight"), zeroed gradients, input shape (and dtype) that of layer lo.
+   A TiedLinear whose weight an earlier stage owns gets a copy of it as the stage's last
+   parameter (pp.c keeps the two equal); a cut inside a residual region is
+   PDP_ERR_UNSUPPORTED naming the region.
    pdp__model_set_slots: keep nslots sets of activations and saved tensors (buffers are
    re-planned on the next reserve). pdp__model_use_slot: the next forward writes set slot;
    with forwarded, the next backward reads set slot, whose forward ran on input x of batch
@@ -14310,7 +14445,7 @@ PDP__PRIVATE pdp_status pdp__dropout_forward(const pdp__layer *l, const pdp__lay
     thr = pdp__dropout_threshold(l->p);
     scale = 1.0f / (1.0f - l->p);
     for (s = 0; s < B; s++) {
-        uint64_t key = pdp__dropout_key(io->seed, l->index, io->step, io->sample_base + s);
+        uint64_t key = pdp__dropout_key(io->seed, l->mask_index, io->step, io->sample_base + s);
         const float *PDP__RESTRICT x = io->x + s * n;
         float *PDP__RESTRICT y = io->y + s * n, *PDP__RESTRICT mask = io->saved + s * n;
         PDP__FOR_BLOCKED(j, n, {
@@ -14341,7 +14476,7 @@ PDP__PRIVATE pdp_status pdp__dropout_cuda_forward(const pdp__layer *l, const pdp
     int64_t n = io->batch * l->in_count;
     if (io->training && l->p != 0.0f)
         return pdp_cudak_dropout_fwd(dev, io->x, io->y, io->saved, io->batch, l->in_count, l->p,
-                                     io->seed, l->index, io->step, io->sample_base);
+                                     io->seed, l->mask_index, io->step, io->sample_base);
     if (io->y == io->x) return PDP_OK;
     return pdp_cudak_memcpy(dev, io->y, dev, io->x, (size_t)n * sizeof(float));
 }
@@ -15702,6 +15837,7 @@ typedef struct pdp__attn_dropout {
     uint64_t seed, step;  /* the model's dropout seed and step counter */
     int layer;            /* the layer index that keys this attention's masks */
     int64_t sample_base;  /* index of sequence 0 of this batch in the global batch */
+    int64_t head_base;    /* the global index of head 0 (a TP rank's first head; else 0) */
 } pdp__attn_dropout;
 
 typedef struct pdp__attn_job {
@@ -15727,7 +15863,7 @@ PDP__PRIVATE void pdp__attn_keep_row(const pdp__attn_job *j, int64_t b, int64_t 
     uint64_t key = pdp__dropout_key(d->seed, d->layer, d->step, d->sample_base + b);
     uint32_t thr = pdp__dropout_threshold(d->p);
     float scale = 1.0f / (1.0f - d->p);
-    int64_t base = (h * j->T + t) * j->T, s;
+    int64_t base = ((h + d->head_base) * j->T + t) * j->T, s;
     for (s = 0; s <= t; s++) keep[s] = pdp__dropout_bits(key, base + s) >= thr ? scale : 0.0f;
 }
 
@@ -16018,7 +16154,22 @@ PDP__PRIVATE pdp_status pdp__attention_setup(pdp__layer *l, pdp__param_shapes *p
     l->out_shape[0] = T;
     l->out_shape[1] = C;
     l->saved_per_sample = l->heads * T * T; /* att: P before dropout */
+    if (l->recompute) { /* selective recomputation: att is drawn again in backward, in the
+                           work buffer beside a scratch output: nothing kept */
+        l->work_per_sample += l->saved_per_sample + T * C;
+        l->saved_per_sample = 0;
+    }
     return PDP_OK;
+}
+
+/* The work buffer of a selectively recomputed attention: the kernels' work (B H T (T + 1)),
+   then att (B H T T), then a scratch output (B T C). */
+PDP__PRIVATE void pdp__attention_scratch(const pdp__layer *l, const pdp__layer_io *io,
+                                         float **att, float **y)
+{
+    int64_t T = l->in_shape[0];
+    *att = io->work + io->batch * l->heads * T * (T + 1);
+    *y = *att + io->batch * l->heads * T * T;
 }
 
 PDP__PRIVATE void pdp__attention_drop(const pdp__layer *l, const pdp__layer_io *io,
@@ -16027,25 +16178,36 @@ PDP__PRIVATE void pdp__attention_drop(const pdp__layer *l, const pdp__layer_io *
     d->p = io->training ? l->p : 0.0f;
     d->seed = io->seed;
     d->step = io->step;
-    d->layer = l->index;
+    d->layer = l->mask_index;
     d->sample_base = io->sample_base;
+    d->head_base = l->tp ? l->tp_lo : 0; /* a TP rank's heads draw the full model's masks */
 }
 
 PDP__PRIVATE pdp_status pdp__attention_layer_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__attn_dropout d;
+    float *att = io->saved, *scratch;
+    if (l->recompute) pdp__attention_scratch(l, io, &att, &scratch); /* att not kept */
     pdp__attention_drop(l, io, &d);
     pdp__attention_forward(io->x, io->batch, l->in_shape[0], l->out_shape[1], l->heads, &d, io->y,
-                           io->saved, io->work);
+                           att, io->work);
     return PDP_OK;
 }
 
 PDP__PRIVATE pdp_status pdp__attention_layer_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__attn_dropout d;
+    const float *att = io->saved;
     if (!io->dx) return PDP_OK; /* no parameters: only the input's gradient to give */
     pdp__attention_drop(l, io, &d);
-    pdp__attention_backward(io->x, io->saved, io->dy, io->batch, l->in_shape[0], l->out_shape[1],
+    if (l->recompute) { /* the scores, the mask, the softmax (and the dropout) again */
+        float *a, *y;
+        pdp__attention_scratch(l, io, &a, &y);
+        pdp__attention_forward(io->x, io->batch, l->in_shape[0], l->out_shape[1], l->heads, &d, y,
+                               a, io->work);
+        att = a;
+    }
+    pdp__attention_backward(io->x, att, io->dy, io->batch, l->in_shape[0], l->out_shape[1],
                             l->heads, &d, io->dx, io->work);
     return PDP_OK;
 }
@@ -16101,7 +16263,8 @@ PDP__PRIVATE pdp_status pdp__tied_linear_setup(pdp__layer *l, pdp__param_shapes 
    pdp_cuda.cu's kernels for the same formulas (its "GPT" sections). Embedding's backward
    sorts the positions by id into its CUDA workspace (an int32 a position:
    pdp__embedding_cuda_work); the attention's needs B H T T floats, within the H T (T + 1)
-   per sample the CPU's setup asks for. TiedLinear runs Linear's entries: no bias, and its
+   per sample the CPU's setup asks for (selective recomputation: att and the scratch
+   output after those, pdp__attention_scratch, as on the CPU). TiedLinear runs Linear's entries: no bias, and its
    io->w and io->dw are the tied parameter's (model.c). */
 
 PDP__PRIVATE int64_t pdp__embedding_cuda_work(const pdp__layer *l)
@@ -16139,23 +16302,32 @@ PDP__PRIVATE void pdp__attention_cuda_geometry(const pdp__layer *l, const pdp__l
     g->step = d.step;
     g->layer = d.layer;
     g->sample_base = d.sample_base;
-    g->head_base = 0; /* every head of the model */
+    g->head_base = d.head_base;
 }
 
 PDP__PRIVATE pdp_status pdp__attention_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_cudak_attn g;
+    float *att = io->saved, *scratch;
+    if (l->recompute) pdp__attention_scratch(l, io, &att, &scratch); /* att not kept */
     pdp__attention_cuda_geometry(l, io, &g);
-    return pdp_cudak_attention_fwd(io->device.ordinal, &g, io->x, io->y, io->saved, io->work);
+    return pdp_cudak_attention_fwd(io->device.ordinal, &g, io->x, io->y, att, io->work);
 }
 
 PDP__PRIVATE pdp_status pdp__attention_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_cudak_attn g;
+    float *att = io->saved, *y;
+    pdp_status st;
     if (!io->dx) return PDP_OK; /* no parameters: only the input's gradient to give */
     pdp__attention_cuda_geometry(l, io, &g);
-    return pdp_cudak_attention_bwd(io->device.ordinal, &g, io->x, io->saved, io->dy, io->dx,
-                                   io->work);
+    if (l->recompute) { /* the forward again, into the scratch: att drawn again */
+        pdp__attention_scratch(l, io, &att, &y);
+        if ((st = pdp_cudak_attention_fwd(io->device.ordinal, &g, io->x, y, att, io->work)) !=
+            PDP_OK)
+            return st;
+    }
+    return pdp_cudak_attention_bwd(io->device.ordinal, &g, io->x, att, io->dy, io->dx, io->work);
 }
 
 /* Residual: a forward view (never called); backward dx = dy + dskip */
@@ -16324,14 +16496,25 @@ PDP__PRIVATE pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__
 
 /* ---- tp: the column- and row-parallel Linears ---- */
 
+/* The features of one position of a TP Linear's input (a [T, C] sample: C). */
+PDP__PRIVATE int64_t pdp__tp_in_features(const pdp__layer *l)
+{
+    return l->in_count / (l->positions > 0 ? l->positions : 1);
+}
+
+/* parts (tp_parts) blocks of tp_full / parts outputs, each split alike: rank r holds
+   [tp_lo, tp_lo + n) of every block, its out_features parts x n. */
 PDP__PRIVATE pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
+    int64_t parts = l->tp_parts > 1 ? l->tp_parts : 1, n;
     pdp_status st;
     if ((st = pdp__tp_op_setup(l, in)) != PDP_OK) return st;
-    if (l->tp_full < l->tp->size)
-        return pdp__err(PDP_ERR_INVALID, "out_features %lld < TP size %d: a rank would hold no "
-                        "output feature (input %s)", (long long)l->tp_full, l->tp->size, in);
-    pdp_tp_split(l->tp_full, l->tp->rank, l->tp->size, &l->tp_lo, &l->out_features);
+    if (l->tp_full % parts != 0 || l->tp_full / parts < l->tp->size)
+        return pdp__err(PDP_ERR_INVALID, "out_features %lld%s < TP size %d: a rank would hold "
+                        "no output feature (input %s)", (long long)(l->tp_full / parts),
+                        parts > 1 ? " a part" : "", l->tp->size, in);
+    pdp_tp_split(l->tp_full / parts, l->tp->rank, l->tp->size, &l->tp_lo, &n);
+    l->out_features = parts * n;
     return pdp__linear_setup(l, ps, in);
 }
 
@@ -16343,7 +16526,7 @@ PDP__PRIVATE pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, 
     int64_t lo, n;
     if ((st = pdp__tp_op_setup(l, in)) != PDP_OK) return st;
     pdp_tp_split(l->tp_full, l->tp->rank, l->tp->size, &lo, &n);
-    if (lo != l->tp_lo || n != l->in_count)
+    if (lo != l->tp_lo || n != l->in_shape[l->in_ndim - 1])
         return pdp__err(PDP_ERR_SHAPE, "input %s is not TP rank %d's slice of %lld features "
                         "(%lld at %lld)", in, l->tp->rank, (long long)l->tp_full, (long long)n,
                         (long long)lo);
@@ -16356,18 +16539,20 @@ PDP__PRIVATE pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, 
 typedef struct pdp__tp_slice2d {
     int64_t cols;         /* the full tensor's row length */
     int64_t c0, c1;       /* kept columns [c0, c1) */
-    int64_t r0, r1;       /* kept rows [r0, r1) */
+    int64_t r0, r1;       /* kept rows [r0, r1) of each of the parts blocks of rows */
+    int64_t parts;        /* blocks of rows split alike (0 or 1: one) */
 } pdp__tp_slice2d;
 
 PDP__PRIVATE void pdp__tp_draw(float *dst, int64_t rows, pdp__tp_slice2d s, float lo, float hi,
                                pdp_rng *r)
 {
-    int64_t i, j, w = s.c1 - s.c0;
+    int64_t i, j, w = s.c1 - s.c0, block = rows / (s.parts > 1 ? s.parts : 1);
     for (i = 0; i < rows; i++)
         for (j = 0; j < s.cols; j++) {
             float v = lo + (hi - lo) * pdp_rng_uniform(r);
-            if (i >= s.r0 && i < s.r1 && j >= s.c0 && j < s.c1)
-                dst[(i - s.r0) * w + (j - s.c0)] = v;
+            int64_t p = i / block, k = i % block;
+            if (k >= s.r0 && k < s.r1 && j >= s.c0 && j < s.c1)
+                dst[(p * (s.r1 - s.r0) + k - s.r0) * w + (j - s.c0)] = v;
         }
 }
 
@@ -16381,14 +16566,15 @@ PDP__PRIVATE void pdp__tp_bounds(int64_t fan_in, float *wb, float *bb)
     *bb = (float)(1.0 / sqrt((double)fan_in));
 }
 
-/* W1 [tp_full, in]: rows [tp_lo, tp_lo + n) and the same entries of b1. */
+/* W1 [tp_full, in]: rows [tp_lo, tp_lo + n) of each part and the same entries of b1. */
 PDP__PRIVATE void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
     pdp__tp_slice2d s;
     float wb, bb;
-    pdp__tp_bounds(l->in_count, &wb, &bb);
-    s.cols = l->in_count, s.c0 = 0, s.c1 = l->in_count;
-    s.r0 = l->tp_lo, s.r1 = l->tp_lo + l->out_features;
+    int64_t in = pdp__tp_in_features(l), parts = l->tp_parts > 1 ? l->tp_parts : 1;
+    pdp__tp_bounds(in, &wb, &bb);
+    s.cols = in, s.c0 = 0, s.c1 = in, s.parts = parts;
+    s.r0 = l->tp_lo, s.r1 = l->tp_lo + l->out_features / parts;
     pdp__tp_draw(w, l->tp_full, s, -wb, wb, r);
     s.cols = 1, s.c0 = 0, s.c1 = 1;
     pdp__tp_draw(b, l->tp_full, s, -bb, bb, r);
@@ -16400,8 +16586,8 @@ PDP__PRIVATE void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_
     pdp__tp_slice2d s;
     float wb, bb;
     pdp__tp_bounds(l->tp_full, &wb, &bb);
-    s.cols = l->tp_full, s.c0 = l->tp_lo, s.c1 = l->tp_lo + l->in_count;
-    s.r0 = 0, s.r1 = l->out_features;
+    s.cols = l->tp_full, s.c0 = l->tp_lo, s.c1 = l->tp_lo + pdp__tp_in_features(l);
+    s.r0 = 0, s.r1 = l->out_features, s.parts = 1;
     pdp__tp_draw(w, l->out_features, s, -wb, wb, r);
     s.cols = 1, s.c0 = 0, s.c1 = 1;
     pdp__tp_draw(b, l->out_features, s, -bb, bb, r);
@@ -16447,7 +16633,8 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
    parameter initialisation, CPU forward and backward, CUDA forward and backward
    (pdp_cuda.cu's kernels), extra workspace on CUDA, flags (internal.h's
    PDP__LAYER_*: a view, element-wise, fuses a following ReLU or pool or is the one
-   fused, collective, unnumbered) and an estimate of its work in FLOPs (pp.c balances
+   fused, collective, unnumbered, takes token ids, a view only forward, holds a residual
+   skip, ties another layer's weight) and an estimate of its work in FLOPs (pp.c balances
    a pipeline's stages by it).
 
    This table is the only place that knows what each kind is. Every decision elsewhere
@@ -16693,8 +16880,8 @@ PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] 
                                           pdp__attention_layer_forward,
                                           pdp__attention_layer_backward,
                                           PDP__CUDA_ENTRY(pdp__attention_cuda_forward),
-                                          PDP__CUDA_ENTRY(pdp__attention_cuda_backward), NULL, 0,
-                                          pdp__flops_attention},
+                                          PDP__CUDA_ENTRY(pdp__attention_cuda_backward), NULL,
+                                          PDP__LAYER_HEADWISE, pdp__flops_attention},
     PDP__KIND(PDP__RESIDUAL){"Residual", pdp__layers_setup_same, NULL, pdp__residual_forward,
                              pdp__residual_backward, PDP__CUDA_ENTRY(pdp__residual_cuda_forward),
                              PDP__CUDA_ENTRY(pdp__residual_cuda_backward), NULL,
@@ -16837,14 +17024,19 @@ PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__laye
    input instead of copying, and so does a ReLU after a Conv2d on the CPU, which the
    Conv2d applies itself; when a 2x2 stride-2 MaxPool2d follows that ReLU, the Conv2d
    applies it too, writes the pool's act, and its own act is NULL); backward needs
-   the forward's input to stay alive, as in PyTorch's autograd. After
+   the forward's input to stay alive, as in PyTorch's autograd. A residual region
+   (pdp_model_residual_begin/end) is the one place the sequence is not a chain: its
+   ResidualAdd reads the output of its Residual (a forward view, so act[] of the region's
+   input), and in backward sends its dy around the branch in grad_skip, which the
+   Residual adds back; regions do not nest, so one skip buffer serves them all. A
+   TiedLinear's weight is another layer's parameter (pdp__model_io). After
    pdp_model_reserve (or the first step at the largest batch), forward and backward
    allocate nothing.
 
    The executor seam (internal.h): an executor may listen to the pass's events
-   (m->event: before each layer with parameters, forward and backward, and at
-   the start and end of every backward: DDP and ZeRO synchronise any backward
-   this way) and point a layer's weight/bias and their gradients at buffers of
+   (m->event: before each layer that computes with parameters, its own or a tied
+   one, forward and backward, and at the start and end of every backward: DDP and
+   ZeRO synchronise any backward this way) and point a layer's weight/bias and their gradients at buffers of
    its own (m->layer_w, m->layer_dw: ZeRO's per-unit buffers). Both are off
    (NULL) by default: one pointer test per layer. */
 
@@ -16870,6 +17062,9 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     if (desc->input_dtype != PDP_DTYPE_F32 && desc->input_dtype != PDP_DTYPE_I32)
         return pdp__err(PDP_ERR_INVALID, "pdp_model_create: input_dtype %d (must be "
                         "PDP_DTYPE_F32 or PDP_DTYPE_I32)", (int)desc->input_dtype);
+    if ((unsigned)desc->recompute > PDP_RECOMPUTE_FULL)
+        return pdp__err(PDP_ERR_INVALID, "pdp_model_create: recompute %d (must be NONE, "
+                        "SELECTIVE or FULL)", (int)desc->recompute);
     if (desc->input_dtype == PDP_DTYPE_I32 && ndim != 1)
         return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: int32 inputs are token ids, one "
                         "sequence [T] a sample; input_ndim is %d", ndim);
@@ -16892,6 +17087,7 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     }
     m->in_ndim = ndim;
     m->in_dtype = desc->input_dtype;
+    m->recompute = desc->recompute;
     m->open_residual = -1;
     m->in_count = 1;
     for (i = 0; i < 3; i++) {
@@ -16917,6 +17113,7 @@ PDP_API pdp_model_desc pdp_model_get_desc(const pdp_model *m)
     d.device = m->device;
     d.precision = m->precision;
     d.input_dtype = m->in_dtype;
+    d.recompute = m->recompute;
     return d;
 }
 
@@ -16976,21 +17173,17 @@ PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage,
 {
     static const char *frees[5] = {"", "pdp_dp_free", "pdp_ddp_free", "pdp_zero_free",
                                    "pdp_pp_free"};
-    int i;
     PDP_ASSERT(kind > PDP__WRAP_NONE && kind <= PDP__WRAP_PP);
     if (m->wrapped != PDP__WRAP_NONE)
         return pdp__err(PDP_ERR_STATE, "%s: the model is already wrapped by %s; one executor "
                         "holds a model at a time: %s it before wrapping the model in %s", fn,
                         pdp__model_wrapper(m), frees[m->wrapped], pdp__wrap_name(kind, stage));
-    /* what an executor does not handle yet: ZeRO-3 gathers a layer's own parameters, a
-       TiedLinear's belong to its Embedding */
-    for (i = 0; i < m->nlayers; i++) {
-        unsigned f = pdp__layer_kind_of(m->layers[i].kind)->flags;
-        if (kind == PDP__WRAP_ZERO && stage == 3 && (f & PDP__LAYER_TIED))
-            return pdp__err(PDP_ERR_UNSUPPORTED, "%s: layer %d (%s) is not supported under %s "
-                            "yet (DP, DDP and ZeRO stages 1-2 train a GPT)", fn, i,
-                            pdp__layer_kind_name(m->layers[i].kind), pdp__wrap_name(kind, stage));
-    }
+    /* ZeRO-3 gathers a unit's parameters at each layer's forward and backward event; a
+       region run again inside backward would read parameters it has let go */
+    if (kind == PDP__WRAP_ZERO && stage == 3 && m->recompute == PDP_RECOMPUTE_FULL)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: FULL activation recomputation under %s is not "
+                        "supported yet (SELECTIVE is, and FULL under stages 1-2)", fn,
+                        pdp__wrap_name(kind, stage));
     m->wrapped = kind;
     m->wrap_stage = stage;
     return PDP_OK;
@@ -17102,11 +17295,16 @@ PDP__PRIVATE pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *f
     float *params = NULL, *grads = NULL, *host = NULL;
     size_t bytes;
     pdp_status st;
+    int i;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     /* the executor planned its buckets, shards and replicas on this layout */
     if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
         return st;
     l.index = m->nlayers;
+    l.recompute = m->recompute == PDP_RECOMPUTE_SELECTIVE;
+    l.mask_index = 0; /* the layers before it but TP's f and g (collective kinds) */
+    for (i = 0; i < m->nlayers; i++)
+        l.mask_index += !(pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_COLLECTIVE);
     if (m->nlayers) {
         const pdp__layer *prev = &m->layers[m->nlayers - 1];
         l.in_ndim = prev->out_ndim;
@@ -17252,12 +17450,20 @@ PDP_API pdp_status pdp_model_add_embedding(pdp_model *m, int64_t vocab, int64_t 
     return pdp__model_add(m, l, "pdp_model_add_embedding");
 }
 
+/* tp.c: an attention after a ColumnParallelLinear split by heads becomes the attention of
+   this rank's heads (l->heads local, l->tp_lo its first global head, l->tp_full every
+   head); else l is left as it is. */
+PDP__PRIVATE pdp_status pdp__tp_headwise(const pdp_model *m, pdp__layer *l, const char *fn);
+
 PDP_API pdp_status pdp_model_add_causal_self_attention(pdp_model *m, int64_t heads, float dropout)
 {
+    const char *fn = "pdp_model_add_causal_self_attention";
     pdp__layer l = pdp__layer_of(PDP__CAUSAL_SELF_ATTENTION);
+    pdp_status st;
     l.heads = heads;
     l.p = dropout;
-    return pdp__model_add(m, l, "pdp_model_add_causal_self_attention");
+    if (m && (st = pdp__tp_headwise(m, &l, fn)) != PDP_OK) return st; /* on a TP shard */
+    return pdp__model_add(m, l, fn);
 }
 
 /* A residual region: a Residual layer opens it (its forward is its input seen again), a
@@ -17402,6 +17608,8 @@ PDP__PRIVATE bool pdp__model_has_output(const pdp_model *m, int i)
    gradient ping-pong buffers). saved_off, when not NULL, gets each layer's offset. */
 typedef struct pdp__model_plan {
     int64_t act, saved, work, widest;
+    int64_t kept_act, kept_saved; /* of act and saved, what outlives a forward; the rest is
+                                     the scratch of recomputed regions (FULL) */
 } pdp__model_plan;
 
 /* *acc += v, or INT64_MAX (which stays) past PDP__COUNT_MAX: reserve then fails. */
@@ -17410,20 +17618,48 @@ PDP__PRIVATE void pdp__model_plan_add(int64_t *acc, int64_t v)
     if (!pdp__add_ok(*acc, v, acc)) *acc = INT64_MAX;
 }
 
+/* Layer i is inside a residual region that FULL recomputation runs again in backward:
+   after its Residual, before its ResidualAdd. */
+PDP__PRIVATE bool pdp__model_recomputed(const pdp_model *m, int i)
+{
+    int k;
+    if (m->recompute != PDP_RECOMPUTE_FULL || pdp__model_flag(m, i, PDP__LAYER_SKIP)) return false;
+    for (k = i - 1; k >= 0; k--) /* the nearest region mark before it: a Residual opens */
+        if (pdp__model_flag(m, k, PDP__LAYER_SKIP))
+            return pdp__model_flag(m, k, PDP__LAYER_FORWARD_VIEW);
+    return false;
+}
+
 PDP__PRIVATE pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off)
 {
     pdp__model_plan p;
+    int64_t ract = 0, rsaved = 0, scratch_act = 0, scratch_saved = 0;
     int i;
     p.act = p.saved = p.work = 0;
     p.widest = m->in_count;
     for (i = 0; i < m->nlayers; i++) {
         const pdp__layer *l = &m->layers[i];
-        if (pdp__model_has_output(m, i)) pdp__model_plan_add(&p.act, l->out_count);
-        if (saved_off) saved_off[i] = p.saved;
-        pdp__model_plan_add(&p.saved, l->saved_per_sample);
+        if (pdp__model_recomputed(m, i)) { /* in the region scratch, from its start */
+            if (pdp__model_has_output(m, i)) pdp__model_plan_add(&ract, l->out_count);
+            if (saved_off) saved_off[i] = rsaved; /* the kept part is added below */
+            pdp__model_plan_add(&rsaved, l->saved_per_sample);
+            scratch_act = PDP__MAX(scratch_act, ract);
+            scratch_saved = PDP__MAX(scratch_saved, rsaved);
+        } else {
+            ract = rsaved = 0;
+            if (pdp__model_has_output(m, i)) pdp__model_plan_add(&p.act, l->out_count);
+            if (saved_off) saved_off[i] = -1 - p.saved; /* marked: kept */
+            pdp__model_plan_add(&p.saved, l->saved_per_sample);
+        }
         p.work = PDP__MAX(p.work, pdp__layer_work_per_sample(l, m->device));
         p.widest = PDP__MAX(p.widest, l->out_count);
     }
+    p.kept_act = p.act;
+    p.kept_saved = p.saved;
+    for (i = 0; saved_off && i < m->nlayers; i++) /* kept first, then the region scratch */
+        saved_off[i] = saved_off[i] < 0 ? -1 - saved_off[i] : p.kept_saved + saved_off[i];
+    pdp__model_plan_add(&p.act, scratch_act);
+    pdp__model_plan_add(&p.saved, scratch_saved);
     return p;
 }
 
@@ -17431,15 +17667,19 @@ PDP__PRIVATE pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *sav
 /* Points the outputs of the layers that are not views at activation set m->slot. */
 PDP__PRIVATE void pdp__model_bind_acts(pdp_model *m)
 {
-    int64_t act = 0;
+    int64_t act = 0, ract = 0, kept = pdp__model_plan_of(m, NULL).kept_act;
     int i;
     for (i = 0; i < m->nlayers; i++) {
+        bool inner = pdp__model_recomputed(m, i);
+        if (!inner) ract = 0; /* each recomputed region starts the scratch again */
         if (!pdp__model_has_output(m, i)) {
             if (!pdp__model_is_view(m, i)) m->act[i] = NULL; /* a Conv2d whose pool is fused */
             continue;
         }
-        m->act[i] = m->act_block + m->slot * m->act_stride + m->max_batch * act;
-        act += m->layers[i].out_count;
+        m->act[i] = m->act_block + m->slot * m->act_stride + m->max_batch * (inner ? kept + ract
+                                                                                  : act);
+        if (inner) ract += m->layers[i].out_count;
+        else act += m->layers[i].out_count;
     }
 }
 
@@ -17525,7 +17765,7 @@ PDP__PRIVATE void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     }
     if (pdp__model_flag(m, i, PDP__LAYER_TIED)) { /* another layer's parameter */
         const pdp__param_entry *w = &m->params[l->tied_param];
-        int owner = w->layer;
+        int owner = w->layer - m->layers[0].index; /* a pipeline stage's layers keep full's */
         io->w = m->layer_w && m->layer_w[owner] ? m->layer_w[owner] : m->param_block + w->offset;
         io->dw = m->layer_dw && m->layer_dw[owner] ? m->layer_dw[owner]
                                                    : m->grad_block + w->offset;
@@ -17538,6 +17778,13 @@ PDP__PRIVATE void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
             io->db = io->dw + w->count;
         }
     }
+}
+
+/* Layer i computes with parameters: its own, or another layer's (PDP__LAYER_TIED). The
+   executor seam's per-layer events fire for these layers. */
+PDP__PRIVATE bool pdp__model_uses_params(const pdp_model *m, int i)
+{
+    return m->layers[i].nparams > 0 || pdp__model_flag(m, i, PDP__LAYER_TIED);
 }
 
 /* A trace event "forward 3 Linear" on the model's track (DDP sets it), t0 to now. */
@@ -17556,12 +17803,49 @@ PDP__PRIVATE void pdp__model_profile(const pdp__layer *l, double t0)
     else pdp__prof.other_layers_s += dt;
 }
 
-PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y)
+/* Forward through layers [lo, hi) from in (layer lo's input). events: fire the executor's
+   forward events (not when FULL recomputation runs a region again inside backward, where
+   the executor has its backward's events). */
+PDP__PRIVATE pdp_status pdp__model_forward_layers(pdp_model *m, int lo, int hi, const float *in,
+                                                  bool events)
 {
     double t0;
+    int i;
+    pdp_status st;
+    for (i = lo; i < hi; i++) {
+        const pdp__layer *l = &m->layers[i];
+        pdp__layer_io io;
+        if (pdp__model_is_view(m, i)) { /* y is x */
+            m->act[i] = (float *)in;
+            continue;
+        }
+        if (pdp__model_pool_fused(m, i)) { /* the Conv2d wrote y */
+            in = m->act[i];
+            continue;
+        }
+        if (events && m->event && pdp__model_uses_params(m, i) &&
+            (st = m->event(m->event_user, m, PDP__EV_FORWARD_LAYER, i, PDP_OK)) != PDP_OK)
+            return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
+                                 pdp__layer_kind_name(l->kind));
+        pdp__model_io(m, i, &io);
+        io.x = in;
+        io.y = m->act[i];
+        t0 = m->trace_tid || m->layer_s || pdp__prof.on ? pdp__now() : 0.0;
+        if ((st = pdp__layer_forward(l, &io)) != PDP_OK)
+            return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
+                                 pdp__layer_kind_name(l->kind));
+        if (m->trace_tid) pdp__model_trace(m, events ? "forward" : "recompute", i, t0);
+        if (m->layer_s) m->layer_s[i] += pdp__now() - t0;
+        if (pdp__prof.on) pdp__model_profile(l, t0);
+        in = io.y;
+    }
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y)
+{
     int64_t batch, shape[4], n;
-    const float *in;
-    int i, d;
+    int d;
     pdp_status st;
     if (!m || !x || !y) return pdp__err(PDP_ERR_INVALID, "pdp_model_forward: NULL argument");
     *y = NULL;
@@ -17590,34 +17874,7 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     if ((st = pdp_model_reserve(m, batch)) != PDP_OK) return pdp__err_wrap(st, "pdp_model_forward");
     m->batch = batch;
     if (m->training) m->step++;
-    in = x->data;
-    for (i = 0; i < m->nlayers; i++) {
-        const pdp__layer *l = &m->layers[i];
-        pdp__layer_io io;
-        if (pdp__model_is_view(m, i)) { /* y is x */
-            m->act[i] = (float *)in;
-            continue;
-        }
-        if (pdp__model_pool_fused(m, i)) { /* the Conv2d wrote y */
-            in = m->act[i];
-            continue;
-        }
-        if (m->event && l->nparams &&
-            (st = m->event(m->event_user, m, PDP__EV_FORWARD_LAYER, i, PDP_OK)) != PDP_OK)
-            return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
-                                 pdp__layer_kind_name(l->kind));
-        pdp__model_io(m, i, &io);
-        io.x = in;
-        io.y = m->act[i];
-        t0 = m->trace_tid || m->layer_s || pdp__prof.on ? pdp__now() : 0.0;
-        if ((st = pdp__layer_forward(l, &io)) != PDP_OK)
-            return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
-                                 pdp__layer_kind_name(l->kind));
-        if (m->trace_tid) pdp__model_trace(m, "forward", i, t0);
-        if (m->layer_s) m->layer_s[i] += pdp__now() - t0;
-        if (pdp__prof.on) pdp__model_profile(l, t0);
-        in = io.y;
-    }
+    if ((st = pdp__model_forward_layers(m, 0, m->nlayers, x->data, true)) != PDP_OK) return st;
     m->act[m->nlayers] = (float *)x->data; /* remembered for backward */
     shape[0] = batch;
     for (d = 0; d < m->layers[m->nlayers - 1].out_ndim; d++)
@@ -17662,10 +17919,18 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
     for (i = m->nlayers - 1; i >= 0; i--) {
         const pdp__layer *l = &m->layers[i];
         pdp__layer_io io;
-        if (m->event && l->nparams &&
+        if (m->event && pdp__model_uses_params(m, i) &&
             (st = m->event(m->event_user, m, PDP__EV_BACKWARD_LAYER, i, PDP_OK)) != PDP_OK) {
             st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
                                pdp__layer_kind_name(l->kind));
+            break;
+        }
+        if (i > 0 && pdp__model_recomputed(m, i - 1) && !pdp__model_recomputed(m, i) &&
+            (st = pdp__model_forward_layers(m, m->layers[i].residual_from + 1, i,
+                                            m->act[m->layers[i].residual_from], false)) !=
+                PDP_OK) { /* FULL: the region's forward again, from its kept input */
+            st = pdp__err_wrap(st, "pdp_model_backward: recomputing layers %d..%d",
+                               m->layers[i].residual_from + 1, i - 1);
             break;
         }
         if (pdp__model_runs_backward(m, i)) {
@@ -17847,6 +18112,7 @@ PDP_API int64_t pdp_model_activation_bytes(const pdp_model *m, int lo, int hi, i
     lo = PDP__MAX(lo, 0);
     hi = PDP__MIN(hi, m->nlayers);
     for (i = lo; i < hi; i++) {
+        if (pdp__model_recomputed(m, i)) continue; /* FULL: in the region scratch, not kept */
         if (pdp__model_has_output(m, i)) pdp__model_plan_add(&floats, m->layers[i].out_count);
         pdp__model_plan_add(&floats, m->layers[i].saved_per_sample);
     }
@@ -17942,16 +18208,13 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
 PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out)
 {
     pdp_model *m;
-    int p0, p1, i;
+    int p0, p1, i, tied = -1;
     int64_t off0;
     size_t bytes;
     pdp_status st;
     *out = NULL;
     PDP_ASSERT(0 <= lo && lo < hi && hi <= full->nlayers);
-    if (full->in_dtype == PDP_DTYPE_I32) /* pp.c's loss takes one label a sample */
-        return pdp__err(PDP_ERR_UNSUPPORTED, "a pipeline of a model that takes token ids (a GPT) "
-                        "is not supported yet");
-    for (i = lo; i < hi; i++) { /* what a stage cannot yet cut through */
+    for (i = lo; i < hi; i++) { /* what a stage cannot cut through */
         const pdp__layer *l = &full->layers[i];
         const unsigned f = pdp__layer_kind_of(l->kind)->flags;
         if ((f & PDP__LAYER_SKIP) && (f & PDP__LAYER_FORWARD_VIEW) == 0 && l->residual_from < lo)
@@ -17966,11 +18229,13 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
                                 "residual region of layers %d..%d: cut between regions", hi, i,
                                 end);
         }
-        if ((f & PDP__LAYER_TIED) && full->params[l->tied_param].layer < lo)
-            return pdp__err(PDP_ERR_UNSUPPORTED, "layer %d (%s) uses parameter %s of layer %d, "
-                            "on an earlier stage: a pipeline cannot share a tied parameter yet",
-                            i, pdp__layer_kind_name(l->kind), full->params[l->tied_param].name,
-                            full->params[l->tied_param].layer);
+        if ((f & PDP__LAYER_TIED) && full->params[l->tied_param].layer < lo) {
+            if (tied >= 0)
+                return pdp__err(PDP_ERR_UNSUPPORTED, "layers of a stage tie two parameters of "
+                                "earlier stages (%s and %s); a stage keeps one copy",
+                                full->params[tied].name, full->params[l->tied_param].name);
+            tied = l->tied_param;
+        }
     }
     p0 = full->layers[lo].param_first;
     p1 = hi < full->nlayers ? full->layers[hi].param_first : full->nparams;
@@ -17986,7 +18251,9 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
     m->training = full->training;
     m->precision = full->precision;
     m->nlayers = m->cap_layers = hi - lo;
-    m->nparams = m->cap_params = p1 - p0;
+    /* a tied weight of an earlier stage: a copy of it, this stage's last parameter (Megatron's
+       word embeddings on the last stage; pp.c sums the two copies' gradients every step) */
+    m->nparams = m->cap_params = p1 - p0 + (tied >= 0);
     m->layers = (pdp__layer *)pdp__alloc((size_t)m->nlayers * sizeof *m->layers);
     m->params = (pdp__param_entry *)pdp__alloc((size_t)PDP__MAX(1, m->nparams) * sizeof *m->params);
     if (!m->layers || !m->params) {
@@ -17997,19 +18264,40 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
     for (i = 0; i < m->nlayers; i++) {
         m->layers[i].param_first -= p0;
         m->layers[i].residual_from -= lo;
-        m->layers[i].tied_param -= p0;
+        m->layers[i].tied_param = m->layers[i].tied_param == tied && tied >= 0
+                                      ? m->nparams - 1 /* the copy */
+                                      : m->layers[i].tied_param - p0;
     }
     m->in_dtype = lo == 0 ? full->in_dtype : PDP_DTYPE_F32;
+    m->recompute = full->recompute;
     m->open_residual = -1;
-    for (i = 0; i < m->nparams; i++) {
+    for (i = 0; i < p1 - p0; i++) {
         m->params[i] = full->params[p0 + i];
         m->params[i].offset -= off0;
         m->param_count += m->params[i].count;
     }
+    if (tied >= 0) {
+        pdp__param_entry *e = &m->params[m->nparams - 1];
+        *e = full->params[tied];
+        e->offset = m->param_count;
+        for (i = 0; i < m->nlayers; i++) /* the TiedLinear that uses it owns the copy (full's
+                                            layer index, as every stage parameter's) */
+            if (pdp__model_flag(m, i, PDP__LAYER_TIED) && m->layers[i].tied_param == m->nparams - 1)
+                e->layer = lo + i;
+        m->param_count += e->count;
+    }
     bytes = (size_t)m->param_count * sizeof(float);
     if (bytes && ((st = pdp__dev_alloc(m->device, bytes, (void **)&m->param_block)) != PDP_OK ||
                   (st = pdp__dev_copy(m->device, m->param_block, full->device,
-                                      full->param_block + off0, bytes)) != PDP_OK ||
+                                      full->param_block + off0,
+                                      bytes - (tied >= 0 ? (size_t)full->params[tied].count *
+                                                              sizeof(float)
+                                                         : 0))) != PDP_OK ||
+                  (tied >= 0 &&
+                   (st = pdp__dev_copy(m->device, m->param_block + m->params[m->nparams - 1].offset,
+                                       full->device, full->param_block + full->params[tied].offset,
+                                       (size_t)full->params[tied].count * sizeof(float))) !=
+                       PDP_OK) ||
                   (st = pdp__dev_alloc(m->device, bytes, (void **)&m->grad_block)) != PDP_OK ||
                   (st = pdp__dev_memset0(m->device, m->grad_block, bytes)) != PDP_OK)) {
         pdp_model_free(m);
@@ -18151,7 +18439,7 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_rows(const float *logits, const int32
                                                 int64_t N, int64_t V, float grad_scale,
                                                 double *loss_sum, float *dlogits, const char *fn)
 {
-    int64_t i, j, n;
+    int64_t i, j, n = 0;
     double total = 0.0;
     pdp_status st;
     *loss_sum = 0.0;
@@ -18178,7 +18466,7 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int
                                                   int64_t N, int64_t V, float *loss,
                                                   int64_t *count, float *dlogits, const char *fn)
 {
-    int64_t n;
+    int64_t n = 0;
     double total;
     pdp_status st;
     *loss = 0.0f;
@@ -18418,247 +18706,6 @@ PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *la
     return PDP_OK;
 }
 /* ---- end src/loss.c ---- */
-
-/* ---- begin src/gpt.c ---- */
-/* gpt: pdp_gpt_create and pdp_gpt_generate (gpt.h). The builder only calls model.h's
-   public constructors, then names and initialises what they made: a GPT is a model like
-   any other, and every executor sees its layers one by one. */
-
-/* #include "internal.h" (already above) */
-
-/* ---- gpt: the builder ---- */
-
-/* Names parameter p (the next one the builder made), "transformer.h.3.attn.c_attn" +
-   ".weight". */
-PDP__PRIVATE pdp_status pdp__gpt_name(pdp_model *m, int p, const char *prefix, const char *what)
-{
-    char name[64];
-    snprintf(name, sizeof name, "%s.%s", prefix, what);
-    return pdp__model_rename_param(m, p, name);
-}
-
-/* A Linear named prefix (weight then bias), its weight N(0, std), its bias 0. */
-PDP__PRIVATE pdp_status pdp__gpt_linear(pdp_model *m, int64_t out, const char *prefix)
-{
-    pdp_status st;
-    int p = m->nparams;
-    if ((st = pdp_model_add_linear(m, out)) != PDP_OK ||
-        (st = pdp__gpt_name(m, p, prefix, "weight")) != PDP_OK ||
-        (st = pdp__gpt_name(m, p + 1, prefix, "bias")) != PDP_OK)
-        return st;
-    return PDP_OK;
-}
-
-PDP__PRIVATE pdp_status pdp__gpt_layernorm(pdp_model *m, const char *prefix)
-{
-    pdp_status st;
-    int p = m->nparams;
-    if ((st = pdp_model_add_layernorm(m, 1e-5f)) != PDP_OK ||
-        (st = pdp__gpt_name(m, p, prefix, "weight")) != PDP_OK ||
-        (st = pdp__gpt_name(m, p + 1, prefix, "bias")) != PDP_OK)
-        return st;
-    return PDP_OK;
-}
-
-PDP__PRIVATE pdp_status pdp__gpt_dropout(pdp_model *m, float p)
-{
-    return p > 0.0f ? pdp_model_add_dropout(m, p) : PDP_OK;
-}
-
-/* Block i: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). */
-PDP__PRIVATE pdp_status pdp__gpt_block(pdp_model *m, const pdp_gpt_desc *d, int i)
-{
-    char h[48], name[64];
-    pdp_status st;
-    snprintf(h, sizeof h, "transformer.h.%d", i);
-#define PDP__GPT_TRY(call) \
-    if ((st = (call)) != PDP_OK) return st
-#define PDP__GPT_NAME(part) (snprintf(name, sizeof name, "%s.%s", h, part), name)
-    PDP__GPT_TRY(pdp_model_residual_begin(m)); /* the attention's residual region */
-    PDP__GPT_TRY(pdp__gpt_layernorm(m, PDP__GPT_NAME("ln_1")));
-    PDP__GPT_TRY(pdp__gpt_linear(m, 3 * d->dim, PDP__GPT_NAME("attn.c_attn")));
-    PDP__GPT_TRY(pdp_model_add_causal_self_attention(m, d->heads, d->dropout));
-    PDP__GPT_TRY(pdp__gpt_linear(m, d->dim, PDP__GPT_NAME("attn.c_proj")));
-    PDP__GPT_TRY(pdp__gpt_dropout(m, d->dropout));
-    PDP__GPT_TRY(pdp_model_residual_end(m));
-    PDP__GPT_TRY(pdp_model_residual_begin(m)); /* the MLP's */
-    PDP__GPT_TRY(pdp__gpt_layernorm(m, PDP__GPT_NAME("ln_2")));
-    PDP__GPT_TRY(pdp__gpt_linear(m, 4 * d->dim, PDP__GPT_NAME("mlp.c_fc")));
-    PDP__GPT_TRY(pdp_model_add_gelu(m));
-    PDP__GPT_TRY(pdp__gpt_linear(m, d->dim, PDP__GPT_NAME("mlp.c_proj")));
-    PDP__GPT_TRY(pdp__gpt_dropout(m, d->dropout));
-    PDP__GPT_TRY(pdp_model_residual_end(m));
-#undef PDP__GPT_NAME
-#undef PDP__GPT_TRY
-    return PDP_OK;
-}
-
-/* GPT-2's initialisation (nanoGPT's _init_weights): weights and embeddings N(0, 0.02),
-   the c_proj weights N(0, 0.02 / sqrt(2 layers)) (the residual branches' last
-   products), biases 0, LayerNorms as created (1 and 0). On a CUDA device each draw goes
-   through a host copy (pdp_tensor_normal's staging), so the parameters are the CPU's. */
-PDP__PRIVATE pdp_status pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d)
-{
-    pdp_rng r;
-    int p;
-    pdp_status st;
-    float std_proj = (float)(0.02 / sqrt(2.0 * (double)d->layers));
-    pdp_rng_seed(&r, d->seed, 1);
-    for (p = 0; p < m->nparams; p++) {
-        pdp_param v;
-        const char *name = m->params[p].name;
-        size_t n = strlen(name);
-        if ((st = pdp_model_param(m, p, &v)) != PDP_OK) return st;
-        if (strstr(name, "ln_")) continue;
-        st = n > 5 && strcmp(name + n - 5, ".bias") == 0
-                 ? pdp_tensor_zeros(&v.value)
-                 : pdp_tensor_normal(&v.value, &r, 0.0f,
-                                     strstr(name, "c_proj.weight") ? std_proj : 0.02f);
-        if (st != PDP_OK) return st;
-    }
-    return PDP_OK;
-}
-
-PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
-{
-    const char *fn = "pdp_gpt_create";
-    pdp_gpt_desc d;
-    pdp_model_desc md;
-    pdp_model *m = NULL;
-    pdp_status st;
-    int i;
-    if (!out || !desc) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
-    *out = NULL;
-    d = *desc;
-    if (d.vocab == 0) d.vocab = 256;
-    if (d.sequence == 0) d.sequence = d.context;
-    if (d.vocab < 1 || d.vocab > INT32_MAX)
-        return pdp__err(PDP_ERR_INVALID, "%s: vocab %lld is outside [1, 2^31)", fn,
-                        (long long)d.vocab);
-    if (d.context < 1 || d.layers < 1 || d.heads < 1 || d.dim < 1)
-        return pdp__err(PDP_ERR_INVALID, "%s: context %lld, layers %d, heads %d and dim %lld "
-                        "are required (each >= 1)", fn, (long long)d.context, d.layers, d.heads,
-                        (long long)d.dim);
-    if (d.sequence < 1 || d.sequence > d.context)
-        return pdp__err(PDP_ERR_INVALID, "%s: sequence %lld is outside [1, context %lld]", fn,
-                        (long long)d.sequence, (long long)d.context);
-    if (d.dim % d.heads != 0)
-        return pdp__err(PDP_ERR_INVALID, "%s: heads %d do not divide dim %lld", fn, d.heads,
-                        (long long)d.dim);
-    if (!(d.dropout >= 0.0f && d.dropout < 1.0f))
-        return pdp__err(PDP_ERR_INVALID, "%s: dropout %g is outside [0, 1)", fn,
-                        (double)d.dropout);
-    memset(&md, 0, sizeof md);
-    md.input_shape[0] = d.sequence;
-    md.input_dtype = PDP_DTYPE_I32;
-    md.seed = d.seed;
-    md.device = d.device;
-    md.precision = d.precision;
-    if ((st = pdp_model_create(&m, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
-    if ((st = pdp_model_add_embedding(m, d.vocab, d.dim, d.context)) != PDP_OK ||
-        (st = pdp__model_rename_param(m, 0, "transformer.wte.weight")) != PDP_OK ||
-        (st = pdp__model_rename_param(m, 1, "transformer.wpe.weight")) != PDP_OK ||
-        (st = pdp__gpt_dropout(m, d.dropout)) != PDP_OK)
-        goto fail;
-    for (i = 0; i < d.layers; i++)
-        if ((st = pdp__gpt_block(m, &d, i)) != PDP_OK) goto fail;
-    if ((st = pdp__gpt_layernorm(m, "transformer.ln_f")) != PDP_OK ||
-        (st = pdp_model_add_tied_linear(m, "transformer.wte.weight")) != PDP_OK)
-        goto fail;
-    if ((st = pdp__gpt_init(m, &d)) != PDP_OK) goto fail;
-    *out = m;
-    return PDP_OK;
-fail:
-    pdp_model_free(m);
-    return pdp__err_wrap(st, "%s", fn);
-}
-
-/* ---- gpt: generation ---- */
-
-/* The next token from logits z[0..V): greedy at temperature 0, else a draw from
-   softmax(z / temperature) over the top_k largest (all when top_k is 0 or >= V). */
-PDP__PRIVATE int32_t pdp__gpt_pick(const float *z, int64_t V, float temperature, int top_k,
-                                   float *p, pdp_rng *r)
-{
-    int64_t i, best = 0;
-    float cut = -HUGE_VALF, mx;
-    double sum = 0.0, u;
-    for (i = 1; i < V; i++)
-        if (z[i] > z[best]) best = i;
-    if (temperature <= 0.0f) return (int32_t)best;
-    if (top_k > 0 && top_k < V) { /* cut = the top_k-th largest logit, found by top_k
-                                     passes of a selection (V and top_k are small) */
-        int64_t k, j;
-        for (i = 0; i < V; i++) p[i] = z[i];
-        for (k = 0; k < top_k; k++) {
-            for (j = -1, i = 0; i < V; i++)
-                if (p[i] != -HUGE_VALF && (j < 0 || p[i] > p[j])) j = i;
-            if (j < 0) break;
-            cut = p[j];
-            p[j] = -HUGE_VALF;
-        }
-    }
-    mx = z[best];
-    for (i = 0; i < V; i++) {
-        p[i] = z[i] >= cut ? expf((z[i] - mx) / temperature) : 0.0f;
-        sum += (double)p[i];
-    }
-    u = (double)pdp_rng_uniform(r) * sum;
-    for (i = 0; i < V; i++) {
-        u -= (double)p[i];
-        if (u < 0.0 && p[i] > 0.0f) return (int32_t)i;
-    }
-    return (int32_t)best;
-}
-
-PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64_t n_new,
-                                    float temperature, int top_k, pdp_rng *r)
-{
-    const char *fn = "pdp_gpt_generate";
-    int64_t T, V, k, i, at, shape[2];
-    int32_t *window;
-    float *p;
-    bool training;
-    pdp_tensor x;
-    const pdp_tensor *y;
-    pdp_status st = PDP_OK;
-    if (!m || !ids || !r) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
-    if (m->in_dtype != PDP_DTYPE_I32 || m->nlayers == 0)
-        return pdp__err(PDP_ERR_INVALID, "%s: the model does not take token ids", fn);
-    if (m->device.kind != PDP_DEVICE_CPU)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model must be on the CPU", fn);
-    if (n < 1 || n_new < 0 || !(temperature >= 0.0f) || top_k < 0)
-        return pdp__err(PDP_ERR_INVALID, "%s: n %lld (>= 1), n_new %lld (>= 0), temperature %g "
-                        "and top_k %d (>= 0)", fn, (long long)n, (long long)n_new,
-                        (double)temperature, top_k);
-    T = m->in_shape[0];
-    V = m->layers[m->nlayers - 1].out_shape[1];
-    window = (int32_t *)pdp__calloc((size_t)T * sizeof *window);
-    p = (float *)pdp__alloc((size_t)V * sizeof *p);
-    if (!window || !p) {
-        pdp__dealloc(window);
-        pdp__dealloc(p);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-    }
-    training = m->training;
-    m->training = false;
-    shape[0] = 1;
-    shape[1] = T;
-    pdp_tensor_wrap_ids(window, pdp_cpu(), 2, shape, &x);
-    for (k = 0; k < n_new && st == PDP_OK; k++) {
-        int64_t len = n + k, first = len > T ? len - T : 0;
-        for (i = 0; i < T; i++) window[i] = first + i < len ? ids[first + i] : 0; /* pad */
-        if ((st = pdp_model_forward(m, &x, &y)) != PDP_OK) break;
-        at = len - first - 1; /* the last real position */
-        ids[len] = pdp__gpt_pick(y->data + at * V, V, temperature, top_k, p, r);
-    }
-    m->training = training;
-    m->have_forward = false;
-    pdp__dealloc(window);
-    pdp__dealloc(p);
-    return st == PDP_OK ? PDP_OK : pdp__err_wrap(st, "%s", fn);
-}
-/* ---- end src/gpt.c ---- */
 
 /* ---- begin src/optim.c ---- */
 /* optim: torch.optim.SGD, Adam and AdamW on the flat parameter block, gradient
@@ -23423,7 +23470,7 @@ PDP__PRIVATE pdp_status pdp__dp_replicate(pdp_dp *dp, const char *fn)
 PDP__PRIVATE pdp_status pdp__dp_scatter(pdp_dp *dp, const pdp_tensor *x, const int32_t *labels,
                                         const char *fn)
 {
-    int64_t b = x->shape[0], base = b / dp->n, extra = b % dp->n, first = 0, rows;
+    int64_t b = x->shape[0], base = b / dp->n, extra = b % dp->n, first = 0, rows = 0;
     size_t row_bytes = (size_t)(x->count / b + dp->positions) * sizeof(float);
     pdp_status st;
     int i;
@@ -25013,9 +25060,11 @@ PDP_API pdp_status pdp_model_add_tp_copy(pdp_model *m)
     return pdp__tp_add(m, pdp__layer_of(PDP__TP_COPY), "pdp_model_add_tp_copy");
 }
 
-PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t out_features)
+/* A ColumnParallelLinear whose output is parts blocks split alike (3: q | k | v, each
+   split by heads: pdp_gpt_create's c_attn). */
+PDP__PRIVATE pdp_status pdp__tp_add_column(pdp_model *m, int64_t out_features, int parts,
+                                           const char *fn)
 {
-    static const char *fn = "pdp_model_add_column_parallel_linear";
     pdp__layer l = pdp__layer_of(PDP__COLUMN_PARALLEL_LINEAR);
     pdp_status st;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
@@ -25026,8 +25075,32 @@ PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t ou
                         "not %s", fn, m->nlayers,
                         m->nlayers ? pdp_model_layer_name(m, m->nlayers - 1) : "the input");
     l.tp_full = out_features;
+    l.tp_parts = parts;
     l.tp_skip_dx = m->nlayers == 1;
     return pdp__tp_add(m, l, fn);
+}
+
+PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t out_features)
+{
+    return pdp__tp_add_column(m, out_features, 1, "pdp_model_add_column_parallel_linear");
+}
+
+/* A CausalSelfAttention after a ColumnParallelLinear split by heads (q | k | v in three
+   parts): the attention of this rank's heads, heads / TP size of them from head
+   rank x heads / size (its dropout masks keyed by the global head, as on one device).
+   heads must divide by the TP size. */
+PDP__PRIVATE pdp_status pdp__tp_headwise(const pdp_model *m, pdp__layer *l, const char *fn)
+{
+    const pdp__layer *prev = m->nlayers ? &m->layers[m->nlayers - 1] : NULL;
+    if (!prev || prev->tp_parts != 3 || !m->tp.comm) return PDP_OK; /* not on a TP shard */
+    if (l->heads % m->tp.size != 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: %lld heads do not divide by the TP size %d: a rank "
+                        "holds whole heads", fn, (long long)l->heads, m->tp.size);
+    l->tp_full = l->heads;
+    l->heads /= m->tp.size;
+    l->tp_lo = (int64_t)m->tp.rank * l->heads;
+    l->tp = (pdp__tp_state *)&m->tp;
+    return PDP_OK;
 }
 
 PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_features)
@@ -25040,17 +25113,27 @@ PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_f
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
         return st; /* before the order checks: a wrapped model takes no layer at all */
-    for (i = m->nlayers - 1; i >= 0; i--) { /* back over the element-wise kinds (the table's) */
-        if (m->layers[i].kind == PDP__COLUMN_PARALLEL_LINEAR) break;
-        if (!(pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_ELEMENTWISE)) i = 0;
+    for (i = m->nlayers - 1; i >= 0; i--) { /* back over the element-wise kinds (the table's),
+                                               or an attention of this rank's heads */
+        const pdp__layer *k = &m->layers[i];
+        if (k->kind == PDP__COLUMN_PARALLEL_LINEAR) break;
+        if (!(pdp__layer_kind_of(k->kind)->flags & PDP__LAYER_ELEMENTWISE) &&
+            !((pdp__layer_kind_of(k->kind)->flags & PDP__LAYER_HEADWISE) && k->tp))
+            i = 0;
     }
     if (i < 0 || m->layers[i].kind != PDP__COLUMN_PARALLEL_LINEAR)
         return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow a ColumnParallelLinear with only "
-                        "element-wise activations (%s) between", fn, m->nlayers,
+                        "element-wise activations (%s) between, or an attention split by heads",
+                        fn, m->nlayers,
                         pdp__layer_kinds_with(PDP__LAYER_ELEMENTWISE, names, sizeof names));
     l.out_features = out_features;
-    l.tp_full = m->layers[i].tp_full;
-    l.tp_lo = m->layers[i].tp_lo;
+    if (m->layers[i].tp_parts == 3) { /* the heads' outputs, q | k | v gone: C wide */
+        l.tp_full = m->layers[i].tp_full / 3;
+        l.tp_lo = m->layers[i].tp_lo;
+    } else {
+        l.tp_full = m->layers[i].tp_full;
+        l.tp_lo = m->layers[i].tp_lo;
+    }
     return pdp__tp_add(m, l, fn);
 }
 
@@ -25090,24 +25173,41 @@ PDP__PRIVATE pdp_status pdp__tp_full_model(const pdp_model *m, pdp_model **out, 
     pdp_model *full = NULL;
     pdp_status st;
     int i;
+    int *at = NULL; /* layer i of m is layer at[i] of full */
     memset(&md, 0, sizeof md);
     md.input_ndim = m->in_ndim;
     memcpy(md.input_shape, m->in_shape, sizeof md.input_shape);
     md.seed = m->seed;
     md.device = m->device;
+    md.input_dtype = m->in_dtype;
     if ((st = pdp_model_create(&full, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if (!(at = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof *at))) {
+        pdp_model_free(full);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    }
     for (i = 0; i < m->nlayers; i++) {
         pdp__layer l = m->layers[i];
-        if (pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_UNNUMBERED) continue;
+        at[i] = full->nlayers;
+        if (pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_COLLECTIVE)
+            continue; /* f and g */
         if (l.kind == PDP__COLUMN_PARALLEL_LINEAR) l.out_features = l.tp_full;
         if (l.kind == PDP__COLUMN_PARALLEL_LINEAR || l.kind == PDP__ROW_PARALLEL_LINEAR)
             l.kind = PDP__LINEAR;
+        if ((pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_HEADWISE) && l.tp)
+            l.heads = l.tp_full; /* every head */
+        if (pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_SKIP)
+            l.residual_from = at[l.residual_from];
         l.tp = NULL;
+        l.tp_parts = 0;
         if ((st = pdp__model_add(full, l, fn)) != PDP_OK) {
+            pdp__dealloc(at);
             pdp_model_free(full);
             return st;
         }
     }
+    pdp__dealloc(at);
+    for (i = 0; i < m->nparams; i++) /* a builder's names (pdp_gpt_create's) */
+        snprintf(full->params[i].name, sizeof full->params[i].name, "%s", m->params[i].name);
     full->step = m->step;
     *out = full;
     return PDP_OK;
@@ -25122,18 +25222,26 @@ PDP__PRIVATE pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, fl
     const pdp__param_entry *e = &m->params[p];
     const pdp__layer *l = &m->layers[e->layer];
     bool weight = p == l->param_first;
-    int64_t rows = 1, len = e->count, fstride = 0, foff = 0, i;
+    int64_t rows = 1, len = e->count, fstride = 0, lstride = 0, foff = 0, i;
+    int64_t in = l->in_shape[l->in_ndim - 1]; /* a position's features */
     pdp_status st;
-    if (l->kind == PDP__COLUMN_PARALLEL_LINEAR) {     /* rows [lo, lo + n) of [H, in], b[lo..] */
-        foff = l->tp_lo * (weight ? l->in_count : 1);
+    if (l->kind == PDP__COLUMN_PARALLEL_LINEAR) { /* rows [lo, lo + n) of each part of [H, in],
+                                                     b[lo..] of each part */
+        int64_t parts = l->tp_parts > 1 ? l->tp_parts : 1, row = weight ? in : 1;
+        rows = parts;
+        len = e->count / parts;
+        fstride = l->tp_full / parts * row;
+        lstride = len;
+        foff = l->tp_lo * row;
     } else if (l->kind == PDP__ROW_PARALLEL_LINEAR && weight) { /* columns of [d, H] */
         rows = l->out_features;
-        len = l->in_count;
+        len = in;
         fstride = l->tp_full;
+        lstride = len;
         foff = l->tp_lo;
     }
     for (i = 0; i < rows; i++) {
-        float *f = full + foff + i * fstride, *s = local + i * len;
+        float *f = full + foff + i * fstride, *s = local + i * lstride;
         size_t bytes = (size_t)len * sizeof(float);
         st = to_full ? pdp__dev_copy(d, f, d, s, bytes) : pdp__dev_copy(d, s, d, f, bytes);
         if (st != PDP_OK) return st;
@@ -25172,7 +25280,7 @@ PDP__PRIVATE bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s)
         if (!pdp__tp_kind(l->kind) || k-- > 0) continue;
         s->layer = i;
         s->kind = (int64_t)l->kind;
-        s->in = l->kind == PDP__ROW_PARALLEL_LINEAR ? l->tp_full : l->in_count;
+        s->in = l->kind == PDP__ROW_PARALLEL_LINEAR ? l->tp_full : l->in_shape[l->in_ndim - 1];
         s->out = l->kind == PDP__COLUMN_PARALLEL_LINEAR ? l->tp_full
                  : l->kind == PDP__ROW_PARALLEL_LINEAR  ? l->out_features
                                                         : l->in_count;
@@ -25397,6 +25505,291 @@ out:
 }
 /* ---- end src/tp.c ---- */
 
+/* ---- begin src/gpt.c ---- */
+/* gpt: pdp_gpt_create and pdp_gpt_generate (gpt.h). The builder only calls model.h's
+   public constructors, then names and initialises what they made: a GPT is a model like
+   any other, and every executor sees its layers one by one. */
+
+/* #include "internal.h" (already above) */
+
+/* ---- gpt: the builder ---- */
+
+/* Names parameter p (the next one the builder made), "transformer.h.3.attn.c_attn" +
+   ".weight". */
+PDP__PRIVATE pdp_status pdp__gpt_name(pdp_model *m, int p, const char *prefix, const char *what)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%s.%s", prefix, what);
+    return pdp__model_rename_param(m, p, name);
+}
+
+/* A Linear named prefix (weight, then bias). With desc.tp: column-parallel in split parts
+   (3: q | k | v) or, for split -1, row-parallel. */
+PDP__PRIVATE pdp_status pdp__gpt_linear(pdp_model *m, const pdp_gpt_desc *d, int64_t out,
+                                        int split, const char *prefix)
+{
+    pdp_status st;
+    int p = m->nparams;
+    if ((st = !d->tp       ? pdp_model_add_linear(m, out)
+              : split < 0 ? pdp_model_add_row_parallel_linear(m, out)
+                          : pdp__tp_add_column(m, out, split, "pdp_gpt_create")) != PDP_OK ||
+        (st = pdp__gpt_name(m, p, prefix, "weight")) != PDP_OK ||
+        (st = pdp__gpt_name(m, p + 1, prefix, "bias")) != PDP_OK)
+        return st;
+    return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__gpt_layernorm(pdp_model *m, const char *prefix)
+{
+    pdp_status st;
+    int p = m->nparams;
+    if ((st = pdp_model_add_layernorm(m, 1e-5f)) != PDP_OK ||
+        (st = pdp__gpt_name(m, p, prefix, "weight")) != PDP_OK ||
+        (st = pdp__gpt_name(m, p + 1, prefix, "bias")) != PDP_OK)
+        return st;
+    return PDP_OK;
+}
+
+/* Tensor parallel: f before a block's first split Linear, g after its last. */
+PDP__PRIVATE pdp_status pdp__gpt_f(pdp_model *m, const pdp_gpt_desc *d)
+{
+    return d->tp ? pdp_model_add_tp_copy(m) : PDP_OK;
+}
+PDP__PRIVATE pdp_status pdp__gpt_g(pdp_model *m, const pdp_gpt_desc *d)
+{
+    return d->tp ? pdp_model_add_tp_reduce(m) : PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__gpt_dropout(pdp_model *m, float p)
+{
+    return p > 0.0f ? pdp_model_add_dropout(m, p) : PDP_OK;
+}
+
+/* Block i: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). */
+PDP__PRIVATE pdp_status pdp__gpt_block(pdp_model *m, const pdp_gpt_desc *d, int i)
+{
+    char h[48], name[64];
+    pdp_status st;
+    snprintf(h, sizeof h, "transformer.h.%d", i);
+#define PDP__GPT_TRY(call) \
+    if ((st = (call)) != PDP_OK) return st
+#define PDP__GPT_NAME(part) (snprintf(name, sizeof name, "%s.%s", h, part), name)
+    PDP__GPT_TRY(pdp_model_residual_begin(m)); /* the attention's residual region */
+    PDP__GPT_TRY(pdp__gpt_layernorm(m, PDP__GPT_NAME("ln_1")));
+    PDP__GPT_TRY(pdp__gpt_f(m, d));
+    PDP__GPT_TRY(pdp__gpt_linear(m, d, 3 * d->dim, 3, PDP__GPT_NAME("attn.c_attn")));
+    PDP__GPT_TRY(pdp_model_add_causal_self_attention(m, d->heads, d->dropout));
+    PDP__GPT_TRY(pdp__gpt_linear(m, d, d->dim, -1, PDP__GPT_NAME("attn.c_proj")));
+    PDP__GPT_TRY(pdp__gpt_g(m, d));
+    PDP__GPT_TRY(pdp__gpt_dropout(m, d->dropout));
+    PDP__GPT_TRY(pdp_model_residual_end(m));
+    PDP__GPT_TRY(pdp_model_residual_begin(m)); /* the MLP's */
+    PDP__GPT_TRY(pdp__gpt_layernorm(m, PDP__GPT_NAME("ln_2")));
+    PDP__GPT_TRY(pdp__gpt_f(m, d));
+    PDP__GPT_TRY(pdp__gpt_linear(m, d, 4 * d->dim, 1, PDP__GPT_NAME("mlp.c_fc")));
+    PDP__GPT_TRY(pdp_model_add_gelu(m));
+    PDP__GPT_TRY(pdp__gpt_linear(m, d, d->dim, -1, PDP__GPT_NAME("mlp.c_proj")));
+    PDP__GPT_TRY(pdp__gpt_g(m, d));
+    PDP__GPT_TRY(pdp__gpt_dropout(m, d->dropout));
+    PDP__GPT_TRY(pdp_model_residual_end(m));
+#undef PDP__GPT_NAME
+#undef PDP__GPT_TRY
+    return PDP_OK;
+}
+
+/* GPT-2's initialisation (nanoGPT's _init_weights): weights and embeddings N(0, 0.02),
+   the c_proj weights N(0, 0.02 / sqrt(2 layers)) (the residual branches' last
+   products), biases 0, LayerNorms as created (1 and 0). On a CUDA device each draw goes
+   through a host copy (pdp_tensor_normal's staging), so the parameters are the CPU's. */
+PDP__PRIVATE pdp_status pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d)
+{
+    pdp_rng r;
+    int p;
+    pdp_status st;
+    float std_proj = (float)(0.02 / sqrt(2.0 * (double)d->layers));
+    pdp_rng_seed(&r, d->seed, 1);
+    for (p = 0; p < m->nparams; p++) {
+        pdp_param v;
+        const char *name = m->params[p].name;
+        size_t n = strlen(name);
+        if ((st = pdp_model_param(m, p, &v)) != PDP_OK) return st;
+        if (strstr(name, "ln_")) continue;
+        st = n > 5 && strcmp(name + n - 5, ".bias") == 0
+                 ? pdp_tensor_zeros(&v.value)
+                 : pdp_tensor_normal(&v.value, &r, 0.0f,
+                                     strstr(name, "c_proj.weight") ? std_proj : 0.02f);
+        if (st != PDP_OK) return st;
+    }
+    return PDP_OK;
+}
+
+/* A TP GPT starts as the single-device GPT of the same desc: that one is built, drawn as
+   pdp__gpt_init draws, and cut into this rank's slices (tp.c's scatter). */
+PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d)
+{
+    pdp_gpt_desc one = *d;
+    pdp_model *full = NULL;
+    pdp_status st;
+    one.tp = NULL;
+    if ((st = pdp_gpt_create(&full, &one)) != PDP_OK) return st;
+    st = pdp__tp_scatter(m, full, full->param_block, m->param_block);
+    pdp_model_free(full);
+    return st;
+}
+
+PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
+{
+    const char *fn = "pdp_gpt_create";
+    pdp_gpt_desc d;
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    pdp_status st;
+    int i;
+    if (!out || !desc) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    *out = NULL;
+    d = *desc;
+    if (d.vocab == 0) d.vocab = 256;
+    if (d.sequence == 0) d.sequence = d.context;
+    if (d.vocab < 1 || d.vocab > INT32_MAX)
+        return pdp__err(PDP_ERR_INVALID, "%s: vocab %lld is outside [1, 2^31)", fn,
+                        (long long)d.vocab);
+    if (d.context < 1 || d.layers < 1 || d.heads < 1 || d.dim < 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: context %lld, layers %d, heads %d and dim %lld "
+                        "are required (each >= 1)", fn, (long long)d.context, d.layers, d.heads,
+                        (long long)d.dim);
+    if (d.sequence < 1 || d.sequence > d.context)
+        return pdp__err(PDP_ERR_INVALID, "%s: sequence %lld is outside [1, context %lld]", fn,
+                        (long long)d.sequence, (long long)d.context);
+    if (d.dim % d.heads != 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: heads %d do not divide dim %lld", fn, d.heads,
+                        (long long)d.dim);
+    if (!(d.dropout >= 0.0f && d.dropout < 1.0f))
+        return pdp__err(PDP_ERR_INVALID, "%s: dropout %g is outside [0, 1)", fn,
+                        (double)d.dropout);
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = d.sequence;
+    md.input_dtype = PDP_DTYPE_I32;
+    md.seed = d.seed;
+    md.device = d.device;
+    md.precision = d.precision;
+    md.recompute = d.recompute;
+    if ((st = pdp_model_create(&m, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if (d.tp && (st = pdp_model_set_tp(m, d.tp)) != PDP_OK) goto fail;
+    if (d.tp && d.heads % pdp_comm_size(d.tp) != 0) {
+        st = pdp__err(PDP_ERR_INVALID, "%d heads do not divide by the TP size %d: a rank holds "
+                      "whole heads", d.heads, pdp_comm_size(d.tp));
+        goto fail;
+    }
+    if ((st = pdp_model_add_embedding(m, d.vocab, d.dim, d.context)) != PDP_OK ||
+        (st = pdp__model_rename_param(m, 0, "transformer.wte.weight")) != PDP_OK ||
+        (st = pdp__model_rename_param(m, 1, "transformer.wpe.weight")) != PDP_OK ||
+        (st = pdp__gpt_dropout(m, d.dropout)) != PDP_OK)
+        goto fail;
+    for (i = 0; i < d.layers; i++)
+        if ((st = pdp__gpt_block(m, &d, i)) != PDP_OK) goto fail;
+    if ((st = pdp__gpt_layernorm(m, "transformer.ln_f")) != PDP_OK ||
+        (st = pdp_model_add_tied_linear(m, "transformer.wte.weight")) != PDP_OK)
+        goto fail;
+    if (d.tp && m->device.kind != PDP_DEVICE_CPU) {
+        st = pdp__err(PDP_ERR_UNSUPPORTED, "a GPT split by heads (desc.tp) runs on the CPU for "
+                      "now");
+        goto fail;
+    }
+    if ((st = d.tp ? pdp__gpt_init_tp(m, &d) : pdp__gpt_init(m, &d)) != PDP_OK) goto fail;
+    *out = m;
+    return PDP_OK;
+fail:
+    pdp_model_free(m);
+    return pdp__err_wrap(st, "%s", fn);
+}
+
+/* ---- gpt: generation ---- */
+
+/* The next token from logits z[0..V): greedy at temperature 0, else a draw from
+   softmax(z / temperature) over the top_k largest (all when top_k is 0 or >= V). */
+PDP__PRIVATE int32_t pdp__gpt_pick(const float *z, int64_t V, float temperature, int top_k,
+                                   float *p, pdp_rng *r)
+{
+    int64_t i, best = 0;
+    float cut = -HUGE_VALF, mx;
+    double sum = 0.0, u;
+    for (i = 1; i < V; i++)
+        if (z[i] > z[best]) best = i;
+    if (temperature <= 0.0f) return (int32_t)best;
+    if (top_k > 0 && top_k < V) { /* cut = the top_k-th largest logit, found by top_k
+                                     passes of a selection (V and top_k are small) */
+        int64_t k, j;
+        for (i = 0; i < V; i++) p[i] = z[i];
+        for (k = 0; k < top_k; k++) {
+            for (j = -1, i = 0; i < V; i++)
+                if (p[i] != -HUGE_VALF && (j < 0 || p[i] > p[j])) j = i;
+            if (j < 0) break;
+            cut = p[j];
+            p[j] = -HUGE_VALF;
+        }
+    }
+    mx = z[best];
+    for (i = 0; i < V; i++) {
+        p[i] = z[i] >= cut ? expf((z[i] - mx) / temperature) : 0.0f;
+        sum += (double)p[i];
+    }
+    u = (double)pdp_rng_uniform(r) * sum;
+    for (i = 0; i < V; i++) {
+        u -= (double)p[i];
+        if (u < 0.0 && p[i] > 0.0f) return (int32_t)i;
+    }
+    return (int32_t)best;
+}
+
+PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64_t n_new,
+                                    float temperature, int top_k, pdp_rng *r)
+{
+    const char *fn = "pdp_gpt_generate";
+    int64_t T, V, k, i, at, shape[2];
+    int32_t *window;
+    float *p;
+    bool training;
+    pdp_tensor x;
+    const pdp_tensor *y;
+    pdp_status st = PDP_OK;
+    if (!m || !ids || !r) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (m->in_dtype != PDP_DTYPE_I32 || m->nlayers == 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: the model does not take token ids", fn);
+    if (m->device.kind != PDP_DEVICE_CPU)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model must be on the CPU", fn);
+    if (n < 1 || n_new < 0 || !(temperature >= 0.0f) || top_k < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: n %lld (>= 1), n_new %lld (>= 0), temperature %g "
+                        "and top_k %d (>= 0)", fn, (long long)n, (long long)n_new,
+                        (double)temperature, top_k);
+    T = m->in_shape[0];
+    V = m->layers[m->nlayers - 1].out_shape[1];
+    window = (int32_t *)pdp__calloc((size_t)T * sizeof *window);
+    p = (float *)pdp__alloc((size_t)V * sizeof *p);
+    if (!window || !p) {
+        pdp__dealloc(window);
+        pdp__dealloc(p);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    }
+    training = m->training;
+    m->training = false;
+    shape[0] = 1;
+    shape[1] = T;
+    pdp_tensor_wrap_ids(window, pdp_cpu(), 2, shape, &x);
+    for (k = 0; k < n_new && st == PDP_OK; k++) {
+        int64_t len = n + k, first = len > T ? len - T : 0;
+        for (i = 0; i < T; i++) window[i] = first + i < len ? ids[first + i] : 0; /* pad */
+        if ((st = pdp_model_forward(m, &x, &y)) != PDP_OK) break;
+        at = len - first - 1; /* the last real position */
+        ids[len] = pdp__gpt_pick(y->data + at * V, V, temperature, top_k, p, r);
+    }
+    m->training = training;
+    m->have_forward = false;
+    pdp__dealloc(window);
+    pdp__dealloc(p);
+    return st == PDP_OK ? PDP_OK : pdp__err_wrap(st, "%s", fn);
+}
+/* ---- end src/gpt.c ---- */
+
 /* ---- begin src/zero.c ---- */
 /* zero: the sharded executor, ZeRO stages 1-3 on reducer.c's bucket reducer
    with a reduce-scatter as its collective (the layout, the formulas and the
@@ -25415,6 +25808,19 @@ out:
    parameters are gathered (a gather slot, least recently used first, never the
    unit being computed). Nothing is allocated after construction: the buffers
    are fixed, the handles come from the backends' pools.
+
+   Tied parameters (a GPT's head uses the Embedding's wte: model.c's PDP__LAYER_TIED).
+   A tied layer computes with its owner's unit: unit_of_layer maps it there, and the
+   model's events fire for it as for a layer of that unit, so stage 3 gathers the unit
+   for it in forward and in backward (again, if the unit left its gather slot since),
+   and stages 2-3 give the unit its gradient buffer at the tied layer's backward. A
+   unit that a tied layer's backward reaches before its own layers' ("pinned": the
+   head's contribution comes first, the embedding's last) keeps that buffer until the
+   unit's reduce-scatter, which the reducer launches only once every parameter of the
+   unit reported, after the owner's backward (model.c fires the grad hook for a
+   parameter after its own layer only): the two contributions are summed in the
+   buffer and reduced once. So a pinned unit owns a buffer of its own (the last ones)
+   and the other units share the rest round-robin (gslot).
 
    Devices. Every buffer lives on the model's device and is moved with
    cuda_host.c's pdp__dev_* helpers (memcpy, memset and += on the CPU; copies and
@@ -25454,7 +25860,13 @@ struct pdp_zero {
     pdp_comm *c;
     int stage, rank, size, nunits;
     pdp__zero_unit *units;
-    int *unit_of_layer;  /* -1 for layers without parameters */
+    int *unit_of_layer;  /* the unit whose parameters layer l computes with (a tied layer:
+                            its owner's); -1 for layers without parameters */
+    int *next_fwd, *next_bwd; /* per layer: the next other unit forward (backward) needs
+                                 after it, -1 for none (stage 3's prefetch) */
+    int *gslot;          /* stages 2-3: per unit, its gradient bucket buffer */
+    int64_t pinned_s;    /* slice floats per rank of the pinned units (pdp__zero_pinned):
+                            stage 3's byte formula */
     int64_t shard_count, padded_count, smax;
     float *grad_all;     /* stage 1: every unit's padded gradient buffer */
     float *grad_shard;   /* stages 2-3 */
@@ -25529,11 +25941,11 @@ PDP__PRIVATE void pdp__zero_bucket_done(pdp__reducer *r, int b)
     k->gbuf = NULL;
 }
 
-/* Gives unit u a zeroed bucket buffer, waiting for the reduce-scatter of the unit
-   that held it (bucket_done then frees it). */
+/* Gives unit u a zeroed bucket buffer (gslot[u]), waiting for the reduce-scatter of the
+   unit that held it (bucket_done then frees it). */
 PDP__PRIVATE pdp_status pdp__zero_take_gbuf(pdp_zero *z, int u)
 {
-    int slot = u % z->desc.grad_buffers, v = z->gbuf_unit[slot];
+    int slot = z->gslot[u], v = z->gbuf_unit[slot];
     pdp__zero_unit *k = &z->units[u];
     pdp_status st;
     char name[96];
@@ -25577,8 +25989,8 @@ PDP__PRIVATE pdp_status pdp__zero_reduce(pdp__reducer *r, int b, pdp_work **w)
 
 /* A comm hook's scratch: stage 1 one piece per unit (every unit's buffer may be in
    flight at once), laid out as grad_all; stages 2-3 one piece per bucket buffer
-   (unit u uses piece u mod grad_buffers, as its bucket buffer: the unit that held it
-   was waited, and its hook finished, before u's backward began). */
+   (unit u uses piece gslot[u], as its bucket buffer: the unit that held it was
+   waited, and its hook finished, before u's backward began). */
 PDP_API pdp_status pdp_zero_register_comm_hook(pdp_zero *z, const pdp_ddp_comm_hook *hook)
 {
     static const char *fn = "pdp_zero_register_comm_hook";
@@ -25589,7 +26001,7 @@ PDP_API pdp_status pdp_zero_register_comm_hook(pdp_zero *z, const pdp_ddp_comm_h
     off = (int64_t *)pdp__calloc((size_t)PDP__MAX(1, z->nunits) * sizeof *off);
     if (!off) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d units", fn, z->nunits);
     for (b = z->nunits - 1; b >= 0; b--) {
-        off[b] = z->stage == 1 ? base : (int64_t)(b % z->desc.grad_buffers) * z->size * z->smax;
+        off[b] = z->stage == 1 ? base : (int64_t)z->gslot[b] * z->size * z->smax;
         base += (int64_t)z->size * z->units[b].s;
     }
     total = z->stage == 1 ? z->padded_count : (int64_t)z->desc.grad_buffers * z->size * z->smax;
@@ -25703,7 +26115,7 @@ PDP__PRIVATE pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_eve
     (void)m;
     switch (ev) {
     case PDP__EV_FORWARD_LAYER: /* forward runs the units from the last index down */
-        return z->stage == 3 ? pdp__zero_need(z, u, u - 1) : PDP_OK;
+        return z->stage == 3 ? pdp__zero_need(z, u, z->next_fwd[layer]) : PDP_OK;
     case PDP__EV_BACKWARD_BEGIN:
         z->passes++;
         if (z->stage >= 2)
@@ -25713,10 +26125,10 @@ PDP__PRIVATE pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_eve
                     z->gbuf_unit[i] = -1;
                 }
         return z->stage == 3 ? pdp__zero_release_params(z) : PDP_OK;
-    case PDP__EV_BACKWARD_LAYER: /* backward runs them from 0 up */
+    case PDP__EV_BACKWARD_LAYER: /* backward runs them from 0 up (a tied head first) */
         if (z->stage >= 2 && !z->units[u].gbuf && (st = pdp__zero_take_gbuf(z, u)) != PDP_OK)
             return st;
-        return z->stage == 3 ? pdp__zero_need(z, u, u + 1) : PDP_OK;
+        return z->stage == 3 ? pdp__zero_need(z, u, z->next_bwd[layer]) : PDP_OK;
     case PDP__EV_BACKWARD_END:
         /* stages 2-3 under no_sync: reduce now, into the shard (no full gradient to
            accumulate in); a failure is reported by the next finish */
@@ -25778,6 +26190,9 @@ PDP_API void pdp_zero_free(pdp_zero *z)
     pdp__dev_free(z->dev, z->dscalar);
     pdp__dealloc(z->units);
     pdp__dealloc(z->unit_of_layer);
+    pdp__dealloc(z->next_fwd);
+    pdp__dealloc(z->next_bwd);
+    pdp__dealloc(z->gslot);
     pdp__dealloc(z->layer_w);
     pdp__dealloc(z->layer_dw);
     if (m) pdp__model_unwrap(m); /* the caller's again (views off) */
@@ -25868,6 +26283,77 @@ PDP_API pdp_zero_desc pdp_zero_get_desc(const pdp_zero *z)
     return d;
 }
 
+/* The pinned units of the units the reducer's walk planned (the header's "Tied
+   parameters"): the unit of a tied layer's parameter when the tied layer comes after
+   all of the unit's own layers, so backward reaches the unit first at the tied layer;
+   none with one unit (no other unit wants a buffer). Sets mark[u] (zeroed by the caller)
+   to 1 for each and *tied_at to the last such tied layer; returns how many. The
+   executor and pdp_zero_memory_plan count them alike. */
+PDP__PRIVATE int pdp__zero_pinned(const pdp_model *m, const pdp__red_bucket *units, int nunits,
+                                  int *mark, int *tied_at)
+{
+    int l, b, count = 0;
+    if (nunits < 2) return 0;
+    for (l = 0; l < m->nlayers; l++) {
+        const pdp__layer *ly = &m->layers[l];
+        if (!(pdp__layer_kind_of(ly->kind)->flags & PDP__LAYER_TIED)) continue;
+        for (b = 0; ly->tied_param < units[b].info.first_param ||
+                    ly->tied_param > units[b].info.last_param; b++) {}
+        if (l > m->params[units[b].info.last_param].layer) {
+            count += !mark[b];
+            mark[b] = 1;
+            *tied_at = l;
+        }
+    }
+    return count;
+}
+
+/* The units' layers, once the units are planned: a tied layer computes with its owner's
+   unit; each layer's next other unit in forward and backward order (stage 3 prefetches
+   it); the pinned units and every unit's gradient buffer: the pinned ones the last
+   buffers, one each, the others the rest round-robin. grad_buffers (asked: the desc's,
+   0 for the default) must leave the others one: PDP_ERR_INVALID naming the tied layer
+   otherwise; the default grows to what is needed. */
+PDP__PRIVATE pdp_status pdp__zero_plan_layers(pdp_zero *z, int asked, const char *fn)
+{
+    const pdp_model *m = z->m;
+    int l, u, a, b, g, need, rest, pinned, tied_at = -1;
+    for (l = 0; l < m->nlayers; l++)
+        if (pdp__layer_kind_of(m->layers[l].kind)->flags & PDP__LAYER_TIED)
+            z->unit_of_layer[l] = z->unit_of_layer[m->params[m->layers[l].tied_param].layer];
+    pinned = pdp__zero_pinned(m, z->r.buckets, z->nunits, z->gslot, &tied_at);
+    for (u = 0; u < z->nunits; u++)
+        if (z->gslot[u]) z->pinned_s += z->units[u].s;
+    for (a = b = -1, l = m->nlayers - 1; l >= 0; l--) { /* a: the nearest later unit, b: */
+        u = z->unit_of_layer[l];                          /* the nearest later one not a */
+        z->next_fwd[l] = u < 0 ? -1 : a != u ? a : b;
+        if (u >= 0 && u != a) b = a, a = u;
+    }
+    for (a = b = -1, l = 0; l < m->nlayers; l++) {
+        u = z->unit_of_layer[l];
+        z->next_bwd[l] = u < 0 ? -1 : a != u ? a : b;
+        if (u >= 0 && u != a) b = a, a = u;
+    }
+    if (z->stage == 1) return PDP_OK;
+    g = z->desc.grad_buffers;
+    need = pinned + (pinned < z->nunits);
+    if (g < need) {
+        if (asked) {
+            const pdp__param_entry *e = &m->params[m->layers[tied_at].tied_param];
+            return pdp__err(PDP_ERR_INVALID, "%s: grad_buffers %d: layer %d (%s) adds to the "
+                            "gradient of '%s' before layer %d (%s) does, so its unit keeps a "
+                            "buffer through the backward and the other units need one more: "
+                            "at least %d", fn, asked, tied_at,
+                            pdp__layer_kind_name(m->layers[tied_at].kind), e->name, e->layer,
+                            pdp__layer_kind_name(m->layers[e->layer].kind), need);
+        }
+        z->desc.grad_buffers = g = need;
+    }
+    for (rest = g - pinned, b = 0, u = 0; u < z->nunits; u++) /* gslot holds the marks */
+        z->gslot[u] = z->gslot[u] ? rest + b++ : u % rest;
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
                                    const pdp_zero_desc *desc)
 {
@@ -25927,7 +26413,12 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     z->unit_of_layer = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(int));
     z->layer_w = (float **)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(float *));
     z->layer_dw = (float **)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(float *));
-    if (!z->units || !z->unit_of_layer || !z->layer_w || !z->layer_dw) goto oom;
+    z->next_fwd = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(int));
+    z->next_bwd = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(int));
+    z->gslot = (int *)pdp__calloc((size_t)PDP__MAX(1, z->nunits) * sizeof(int));
+    if (!z->units || !z->unit_of_layer || !z->layer_w || !z->layer_dw || !z->next_fwd ||
+        !z->next_bwd || !z->gslot)
+        goto oom;
     for (l = 0; l < m->nlayers; l++) z->unit_of_layer[l] = -1;
     acc = 0;
     for (b = z->nunits - 1; b >= 0; b--) {
@@ -25947,6 +26438,7 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     }
     z->shard_count = acc;
     z->padded_count = acc * n;
+    if ((st = pdp__zero_plan_layers(z, desc ? desc->grad_buffers : 0, fn)) != PDP_OK) goto fail;
     /* the shards first, then the model's blocks go, then the working buffers */
     z->sharded = true;
     if (z->stage == 1) {
@@ -26158,10 +26650,12 @@ PDP__PRIVATE pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const cha
    one reduce-scatter or all-gather of every unit (S = shard_count: the bytes the
    backends count for a collective of S floats per rank); stage 3's later
    forwards skip the units the backward before them left gathered, the last
-   param_buffers units of backward (the highest indices). */
+   param_buffers units of backward (the highest indices), and with more units than
+   param_buffers a pinned unit (a tied head's) has left its slot before its tied
+   layer's forward and before its own layers' backward: two more gathers per pass. */
 PDP__PRIVATE void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats *st)
 {
-    int64_t v = 4 * (int64_t)(z->size - 1) * z->shard_count, kept = 0, scalar;
+    int64_t v = 4 * (int64_t)(z->size - 1) * z->shard_count, kept = 0, scalar, tied = 0;
     int u, n = z->size;
     k = PDP__MAX(1, k);
     scalar = z->r.desc.batch_mean == PDP_BATCH_MEAN_GLOBAL /* one float, as comm.c counts it */
@@ -26178,10 +26672,17 @@ PDP__PRIVATE void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats
     } else {
         for (u = PDP__MAX(0, z->nunits - z->desc.param_buffers); u < z->nunits; u++)
             kept += z->units[u].s; /* floats per rank of the units kept gathered */
-        st->formula_bytes = 3 * k * v - (k - 1) * 4 * (int64_t)(n - 1) * kept + scalar;
+        if (z->nunits > z->desc.param_buffers) tied = z->pinned_s;
+        st->formula_bytes = 3 * k * v - (k - 1) * 4 * (int64_t)(n - 1) * kept +
+                            2 * k * 4 * (int64_t)(n - 1) * tied + scalar;
         snprintf(st->formula, sizeof st->formula, "3k (N-1)/N x 4 Psi_pad - (k - 1) (N-1)/N "
                  "x 4 Psi_kept, k = %lld, N = %d, Psi_kept %lld of %lld", (long long)k, n,
                  (long long)(kept * n), (long long)z->padded_count);
+        if (tied) {
+            size_t len = strlen(st->formula);
+            snprintf(st->formula + len, sizeof st->formula - len, " + 2k (N-1)/N x 4 x %lld "
+                     "(tied)", (long long)(tied * n));
+        }
     }
     if (scalar) {
         size_t len = strlen(st->formula);
@@ -26299,11 +26800,17 @@ PDP__PRIVATE pdp_status pdp__zero_plan(const pdp_model *m, int n, const pdp_zero
                                        int nstate, pdp_zero_memory *out, const char *fn)
 {
     pdp__red_bucket *units;
-    int nunits, b, s, g, pb;
+    int nunits, b, s, g, pb, pinned, tied_at;
+    int *mark;
     int64_t smax = 0, shard = 0, psi = m->param_count;
     double k = 4.0 * nstate, kp = 4.0 + k, dpsi = (double)psi;
     units = (pdp__red_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *units);
-    if (!units) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    mark = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *mark);
+    if (!units || !mark) {
+        pdp__dealloc(units);
+        pdp__dealloc(mark);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    }
     nunits = pdp__reducer_walk(m, d->bucket_cap_mb * 1048576.0, d->first_bucket_mb * 1048576.0,
                                true, units, NULL);
     for (b = 0; b < nunits; b++) {
@@ -26311,8 +26818,11 @@ PDP__PRIVATE pdp_status pdp__zero_plan(const pdp_model *m, int n, const pdp_zero
         shard += su;
         smax = PDP__MAX(smax, su);
     }
-    pdp__dealloc(units);
     g = PDP__MIN(d->grad_buffers ? d->grad_buffers : 2, PDP__MAX(1, nunits));
+    pinned = pdp__zero_pinned(m, units, nunits, mark, &tied_at);
+    g = PDP__MAX(g, pinned + (pinned < nunits)); /* as pdp__zero_plan_layers */
+    pdp__dealloc(units);
+    pdp__dealloc(mark);
     pb = d->param_buffers ? d->param_buffers : 2;
     out->world_size = n;
     out->param_count = psi;
@@ -27130,6 +27640,14 @@ struct pdp_pp {
                                                     every stage's, gathered */
     float *norm_dev;              /* its copy on the model's device (NCCL reduces device
                                      memory only); NULL on the CPU */
+    int tied_param;               /* a weight tied across stages (a GPT's wte: the embedding
+                                     on stage 0, the head's copy on a later one): its index in
+                                     this stage's model, or -1 */
+    int tied_peer;                /* the stage holding the other copy */
+    bool tied_copy;               /* this stage holds the copy (its last parameter) */
+    float *tied_buf;              /* the peer's gradient of it, received each pass */
+    int64_t positions;            /* labels a row on the last stage: T for [B, T, V] */
+    int64_t counted;              /* labels of this pass that count (not -1) */
     int64_t *mb_rows, *mb_first;  /* per micro-batch of the current pass */
     int64_t mb_cap;
     int64_t sample_base;          /* DP x PP: this pipeline's first row in the global batch */
@@ -27146,7 +27664,8 @@ struct pdp_pp {
    largest stage's cost (ties: the later cut, so a ReLU stays with its Linear; pp.h's
    pdp_pp_balance states the rule for the whole split). The linear-partition dynamic
    programme: best(k, i) = min over j of max(best(k - 1, j), cost of layers [j, i)). */
-PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, int n, int p, int *first)
+PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, const bool *cut_ok, int n, int p,
+                                        int *first)
 {
     double *best = (double *)pdp__alloc((size_t)(p + 1) * (size_t)(n + 1) * sizeof *best);
     int *cut = (int *)pdp__alloc((size_t)(p + 1) * (size_t)(n + 1) * sizeof *cut);
@@ -27162,15 +27681,25 @@ PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, int n, int p, int *f
     for (i = 0; i < n; i++) pre[i + 1] = pre[i] + cost[i];
 #define PDP__BEST(k, i) best[(size_t)(k) * (size_t)(n + 1) + (size_t)(i)]
 #define PDP__CUT(k, i) cut[(size_t)(k) * (size_t)(n + 1) + (size_t)(i)]
+    /* a stage may start only where cut_ok says (not inside a residual region): the others
+       are infinitely costly boundaries */
     for (i = 1; i <= n; i++) PDP__BEST(1, i) = pre[i], PDP__CUT(1, i) = 0;
     for (k = 2; k <= p; k++)
         for (i = k; i <= n; i++) { /* the first i layers in k stages; the last is [j, i) */
             PDP__BEST(k, i) = HUGE_VAL;
+            PDP__CUT(k, i) = k - 1;
             for (j = k - 1; j < i; j++) {
                 double v = PDP__MAX(PDP__BEST(k - 1, j), pre[i] - pre[j]);
+                if (cut_ok && !cut_ok[j]) continue;
                 if (v <= PDP__BEST(k, i)) PDP__BEST(k, i) = v, PDP__CUT(k, i) = j;
             }
         }
+    if (PDP__BEST(p, n) == HUGE_VAL) {
+        pdp__dealloc(best);
+        pdp__dealloc(cut);
+        pdp__dealloc(pre);
+        return PDP_ERR_INVALID;
+    }
     for (k = p, i = n; k >= 1; k--) {
         first[k - 1] = PDP__CUT(k, i);
         i = first[k - 1];
@@ -27328,6 +27857,20 @@ PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how,
     }
 }
 
+/* cut_ok[i]: a stage may start at layer i (i in [0, n]): not inside a residual region,
+   whose skip cannot cross stages. */
+PDP__PRIVATE void pdp__pp_cut_points(const pdp_model *full, bool *cut_ok)
+{
+    int i;
+    bool open = false;
+    for (i = 0; i < full->nlayers; i++) {
+        unsigned f = pdp__layer_kind_of(full->layers[i].kind)->flags;
+        cut_ok[i] = !open;
+        if (f & PDP__LAYER_SKIP) open = (f & PDP__LAYER_FORWARD_VIEW) != 0;
+    }
+    cut_ok[full->nlayers] = true;
+}
+
 /* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
 PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn)
 {
@@ -27345,9 +27888,20 @@ PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const c
         } else {
             pdp__pp_layer_costs(full, pp->desc.balance, cost);
         }
-        if (st == PDP_OK && (pp->stage == 0 || pp->desc.balance != PDP_PP_BALANCE_TIME) &&
-            pdp__pp_balance(cost, n, pp->p, pp->first) != PDP_OK)
-            st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory");
+        if (st == PDP_OK && (pp->stage == 0 || pp->desc.balance != PDP_PP_BALANCE_TIME)) {
+            bool *cut_ok = (bool *)pdp__calloc(((size_t)n + 1) * sizeof *cut_ok);
+            pdp_status b = cut_ok ? PDP_OK : PDP_ERR_OUT_OF_MEMORY;
+            if (cut_ok) {
+                pdp__pp_cut_points(full, cut_ok);
+                b = pdp__pp_balance(cost, cut_ok, n, pp->p, pp->first);
+            }
+            if (b == PDP_ERR_INVALID)
+                st = pdp__err(PDP_ERR_INVALID, "%d stages do not fit between the model's residual "
+                              "regions (a stage starts outside every region)", pp->p);
+            else if (b != PDP_OK)
+                st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory");
+            pdp__dealloc(cut_ok);
+        }
         pdp__dealloc(cost);
         if (st != PDP_OK) return pdp__err_wrap(st, "%s: rank %d: timing the layers", fn,
                                                pp->stage);
@@ -27395,6 +27949,31 @@ PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp)
     return d;
 }
 
+/* The weight tied across stages, if any: a TiedLinear on stage s_use whose parameter's
+   layer is on stage s_own < s_use (pdp__model_stage gave s_use a copy, its last parameter). */
+PDP__PRIVATE void pdp__pp_find_tied(pdp_pp *pp, const pdp_model *full)
+{
+    int i, s_use, s_own;
+    pp->tied_param = -1;
+    for (i = 0; i < full->nlayers; i++) {
+        const pdp__layer *l = &full->layers[i];
+        int owner;
+        if (!(pdp__layer_kind_of(l->kind)->flags & PDP__LAYER_TIED)) continue;
+        owner = full->params[l->tied_param].layer;
+        for (s_use = 0; pp->first[s_use + 1] <= i; s_use++) {}
+        for (s_own = 0; pp->first[s_own + 1] <= owner; s_own++) {}
+        if (s_use == s_own) continue;
+        if (pp->stage == s_own) {
+            pp->tied_param = l->tied_param - full->layers[pp->first[s_own]].param_first;
+            pp->tied_peer = s_use;
+        } else if (pp->stage == s_use) {
+            pp->tied_param = pp->m->nparams - 1;
+            pp->tied_peer = s_own;
+            pp->tied_copy = true;
+        }
+    }
+}
+
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc)
 {
@@ -27440,6 +28019,15 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         goto wrap;
     pdp__model_set_slots(pp->m, pp->nslots);
     pp->m->wrapped = PDP__WRAP_PP; /* the stage is the pipeline's: its layout is fixed */
+    {
+        const pdp__layer *last = &full->layers[full->nlayers - 1];
+        pp->positions = last->out_count / last->out_shape[last->out_ndim - 1];
+    }
+    pdp__pp_find_tied(pp, full);
+    if (pp->tied_param >= 0 &&
+        (st = pdp__dev_alloc(pp->m->device, (size_t)pp->m->params[pp->tied_param].count *
+                                                sizeof(float), (void **)&pp->tied_buf)) != PDP_OK)
+        goto wrap;
     pp->in_count = pp->m->in_count;
     pp->out_count = pp->m->layers[pp->m->nlayers - 1].out_count;
     pp->in_buf = (float **)pdp__calloc((size_t)(pp->nslots + 1) * sizeof *pp->in_buf);
@@ -27525,6 +28113,7 @@ PDP_API void pdp_pp_free(pdp_pp *pp)
     if (pp->traced) pdp__trace_close();
     if (pp->m) pp->m->wrapped = PDP__WRAP_NONE;
     if (pp->norm_dev) pdp__dev_free(pp->m->device, pp->norm_dev);
+    if (pp->tied_buf) pdp__dev_free(pp->m->device, pp->tied_buf);
     pdp_model_free(pp->m);
     pdp__dealloc(pp->in_buf);
     pdp__dealloc(pp->send_fwd);
@@ -27630,6 +28219,7 @@ PDP__PRIVATE pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
     shape[0] = n;
     for (d = 0; d < m->in_ndim; d++) shape[d + 1] = m->in_shape[d];
     pdp_tensor_wrap((float *)pdp__pp_input(pp, x, j), m->device, m->in_ndim + 1, shape, &in);
+    in.dtype = m->in_dtype; /* stage 0 of a GPT: token ids */
     pp->t_compute = pdp__now();
     pdp__model_use_slot(m, slot, NULL, 0, false);
     m->step = pp->steps; /* forward counts it up: the single-device run's step */
@@ -27661,6 +28251,10 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
     pp->t_compute = pdp__now();
     pdp__model_use_slot(m, slot, pdp__pp_input(pp, x, j), n, true);
     m->input_grad = pp->stage > 0 ? pp->dx_buf[j % 2] : NULL;
+    /* the keys of micro-batch j's forward, which a backward that draws its masks again (an
+       attention's dropout) needs: later forwards have moved them */
+    m->step = pp->steps + 1;
+    m->sample_base = pp->sample_base + pp->mb_first[j];
     if (last) { /* the loss, its gradient scaled by 1/total into the model's grad_a */
         pdp_tensor_wrap(m->grad_a, m->device, y->ndim, y->shape, &dy);
         if (pp->desc.loss) {
@@ -27670,14 +28264,20 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
                 return pdp__err_wrap(st, "%s: the loss function on micro-batch %d", fn, j);
             *loss_sum += share * (double)total;
         } else {
+            /* one label a row of the last dimension, -1 ignored, scaled by the pass's count */
             double sum = 0.0;
-            if (y->ndim != 2)
+            const int32_t *lab = labels + pp->mb_first[j] * pp->positions;
+            float scale = pp->counted > 0 ? 1.0f / (float)pp->counted : 0.0f;
+            if (y->ndim != 2 && y->ndim != 3)
                 return pdp__err(PDP_ERR_SHAPE, "%s: the last stage's output has %d dimensions; "
-                                "cross-entropy needs [batch, classes]", fn, y->ndim);
-            if ((st = pdp__cross_entropy_on(m->device, y->data, labels + pp->mb_first[j], n,
-                                            y->shape[1], 1.0f / (float)total, &sum, m->grad_a,
-                                            fn)) != PDP_OK)
-                return st;
+                                "cross-entropy needs [batch, classes] or [batch, T, vocab]", fn,
+                                y->ndim);
+            st = m->device.kind == PDP_DEVICE_CPU
+                     ? pdp__cross_entropy_rows(y->data, lab, n * pp->positions,
+                                               y->shape[y->ndim - 1], scale, &sum, m->grad_a, fn)
+                     : pdp__cross_entropy_on(m->device, y->data, lab, n * pp->positions,
+                                             y->shape[y->ndim - 1], scale, &sum, m->grad_a, fn);
+            if (st != PDP_OK) return st;
             *loss_sum += sum;
         }
     } else {
@@ -27693,6 +28293,34 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
         pdp__pp_start(pp->send_bwd[j % 2]);
     }
     return PDP_OK;
+}
+
+/* A weight tied across two stages (a GPT's wte: the embedding's on stage 0, the head's copy
+   on the last): each stage sends its gradient of it to the other and adds the one it
+   receives, a + b on one side and b + a on the other, the same bits, so the two copies get
+   the same update and stay equal (Megatron's all-reduce over the embedding group). */
+PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp)
+{
+    pdp_model *m = pp->m;
+    const pdp__param_entry *e;
+    pdp_work *sw = NULL, *rw = NULL;
+    float *g;
+    pdp_status st;
+    if (pp->tied_param < 0) return PDP_OK;
+    e = &m->params[pp->tied_param];
+    g = m->grad_block + e->offset;
+    if ((st = pdp_comm_recv(pp->c, pp->tied_buf, e->count, pp->tied_peer,
+                            pdp__pp_tag(pp->mb, 0), &rw)) != PDP_OK)
+        return st;
+    if ((st = pdp_comm_send(pp->c, g, e->count, pp->tied_peer, pdp__pp_tag(pp->mb, 0), &sw)) !=
+        PDP_OK) {
+        pdp_work_wait(rw);
+        return st;
+    }
+    st = pdp__pp_wait(&sw);
+    if (pdp__pp_wait(&rw) != PDP_OK && st == PDP_OK) st = PDP_ERR_COMM;
+    if (st != PDP_OK) return st;
+    return pdp__dev_add(m->device, g, pp->tied_buf, e->count);
 }
 
 /* Micro-batch sizes of a batch of rows rows (the first rows % m one larger). */
@@ -27740,6 +28368,16 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
     }
     if (pdp__pp_cut(pp, rows) != PDP_OK)
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    pp->counted = rows * pp->positions;
+    if (last && labels && !pp->desc.loss &&
+        (st = pdp__cross_entropy_count(labels, rows * pp->positions,
+                                       pp->m->layers[pp->m->nlayers - 1].out_shape[
+                                           pp->m->layers[pp->m->nlayers - 1].out_ndim - 1],
+                                       &pp->counted, fn)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
+    if (last && pp->m->device.kind != PDP_DEVICE_CPU && pp->counted != rows * pp->positions)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: ignored labels (-1) on CUDA are not supported "
+                        "yet", fn);
     if ((st = pdp__pp_reserve(pp, pp->mb_rows[0])) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: buffers for %lld rows", fn, pp->c->rank,
                              (long long)pp->mb_rows[0]);
@@ -27795,6 +28433,9 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
     if ((st = pdp_comm_barrier(pp->c, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: the closing barrier", fn, pp->c->rank);
     t1 = pdp__now();
+    if ((st = pdp__pp_sum_tied(pp)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (stage %d): the tied weight's gradients", fn,
+                             pp->c->rank, pp->stage);
     if (pp->dp && pp->m->param_count &&
         (st = pdp_comm_allreduce(pp->dp, pp->m->grad_block, pp->m->param_count, PDP_REDUCE_AVG,
                                  &pp->dp_work)) != PDP_OK)
@@ -27816,7 +28457,7 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
     pp->stats.bytes_sent = c1.bytes_sent - c0.bytes_sent;
     pp->stats.total_step_s += t1 - t0;
     pp->stats.total_compute_s += busy;
-    if (last) *loss = (float)(loss_sum / (double)rows);
+    if (last) *loss = pp->counted > 0 ? (float)(loss_sum / (double)pp->counted) : 0.0f;
     return PDP_OK;
 }
 
@@ -27851,7 +28492,11 @@ PDP_API pdp_status pdp_pp_clip_grad_norm(pdp_pp *pp, float max_norm, float *tota
     if ((st = pdp__check_max_norm(max_norm, who)) != PDP_OK) return st;
     m = pp->m;
     if ((st = pdp_pp_finish(pp)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
-    if ((st = pdp__grad_sumsq(m, m->grad_block, m->param_count, &mine, fn)) != PDP_OK)
+    /* a weight tied across stages counts once: on the stage that owns it (its copy is the
+       other stage's last parameter) */
+    if ((st = pdp__grad_sumsq(m, m->grad_block, pp->tied_copy ? m->params[m->nparams - 1].offset
+                                                              : m->param_count,
+                              &mine, fn)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
     memcpy(pp->norm_host, &mine, sizeof mine);
     gathered = (size_t)(2 * pp->p) * sizeof(float);
@@ -27957,9 +28602,12 @@ PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes)
    so copied here) and the order in which ranks failed, under one mutex, BEFORE it frees its
    communicator: the first failure is then the cause, and the peers' failures that its
    departure provokes come after it. Process ranks: pdp_comm_init_env and one call. Built
-   only on the public API of comm.h, rendezvous.h and cuda.h. */
+   only on the public API of comm.h, rendezvous.h and cuda.h. Then pdp_args_parse, a
+   program's "-name value" options. */
 
 /* #include "internal.h" (already above) */
+
+#include <limits.h>
 
 typedef struct pdp__launch pdp__launch;
 
@@ -28183,6 +28831,129 @@ PDP_API pdp_status pdp_backend_from_name(const char *name, pdp_backend *out)
 }
 
 PDP_API double pdp_seconds(void) { return pdp__now(); }
+
+PDP_API pdp_status pdp_print_by_rank(pdp_comm *c, const char *fmt, ...)
+{
+    char text[1024], line[1024];
+    int r, n, me;
+    va_list ap;
+    pdp_status st;
+    if (!c || !fmt) return pdp__err(PDP_ERR_INVALID, "pdp_print_by_rank: c or fmt is NULL");
+    n = pdp_comm_size(c);
+    me = pdp_comm_rank(c);
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    for (r = 0; r < n; r++) { /* rank r's text to every rank (a broadcast: the simplest) */
+        if (r == me) memcpy(line, text, sizeof line);
+        st = pdp_comm_broadcast_bytes(c, line, sizeof line, r);
+        if (st != PDP_OK) return pdp__err_wrap(st, "pdp_print_by_rank: rank %d's text", r);
+        if (me == 0) fputs(line, stdout);
+    }
+    if (me == 0) fflush(stdout);
+    return PDP_OK;
+}
+
+/* ---- pdp_args_parse: a program's "-name value" options ---- */
+
+/* Whether text is one of choices, "a|b|c". */
+PDP__PRIVATE bool pdp__arg_is_choice(const char *choices, const char *text)
+{
+    size_t n = strlen(text);
+    for (;;) {
+        const char *bar = strchr(choices, '|');
+        size_t len = bar ? (size_t)(bar - choices) : strlen(choices);
+        if (len == n && !strncmp(choices, text, n)) return true;
+        if (!bar) return false;
+        choices = bar + 1;
+    }
+}
+
+/* What a accepts, "1..8" or "local|mpi|nccl", into buf ("" when anything of its type). */
+PDP__PRIVATE const char *pdp__arg_accepts(const pdp_arg *a, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    if (a->type == PDP_ARG_STRING && a->choices)
+        snprintf(buf, cap, "%s", a->choices);
+    else if (a->type != PDP_ARG_STRING && (a->min != 0.0 || a->max != 0.0))
+        snprintf(buf, cap, "%.15g..%.15g", a->min, a->max);
+    return buf;
+}
+
+/* Stores text in a's variable, or returns false (the variable untouched) when a refuses
+   it: not a whole number of a's type, outside a's range, not one of a's choices. */
+PDP__PRIVATE bool pdp__arg_set(const pdp_arg *a, const char *text)
+{
+    bool ranged = a->min != 0.0 || a->max != 0.0;
+    char *end;
+    double v;
+    long long i = 0;
+    if (a->type == PDP_ARG_STRING) {
+        if (a->choices && !pdp__arg_is_choice(a->choices, text)) return false;
+        *(const char **)a->value = text;
+        return true;
+    }
+    errno = 0;
+    if (a->type == PDP_ARG_DOUBLE) {
+        v = strtod(text, &end);
+    } else {
+        i = strtoll(text, &end, 10);
+        v = (double)i;
+    }
+    if (end == text || *end || errno || !isfinite(v) || (ranged && (v < a->min || v > a->max)))
+        return false;
+    if (a->type == PDP_ARG_INT && (i < INT_MIN || i > INT_MAX)) return false;
+    if (a->type == PDP_ARG_INT) *(int *)a->value = (int)i;
+    else if (a->type == PDP_ARG_INT64) *(int64_t *)a->value = (int64_t)i;
+    else *(double *)a->value = v;
+    return true;
+}
+
+/* Appends " [-name value]" (the variable's value now) and " (what it accepts)" to buf. */
+PDP__PRIVATE void pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap)
+{
+    size_t n = strlen(buf);
+    char value[64], accepts[128], paren[136] = "";
+    const char *str = a->type == PDP_ARG_STRING ? *(const char *const *)a->value : NULL;
+    if (a->type == PDP_ARG_INT) snprintf(value, sizeof value, "%d", *(const int *)a->value);
+    if (a->type == PDP_ARG_INT64)
+        snprintf(value, sizeof value, "%lld", (long long)*(const int64_t *)a->value);
+    if (a->type == PDP_ARG_DOUBLE) snprintf(value, sizeof value, "%g", *(const double *)a->value);
+    if (pdp__arg_accepts(a, accepts, sizeof accepts)[0])
+        snprintf(paren, sizeof paren, " (%s)", accepts);
+    snprintf(buf + n, cap - n, " [%s %s%s]", a->name,
+             a->type == PDP_ARG_STRING ? (str ? str : "") : value, paren);
+}
+
+PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count)
+{
+    const char *prog = argc > 0 && argv && argv[0] ? argv[0] : "program";
+    char why[320] = "", usage[640], accepts[128];
+    int i, k;
+    if (argc < 0 || (argc > 0 && !argv) || count < 0 || (count > 0 && !args))
+        return pdp__err(PDP_ERR_INVALID, "pdp_args_parse: argv or args is NULL (argc %d, count "
+                        "%d)", argc, count);
+    snprintf(usage, sizeof usage, "usage: %s", prog); /* before parsing: the defaults */
+    for (k = 0; k < count; k++) pdp__arg_usage(&args[k], usage, sizeof usage);
+    for (i = 1; i < argc && !why[0]; i += 2) {
+        for (k = 0; k < count && strcmp(argv[i], args[k].name); k++) {}
+        if (k == count)
+            snprintf(why, sizeof why, "unknown option '%s'", argv[i]);
+        else if (i + 1 == argc)
+            snprintf(why, sizeof why, "%s needs a value", argv[i]);
+        else if (!pdp__arg_set(&args[k], argv[i + 1])) {
+            /* "-np '9' is not an integer in 1..8", "-backend 'x' is not one of local|mpi" */
+            bool str = args[k].type == PDP_ARG_STRING;
+            const char *kind = str ? "one of" : args[k].type == PDP_ARG_DOUBLE ? "a number"
+                                                                               : "an integer";
+            pdp__arg_accepts(&args[k], accepts, sizeof accepts);
+            snprintf(why, sizeof why, "%s '%s' is not %s%s%s", argv[i], argv[i + 1], kind,
+                     !accepts[0] ? "" : str ? " " : " in ", accepts);
+        }
+    }
+    if (!why[0]) return PDP_OK;
+    return pdp__err(PDP_ERR_INVALID, "pdp_args_parse: %s: %s\n%s", prog, why, usage);
+}
 /* ---- end src/launch.c ---- */
 
 #if defined(__GNUC__) || defined(__clang__)

@@ -535,7 +535,7 @@ PDP__PRIVATE pdp_status pdp__dp_replicate(pdp_dp *dp, const char *fn)
 PDP__PRIVATE pdp_status pdp__dp_scatter(pdp_dp *dp, const pdp_tensor *x, const int32_t *labels,
                                         const char *fn)
 {
-    int64_t b = x->shape[0], base = b / dp->n, extra = b % dp->n, first = 0, rows;
+    int64_t b = x->shape[0], base = b / dp->n, extra = b % dp->n, first = 0, rows = 0;
     size_t row_bytes = (size_t)(x->count / b + dp->positions) * sizeof(float);
     pdp_status st;
     int i;

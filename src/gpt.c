@@ -15,12 +15,16 @@ PDP__PRIVATE pdp_status pdp__gpt_name(pdp_model *m, int p, const char *prefix, c
     return pdp__model_rename_param(m, p, name);
 }
 
-/* A Linear named prefix (weight then bias), its weight N(0, std), its bias 0. */
-PDP__PRIVATE pdp_status pdp__gpt_linear(pdp_model *m, int64_t out, const char *prefix)
+/* A Linear named prefix (weight, then bias). With desc.tp: column-parallel in split parts
+   (3: q | k | v) or, for split -1, row-parallel. */
+PDP__PRIVATE pdp_status pdp__gpt_linear(pdp_model *m, const pdp_gpt_desc *d, int64_t out,
+                                        int split, const char *prefix)
 {
     pdp_status st;
     int p = m->nparams;
-    if ((st = pdp_model_add_linear(m, out)) != PDP_OK ||
+    if ((st = !d->tp       ? pdp_model_add_linear(m, out)
+              : split < 0 ? pdp_model_add_row_parallel_linear(m, out)
+                          : pdp__tp_add_column(m, out, split, "pdp_gpt_create")) != PDP_OK ||
         (st = pdp__gpt_name(m, p, prefix, "weight")) != PDP_OK ||
         (st = pdp__gpt_name(m, p + 1, prefix, "bias")) != PDP_OK)
         return st;
@@ -36,6 +40,16 @@ PDP__PRIVATE pdp_status pdp__gpt_layernorm(pdp_model *m, const char *prefix)
         (st = pdp__gpt_name(m, p + 1, prefix, "bias")) != PDP_OK)
         return st;
     return PDP_OK;
+}
+
+/* Tensor parallel: f before a block's first split Linear, g after its last. */
+PDP__PRIVATE pdp_status pdp__gpt_f(pdp_model *m, const pdp_gpt_desc *d)
+{
+    return d->tp ? pdp_model_add_tp_copy(m) : PDP_OK;
+}
+PDP__PRIVATE pdp_status pdp__gpt_g(pdp_model *m, const pdp_gpt_desc *d)
+{
+    return d->tp ? pdp_model_add_tp_reduce(m) : PDP_OK;
 }
 
 PDP__PRIVATE pdp_status pdp__gpt_dropout(pdp_model *m, float p)
@@ -54,16 +68,20 @@ PDP__PRIVATE pdp_status pdp__gpt_block(pdp_model *m, const pdp_gpt_desc *d, int 
 #define PDP__GPT_NAME(part) (snprintf(name, sizeof name, "%s.%s", h, part), name)
     PDP__GPT_TRY(pdp_model_residual_begin(m)); /* the attention's residual region */
     PDP__GPT_TRY(pdp__gpt_layernorm(m, PDP__GPT_NAME("ln_1")));
-    PDP__GPT_TRY(pdp__gpt_linear(m, 3 * d->dim, PDP__GPT_NAME("attn.c_attn")));
+    PDP__GPT_TRY(pdp__gpt_f(m, d));
+    PDP__GPT_TRY(pdp__gpt_linear(m, d, 3 * d->dim, 3, PDP__GPT_NAME("attn.c_attn")));
     PDP__GPT_TRY(pdp_model_add_causal_self_attention(m, d->heads, d->dropout));
-    PDP__GPT_TRY(pdp__gpt_linear(m, d->dim, PDP__GPT_NAME("attn.c_proj")));
+    PDP__GPT_TRY(pdp__gpt_linear(m, d, d->dim, -1, PDP__GPT_NAME("attn.c_proj")));
+    PDP__GPT_TRY(pdp__gpt_g(m, d));
     PDP__GPT_TRY(pdp__gpt_dropout(m, d->dropout));
     PDP__GPT_TRY(pdp_model_residual_end(m));
     PDP__GPT_TRY(pdp_model_residual_begin(m)); /* the MLP's */
     PDP__GPT_TRY(pdp__gpt_layernorm(m, PDP__GPT_NAME("ln_2")));
-    PDP__GPT_TRY(pdp__gpt_linear(m, 4 * d->dim, PDP__GPT_NAME("mlp.c_fc")));
+    PDP__GPT_TRY(pdp__gpt_f(m, d));
+    PDP__GPT_TRY(pdp__gpt_linear(m, d, 4 * d->dim, 1, PDP__GPT_NAME("mlp.c_fc")));
     PDP__GPT_TRY(pdp_model_add_gelu(m));
-    PDP__GPT_TRY(pdp__gpt_linear(m, d->dim, PDP__GPT_NAME("mlp.c_proj")));
+    PDP__GPT_TRY(pdp__gpt_linear(m, d, d->dim, -1, PDP__GPT_NAME("mlp.c_proj")));
+    PDP__GPT_TRY(pdp__gpt_g(m, d));
     PDP__GPT_TRY(pdp__gpt_dropout(m, d->dropout));
     PDP__GPT_TRY(pdp_model_residual_end(m));
 #undef PDP__GPT_NAME
@@ -95,6 +113,20 @@ PDP__PRIVATE pdp_status pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d)
         if (st != PDP_OK) return st;
     }
     return PDP_OK;
+}
+
+/* A TP GPT starts as the single-device GPT of the same desc: that one is built, drawn as
+   pdp__gpt_init draws, and cut into this rank's slices (tp.c's scatter). */
+PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d)
+{
+    pdp_gpt_desc one = *d;
+    pdp_model *full = NULL;
+    pdp_status st;
+    one.tp = NULL;
+    if ((st = pdp_gpt_create(&full, &one)) != PDP_OK) return st;
+    st = pdp__tp_scatter(m, full, full->param_block, m->param_block);
+    pdp_model_free(full);
+    return st;
 }
 
 PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
@@ -132,7 +164,14 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     md.seed = d.seed;
     md.device = d.device;
     md.precision = d.precision;
+    md.recompute = d.recompute;
     if ((st = pdp_model_create(&m, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if (d.tp && (st = pdp_model_set_tp(m, d.tp)) != PDP_OK) goto fail;
+    if (d.tp && d.heads % pdp_comm_size(d.tp) != 0) {
+        st = pdp__err(PDP_ERR_INVALID, "%d heads do not divide by the TP size %d: a rank holds "
+                      "whole heads", d.heads, pdp_comm_size(d.tp));
+        goto fail;
+    }
     if ((st = pdp_model_add_embedding(m, d.vocab, d.dim, d.context)) != PDP_OK ||
         (st = pdp__model_rename_param(m, 0, "transformer.wte.weight")) != PDP_OK ||
         (st = pdp__model_rename_param(m, 1, "transformer.wpe.weight")) != PDP_OK ||
@@ -143,7 +182,12 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     if ((st = pdp__gpt_layernorm(m, "transformer.ln_f")) != PDP_OK ||
         (st = pdp_model_add_tied_linear(m, "transformer.wte.weight")) != PDP_OK)
         goto fail;
-    if ((st = pdp__gpt_init(m, &d)) != PDP_OK) goto fail;
+    if (d.tp && m->device.kind != PDP_DEVICE_CPU) {
+        st = pdp__err(PDP_ERR_UNSUPPORTED, "a GPT split by heads (desc.tp) runs on the CPU for "
+                      "now");
+        goto fail;
+    }
+    if ((st = d.tp ? pdp__gpt_init_tp(m, &d) : pdp__gpt_init(m, &d)) != PDP_OK) goto fail;
     *out = m;
     return PDP_OK;
 fail:

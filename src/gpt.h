@@ -52,10 +52,29 @@ typedef struct pdp_gpt_desc {
     uint64_t seed;           /* initialisation and dropout masks; default 0 */
     pdp_device device;       /* default CPU; pdp_cuda(i): every layer runs in pdp_cuda.cu */
     pdp_precision precision; /* as pdp_model_desc.precision */
+    pdp_recompute recompute; /* as pdp_model_desc.recompute: SELECTIVE keeps no attention
+                                probabilities, FULL keeps each residual region's input only */
+    struct pdp_comm *tp;     /* tensor parallel (Megatron's blocks, tp.h): each block's
+                                c_attn column-parallel with q, k and v split by heads, the
+                                attention of this rank's heads, attn.c_proj row-parallel,
+                                the MLP as tp.h's; LayerNorms, embeddings and the head
+                                replicated. heads must divide by its size. NULL: none */
 } pdp_gpt_desc;
 
 /* Builds the GPT described above into *out (free it with pdp_model_free). A field out of
-   range fails with PDP_ERR_INVALID naming it. */
+   range fails with PDP_ERR_INVALID naming it. With desc.tp, every rank of it calls this
+   with the same desc; each block is then
+
+       Residual, LayerNorm ln_1, f, ColumnParallelLinear c_attn (3 dim: q, k and v each
+       split by heads), CausalSelfAttention (this rank's heads), RowParallelLinear
+       attn.c_proj, g, [Dropout], ResidualAdd,
+       Residual, LayerNorm ln_2, f, ColumnParallelLinear c_fc, GELU, RowParallelLinear
+       mlp.c_proj, g, [Dropout], ResidualAdd
+
+   (4 all-reduces of batch x T x dim floats a block and step: g forward, f backward, twice),
+   and its parameters start as the single-device GPT's slices (the full GPT is built and
+   cut), so it trains as one device does up to float rounding. Its checkpoints are
+   pdp_tp_checkpoint_save/load's, the single-device GPT's file. */
 PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc);
 
 /* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room

@@ -266,6 +266,10 @@ typedef enum pdp__layer_kind {
 typedef struct pdp__layer {
     pdp__layer_kind kind;
     int index;                           /* position in the model ("3" of "3.weight") */
+    int mask_index;                      /* what keys its random masks (Dropout, attention
+                                            dropout): its place among the layers that are not
+                                            TP's f and g, so a TP model draws the single-device
+                                            model's masks; index on a model without TP */
     int in_ndim, out_ndim;               /* per-sample shapes: (F) or (C, H, W) */
     int64_t in_shape[3], out_shape[3];
     int64_t in_count, out_count;         /* per-sample element counts */
@@ -280,6 +284,8 @@ typedef struct pdp__layer {
     int64_t vocab, context;              /* Embedding: token ids [0, vocab), positions table
                                             rows */
     int64_t heads;                       /* CausalSelfAttention */
+    int recompute;                       /* the model's recomputation is selective (set at
+                                            the add): a CausalSelfAttention keeps no att */
     int residual_from;                   /* ResidualAdd: the index of its region's Residual */
     int tied_param;                      /* TiedLinear: the registry index of its weight (a
                                             parameter another layer owns) */
@@ -288,7 +294,13 @@ typedef struct pdp__layer {
     int64_t work_per_sample;             /* floats of temporary workspace */
     struct pdp__tp_state *tp;            /* TP kinds: the model's TP state (tp.c); else NULL */
     int64_t tp_lo, tp_full;              /* TP Linears: this rank holds [tp_lo, tp_lo + local)
-                                            of the split dimension, tp_full wide */
+                                            of the split dimension, tp_full wide (of each
+                                            part); a CausalSelfAttention on a TP shard: its
+                                            first head and the full head count */
+    int64_t tp_parts;                    /* ColumnParallelLinear: the output is tp_parts
+                                            blocks split alike (3: a GPT's q | k | v, so a
+                                            rank holds q, k and v of its heads); 0 or 1:
+                                            one */
     bool tp_skip_dx;                     /* ColumnParallelLinear after an f that is layer 0: no
                                             input gradient is needed */
 } pdp__layer;
@@ -364,6 +376,9 @@ typedef struct pdp__param_shapes {
                                  io->dskip): a Residual or its ResidualAdd */
 #define PDP__LAYER_TIED 2048u /* its weight is another layer's parameter (l->tied_param: a
                                  GPT's head tied to the token embedding); it owns none */
+#define PDP__LAYER_HEADWISE 4096u /* acts on each attention head's q, k, v alone: after a
+                                     ColumnParallelLinear split by heads (tp_parts 3) it is
+                                     the attention of this rank's heads (tp.c) */
 #define PDP__LAYER_FUSABLE_POOL 128u /* a max pool (kernel, stride) that a
                                         PDP__LAYER_FUSES_POOL kind applies after its fused
                                         ReLU when it is 2x2 stride 2 over an even H and W */
@@ -460,9 +475,10 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
 #endif
 /* The executor seam (DDP, ZeRO): events of a pass, and where a layer's parameters
    and gradients live. The event function (NULL: off) is called before the forward
-   of each layer with parameters (FORWARD_LAYER), when pdp_model_backward starts
-   (BACKWARD_BEGIN: a failure refuses the backward, its message stands), before the
-   backward of each layer with parameters (BACKWARD_LAYER), and after the last layer
+   of each layer with parameters, its own or another layer's (PDP__LAYER_TIED)
+   (FORWARD_LAYER), when pdp_model_backward starts (BACKWARD_BEGIN: a failure refuses
+   the backward, its message stands), before the backward of each such layer
+   (BACKWARD_LAYER), and after the last layer
    or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
 typedef enum pdp__model_event {
     PDP__EV_FORWARD_LAYER,
@@ -498,6 +514,7 @@ struct pdp_model {
     int in_ndim;
     int64_t in_shape[3], in_count;
     pdp_dtype in_dtype;      /* float32, or int32 token ids for an Embedding first */
+    pdp_recompute recompute; /* activation recomputation (pdp_model_desc.recompute) */
     int open_residual;       /* the Residual of a region not yet closed; -1: none */
     pdp__layer *layers;
     int nlayers, cap_layers;
@@ -567,7 +584,10 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
                                          pdp_model **out);
 /* Pipeline stages (model.c, for pp.c). pdp__model_stage: a new model holding layers [lo, hi)
    of full, with their parameters copied (names, layer indices and dropout keys stay full's:
-   "3.weight" stays "3.weight"), zeroed gradients, input shape that of layer lo.
+   "3.weight" stays "3.weight"), zeroed gradients, input shape (and dtype) that of layer lo.
+   A TiedLinear whose weight an earlier stage owns gets a copy of it as the stage's last
+   parameter (pp.c keeps the two equal); a cut inside a residual region is
+   PDP_ERR_UNSUPPORTED naming the region.
    pdp__model_set_slots: keep nslots sets of activations and saved tensors (buffers are
    re-planned on the next reserve). pdp__model_use_slot: the next forward writes set slot;
    with forwarded, the next backward reads set slot, whose forward ran on input x of batch

@@ -4,9 +4,12 @@
    so copied here) and the order in which ranks failed, under one mutex, BEFORE it frees its
    communicator: the first failure is then the cause, and the peers' failures that its
    departure provokes come after it. Process ranks: pdp_comm_init_env and one call. Built
-   only on the public API of comm.h, rendezvous.h and cuda.h. */
+   only on the public API of comm.h, rendezvous.h and cuda.h. Then pdp_args_parse, a
+   program's "-name value" options. */
 
 #include "internal.h"
+
+#include <limits.h>
 
 typedef struct pdp__launch pdp__launch;
 
@@ -230,3 +233,126 @@ PDP_API pdp_status pdp_backend_from_name(const char *name, pdp_backend *out)
 }
 
 PDP_API double pdp_seconds(void) { return pdp__now(); }
+
+PDP_API pdp_status pdp_print_by_rank(pdp_comm *c, const char *fmt, ...)
+{
+    char text[1024], line[1024];
+    int r, n, me;
+    va_list ap;
+    pdp_status st;
+    if (!c || !fmt) return pdp__err(PDP_ERR_INVALID, "pdp_print_by_rank: c or fmt is NULL");
+    n = pdp_comm_size(c);
+    me = pdp_comm_rank(c);
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    for (r = 0; r < n; r++) { /* rank r's text to every rank (a broadcast: the simplest) */
+        if (r == me) memcpy(line, text, sizeof line);
+        st = pdp_comm_broadcast_bytes(c, line, sizeof line, r);
+        if (st != PDP_OK) return pdp__err_wrap(st, "pdp_print_by_rank: rank %d's text", r);
+        if (me == 0) fputs(line, stdout);
+    }
+    if (me == 0) fflush(stdout);
+    return PDP_OK;
+}
+
+/* ---- pdp_args_parse: a program's "-name value" options ---- */
+
+/* Whether text is one of choices, "a|b|c". */
+PDP__PRIVATE bool pdp__arg_is_choice(const char *choices, const char *text)
+{
+    size_t n = strlen(text);
+    for (;;) {
+        const char *bar = strchr(choices, '|');
+        size_t len = bar ? (size_t)(bar - choices) : strlen(choices);
+        if (len == n && !strncmp(choices, text, n)) return true;
+        if (!bar) return false;
+        choices = bar + 1;
+    }
+}
+
+/* What a accepts, "1..8" or "local|mpi|nccl", into buf ("" when anything of its type). */
+PDP__PRIVATE const char *pdp__arg_accepts(const pdp_arg *a, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    if (a->type == PDP_ARG_STRING && a->choices)
+        snprintf(buf, cap, "%s", a->choices);
+    else if (a->type != PDP_ARG_STRING && (a->min != 0.0 || a->max != 0.0))
+        snprintf(buf, cap, "%.15g..%.15g", a->min, a->max);
+    return buf;
+}
+
+/* Stores text in a's variable, or returns false (the variable untouched) when a refuses
+   it: not a whole number of a's type, outside a's range, not one of a's choices. */
+PDP__PRIVATE bool pdp__arg_set(const pdp_arg *a, const char *text)
+{
+    bool ranged = a->min != 0.0 || a->max != 0.0;
+    char *end;
+    double v;
+    long long i = 0;
+    if (a->type == PDP_ARG_STRING) {
+        if (a->choices && !pdp__arg_is_choice(a->choices, text)) return false;
+        *(const char **)a->value = text;
+        return true;
+    }
+    errno = 0;
+    if (a->type == PDP_ARG_DOUBLE) {
+        v = strtod(text, &end);
+    } else {
+        i = strtoll(text, &end, 10);
+        v = (double)i;
+    }
+    if (end == text || *end || errno || !isfinite(v) || (ranged && (v < a->min || v > a->max)))
+        return false;
+    if (a->type == PDP_ARG_INT && (i < INT_MIN || i > INT_MAX)) return false;
+    if (a->type == PDP_ARG_INT) *(int *)a->value = (int)i;
+    else if (a->type == PDP_ARG_INT64) *(int64_t *)a->value = (int64_t)i;
+    else *(double *)a->value = v;
+    return true;
+}
+
+/* Appends " [-name value]" (the variable's value now) and " (what it accepts)" to buf. */
+PDP__PRIVATE void pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap)
+{
+    size_t n = strlen(buf);
+    char value[64], accepts[128], paren[136] = "";
+    const char *str = a->type == PDP_ARG_STRING ? *(const char *const *)a->value : NULL;
+    if (a->type == PDP_ARG_INT) snprintf(value, sizeof value, "%d", *(const int *)a->value);
+    if (a->type == PDP_ARG_INT64)
+        snprintf(value, sizeof value, "%lld", (long long)*(const int64_t *)a->value);
+    if (a->type == PDP_ARG_DOUBLE) snprintf(value, sizeof value, "%g", *(const double *)a->value);
+    if (pdp__arg_accepts(a, accepts, sizeof accepts)[0])
+        snprintf(paren, sizeof paren, " (%s)", accepts);
+    snprintf(buf + n, cap - n, " [%s %s%s]", a->name,
+             a->type == PDP_ARG_STRING ? (str ? str : "") : value, paren);
+}
+
+PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count)
+{
+    const char *prog = argc > 0 && argv && argv[0] ? argv[0] : "program";
+    char why[320] = "", usage[640], accepts[128];
+    int i, k;
+    if (argc < 0 || (argc > 0 && !argv) || count < 0 || (count > 0 && !args))
+        return pdp__err(PDP_ERR_INVALID, "pdp_args_parse: argv or args is NULL (argc %d, count "
+                        "%d)", argc, count);
+    snprintf(usage, sizeof usage, "usage: %s", prog); /* before parsing: the defaults */
+    for (k = 0; k < count; k++) pdp__arg_usage(&args[k], usage, sizeof usage);
+    for (i = 1; i < argc && !why[0]; i += 2) {
+        for (k = 0; k < count && strcmp(argv[i], args[k].name); k++) {}
+        if (k == count)
+            snprintf(why, sizeof why, "unknown option '%s'", argv[i]);
+        else if (i + 1 == argc)
+            snprintf(why, sizeof why, "%s needs a value", argv[i]);
+        else if (!pdp__arg_set(&args[k], argv[i + 1])) {
+            /* "-np '9' is not an integer in 1..8", "-backend 'x' is not one of local|mpi" */
+            bool str = args[k].type == PDP_ARG_STRING;
+            const char *kind = str ? "one of" : args[k].type == PDP_ARG_DOUBLE ? "a number"
+                                                                               : "an integer";
+            pdp__arg_accepts(&args[k], accepts, sizeof accepts);
+            snprintf(why, sizeof why, "%s '%s' is not %s%s%s", argv[i], argv[i + 1], kind,
+                     !accepts[0] ? "" : str ? " " : " in ", accepts);
+        }
+    }
+    if (!why[0]) return PDP_OK;
+    return pdp__err(PDP_ERR_INVALID, "pdp_args_parse: %s: %s\n%s", prog, why, usage);
+}

@@ -81,3 +81,34 @@ PDP_API PDP__NORETURN void pdp_check_fail(pdp_status status, const char *file, i
     } while (0)
 /* Monotonic seconds (clock_gettime(CLOCK_MONOTONIC)), for timing a step. */
 PDP_API double pdp_seconds(void);
+/* Each rank's line, in rank order: collective over c (every rank calls it, with its own
+   printf-style text); rank 0 prints the texts to stdout in rank order and flushes, so the
+   ranks' figures read in order whether they are threads or processes (whose stdouts would
+   interleave). Each text is cut at 1023 bytes. Fails as pdp_comm_broadcast_bytes does, or
+   with PDP_ERR_INVALID for a NULL c or fmt. */
+PDP_API pdp_status pdp_print_by_rank(pdp_comm *c, const char *fmt, ...);
+
+/* A program's options, "-name value" pairs (the examples' command lines): one pdp_arg per
+   option, whose value points at a variable that holds the default and receives the value
+   given. pdp_args_parse reads argv[1..argc-1]; a number must parse whole and lie in
+   [min, max] (both 0: any value of its type); a string with choices ("local|mpi|nccl") must
+   be one of them. On an unknown name, a name without a value or a value refused, it
+   returns PDP_ERR_INVALID and a message that names the option, the value and what it
+   accepts, then the usage: "usage: PROG [-np 2 (1..8)] [-backend local (local|mpi|nccl)]
+   ...", each option with its default. Variables already set stay set. */
+typedef enum pdp_arg_type {
+    PDP_ARG_INT,     /* value: int * */
+    PDP_ARG_INT64,   /* value: int64_t * */
+    PDP_ARG_DOUBLE,  /* value: double * */
+    PDP_ARG_STRING   /* value: const char ** (points into argv) */
+} pdp_arg_type;
+
+typedef struct pdp_arg {
+    const char *name;     /* "-np" */
+    pdp_arg_type type;
+    void *value;          /* the default in, the value given out */
+    double min, max;      /* numbers: the accepted range, inclusive (both 0: any) */
+    const char *choices;  /* strings: the accepted values, "a|b|c" (NULL: any) */
+} pdp_arg;
+
+PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count);

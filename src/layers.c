@@ -690,7 +690,7 @@ PDP__PRIVATE pdp_status pdp__dropout_forward(const pdp__layer *l, const pdp__lay
     thr = pdp__dropout_threshold(l->p);
     scale = 1.0f / (1.0f - l->p);
     for (s = 0; s < B; s++) {
-        uint64_t key = pdp__dropout_key(io->seed, l->index, io->step, io->sample_base + s);
+        uint64_t key = pdp__dropout_key(io->seed, l->mask_index, io->step, io->sample_base + s);
         const float *PDP__RESTRICT x = io->x + s * n;
         float *PDP__RESTRICT y = io->y + s * n, *PDP__RESTRICT mask = io->saved + s * n;
         PDP__FOR_BLOCKED(j, n, {
@@ -721,7 +721,7 @@ PDP__PRIVATE pdp_status pdp__dropout_cuda_forward(const pdp__layer *l, const pdp
     int64_t n = io->batch * l->in_count;
     if (io->training && l->p != 0.0f)
         return pdp_cudak_dropout_fwd(dev, io->x, io->y, io->saved, io->batch, l->in_count, l->p,
-                                     io->seed, l->index, io->step, io->sample_base);
+                                     io->seed, l->mask_index, io->step, io->sample_base);
     if (io->y == io->x) return PDP_OK;
     return pdp_cudak_memcpy(dev, io->y, dev, io->x, (size_t)n * sizeof(float));
 }

@@ -126,6 +126,7 @@ typedef struct pdp__attn_dropout {
     uint64_t seed, step;  /* the model's dropout seed and step counter */
     int layer;            /* the layer index that keys this attention's masks */
     int64_t sample_base;  /* index of sequence 0 of this batch in the global batch */
+    int64_t head_base;    /* the global index of head 0 (a TP rank's first head; else 0) */
 } pdp__attn_dropout;
 
 typedef struct pdp__attn_job {
@@ -151,7 +152,7 @@ PDP__PRIVATE void pdp__attn_keep_row(const pdp__attn_job *j, int64_t b, int64_t 
     uint64_t key = pdp__dropout_key(d->seed, d->layer, d->step, d->sample_base + b);
     uint32_t thr = pdp__dropout_threshold(d->p);
     float scale = 1.0f / (1.0f - d->p);
-    int64_t base = (h * j->T + t) * j->T, s;
+    int64_t base = ((h + d->head_base) * j->T + t) * j->T, s;
     for (s = 0; s <= t; s++) keep[s] = pdp__dropout_bits(key, base + s) >= thr ? scale : 0.0f;
 }
 
@@ -442,7 +443,22 @@ PDP__PRIVATE pdp_status pdp__attention_setup(pdp__layer *l, pdp__param_shapes *p
     l->out_shape[0] = T;
     l->out_shape[1] = C;
     l->saved_per_sample = l->heads * T * T; /* att: P before dropout */
+    if (l->recompute) { /* selective recomputation: att is drawn again in backward, in the
+                           work buffer beside a scratch output: nothing kept */
+        l->work_per_sample += l->saved_per_sample + T * C;
+        l->saved_per_sample = 0;
+    }
     return PDP_OK;
+}
+
+/* The work buffer of a selectively recomputed attention: the kernels' work (B H T (T + 1)),
+   then att (B H T T), then a scratch output (B T C). */
+PDP__PRIVATE void pdp__attention_scratch(const pdp__layer *l, const pdp__layer_io *io,
+                                         float **att, float **y)
+{
+    int64_t T = l->in_shape[0];
+    *att = io->work + io->batch * l->heads * T * (T + 1);
+    *y = *att + io->batch * l->heads * T * T;
 }
 
 PDP__PRIVATE void pdp__attention_drop(const pdp__layer *l, const pdp__layer_io *io,
@@ -451,25 +467,36 @@ PDP__PRIVATE void pdp__attention_drop(const pdp__layer *l, const pdp__layer_io *
     d->p = io->training ? l->p : 0.0f;
     d->seed = io->seed;
     d->step = io->step;
-    d->layer = l->index;
+    d->layer = l->mask_index;
     d->sample_base = io->sample_base;
+    d->head_base = l->tp ? l->tp_lo : 0; /* a TP rank's heads draw the full model's masks */
 }
 
 PDP__PRIVATE pdp_status pdp__attention_layer_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__attn_dropout d;
+    float *att = io->saved, *scratch;
+    if (l->recompute) pdp__attention_scratch(l, io, &att, &scratch); /* att not kept */
     pdp__attention_drop(l, io, &d);
     pdp__attention_forward(io->x, io->batch, l->in_shape[0], l->out_shape[1], l->heads, &d, io->y,
-                           io->saved, io->work);
+                           att, io->work);
     return PDP_OK;
 }
 
 PDP__PRIVATE pdp_status pdp__attention_layer_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__attn_dropout d;
+    const float *att = io->saved;
     if (!io->dx) return PDP_OK; /* no parameters: only the input's gradient to give */
     pdp__attention_drop(l, io, &d);
-    pdp__attention_backward(io->x, io->saved, io->dy, io->batch, l->in_shape[0], l->out_shape[1],
+    if (l->recompute) { /* the scores, the mask, the softmax (and the dropout) again */
+        float *a, *y;
+        pdp__attention_scratch(l, io, &a, &y);
+        pdp__attention_forward(io->x, io->batch, l->in_shape[0], l->out_shape[1], l->heads, &d, y,
+                               a, io->work);
+        att = a;
+    }
+    pdp__attention_backward(io->x, att, io->dy, io->batch, l->in_shape[0], l->out_shape[1],
                             l->heads, &d, io->dx, io->work);
     return PDP_OK;
 }
@@ -525,7 +552,8 @@ PDP__PRIVATE pdp_status pdp__tied_linear_setup(pdp__layer *l, pdp__param_shapes 
    pdp_cuda.cu's kernels for the same formulas (its "GPT" sections). Embedding's backward
    sorts the positions by id into its CUDA workspace (an int32 a position:
    pdp__embedding_cuda_work); the attention's needs B H T T floats, within the H T (T + 1)
-   per sample the CPU's setup asks for. TiedLinear runs Linear's entries: no bias, and its
+   per sample the CPU's setup asks for (selective recomputation: att and the scratch
+   output after those, pdp__attention_scratch, as on the CPU). TiedLinear runs Linear's entries: no bias, and its
    io->w and io->dw are the tied parameter's (model.c). */
 
 PDP__PRIVATE int64_t pdp__embedding_cuda_work(const pdp__layer *l)
@@ -563,23 +591,32 @@ PDP__PRIVATE void pdp__attention_cuda_geometry(const pdp__layer *l, const pdp__l
     g->step = d.step;
     g->layer = d.layer;
     g->sample_base = d.sample_base;
-    g->head_base = 0; /* every head of the model */
+    g->head_base = d.head_base;
 }
 
 PDP__PRIVATE pdp_status pdp__attention_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_cudak_attn g;
+    float *att = io->saved, *scratch;
+    if (l->recompute) pdp__attention_scratch(l, io, &att, &scratch); /* att not kept */
     pdp__attention_cuda_geometry(l, io, &g);
-    return pdp_cudak_attention_fwd(io->device.ordinal, &g, io->x, io->y, io->saved, io->work);
+    return pdp_cudak_attention_fwd(io->device.ordinal, &g, io->x, io->y, att, io->work);
 }
 
 PDP__PRIVATE pdp_status pdp__attention_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_cudak_attn g;
+    float *att = io->saved, *y;
+    pdp_status st;
     if (!io->dx) return PDP_OK; /* no parameters: only the input's gradient to give */
     pdp__attention_cuda_geometry(l, io, &g);
-    return pdp_cudak_attention_bwd(io->device.ordinal, &g, io->x, io->saved, io->dy, io->dx,
-                                   io->work);
+    if (l->recompute) { /* the forward again, into the scratch: att drawn again */
+        pdp__attention_scratch(l, io, &att, &y);
+        if ((st = pdp_cudak_attention_fwd(io->device.ordinal, &g, io->x, y, att, io->work)) !=
+            PDP_OK)
+            return st;
+    }
+    return pdp_cudak_attention_bwd(io->device.ordinal, &g, io->x, att, io->dy, io->dx, io->work);
 }
 
 /* Residual: a forward view (never called); backward dx = dy + dskip */

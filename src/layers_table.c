@@ -4,7 +4,8 @@
    parameter initialisation, CPU forward and backward, CUDA forward and backward
    (pdp_cuda.cu's kernels), extra workspace on CUDA, flags (internal.h's
    PDP__LAYER_*: a view, element-wise, fuses a following ReLU or pool or is the one
-   fused, collective, unnumbered) and an estimate of its work in FLOPs (pp.c balances
+   fused, collective, unnumbered, takes token ids, a view only forward, holds a residual
+   skip, ties another layer's weight) and an estimate of its work in FLOPs (pp.c balances
    a pipeline's stages by it).
 
    This table is the only place that knows what each kind is. Every decision elsewhere
@@ -250,8 +251,8 @@ PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] 
                                           pdp__attention_layer_forward,
                                           pdp__attention_layer_backward,
                                           PDP__CUDA_ENTRY(pdp__attention_cuda_forward),
-                                          PDP__CUDA_ENTRY(pdp__attention_cuda_backward), NULL, 0,
-                                          pdp__flops_attention},
+                                          PDP__CUDA_ENTRY(pdp__attention_cuda_backward), NULL,
+                                          PDP__LAYER_HEADWISE, pdp__flops_attention},
     PDP__KIND(PDP__RESIDUAL){"Residual", pdp__layers_setup_same, NULL, pdp__residual_forward,
                              pdp__residual_backward, PDP__CUDA_ENTRY(pdp__residual_cuda_forward),
                              PDP__CUDA_ENTRY(pdp__residual_cuda_backward), NULL,

@@ -132,14 +132,25 @@ PDP__PRIVATE pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__
 
 /* ---- tp: the column- and row-parallel Linears ---- */
 
+/* The features of one position of a TP Linear's input (a [T, C] sample: C). */
+PDP__PRIVATE int64_t pdp__tp_in_features(const pdp__layer *l)
+{
+    return l->in_count / (l->positions > 0 ? l->positions : 1);
+}
+
+/* parts (tp_parts) blocks of tp_full / parts outputs, each split alike: rank r holds
+   [tp_lo, tp_lo + n) of every block, its out_features parts x n. */
 PDP__PRIVATE pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
+    int64_t parts = l->tp_parts > 1 ? l->tp_parts : 1, n;
     pdp_status st;
     if ((st = pdp__tp_op_setup(l, in)) != PDP_OK) return st;
-    if (l->tp_full < l->tp->size)
-        return pdp__err(PDP_ERR_INVALID, "out_features %lld < TP size %d: a rank would hold no "
-                        "output feature (input %s)", (long long)l->tp_full, l->tp->size, in);
-    pdp_tp_split(l->tp_full, l->tp->rank, l->tp->size, &l->tp_lo, &l->out_features);
+    if (l->tp_full % parts != 0 || l->tp_full / parts < l->tp->size)
+        return pdp__err(PDP_ERR_INVALID, "out_features %lld%s < TP size %d: a rank would hold "
+                        "no output feature (input %s)", (long long)(l->tp_full / parts),
+                        parts > 1 ? " a part" : "", l->tp->size, in);
+    pdp_tp_split(l->tp_full / parts, l->tp->rank, l->tp->size, &l->tp_lo, &n);
+    l->out_features = parts * n;
     return pdp__linear_setup(l, ps, in);
 }
 
@@ -151,7 +162,7 @@ PDP__PRIVATE pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, 
     int64_t lo, n;
     if ((st = pdp__tp_op_setup(l, in)) != PDP_OK) return st;
     pdp_tp_split(l->tp_full, l->tp->rank, l->tp->size, &lo, &n);
-    if (lo != l->tp_lo || n != l->in_count)
+    if (lo != l->tp_lo || n != l->in_shape[l->in_ndim - 1])
         return pdp__err(PDP_ERR_SHAPE, "input %s is not TP rank %d's slice of %lld features "
                         "(%lld at %lld)", in, l->tp->rank, (long long)l->tp_full, (long long)n,
                         (long long)lo);
@@ -164,18 +175,20 @@ PDP__PRIVATE pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, 
 typedef struct pdp__tp_slice2d {
     int64_t cols;         /* the full tensor's row length */
     int64_t c0, c1;       /* kept columns [c0, c1) */
-    int64_t r0, r1;       /* kept rows [r0, r1) */
+    int64_t r0, r1;       /* kept rows [r0, r1) of each of the parts blocks of rows */
+    int64_t parts;        /* blocks of rows split alike (0 or 1: one) */
 } pdp__tp_slice2d;
 
 PDP__PRIVATE void pdp__tp_draw(float *dst, int64_t rows, pdp__tp_slice2d s, float lo, float hi,
                                pdp_rng *r)
 {
-    int64_t i, j, w = s.c1 - s.c0;
+    int64_t i, j, w = s.c1 - s.c0, block = rows / (s.parts > 1 ? s.parts : 1);
     for (i = 0; i < rows; i++)
         for (j = 0; j < s.cols; j++) {
             float v = lo + (hi - lo) * pdp_rng_uniform(r);
-            if (i >= s.r0 && i < s.r1 && j >= s.c0 && j < s.c1)
-                dst[(i - s.r0) * w + (j - s.c0)] = v;
+            int64_t p = i / block, k = i % block;
+            if (k >= s.r0 && k < s.r1 && j >= s.c0 && j < s.c1)
+                dst[(p * (s.r1 - s.r0) + k - s.r0) * w + (j - s.c0)] = v;
         }
 }
 
@@ -189,14 +202,15 @@ PDP__PRIVATE void pdp__tp_bounds(int64_t fan_in, float *wb, float *bb)
     *bb = (float)(1.0 / sqrt((double)fan_in));
 }
 
-/* W1 [tp_full, in]: rows [tp_lo, tp_lo + n) and the same entries of b1. */
+/* W1 [tp_full, in]: rows [tp_lo, tp_lo + n) of each part and the same entries of b1. */
 PDP__PRIVATE void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
     pdp__tp_slice2d s;
     float wb, bb;
-    pdp__tp_bounds(l->in_count, &wb, &bb);
-    s.cols = l->in_count, s.c0 = 0, s.c1 = l->in_count;
-    s.r0 = l->tp_lo, s.r1 = l->tp_lo + l->out_features;
+    int64_t in = pdp__tp_in_features(l), parts = l->tp_parts > 1 ? l->tp_parts : 1;
+    pdp__tp_bounds(in, &wb, &bb);
+    s.cols = in, s.c0 = 0, s.c1 = in, s.parts = parts;
+    s.r0 = l->tp_lo, s.r1 = l->tp_lo + l->out_features / parts;
     pdp__tp_draw(w, l->tp_full, s, -wb, wb, r);
     s.cols = 1, s.c0 = 0, s.c1 = 1;
     pdp__tp_draw(b, l->tp_full, s, -bb, bb, r);
@@ -208,8 +222,8 @@ PDP__PRIVATE void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_
     pdp__tp_slice2d s;
     float wb, bb;
     pdp__tp_bounds(l->tp_full, &wb, &bb);
-    s.cols = l->tp_full, s.c0 = l->tp_lo, s.c1 = l->tp_lo + l->in_count;
-    s.r0 = 0, s.r1 = l->out_features;
+    s.cols = l->tp_full, s.c0 = l->tp_lo, s.c1 = l->tp_lo + pdp__tp_in_features(l);
+    s.r0 = 0, s.r1 = l->out_features, s.parts = 1;
     pdp__tp_draw(w, l->out_features, s, -wb, wb, r);
     s.cols = 1, s.c0 = 0, s.c1 = 1;
     pdp__tp_draw(b, l->out_features, s, -bb, bb, r);

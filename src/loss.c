@@ -100,7 +100,7 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_rows(const float *logits, const int32
                                                 int64_t N, int64_t V, float grad_scale,
                                                 double *loss_sum, float *dlogits, const char *fn)
 {
-    int64_t i, j, n;
+    int64_t i, j, n = 0;
     double total = 0.0;
     pdp_status st;
     *loss_sum = 0.0;
@@ -127,7 +127,7 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int
                                                   int64_t N, int64_t V, float *loss,
                                                   int64_t *count, float *dlogits, const char *fn)
 {
-    int64_t n;
+    int64_t n = 0;
     double total;
     pdp_status st;
     *loss = 0.0f;

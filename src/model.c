@@ -9,14 +9,19 @@
    input instead of copying, and so does a ReLU after a Conv2d on the CPU, which the
    Conv2d applies itself; when a 2x2 stride-2 MaxPool2d follows that ReLU, the Conv2d
    applies it too, writes the pool's act, and its own act is NULL); backward needs
-   the forward's input to stay alive, as in PyTorch's autograd. After
+   the forward's input to stay alive, as in PyTorch's autograd. A residual region
+   (pdp_model_residual_begin/end) is the one place the sequence is not a chain: its
+   ResidualAdd reads the output of its Residual (a forward view, so act[] of the region's
+   input), and in backward sends its dy around the branch in grad_skip, which the
+   Residual adds back; regions do not nest, so one skip buffer serves them all. A
+   TiedLinear's weight is another layer's parameter (pdp__model_io). After
    pdp_model_reserve (or the first step at the largest batch), forward and backward
    allocate nothing.
 
    The executor seam (internal.h): an executor may listen to the pass's events
-   (m->event: before each layer with parameters, forward and backward, and at
-   the start and end of every backward: DDP and ZeRO synchronise any backward
-   this way) and point a layer's weight/bias and their gradients at buffers of
+   (m->event: before each layer that computes with parameters, its own or a tied
+   one, forward and backward, and at the start and end of every backward: DDP and
+   ZeRO synchronise any backward this way) and point a layer's weight/bias and their gradients at buffers of
    its own (m->layer_w, m->layer_dw: ZeRO's per-unit buffers). Both are off
    (NULL) by default: one pointer test per layer. */
 
@@ -42,6 +47,9 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     if (desc->input_dtype != PDP_DTYPE_F32 && desc->input_dtype != PDP_DTYPE_I32)
         return pdp__err(PDP_ERR_INVALID, "pdp_model_create: input_dtype %d (must be "
                         "PDP_DTYPE_F32 or PDP_DTYPE_I32)", (int)desc->input_dtype);
+    if ((unsigned)desc->recompute > PDP_RECOMPUTE_FULL)
+        return pdp__err(PDP_ERR_INVALID, "pdp_model_create: recompute %d (must be NONE, "
+                        "SELECTIVE or FULL)", (int)desc->recompute);
     if (desc->input_dtype == PDP_DTYPE_I32 && ndim != 1)
         return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: int32 inputs are token ids, one "
                         "sequence [T] a sample; input_ndim is %d", ndim);
@@ -64,6 +72,7 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     }
     m->in_ndim = ndim;
     m->in_dtype = desc->input_dtype;
+    m->recompute = desc->recompute;
     m->open_residual = -1;
     m->in_count = 1;
     for (i = 0; i < 3; i++) {
@@ -89,6 +98,7 @@ PDP_API pdp_model_desc pdp_model_get_desc(const pdp_model *m)
     d.device = m->device;
     d.precision = m->precision;
     d.input_dtype = m->in_dtype;
+    d.recompute = m->recompute;
     return d;
 }
 
@@ -148,21 +158,17 @@ PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage,
 {
     static const char *frees[5] = {"", "pdp_dp_free", "pdp_ddp_free", "pdp_zero_free",
                                    "pdp_pp_free"};
-    int i;
     PDP_ASSERT(kind > PDP__WRAP_NONE && kind <= PDP__WRAP_PP);
     if (m->wrapped != PDP__WRAP_NONE)
         return pdp__err(PDP_ERR_STATE, "%s: the model is already wrapped by %s; one executor "
                         "holds a model at a time: %s it before wrapping the model in %s", fn,
                         pdp__model_wrapper(m), frees[m->wrapped], pdp__wrap_name(kind, stage));
-    /* what an executor does not handle yet: ZeRO-3 gathers a layer's own parameters, a
-       TiedLinear's belong to its Embedding */
-    for (i = 0; i < m->nlayers; i++) {
-        unsigned f = pdp__layer_kind_of(m->layers[i].kind)->flags;
-        if (kind == PDP__WRAP_ZERO && stage == 3 && (f & PDP__LAYER_TIED))
-            return pdp__err(PDP_ERR_UNSUPPORTED, "%s: layer %d (%s) is not supported under %s "
-                            "yet (DP, DDP and ZeRO stages 1-2 train a GPT)", fn, i,
-                            pdp__layer_kind_name(m->layers[i].kind), pdp__wrap_name(kind, stage));
-    }
+    /* ZeRO-3 gathers a unit's parameters at each layer's forward and backward event; a
+       region run again inside backward would read parameters it has let go */
+    if (kind == PDP__WRAP_ZERO && stage == 3 && m->recompute == PDP_RECOMPUTE_FULL)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: FULL activation recomputation under %s is not "
+                        "supported yet (SELECTIVE is, and FULL under stages 1-2)", fn,
+                        pdp__wrap_name(kind, stage));
     m->wrapped = kind;
     m->wrap_stage = stage;
     return PDP_OK;
@@ -274,11 +280,16 @@ PDP__PRIVATE pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *f
     float *params = NULL, *grads = NULL, *host = NULL;
     size_t bytes;
     pdp_status st;
+    int i;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     /* the executor planned its buckets, shards and replicas on this layout */
     if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
         return st;
     l.index = m->nlayers;
+    l.recompute = m->recompute == PDP_RECOMPUTE_SELECTIVE;
+    l.mask_index = 0; /* the layers before it but TP's f and g (collective kinds) */
+    for (i = 0; i < m->nlayers; i++)
+        l.mask_index += !(pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_COLLECTIVE);
     if (m->nlayers) {
         const pdp__layer *prev = &m->layers[m->nlayers - 1];
         l.in_ndim = prev->out_ndim;
@@ -424,12 +435,20 @@ PDP_API pdp_status pdp_model_add_embedding(pdp_model *m, int64_t vocab, int64_t 
     return pdp__model_add(m, l, "pdp_model_add_embedding");
 }
 
+/* tp.c: an attention after a ColumnParallelLinear split by heads becomes the attention of
+   this rank's heads (l->heads local, l->tp_lo its first global head, l->tp_full every
+   head); else l is left as it is. */
+PDP__PRIVATE pdp_status pdp__tp_headwise(const pdp_model *m, pdp__layer *l, const char *fn);
+
 PDP_API pdp_status pdp_model_add_causal_self_attention(pdp_model *m, int64_t heads, float dropout)
 {
+    const char *fn = "pdp_model_add_causal_self_attention";
     pdp__layer l = pdp__layer_of(PDP__CAUSAL_SELF_ATTENTION);
+    pdp_status st;
     l.heads = heads;
     l.p = dropout;
-    return pdp__model_add(m, l, "pdp_model_add_causal_self_attention");
+    if (m && (st = pdp__tp_headwise(m, &l, fn)) != PDP_OK) return st; /* on a TP shard */
+    return pdp__model_add(m, l, fn);
 }
 
 /* A residual region: a Residual layer opens it (its forward is its input seen again), a
@@ -574,6 +593,8 @@ PDP__PRIVATE bool pdp__model_has_output(const pdp_model *m, int i)
    gradient ping-pong buffers). saved_off, when not NULL, gets each layer's offset. */
 typedef struct pdp__model_plan {
     int64_t act, saved, work, widest;
+    int64_t kept_act, kept_saved; /* of act and saved, what outlives a forward; the rest is
+                                     the scratch of recomputed regions (FULL) */
 } pdp__model_plan;
 
 /* *acc += v, or INT64_MAX (which stays) past PDP__COUNT_MAX: reserve then fails. */
@@ -582,20 +603,48 @@ PDP__PRIVATE void pdp__model_plan_add(int64_t *acc, int64_t v)
     if (!pdp__add_ok(*acc, v, acc)) *acc = INT64_MAX;
 }
 
+/* Layer i is inside a residual region that FULL recomputation runs again in backward:
+   after its Residual, before its ResidualAdd. */
+PDP__PRIVATE bool pdp__model_recomputed(const pdp_model *m, int i)
+{
+    int k;
+    if (m->recompute != PDP_RECOMPUTE_FULL || pdp__model_flag(m, i, PDP__LAYER_SKIP)) return false;
+    for (k = i - 1; k >= 0; k--) /* the nearest region mark before it: a Residual opens */
+        if (pdp__model_flag(m, k, PDP__LAYER_SKIP))
+            return pdp__model_flag(m, k, PDP__LAYER_FORWARD_VIEW);
+    return false;
+}
+
 PDP__PRIVATE pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off)
 {
     pdp__model_plan p;
+    int64_t ract = 0, rsaved = 0, scratch_act = 0, scratch_saved = 0;
     int i;
     p.act = p.saved = p.work = 0;
     p.widest = m->in_count;
     for (i = 0; i < m->nlayers; i++) {
         const pdp__layer *l = &m->layers[i];
-        if (pdp__model_has_output(m, i)) pdp__model_plan_add(&p.act, l->out_count);
-        if (saved_off) saved_off[i] = p.saved;
-        pdp__model_plan_add(&p.saved, l->saved_per_sample);
+        if (pdp__model_recomputed(m, i)) { /* in the region scratch, from its start */
+            if (pdp__model_has_output(m, i)) pdp__model_plan_add(&ract, l->out_count);
+            if (saved_off) saved_off[i] = rsaved; /* the kept part is added below */
+            pdp__model_plan_add(&rsaved, l->saved_per_sample);
+            scratch_act = PDP__MAX(scratch_act, ract);
+            scratch_saved = PDP__MAX(scratch_saved, rsaved);
+        } else {
+            ract = rsaved = 0;
+            if (pdp__model_has_output(m, i)) pdp__model_plan_add(&p.act, l->out_count);
+            if (saved_off) saved_off[i] = -1 - p.saved; /* marked: kept */
+            pdp__model_plan_add(&p.saved, l->saved_per_sample);
+        }
         p.work = PDP__MAX(p.work, pdp__layer_work_per_sample(l, m->device));
         p.widest = PDP__MAX(p.widest, l->out_count);
     }
+    p.kept_act = p.act;
+    p.kept_saved = p.saved;
+    for (i = 0; saved_off && i < m->nlayers; i++) /* kept first, then the region scratch */
+        saved_off[i] = saved_off[i] < 0 ? -1 - saved_off[i] : p.kept_saved + saved_off[i];
+    pdp__model_plan_add(&p.act, scratch_act);
+    pdp__model_plan_add(&p.saved, scratch_saved);
     return p;
 }
 
@@ -603,15 +652,19 @@ PDP__PRIVATE pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *sav
 /* Points the outputs of the layers that are not views at activation set m->slot. */
 PDP__PRIVATE void pdp__model_bind_acts(pdp_model *m)
 {
-    int64_t act = 0;
+    int64_t act = 0, ract = 0, kept = pdp__model_plan_of(m, NULL).kept_act;
     int i;
     for (i = 0; i < m->nlayers; i++) {
+        bool inner = pdp__model_recomputed(m, i);
+        if (!inner) ract = 0; /* each recomputed region starts the scratch again */
         if (!pdp__model_has_output(m, i)) {
             if (!pdp__model_is_view(m, i)) m->act[i] = NULL; /* a Conv2d whose pool is fused */
             continue;
         }
-        m->act[i] = m->act_block + m->slot * m->act_stride + m->max_batch * act;
-        act += m->layers[i].out_count;
+        m->act[i] = m->act_block + m->slot * m->act_stride + m->max_batch * (inner ? kept + ract
+                                                                                  : act);
+        if (inner) ract += m->layers[i].out_count;
+        else act += m->layers[i].out_count;
     }
 }
 
@@ -697,7 +750,7 @@ PDP__PRIVATE void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     }
     if (pdp__model_flag(m, i, PDP__LAYER_TIED)) { /* another layer's parameter */
         const pdp__param_entry *w = &m->params[l->tied_param];
-        int owner = w->layer;
+        int owner = w->layer - m->layers[0].index; /* a pipeline stage's layers keep full's */
         io->w = m->layer_w && m->layer_w[owner] ? m->layer_w[owner] : m->param_block + w->offset;
         io->dw = m->layer_dw && m->layer_dw[owner] ? m->layer_dw[owner]
                                                    : m->grad_block + w->offset;
@@ -710,6 +763,13 @@ PDP__PRIVATE void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
             io->db = io->dw + w->count;
         }
     }
+}
+
+/* Layer i computes with parameters: its own, or another layer's (PDP__LAYER_TIED). The
+   executor seam's per-layer events fire for these layers. */
+PDP__PRIVATE bool pdp__model_uses_params(const pdp_model *m, int i)
+{
+    return m->layers[i].nparams > 0 || pdp__model_flag(m, i, PDP__LAYER_TIED);
 }
 
 /* A trace event "forward 3 Linear" on the model's track (DDP sets it), t0 to now. */
@@ -728,12 +788,49 @@ PDP__PRIVATE void pdp__model_profile(const pdp__layer *l, double t0)
     else pdp__prof.other_layers_s += dt;
 }
 
-PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y)
+/* Forward through layers [lo, hi) from in (layer lo's input). events: fire the executor's
+   forward events (not when FULL recomputation runs a region again inside backward, where
+   the executor has its backward's events). */
+PDP__PRIVATE pdp_status pdp__model_forward_layers(pdp_model *m, int lo, int hi, const float *in,
+                                                  bool events)
 {
     double t0;
+    int i;
+    pdp_status st;
+    for (i = lo; i < hi; i++) {
+        const pdp__layer *l = &m->layers[i];
+        pdp__layer_io io;
+        if (pdp__model_is_view(m, i)) { /* y is x */
+            m->act[i] = (float *)in;
+            continue;
+        }
+        if (pdp__model_pool_fused(m, i)) { /* the Conv2d wrote y */
+            in = m->act[i];
+            continue;
+        }
+        if (events && m->event && pdp__model_uses_params(m, i) &&
+            (st = m->event(m->event_user, m, PDP__EV_FORWARD_LAYER, i, PDP_OK)) != PDP_OK)
+            return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
+                                 pdp__layer_kind_name(l->kind));
+        pdp__model_io(m, i, &io);
+        io.x = in;
+        io.y = m->act[i];
+        t0 = m->trace_tid || m->layer_s || pdp__prof.on ? pdp__now() : 0.0;
+        if ((st = pdp__layer_forward(l, &io)) != PDP_OK)
+            return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
+                                 pdp__layer_kind_name(l->kind));
+        if (m->trace_tid) pdp__model_trace(m, events ? "forward" : "recompute", i, t0);
+        if (m->layer_s) m->layer_s[i] += pdp__now() - t0;
+        if (pdp__prof.on) pdp__model_profile(l, t0);
+        in = io.y;
+    }
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y)
+{
     int64_t batch, shape[4], n;
-    const float *in;
-    int i, d;
+    int d;
     pdp_status st;
     if (!m || !x || !y) return pdp__err(PDP_ERR_INVALID, "pdp_model_forward: NULL argument");
     *y = NULL;
@@ -762,34 +859,7 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     if ((st = pdp_model_reserve(m, batch)) != PDP_OK) return pdp__err_wrap(st, "pdp_model_forward");
     m->batch = batch;
     if (m->training) m->step++;
-    in = x->data;
-    for (i = 0; i < m->nlayers; i++) {
-        const pdp__layer *l = &m->layers[i];
-        pdp__layer_io io;
-        if (pdp__model_is_view(m, i)) { /* y is x */
-            m->act[i] = (float *)in;
-            continue;
-        }
-        if (pdp__model_pool_fused(m, i)) { /* the Conv2d wrote y */
-            in = m->act[i];
-            continue;
-        }
-        if (m->event && l->nparams &&
-            (st = m->event(m->event_user, m, PDP__EV_FORWARD_LAYER, i, PDP_OK)) != PDP_OK)
-            return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
-                                 pdp__layer_kind_name(l->kind));
-        pdp__model_io(m, i, &io);
-        io.x = in;
-        io.y = m->act[i];
-        t0 = m->trace_tid || m->layer_s || pdp__prof.on ? pdp__now() : 0.0;
-        if ((st = pdp__layer_forward(l, &io)) != PDP_OK)
-            return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
-                                 pdp__layer_kind_name(l->kind));
-        if (m->trace_tid) pdp__model_trace(m, "forward", i, t0);
-        if (m->layer_s) m->layer_s[i] += pdp__now() - t0;
-        if (pdp__prof.on) pdp__model_profile(l, t0);
-        in = io.y;
-    }
+    if ((st = pdp__model_forward_layers(m, 0, m->nlayers, x->data, true)) != PDP_OK) return st;
     m->act[m->nlayers] = (float *)x->data; /* remembered for backward */
     shape[0] = batch;
     for (d = 0; d < m->layers[m->nlayers - 1].out_ndim; d++)
@@ -834,10 +904,18 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
     for (i = m->nlayers - 1; i >= 0; i--) {
         const pdp__layer *l = &m->layers[i];
         pdp__layer_io io;
-        if (m->event && l->nparams &&
+        if (m->event && pdp__model_uses_params(m, i) &&
             (st = m->event(m->event_user, m, PDP__EV_BACKWARD_LAYER, i, PDP_OK)) != PDP_OK) {
             st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
                                pdp__layer_kind_name(l->kind));
+            break;
+        }
+        if (i > 0 && pdp__model_recomputed(m, i - 1) && !pdp__model_recomputed(m, i) &&
+            (st = pdp__model_forward_layers(m, m->layers[i].residual_from + 1, i,
+                                            m->act[m->layers[i].residual_from], false)) !=
+                PDP_OK) { /* FULL: the region's forward again, from its kept input */
+            st = pdp__err_wrap(st, "pdp_model_backward: recomputing layers %d..%d",
+                               m->layers[i].residual_from + 1, i - 1);
             break;
         }
         if (pdp__model_runs_backward(m, i)) {
@@ -1019,6 +1097,7 @@ PDP_API int64_t pdp_model_activation_bytes(const pdp_model *m, int lo, int hi, i
     lo = PDP__MAX(lo, 0);
     hi = PDP__MIN(hi, m->nlayers);
     for (i = lo; i < hi; i++) {
+        if (pdp__model_recomputed(m, i)) continue; /* FULL: in the region scratch, not kept */
         if (pdp__model_has_output(m, i)) pdp__model_plan_add(&floats, m->layers[i].out_count);
         pdp__model_plan_add(&floats, m->layers[i].saved_per_sample);
     }
@@ -1114,16 +1193,13 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
 PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out)
 {
     pdp_model *m;
-    int p0, p1, i;
+    int p0, p1, i, tied = -1;
     int64_t off0;
     size_t bytes;
     pdp_status st;
     *out = NULL;
     PDP_ASSERT(0 <= lo && lo < hi && hi <= full->nlayers);
-    if (full->in_dtype == PDP_DTYPE_I32) /* pp.c's loss takes one label a sample */
-        return pdp__err(PDP_ERR_UNSUPPORTED, "a pipeline of a model that takes token ids (a GPT) "
-                        "is not supported yet");
-    for (i = lo; i < hi; i++) { /* what a stage cannot yet cut through */
+    for (i = lo; i < hi; i++) { /* what a stage cannot cut through */
         const pdp__layer *l = &full->layers[i];
         const unsigned f = pdp__layer_kind_of(l->kind)->flags;
         if ((f & PDP__LAYER_SKIP) && (f & PDP__LAYER_FORWARD_VIEW) == 0 && l->residual_from < lo)
@@ -1138,11 +1214,13 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
                                 "residual region of layers %d..%d: cut between regions", hi, i,
                                 end);
         }
-        if ((f & PDP__LAYER_TIED) && full->params[l->tied_param].layer < lo)
-            return pdp__err(PDP_ERR_UNSUPPORTED, "layer %d (%s) uses parameter %s of layer %d, "
-                            "on an earlier stage: a pipeline cannot share a tied parameter yet",
-                            i, pdp__layer_kind_name(l->kind), full->params[l->tied_param].name,
-                            full->params[l->tied_param].layer);
+        if ((f & PDP__LAYER_TIED) && full->params[l->tied_param].layer < lo) {
+            if (tied >= 0)
+                return pdp__err(PDP_ERR_UNSUPPORTED, "layers of a stage tie two parameters of "
+                                "earlier stages (%s and %s); a stage keeps one copy",
+                                full->params[tied].name, full->params[l->tied_param].name);
+            tied = l->tied_param;
+        }
     }
     p0 = full->layers[lo].param_first;
     p1 = hi < full->nlayers ? full->layers[hi].param_first : full->nparams;
@@ -1158,7 +1236,9 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
     m->training = full->training;
     m->precision = full->precision;
     m->nlayers = m->cap_layers = hi - lo;
-    m->nparams = m->cap_params = p1 - p0;
+    /* a tied weight of an earlier stage: a copy of it, this stage's last parameter (Megatron's
+       word embeddings on the last stage; pp.c sums the two copies' gradients every step) */
+    m->nparams = m->cap_params = p1 - p0 + (tied >= 0);
     m->layers = (pdp__layer *)pdp__alloc((size_t)m->nlayers * sizeof *m->layers);
     m->params = (pdp__param_entry *)pdp__alloc((size_t)PDP__MAX(1, m->nparams) * sizeof *m->params);
     if (!m->layers || !m->params) {
@@ -1169,19 +1249,40 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
     for (i = 0; i < m->nlayers; i++) {
         m->layers[i].param_first -= p0;
         m->layers[i].residual_from -= lo;
-        m->layers[i].tied_param -= p0;
+        m->layers[i].tied_param = m->layers[i].tied_param == tied && tied >= 0
+                                      ? m->nparams - 1 /* the copy */
+                                      : m->layers[i].tied_param - p0;
     }
     m->in_dtype = lo == 0 ? full->in_dtype : PDP_DTYPE_F32;
+    m->recompute = full->recompute;
     m->open_residual = -1;
-    for (i = 0; i < m->nparams; i++) {
+    for (i = 0; i < p1 - p0; i++) {
         m->params[i] = full->params[p0 + i];
         m->params[i].offset -= off0;
         m->param_count += m->params[i].count;
     }
+    if (tied >= 0) {
+        pdp__param_entry *e = &m->params[m->nparams - 1];
+        *e = full->params[tied];
+        e->offset = m->param_count;
+        for (i = 0; i < m->nlayers; i++) /* the TiedLinear that uses it owns the copy (full's
+                                            layer index, as every stage parameter's) */
+            if (pdp__model_flag(m, i, PDP__LAYER_TIED) && m->layers[i].tied_param == m->nparams - 1)
+                e->layer = lo + i;
+        m->param_count += e->count;
+    }
     bytes = (size_t)m->param_count * sizeof(float);
     if (bytes && ((st = pdp__dev_alloc(m->device, bytes, (void **)&m->param_block)) != PDP_OK ||
                   (st = pdp__dev_copy(m->device, m->param_block, full->device,
-                                      full->param_block + off0, bytes)) != PDP_OK ||
+                                      full->param_block + off0,
+                                      bytes - (tied >= 0 ? (size_t)full->params[tied].count *
+                                                              sizeof(float)
+                                                         : 0))) != PDP_OK ||
+                  (tied >= 0 &&
+                   (st = pdp__dev_copy(m->device, m->param_block + m->params[m->nparams - 1].offset,
+                                       full->device, full->param_block + full->params[tied].offset,
+                                       (size_t)full->params[tied].count * sizeof(float))) !=
+                       PDP_OK) ||
                   (st = pdp__dev_alloc(m->device, bytes, (void **)&m->grad_block)) != PDP_OK ||
                   (st = pdp__dev_memset0(m->device, m->grad_block, bytes)) != PDP_OK)) {
         pdp_model_free(m);

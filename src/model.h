@@ -22,6 +22,19 @@
 
 typedef struct pdp_model pdp_model;
 
+/* Activation recomputation (Korthikanti et al., "Reducing Activation Recomputation in
+   Large Transformer Models", 2022): memory for compute, the same results up to float
+   rounding (the same dropout masks: they are keyed, not drawn from a stream).
+   SELECTIVE: a CausalSelfAttention keeps no attention probabilities (heads x T x T a
+   sample); backward draws them again from its input. FULL: the layers inside each
+   residual region keep nothing; the region runs forward again from its input (kept)
+   before its backward, in one scratch set of buffers the size of the largest region. */
+typedef enum pdp_recompute {
+    PDP_RECOMPUTE_NONE = 0,      /* default: keep every activation */
+    PDP_RECOMPUTE_SELECTIVE = 1,
+    PDP_RECOMPUTE_FULL = 2
+} pdp_recompute;
+
 typedef struct pdp_model_desc {
     int input_ndim;          /* 1 (features) or 3 (channels, height, width); 0 = count of
                                 nonzero input_shape entries */
@@ -34,6 +47,7 @@ typedef struct pdp_model_desc {
                                 the rest stay fp32. Default fp32 */
     pdp_dtype input_dtype;   /* PDP_DTYPE_I32: samples are T token ids (input_shape {T}),
                                 taken by an Embedding first; default float32 */
+    pdp_recompute recompute; /* activation recomputation; default none */
 } pdp_model_desc;
 
 PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc);
@@ -122,7 +136,10 @@ PDP_API int pdp_model_output_shape(const pdp_model *m, int64_t shape[3]);
 PDP_API int64_t pdp_model_param_count(const pdp_model *m); /* floats in all parameters */
 /* Bytes of activations that layers [lo, hi) keep from forward for backward at batch
    samples, as pdp_model_reserve plans them: their outputs (a view has none) and what each
-   saves (a Dropout's mask, an attention's probabilities, a LayerNorm's mean and rstd). */
+   saves (a Dropout's mask, an attention's probabilities, a LayerNorm's mean and rstd).
+   Under FULL recomputation the layers inside a residual region keep nothing (counted 0);
+   the scratch they run in, the largest region's outputs and saved buffers, lives only
+   during that region's forward and backward and is not in this count. */
 PDP_API int64_t pdp_model_activation_bytes(const pdp_model *m, int lo, int hi, int64_t batch);
 PDP_API int pdp_model_num_params(const pdp_model *m);      /* named parameter tensors */
 PDP_API pdp_device pdp_model_device(const pdp_model *m);

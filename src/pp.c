@@ -61,6 +61,14 @@ struct pdp_pp {
                                                     every stage's, gathered */
     float *norm_dev;              /* its copy on the model's device (NCCL reduces device
                                      memory only); NULL on the CPU */
+    int tied_param;               /* a weight tied across stages (a GPT's wte: the embedding
+                                     on stage 0, the head's copy on a later one): its index in
+                                     this stage's model, or -1 */
+    int tied_peer;                /* the stage holding the other copy */
+    bool tied_copy;               /* this stage holds the copy (its last parameter) */
+    float *tied_buf;              /* the peer's gradient of it, received each pass */
+    int64_t positions;            /* labels a row on the last stage: T for [B, T, V] */
+    int64_t counted;              /* labels of this pass that count (not -1) */
     int64_t *mb_rows, *mb_first;  /* per micro-batch of the current pass */
     int64_t mb_cap;
     int64_t sample_base;          /* DP x PP: this pipeline's first row in the global batch */
@@ -77,7 +85,8 @@ struct pdp_pp {
    largest stage's cost (ties: the later cut, so a ReLU stays with its Linear; pp.h's
    pdp_pp_balance states the rule for the whole split). The linear-partition dynamic
    programme: best(k, i) = min over j of max(best(k - 1, j), cost of layers [j, i)). */
-PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, int n, int p, int *first)
+PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, const bool *cut_ok, int n, int p,
+                                        int *first)
 {
     double *best = (double *)pdp__alloc((size_t)(p + 1) * (size_t)(n + 1) * sizeof *best);
     int *cut = (int *)pdp__alloc((size_t)(p + 1) * (size_t)(n + 1) * sizeof *cut);
@@ -93,15 +102,25 @@ PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, int n, int p, int *f
     for (i = 0; i < n; i++) pre[i + 1] = pre[i] + cost[i];
 #define PDP__BEST(k, i) best[(size_t)(k) * (size_t)(n + 1) + (size_t)(i)]
 #define PDP__CUT(k, i) cut[(size_t)(k) * (size_t)(n + 1) + (size_t)(i)]
+    /* a stage may start only where cut_ok says (not inside a residual region): the others
+       are infinitely costly boundaries */
     for (i = 1; i <= n; i++) PDP__BEST(1, i) = pre[i], PDP__CUT(1, i) = 0;
     for (k = 2; k <= p; k++)
         for (i = k; i <= n; i++) { /* the first i layers in k stages; the last is [j, i) */
             PDP__BEST(k, i) = HUGE_VAL;
+            PDP__CUT(k, i) = k - 1;
             for (j = k - 1; j < i; j++) {
                 double v = PDP__MAX(PDP__BEST(k - 1, j), pre[i] - pre[j]);
+                if (cut_ok && !cut_ok[j]) continue;
                 if (v <= PDP__BEST(k, i)) PDP__BEST(k, i) = v, PDP__CUT(k, i) = j;
             }
         }
+    if (PDP__BEST(p, n) == HUGE_VAL) {
+        pdp__dealloc(best);
+        pdp__dealloc(cut);
+        pdp__dealloc(pre);
+        return PDP_ERR_INVALID;
+    }
     for (k = p, i = n; k >= 1; k--) {
         first[k - 1] = PDP__CUT(k, i);
         i = first[k - 1];
@@ -259,6 +278,20 @@ PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how,
     }
 }
 
+/* cut_ok[i]: a stage may start at layer i (i in [0, n]): not inside a residual region,
+   whose skip cannot cross stages. */
+PDP__PRIVATE void pdp__pp_cut_points(const pdp_model *full, bool *cut_ok)
+{
+    int i;
+    bool open = false;
+    for (i = 0; i < full->nlayers; i++) {
+        unsigned f = pdp__layer_kind_of(full->layers[i].kind)->flags;
+        cut_ok[i] = !open;
+        if (f & PDP__LAYER_SKIP) open = (f & PDP__LAYER_FORWARD_VIEW) != 0;
+    }
+    cut_ok[full->nlayers] = true;
+}
+
 /* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
 PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn)
 {
@@ -276,9 +309,20 @@ PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const c
         } else {
             pdp__pp_layer_costs(full, pp->desc.balance, cost);
         }
-        if (st == PDP_OK && (pp->stage == 0 || pp->desc.balance != PDP_PP_BALANCE_TIME) &&
-            pdp__pp_balance(cost, n, pp->p, pp->first) != PDP_OK)
-            st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory");
+        if (st == PDP_OK && (pp->stage == 0 || pp->desc.balance != PDP_PP_BALANCE_TIME)) {
+            bool *cut_ok = (bool *)pdp__calloc(((size_t)n + 1) * sizeof *cut_ok);
+            pdp_status b = cut_ok ? PDP_OK : PDP_ERR_OUT_OF_MEMORY;
+            if (cut_ok) {
+                pdp__pp_cut_points(full, cut_ok);
+                b = pdp__pp_balance(cost, cut_ok, n, pp->p, pp->first);
+            }
+            if (b == PDP_ERR_INVALID)
+                st = pdp__err(PDP_ERR_INVALID, "%d stages do not fit between the model's residual "
+                              "regions (a stage starts outside every region)", pp->p);
+            else if (b != PDP_OK)
+                st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory");
+            pdp__dealloc(cut_ok);
+        }
         pdp__dealloc(cost);
         if (st != PDP_OK) return pdp__err_wrap(st, "%s: rank %d: timing the layers", fn,
                                                pp->stage);
@@ -326,6 +370,31 @@ PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp)
     return d;
 }
 
+/* The weight tied across stages, if any: a TiedLinear on stage s_use whose parameter's
+   layer is on stage s_own < s_use (pdp__model_stage gave s_use a copy, its last parameter). */
+PDP__PRIVATE void pdp__pp_find_tied(pdp_pp *pp, const pdp_model *full)
+{
+    int i, s_use, s_own;
+    pp->tied_param = -1;
+    for (i = 0; i < full->nlayers; i++) {
+        const pdp__layer *l = &full->layers[i];
+        int owner;
+        if (!(pdp__layer_kind_of(l->kind)->flags & PDP__LAYER_TIED)) continue;
+        owner = full->params[l->tied_param].layer;
+        for (s_use = 0; pp->first[s_use + 1] <= i; s_use++) {}
+        for (s_own = 0; pp->first[s_own + 1] <= owner; s_own++) {}
+        if (s_use == s_own) continue;
+        if (pp->stage == s_own) {
+            pp->tied_param = l->tied_param - full->layers[pp->first[s_own]].param_first;
+            pp->tied_peer = s_use;
+        } else if (pp->stage == s_use) {
+            pp->tied_param = pp->m->nparams - 1;
+            pp->tied_peer = s_own;
+            pp->tied_copy = true;
+        }
+    }
+}
+
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc)
 {
@@ -371,6 +440,15 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         goto wrap;
     pdp__model_set_slots(pp->m, pp->nslots);
     pp->m->wrapped = PDP__WRAP_PP; /* the stage is the pipeline's: its layout is fixed */
+    {
+        const pdp__layer *last = &full->layers[full->nlayers - 1];
+        pp->positions = last->out_count / last->out_shape[last->out_ndim - 1];
+    }
+    pdp__pp_find_tied(pp, full);
+    if (pp->tied_param >= 0 &&
+        (st = pdp__dev_alloc(pp->m->device, (size_t)pp->m->params[pp->tied_param].count *
+                                                sizeof(float), (void **)&pp->tied_buf)) != PDP_OK)
+        goto wrap;
     pp->in_count = pp->m->in_count;
     pp->out_count = pp->m->layers[pp->m->nlayers - 1].out_count;
     pp->in_buf = (float **)pdp__calloc((size_t)(pp->nslots + 1) * sizeof *pp->in_buf);
@@ -456,6 +534,7 @@ PDP_API void pdp_pp_free(pdp_pp *pp)
     if (pp->traced) pdp__trace_close();
     if (pp->m) pp->m->wrapped = PDP__WRAP_NONE;
     if (pp->norm_dev) pdp__dev_free(pp->m->device, pp->norm_dev);
+    if (pp->tied_buf) pdp__dev_free(pp->m->device, pp->tied_buf);
     pdp_model_free(pp->m);
     pdp__dealloc(pp->in_buf);
     pdp__dealloc(pp->send_fwd);
@@ -561,6 +640,7 @@ PDP__PRIVATE pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
     shape[0] = n;
     for (d = 0; d < m->in_ndim; d++) shape[d + 1] = m->in_shape[d];
     pdp_tensor_wrap((float *)pdp__pp_input(pp, x, j), m->device, m->in_ndim + 1, shape, &in);
+    in.dtype = m->in_dtype; /* stage 0 of a GPT: token ids */
     pp->t_compute = pdp__now();
     pdp__model_use_slot(m, slot, NULL, 0, false);
     m->step = pp->steps; /* forward counts it up: the single-device run's step */
@@ -592,6 +672,10 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
     pp->t_compute = pdp__now();
     pdp__model_use_slot(m, slot, pdp__pp_input(pp, x, j), n, true);
     m->input_grad = pp->stage > 0 ? pp->dx_buf[j % 2] : NULL;
+    /* the keys of micro-batch j's forward, which a backward that draws its masks again (an
+       attention's dropout) needs: later forwards have moved them */
+    m->step = pp->steps + 1;
+    m->sample_base = pp->sample_base + pp->mb_first[j];
     if (last) { /* the loss, its gradient scaled by 1/total into the model's grad_a */
         pdp_tensor_wrap(m->grad_a, m->device, y->ndim, y->shape, &dy);
         if (pp->desc.loss) {
@@ -601,14 +685,20 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
                 return pdp__err_wrap(st, "%s: the loss function on micro-batch %d", fn, j);
             *loss_sum += share * (double)total;
         } else {
+            /* one label a row of the last dimension, -1 ignored, scaled by the pass's count */
             double sum = 0.0;
-            if (y->ndim != 2)
+            const int32_t *lab = labels + pp->mb_first[j] * pp->positions;
+            float scale = pp->counted > 0 ? 1.0f / (float)pp->counted : 0.0f;
+            if (y->ndim != 2 && y->ndim != 3)
                 return pdp__err(PDP_ERR_SHAPE, "%s: the last stage's output has %d dimensions; "
-                                "cross-entropy needs [batch, classes]", fn, y->ndim);
-            if ((st = pdp__cross_entropy_on(m->device, y->data, labels + pp->mb_first[j], n,
-                                            y->shape[1], 1.0f / (float)total, &sum, m->grad_a,
-                                            fn)) != PDP_OK)
-                return st;
+                                "cross-entropy needs [batch, classes] or [batch, T, vocab]", fn,
+                                y->ndim);
+            st = m->device.kind == PDP_DEVICE_CPU
+                     ? pdp__cross_entropy_rows(y->data, lab, n * pp->positions,
+                                               y->shape[y->ndim - 1], scale, &sum, m->grad_a, fn)
+                     : pdp__cross_entropy_on(m->device, y->data, lab, n * pp->positions,
+                                             y->shape[y->ndim - 1], scale, &sum, m->grad_a, fn);
+            if (st != PDP_OK) return st;
             *loss_sum += sum;
         }
     } else {
@@ -624,6 +714,34 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
         pdp__pp_start(pp->send_bwd[j % 2]);
     }
     return PDP_OK;
+}
+
+/* A weight tied across two stages (a GPT's wte: the embedding's on stage 0, the head's copy
+   on the last): each stage sends its gradient of it to the other and adds the one it
+   receives, a + b on one side and b + a on the other, the same bits, so the two copies get
+   the same update and stay equal (Megatron's all-reduce over the embedding group). */
+PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp)
+{
+    pdp_model *m = pp->m;
+    const pdp__param_entry *e;
+    pdp_work *sw = NULL, *rw = NULL;
+    float *g;
+    pdp_status st;
+    if (pp->tied_param < 0) return PDP_OK;
+    e = &m->params[pp->tied_param];
+    g = m->grad_block + e->offset;
+    if ((st = pdp_comm_recv(pp->c, pp->tied_buf, e->count, pp->tied_peer,
+                            pdp__pp_tag(pp->mb, 0), &rw)) != PDP_OK)
+        return st;
+    if ((st = pdp_comm_send(pp->c, g, e->count, pp->tied_peer, pdp__pp_tag(pp->mb, 0), &sw)) !=
+        PDP_OK) {
+        pdp_work_wait(rw);
+        return st;
+    }
+    st = pdp__pp_wait(&sw);
+    if (pdp__pp_wait(&rw) != PDP_OK && st == PDP_OK) st = PDP_ERR_COMM;
+    if (st != PDP_OK) return st;
+    return pdp__dev_add(m->device, g, pp->tied_buf, e->count);
 }
 
 /* Micro-batch sizes of a batch of rows rows (the first rows % m one larger). */
@@ -671,6 +789,16 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
     }
     if (pdp__pp_cut(pp, rows) != PDP_OK)
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    pp->counted = rows * pp->positions;
+    if (last && labels && !pp->desc.loss &&
+        (st = pdp__cross_entropy_count(labels, rows * pp->positions,
+                                       pp->m->layers[pp->m->nlayers - 1].out_shape[
+                                           pp->m->layers[pp->m->nlayers - 1].out_ndim - 1],
+                                       &pp->counted, fn)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
+    if (last && pp->m->device.kind != PDP_DEVICE_CPU && pp->counted != rows * pp->positions)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: ignored labels (-1) on CUDA are not supported "
+                        "yet", fn);
     if ((st = pdp__pp_reserve(pp, pp->mb_rows[0])) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: buffers for %lld rows", fn, pp->c->rank,
                              (long long)pp->mb_rows[0]);
@@ -726,6 +854,9 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
     if ((st = pdp_comm_barrier(pp->c, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: the closing barrier", fn, pp->c->rank);
     t1 = pdp__now();
+    if ((st = pdp__pp_sum_tied(pp)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (stage %d): the tied weight's gradients", fn,
+                             pp->c->rank, pp->stage);
     if (pp->dp && pp->m->param_count &&
         (st = pdp_comm_allreduce(pp->dp, pp->m->grad_block, pp->m->param_count, PDP_REDUCE_AVG,
                                  &pp->dp_work)) != PDP_OK)
@@ -747,7 +878,7 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
     pp->stats.bytes_sent = c1.bytes_sent - c0.bytes_sent;
     pp->stats.total_step_s += t1 - t0;
     pp->stats.total_compute_s += busy;
-    if (last) *loss = (float)(loss_sum / (double)rows);
+    if (last) *loss = pp->counted > 0 ? (float)(loss_sum / (double)pp->counted) : 0.0f;
     return PDP_OK;
 }
 
@@ -782,7 +913,11 @@ PDP_API pdp_status pdp_pp_clip_grad_norm(pdp_pp *pp, float max_norm, float *tota
     if ((st = pdp__check_max_norm(max_norm, who)) != PDP_OK) return st;
     m = pp->m;
     if ((st = pdp_pp_finish(pp)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
-    if ((st = pdp__grad_sumsq(m, m->grad_block, m->param_count, &mine, fn)) != PDP_OK)
+    /* a weight tied across stages counts once: on the stage that owns it (its copy is the
+       other stage's last parameter) */
+    if ((st = pdp__grad_sumsq(m, m->grad_block, pp->tied_copy ? m->params[m->nparams - 1].offset
+                                                              : m->param_count,
+                              &mine, fn)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
     memcpy(pp->norm_host, &mine, sizeof mine);
     gathered = (size_t)(2 * pp->p) * sizeof(float);

@@ -24,6 +24,15 @@
        split as rank 0. Parameter counts can leave a stage nearly idle (the first
        Linear of the MLP 784-512-512-10 holds 60% of its parameters but 50% of its
        estimated work), and its bubble then exceeds the formula below: balance by work;
+     - a GPT (gpt.h) is cut between blocks' residual regions only (a stage never starts
+       inside a region: the skip stays on one stage; a first_layer that cuts one fails
+       naming it): the embedding on stage 0, the final LayerNorm, head and loss on the
+       last, labels one a position (-1 ignored, the loss the mean over the batch's
+       labels that count). The head's weight is the embedding's (tied): the last stage
+       holds a copy of it, and after each pass the two stages exchange their gradients
+       of it and add (Megatron's embedding group), so both copies take the same step;
+       pdp_pp_clip_grad_norm counts it once. An attention's dropout, drawn again in
+       backward, uses its micro-batch's keys;
      - a schedule is an explicit list of actions (F j: forward of micro-batch j,
        B j: its backward) per stage, printed by pdp_pp_schedule_str:
          GPipe  all forwards, then all backwards: F0 F1 .. F(m-1) B0 .. B(m-1);

@@ -63,9 +63,11 @@ PDP_API pdp_status pdp_model_add_tp_copy(pdp_model *m)
     return pdp__tp_add(m, pdp__layer_of(PDP__TP_COPY), "pdp_model_add_tp_copy");
 }
 
-PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t out_features)
+/* A ColumnParallelLinear whose output is parts blocks split alike (3: q | k | v, each
+   split by heads: pdp_gpt_create's c_attn). */
+PDP__PRIVATE pdp_status pdp__tp_add_column(pdp_model *m, int64_t out_features, int parts,
+                                           const char *fn)
 {
-    static const char *fn = "pdp_model_add_column_parallel_linear";
     pdp__layer l = pdp__layer_of(PDP__COLUMN_PARALLEL_LINEAR);
     pdp_status st;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
@@ -76,8 +78,32 @@ PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t ou
                         "not %s", fn, m->nlayers,
                         m->nlayers ? pdp_model_layer_name(m, m->nlayers - 1) : "the input");
     l.tp_full = out_features;
+    l.tp_parts = parts;
     l.tp_skip_dx = m->nlayers == 1;
     return pdp__tp_add(m, l, fn);
+}
+
+PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t out_features)
+{
+    return pdp__tp_add_column(m, out_features, 1, "pdp_model_add_column_parallel_linear");
+}
+
+/* A CausalSelfAttention after a ColumnParallelLinear split by heads (q | k | v in three
+   parts): the attention of this rank's heads, heads / TP size of them from head
+   rank x heads / size (its dropout masks keyed by the global head, as on one device).
+   heads must divide by the TP size. */
+PDP__PRIVATE pdp_status pdp__tp_headwise(const pdp_model *m, pdp__layer *l, const char *fn)
+{
+    const pdp__layer *prev = m->nlayers ? &m->layers[m->nlayers - 1] : NULL;
+    if (!prev || prev->tp_parts != 3 || !m->tp.comm) return PDP_OK; /* not on a TP shard */
+    if (l->heads % m->tp.size != 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: %lld heads do not divide by the TP size %d: a rank "
+                        "holds whole heads", fn, (long long)l->heads, m->tp.size);
+    l->tp_full = l->heads;
+    l->heads /= m->tp.size;
+    l->tp_lo = (int64_t)m->tp.rank * l->heads;
+    l->tp = (pdp__tp_state *)&m->tp;
+    return PDP_OK;
 }
 
 PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_features)
@@ -90,17 +116,27 @@ PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_f
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
         return st; /* before the order checks: a wrapped model takes no layer at all */
-    for (i = m->nlayers - 1; i >= 0; i--) { /* back over the element-wise kinds (the table's) */
-        if (m->layers[i].kind == PDP__COLUMN_PARALLEL_LINEAR) break;
-        if (!(pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_ELEMENTWISE)) i = 0;
+    for (i = m->nlayers - 1; i >= 0; i--) { /* back over the element-wise kinds (the table's),
+                                               or an attention of this rank's heads */
+        const pdp__layer *k = &m->layers[i];
+        if (k->kind == PDP__COLUMN_PARALLEL_LINEAR) break;
+        if (!(pdp__layer_kind_of(k->kind)->flags & PDP__LAYER_ELEMENTWISE) &&
+            !((pdp__layer_kind_of(k->kind)->flags & PDP__LAYER_HEADWISE) && k->tp))
+            i = 0;
     }
     if (i < 0 || m->layers[i].kind != PDP__COLUMN_PARALLEL_LINEAR)
         return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow a ColumnParallelLinear with only "
-                        "element-wise activations (%s) between", fn, m->nlayers,
+                        "element-wise activations (%s) between, or an attention split by heads",
+                        fn, m->nlayers,
                         pdp__layer_kinds_with(PDP__LAYER_ELEMENTWISE, names, sizeof names));
     l.out_features = out_features;
-    l.tp_full = m->layers[i].tp_full;
-    l.tp_lo = m->layers[i].tp_lo;
+    if (m->layers[i].tp_parts == 3) { /* the heads' outputs, q | k | v gone: C wide */
+        l.tp_full = m->layers[i].tp_full / 3;
+        l.tp_lo = m->layers[i].tp_lo;
+    } else {
+        l.tp_full = m->layers[i].tp_full;
+        l.tp_lo = m->layers[i].tp_lo;
+    }
     return pdp__tp_add(m, l, fn);
 }
 
@@ -140,24 +176,41 @@ PDP__PRIVATE pdp_status pdp__tp_full_model(const pdp_model *m, pdp_model **out, 
     pdp_model *full = NULL;
     pdp_status st;
     int i;
+    int *at = NULL; /* layer i of m is layer at[i] of full */
     memset(&md, 0, sizeof md);
     md.input_ndim = m->in_ndim;
     memcpy(md.input_shape, m->in_shape, sizeof md.input_shape);
     md.seed = m->seed;
     md.device = m->device;
+    md.input_dtype = m->in_dtype;
     if ((st = pdp_model_create(&full, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if (!(at = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof *at))) {
+        pdp_model_free(full);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    }
     for (i = 0; i < m->nlayers; i++) {
         pdp__layer l = m->layers[i];
-        if (pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_UNNUMBERED) continue;
+        at[i] = full->nlayers;
+        if (pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_COLLECTIVE)
+            continue; /* f and g */
         if (l.kind == PDP__COLUMN_PARALLEL_LINEAR) l.out_features = l.tp_full;
         if (l.kind == PDP__COLUMN_PARALLEL_LINEAR || l.kind == PDP__ROW_PARALLEL_LINEAR)
             l.kind = PDP__LINEAR;
+        if ((pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_HEADWISE) && l.tp)
+            l.heads = l.tp_full; /* every head */
+        if (pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_SKIP)
+            l.residual_from = at[l.residual_from];
         l.tp = NULL;
+        l.tp_parts = 0;
         if ((st = pdp__model_add(full, l, fn)) != PDP_OK) {
+            pdp__dealloc(at);
             pdp_model_free(full);
             return st;
         }
     }
+    pdp__dealloc(at);
+    for (i = 0; i < m->nparams; i++) /* a builder's names (pdp_gpt_create's) */
+        snprintf(full->params[i].name, sizeof full->params[i].name, "%s", m->params[i].name);
     full->step = m->step;
     *out = full;
     return PDP_OK;
@@ -172,18 +225,26 @@ PDP__PRIVATE pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, fl
     const pdp__param_entry *e = &m->params[p];
     const pdp__layer *l = &m->layers[e->layer];
     bool weight = p == l->param_first;
-    int64_t rows = 1, len = e->count, fstride = 0, foff = 0, i;
+    int64_t rows = 1, len = e->count, fstride = 0, lstride = 0, foff = 0, i;
+    int64_t in = l->in_shape[l->in_ndim - 1]; /* a position's features */
     pdp_status st;
-    if (l->kind == PDP__COLUMN_PARALLEL_LINEAR) {     /* rows [lo, lo + n) of [H, in], b[lo..] */
-        foff = l->tp_lo * (weight ? l->in_count : 1);
+    if (l->kind == PDP__COLUMN_PARALLEL_LINEAR) { /* rows [lo, lo + n) of each part of [H, in],
+                                                     b[lo..] of each part */
+        int64_t parts = l->tp_parts > 1 ? l->tp_parts : 1, row = weight ? in : 1;
+        rows = parts;
+        len = e->count / parts;
+        fstride = l->tp_full / parts * row;
+        lstride = len;
+        foff = l->tp_lo * row;
     } else if (l->kind == PDP__ROW_PARALLEL_LINEAR && weight) { /* columns of [d, H] */
         rows = l->out_features;
-        len = l->in_count;
+        len = in;
         fstride = l->tp_full;
+        lstride = len;
         foff = l->tp_lo;
     }
     for (i = 0; i < rows; i++) {
-        float *f = full + foff + i * fstride, *s = local + i * len;
+        float *f = full + foff + i * fstride, *s = local + i * lstride;
         size_t bytes = (size_t)len * sizeof(float);
         st = to_full ? pdp__dev_copy(d, f, d, s, bytes) : pdp__dev_copy(d, s, d, f, bytes);
         if (st != PDP_OK) return st;
@@ -222,7 +283,7 @@ PDP__PRIVATE bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s)
         if (!pdp__tp_kind(l->kind) || k-- > 0) continue;
         s->layer = i;
         s->kind = (int64_t)l->kind;
-        s->in = l->kind == PDP__ROW_PARALLEL_LINEAR ? l->tp_full : l->in_count;
+        s->in = l->kind == PDP__ROW_PARALLEL_LINEAR ? l->tp_full : l->in_shape[l->in_ndim - 1];
         s->out = l->kind == PDP__COLUMN_PARALLEL_LINEAR ? l->tp_full
                  : l->kind == PDP__ROW_PARALLEL_LINEAR  ? l->out_features
                                                         : l->in_count;

@@ -18,6 +18,13 @@
        g       ReduceFromModelParallelRegion  forward: all-reduce (sum) of the partial sums
                                               backward: identity
 
+   A GPT's attention block (pdp_gpt_create with desc.tp, gpt.h) is the same five steps
+   with the attention in the middle: f, c_attn column-parallel in three parts (q, k and v
+   each split by heads, so a rank holds the q, k and v of its heads), the attention of
+   those heads (CausalSelfAttention on the shard: heads / N of them; its dropout keyed by
+   the global head), attn.c_proj row-parallel over the heads' outputs, g. Samples may be
+   [T, C]: the split Linears act on every position, as Linear does.
+
    f and g are conjugate: each is the other's transpose. After g every rank holds the
    same output bits (the communicator reduces in a fixed order), so the layers after the
    block, the loss and the output gradient are replicated, and so is b2's gradient. Per
@@ -83,8 +90,12 @@
    The full-tensor checkpoints gather and scatter on the GPU (the staging model lives
    on the model's device).
 
+   Random masks: a Dropout or an attention's dropout is keyed by its layer's place in the
+   model without f and g, so a TP model draws the single-device model's masks (dropout
+   after g, and attention dropout by global head, train as one device does).
+
    Limits: the TP kinds run on the CPU and on CUDA (f and g are the communicator's
-   all-reduce on the device's buffers); no Dropout inside the block (its masks are
+   all-reduce on the device's buffers); no Dropout inside an MLP block (its masks are
    keyed by the element's index in the slice); a DP replica (dp.c) of a TP model is not
    supported. */
 

@@ -16,6 +16,19 @@
    unit being computed). Nothing is allocated after construction: the buffers
    are fixed, the handles come from the backends' pools.
 
+   Tied parameters (a GPT's head uses the Embedding's wte: model.c's PDP__LAYER_TIED).
+   A tied layer computes with its owner's unit: unit_of_layer maps it there, and the
+   model's events fire for it as for a layer of that unit, so stage 3 gathers the unit
+   for it in forward and in backward (again, if the unit left its gather slot since),
+   and stages 2-3 give the unit its gradient buffer at the tied layer's backward. A
+   unit that a tied layer's backward reaches before its own layers' ("pinned": the
+   head's contribution comes first, the embedding's last) keeps that buffer until the
+   unit's reduce-scatter, which the reducer launches only once every parameter of the
+   unit reported, after the owner's backward (model.c fires the grad hook for a
+   parameter after its own layer only): the two contributions are summed in the
+   buffer and reduced once. So a pinned unit owns a buffer of its own (the last ones)
+   and the other units share the rest round-robin (gslot).
+
    Devices. Every buffer lives on the model's device and is moved with
    cuda_host.c's pdp__dev_* helpers (memcpy, memset and += on the CPU; copies and
    kernels on a CUDA device's compute stream), so one code path serves CPU models
@@ -54,7 +67,13 @@ struct pdp_zero {
     pdp_comm *c;
     int stage, rank, size, nunits;
     pdp__zero_unit *units;
-    int *unit_of_layer;  /* -1 for layers without parameters */
+    int *unit_of_layer;  /* the unit whose parameters layer l computes with (a tied layer:
+                            its owner's); -1 for layers without parameters */
+    int *next_fwd, *next_bwd; /* per layer: the next other unit forward (backward) needs
+                                 after it, -1 for none (stage 3's prefetch) */
+    int *gslot;          /* stages 2-3: per unit, its gradient bucket buffer */
+    int64_t pinned_s;    /* slice floats per rank of the pinned units (pdp__zero_pinned):
+                            stage 3's byte formula */
     int64_t shard_count, padded_count, smax;
     float *grad_all;     /* stage 1: every unit's padded gradient buffer */
     float *grad_shard;   /* stages 2-3 */
@@ -129,11 +148,11 @@ PDP__PRIVATE void pdp__zero_bucket_done(pdp__reducer *r, int b)
     k->gbuf = NULL;
 }
 
-/* Gives unit u a zeroed bucket buffer, waiting for the reduce-scatter of the unit
-   that held it (bucket_done then frees it). */
+/* Gives unit u a zeroed bucket buffer (gslot[u]), waiting for the reduce-scatter of the
+   unit that held it (bucket_done then frees it). */
 PDP__PRIVATE pdp_status pdp__zero_take_gbuf(pdp_zero *z, int u)
 {
-    int slot = u % z->desc.grad_buffers, v = z->gbuf_unit[slot];
+    int slot = z->gslot[u], v = z->gbuf_unit[slot];
     pdp__zero_unit *k = &z->units[u];
     pdp_status st;
     char name[96];
@@ -177,8 +196,8 @@ PDP__PRIVATE pdp_status pdp__zero_reduce(pdp__reducer *r, int b, pdp_work **w)
 
 /* A comm hook's scratch: stage 1 one piece per unit (every unit's buffer may be in
    flight at once), laid out as grad_all; stages 2-3 one piece per bucket buffer
-   (unit u uses piece u mod grad_buffers, as its bucket buffer: the unit that held it
-   was waited, and its hook finished, before u's backward began). */
+   (unit u uses piece gslot[u], as its bucket buffer: the unit that held it was
+   waited, and its hook finished, before u's backward began). */
 PDP_API pdp_status pdp_zero_register_comm_hook(pdp_zero *z, const pdp_ddp_comm_hook *hook)
 {
     static const char *fn = "pdp_zero_register_comm_hook";
@@ -189,7 +208,7 @@ PDP_API pdp_status pdp_zero_register_comm_hook(pdp_zero *z, const pdp_ddp_comm_h
     off = (int64_t *)pdp__calloc((size_t)PDP__MAX(1, z->nunits) * sizeof *off);
     if (!off) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d units", fn, z->nunits);
     for (b = z->nunits - 1; b >= 0; b--) {
-        off[b] = z->stage == 1 ? base : (int64_t)(b % z->desc.grad_buffers) * z->size * z->smax;
+        off[b] = z->stage == 1 ? base : (int64_t)z->gslot[b] * z->size * z->smax;
         base += (int64_t)z->size * z->units[b].s;
     }
     total = z->stage == 1 ? z->padded_count : (int64_t)z->desc.grad_buffers * z->size * z->smax;
@@ -303,7 +322,7 @@ PDP__PRIVATE pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_eve
     (void)m;
     switch (ev) {
     case PDP__EV_FORWARD_LAYER: /* forward runs the units from the last index down */
-        return z->stage == 3 ? pdp__zero_need(z, u, u - 1) : PDP_OK;
+        return z->stage == 3 ? pdp__zero_need(z, u, z->next_fwd[layer]) : PDP_OK;
     case PDP__EV_BACKWARD_BEGIN:
         z->passes++;
         if (z->stage >= 2)
@@ -313,10 +332,10 @@ PDP__PRIVATE pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_eve
                     z->gbuf_unit[i] = -1;
                 }
         return z->stage == 3 ? pdp__zero_release_params(z) : PDP_OK;
-    case PDP__EV_BACKWARD_LAYER: /* backward runs them from 0 up */
+    case PDP__EV_BACKWARD_LAYER: /* backward runs them from 0 up (a tied head first) */
         if (z->stage >= 2 && !z->units[u].gbuf && (st = pdp__zero_take_gbuf(z, u)) != PDP_OK)
             return st;
-        return z->stage == 3 ? pdp__zero_need(z, u, u + 1) : PDP_OK;
+        return z->stage == 3 ? pdp__zero_need(z, u, z->next_bwd[layer]) : PDP_OK;
     case PDP__EV_BACKWARD_END:
         /* stages 2-3 under no_sync: reduce now, into the shard (no full gradient to
            accumulate in); a failure is reported by the next finish */
@@ -378,6 +397,9 @@ PDP_API void pdp_zero_free(pdp_zero *z)
     pdp__dev_free(z->dev, z->dscalar);
     pdp__dealloc(z->units);
     pdp__dealloc(z->unit_of_layer);
+    pdp__dealloc(z->next_fwd);
+    pdp__dealloc(z->next_bwd);
+    pdp__dealloc(z->gslot);
     pdp__dealloc(z->layer_w);
     pdp__dealloc(z->layer_dw);
     if (m) pdp__model_unwrap(m); /* the caller's again (views off) */
@@ -468,6 +490,77 @@ PDP_API pdp_zero_desc pdp_zero_get_desc(const pdp_zero *z)
     return d;
 }
 
+/* The pinned units of the units the reducer's walk planned (the header's "Tied
+   parameters"): the unit of a tied layer's parameter when the tied layer comes after
+   all of the unit's own layers, so backward reaches the unit first at the tied layer;
+   none with one unit (no other unit wants a buffer). Sets mark[u] (zeroed by the caller)
+   to 1 for each and *tied_at to the last such tied layer; returns how many. The
+   executor and pdp_zero_memory_plan count them alike. */
+PDP__PRIVATE int pdp__zero_pinned(const pdp_model *m, const pdp__red_bucket *units, int nunits,
+                                  int *mark, int *tied_at)
+{
+    int l, b, count = 0;
+    if (nunits < 2) return 0;
+    for (l = 0; l < m->nlayers; l++) {
+        const pdp__layer *ly = &m->layers[l];
+        if (!(pdp__layer_kind_of(ly->kind)->flags & PDP__LAYER_TIED)) continue;
+        for (b = 0; ly->tied_param < units[b].info.first_param ||
+                    ly->tied_param > units[b].info.last_param; b++) {}
+        if (l > m->params[units[b].info.last_param].layer) {
+            count += !mark[b];
+            mark[b] = 1;
+            *tied_at = l;
+        }
+    }
+    return count;
+}
+
+/* The units' layers, once the units are planned: a tied layer computes with its owner's
+   unit; each layer's next other unit in forward and backward order (stage 3 prefetches
+   it); the pinned units and every unit's gradient buffer: the pinned ones the last
+   buffers, one each, the others the rest round-robin. grad_buffers (asked: the desc's,
+   0 for the default) must leave the others one: PDP_ERR_INVALID naming the tied layer
+   otherwise; the default grows to what is needed. */
+PDP__PRIVATE pdp_status pdp__zero_plan_layers(pdp_zero *z, int asked, const char *fn)
+{
+    const pdp_model *m = z->m;
+    int l, u, a, b, g, need, rest, pinned, tied_at = -1;
+    for (l = 0; l < m->nlayers; l++)
+        if (pdp__layer_kind_of(m->layers[l].kind)->flags & PDP__LAYER_TIED)
+            z->unit_of_layer[l] = z->unit_of_layer[m->params[m->layers[l].tied_param].layer];
+    pinned = pdp__zero_pinned(m, z->r.buckets, z->nunits, z->gslot, &tied_at);
+    for (u = 0; u < z->nunits; u++)
+        if (z->gslot[u]) z->pinned_s += z->units[u].s;
+    for (a = b = -1, l = m->nlayers - 1; l >= 0; l--) { /* a: the nearest later unit, b: */
+        u = z->unit_of_layer[l];                          /* the nearest later one not a */
+        z->next_fwd[l] = u < 0 ? -1 : a != u ? a : b;
+        if (u >= 0 && u != a) b = a, a = u;
+    }
+    for (a = b = -1, l = 0; l < m->nlayers; l++) {
+        u = z->unit_of_layer[l];
+        z->next_bwd[l] = u < 0 ? -1 : a != u ? a : b;
+        if (u >= 0 && u != a) b = a, a = u;
+    }
+    if (z->stage == 1) return PDP_OK;
+    g = z->desc.grad_buffers;
+    need = pinned + (pinned < z->nunits);
+    if (g < need) {
+        if (asked) {
+            const pdp__param_entry *e = &m->params[m->layers[tied_at].tied_param];
+            return pdp__err(PDP_ERR_INVALID, "%s: grad_buffers %d: layer %d (%s) adds to the "
+                            "gradient of '%s' before layer %d (%s) does, so its unit keeps a "
+                            "buffer through the backward and the other units need one more: "
+                            "at least %d", fn, asked, tied_at,
+                            pdp__layer_kind_name(m->layers[tied_at].kind), e->name, e->layer,
+                            pdp__layer_kind_name(m->layers[e->layer].kind), need);
+        }
+        z->desc.grad_buffers = g = need;
+    }
+    for (rest = g - pinned, b = 0, u = 0; u < z->nunits; u++) /* gslot holds the marks */
+        z->gslot[u] = z->gslot[u] ? rest + b++ : u % rest;
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
                                    const pdp_zero_desc *desc)
 {
@@ -527,7 +620,12 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     z->unit_of_layer = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(int));
     z->layer_w = (float **)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(float *));
     z->layer_dw = (float **)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(float *));
-    if (!z->units || !z->unit_of_layer || !z->layer_w || !z->layer_dw) goto oom;
+    z->next_fwd = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(int));
+    z->next_bwd = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(int));
+    z->gslot = (int *)pdp__calloc((size_t)PDP__MAX(1, z->nunits) * sizeof(int));
+    if (!z->units || !z->unit_of_layer || !z->layer_w || !z->layer_dw || !z->next_fwd ||
+        !z->next_bwd || !z->gslot)
+        goto oom;
     for (l = 0; l < m->nlayers; l++) z->unit_of_layer[l] = -1;
     acc = 0;
     for (b = z->nunits - 1; b >= 0; b--) {
@@ -547,6 +645,7 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     }
     z->shard_count = acc;
     z->padded_count = acc * n;
+    if ((st = pdp__zero_plan_layers(z, desc ? desc->grad_buffers : 0, fn)) != PDP_OK) goto fail;
     /* the shards first, then the model's blocks go, then the working buffers */
     z->sharded = true;
     if (z->stage == 1) {
@@ -758,10 +857,12 @@ PDP__PRIVATE pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const cha
    one reduce-scatter or all-gather of every unit (S = shard_count: the bytes the
    backends count for a collective of S floats per rank); stage 3's later
    forwards skip the units the backward before them left gathered, the last
-   param_buffers units of backward (the highest indices). */
+   param_buffers units of backward (the highest indices), and with more units than
+   param_buffers a pinned unit (a tied head's) has left its slot before its tied
+   layer's forward and before its own layers' backward: two more gathers per pass. */
 PDP__PRIVATE void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats *st)
 {
-    int64_t v = 4 * (int64_t)(z->size - 1) * z->shard_count, kept = 0, scalar;
+    int64_t v = 4 * (int64_t)(z->size - 1) * z->shard_count, kept = 0, scalar, tied = 0;
     int u, n = z->size;
     k = PDP__MAX(1, k);
     scalar = z->r.desc.batch_mean == PDP_BATCH_MEAN_GLOBAL /* one float, as comm.c counts it */
@@ -778,10 +879,17 @@ PDP__PRIVATE void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats
     } else {
         for (u = PDP__MAX(0, z->nunits - z->desc.param_buffers); u < z->nunits; u++)
             kept += z->units[u].s; /* floats per rank of the units kept gathered */
-        st->formula_bytes = 3 * k * v - (k - 1) * 4 * (int64_t)(n - 1) * kept + scalar;
+        if (z->nunits > z->desc.param_buffers) tied = z->pinned_s;
+        st->formula_bytes = 3 * k * v - (k - 1) * 4 * (int64_t)(n - 1) * kept +
+                            2 * k * 4 * (int64_t)(n - 1) * tied + scalar;
         snprintf(st->formula, sizeof st->formula, "3k (N-1)/N x 4 Psi_pad - (k - 1) (N-1)/N "
                  "x 4 Psi_kept, k = %lld, N = %d, Psi_kept %lld of %lld", (long long)k, n,
                  (long long)(kept * n), (long long)z->padded_count);
+        if (tied) {
+            size_t len = strlen(st->formula);
+            snprintf(st->formula + len, sizeof st->formula - len, " + 2k (N-1)/N x 4 x %lld "
+                     "(tied)", (long long)(tied * n));
+        }
     }
     if (scalar) {
         size_t len = strlen(st->formula);
@@ -899,11 +1007,17 @@ PDP__PRIVATE pdp_status pdp__zero_plan(const pdp_model *m, int n, const pdp_zero
                                        int nstate, pdp_zero_memory *out, const char *fn)
 {
     pdp__red_bucket *units;
-    int nunits, b, s, g, pb;
+    int nunits, b, s, g, pb, pinned, tied_at;
+    int *mark;
     int64_t smax = 0, shard = 0, psi = m->param_count;
     double k = 4.0 * nstate, kp = 4.0 + k, dpsi = (double)psi;
     units = (pdp__red_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *units);
-    if (!units) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    mark = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *mark);
+    if (!units || !mark) {
+        pdp__dealloc(units);
+        pdp__dealloc(mark);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    }
     nunits = pdp__reducer_walk(m, d->bucket_cap_mb * 1048576.0, d->first_bucket_mb * 1048576.0,
                                true, units, NULL);
     for (b = 0; b < nunits; b++) {
@@ -911,8 +1025,11 @@ PDP__PRIVATE pdp_status pdp__zero_plan(const pdp_model *m, int n, const pdp_zero
         shard += su;
         smax = PDP__MAX(smax, su);
     }
-    pdp__dealloc(units);
     g = PDP__MIN(d->grad_buffers ? d->grad_buffers : 2, PDP__MAX(1, nunits));
+    pinned = pdp__zero_pinned(m, units, nunits, mark, &tied_at);
+    g = PDP__MAX(g, pinned + (pinned < nunits)); /* as pdp__zero_plan_layers */
+    pdp__dealloc(units);
+    pdp__dealloc(mark);
     pb = d->param_buffers ? d->param_buffers : 2;
     out->world_size = n;
     out->param_count = psi;

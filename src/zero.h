@@ -87,7 +87,9 @@
               last param_buffers units of backward (the first of forward),
               V_kept = (N-1)/N x 4 x their padded floats (all of Psi_pad when
               there are no more units than param_buffers: then (2k + 1) V).
-              k = 1: 3 V, 1.5x DDP.
+              k = 1: 3 V, 1.5x DDP. A tied head (below) with more units than
+              param_buffers adds 2k (N-1)/N x 4 Psi_T (its unit gathered again
+              for the head in forward and in backward).
    With batch_mean PDP_BATCH_MEAN_GLOBAL each backward adds its one-float
    all-reduce of the batch sizes (2 (N-1)/N x 4 bytes, rounded down, per pass).
    pdp_zero_get_stats gives k, the bytes sent and this formula (its value and its
@@ -103,6 +105,19 @@
    bytes_sent and in the formula) and weighs this rank's loss gradient by
    N n_r / T, so every stage equals one device on the concatenated shards,
    accumulation included (each backward weighted by its own global batch).
+
+   Tied parameters (a GPT's head, pdp_model_add_tied_linear, uses the Embedding's
+   transformer.wte.weight): the parameter lies in its owner's unit, T, and the head
+   computes with that unit. Stage 3 gathers T for the head's forward and its backward
+   as for a layer of T (when more units than param_buffers have pushed T out of its
+   slot since its own layers ran, that is a gather more each: Psi_T above). Backward
+   meets the head first and the embedding last: at every stage the head's gradient
+   and the embedding rows' are summed in T's one gradient buffer, and T's one
+   reduce-scatter starts only after the embedding's backward (the parameter reports
+   its gradient after its own layer only), as DDP's bucket of it starts once, then.
+   At stages 2-3 T keeps its buffer through the backward, so T has one of its own
+   (the last) and the other units share the rest: grad_buffers must be 2 or more when
+   there are 2 units or more (the default is).
 
    Every backward of the wrapped model synchronises, whatever the loss
    (pdp_zero_forward_backward, or pdp_zero_forward + own loss +
@@ -157,7 +172,9 @@ typedef struct pdp_zero_desc {
     double bucket_cap_mb;    /* unit size in MiB; default 25 */
     double first_bucket_mb;  /* the first unit (the last layers); default min(1, cap) */
     int grad_buffers;        /* stages 2-3: gradient bucket buffers, 1..U; default
-                                min(2, U) */
+                                min(2, U); a tied head's unit holds one through the
+                                backward, so then 2..U (PDP_ERR_INVALID naming the
+                                layer otherwise) */
     int param_buffers;       /* stage 3: gathered parameter buffers, 2..max(2, U);
                                 default 2 */
     bool no_prefetch;        /* stage 3: gather each unit only when it is needed (for

@@ -253,6 +253,10 @@ typedef enum pdp__layer_kind {
 typedef struct pdp__layer {
     pdp__layer_kind kind;
     int index;                           /* position in the model ("3" of "3.weight") */
+    int mask_index;                      /* what keys its random masks (Dropout, attention
+                                            dropout): its place among the layers that are not
+                                            TP's f and g, so a TP model draws the single-device
+                                            model's masks; index on a model without TP */
     int in_ndim, out_ndim;               /* per-sample shapes: (F) or (C, H, W) */
     int64_t in_shape[3], out_shape[3];
     int64_t in_count, out_count;         /* per-sample element counts */
@@ -267,6 +271,8 @@ typedef struct pdp__layer {
     int64_t vocab, context;              /* Embedding: token ids [0, vocab), positions table
                                             rows */
     int64_t heads;                       /* CausalSelfAttention */
+    int recompute;                       /* the model's recomputation is selective (set at
+                                            the add): a CausalSelfAttention keeps no att */
     int residual_from;                   /* ResidualAdd: the index of its region's Residual */
     int tied_param;                      /* TiedLinear: the registry index of its weight (a
                                             parameter another layer owns) */
@@ -275,7 +281,13 @@ typedef struct pdp__layer {
     int64_t work_per_sample;             /* floats of temporary workspace */
     struct pdp__tp_state *tp;            /* TP kinds: the model's TP state (tp.c); else NULL */
     int64_t tp_lo, tp_full;              /* TP Linears: this rank holds [tp_lo, tp_lo + local)
-                                            of the split dimension, tp_full wide */
+                                            of the split dimension, tp_full wide (of each
+                                            part); a CausalSelfAttention on a TP shard: its
+                                            first head and the full head count */
+    int64_t tp_parts;                    /* ColumnParallelLinear: the output is tp_parts
+                                            blocks split alike (3: a GPT's q | k | v, so a
+                                            rank holds q, k and v of its heads); 0 or 1:
+                                            one */
     bool tp_skip_dx;                     /* ColumnParallelLinear after an f that is layer 0: no
                                             input gradient is needed */
 } pdp__layer;
@@ -351,6 +363,9 @@ typedef struct pdp__param_shapes {
                                  io->dskip): a Residual or its ResidualAdd */
 #define PDP__LAYER_TIED 2048u /* its weight is another layer's parameter (l->tied_param: a
                                  GPT's head tied to the token embedding); it owns none */
+#define PDP__LAYER_HEADWISE 4096u /* acts on each attention head's q, k, v alone: after a
+                                     ColumnParallelLinear split by heads (tp_parts 3) it is
+                                     the attention of this rank's heads (tp.c) */
 #define PDP__LAYER_FUSABLE_POOL 128u /* a max pool (kernel, stride) that a
                                         PDP__LAYER_FUSES_POOL kind applies after its fused
                                         ReLU when it is 2x2 stride 2 over an even H and W */
@@ -447,9 +462,10 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
 #endif
 /* The executor seam (DDP, ZeRO): events of a pass, and where a layer's parameters
    and gradients live. The event function (NULL: off) is called before the forward
-   of each layer with parameters (FORWARD_LAYER), when pdp_model_backward starts
-   (BACKWARD_BEGIN: a failure refuses the backward, its message stands), before the
-   backward of each layer with parameters (BACKWARD_LAYER), and after the last layer
+   of each layer with parameters, its own or another layer's (PDP__LAYER_TIED)
+   (FORWARD_LAYER), when pdp_model_backward starts (BACKWARD_BEGIN: a failure refuses
+   the backward, its message stands), before the backward of each such layer
+   (BACKWARD_LAYER), and after the last layer
    or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
 typedef enum pdp__model_event {
     PDP__EV_FORWARD_LAYER,
@@ -485,6 +501,7 @@ struct pdp_model {
     int in_ndim;
     int64_t in_shape[3], in_count;
     pdp_dtype in_dtype;      /* float32, or int32 token ids for an Embedding first */
+    pdp_recompute recompute; /* activation recomputation (pdp_model_desc.recompute) */
     int open_residual;       /* the Residual of a region not yet closed; -1: none */
     pdp__layer *layers;
     int nlayers, cap_layers;
@@ -554,7 +571,10 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
                                          pdp_model **out);
 /* Pipeline stages (model.c, for pp.c). pdp__model_stage: a new model holding layers [lo, hi)
    of full, with their parameters copied (names, layer indices and dropout keys stay full's:
-   "3.weight" stays "3.weight"), zeroed gradients, input shape that of layer lo.
+   "3.weight" stays "3.weight"), zeroed gradients, input shape (and dtype) that of layer lo.
+   A TiedLinear whose weight an earlier stage owns gets a copy of it as the stage's last
+   parameter (pp.c keeps the two equal); a cut inside a residual region is
+   PDP_ERR_UNSUPPORTED naming the region.
    pdp__model_set_slots: keep nslots sets of activations and saved tensors (buffers are
    re-planned on the next reserve). pdp__model_use_slot: the next forward writes set slot;
    with forwarded, the next backward reads set slot, whose forward ran on input x of batch
@@ -4650,6 +4670,7 @@ typedef struct pdp__attn_dropout {
     uint64_t seed, step;  /* the model's dropout seed and step counter */
     int layer;            /* the layer index that keys this attention's masks */
     int64_t sample_base;  /* index of sequence 0 of this batch in the global batch */
+    int64_t head_base;    /* the global index of head 0 (a TP rank's first head; else 0) */
 } pdp__attn_dropout;
 
 typedef struct pdp__attn_job {
@@ -4754,6 +4775,11 @@ PDP__PRIVATE pdp_status pdp__embedding_backward(const pdp__layer *l, const pdp__
 
 PDP__PRIVATE pdp_status pdp__attention_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 
+/* The work buffer of a selectively recomputed attention: the kernels' work (B H T (T + 1)),
+   then att (B H T T), then a scratch output (B T C). */
+PDP__PRIVATE void pdp__attention_scratch(const pdp__layer *l, const pdp__layer_io *io,
+                                         float **att, float **y);
+
 PDP__PRIVATE void pdp__attention_drop(const pdp__layer *l, const pdp__layer_io *io,
                                       pdp__attn_dropout *d);
 
@@ -4777,7 +4803,8 @@ PDP__PRIVATE pdp_status pdp__tied_linear_setup(pdp__layer *l, pdp__param_shapes 
    pdp_cuda.cu's kernels for the same formulas (its "GPT" sections). Embedding's backward
    sorts the positions by id into its CUDA workspace (an int32 a position:
    pdp__embedding_cuda_work); the attention's needs B H T T floats, within the H T (T + 1)
-   per sample the CPU's setup asks for. TiedLinear runs Linear's entries: no bias, and its
+   per sample the CPU's setup asks for (selective recomputation: att and the scratch
+   output after those, pdp__attention_scratch, as on the CPU). TiedLinear runs Linear's entries: no bias, and its
    io->w and io->dw are the tied parameter's (model.c). */
 
 PDP__PRIVATE int64_t pdp__embedding_cuda_work(const pdp__layer *l);
@@ -4872,6 +4899,11 @@ PDP__PRIVATE pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__
 
 /* ---- tp: the column- and row-parallel Linears ---- */
 
+/* The features of one position of a TP Linear's input (a [T, C] sample: C). */
+PDP__PRIVATE int64_t pdp__tp_in_features(const pdp__layer *l);
+
+/* parts (tp_parts) blocks of tp_full / parts outputs, each split alike: rank r holds
+   [tp_lo, tp_lo + n) of every block, its out_features parts x n. */
 PDP__PRIVATE pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 
 /* The input is the slice [tp_lo, tp_lo + in_count) of tp_full features (pdp_model_add_
@@ -4884,7 +4916,8 @@ PDP__PRIVATE pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, 
 typedef struct pdp__tp_slice2d {
     int64_t cols;         /* the full tensor's row length */
     int64_t c0, c1;       /* kept columns [c0, c1) */
-    int64_t r0, r1;       /* kept rows [r0, r1) */
+    int64_t r0, r1;       /* kept rows [r0, r1) of each of the parts blocks of rows */
+    int64_t parts;        /* blocks of rows split alike (0 or 1: one) */
 } pdp__tp_slice2d;
 
 PDP__PRIVATE void pdp__tp_draw(float *dst, int64_t rows, pdp__tp_slice2d s, float lo, float hi,
@@ -4894,7 +4927,7 @@ PDP__PRIVATE void pdp__tp_draw(float *dst, int64_t rows, pdp__tp_slice2d s, floa
    then the bias's 1/sqrt(fan_in)), computed as pdp_tensor_kaiming_uniform does. */
 PDP__PRIVATE void pdp__tp_bounds(int64_t fan_in, float *wb, float *bb);
 
-/* W1 [tp_full, in]: rows [tp_lo, tp_lo + n) and the same entries of b1. */
+/* W1 [tp_full, in]: rows [tp_lo, tp_lo + n) of each part and the same entries of b1. */
 PDP__PRIVATE void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
 
 /* W2 [d, tp_full]: columns [tp_lo, tp_lo + n); b2 whole. fan_in is the full width. */
@@ -4919,7 +4952,8 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
    parameter initialisation, CPU forward and backward, CUDA forward and backward
    (pdp_cuda.cu's kernels), extra workspace on CUDA, flags (internal.h's
    PDP__LAYER_*: a view, element-wise, fuses a following ReLU or pool or is the one
-   fused, collective, unnumbered) and an estimate of its work in FLOPs (pp.c balances
+   fused, collective, unnumbered, takes token ids, a view only forward, holds a residual
+   skip, ties another layer's weight) and an estimate of its work in FLOPs (pp.c balances
    a pipeline's stages by it).
 
    This table is the only place that knows what each kind is. Every decision elsewhere
@@ -5088,14 +5122,19 @@ PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__laye
    input instead of copying, and so does a ReLU after a Conv2d on the CPU, which the
    Conv2d applies itself; when a 2x2 stride-2 MaxPool2d follows that ReLU, the Conv2d
    applies it too, writes the pool's act, and its own act is NULL); backward needs
-   the forward's input to stay alive, as in PyTorch's autograd. After
+   the forward's input to stay alive, as in PyTorch's autograd. A residual region
+   (pdp_model_residual_begin/end) is the one place the sequence is not a chain: its
+   ResidualAdd reads the output of its Residual (a forward view, so act[] of the region's
+   input), and in backward sends its dy around the branch in grad_skip, which the
+   Residual adds back; regions do not nest, so one skip buffer serves them all. A
+   TiedLinear's weight is another layer's parameter (pdp__model_io). After
    pdp_model_reserve (or the first step at the largest batch), forward and backward
    allocate nothing.
 
    The executor seam (internal.h): an executor may listen to the pass's events
-   (m->event: before each layer with parameters, forward and backward, and at
-   the start and end of every backward: DDP and ZeRO synchronise any backward
-   this way) and point a layer's weight/bias and their gradients at buffers of
+   (m->event: before each layer that computes with parameters, its own or a tied
+   one, forward and backward, and at the start and end of every backward: DDP and
+   ZeRO synchronise any backward this way) and point a layer's weight/bias and their gradients at buffers of
    its own (m->layer_w, m->layer_dw: ZeRO's per-unit buffers). Both are off
    (NULL) by default: one pointer test per layer. */
 
@@ -5175,6 +5214,11 @@ PDP__PRIVATE pdp__layer pdp__layer_of(pdp__layer_kind kind);
 
 /* PDP_API pdp_status pdp_model_add_embedding(pdp_model *m, int64_t vocab, int64_t dim, int64_t context) */
 
+/* tp.c: an attention after a ColumnParallelLinear split by heads becomes the attention of
+   this rank's heads (l->heads local, l->tp_lo its first global head, l->tp_full every
+   head); else l is left as it is. */
+PDP__PRIVATE pdp_status pdp__tp_headwise(const pdp_model *m, pdp__layer *l, const char *fn);
+
 /* PDP_API pdp_status pdp_model_add_causal_self_attention(pdp_model *m, int64_t heads, float dropout) */
 
 /* A residual region: a Residual layer opens it (its forward is its input seen again), a
@@ -5229,10 +5273,16 @@ PDP__PRIVATE bool pdp__model_has_output(const pdp_model *m, int i);
    gradient ping-pong buffers). saved_off, when not NULL, gets each layer's offset. */
 typedef struct pdp__model_plan {
     int64_t act, saved, work, widest;
+    int64_t kept_act, kept_saved; /* of act and saved, what outlives a forward; the rest is
+                                     the scratch of recomputed regions (FULL) */
 } pdp__model_plan;
 
 /* *acc += v, or INT64_MAX (which stays) past PDP__COUNT_MAX: reserve then fails. */
 PDP__PRIVATE void pdp__model_plan_add(int64_t *acc, int64_t v);
+
+/* Layer i is inside a residual region that FULL recomputation runs again in backward:
+   after its Residual, before its ResidualAdd. */
+PDP__PRIVATE bool pdp__model_recomputed(const pdp_model *m, int i);
 
 PDP__PRIVATE pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off);
 
@@ -5249,11 +5299,21 @@ PDP__PRIVATE float *pdp__model_saved(const pdp_model *m, int i);
 /* Fills the per-call part of io for layer i. */
 PDP__PRIVATE void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io);
 
+/* Layer i computes with parameters: its own, or another layer's (PDP__LAYER_TIED). The
+   executor seam's per-layer events fire for these layers. */
+PDP__PRIVATE bool pdp__model_uses_params(const pdp_model *m, int i);
+
 /* A trace event "forward 3 Linear" on the model's track (DDP sets it), t0 to now. */
 PDP__PRIVATE void pdp__model_trace(const pdp_model *m, const char *what, int i, double t0);
 
 /* The profile's split (pdp_profile): a layer with weights counts as GEMM work. */
 PDP__PRIVATE void pdp__model_profile(const pdp__layer *l, double t0);
+
+/* Forward through layers [lo, hi) from in (layer lo's input). events: fire the executor's
+   forward events (not when FULL recomputation runs a region again inside backward, where
+   the executor has its backward's events). */
+PDP__PRIVATE pdp_status pdp__model_forward_layers(pdp_model *m, int lo, int hi, const float *in,
+                                                  bool events);
 
 /* PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y) */
 
@@ -5401,46 +5461,6 @@ PDP__PRIVATE pdp_status pdp__model_check_logits(pdp_model *m, const pdp_tensor *
 /* PDP_API pdp_status pdp_model_forward_backward_target(pdp_model *m, const pdp_tensor *x, const pdp_tensor *target, float *loss) */
 
 /* PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *labels, int64_t *correct) */
-
-/* ---- src/gpt.c ---- */
-/* gpt: pdp_gpt_create and pdp_gpt_generate (gpt.h). The builder only calls model.h's
-   public constructors, then names and initialises what they made: a GPT is a model like
-   any other, and every executor sees its layers one by one. */
-
-/* #include "internal.h" (above) */
-
-/* ---- gpt: the builder ---- */
-
-/* Names parameter p (the next one the builder made), "transformer.h.3.attn.c_attn" +
-   ".weight". */
-PDP__PRIVATE pdp_status pdp__gpt_name(pdp_model *m, int p, const char *prefix, const char *what);
-
-/* A Linear named prefix (weight then bias), its weight N(0, std), its bias 0. */
-PDP__PRIVATE pdp_status pdp__gpt_linear(pdp_model *m, int64_t out, const char *prefix);
-
-PDP__PRIVATE pdp_status pdp__gpt_layernorm(pdp_model *m, const char *prefix);
-
-PDP__PRIVATE pdp_status pdp__gpt_dropout(pdp_model *m, float p);
-
-/* Block i: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). */
-PDP__PRIVATE pdp_status pdp__gpt_block(pdp_model *m, const pdp_gpt_desc *d, int i);
-
-/* GPT-2's initialisation (nanoGPT's _init_weights): weights and embeddings N(0, 0.02),
-   the c_proj weights N(0, 0.02 / sqrt(2 layers)) (the residual branches' last
-   products), biases 0, LayerNorms as created (1 and 0). On a CUDA device each draw goes
-   through a host copy (pdp_tensor_normal's staging), so the parameters are the CPU's. */
-PDP__PRIVATE pdp_status pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d);
-
-/* PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc) */
-
-/* ---- gpt: generation ---- */
-
-/* The next token from logits z[0..V): greedy at temperature 0, else a draw from
-   softmax(z / temperature) over the top_k largest (all when top_k is 0 or >= V). */
-PDP__PRIVATE int32_t pdp__gpt_pick(const float *z, int64_t V, float temperature, int top_k,
-                                   float *p, pdp_rng *r);
-
-/* PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64_t n_new, float temperature, int top_k, pdp_rng *r) */
 
 /* ---- src/optim.c ---- */
 /* optim: torch.optim.SGD, Adam and AdamW on the flat parameter block, gradient
@@ -7143,7 +7163,18 @@ PDP__PRIVATE int pdp__tp_last_kind(const pdp_model *m);
 
 /* PDP_API pdp_status pdp_model_add_tp_copy(pdp_model *m) */
 
+/* A ColumnParallelLinear whose output is parts blocks split alike (3: q | k | v, each
+   split by heads: pdp_gpt_create's c_attn). */
+PDP__PRIVATE pdp_status pdp__tp_add_column(pdp_model *m, int64_t out_features, int parts,
+                                           const char *fn);
+
 /* PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t out_features) */
+
+/* A CausalSelfAttention after a ColumnParallelLinear split by heads (q | k | v in three
+   parts): the attention of this rank's heads, heads / TP size of them from head
+   rank x heads / size (its dropout masks keyed by the global head, as on one device).
+   heads must divide by the TP size. */
+PDP__PRIVATE pdp_status pdp__tp_headwise(const pdp_model *m, pdp__layer *l, const char *fn);
 
 /* PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_features) */
 
@@ -7213,6 +7244,56 @@ PDP__PRIVATE pdp_status pdp__tp_count_failed(const pdp_model *m, bool failed, fl
 
 /* PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o) */
 
+/* ---- src/gpt.c ---- */
+/* gpt: pdp_gpt_create and pdp_gpt_generate (gpt.h). The builder only calls model.h's
+   public constructors, then names and initialises what they made: a GPT is a model like
+   any other, and every executor sees its layers one by one. */
+
+/* #include "internal.h" (above) */
+
+/* ---- gpt: the builder ---- */
+
+/* Names parameter p (the next one the builder made), "transformer.h.3.attn.c_attn" +
+   ".weight". */
+PDP__PRIVATE pdp_status pdp__gpt_name(pdp_model *m, int p, const char *prefix, const char *what);
+
+/* A Linear named prefix (weight, then bias). With desc.tp: column-parallel in split parts
+   (3: q | k | v) or, for split -1, row-parallel. */
+PDP__PRIVATE pdp_status pdp__gpt_linear(pdp_model *m, const pdp_gpt_desc *d, int64_t out,
+                                        int split, const char *prefix);
+
+PDP__PRIVATE pdp_status pdp__gpt_layernorm(pdp_model *m, const char *prefix);
+
+/* Tensor parallel: f before a block's first split Linear, g after its last. */
+PDP__PRIVATE pdp_status pdp__gpt_f(pdp_model *m, const pdp_gpt_desc *d);
+PDP__PRIVATE pdp_status pdp__gpt_g(pdp_model *m, const pdp_gpt_desc *d);
+
+PDP__PRIVATE pdp_status pdp__gpt_dropout(pdp_model *m, float p);
+
+/* Block i: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). */
+PDP__PRIVATE pdp_status pdp__gpt_block(pdp_model *m, const pdp_gpt_desc *d, int i);
+
+/* GPT-2's initialisation (nanoGPT's _init_weights): weights and embeddings N(0, 0.02),
+   the c_proj weights N(0, 0.02 / sqrt(2 layers)) (the residual branches' last
+   products), biases 0, LayerNorms as created (1 and 0). On a CUDA device each draw goes
+   through a host copy (pdp_tensor_normal's staging), so the parameters are the CPU's. */
+PDP__PRIVATE pdp_status pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d);
+
+/* A TP GPT starts as the single-device GPT of the same desc: that one is built, drawn as
+   pdp__gpt_init draws, and cut into this rank's slices (tp.c's scatter). */
+PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d);
+
+/* PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc) */
+
+/* ---- gpt: generation ---- */
+
+/* The next token from logits z[0..V): greedy at temperature 0, else a draw from
+   softmax(z / temperature) over the top_k largest (all when top_k is 0 or >= V). */
+PDP__PRIVATE int32_t pdp__gpt_pick(const float *z, int64_t V, float temperature, int top_k,
+                                   float *p, pdp_rng *r);
+
+/* PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64_t n_new, float temperature, int top_k, pdp_rng *r) */
+
 /* ---- src/zero.c ---- */
 /* zero: the sharded executor, ZeRO stages 1-3 on reducer.c's bucket reducer
    with a reduce-scatter as its collective (the layout, the formulas and the
@@ -7231,6 +7312,19 @@ PDP__PRIVATE pdp_status pdp__tp_count_failed(const pdp_model *m, bool failed, fl
    parameters are gathered (a gather slot, least recently used first, never the
    unit being computed). Nothing is allocated after construction: the buffers
    are fixed, the handles come from the backends' pools.
+
+   Tied parameters (a GPT's head uses the Embedding's wte: model.c's PDP__LAYER_TIED).
+   A tied layer computes with its owner's unit: unit_of_layer maps it there, and the
+   model's events fire for it as for a layer of that unit, so stage 3 gathers the unit
+   for it in forward and in backward (again, if the unit left its gather slot since),
+   and stages 2-3 give the unit its gradient buffer at the tied layer's backward. A
+   unit that a tied layer's backward reaches before its own layers' ("pinned": the
+   head's contribution comes first, the embedding's last) keeps that buffer until the
+   unit's reduce-scatter, which the reducer launches only once every parameter of the
+   unit reported, after the owner's backward (model.c fires the grad hook for a
+   parameter after its own layer only): the two contributions are summed in the
+   buffer and reduced once. So a pinned unit owns a buffer of its own (the last ones)
+   and the other units share the rest round-robin (gslot).
 
    Devices. Every buffer lives on the model's device and is moved with
    cuda_host.c's pdp__dev_* helpers (memcpy, memset and += on the CPU; copies and
@@ -7270,7 +7364,13 @@ struct pdp_zero {
     pdp_comm *c;
     int stage, rank, size, nunits;
     pdp__zero_unit *units;
-    int *unit_of_layer;  /* -1 for layers without parameters */
+    int *unit_of_layer;  /* the unit whose parameters layer l computes with (a tied layer:
+                            its owner's); -1 for layers without parameters */
+    int *next_fwd, *next_bwd; /* per layer: the next other unit forward (backward) needs
+                                 after it, -1 for none (stage 3's prefetch) */
+    int *gslot;          /* stages 2-3: per unit, its gradient bucket buffer */
+    int64_t pinned_s;    /* slice floats per rank of the pinned units (pdp__zero_pinned):
+                            stage 3's byte formula */
     int64_t shard_count, padded_count, smax;
     float *grad_all;     /* stage 1: every unit's padded gradient buffer */
     float *grad_shard;   /* stages 2-3 */
@@ -7312,8 +7412,8 @@ PDP__PRIVATE void pdp__zero_defer(pdp_zero *z, pdp_status st, const char *what, 
 /* Releases unit u's bucket buffer after its reduce-scatter: its slice into the shard. */
 PDP__PRIVATE void pdp__zero_bucket_done(pdp__reducer *r, int b);
 
-/* Gives unit u a zeroed bucket buffer, waiting for the reduce-scatter of the unit
-   that held it (bucket_done then frees it). */
+/* Gives unit u a zeroed bucket buffer (gslot[u]), waiting for the reduce-scatter of the
+   unit that held it (bucket_done then frees it). */
 PDP__PRIVATE pdp_status pdp__zero_take_gbuf(pdp_zero *z, int u);
 
 /* The collective of bucket (unit) b: reduce-scatter (average) in place. */
@@ -7321,8 +7421,8 @@ PDP__PRIVATE pdp_status pdp__zero_reduce(pdp__reducer *r, int b, pdp_work **w);
 
 /* A comm hook's scratch: stage 1 one piece per unit (every unit's buffer may be in
    flight at once), laid out as grad_all; stages 2-3 one piece per bucket buffer
-   (unit u uses piece u mod grad_buffers, as its bucket buffer: the unit that held it
-   was waited, and its hook finished, before u's backward began). */
+   (unit u uses piece gslot[u], as its bucket buffer: the unit that held it was
+   waited, and its hook finished, before u's backward began). */
 /* PDP_API pdp_status pdp_zero_register_comm_hook(pdp_zero *z, const pdp_ddp_comm_hook *hook) */
 
 /* ---- zero: gathered parameters (stage 3) ---- */
@@ -7373,6 +7473,23 @@ PDP__PRIVATE pdp_status pdp__zero_desc_defaults(const pdp_model *m, const pdp_ze
 
 /* PDP_API pdp_zero_desc pdp_zero_get_desc(const pdp_zero *z) */
 
+/* The pinned units of the units the reducer's walk planned (the header's "Tied
+   parameters"): the unit of a tied layer's parameter when the tied layer comes after
+   all of the unit's own layers, so backward reaches the unit first at the tied layer;
+   none with one unit (no other unit wants a buffer). Sets mark[u] (zeroed by the caller)
+   to 1 for each and *tied_at to the last such tied layer; returns how many. The
+   executor and pdp_zero_memory_plan count them alike. */
+PDP__PRIVATE int pdp__zero_pinned(const pdp_model *m, const pdp__red_bucket *units, int nunits,
+                                  int *mark, int *tied_at);
+
+/* The units' layers, once the units are planned: a tied layer computes with its owner's
+   unit; each layer's next other unit in forward and backward order (stage 3 prefetches
+   it); the pinned units and every unit's gradient buffer: the pinned ones the last
+   buffers, one each, the others the rest round-robin. grad_buffers (asked: the desc's,
+   0 for the default) must leave the others one: PDP_ERR_INVALID naming the tied layer
+   otherwise; the default grows to what is needed. */
+PDP__PRIVATE pdp_status pdp__zero_plan_layers(pdp_zero *z, int asked, const char *fn);
+
 /* PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c, const pdp_zero_desc *desc) */
 
 /* PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp_optim_desc *desc) */
@@ -7405,7 +7522,9 @@ PDP__PRIVATE pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const cha
    one reduce-scatter or all-gather of every unit (S = shard_count: the bytes the
    backends count for a collective of S floats per rank); stage 3's later
    forwards skip the units the backward before them left gathered, the last
-   param_buffers units of backward (the highest indices). */
+   param_buffers units of backward (the highest indices), and with more units than
+   param_buffers a pinned unit (a tied head's) has left its slot before its tied
+   layer's forward and before its own layers' backward: two more gathers per pass. */
 PDP__PRIVATE void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats *st);
 
 /* PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt) */
@@ -7651,6 +7770,14 @@ struct pdp_pp {
                                                     every stage's, gathered */
     float *norm_dev;              /* its copy on the model's device (NCCL reduces device
                                      memory only); NULL on the CPU */
+    int tied_param;               /* a weight tied across stages (a GPT's wte: the embedding
+                                     on stage 0, the head's copy on a later one): its index in
+                                     this stage's model, or -1 */
+    int tied_peer;                /* the stage holding the other copy */
+    bool tied_copy;               /* this stage holds the copy (its last parameter) */
+    float *tied_buf;              /* the peer's gradient of it, received each pass */
+    int64_t positions;            /* labels a row on the last stage: T for [B, T, V] */
+    int64_t counted;              /* labels of this pass that count (not -1) */
     int64_t *mb_rows, *mb_first;  /* per micro-batch of the current pass */
     int64_t mb_cap;
     int64_t sample_base;          /* DP x PP: this pipeline's first row in the global batch */
@@ -7667,7 +7794,8 @@ struct pdp_pp {
    largest stage's cost (ties: the later cut, so a ReLU stays with its Linear; pp.h's
    pdp_pp_balance states the rule for the whole split). The linear-partition dynamic
    programme: best(k, i) = min over j of max(best(k - 1, j), cost of layers [j, i)). */
-PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, int n, int p, int *first);
+PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, const bool *cut_ok, int n, int p,
+                                        int *first);
 
 /* Forward + backward seconds of each layer of full (a copy of it) on rows samples. */
 PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, double *cost);
@@ -7692,6 +7820,10 @@ PDP__PRIVATE pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc
    (layers_table.c's estimate; layer 0 computes no input gradient). */
 PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how, double *cost);
 
+/* cut_ok[i]: a stage may start at layer i (i in [0, n]): not inside a residual region,
+   whose skip cannot cross stages. */
+PDP__PRIVATE void pdp__pp_cut_points(const pdp_model *full, bool *cut_ok);
+
 /* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
 PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn);
 
@@ -7700,6 +7832,10 @@ PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const c
 PDP__PRIVATE pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn);
 
 /* PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp) */
+
+/* The weight tied across stages, if any: a TiedLinear on stage s_use whose parameter's
+   layer is on stage s_own < s_use (pdp__model_stage gave s_use a copy, its last parameter). */
+PDP__PRIVATE void pdp__pp_find_tied(pdp_pp *pp, const pdp_model *full);
 
 /* PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c, const pdp_pp_desc *desc) */
 
@@ -7738,6 +7874,12 @@ PDP__PRIVATE pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k);
 PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const int32_t *labels,
                                          int k, double *loss_sum);
 
+/* A weight tied across two stages (a GPT's wte: the embedding's on stage 0, the head's copy
+   on the last): each stage sends its gradient of it to the other and adds the one it
+   receives, a + b on one side and b + a on the other, the same bits, so the two copies get
+   the same update and stay equal (Megatron's all-reduce over the embedding group). */
+PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp);
+
 /* Micro-batch sizes of a batch of rows rows (the first rows % m one larger). */
 PDP__PRIVATE pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows);
 
@@ -7772,9 +7914,12 @@ PDP__PRIVATE pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows);
    so copied here) and the order in which ranks failed, under one mutex, BEFORE it frees its
    communicator: the first failure is then the cause, and the peers' failures that its
    departure provokes come after it. Process ranks: pdp_comm_init_env and one call. Built
-   only on the public API of comm.h, rendezvous.h and cuda.h. */
+   only on the public API of comm.h, rendezvous.h and cuda.h. Then pdp_args_parse, a
+   program's "-name value" options. */
 
 /* #include "internal.h" (above) */
+
+#include <limits.h>
 
 typedef struct pdp__launch pdp__launch;
 
@@ -7820,6 +7965,25 @@ PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d,
 /* PDP_API pdp_status pdp_backend_from_name(const char *name, pdp_backend *out) */
 
 /* PDP_API double pdp_seconds(void) */
+
+/* PDP_API pdp_status pdp_print_by_rank(pdp_comm *c, const char *fmt, ...) */
+
+/* ---- pdp_args_parse: a program's "-name value" options ---- */
+
+/* Whether text is one of choices, "a|b|c". */
+PDP__PRIVATE bool pdp__arg_is_choice(const char *choices, const char *text);
+
+/* What a accepts, "1..8" or "local|mpi|nccl", into buf ("" when anything of its type). */
+PDP__PRIVATE const char *pdp__arg_accepts(const pdp_arg *a, char *buf, size_t cap);
+
+/* Stores text in a's variable, or returns false (the variable untouched) when a refuses
+   it: not a whole number of a's type, outside a's range, not one of a's choices. */
+PDP__PRIVATE bool pdp__arg_set(const pdp_arg *a, const char *text);
+
+/* Appends " [-name value]" (the variable's value now) and " (what it accepts)" to buf. */
+PDP__PRIVATE void pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap);
+
+/* PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count) */
 
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC diagnostic pop

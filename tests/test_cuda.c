@@ -612,7 +612,7 @@ TEST cuda_embedding_and_tied_head_match_cpu(void)
    sequences: score rows longer than the softmax's block of 128 threads, and more
    positions (260) than one block of the embedding's sort holds, so its tiles and
    blocks all take part. */
-static enum greatest_test_res check_gpt(bool bf16, int64_t GT)
+static enum greatest_test_res check_gpt(bool bf16, int64_t GT, pdp_recompute rc)
 {
     pdp_model *m[2] = {NULL, NULL};
     pdp_optim *o[2] = {NULL, NULL};
@@ -641,6 +641,7 @@ static enum greatest_test_res check_gpt(bool bf16, int64_t GT)
     gd.dropout = 0.1f;
     gd.seed = 5;
     gd.precision = bf16 ? PDP_PRECISION_BF16 : PDP_PRECISION_FP32;
+    gd.recompute = rc;
     memset(&od, 0, sizeof od);
     od.kind = PDP_OPTIM_ADAMW;
     od.lr = 0.01f;
@@ -707,9 +708,11 @@ static enum greatest_test_res check_gpt(bool bf16, int64_t GT)
 TEST cuda_gpt_training_matches_cpu(void)
 {
     NEED_GPU();
-    CHECK_CALL(check_gpt(false, 8));
-    CHECK_CALL(check_gpt(true, 8));
-    CHECK_CALL(check_gpt(false, 130));
+    CHECK_CALL(check_gpt(false, 8, PDP_RECOMPUTE_NONE));
+    CHECK_CALL(check_gpt(true, 8, PDP_RECOMPUTE_NONE));
+    CHECK_CALL(check_gpt(false, 8, PDP_RECOMPUTE_SELECTIVE));
+    CHECK_CALL(check_gpt(false, 8, PDP_RECOMPUTE_FULL));
+    CHECK_CALL(check_gpt(false, 130, PDP_RECOMPUTE_NONE));
     PASS();
 }
 

@@ -20,8 +20,10 @@
    shards (5, 3, 2 samples on 3 ranks): the default trains the mean of per-rank
    means, batch_mean PDP_BATCH_MEAN_GLOBAL the global batch's, each equal to its
    single-device reference with accumulation and an own loss, one float's
-   all-reduce more per backward; misuse of it refused. Run under TSan by
-   `make tsan`. */
+   all-reduce more per backward; misuse of it refused. A GPT's tied wte (the head uses
+   it first in backward, the embedding last): its gradient reports once per backward,
+   after the embedding's backward began, and its bucket launches once, then, with both
+   contributions in it. Run under TSan by `make tsan`. */
 
 #define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
 #include <stdlib.h>
@@ -1534,6 +1536,170 @@ TEST ddp_wrapped_model_refuses_layout_changes(void)
     PASS();
 }
 
+/* ---- the GPT's tied weight ----
+   A GPT's head (TiedLinear, the last layer) computes with the Embedding's
+   transformer.wte.weight, so backward meets the weight first at the head and last at
+   the embedding (layer 0). A spy (per rank thread) on the model's grad hook, its events
+   and DDP's collective shows, for GPT_STEPS steps on 2 and 3 ranks with one parameter a
+   bucket and with one bucket for all: wte reports its gradient once per backward, after
+   layer 0's backward began (never at the head's); the bucket holding it launches once per
+   backward, then; and what it launches is this rank's whole local gradient of wte (the
+   head's part and the embedding rows'), equal to a plain backward of the rank's shard on
+   a copy of the model (<= 1e-6 relative). */
+#define GPT_V 13
+#define GPT_T 8
+#define GPT_SEQ 12
+#define GPT_STEPS 3
+
+typedef struct tied_job {
+    int n;
+    double cap_mb;
+    int reports[MAXR][GPT_STEPS];  /* wte's grad hook calls */
+    int launches[MAXR][GPT_STEPS]; /* its bucket's collectives */
+    int misplaced[MAXR];           /* a report or launch not after layer 0's backward began */
+    double worst[MAXR];            /* launched gradient against the plain backward */
+} tied_job;
+
+static __thread pdp_grad_hook spy_hook_next;
+static __thread void *spy_hook_user;
+static __thread pdp__model_event_fn spy_event_next;
+static __thread pdp__reduce_fn spy_reduce_next;
+static __thread int spy_layer, spy_wte, spy_reports, spy_launches, spy_misplaced;
+static __thread float *spy_copy; /* wte's gradient as its bucket launched */
+
+static void spy_hook(void *user, pdp_model *m, int p)
+{
+    (void)user;
+    if (p == spy_wte) {
+        spy_reports++;
+        spy_misplaced += spy_layer != 0;
+    }
+    spy_hook_next(spy_hook_user, m, p);
+}
+
+static pdp_status spy_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
+                            pdp_status st)
+{
+    if (ev == PDP__EV_BACKWARD_BEGIN) spy_layer = m->nlayers;
+    if (ev == PDP__EV_BACKWARD_LAYER) spy_layer = layer;
+    return spy_event_next(user, m, ev, layer, st);
+}
+
+static pdp_status spy_reduce(pdp__reducer *r, int b, pdp_work **w)
+{
+    const pdp__param_entry *e = &r->m->params[spy_wte];
+    if (b == r->bucket_of[spy_wte]) {
+        spy_launches++;
+        spy_misplaced += spy_layer != 0;
+        memcpy(spy_copy, r->m->grad_block + e->offset, (size_t)e->count * sizeof(float));
+    }
+    return spy_reduce_next(r, b, w);
+}
+
+static pdp_model *tied_gpt(uint64_t seed)
+{
+    pdp_gpt_desc d;
+    pdp_model *m = NULL;
+    memset(&d, 0, sizeof d);
+    d.vocab = GPT_V, d.context = GPT_T, d.layers = 2, d.heads = 2, d.dim = 16, d.seed = seed;
+    return pdp_gpt_create(&m, &d) == PDP_OK ? m : NULL;
+}
+
+static pdp_status tied_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    tied_job *job = (tied_job *)user;
+    int r = ctx->rank, local = GPT_SEQ / ctx->world_size, s, i;
+    pdp_model *m = tied_gpt(r == 0 ? 11 : 40 + (uint64_t)r), *ref = tied_gpt(11);
+    pdp_ddp *d = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    pdp_ddp_desc dd;
+    int32_t ids[GPT_SEQ * GPT_T], tg[GPT_SEQ * GPT_T];
+    int64_t shape[2] = {0, GPT_T};
+    pdp_tensor x, pr, gr;
+    float loss;
+    pdp_status st = PDP_ERR_OUT_OF_MEMORY;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW;
+    od.lr = 0.01f;
+    memset(&dd, 0, sizeof dd);
+    dd.bucket_cap_mb = dd.first_bucket_mb = job->cap_mb;
+    shape[0] = local;
+    spy_copy = NULL;
+    if (!m || !ref) goto out;
+    spy_wte = 0; /* transformer.wte.weight: the Embedding's first parameter */
+    if (strcmp(m->params[spy_wte].name, "transformer.wte.weight") != 0) goto out;
+    if (!(spy_copy = (float *)malloc((size_t)m->params[spy_wte].count * sizeof(float)))) goto out;
+    if ((st = pdp_ddp_create(&d, m, ctx->world, &dd)) != PDP_OK ||
+        (st = pdp_optim_create(&o, m, &od)) != PDP_OK)
+        goto out;
+    spy_hook_next = m->hook, spy_hook_user = m->hook_user;
+    m->hook = spy_hook;
+    spy_event_next = m->event;
+    m->event = spy_event;
+    spy_reduce_next = d->r.desc.reduce;
+    d->r.desc.reduce = spy_reduce;
+    spy_misplaced = 0;
+    pdp_model_flat(ref, &pr, &gr);
+    pdp_tensor_wrap_ids(ids + r * local * GPT_T, pdp_cpu(), 2, shape, &x);
+    for (s = 0; s < GPT_STEPS; s++) {
+        for (i = 0; i < GPT_SEQ * GPT_T; i++) { /* one -1 a sequence */
+            uint32_t h = (uint32_t)((s * 97 + i) * 2654435761u);
+            h ^= h >> 13;
+            ids[i] = (int32_t)(h % GPT_V);
+            tg[i] = i % GPT_T == (i / GPT_T + s) % GPT_T ? -1 : (int32_t)((h >> 8) % GPT_V);
+        }
+        memcpy(pr.data, m->param_block, (size_t)pr.count * sizeof(float));
+        spy_reports = spy_launches = 0;
+        if ((st = pdp_ddp_forward_backward(d, &x, tg + r * local * GPT_T, &loss)) != PDP_OK ||
+            (st = pdp_ddp_step(d, o)) != PDP_OK)
+            goto out;
+        job->reports[r][s] = spy_reports;
+        job->launches[r][s] = spy_launches;
+        pdp_model_zero_grad(ref);
+        if ((st = pdp_model_forward_backward(ref, &x, tg + r * local * GPT_T, &loss)) != PDP_OK)
+            goto out;
+        job->worst[r] = fmax(job->worst[r], max_rel(spy_copy, gr.data,
+                                                    ref->params[spy_wte].count));
+    }
+    job->misplaced[r] = spy_misplaced;
+out:
+    free(spy_copy);
+    pdp_ddp_free(d);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_model_free(ref);
+    return st;
+}
+
+TEST ddp_tied_weight_bucket_launches_once_after_the_embedding(void)
+{
+    static const double caps[] = {1e-9, 25.0}; /* a parameter a bucket; one bucket */
+    static tied_job job;
+    static char msg[200];
+    int n, k, r, s;
+    for (n = 2; n <= 3; n++)
+        for (k = 0; k < 2; k++) {
+            memset(&job, 0, sizeof job);
+            job.n = n;
+            job.cap_mb = caps[k];
+            ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(n, NULL, tied_rank, &job),
+                            pdp_status_name);
+            for (r = 0; r < n; r++) {
+                snprintf(msg, sizeof msg, "N %d cap %g rank %d: misplaced %d, launched "
+                         "gradient against the plain backward %.3g", n, caps[k], r,
+                         job.misplaced[r], job.worst[r]);
+                for (s = 0; s < GPT_STEPS; s++) {
+                    ASSERT_EQm(msg, 1, job.reports[r][s]);
+                    ASSERT_EQm(msg, 1, job.launches[r][s]);
+                }
+                ASSERT_EQm(msg, 0, job.misplaced[r]);
+                ASSERTm(msg, job.worst[r] <= 1e-6);
+            }
+        }
+    PASS();
+}
+
 SUITE(ddp)
 {
     RUN_TEST(ddp_equals_single_device_on_the_global_batch);
@@ -1548,6 +1714,7 @@ SUITE(ddp)
     RUN_TEST(ddp_absent_rank_times_out_naming_bucket_and_rank);
     RUN_TEST(ddp_rank_dying_mid_backward_fails_the_others_at_once);
     RUN_TEST(ddp_wrapped_model_refuses_layout_changes);
+    RUN_TEST(ddp_tied_weight_bucket_launches_once_after_the_embedding);
 }
 
 SUITE(ddp_uneven)

@@ -8,13 +8,16 @@
    vocab 67, context 16, 2 layers, 4 heads, dim 48; ids and targets are stored as floats.
 
    cc -std=c99 -O2 -Itests -I. tests/test_gpt.c -lm -lpthread (or make) */
+#define _POSIX_C_SOURCE 200809L
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 #include "pdp_test.h"
 #include "fixture.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { V = 67, CTX = 16, L = 2, H = 4, C = 48, B = 3 };
 
@@ -508,11 +511,10 @@ static pdp_status ddp_rank(const pdp_launch_ctx *ctx, void *user)
     return st;
 }
 
-TEST gpt_under_ddp_equals_one_device_and_others_refuse_clearly(void)
+TEST gpt_under_ddp_equals_one_device(void)
 {
     ddp_case c;
     pdp_model *m = small_gpt();
-    pdp_zero *z = NULL;
     pdp_tensor x, g;
     int64_t shape[2] = {4, 8}, i;
     float loss;
@@ -532,20 +534,6 @@ TEST gpt_under_ddp_equals_one_device_and_others_refuse_clearly(void)
         ASSERT_LTE(fixture_rel_err(c.grads[r], g.data, g.count), 1e-6);
     free(c.grads[0]);
     free(c.grads[1]);
-    /* not yet: ZeRO-3 (the tied head) */
-    {
-        pdp_local_group *grp = NULL;
-        pdp_comm *one = NULL;
-        pdp_zero_desc zd;
-        memset(&zd, 0, sizeof zd);
-        zd.stage = 3;
-        ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&grp, 1, NULL), pdp_status_name);
-        ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&one, grp, 0), pdp_status_name);
-        ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_zero_create(&z, m, one, &zd), pdp_status_name);
-        ASSERT(strstr(pdp_last_error(), "(TiedLinear) is not supported under ZeRO stage 3"));
-        pdp_comm_free(one);
-        pdp_local_group_free(grp);
-    }
     pdp_model_free(m);
     PASS();
 }
@@ -593,10 +581,302 @@ TEST gpt_under_dataparallel_equals_one_device(void)
     PASS();
 }
 
+/* Tensor parallel (Megatron's blocks: q, k, v split by heads) on 1, 2 and 3 thread ranks
+   (6 heads), with dropout 0.1 (attention masks keyed by the global head) and clipping:
+   3 AdamW steps give the single-device losses and, gathered into one file
+   (pdp_tp_checkpoint_save), its parameters; each block's step exchanges 4 all-reduces of
+   B x T x C floats (g forward and f backward, attention and MLP). */
+enum { TP_B = 2, TP_T = 8, TP_C = 24, TP_L = 2 };
+typedef struct tp_case {
+    int32_t ids[TP_B * TP_T], tg[TP_B * TP_T];
+    float losses[3];
+    int64_t bytes_one_step, allreduces_one_step;
+    char path[128];
+} tp_case;
+
+static pdp_gpt_desc tp_desc(void)
+{
+    pdp_gpt_desc d;
+    memset(&d, 0, sizeof d);
+    d.vocab = 13, d.context = TP_T, d.layers = TP_L, d.heads = 6, d.dim = TP_C, d.seed = 21;
+    d.dropout = getenv("NODROP") ? 0.0f : 0.1f;
+    return d;
+}
+
+/* 3 steps of AdamW with clipping at 0.5 on m (a TP or a plain GPT) */
+static pdp_status tp_train(pdp_model *m, tp_case *c, bool record)
+{
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    pdp_tensor x;
+    int64_t shape[2] = {TP_B, TP_T};
+    float loss, norm;
+    int s;
+    pdp_status st;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-2, od.weight_decay = 0.1;
+    if ((st = pdp_optim_create(&o, m, &od)) != PDP_OK) return st;
+    pdp_tensor_wrap_ids(c->ids, pdp_cpu(), 2, shape, &x);
+    for (s = 0; s < 3 && st == PDP_OK; s++) {
+        pdp_tp_stats ts;
+        if ((st = pdp_model_forward_backward(m, &x, c->tg, &loss)) != PDP_OK ||
+            (st = pdp_clip_grad_norm(m, 0.5f, &norm)) != PDP_OK ||
+            (st = pdp_optim_step(o)) != PDP_OK)
+            break;
+        pdp_optim_zero_grad(o);
+        if (record) c->losses[s] = loss;
+        pdp_tp_get_stats(m, &ts);
+        if (s == 0 && record) {
+            c->bytes_one_step = ts.forward_bytes + ts.backward_bytes;
+            c->allreduces_one_step = ts.forward_allreduces + ts.backward_allreduces;
+        }
+    }
+    pdp_optim_free(o);
+    return st;
+}
+
+static pdp_status tp_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    tp_case *c = (tp_case *)user;
+    pdp_gpt_desc d = tp_desc();
+    pdp_model *m = NULL;
+    pdp_status st;
+    d.tp = ctx->world;
+    if ((st = pdp_gpt_create(&m, &d)) == PDP_OK && (st = tp_train(m, c, ctx->rank == 0)) == PDP_OK)
+        st = pdp_tp_checkpoint_save(c->path, m, NULL);
+    pdp_model_free(m);
+    return st;
+}
+
+TEST gpt_tensor_parallel_by_heads_equals_one_device(void)
+{
+    tp_case c, one;
+    pdp_gpt_desc d = tp_desc();
+    pdp_model *ref = NULL, *back = NULL;
+    pdp_tensor pr, pb;
+    int64_t i;
+    int np;
+    memset(&c, 0, sizeof c);
+    for (i = 0; i < TP_B * TP_T; i++) {
+        c.ids[i] = (int32_t)((i * 5 + 1) % 13);
+        c.tg[i] = i % 7 == 3 ? -1 : (int32_t)((i * 3 + 2) % 13);
+    }
+    snprintf(c.path, sizeof c.path, "build/test_gpt_tp.%ld.safetensors", (long)getpid());
+    one = c;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&ref, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, tp_train(ref, &one, true), pdp_status_name);
+    pdp_model_flat(ref, &pr, NULL);
+    for (np = 1; np <= 3; np++) {
+        char msg[64];
+        snprintf(msg, sizeof msg, "TP %d", np);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_launch(np, NULL, tp_rank, &c), pdp_status_name);
+        for (i = 0; i < 3; i++) ASSERTm(msg, fabs(c.losses[i] - one.losses[i]) <= 1e-5);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&back, &d), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_load(c.path, back, NULL), pdp_status_name);
+        pdp_model_flat(back, &pb, NULL);
+        ASSERTm(msg, fixture_rel_err(pb.data, pr.data, pr.count) <= 1e-5);
+        pdp_model_free(back);
+        /* g forward and f backward, for the attention and the MLP of every block */
+        ASSERT_EQ(4 * TP_L, c.allreduces_one_step);
+        ASSERT_EQ((int64_t)4 * TP_L * TP_B * TP_T * TP_C * 4, c.bytes_one_step);
+    }
+    remove(c.path);
+    pdp_model_free(ref);
+    PASS();
+}
+
+/* A pipeline of GPT blocks: 2, 3 and 4 stages, GPipe and 1F1B, 4 micro-batches, cut only
+   between residual regions, the embedding on stage 0 and the head (with its copy of wte)
+   on the last: 3 AdamW steps with the pipeline's clipping (wte counted once) equal one
+   device: the losses, and every stage's parameters by name, the head's copy included. */
+enum { PP_B = 4 };
+typedef struct pp_case {
+    int32_t ids[PP_B * TP_T], tg[PP_B * TP_T];
+    pdp_pp_schedule schedule;
+    float losses[3];
+    const pdp_model *ref; /* the single-device model after the 3 steps */
+    double worst[8];
+    bool bad_cut;
+    pdp_recompute recompute;
+} pp_case;
+
+static pdp_status pp_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    pp_case *c = (pp_case *)user;
+    pdp_gpt_desc d = tp_desc();
+    pdp_model *full = NULL, *m;
+    pdp_pp *pp = NULL;
+    d.recompute = c->recompute;
+    pdp_pp_desc pd;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    pdp_tensor x;
+    int64_t shape[2] = {PP_B, TP_T};
+    float loss, norm;
+    int s, i;
+    pdp_status st;
+    memset(&pd, 0, sizeof pd);
+    pd.schedule = c->schedule;
+    pd.micro_batches = 4;
+    if (c->bad_cut) {
+        static const int first[2] = {0, 3};
+        pd.first_layer = first;
+    }
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-3, od.weight_decay = 0.1;
+    if ((st = pdp_gpt_create(&full, &d)) != PDP_OK ||
+        (st = pdp_pp_create(&pp, full, ctx->world, &pd)) != PDP_OK)
+        goto out;
+    m = pdp_pp_model(pp);
+    if ((st = pdp_optim_create(&o, m, &od)) != PDP_OK) goto out;
+    pdp_tensor_wrap_ids(c->ids, pdp_cpu(), 2, shape, &x);
+    for (s = 0; s < 3; s++) {
+        if ((st = pdp_pp_forward_backward(pp, &x, c->tg, &loss)) != PDP_OK ||
+            (st = pdp_pp_clip_grad_norm(pp, 0.5f, &norm)) != PDP_OK ||
+            (st = pdp_pp_step(pp, o)) != PDP_OK)
+            goto out;
+        if (ctx->rank == ctx->world_size - 1) c->losses[s] = loss;
+    }
+    c->worst[ctx->rank] = 0.0;
+    for (i = 0; i < pdp_model_num_params(m); i++) { /* each stage's tensors, by name */
+        pdp_param mine, want;
+        double e;
+        pdp_model_param(m, i, &mine);
+        if ((st = pdp_model_find_param(c->ref, mine.name, &want)) != PDP_OK) goto out;
+        e = fixture_rel_err(mine.value.data, want.value.data, want.count);
+        if (!(e <= c->worst[ctx->rank])) c->worst[ctx->rank] = e;
+    }
+out:
+    pdp_optim_free(o);
+    pdp_pp_free(pp);
+    pdp_model_free(full);
+    return st;
+}
+
+TEST gpt_pipeline_of_blocks_equals_one_device(void)
+{
+    pp_case c;
+    tp_case one;
+    pdp_gpt_desc d = tp_desc();
+    pdp_model *ref = NULL;
+    int64_t i;
+    int np, sched, r;
+    memset(&c, 0, sizeof c);
+    memset(&one, 0, sizeof one);
+    for (i = 0; i < PP_B * TP_T; i++) {
+        c.ids[i] = (int32_t)((i * 5 + 1) % 13);
+        c.tg[i] = i % 7 == 3 ? -1 : (int32_t)((i * 3 + 2) % 13);
+    }
+    ASSERT((int)sizeof one.ids >= 0); /* tp_train reads TP_B x TP_T of them: */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&ref, &d), pdp_status_name);
+    {   /* the single-device run, on the same 4 x T batch */
+        pdp_optim *o = NULL;
+        pdp_optim_desc od;
+        pdp_tensor x;
+        int64_t shape[2] = {PP_B, TP_T};
+        float loss, norm;
+        int s;
+        memset(&od, 0, sizeof od);
+        od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-3, od.weight_decay = 0.1;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, ref, &od), pdp_status_name);
+        pdp_tensor_wrap_ids(c.ids, pdp_cpu(), 2, shape, &x);
+        for (s = 0; s < 3; s++) {
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ref, &x, c.tg, &loss),
+                           pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(ref, 0.5f, &norm), pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), pdp_status_name);
+            pdp_optim_zero_grad(o);
+            one.losses[s] = loss;
+        }
+        pdp_optim_free(o);
+    }
+    c.ref = ref;
+    c.bad_cut = true; /* stage 1 from layer 3, inside block 0's attention region */
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_launch(2, NULL, pp_rank, &c), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "cuts the residual region of layers 2..8: cut between regions"));
+    c.bad_cut = false;
+    for (sched = 0; sched < 2; sched++)
+        for (np = 2; np <= 4; np++) {
+            char msg[64];
+            snprintf(msg, sizeof msg, "%s, %d stages", sched ? "GPipe" : "1F1B", np);
+            c.schedule = sched ? PDP_PP_GPIPE : PDP_PP_1F1B;
+            memset(c.worst, 0, sizeof c.worst);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_launch(np, NULL, pp_rank, &c), pdp_status_name);
+            for (i = 0; i < 3; i++) ASSERTm(msg, fabs(c.losses[i] - one.losses[i]) <= 1e-5);
+            for (r = 0; r < np; r++) ASSERTm(msg, c.worst[r] <= 1e-5);
+        }
+    c.recompute = PDP_RECOMPUTE_FULL; /* the stages run their regions again in backward */
+    c.schedule = PDP_PP_1F1B;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_launch(3, NULL, pp_rank, &c), pdp_status_name);
+    for (i = 0; i < 3; i++) ASSERTm("recompute", fabs(c.losses[i] - one.losses[i]) <= 1e-5);
+    for (r = 0; r < 3; r++) ASSERTm("recompute", c.worst[r] <= 1e-5);
+    pdp_model_free(ref);
+    PASS();
+}
+
+/* Activation recomputation gives the same bits as none (the same operations in the same
+   order; dropout masks are keyed, so drawn again alike) and keeps less: SELECTIVE drops
+   each attention's B x H x T x T probabilities, FULL everything inside the residual
+   regions; FULL also trains in a pipeline stage (equal to one device) and ZeRO-3 refuses
+   it by name. */
+TEST gpt_recomputation_is_exact_and_keeps_less(void)
+{
+    pdp_gpt_desc d = tp_desc();
+    pdp_model *m[3] = {NULL, NULL, NULL};
+    int32_t ids[TP_B * TP_T], tg[TP_B * TP_T];
+    int64_t shape[2] = {TP_B, TP_T}, i, bytes[3];
+    pdp_tensor x, g0, g;
+    float loss[3];
+    int k, step;
+    for (i = 0; i < TP_B * TP_T; i++) {
+        ids[i] = (int32_t)((i * 7 + 3) % 13);
+        tg[i] = i % 5 == 2 ? -1 : (int32_t)((i * 11 + 1) % 13);
+    }
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
+    for (k = 0; k < 3; k++) {
+        d.recompute = (pdp_recompute)k;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&m[k], &d), pdp_status_name);
+        for (step = 0; step < 2; step++) { /* a second step: the dropout keys move on */
+            pdp_model_zero_grad(m[k]);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(m[k], &x, tg, &loss[k]),
+                           pdp_status_name);
+        }
+        bytes[k] = pdp_model_activation_bytes(m[k], 0, pdp_model_num_layers(m[k]), TP_B);
+    }
+    pdp_model_flat(m[0], NULL, &g0);
+    for (k = 1; k < 3; k++) {
+        ASSERT_EQ(loss[0], loss[k]);
+        pdp_model_flat(m[k], NULL, &g);
+        for (i = 0; i < g.count; i++) ASSERT_EQ(g0.data[i], g.data[i]);
+    }
+    /* selective: exactly the probabilities, 6 heads x T x T floats a sample and layer */
+    ASSERT_EQ(bytes[0] - (int64_t)TP_L * TP_B * 6 * TP_T * TP_T * 4, bytes[1]);
+    ASSERT(bytes[2] < bytes[1]);
+    {   /* ZeRO-3 lets parameters go between a layer's events: FULL is refused by name */
+        pdp_local_group *grp = NULL;
+        pdp_comm *one = NULL;
+        pdp_zero *z = NULL;
+        pdp_zero_desc zd;
+        memset(&zd, 0, sizeof zd);
+        zd.stage = 3;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&grp, 1, NULL), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&one, grp, 0), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_zero_create(&z, m[2], one, &zd), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "FULL activation recomputation under ZeRO stage 3"));
+        pdp_comm_free(one);
+        pdp_local_group_free(grp);
+    }
+    for (k = 0; k < 3; k++) pdp_model_free(m[k]);
+    PASS();
+}
+
 SUITE(gpt)
 {
+    RUN_TEST(gpt_recomputation_is_exact_and_keeps_less);
+    RUN_TEST(gpt_pipeline_of_blocks_equals_one_device);
+    RUN_TEST(gpt_tensor_parallel_by_heads_equals_one_device);
     RUN_TEST(gpt_under_dataparallel_equals_one_device);
-    RUN_TEST(gpt_under_ddp_equals_one_device_and_others_refuse_clearly);
+    RUN_TEST(gpt_under_ddp_equals_one_device);
     RUN_TEST(gpt_names_and_shapes_are_nanogpts);
     RUN_TEST(gpt_matches_pytorch_logits_loss_and_every_gradient);
     RUN_TEST(gpt_five_adamw_steps_with_clipping_match_pytorch);

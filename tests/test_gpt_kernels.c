@@ -55,7 +55,7 @@ static double keep_of(const pdp__attn_dropout *d, int64_t T, int64_t b, int64_t 
     uint64_t key;
     if (!d || d->p == 0.0f) return 1.0;
     key = pdp__dropout_key(d->seed, d->layer, d->step, d->sample_base + b);
-    return pdp__dropout_bits(key, (h * T + t) * T + s) >= pdp__dropout_threshold(d->p)
+    return pdp__dropout_bits(key, ((h + d->head_base) * T + t) * T + s) >= pdp__dropout_threshold(d->p)
                ? (double)(1.0f / (1.0f - d->p))
                : 0.0;
 }
@@ -140,7 +140,7 @@ TEST gpt_attention_forward_matches_naive(void)
                 for (di = 0; di < 2; di++)
                     for (pi = 0; pi < 2; pi++) {
                         int64_t B = Bs[bi], T = Ts[ti], H = Hs[hi], C = H * Ds[di], i;
-                        pdp__attn_dropout drop = {0.3f, 7, 2, 1, 5};
+                        pdp__attn_dropout drop = {0.3f, 7, 2, 1, 5, 0};
                         attn_bufs a = attn_alloc(B, T, C, H);
                         double *q, *y = (double *)malloc((size_t)(B * T * C) * sizeof(double));
                         double *P = (double *)malloc((size_t)(B * H * T * T) * sizeof(double));
@@ -173,7 +173,7 @@ TEST gpt_attention_backward_matches_finite_differences(void)
                     for (pi = 0; pi < 2; pi++) {
                         int64_t B = Bs[bi], T = Ts[ti], H = Hs[hi], C = H * Ds[di], i;
                         int64_t n = B * T * 3 * C;
-                        pdp__attn_dropout drop = {0.25f, 11, 0, 3, 0};
+                        pdp__attn_dropout drop = {0.25f, 11, 0, 3, 0, 0};
                         const pdp__attn_dropout *dp = pi ? &drop : NULL;
                         attn_bufs a = attn_alloc(B, T, C, H);
                         double *q, *r, *y = (double *)malloc((size_t)(B * T * C) * sizeof(double));
@@ -273,7 +273,7 @@ TEST gpt_attention_softmax_safe_with_large_scores(void)
 TEST gpt_attention_dropout_reproducible(void)
 {
     int64_t B = 2, T = 16, H = 2, C = 16, n = B * T * C;
-    pdp__attn_dropout zero = {0.0f, 1, 0, 0, 0}, d = {0.2f, 1, 0, 4, 0}, e = d;
+    pdp__attn_dropout zero = {0.0f, 1, 0, 0, 0, 0}, d = {0.2f, 1, 0, 4, 0, 0}, e = d;
     attn_bufs a = attn_alloc(B, T, C, H), c = attn_alloc(B, T, C, H);
     fill(a.qkv, B * T * 3 * C, -1.0f, 1.0f);
     memcpy(c.qkv, a.qkv, (size_t)(B * T * 3 * C) * sizeof(float));
@@ -302,7 +302,7 @@ TEST gpt_attention_dropout_reproducible(void)
 TEST gpt_attention_threads_bit_identical(void)
 {
     int64_t B = 3, T = 16, H = 4, C = 32, n = B * T * 3 * C;
-    pdp__attn_dropout d = {0.1f, 3, 1, 0, 0};
+    pdp__attn_dropout d = {0.1f, 3, 1, 0, 0, 0};
     attn_bufs a = attn_alloc(B, T, C, H), c = attn_alloc(B, T, C, H);
     fill(a.qkv, n, -1.0f, 1.0f);
     fill(a.dy, B * T * C, -1.0f, 1.0f);

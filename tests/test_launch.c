@@ -1,7 +1,9 @@
 /* test_launch.c - pdp_launch: every rank runs once with its own communicator, statuses and
    messages come back naming the first rank that failed, a process that a launcher started
    (RANK/WORLD_SIZE) runs one rank, and bad input is refused with a message before any rank
-   starts. The collectives inside are checked against a naive sum over the ranks. */
+   starts. The collectives inside are checked against a naive sum over the ranks. The
+   programs' helpers: pdp_args_parse against values written out by hand, pdp_print_by_rank
+   against ranks that arrive in reverse order. */
 
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
@@ -9,6 +11,8 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #define MAXR 8
 
@@ -238,6 +242,96 @@ TEST launch_backend_from_name(void)
     PASS();
 }
 
+/* pdp_args_parse against the values written out by hand: each type, a range, choices, and
+   every refusal naming the option and the value, with the usage (the defaults) after it. */
+TEST launch_args_parse(void)
+{
+    int np = 2, stage = 3;
+    int64_t batch = 256;
+    double lr = 0.001;
+    const char *backend = "local";
+    const pdp_arg args[] = {
+        {"-np", PDP_ARG_INT, &np, 1, 8, NULL},
+        {"-stage", PDP_ARG_INT, &stage, 0, 0, NULL}, /* any int */
+        {"-batch", PDP_ARG_INT64, &batch, 1, 1e6, NULL},
+        {"-lr", PDP_ARG_DOUBLE, &lr, 1e-9, 10, NULL},
+        {"-backend", PDP_ARG_STRING, &backend, 0, 0, "local|mpi|nccl"},
+    };
+    char *ok[] = {"prog", "-np", "4", "-batch", "1000000", "-lr", "2.5e-3", "-backend", "mpi",
+                  "-stage", "-7"};
+    char *none[] = {"prog"};
+    char *bad[][3] = {{"prog", "-np", "9"},      {"prog", "-np", "3x"},
+                      {"prog", "-np", ""},       {"prog", "-lr", "0"},
+                      {"prog", "-batch", "1.5"}, {"prog", "-backend", "mp"},
+                      {"prog", "-stage", "3000000000"}, {"prog", "-lr", "nan"}};
+    char *unknown[] = {"prog", "-nq", "4"}, *novalue[] = {"prog", "-np"};
+    size_t i;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_args_parse(1, none, args, 5), pdp_status_name);
+    ASSERT(np == 2 && stage == 3 && batch == 256 && lr == 0.001 && !strcmp(backend, "local"));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_args_parse(11, ok, args, 5), pdp_status_name);
+    ASSERT(np == 4 && stage == -7 && batch == 1000000 && lr == 2.5e-3 && !strcmp(backend, "mpi"));
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(3, bad[i], args, 5), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "pdp_args_parse: prog: ") == pdp_last_error());
+        ASSERT(strstr(pdp_last_error(), bad[i][1]) && strstr(pdp_last_error(), bad[i][2]));
+    }
+    ASSERT(np == 4 && stage == -7 && batch == 1000000 && lr == 2.5e-3 && !strcmp(backend, "mpi"));
+    ASSERT_STR_EQ("pdp_args_parse: prog: -lr 'nan' is not a number in 1e-09..10\nusage: prog "
+                  "[-np 4 (1..8)] [-stage -7] [-batch 1000000 (1..1000000)] [-lr 0.0025 "
+                  "(1e-09..10)] [-backend mpi (local|mpi|nccl)]", pdp_last_error());
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(3, bad[5], args, 5), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), ": -backend 'mp' is not one of local|mpi|nccl\n"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(3, bad[6], args, 5), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), ": -stage '3000000000' is not an integer\n"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(3, unknown, args, 5), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "unknown option '-nq'"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(2, novalue, args, 5), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "-np needs a value"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(3, unknown, NULL, 5), pdp_status_name);
+    PASS();
+}
+
+/* pdp_print_by_rank: the ranks call it in reverse rank order in time (rank r sleeps
+   (n-1-r) x 20 ms), so printing as each arrives would give "rank 2, 1, 0"; stdout, taken
+   into a file, must read 0, 1, 2 and hold nothing from the other ranks but rank 0's print. */
+static pdp_status print_fn(const pdp_launch_ctx *ctx, void *user)
+{
+    struct timespec ts = {0, (long)(ctx->world_size - 1 - ctx->rank) * 20000000L};
+    (void)user;
+    nanosleep(&ts, NULL);
+    return pdp_print_by_rank(ctx->world, "rank %d of %d%s\n", ctx->rank, ctx->world_size,
+                             ctx->rank == 1 ? " (one)" : "");
+}
+
+TEST launch_print_by_rank(void)
+{
+    char path[] = "/tmp/pdp_test_print_XXXXXX", got[256] = "";
+    int fd = mkstemp(path), saved;
+    FILE *f;
+    size_t len;
+    pdp_status st;
+    ASSERT(fd >= 0);
+    fflush(stdout);
+    saved = dup(1);
+    dup2(fd, 1);
+    st = pdp_launch(3, NULL, print_fn, NULL);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    close(fd);
+    f = fopen(path, "rb");
+    ASSERT(f != NULL);
+    len = fread(got, 1, sizeof got - 1, f);
+    got[len] = '\0';
+    fclose(f);
+    remove(path);
+    ASSERT_ENUM_EQ(PDP_OK, st, pdp_status_name);
+    ASSERT_STR_EQ("rank 0 of 3\nrank 1 of 3 (one)\nrank 2 of 3\n", got);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_print_by_rank(NULL, "x"), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_print_by_rank") == pdp_last_error());
+    PASS();
+}
+
 SUITE(launch)
 {
     RUN_TEST(launch_runs_every_rank_once);
@@ -246,6 +340,8 @@ SUITE(launch)
     RUN_TEST(launch_refuses_bad_input);
     RUN_TEST(launch_helpers);
     RUN_TEST(launch_backend_from_name);
+    RUN_TEST(launch_args_parse);
+    RUN_TEST(launch_print_by_rank);
 }
 
 GREATEST_MAIN_DEFS();

@@ -319,8 +319,69 @@ TEST loss_forward_backward_target_picks_the_loss_by_dtype(void)
     PASS();
 }
 
+/* A regression an embedder brings as arrays, trained through the batcher's target tensors
+   and pdp_model_forward_backward_target (MSE): a Linear learns y = 2 x0 - x1 + 0.5. */
+TEST loss_regression_from_arrays_trains_through_the_target_tensor(void)
+{
+    enum { N = 64 };
+    float x[N * 2], y[N];
+    pdp_dataset_arrays a;
+    pdp_dataset *ds = NULL;
+    pdp_batcher *b = NULL;
+    pdp_batcher_desc bd;
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    pdp_tensor xt, t;
+    pdp_param w, bias;
+    int64_t n, i;
+    float loss = 1.0f;
+    int epoch;
+    for (i = 0; i < N; i++) {
+        x[2 * i] = (float)((i * 7) % 17) / 8.0f - 1.0f;
+        x[2 * i + 1] = (float)((i * 5) % 13) / 6.0f - 1.0f;
+        y[i] = 2.0f * x[2 * i] - x[2 * i + 1] + 0.5f;
+    }
+    memset(&a, 0, sizeof a);
+    a.x = x, a.count = N, a.shape[0] = 2, a.targets = y;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_from_arrays(&ds, &a), pdp_status_name);
+    memset(&bd, 0, sizeof bd);
+    bd.batch_size = 16, bd.shuffle = true, bd.seed = 1;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 2;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&m, &md), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 1), pdp_status_name);
+    memset(&od, 0, sizeof od);
+    od.lr = 0.1;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
+    for (epoch = 0; epoch < 60; epoch++) {
+        pdp_batcher_reset(b, (uint64_t)epoch);
+        while (pdp_batcher_next_target(b, &xt, &t, &n)) {
+            ASSERT_EQ(PDP_DTYPE_F32, t.dtype);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward_target(m, &xt, &t, &loss),
+                           pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), pdp_status_name);
+            pdp_optim_zero_grad(o);
+        }
+    }
+    pdp_model_param(m, 0, &w);
+    pdp_model_param(m, 1, &bias);
+    ASSERT_IN_RANGE(2.0, w.value.data[0], 1e-3);
+    ASSERT_IN_RANGE(-1.0, w.value.data[1], 1e-3);
+    ASSERT_IN_RANGE(0.5, bias.value.data[0], 1e-3);
+    ASSERT_LTE(loss, 1e-6);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_batcher_free(b);
+    pdp_dataset_free(ds);
+    PASS();
+}
+
 SUITE(loss)
 {
+    RUN_TEST(loss_regression_from_arrays_trains_through_the_target_tensor);
     RUN_TEST(loss_forward_backward_ignores_minus_one);
     RUN_TEST(loss_forward_backward_target_picks_the_loss_by_dtype);
     RUN_TEST(loss_cross_entropy_matches_reference_and_finite_differences);

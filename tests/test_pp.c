@@ -722,7 +722,7 @@ TEST pp_balance_matches_brute_force(void)
                     r = r * 6364136223846793005ull + 1442695040888963407ull;
                     cost[i] = (double)((r >> 33) % (trial % 3 == 0 ? 3u : 50u));
                 }
-                ASSERT_ENUM_EQ(PDP_OK, pdp__pp_balance(cost, n, p, got), pdp_status_name);
+                ASSERT_ENUM_EQ(PDP_OK, pdp__pp_balance(cost, NULL, n, p, got), pdp_status_name);
                 brute_split(cost, n, p, want);
                 for (i = 0; i < p; i++)
                     if (got[i] != want[i]) {
@@ -774,7 +774,7 @@ TEST pp_balance_by_work(void)
         for (i = 0; i < pdp_model_num_layers(m); i++) cost[i] = work_of(m, i);
         pdp__pp_layer_costs(m, PDP_PP_BALANCE_WORK, lib); /* the library's own costs */
         for (i = 0; i < pdp_model_num_layers(m); i++) ASSERT_EQ(cost[i], lib[i]);
-        ASSERT_ENUM_EQ(PDP_OK, pdp__pp_balance(cost, pdp_model_num_layers(m), p, first),
+        ASSERT_ENUM_EQ(PDP_OK, pdp__pp_balance(cost, NULL, pdp_model_num_layers(m), p, first),
                        pdp_status_name);
         ASSERT_EQ(0, first[0]);
         ASSERT_EQ(p == 2 ? 1 : 2, first[1]);

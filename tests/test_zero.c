@@ -16,7 +16,9 @@
    count equals formula_bytes, which names k. Uneven shards (5, 3, 2 samples):
    the default trains the mean of per-rank means, batch_mean
    PDP_BATCH_MEAN_GLOBAL the global batch's, each equal to one device computing
-   it, stages 1-3 with accumulation and an own loss.
+   it, stages 1-3 with accumulation and an own loss. A GPT (its head tied to the token
+   embedding) at stages 1-3 x N = 1-4 equals one device, its tied unit reduce-scattered
+   once per backward after the embedding's backward (zero_trains_the_gpt_...).
    Faults: an absent rank times out naming the collective, the unit and the
    rank. An own loss under ZeRO synchronises too. The bf16 compression hook at
    stages 1-3 (check_zero_hook states its tolerances and byte counts).
@@ -2419,12 +2421,323 @@ TEST zero_and_ddp_bucket_options_one_rule(void)
     PASS();
 }
 
+/* ---- the GPT: a head tied to the token embedding ----
+   pdp_gpt_create's GPT (vocab 13, context 8, 2 layers, 2 heads, dim 16) under stages
+   1-3 on N = 1-4 thread ranks (pdp_launch) against one device on the global batch of 12
+   sequences, GPT_STEPS AdamW steps (with accumulation at stage 3): the gathered
+   parameters within 1e-5 relative, every rank the same bits. Each rank's loss is the
+   mean over the non-ignored positions of its own shard (as PyTorch DDP), and the
+   reduce-scatter averages over ranks; every sequence has exactly one target -1, so
+   every rank has the same number of non-ignored targets and the average of the ranks'
+   means is the global batch's mean, which one device trains. Units of one layer each
+   (more than param_buffers: the tied unit leaves its gather slot between its two uses,
+   forward and backward) and one unit for the whole model. A spy on the executor's
+   collective and on the model's events counts the tied unit's reduce-scatters: exactly
+   one per backward, launched after layer 0's (the Embedding's) backward began, never
+   at the head's; stage 3 gathers the tied unit for the head in forward and in backward
+   (two all-gathers more a step when it left its slot in between); the bytes sent per
+   step equal formula_bytes, those gathers included; the memory plan equals what the rank
+   allocated. Without the head's events (model.c) stage 2 crashes on the head's gradient
+   pointer; with the old round-robin buffers (unit u takes u mod grad_buffers) stage 2
+   ends 0.057 from one device; without the formula's tied term the bytes differ. */
+#define GPT_V 13
+#define GPT_T 8
+#define GPT_SEQ 12 /* the global batch: divisible by 1, 2, 3 and 4 */
+#define GPT_STEPS 3
+
+typedef struct gpt_job {
+    int stage, n, accum, param_buffers, grad_buffers;
+    double cap_mb;
+    float *params[MAXR];
+    int64_t count;
+    int units, tied_unit;
+    int launches[MAXR][GPT_STEPS]; /* the tied unit's reduce-scatters in each step */
+    int early[MAXR];               /* ... launched before layer 0's backward began */
+    pdp_zero_stats stats[MAXR];
+    pdp_zero_memory mem[MAXR], plan[MAXR];
+} gpt_job;
+
+static pdp_model *gpt_small(uint64_t seed)
+{
+    pdp_gpt_desc d;
+    pdp_model *m = NULL;
+    memset(&d, 0, sizeof d);
+    d.vocab = GPT_V, d.context = GPT_T, d.layers = 2, d.heads = 2, d.dim = 16, d.seed = seed;
+    return pdp_gpt_create(&m, &d) == PDP_OK ? m : NULL;
+}
+
+/* Micro-batch mb: token ids and targets [GPT_SEQ, GPT_T], one -1 in every sequence. */
+static void gpt_batch(int mb, int32_t *ids, int32_t *tg)
+{
+    int i, t;
+    for (i = 0; i < GPT_SEQ; i++)
+        for (t = 0; t < GPT_T; t++) {
+            uint32_t h = (uint32_t)((mb * 97 + i * GPT_T + t) * 2654435761u);
+            h ^= h >> 13;
+            ids[i * GPT_T + t] = (int32_t)(h % GPT_V);
+            tg[i * GPT_T + t] = t == (i + mb) % GPT_T ? -1 : (int32_t)((h >> 8) % GPT_V);
+        }
+}
+
+static pdp_optim_desc gpt_adamw(void)
+{
+    pdp_optim_desc od;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW;
+    od.lr = 0.01f;
+    od.weight_decay = 0.1f;
+    return od;
+}
+
+/* The spy (per rank thread): the model's events and the executor's collective, each
+   recorded and passed on. */
+static __thread pdp__model_event_fn spy_event_next;
+static __thread pdp__reduce_fn spy_reduce_next;
+static __thread int spy_layer, spy_tied_unit, spy_launches, spy_early;
+
+static pdp_status spy_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
+                            pdp_status st)
+{
+    if (ev == PDP__EV_BACKWARD_BEGIN) spy_layer = m->nlayers;
+    if (ev == PDP__EV_BACKWARD_LAYER) spy_layer = layer;
+    return spy_event_next(user, m, ev, layer, st);
+}
+
+static pdp_status spy_reduce(pdp__reducer *r, int b, pdp_work **w)
+{
+    if (b == spy_tied_unit) {
+        spy_launches++;
+        spy_early += spy_layer != 0;
+    }
+    return spy_reduce_next(r, b, w);
+}
+
+static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    gpt_job *job = (gpt_job *)user;
+    int r = ctx->rank, n = ctx->world_size, local = GPT_SEQ / n, s, a;
+    pdp_model *m = gpt_small(r == 0 ? 11 : 70 + (uint64_t)r); /* rank 0's broadcast */
+    pdp_zero *z = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = gpt_adamw();
+    pdp_zero_desc zd;
+    int32_t ids[GPT_SEQ * GPT_T], tg[GPT_SEQ * GPT_T];
+    int64_t shape[2] = {0, GPT_T};
+    pdp_tensor x;
+    float loss;
+    pdp_status st;
+    if (!m) return PDP_ERR_OUT_OF_MEMORY;
+    memset(&zd, 0, sizeof zd);
+    zd.stage = job->stage;
+    zd.bucket_cap_mb = zd.first_bucket_mb = job->cap_mb;
+    zd.param_buffers = job->param_buffers;
+    zd.grad_buffers = job->grad_buffers;
+    shape[0] = local;
+    if ((st = pdp_zero_create(&z, m, ctx->world, &zd)) != PDP_OK ||
+        (st = pdp_zero_optim_create(&o, z, &od)) != PDP_OK ||
+        (st = pdp_zero_get_memory(z, o, &job->mem[r])) != PDP_OK ||
+        (st = pdp_zero_memory_plan(m, n, job->stage, &zd, o, &job->plan[r])) != PDP_OK)
+        goto out;
+    job->units = z->nunits;
+    job->tied_unit = spy_tied_unit = z->unit_of_layer[m->nlayers - 1]; /* the head's */
+    spy_event_next = m->event;
+    m->event = spy_event;
+    spy_reduce_next = z->r.desc.reduce;
+    z->r.desc.reduce = spy_reduce;
+    spy_early = 0;
+    pdp_tensor_wrap_ids(ids + r * local * GPT_T, pdp_cpu(), 2, shape, &x);
+    for (s = 0; s < GPT_STEPS; s++) {
+        spy_launches = 0;
+        for (a = 0; a < job->accum; a++) {
+            gpt_batch(s * job->accum + a, ids, tg);
+            pdp_zero_set_no_sync(z, a < job->accum - 1);
+            if ((st = pdp_zero_forward_backward(z, &x, tg + r * local * GPT_T, &loss)) != PDP_OK)
+                goto out;
+        }
+        if ((st = pdp_zero_step(z, o)) != PDP_OK) goto out;
+        job->launches[r][s] = spy_launches;
+    }
+    job->early[r] = spy_early;
+    pdp_zero_get_stats(z, &job->stats[r]);
+    job->count = m->param_count;
+    job->params[r] = (float *)malloc((size_t)m->param_count * sizeof(float));
+    st = job->params[r] ? pdp_zero_gather_params(z, job->params[r]) : PDP_ERR_OUT_OF_MEMORY;
+out:
+    pdp_zero_free(z);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    return st;
+}
+
+/* One device on the global batches: the reference. */
+static pdp_status gpt_single(int accum, float **params, int64_t *count)
+{
+    pdp_model *m = gpt_small(11);
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = gpt_adamw();
+    int32_t ids[GPT_SEQ * GPT_T], tg[GPT_SEQ * GPT_T];
+    int64_t shape[2] = {GPT_SEQ, GPT_T};
+    pdp_tensor x, flat;
+    float loss;
+    pdp_status st;
+    int s, a;
+    *params = NULL;
+    if (!m) return PDP_ERR_OUT_OF_MEMORY;
+    if ((st = pdp_optim_create(&o, m, &od)) != PDP_OK) goto out;
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
+    for (s = 0; s < GPT_STEPS; s++) {
+        for (a = 0; a < accum; a++) {
+            gpt_batch(s * accum + a, ids, tg);
+            if ((st = pdp_model_forward_backward(m, &x, tg, &loss)) != PDP_OK) goto out;
+        }
+        if ((st = pdp_optim_step(o)) != PDP_OK) goto out;
+        pdp_model_zero_grad(m);
+    }
+    pdp_model_flat(m, &flat, NULL);
+    *count = flat.count;
+    *params = (float *)malloc((size_t)flat.count * sizeof(float));
+    if (*params) memcpy(*params, flat.data, (size_t)flat.count * sizeof(float));
+    else st = PDP_ERR_OUT_OF_MEMORY;
+out:
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    return st;
+}
+
+static enum greatest_test_res check_gpt(gpt_job *job, const float *ref, int64_t count)
+{
+    static char msg[300];
+    double e;
+    int r, s;
+    pdp_status st = pdp_launch(job->n, NULL, gpt_rank, job);
+    snprintf(msg, sizeof msg, "stage %d N %d cap %g accum %d param_buffers %d: %s", job->stage,
+             job->n, job->cap_mb, job->accum, job->param_buffers, pdp_last_error());
+    ASSERT_ENUM_EQm(msg, PDP_OK, st, pdp_status_name);
+    ASSERT_EQ(count, job->count);
+    e = rel_diff(job->params[0], ref, count);
+    snprintf(msg, sizeof msg, "stage %d N %d cap %g accum %d param_buffers %d (%d units, the "
+             "tied one %d): |zero - single| %.3g", job->stage, job->n, job->cap_mb, job->accum,
+             job->param_buffers, job->units, job->tied_unit, e);
+    ASSERTm(msg, e <= 1e-5);
+    for (r = 0; r < job->n; r++) {
+        if (r && memcmp(job->params[0], job->params[r], (size_t)count * 4)) {
+            int64_t i;
+            for (i = 0; i < count && job->params[0][i] == job->params[r][i]; i++) {}
+            snprintf(msg, sizeof msg, "stage %d N %d cap %g accum %d: rank %d differs from rank "
+                     "0 first at element %lld: %.9g, %.9g", job->stage, job->n, job->cap_mb,
+                     job->accum, r, (long long)i, job->params[r][i], job->params[0][i]);
+            FAILm(msg);
+        }
+        for (s = 0; s < GPT_STEPS; s++) /* stage 1 reduces once a step, 2-3 every backward */
+            ASSERT_EQm(msg, job->stage == 1 ? 1 : job->accum, job->launches[r][s]);
+        ASSERT_EQm(msg, 0, job->early[r]);
+        snprintf(msg, sizeof msg, "stage %d N %d cap %g accum %d: sent %lld, formula %lld (%s)",
+                 job->stage, job->n, job->cap_mb, job->accum,
+                 (long long)job->stats[r].bytes_sent, (long long)job->stats[r].formula_bytes,
+                 job->stats[r].formula);
+        ASSERT_EQm(msg, job->stats[r].formula_bytes, job->stats[r].bytes_sent);
+        /* the gathers of a step: stages 1-2 every unit once; stage 3 every unit in forward
+           and in backward, and the tied unit again for the head in each when the units
+           outnumber the gather slots (it left its slot in between) */
+        if (job->accum == 1)
+            ASSERT_EQm(msg, job->stage < 3 ? job->units
+                            : 2 * job->units + 2 * (job->units > (job->param_buffers
+                                                                      ? job->param_buffers
+                                                                      : 2)),
+                       (int)job->stats[r].gathers);
+        ASSERT_EQm(msg, job->plan[r].buffer_bytes, job->mem[r].buffer_bytes);
+        ASSERT_EQm(msg, job->plan[r].total_bytes, job->mem[r].total_bytes);
+    }
+    for (r = 0; r < job->n; r++) {
+        free(job->params[r]);
+        job->params[r] = NULL;
+    }
+    PASS();
+}
+
+TEST zero_trains_the_gpt_as_one_device_tied_weight_reduced_once(void)
+{
+    static const double caps[] = {1e-9, 0.01, 1e6}; /* a unit per layer; 3 units; one */
+    static gpt_job job;
+    float *ref[3] = {NULL, NULL, NULL};
+    pdp_model *m = gpt_small(11);
+    int64_t count = 0;
+    int stage, n, accum, k, pb, units[3];
+    ASSERT(m);
+    for (k = 0; k < 3; k++) /* the units ZeRO will plan (reducer.c's walk) */
+        units[k] = pdp__reducer_walk(m, caps[k] * 1048576.0, caps[k] * 1048576.0, true, NULL,
+                                     NULL);
+    pdp_model_free(m);
+    ASSERT(units[0] > 2 && units[1] == 3 && units[2] == 1);
+    for (accum = 1; accum <= 2; accum++)
+        ASSERT_ENUM_EQ(PDP_OK, gpt_single(accum, &ref[accum], &count), pdp_status_name);
+    for (stage = 1; stage <= 3; stage++)
+        for (n = 1; n <= SWEEP_N; n++)
+            for (k = 0; k < 3; k++)
+                for (accum = 1; accum <= (stage == 3 ? 2 : 1); accum++)
+                    for (pb = 0; pb <= (stage == 3 && k == 1); pb++) {
+                        memset(&job, 0, sizeof job);
+                        job.stage = stage;
+                        job.n = n;
+                        job.accum = accum;
+                        job.cap_mb = caps[k];
+                        job.param_buffers = pb ? units[k] : 0; /* every unit kept gathered */
+                        CHECK_CALL(check_gpt(&job, ref[accum], count));
+                    }
+    free(ref[1]);
+    free(ref[2]);
+    PASS();
+}
+
+/* A tied head's unit keeps its gradient buffer through the backward: with 2 units or
+   more, stages 2-3 need grad_buffers >= 2 (the default gives 2), and 1 is refused naming
+   the head and the tied parameter. */
+TEST zero_gpt_needs_two_gradient_buffers(void)
+{
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_model *m = gpt_small(11);
+    pdp_zero *z = NULL;
+    pdp_zero_desc zd;
+    pdp_zero_memory plan, mem;
+    ASSERT(m);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    memset(&zd, 0, sizeof zd);
+    zd.stage = 2;
+    zd.bucket_cap_mb = zd.first_bucket_mb = 1e-9;
+    zd.grad_buffers = 1;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERT(z == NULL);
+    ASSERT(has("pdp_zero_create: grad_buffers 1: layer 26 (TiedLinear) adds to the gradient "
+               "of 'transformer.wte.weight' before layer 0 (Embedding) does"));
+    ASSERT(has("at least 2"));
+    zd.grad_buffers = 0;
+    zd.stage = 3;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERT_EQ(2, pdp_zero_get_desc(z).grad_buffers);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_zero_get_memory(z, NULL, &mem), pdp_status_name);
+    pdp_zero_free(z);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_zero_memory_plan(m, 1, 3, &zd, NULL, &plan), pdp_status_name);
+    ASSERT_EQ(plan.buffer_bytes, mem.buffer_bytes);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
 SUITE(zero_wrapped)
 {
     RUN_TEST(zero_wrapped_model_refuses_layout_changes);
     RUN_TEST(zero_param_views_are_this_ranks_part);
     RUN_TEST(zero_checkpoint_calls_refuse_what_the_shards_hold);
     RUN_TEST(zero_and_ddp_bucket_options_one_rule);
+}
+
+SUITE(zero_gpt)
+{
+    RUN_TEST(zero_trains_the_gpt_as_one_device_tied_weight_reduced_once);
+    RUN_TEST(zero_gpt_needs_two_gradient_buffers);
 }
 
 GREATEST_MAIN_DEFS();
@@ -2435,6 +2748,7 @@ int main(int argc, char **argv)
     RUN_SUITE(zero);
     RUN_SUITE(zero_uneven_and_accumulation);
     RUN_SUITE(zero_wrapped);
+    RUN_SUITE(zero_gpt);
     if (ckpt_dir[0]) { /* the checkpoint tests' files */
         char cmd[300];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt_dir);

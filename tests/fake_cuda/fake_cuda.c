@@ -532,7 +532,7 @@ pdp_status pdp_cudak_dropout_fwd(int dev, const float *x, float *y, float *mask,
     pdp__layer l = fake__layer_of(PDP__DROPOUT, 1, n, 1, 1);
     pdp__layer_io io = fake__io(batch);
     l.p = p;
-    l.index = layer;
+    l.index = l.mask_index = layer;
     io.x = x, io.y = y, io.saved = mask;
     io.training = true, io.seed = seed, io.step = step, io.sample_base = sample_base;
     return fake__layer(__func__, dev, &l, &io, 0, FAKE__X | FAKE__Y | FAKE__SAVED, NULL);
@@ -694,7 +694,7 @@ static pdp__layer fake__attn_layer(const pdp_cudak_attn *g, pdp__layer_io *io)
     pdp__layer l = fake__layer_of(PDP__CAUSAL_SELF_ATTENTION, 2, g->T, 3 * g->C, 1);
     l.heads = g->H;
     l.p = g->p;
-    l.index = g->layer;
+    l.index = l.mask_index = g->layer;
     io->training = g->p != 0.0f;
     io->seed = g->seed, io->step = g->step, io->sample_base = g->sample_base;
     return l;
