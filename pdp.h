@@ -100,8 +100,10 @@
    ZeRO stages 1-3 train it (each equal to one device; the tied weight's two gradients are
    summed and reduced once, after the embedding's backward), and so does tensor
    parallelism by heads (pdp_gpt_desc.tp) and pipelines of blocks (pp.h: cut between
-   residual regions, the tied weight copied to the last stage and its gradients summed);
-   its layers run on the CPU only for now.
+   residual regions, the tied weight copied to the last stage and its gradients summed).
+   On a CUDA device (desc.device = pdp_cuda(i)) every layer runs in pdp_cuda.cu, checked
+   against the same GPT on the CPU under the CUDA emulation (tests/test_cuda.c: logits,
+   loss, gradients and three AdamW steps within 1e-5).
 
    BUILD
    =====
@@ -1162,7 +1164,7 @@ typedef struct pdp_gpt_desc {
     float dropout;           /* after the embedding, on the attention probabilities and at
                                 the end of each branch, in [0, 1); default 0 */
     uint64_t seed;           /* initialisation and dropout masks; default 0 */
-    pdp_device device;       /* default CPU (the GPT's kinds run on the CPU for now) */
+    pdp_device device;       /* default CPU; pdp_cuda(i): every layer runs in pdp_cuda.cu */
     pdp_precision precision; /* as pdp_model_desc.precision */
     pdp_recompute recompute; /* as pdp_model_desc.recompute: SELECTIVE keeps no attention
                                 probabilities, FULL keeps each residual region's input only */
@@ -3348,9 +3350,38 @@ pdp_status pdp_cudak_maxpool_fwd(int dev, const pdp_cudak_conv *g, const float *
 pdp_status pdp_cudak_maxpool_bwd(int dev, const pdp_cudak_conv *g, const float *dy,
                                  const float *argmax, float *dx);
 
+/* a GPT's layers (layers_gpt.c's formulas). Embedding: ids [B, T] int32 on dev; an id
+   outside [0, V) is PDP_ERR_INVALID naming its position and value (the forward waits for
+   the check); backward accumulates dwte and dwpe (+=) in the CPU's order per channel, no
+   atomics; work: B T int32. */
+pdp_status pdp_cudak_embed_fwd(int dev, const int32_t *ids, const float *wte, const float *wpe,
+                               float *out, int64_t B, int64_t T, int64_t V, int64_t C);
+pdp_status pdp_cudak_embed_bwd(int dev, const int32_t *ids, const float *dout, float *dwte,
+                               float *dwpe, int32_t *work, int64_t B, int64_t T, int64_t V,
+                               int64_t C);
+/* Causal self-attention of qkv [B, T, 3C] into y [B, T, C], H heads, saving att [B, H, T, T]
+   (P before dropout); p > 0: attention dropout keyed as the CPU's (seed, layer, step,
+   sample_base + b; element ((head_base + h) T + t) T + s). Backward writes dqkv (=).
+   work: B H T T floats. */
+typedef struct pdp_cudak_attn {
+    int64_t B, T, C, H;
+    float p;             /* attention dropout; 0: none (evaluation, or p = 0) */
+    uint64_t seed, step;
+    int layer;           /* the layer index that keys the masks */
+    int64_t sample_base; /* the global index of sequence 0 */
+    int64_t head_base;   /* the global index of head 0 (0 but on a shard of the heads) */
+} pdp_cudak_attn;
+pdp_status pdp_cudak_attention_fwd(int dev, const pdp_cudak_attn *g, const float *qkv, float *y,
+                                   float *att, float *work);
+pdp_status pdp_cudak_attention_bwd(int dev, const pdp_cudak_attn *g, const float *qkv,
+                                   const float *att, const float *dy, float *dqkv, float *work);
+/* the residual's adds: out = a + b; d1 = src and, when d2 is not NULL, d2 = src */
+pdp_status pdp_cudak_sum2(int dev, const float *a, const float *b, float *out, int64_t count);
+pdp_status pdp_cudak_copy2(int dev, const float *src, float *d1, float *d2, int64_t count);
+
 /* losses. host_labels: batch labels in host memory, already checked to lie in
-   [0, classes). host_loss: batch per-sample losses (double) for the host to sum
-   in sample order. dlogits may be NULL. */
+   [0, classes) or be -1, an ignored row (loss 0, dlogits 0). host_loss: batch
+   per-sample losses (double) for the host to sum in sample order. dlogits may be NULL. */
 pdp_status pdp_cudak_cross_entropy(int dev, const float *logits, const int32_t *host_labels,
                                    int64_t batch, int64_t classes, float grad_scale,
                                    double *host_loss, float *dlogits);
@@ -4478,6 +4509,11 @@ PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logit
                                                 const int32_t *labels, int64_t batch,
                                                 int64_t classes, float grad_scale, double *loss_sum,
                                                 float *dlogits, const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy_rows(pdp_device d, const float *logits,
+                                                     const int32_t *labels, int64_t rows,
+                                                     int64_t classes, float grad_scale,
+                                                     double *loss_sum, float *dlogits,
+                                                     const char *fn) PDP__UNUSED;
 PDP__PRIVATE pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
                                       int64_t count, float scale, double *sum, float *dpred,
                                       const char *fn) PDP__UNUSED;
@@ -6776,14 +6812,16 @@ PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d)
 }
 
 /* ---- cuda_host: losses ----
-   The same contract as loss.c's pdp__cross_entropy, logits and dlogits on
-   device d: labels (host memory) are checked here in sample order, the device
-   computes per-sample losses, and the host sums them in sample order. */
+   The same contract as loss.c's pdp__cross_entropy (and, ignore: its
+   pdp__cross_entropy_rows, rows labelled -1 giving loss 0 and dlogits 0), logits and
+   dlogits on device d: labels (host memory) are checked here in sample order, the
+   device computes per-sample losses, and the host sums them in sample order. */
 
-PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits,
-                                                const int32_t *labels, int64_t batch,
-                                                int64_t classes, float grad_scale, double *loss_sum,
-                                                float *dlogits, const char *fn)
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy_any(pdp_device d, const float *logits,
+                                                    const int32_t *labels, int64_t batch,
+                                                    int64_t classes, float grad_scale,
+                                                    double *loss_sum, float *dlogits, bool ignore,
+                                                    const char *fn)
 {
 #ifdef PDP_CUDA
     double *loss = (double *)pdp__thread_scratch((size_t)batch * sizeof(double)), total = 0.0;
@@ -6793,9 +6831,10 @@ PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logit
     if (!loss) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld losses", fn,
                                (long long)batch);
     for (i = 0; i < batch; i++)
-        if (labels[i] < 0 || labels[i] >= classes)
-            return pdp__err(PDP_ERR_INVALID, "%s: label %ld at sample %lld is outside [0, %lld)",
-                            fn, (long)labels[i], (long long)i, (long long)classes);
+        if ((labels[i] < 0 || labels[i] >= classes) && !(ignore && labels[i] == -1))
+            return pdp__err(PDP_ERR_INVALID, "%s: label %ld at sample %lld is outside [0, %lld)%s",
+                            fn, (long)labels[i], (long long)i, (long long)classes,
+                            ignore ? " and not the ignore index -1" : "");
     if ((st = pdp_cudak_cross_entropy(d.ordinal, logits, labels, batch, classes, grad_scale, loss,
                                       dlogits)) != PDP_OK)
         return pdp__err(st, "%s: pdp_cuda: %s", fn, pdp_cudak_error());
@@ -6811,9 +6850,29 @@ PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logit
     return PDP_OK;
 #else
     (void)logits, (void)labels, (void)batch, (void)classes, (void)grad_scale, (void)dlogits;
+    (void)ignore;
     *loss_sum = 0.0;
     return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
 #endif
+}
+
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits,
+                                                const int32_t *labels, int64_t batch,
+                                                int64_t classes, float grad_scale, double *loss_sum,
+                                                float *dlogits, const char *fn)
+{
+    return pdp__cuda_cross_entropy_any(d, logits, labels, batch, classes, grad_scale, loss_sum,
+                                       dlogits, false, fn);
+}
+
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy_rows(pdp_device d, const float *logits,
+                                                     const int32_t *labels, int64_t rows,
+                                                     int64_t classes, float grad_scale,
+                                                     double *loss_sum, float *dlogits,
+                                                     const char *fn)
+{
+    return pdp__cuda_cross_entropy_any(d, logits, labels, rows, classes, grad_scale, loss_sum,
+                                       dlogits, true, fn);
 }
 
 /* Sum of squared differences (double) and dpred = scale (pred - target), on d. */
@@ -16221,6 +16280,107 @@ PDP__PRIVATE pdp_status pdp__tied_linear_setup(pdp__layer *l, pdp__param_shapes 
     l->out_shape[1] = l->in_ndim == 2 ? l->out_features : 1;
     return PDP_OK;
 }
+
+/* ---- gpt: the kinds' CUDA entries ----
+   pdp_cuda.cu's kernels for the same formulas (its "GPT" sections). Embedding's backward
+   sorts the positions by id into its CUDA workspace (an int32 a position:
+   pdp__embedding_cuda_work); the attention's needs B H T T floats, within the H T (T + 1)
+   per sample the CPU's setup asks for (selective recomputation: att and the scratch
+   output after those, pdp__attention_scratch, as on the CPU). TiedLinear runs Linear's entries: no bias, and its
+   io->w and io->dw are the tied parameter's (model.c). */
+
+PDP__PRIVATE int64_t pdp__embedding_cuda_work(const pdp__layer *l)
+{
+    return l->in_shape[0]; /* T positions; an int32 fills a float's bytes */
+}
+
+#ifdef PDP_CUDA
+PDP__PRIVATE pdp_status pdp__embedding_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp_cudak_embed_fwd(io->device.ordinal, (const int32_t *)(const void *)io->x, io->w,
+                               io->b, io->y, io->batch, l->in_shape[0], l->vocab,
+                               l->out_features);
+}
+
+PDP__PRIVATE pdp_status pdp__embedding_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp_cudak_embed_bwd(io->device.ordinal, (const int32_t *)(const void *)io->x, io->dy,
+                               io->dw, io->db, (int32_t *)(void *)io->work, io->batch,
+                               l->in_shape[0], l->vocab, l->out_features);
+}
+
+PDP__PRIVATE void pdp__attention_cuda_geometry(const pdp__layer *l, const pdp__layer_io *io,
+                                               pdp_cudak_attn *g)
+{
+    pdp__attn_dropout d;
+    pdp__attention_drop(l, io, &d);
+    memset(g, 0, sizeof *g);
+    g->B = io->batch;
+    g->T = l->in_shape[0];
+    g->C = l->out_shape[1];
+    g->H = l->heads;
+    g->p = d.p;
+    g->seed = d.seed;
+    g->step = d.step;
+    g->layer = d.layer;
+    g->sample_base = d.sample_base;
+    g->head_base = d.head_base;
+}
+
+PDP__PRIVATE pdp_status pdp__attention_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_cudak_attn g;
+    float *att = io->saved, *scratch;
+    if (l->recompute) pdp__attention_scratch(l, io, &att, &scratch); /* att not kept */
+    pdp__attention_cuda_geometry(l, io, &g);
+    return pdp_cudak_attention_fwd(io->device.ordinal, &g, io->x, io->y, att, io->work);
+}
+
+PDP__PRIVATE pdp_status pdp__attention_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_cudak_attn g;
+    float *att = io->saved, *y;
+    pdp_status st;
+    if (!io->dx) return PDP_OK; /* no parameters: only the input's gradient to give */
+    pdp__attention_cuda_geometry(l, io, &g);
+    if (l->recompute) { /* the forward again, into the scratch: att drawn again */
+        pdp__attention_scratch(l, io, &att, &y);
+        if ((st = pdp_cudak_attention_fwd(io->device.ordinal, &g, io->x, y, att, io->work)) !=
+            PDP_OK)
+            return st;
+    }
+    return pdp_cudak_attention_bwd(io->device.ordinal, &g, io->x, att, io->dy, io->dx, io->work);
+}
+
+/* Residual: a forward view (never called); backward dx = dy + dskip */
+PDP__PRIVATE pdp_status pdp__residual_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int dev = io->device.ordinal;
+    if (io->y == io->x) return PDP_OK;
+    return pdp_cudak_memcpy(dev, io->y, dev, io->x,
+                            (size_t)(io->batch * l->in_count) * sizeof(float));
+}
+
+PDP__PRIVATE pdp_status pdp__residual_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (!io->dx) return PDP_OK;
+    return pdp_cudak_sum2(io->device.ordinal, io->dy, io->dskip, io->dx, io->batch * l->in_count);
+}
+
+/* ResidualAdd: y = x + skip; backward dskip = dy and dx = dy */
+PDP__PRIVATE pdp_status pdp__residual_add_cuda_forward(const pdp__layer *l,
+                                                       const pdp__layer_io *io)
+{
+    return pdp_cudak_sum2(io->device.ordinal, io->x, io->skip, io->y, io->batch * l->in_count);
+}
+
+PDP__PRIVATE pdp_status pdp__residual_add_cuda_backward(const pdp__layer *l,
+                                                        const pdp__layer_io *io)
+{
+    return pdp_cudak_copy2(io->device.ordinal, io->dy, io->dskip, io->dx,
+                           io->batch * l->in_count);
+}
+#endif
 /* ---- end src/layers_gpt.c ---- */
 
 /* ---- begin src/layers_tp.c ---- */
@@ -16731,25 +16891,34 @@ PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] 
                          pdp__silu_backward, PDP__CUDA_ENTRY(pdp__silu_cuda_forward),
                          PDP__CUDA_ENTRY(pdp__silu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE,
                          pdp__flops_silu},
-    /* a GPT's kinds (layers_gpt.c); CPU only for now */
+    /* a GPT's kinds (layers_gpt.c); TiedLinear runs Linear's CUDA entries */
     PDP__KIND(PDP__EMBEDDING){"Embedding", pdp__embedding_setup, pdp__embedding_init,
-                              pdp__embedding_forward, pdp__embedding_backward, NULL, NULL, NULL,
-                              PDP__LAYER_TAKES_IDS, pdp__flops_embedding},
+                              pdp__embedding_forward, pdp__embedding_backward,
+                              PDP__CUDA_ENTRY(pdp__embedding_cuda_forward),
+                              PDP__CUDA_ENTRY(pdp__embedding_cuda_backward),
+                              pdp__embedding_cuda_work, PDP__LAYER_TAKES_IDS,
+                              pdp__flops_embedding},
     PDP__KIND(PDP__CAUSAL_SELF_ATTENTION){"CausalSelfAttention", pdp__attention_setup, NULL,
                                           pdp__attention_layer_forward,
-                                          pdp__attention_layer_backward, NULL, NULL, NULL,
+                                          pdp__attention_layer_backward,
+                                          PDP__CUDA_ENTRY(pdp__attention_cuda_forward),
+                                          PDP__CUDA_ENTRY(pdp__attention_cuda_backward), NULL,
                                           PDP__LAYER_HEADWISE, pdp__flops_attention},
     PDP__KIND(PDP__RESIDUAL){"Residual", pdp__layers_setup_same, NULL, pdp__residual_forward,
-                             pdp__residual_backward, NULL, NULL, NULL,
+                             pdp__residual_backward, PDP__CUDA_ENTRY(pdp__residual_cuda_forward),
+                             PDP__CUDA_ENTRY(pdp__residual_cuda_backward), NULL,
                              PDP__LAYER_FORWARD_VIEW | PDP__LAYER_SKIP | PDP__LAYER_UNNUMBERED,
                              pdp__flops_residual},
     PDP__KIND(PDP__RESIDUAL_ADD){"ResidualAdd", pdp__layers_setup_same, NULL,
-                                 pdp__residual_add_forward, pdp__residual_add_backward, NULL,
-                                 NULL, NULL, PDP__LAYER_SKIP | PDP__LAYER_UNNUMBERED,
+                                 pdp__residual_add_forward, pdp__residual_add_backward,
+                                 PDP__CUDA_ENTRY(pdp__residual_add_cuda_forward),
+                                 PDP__CUDA_ENTRY(pdp__residual_add_cuda_backward), NULL,
+                                 PDP__LAYER_SKIP | PDP__LAYER_UNNUMBERED,
                                  pdp__flops_residual_add},
     PDP__KIND(PDP__TIED_LINEAR){"TiedLinear", pdp__tied_linear_setup, NULL, pdp__linear_forward,
-                                pdp__linear_backward, NULL, NULL, NULL, PDP__LAYER_TIED,
-                                pdp__flops_tied_linear},
+                                pdp__linear_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
+                                PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL,
+                                PDP__LAYER_TIED, pdp__flops_tied_linear},
 };
 
 /* The entry of kind k; NULL for a value outside the table. */
@@ -18480,23 +18649,19 @@ PDP__PRIVATE pdp_status pdp__model_cross_entropy(pdp_model *m, const pdp_tensor 
                                                  const int32_t *labels, float *loss,
                                                  const char *fn)
 {
-    int64_t V = y->shape[y->ndim - 1], rows = y->count / V, i, ignored = 0;
-    double sum = 0.0;
+    int64_t V = y->shape[y->ndim - 1], rows = y->count / V, n;
+    double sum = 0.0, t0 = pdp__prof.on ? pdp__now() : 0.0;
     pdp_status st;
     if (m->device.kind == PDP_DEVICE_CPU) {
-        double t0 = pdp__prof.on ? pdp__now() : 0.0;
         st = pdp__cross_entropy_ignore(y->data, labels, rows, V, loss, NULL, m->grad_a, fn);
-        if (pdp__prof.on) pdp__prof.loss_s += pdp__now() - t0;
-        return st;
+    } else { /* CUDA: the same rows (pdp__cuda_cross_entropy_rows), the mean over n here */
+        *loss = 0.0f;
+        if ((st = pdp__cross_entropy_count(labels, rows, V, &n, fn)) != PDP_OK) return st;
+        st = pdp__cuda_cross_entropy_rows(m->device, y->data, labels, rows, V,
+                                          n > 0 ? 1.0f / (float)n : 0.0f, &sum, m->grad_a, fn);
+        if (st == PDP_OK && n > 0) *loss = (float)(sum / (double)n);
     }
-    for (i = 0; i < rows; i++) ignored += labels[i] == -1;
-    if (ignored)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: %lld of %lld labels are the ignore index -1; "
-                        "on CUDA every label counts for now", fn, (long long)ignored,
-                        (long long)rows);
-    st = pdp__cross_entropy_on(m->device, y->data, labels, rows, V, 1.0f / (float)rows, &sum,
-                               m->grad_a, fn);
-    *loss = (float)(sum / (double)rows);
+    if (pdp__prof.on) pdp__prof.loss_s += pdp__now() - t0;
     return st;
 }
 
@@ -25513,25 +25678,28 @@ PDP__PRIVATE pdp_status pdp__gpt_block(pdp_model *m, const pdp_gpt_desc *d, int 
 
 /* GPT-2's initialisation (nanoGPT's _init_weights): weights and embeddings N(0, 0.02),
    the c_proj weights N(0, 0.02 / sqrt(2 layers)) (the residual branches' last
-   products), biases 0, LayerNorms as created (1 and 0). */
-PDP__PRIVATE void pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d)
+   products), biases 0, LayerNorms as created (1 and 0). On a CUDA device each draw goes
+   through a host copy (pdp_tensor_normal's staging), so the parameters are the CPU's. */
+PDP__PRIVATE pdp_status pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d)
 {
     pdp_rng r;
     int p;
+    pdp_status st;
     float std_proj = (float)(0.02 / sqrt(2.0 * (double)d->layers));
     pdp_rng_seed(&r, d->seed, 1);
     for (p = 0; p < m->nparams; p++) {
         pdp_param v;
         const char *name = m->params[p].name;
         size_t n = strlen(name);
-        pdp_model_param(m, p, &v);
+        if ((st = pdp_model_param(m, p, &v)) != PDP_OK) return st;
         if (strstr(name, "ln_")) continue;
-        if (n > 5 && strcmp(name + n - 5, ".bias") == 0) {
-            pdp_tensor_zeros(&v.value);
-            continue;
-        }
-        pdp_tensor_normal(&v.value, &r, 0.0f, strstr(name, "c_proj.weight") ? std_proj : 0.02f);
+        st = n > 5 && strcmp(name + n - 5, ".bias") == 0
+                 ? pdp_tensor_zeros(&v.value)
+                 : pdp_tensor_normal(&v.value, &r, 0.0f,
+                                     strstr(name, "c_proj.weight") ? std_proj : 0.02f);
+        if (st != PDP_OK) return st;
     }
+    return PDP_OK;
 }
 
 /* A TP GPT starts as the single-device GPT of the same desc: that one is built, drawn as
@@ -25601,14 +25769,12 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     if ((st = pdp__gpt_layernorm(m, "transformer.ln_f")) != PDP_OK ||
         (st = pdp_model_add_tied_linear(m, "transformer.wte.weight")) != PDP_OK)
         goto fail;
-    if (m->device.kind == PDP_DEVICE_CPU && d.tp) {
-        if ((st = pdp__gpt_init_tp(m, &d)) != PDP_OK) goto fail;
-    } else if (m->device.kind == PDP_DEVICE_CPU) {
-        pdp__gpt_init(m, &d);
-    } else {
-        st = pdp__err(PDP_ERR_UNSUPPORTED, "a GPT's layers run on the CPU for now");
+    if (d.tp && m->device.kind != PDP_DEVICE_CPU) {
+        st = pdp__err(PDP_ERR_UNSUPPORTED, "a GPT split by heads (desc.tp) runs on the CPU for "
+                      "now");
         goto fail;
     }
+    if ((st = d.tp ? pdp__gpt_init_tp(m, &d) : pdp__gpt_init(m, &d)) != PDP_OK) goto fail;
     *out = m;
     return PDP_OK;
 fail:

@@ -1185,9 +1185,442 @@ extern "C" pdp_status pdp_cudak_maxpool_bwd(int dev, const pdp_cudak_conv *g, co
     return PDP_OK;
 }
 
+/* ---- GPT: token and position embedding ----
+   Forward: out[b, t, :] = wte[id[b, t], :] + wpe[t, :], one thread per output element.
+   The ids are on the device, so their check is too: one block scans them for the first
+   (b, t), in row-major order, whose id is outside [0, V), a fixed-tree minimum (no
+   atomics), into the loss scratch; the host reads that back after the gather, so a bad
+   id is PDP_ERR_INVALID naming its position and value as on the CPU (the forward waits
+   for a 16-byte copy; the gather writes 0 for a bad id and never reads outside wte).
+   Backward, deterministic with no atomics, in the CPU's order per channel:
+   - dwpe[t, c] += dout[b, t, c] over b in order: one thread per (t, c);
+   - dwte: the positions are sorted by (id, position) - each position's rank is the
+     count of positions before it in that order, a tiled all-pairs count of (B T)^2
+     integer compares (one launch, microseconds at a few thousand tokens a batch;
+     quadratic beyond) - then one thread per (run of equal ids, channel) adds its run's
+     rows in position order: the CPU's additions in the CPU's order (so the tied head's
+     gradient, already in dwte, gets the embedding's on top exactly as on the CPU). */
+
+/* The smallest of v over the block (blockDim.x a multiple of 32); every thread gets it.
+   shared: 32 values. */
+static __device__ int64_t pdp__block_min_i64(int64_t v, int64_t *shared)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (int off = 16; off > 0; off >>= 1) {
+        int64_t o = __shfl_down_sync(0xffffffffu, v, off);
+        v = o < v ? o : v;
+    }
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = (int)threadIdx.x < nwarps ? shared[threadIdx.x] : INT64_MAX;
+    if (warp == 0)
+        for (int off = 16; off > 0; off >>= 1) {
+            int64_t o = __shfl_down_sync(0xffffffffu, v, off);
+            v = o < v ? o : v;
+        }
+    if (threadIdx.x == 0) shared[0] = v;
+    __syncthreads();
+    return shared[0];
+}
+
+/* One block: bad[0] = the first position whose id is outside [0, V) (n when none),
+   bad[1] = that id. */
+static __global__ void pdp__embed_check_fwd(const int32_t *ids, int64_t n, int64_t V,
+                                            int64_t *bad)
+{
+    __shared__ int64_t sh[32];
+    int64_t first = n, at;
+    for (int64_t p = threadIdx.x; p < n; p += blockDim.x)
+        if ((ids[p] < 0 || ids[p] >= V) && p < first) first = p;
+    at = pdp__block_min_i64(first, sh);
+    if (threadIdx.x == 0) {
+        bad[0] = at;
+        bad[1] = at < n ? ids[at] : 0;
+    }
+}
+
+static __global__ void pdp__embed_fwd(const int32_t *ids, const float *wte, const float *wpe,
+                                      float *out, int64_t n, int64_t T, int64_t V, int64_t C)
+{
+    PDP__FOR(i, n * C) {
+        int64_t p = i / C, c = i % C;
+        int32_t id = ids[p];
+        out[i] = id >= 0 && id < V ? wte[(int64_t)id * C + c] + wpe[(p % T) * C + c] : 0.0f;
+    }
+}
+
+/* order[rank of p] = p, the rank of position p in (id, position) order: the positions
+   before it are those with a smaller id, or the same id earlier. Tiles of blockDim.x
+   ids go through shared memory. */
+static __global__ void pdp__embed_sort_bwd(const int32_t *ids, int64_t n, int32_t *order)
+{
+    __shared__ int32_t tile[PDP__CU_THREADS];
+    for (int64_t base = (int64_t)blockIdx.x * blockDim.x; base < n;
+         base += (int64_t)blockDim.x * gridDim.x) {
+        int64_t p = base + threadIdx.x, rank = 0;
+        int32_t mine = p < n ? ids[p] : 0;
+        for (int64_t q0 = 0; q0 < n; q0 += blockDim.x) {
+            int64_t m = n - q0 < (int64_t)blockDim.x ? n - q0 : (int64_t)blockDim.x;
+            __syncthreads(); /* the previous tile is read */
+            if ((int64_t)threadIdx.x < m) tile[threadIdx.x] = ids[q0 + threadIdx.x];
+            __syncthreads();
+            for (int64_t j = 0; j < m; j++) {
+                int32_t o = tile[j];
+                rank += o < mine || (o == mine && q0 + j < p);
+            }
+        }
+        if (p < n) order[rank] = (int32_t)p;
+    }
+}
+
+/* dwte[v, c] += dout[p, c] over the run of positions p with id v, in position order:
+   the thread of a run's first entry does the whole run. */
+static __global__ void pdp__embed_wte_bwd(const int32_t *ids, const int32_t *order,
+                                          const float *dout, float *dwte, int64_t n, int64_t C)
+{
+    PDP__FOR(i, n * C) {
+        int64_t r = i / C, c = i % C;
+        int32_t v = ids[order[r]];
+        if (r > 0 && ids[order[r - 1]] == v) continue; /* not the first of its run */
+        float acc = dwte[(int64_t)v * C + c];
+        for (int64_t j = r; j < n && ids[order[j]] == v; j++)
+            acc += dout[(int64_t)order[j] * C + c];
+        dwte[(int64_t)v * C + c] = acc;
+    }
+}
+
+static __global__ void pdp__embed_wpe_bwd(const float *dout, float *dwpe, int64_t B, int64_t T,
+                                          int64_t C)
+{
+    PDP__FOR(i, T * C) {
+        float acc = dwpe[i];
+        for (int64_t b = 0; b < B; b++) acc += dout[b * T * C + i];
+        dwpe[i] = acc;
+    }
+}
+
+/* Under scratch_mu: the check and the gather, then the check's answer on the host. */
+static pdp_status pdp__cu_embed_fwd(int dev, pdp__cu_ctx *c, const int32_t *ids,
+                                    const float *wte, const float *wpe, float *out, int64_t B,
+                                    int64_t T, int64_t V, int64_t C)
+{
+    int64_t n = B * T, bad[2];
+    void *scratch;
+    pdp_status st;
+    if ((st = pdp__cu_scratch(dev, c, sizeof bad, &scratch)) != PDP_OK) return st;
+    pdp__embed_check_fwd<<<1, PDP__CU_THREADS, 0, c->stream>>>(ids, n, V, (int64_t *)scratch);
+    PDP__LAUNCHED(pdp__embed_check_fwd);
+    pdp__embed_fwd<<<pdp__cu_grid(n * C), PDP__CU_THREADS, 0, c->stream>>>(ids, wte, wpe, out, n,
+                                                                            T, V, C);
+    PDP__LAUNCHED(pdp__embed_fwd);
+    PDP__CU(cudaMemcpyAsync(bad, scratch, sizeof bad, cudaMemcpyDeviceToHost, c->stream));
+    PDP__CU(cudaStreamSynchronize(c->stream));
+    if (bad[0] < n)
+        return pdp__cu_fail(PDP_ERR_INVALID, "token id %lld at position (%lld, %lld) is outside "
+                            "[0, %lld)", (long long)bad[1], (long long)(bad[0] / T),
+                            (long long)(bad[0] % T), (long long)V);
+    return PDP_OK;
+}
+
+extern "C" pdp_status pdp_cudak_embed_fwd(int dev, const int32_t *ids, const float *wte,
+                                          const float *wpe, float *out, int64_t B, int64_t T,
+                                          int64_t V, int64_t C)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (B * T <= 0) return PDP_OK;
+    pthread_mutex_lock(&c->scratch_mu);
+    st = pdp__cu_embed_fwd(dev, c, ids, wte, wpe, out, B, T, V, C);
+    pthread_mutex_unlock(&c->scratch_mu);
+    return st;
+}
+
+extern "C" pdp_status pdp_cudak_embed_bwd(int dev, const int32_t *ids, const float *dout,
+                                          float *dwte, float *dwpe, int32_t *work, int64_t B,
+                                          int64_t T, int64_t V, int64_t C)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    int64_t n = B * T;
+    (void)V; /* the forward checked every id against it */
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    PDP__ARGS(n < 2147483647LL, "Embedding: %lld positions: positions are int32", (long long)n);
+    if (n <= 0) return PDP_OK;
+    pdp__embed_wpe_bwd<<<pdp__cu_grid(T * C), PDP__CU_THREADS, 0, c->stream>>>(dout, dwpe, B, T,
+                                                                               C);
+    PDP__LAUNCHED(pdp__embed_wpe_bwd);
+    pdp__embed_sort_bwd<<<pdp__cu_grid(n), PDP__CU_THREADS, 0, c->stream>>>(ids, n, work);
+    PDP__LAUNCHED(pdp__embed_sort_bwd);
+    pdp__embed_wte_bwd<<<pdp__cu_grid(n * C), PDP__CU_THREADS, 0, c->stream>>>(ids, work, dout,
+                                                                               dwte, n, C);
+    PDP__LAUNCHED(pdp__embed_wte_bwd);
+    return PDP_OK;
+}
+
+/* ---- GPT: causal self-attention ----
+   layers_gpt.c's formulas (its module comment), for all (b, h) pairs at once: each
+   product is cuBLAS strided-batched GEMMs in fp32 (also in a bf16 model, as on the CPU,
+   whose attention products are fp32 too): the batch runs over the larger of B and H at a
+   fixed stride, the host loops over the smaller (a head's q, k, v are columns of qkv's
+   rows, row stride 3C; att, the probabilities, is [B, H, T, T]). The causal softmax and
+   its backward are a block per row of scores: the max, then exp(s - max) and its sum
+   (double, fixed tree), so no exp overflows; s > t is written 0 (the mask). Attention
+   dropout draws the CPU's mask (math.h, keyed by (seed, layer, step, sample_base + b),
+   element ((head_base + h) T + t) T + s), so CPU and GPU drop the same probabilities;
+   the backward draws it again. work: B H T T floats (Pd with dropout, then dP and dS). */
+
+#define PDP__ATT_THREADS 128
+
+static __device__ float pdp__block_max(float v, float *shared)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (int off = 16; off > 0; off >>= 1) {
+        float o = __shfl_down_sync(0xffffffffu, v, off);
+        v = o > v ? o : v;
+    }
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = (int)threadIdx.x < nwarps ? shared[threadIdx.x] : -INFINITY;
+    if (warp == 0)
+        for (int off = 16; off > 0; off >>= 1) {
+            float o = __shfl_down_sync(0xffffffffu, v, off);
+            v = o > v ? o : v;
+        }
+    if (threadIdx.x == 0) shared[0] = v;
+    __syncthreads();
+    return shared[0];
+}
+
+/* The kept-and-rescaled factor of score (t, s) of pair (b, h): M / (1 - p). */
+static __device__ float pdp__attn_keep(const pdp_cudak_attn &g, int64_t b, int64_t h, int64_t t,
+                                       int64_t s, uint32_t thr, float scale)
+{
+    uint64_t key = pdp__dropout_key(g.seed, g.layer, g.step, g.sample_base + b);
+    return pdp__dropout_bits(key, ((g.head_base + h) * g.T + t) * g.T + s) >= thr ? scale : 0.0f;
+}
+
+/* Row r = (b H + h) T + t of att holds the scaled scores: P = causal softmax of it, in
+   place; with dropout, pd's row = P o M / (1 - p). */
+static __global__ void pdp__attn_softmax_fwd(float *att, float *pd, pdp_cudak_attn g,
+                                             uint32_t thr, float keep_scale)
+{
+    __shared__ double sh[32];
+    __shared__ float shf[32];
+    int64_t rows = g.B * g.H * g.T;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        int64_t t = r % g.T, bh = r / g.T;
+        float *p = att + r * g.T, mx = -INFINITY, sum;
+        double acc = 0.0;
+        /* THE CAUSAL MASK: s runs over 0..t only; the masked P are the 0s below */
+        for (int64_t s = threadIdx.x; s <= t; s += blockDim.x) mx = p[s] > mx ? p[s] : mx;
+        mx = pdp__block_max(mx, shf);
+        for (int64_t s = threadIdx.x; s <= t; s += blockDim.x) {
+            float e = expf(p[s] - mx); /* <= 1: cannot overflow */
+            p[s] = e;
+            acc += e;
+        }
+        sum = (float)pdp__block_sum(acc, sh);
+        for (int64_t s = threadIdx.x; s < g.T; s += blockDim.x) {
+            float v = s <= t ? p[s] / sum : 0.0f;
+            p[s] = v;
+            if (pd)
+                pd[r * g.T + s] =
+                    s <= t ? v * pdp__attn_keep(g, bh / g.H, bh % g.H, t, s, thr, keep_scale)
+                           : 0.0f;
+        }
+    }
+}
+
+/* pd = P o M / (1 - p), the forward's dropped probabilities drawn again */
+static __global__ void pdp__attn_dropout_fwd(const float *att, float *pd, pdp_cudak_attn g,
+                                             uint32_t thr, float keep_scale)
+{
+    PDP__FOR(i, g.B * g.H * g.T * g.T) {
+        int64_t s = i % g.T, r = i / g.T, t = r % g.T, bh = r / g.T;
+        pd[i] = s <= t ? att[i] * pdp__attn_keep(g, bh / g.H, bh % g.H, t, s, thr, keep_scale)
+                       : 0.0f;
+    }
+}
+
+/* Row r of d holds dPd: dP = dPd o M / (1 - p), then dS = P o (dP - rowsum(dP o P)) times
+   the scores' scale, in place; 0 where masked. */
+static __global__ void pdp__attn_softmax_bwd(const float *att, float *d, pdp_cudak_attn g,
+                                             float scale, uint32_t thr, float keep_scale,
+                                             int dropping)
+{
+    __shared__ double sh[32];
+    int64_t rows = g.B * g.H * g.T;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        int64_t t = r % g.T, bh = r / g.T;
+        const float *p = att + r * g.T;
+        float *dp = d + r * g.T, rowsum;
+        double acc = 0.0;
+        for (int64_t s = threadIdx.x; s <= t; s += blockDim.x) {
+            float v = dp[s];
+            if (dropping) v *= pdp__attn_keep(g, bh / g.H, bh % g.H, t, s, thr, keep_scale);
+            dp[s] = v;
+            acc += (double)(v * p[s]);
+        }
+        rowsum = (float)pdp__block_sum(acc, sh);
+        for (int64_t s = threadIdx.x; s < g.T; s += blockDim.x)
+            dp[s] = s <= t ? p[s] * (dp[s] - rowsum) * scale : 0.0f; /* masked: no gradient */
+    }
+}
+
+/* One operand of the per-pair products: pair (b, h)'s matrix starts at p + b sb + h sh,
+   rows ld apart. */
+typedef struct pdp__cu_opnd {
+    const float *p;
+    int64_t ld, sb, sh;
+} pdp__cu_opnd;
+
+static pdp__cu_opnd pdp__cu_op(const float *p, int64_t ld, int64_t sb, int64_t sh)
+{
+    pdp__cu_opnd o;
+    o.p = p;
+    o.ld = ld;
+    o.sb = sb;
+    o.sh = sh;
+    return o;
+}
+
+/* For every pair (b, h): C = alpha op(A) op(B) (row-major [m, k] by [k, n]; beta 0). */
+static pdp_status pdp__cu_attn_gemm(pdp__cu_ctx *c, const pdp_cudak_attn *g, bool ta, bool tb,
+                                    int64_t m, int64_t n, int64_t k, float alpha, pdp__cu_opnd a,
+                                    pdp__cu_opnd b, pdp__cu_opnd out)
+{
+    const float zero = 0.0f;
+    bool over_b = g->B >= g->H; /* cuBLAS batches over b, the host loops over h */
+    int64_t outer = over_b ? g->H : g->B, count = over_b ? g->B : g->H;
+    for (int64_t o = 0; o < outer; o++) {
+        int64_t ao = o * (over_b ? a.sh : a.sb), bo = o * (over_b ? b.sh : b.sb);
+        int64_t co = o * (over_b ? out.sh : out.sb);
+        PDP__BLAS(cublasSgemmStridedBatched(
+            c->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m,
+            (int)k, &alpha, b.p + bo, (int)b.ld, over_b ? b.sb : b.sh, a.p + ao, (int)a.ld,
+            over_b ? a.sb : a.sh, &zero, (float *)out.p + co, (int)out.ld,
+            over_b ? out.sb : out.sh, (int)count));
+    }
+    return PDP_OK;
+}
+
+static unsigned pdp__cu_rows_grid(int64_t rows)
+{
+    return (unsigned)(rows < 2147483647LL ? rows : 2147483647LL);
+}
+
+extern "C" pdp_status pdp_cudak_attention_fwd(int dev, const pdp_cudak_attn *g, const float *qkv,
+                                              float *y, float *att, float *work)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    int64_t T = g->T, C = g->C, D = g->H > 0 ? g->C / g->H : 1, C3 = 3 * C, TT = T * T;
+    int64_t rows = g->B * g->H * T;
+    float scale = (float)(1.0 / sqrt((double)D));
+    bool dropping = g->p != 0.0f;
+    pdp__cu_opnd q = pdp__cu_op(qkv, C3, T * C3, D), k = pdp__cu_op(qkv + C, C3, T * C3, D);
+    pdp__cu_opnd v = pdp__cu_op(qkv + 2 * C, C3, T * C3, D), P = pdp__cu_op(att, T, g->H * TT, TT);
+    pdp__cu_opnd Pd = pdp__cu_op(dropping ? work : att, T, g->H * TT, TT);
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    PDP__ARGS(g->H > 0 && C % g->H == 0, "CausalSelfAttention: %lld heads do not divide C = %lld",
+              (long long)g->H, (long long)C);
+    if (rows <= 0) return PDP_OK;
+    /* S = Q K^T / sqrt(D), into att */
+    if ((st = pdp__cu_attn_gemm(c, g, false, true, T, T, D, scale, q, k, P)) != PDP_OK) return st;
+    pdp__attn_softmax_fwd<<<pdp__cu_rows_grid(rows), PDP__ATT_THREADS, 0, c->stream>>>(
+        att, dropping ? work : NULL, *g, pdp__dropout_threshold(g->p), 1.0f / (1.0f - g->p));
+    PDP__LAUNCHED(pdp__attn_softmax_fwd);
+    /* Y = Pd V, the heads side by side in y's rows */
+    return pdp__cu_attn_gemm(c, g, false, false, T, D, T, 1.0f, Pd, v,
+                             pdp__cu_op(y, C, T * C, D));
+}
+
+extern "C" pdp_status pdp_cudak_attention_bwd(int dev, const pdp_cudak_attn *g, const float *qkv,
+                                              const float *att, const float *dy, float *dqkv,
+                                              float *work)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    int64_t T = g->T, C = g->C, D = g->H > 0 ? g->C / g->H : 1, C3 = 3 * C, TT = T * T;
+    int64_t rows = g->B * g->H * T;
+    float scale = (float)(1.0 / sqrt((double)D)), keep_scale = 1.0f / (1.0f - g->p);
+    uint32_t thr = pdp__dropout_threshold(g->p);
+    bool dropping = g->p != 0.0f;
+    pdp__cu_opnd q = pdp__cu_op(qkv, C3, T * C3, D), k = pdp__cu_op(qkv + C, C3, T * C3, D);
+    pdp__cu_opnd v = pdp__cu_op(qkv + 2 * C, C3, T * C3, D);
+    pdp__cu_opnd dq = pdp__cu_op(dqkv, C3, T * C3, D), dk = pdp__cu_op(dqkv + C, C3, T * C3, D);
+    pdp__cu_opnd dv = pdp__cu_op(dqkv + 2 * C, C3, T * C3, D), dY = pdp__cu_op(dy, C, T * C, D);
+    pdp__cu_opnd W = pdp__cu_op(work, T, g->H * TT, TT);
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    PDP__ARGS(g->H > 0 && C % g->H == 0, "CausalSelfAttention: %lld heads do not divide C = %lld",
+              (long long)g->H, (long long)C);
+    if (rows <= 0) return PDP_OK;
+    if (dropping) { /* Pd, as the forward had it, into work */
+        pdp__attn_dropout_fwd<<<pdp__cu_grid(rows * T), PDP__CU_THREADS, 0, c->stream>>>(
+            att, work, *g, thr, keep_scale);
+        PDP__LAUNCHED(pdp__attn_dropout_fwd);
+    }
+    /* dV = Pd^T dY; then dPd = dY V^T over work (the stream runs the dV products first) */
+    if ((st = pdp__cu_attn_gemm(c, g, true, false, T, D, T, 1.0f,
+                                dropping ? W : pdp__cu_op(att, T, g->H * TT, TT), dY, dv)) !=
+            PDP_OK ||
+        (st = pdp__cu_attn_gemm(c, g, false, true, T, T, D, 1.0f, dY, v, W)) != PDP_OK)
+        return st;
+    pdp__attn_softmax_bwd<<<pdp__cu_rows_grid(rows), PDP__ATT_THREADS, 0, c->stream>>>(
+        att, work, *g, scale, thr, keep_scale, dropping ? 1 : 0);
+    PDP__LAUNCHED(pdp__attn_softmax_bwd);
+    /* dQ = dS K / sqrt(D), dK = dS^T Q / sqrt(D) (the scale is in dS) */
+    if ((st = pdp__cu_attn_gemm(c, g, false, false, T, D, T, 1.0f, W, k, dq)) != PDP_OK) return st;
+    return pdp__cu_attn_gemm(c, g, true, false, T, D, T, 1.0f, W, q, dk);
+}
+
+/* ---- GPT: the residual's adds ---- */
+
+static __global__ void pdp__sum2_fwd(const float *a, const float *b, float *out, int64_t n)
+{
+    PDP__FOR(i, n) out[i] = a[i] + b[i];
+}
+
+static __global__ void pdp__copy2_fwd(const float *src, float *d1, float *d2, int64_t n)
+{
+    PDP__FOR(i, n) {
+        float v = src[i];
+        d1[i] = v;
+        if (d2) d2[i] = v;
+    }
+}
+
+extern "C" pdp_status pdp_cudak_sum2(int dev, const float *a, const float *b, float *out,
+                                     int64_t count)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (count <= 0) return PDP_OK;
+    pdp__sum2_fwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>(a, b, out, count);
+    PDP__LAUNCHED(pdp__sum2_fwd);
+    return PDP_OK;
+}
+
+extern "C" pdp_status pdp_cudak_copy2(int dev, const float *src, float *d1, float *d2,
+                                      int64_t count)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (count <= 0) return PDP_OK;
+    pdp__copy2_fwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>(src, d1, d2, count);
+    PDP__LAUNCHED(pdp__copy2_fwd);
+    return PDP_OK;
+}
+
 /* ---- losses ----
    Cross-entropy: one thread per sample, the CPU's formula in the CPU's order
-   (max in float, sum of exp in double, loss in double); the per-sample losses
+   (max in float, sum of exp in double, loss in double); label -1 is an ignored
+   row (loss 0, dlogits 0: loss.c's pdp__cross_entropy_rows); the per-sample losses
    go back to the host, which sums them in sample order. MSE: block partial
    sums in double, summed by the host in block order. */
 
@@ -1200,6 +1633,12 @@ static __global__ void pdp__cross_entropy_fwd(const float *logits, const int32_t
         int32_t label = labels[i];
         float mx = z[0];
         double sum = 0.0;
+        if (label == -1) { /* ignored (a GPT's padding): no loss, no gradient */
+            loss[i] = 0.0;
+            if (dlogits)
+                for (int64_t j = 0; j < classes; j++) dlogits[i * classes + j] = 0.0f;
+            continue;
+        }
         for (int64_t j = 1; j < classes; j++) mx = z[j] > mx ? z[j] : mx;
         for (int64_t j = 0; j < classes; j++) sum += exp((double)z[j] - (double)mx);
         loss[i] = (double)mx + log(sum) - (double)z[label];

@@ -158,9 +158,38 @@ pdp_status pdp_cudak_maxpool_fwd(int dev, const pdp_cudak_conv *g, const float *
 pdp_status pdp_cudak_maxpool_bwd(int dev, const pdp_cudak_conv *g, const float *dy,
                                  const float *argmax, float *dx);
 
+/* a GPT's layers (layers_gpt.c's formulas). Embedding: ids [B, T] int32 on dev; an id
+   outside [0, V) is PDP_ERR_INVALID naming its position and value (the forward waits for
+   the check); backward accumulates dwte and dwpe (+=) in the CPU's order per channel, no
+   atomics; work: B T int32. */
+pdp_status pdp_cudak_embed_fwd(int dev, const int32_t *ids, const float *wte, const float *wpe,
+                               float *out, int64_t B, int64_t T, int64_t V, int64_t C);
+pdp_status pdp_cudak_embed_bwd(int dev, const int32_t *ids, const float *dout, float *dwte,
+                               float *dwpe, int32_t *work, int64_t B, int64_t T, int64_t V,
+                               int64_t C);
+/* Causal self-attention of qkv [B, T, 3C] into y [B, T, C], H heads, saving att [B, H, T, T]
+   (P before dropout); p > 0: attention dropout keyed as the CPU's (seed, layer, step,
+   sample_base + b; element ((head_base + h) T + t) T + s). Backward writes dqkv (=).
+   work: B H T T floats. */
+typedef struct pdp_cudak_attn {
+    int64_t B, T, C, H;
+    float p;             /* attention dropout; 0: none (evaluation, or p = 0) */
+    uint64_t seed, step;
+    int layer;           /* the layer index that keys the masks */
+    int64_t sample_base; /* the global index of sequence 0 */
+    int64_t head_base;   /* the global index of head 0 (0 but on a shard of the heads) */
+} pdp_cudak_attn;
+pdp_status pdp_cudak_attention_fwd(int dev, const pdp_cudak_attn *g, const float *qkv, float *y,
+                                   float *att, float *work);
+pdp_status pdp_cudak_attention_bwd(int dev, const pdp_cudak_attn *g, const float *qkv,
+                                   const float *att, const float *dy, float *dqkv, float *work);
+/* the residual's adds: out = a + b; d1 = src and, when d2 is not NULL, d2 = src */
+pdp_status pdp_cudak_sum2(int dev, const float *a, const float *b, float *out, int64_t count);
+pdp_status pdp_cudak_copy2(int dev, const float *src, float *d1, float *d2, int64_t count);
+
 /* losses. host_labels: batch labels in host memory, already checked to lie in
-   [0, classes). host_loss: batch per-sample losses (double) for the host to sum
-   in sample order. dlogits may be NULL. */
+   [0, classes) or be -1, an ignored row (loss 0, dlogits 0). host_loss: batch
+   per-sample losses (double) for the host to sum in sample order. dlogits may be NULL. */
 pdp_status pdp_cudak_cross_entropy(int dev, const float *logits, const int32_t *host_labels,
                                    int64_t batch, int64_t classes, float grad_scale,
                                    double *host_loss, float *dlogits);

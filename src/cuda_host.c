@@ -198,14 +198,16 @@ PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d)
 }
 
 /* ---- cuda_host: losses ----
-   The same contract as loss.c's pdp__cross_entropy, logits and dlogits on
-   device d: labels (host memory) are checked here in sample order, the device
-   computes per-sample losses, and the host sums them in sample order. */
+   The same contract as loss.c's pdp__cross_entropy (and, ignore: its
+   pdp__cross_entropy_rows, rows labelled -1 giving loss 0 and dlogits 0), logits and
+   dlogits on device d: labels (host memory) are checked here in sample order, the
+   device computes per-sample losses, and the host sums them in sample order. */
 
-PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits,
-                                                const int32_t *labels, int64_t batch,
-                                                int64_t classes, float grad_scale, double *loss_sum,
-                                                float *dlogits, const char *fn)
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy_any(pdp_device d, const float *logits,
+                                                    const int32_t *labels, int64_t batch,
+                                                    int64_t classes, float grad_scale,
+                                                    double *loss_sum, float *dlogits, bool ignore,
+                                                    const char *fn)
 {
 #ifdef PDP_CUDA
     double *loss = (double *)pdp__thread_scratch((size_t)batch * sizeof(double)), total = 0.0;
@@ -215,9 +217,10 @@ PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logit
     if (!loss) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld losses", fn,
                                (long long)batch);
     for (i = 0; i < batch; i++)
-        if (labels[i] < 0 || labels[i] >= classes)
-            return pdp__err(PDP_ERR_INVALID, "%s: label %ld at sample %lld is outside [0, %lld)",
-                            fn, (long)labels[i], (long long)i, (long long)classes);
+        if ((labels[i] < 0 || labels[i] >= classes) && !(ignore && labels[i] == -1))
+            return pdp__err(PDP_ERR_INVALID, "%s: label %ld at sample %lld is outside [0, %lld)%s",
+                            fn, (long)labels[i], (long long)i, (long long)classes,
+                            ignore ? " and not the ignore index -1" : "");
     if ((st = pdp_cudak_cross_entropy(d.ordinal, logits, labels, batch, classes, grad_scale, loss,
                                       dlogits)) != PDP_OK)
         return pdp__err(st, "%s: pdp_cuda: %s", fn, pdp_cudak_error());
@@ -233,9 +236,29 @@ PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logit
     return PDP_OK;
 #else
     (void)logits, (void)labels, (void)batch, (void)classes, (void)grad_scale, (void)dlogits;
+    (void)ignore;
     *loss_sum = 0.0;
     return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
 #endif
+}
+
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits,
+                                                const int32_t *labels, int64_t batch,
+                                                int64_t classes, float grad_scale, double *loss_sum,
+                                                float *dlogits, const char *fn)
+{
+    return pdp__cuda_cross_entropy_any(d, logits, labels, batch, classes, grad_scale, loss_sum,
+                                       dlogits, false, fn);
+}
+
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy_rows(pdp_device d, const float *logits,
+                                                     const int32_t *labels, int64_t rows,
+                                                     int64_t classes, float grad_scale,
+                                                     double *loss_sum, float *dlogits,
+                                                     const char *fn)
+{
+    return pdp__cuda_cross_entropy_any(d, logits, labels, rows, classes, grad_scale, loss_sum,
+                                       dlogits, true, fn);
 }
 
 /* Sum of squared differences (double) and dpred = scale (pred - target), on d. */

@@ -91,25 +91,28 @@ PDP__PRIVATE pdp_status pdp__gpt_block(pdp_model *m, const pdp_gpt_desc *d, int 
 
 /* GPT-2's initialisation (nanoGPT's _init_weights): weights and embeddings N(0, 0.02),
    the c_proj weights N(0, 0.02 / sqrt(2 layers)) (the residual branches' last
-   products), biases 0, LayerNorms as created (1 and 0). */
-PDP__PRIVATE void pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d)
+   products), biases 0, LayerNorms as created (1 and 0). On a CUDA device each draw goes
+   through a host copy (pdp_tensor_normal's staging), so the parameters are the CPU's. */
+PDP__PRIVATE pdp_status pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d)
 {
     pdp_rng r;
     int p;
+    pdp_status st;
     float std_proj = (float)(0.02 / sqrt(2.0 * (double)d->layers));
     pdp_rng_seed(&r, d->seed, 1);
     for (p = 0; p < m->nparams; p++) {
         pdp_param v;
         const char *name = m->params[p].name;
         size_t n = strlen(name);
-        pdp_model_param(m, p, &v);
+        if ((st = pdp_model_param(m, p, &v)) != PDP_OK) return st;
         if (strstr(name, "ln_")) continue;
-        if (n > 5 && strcmp(name + n - 5, ".bias") == 0) {
-            pdp_tensor_zeros(&v.value);
-            continue;
-        }
-        pdp_tensor_normal(&v.value, &r, 0.0f, strstr(name, "c_proj.weight") ? std_proj : 0.02f);
+        st = n > 5 && strcmp(name + n - 5, ".bias") == 0
+                 ? pdp_tensor_zeros(&v.value)
+                 : pdp_tensor_normal(&v.value, &r, 0.0f,
+                                     strstr(name, "c_proj.weight") ? std_proj : 0.02f);
+        if (st != PDP_OK) return st;
     }
+    return PDP_OK;
 }
 
 /* A TP GPT starts as the single-device GPT of the same desc: that one is built, drawn as
@@ -179,14 +182,12 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     if ((st = pdp__gpt_layernorm(m, "transformer.ln_f")) != PDP_OK ||
         (st = pdp_model_add_tied_linear(m, "transformer.wte.weight")) != PDP_OK)
         goto fail;
-    if (m->device.kind == PDP_DEVICE_CPU && d.tp) {
-        if ((st = pdp__gpt_init_tp(m, &d)) != PDP_OK) goto fail;
-    } else if (m->device.kind == PDP_DEVICE_CPU) {
-        pdp__gpt_init(m, &d);
-    } else {
-        st = pdp__err(PDP_ERR_UNSUPPORTED, "a GPT's layers run on the CPU for now");
+    if (d.tp && m->device.kind != PDP_DEVICE_CPU) {
+        st = pdp__err(PDP_ERR_UNSUPPORTED, "a GPT split by heads (desc.tp) runs on the CPU for "
+                      "now");
         goto fail;
     }
+    if ((st = d.tp ? pdp__gpt_init_tp(m, &d) : pdp__gpt_init(m, &d)) != PDP_OK) goto fail;
     *out = m;
     return PDP_OK;
 fail:

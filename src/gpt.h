@@ -50,7 +50,7 @@ typedef struct pdp_gpt_desc {
     float dropout;           /* after the embedding, on the attention probabilities and at
                                 the end of each branch, in [0, 1); default 0 */
     uint64_t seed;           /* initialisation and dropout masks; default 0 */
-    pdp_device device;       /* default CPU (the GPT's kinds run on the CPU for now) */
+    pdp_device device;       /* default CPU; pdp_cuda(i): every layer runs in pdp_cuda.cu */
     pdp_precision precision; /* as pdp_model_desc.precision */
     pdp_recompute recompute; /* as pdp_model_desc.recompute: SELECTIVE keeps no attention
                                 probabilities, FULL keeps each residual region's input only */

@@ -633,6 +633,11 @@ PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logit
                                                 const int32_t *labels, int64_t batch,
                                                 int64_t classes, float grad_scale, double *loss_sum,
                                                 float *dlogits, const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy_rows(pdp_device d, const float *logits,
+                                                     const int32_t *labels, int64_t rows,
+                                                     int64_t classes, float grad_scale,
+                                                     double *loss_sum, float *dlogits,
+                                                     const char *fn) PDP__UNUSED;
 PDP__PRIVATE pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
                                       int64_t count, float scale, double *sum, float *dpred,
                                       const char *fn) PDP__UNUSED;

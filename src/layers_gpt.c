@@ -547,3 +547,104 @@ PDP__PRIVATE pdp_status pdp__tied_linear_setup(pdp__layer *l, pdp__param_shapes 
     l->out_shape[1] = l->in_ndim == 2 ? l->out_features : 1;
     return PDP_OK;
 }
+
+/* ---- gpt: the kinds' CUDA entries ----
+   pdp_cuda.cu's kernels for the same formulas (its "GPT" sections). Embedding's backward
+   sorts the positions by id into its CUDA workspace (an int32 a position:
+   pdp__embedding_cuda_work); the attention's needs B H T T floats, within the H T (T + 1)
+   per sample the CPU's setup asks for (selective recomputation: att and the scratch
+   output after those, pdp__attention_scratch, as on the CPU). TiedLinear runs Linear's entries: no bias, and its
+   io->w and io->dw are the tied parameter's (model.c). */
+
+PDP__PRIVATE int64_t pdp__embedding_cuda_work(const pdp__layer *l)
+{
+    return l->in_shape[0]; /* T positions; an int32 fills a float's bytes */
+}
+
+#ifdef PDP_CUDA
+PDP__PRIVATE pdp_status pdp__embedding_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp_cudak_embed_fwd(io->device.ordinal, (const int32_t *)(const void *)io->x, io->w,
+                               io->b, io->y, io->batch, l->in_shape[0], l->vocab,
+                               l->out_features);
+}
+
+PDP__PRIVATE pdp_status pdp__embedding_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp_cudak_embed_bwd(io->device.ordinal, (const int32_t *)(const void *)io->x, io->dy,
+                               io->dw, io->db, (int32_t *)(void *)io->work, io->batch,
+                               l->in_shape[0], l->vocab, l->out_features);
+}
+
+PDP__PRIVATE void pdp__attention_cuda_geometry(const pdp__layer *l, const pdp__layer_io *io,
+                                               pdp_cudak_attn *g)
+{
+    pdp__attn_dropout d;
+    pdp__attention_drop(l, io, &d);
+    memset(g, 0, sizeof *g);
+    g->B = io->batch;
+    g->T = l->in_shape[0];
+    g->C = l->out_shape[1];
+    g->H = l->heads;
+    g->p = d.p;
+    g->seed = d.seed;
+    g->step = d.step;
+    g->layer = d.layer;
+    g->sample_base = d.sample_base;
+    g->head_base = d.head_base;
+}
+
+PDP__PRIVATE pdp_status pdp__attention_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_cudak_attn g;
+    float *att = io->saved, *scratch;
+    if (l->recompute) pdp__attention_scratch(l, io, &att, &scratch); /* att not kept */
+    pdp__attention_cuda_geometry(l, io, &g);
+    return pdp_cudak_attention_fwd(io->device.ordinal, &g, io->x, io->y, att, io->work);
+}
+
+PDP__PRIVATE pdp_status pdp__attention_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_cudak_attn g;
+    float *att = io->saved, *y;
+    pdp_status st;
+    if (!io->dx) return PDP_OK; /* no parameters: only the input's gradient to give */
+    pdp__attention_cuda_geometry(l, io, &g);
+    if (l->recompute) { /* the forward again, into the scratch: att drawn again */
+        pdp__attention_scratch(l, io, &att, &y);
+        if ((st = pdp_cudak_attention_fwd(io->device.ordinal, &g, io->x, y, att, io->work)) !=
+            PDP_OK)
+            return st;
+    }
+    return pdp_cudak_attention_bwd(io->device.ordinal, &g, io->x, att, io->dy, io->dx, io->work);
+}
+
+/* Residual: a forward view (never called); backward dx = dy + dskip */
+PDP__PRIVATE pdp_status pdp__residual_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int dev = io->device.ordinal;
+    if (io->y == io->x) return PDP_OK;
+    return pdp_cudak_memcpy(dev, io->y, dev, io->x,
+                            (size_t)(io->batch * l->in_count) * sizeof(float));
+}
+
+PDP__PRIVATE pdp_status pdp__residual_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (!io->dx) return PDP_OK;
+    return pdp_cudak_sum2(io->device.ordinal, io->dy, io->dskip, io->dx, io->batch * l->in_count);
+}
+
+/* ResidualAdd: y = x + skip; backward dskip = dy and dx = dy */
+PDP__PRIVATE pdp_status pdp__residual_add_cuda_forward(const pdp__layer *l,
+                                                       const pdp__layer_io *io)
+{
+    return pdp_cudak_sum2(io->device.ordinal, io->x, io->skip, io->y, io->batch * l->in_count);
+}
+
+PDP__PRIVATE pdp_status pdp__residual_add_cuda_backward(const pdp__layer *l,
+                                                        const pdp__layer_io *io)
+{
+    return pdp_cudak_copy2(io->device.ordinal, io->dy, io->dskip, io->dx,
+                           io->batch * l->in_count);
+}
+#endif

@@ -242,23 +242,19 @@ PDP__PRIVATE pdp_status pdp__model_cross_entropy(pdp_model *m, const pdp_tensor 
                                                  const int32_t *labels, float *loss,
                                                  const char *fn)
 {
-    int64_t V = y->shape[y->ndim - 1], rows = y->count / V, i, ignored = 0;
-    double sum = 0.0;
+    int64_t V = y->shape[y->ndim - 1], rows = y->count / V, n;
+    double sum = 0.0, t0 = pdp__prof.on ? pdp__now() : 0.0;
     pdp_status st;
     if (m->device.kind == PDP_DEVICE_CPU) {
-        double t0 = pdp__prof.on ? pdp__now() : 0.0;
         st = pdp__cross_entropy_ignore(y->data, labels, rows, V, loss, NULL, m->grad_a, fn);
-        if (pdp__prof.on) pdp__prof.loss_s += pdp__now() - t0;
-        return st;
+    } else { /* CUDA: the same rows (pdp__cuda_cross_entropy_rows), the mean over n here */
+        *loss = 0.0f;
+        if ((st = pdp__cross_entropy_count(labels, rows, V, &n, fn)) != PDP_OK) return st;
+        st = pdp__cuda_cross_entropy_rows(m->device, y->data, labels, rows, V,
+                                          n > 0 ? 1.0f / (float)n : 0.0f, &sum, m->grad_a, fn);
+        if (st == PDP_OK && n > 0) *loss = (float)(sum / (double)n);
     }
-    for (i = 0; i < rows; i++) ignored += labels[i] == -1;
-    if (ignored)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: %lld of %lld labels are the ignore index -1; "
-                        "on CUDA every label counts for now", fn, (long long)ignored,
-                        (long long)rows);
-    st = pdp__cross_entropy_on(m->device, y->data, labels, rows, V, 1.0f / (float)rows, &sum,
-                               m->grad_a, fn);
-    *loss = (float)(sum / (double)rows);
+    if (pdp__prof.on) pdp__prof.loss_s += pdp__now() - t0;
     return st;
 }
 

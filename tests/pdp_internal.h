@@ -620,6 +620,11 @@ PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logit
                                                 const int32_t *labels, int64_t batch,
                                                 int64_t classes, float grad_scale, double *loss_sum,
                                                 float *dlogits, const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy_rows(pdp_device d, const float *logits,
+                                                     const int32_t *labels, int64_t rows,
+                                                     int64_t classes, float grad_scale,
+                                                     double *loss_sum, float *dlogits,
+                                                     const char *fn) PDP__UNUSED;
 PDP__PRIVATE pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
                                       int64_t count, float scale, double *sum, float *dpred,
                                       const char *fn) PDP__UNUSED;
@@ -1473,14 +1478,27 @@ PDP__PRIVATE pdp_status pdp__cuda_check_device(pdp_device d, const char *fn);
 /* PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d) */
 
 /* ---- cuda_host: losses ----
-   The same contract as loss.c's pdp__cross_entropy, logits and dlogits on
-   device d: labels (host memory) are checked here in sample order, the device
-   computes per-sample losses, and the host sums them in sample order. */
+   The same contract as loss.c's pdp__cross_entropy (and, ignore: its
+   pdp__cross_entropy_rows, rows labelled -1 giving loss 0 and dlogits 0), logits and
+   dlogits on device d: labels (host memory) are checked here in sample order, the
+   device computes per-sample losses, and the host sums them in sample order. */
+
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy_any(pdp_device d, const float *logits,
+                                                    const int32_t *labels, int64_t batch,
+                                                    int64_t classes, float grad_scale,
+                                                    double *loss_sum, float *dlogits, bool ignore,
+                                                    const char *fn);
 
 PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits,
                                                 const int32_t *labels, int64_t batch,
                                                 int64_t classes, float grad_scale, double *loss_sum,
                                                 float *dlogits, const char *fn);
+
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy_rows(pdp_device d, const float *logits,
+                                                     const int32_t *labels, int64_t rows,
+                                                     int64_t classes, float grad_scale,
+                                                     double *loss_sum, float *dlogits,
+                                                     const char *fn);
 
 /* Sum of squared differences (double) and dpred = scale (pred - target), on d. */
 PDP__PRIVATE pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
@@ -4784,6 +4802,41 @@ PDP__PRIVATE pdp_status pdp__residual_add_backward(const pdp__layer *l, const pd
 
 PDP__PRIVATE pdp_status pdp__tied_linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 
+/* ---- gpt: the kinds' CUDA entries ----
+   pdp_cuda.cu's kernels for the same formulas (its "GPT" sections). Embedding's backward
+   sorts the positions by id into its CUDA workspace (an int32 a position:
+   pdp__embedding_cuda_work); the attention's needs B H T T floats, within the H T (T + 1)
+   per sample the CPU's setup asks for (selective recomputation: att and the scratch
+   output after those, pdp__attention_scratch, as on the CPU). TiedLinear runs Linear's entries: no bias, and its
+   io->w and io->dw are the tied parameter's (model.c). */
+
+PDP__PRIVATE int64_t pdp__embedding_cuda_work(const pdp__layer *l);
+
+#ifdef PDP_CUDA
+PDP__PRIVATE pdp_status pdp__embedding_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__embedding_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE void pdp__attention_cuda_geometry(const pdp__layer *l, const pdp__layer_io *io,
+                                               pdp_cudak_attn *g);
+
+PDP__PRIVATE pdp_status pdp__attention_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__attention_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+/* Residual: a forward view (never called); backward dx = dy + dskip */
+PDP__PRIVATE pdp_status pdp__residual_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__residual_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+/* ResidualAdd: y = x + skip; backward dskip = dy and dx = dy */
+PDP__PRIVATE pdp_status pdp__residual_add_cuda_forward(const pdp__layer *l,
+                                                       const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__residual_add_cuda_backward(const pdp__layer *l,
+                                                        const pdp__layer_io *io);
+#endif
+
 /* ---- src/layers_tp.c ---- */
 /* layers_tp: the four layer kinds of tensor parallelism (tp.h has the design): f and g,
    the conjugate operators, and the column- and row-parallel Linears, as entries of
@@ -7236,8 +7289,9 @@ PDP__PRIVATE pdp_status pdp__gpt_block(pdp_model *m, const pdp_gpt_desc *d, int 
 
 /* GPT-2's initialisation (nanoGPT's _init_weights): weights and embeddings N(0, 0.02),
    the c_proj weights N(0, 0.02 / sqrt(2 layers)) (the residual branches' last
-   products), biases 0, LayerNorms as created (1 and 0). */
-PDP__PRIVATE void pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d);
+   products), biases 0, LayerNorms as created (1 and 0). On a CUDA device each draw goes
+   through a host copy (pdp_tensor_normal's staging), so the parameters are the CPU's. */
+PDP__PRIVATE pdp_status pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d);
 
 /* A TP GPT starts as the single-device GPT of the same desc: that one is built, drawn as
    pdp__gpt_init draws, and cut into this rank's slices (tp.c's scatter). */

@@ -17,6 +17,10 @@
    over NCCL (2-4 GPUs; 2-D DP x TP and DP x PP on 4) against one CPU model;
    bf16 precision (one Linear element by element against bounds; MLP and CNN
    training against the CPU's bf16 and the GPU's fp32 training, tolerances stated there);
+   a GPT's kinds (attention with and without dropout and with more heads than samples,
+   a residual region, a tied head, the embedding with repeated ids, its gradient bit for
+   bit where the order of the adds matters, an id outside the vocabulary) and a whole
+   GPT from pdp_gpt_create, three AdamW steps with dropout and ignored targets;
    plus "a step allocates nothing"
    through the caching allocator's counters, for one model and for DP. Cases
    that random data never reach have tests of their own (each added after a
@@ -194,12 +198,18 @@ static double model_rel_err(const pdp_model *gpu, const pdp_model *cpu, int whic
    Ho - 1 there, which the 9 x 9 cases never meet. */
 typedef enum { L_LINEAR, L_RELU, L_GELU, L_TANH, L_SIGMOID, L_SILU, L_DROPOUT, L_LAYERNORM,
                L_CONV, L_MAXPOOL, L_MAXPOOL_OVERLAP, L_FLATTEN, L_CONV_EDGE, L_MAXPOOL_EDGE,
+               L_ATTENTION, L_ATTENTION_DROPOUT, L_ATTENTION_HEADS, L_RESIDUAL, L_TIED_LINEAR,
                L_COUNT } layer_case;
 
 static const char *case_name[L_COUNT] = {"Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "SiLU",
                                          "Dropout", "LayerNorm", "Conv2d", "MaxPool2d",
                                          "MaxPool2d(3,2)", "Flatten", "Conv2d(3,2,0) on 10x10",
-                                         "MaxPool2d(3,2) on 10x10"};
+                                         "MaxPool2d(3,2) on 10x10",
+                                         "CausalSelfAttention(2 heads)",
+                                         "CausalSelfAttention(2 heads, dropout 0.3)",
+                                         "CausalSelfAttention(7 heads of 1 > batch)",
+                                         "Residual(Linear, GELU) + ResidualAdd",
+                                         "TiedLinear(1.weight)"};
 
 static pdp_status build(pdp_model **out, layer_case k, pdp_device dev)
 {
@@ -208,11 +218,17 @@ static pdp_status build(pdp_model **out, layer_case k, pdp_device dev)
     pdp_status st;
     bool img = k == L_CONV || k == L_MAXPOOL || k == L_MAXPOOL_OVERLAP || k == L_FLATTEN ||
                k == L_CONV_EDGE || k == L_MAXPOOL_EDGE;
+    bool seq = k == L_ATTENTION || k == L_ATTENTION_DROPOUT || k == L_ATTENTION_HEADS ||
+               k == L_RESIDUAL || k == L_TIED_LINEAR;
     int64_t side = k == L_CONV_EDGE || k == L_MAXPOOL_EDGE ? 10 : 9;
     memset(&d, 0, sizeof d);
     d.seed = 1234;
     d.device = dev;
-    if (img) {
+    if (seq) { /* a GPT's kinds: [T, C] samples of an Embedding, a Linear per position */
+        d.input_ndim = 1;
+        d.input_shape[0] = 5;
+        d.input_dtype = PDP_DTYPE_I32;
+    } else if (img) {
         d.input_ndim = 3;
         d.input_shape[0] = 2;
         d.input_shape[1] = side;
@@ -223,7 +239,10 @@ static pdp_status build(pdp_model **out, layer_case k, pdp_device dev)
     }
     if ((st = pdp_model_create(&m, &d)) != PDP_OK) return st;
     /* a first layer with parameters, so the tested layer's dx reaches a gradient */
-    st = img ? pdp_model_add_conv2d(m, 3, 1, 1, 0) : pdp_model_add_linear(m, 12);
+    st = img ? pdp_model_add_conv2d(m, 3, 1, 1, 0)
+         : seq ? pdp_model_add_embedding(m, 7, 13, 5)
+               : pdp_model_add_linear(m, 12);
+    if (st == PDP_OK && seq) st = pdp_model_add_linear(m, k == L_ATTENTION_HEADS ? 21 : 12);
     if (st == PDP_OK) switch (k) {
         case L_LINEAR: st = pdp_model_add_linear(m, 7); break;
         case L_RELU: st = pdp_model_add_relu(m); break;
@@ -242,6 +261,21 @@ static pdp_status build(pdp_model **out, layer_case k, pdp_device dev)
             st = pdp_model_add_flatten(m);
             if (st == PDP_OK) st = pdp_model_add_linear(m, 5);
             break;
+        /* [5, 12] = q | k | v of C 4; 7 heads of 1 channel: more heads than B, so the
+           products batch over heads (the other way round from the cases before) */
+        case L_ATTENTION: st = pdp_model_add_causal_self_attention(m, 2, 0.0f); break;
+        case L_ATTENTION_DROPOUT: st = pdp_model_add_causal_self_attention(m, 2, 0.3f); break;
+        case L_ATTENTION_HEADS: st = pdp_model_add_causal_self_attention(m, 7, 0.0f); break;
+        case L_RESIDUAL:
+            if ((st = pdp_model_residual_begin(m)) == PDP_OK &&
+                (st = pdp_model_add_linear(m, 12)) == PDP_OK &&
+                (st = pdp_model_add_gelu(m)) == PDP_OK)
+                st = pdp_model_residual_end(m);
+            break;
+        case L_TIED_LINEAR: /* [5, 13] times layer 1's weight [12, 13] transposed */
+            if ((st = pdp_model_add_linear(m, 13)) == PDP_OK)
+                st = pdp_model_add_tied_linear(m, "1.weight");
+            break;
         default: break;
         }
     if (st != PDP_OK) {
@@ -252,11 +286,12 @@ static pdp_status build(pdp_model **out, layer_case k, pdp_device dev)
     return PDP_OK;
 }
 
-/* x [B, in] on the CPU and a copy on the GPU */
+/* x [B, in] on the CPU and a copy on the GPU; a model of token ids gets ids in [0, 7)
+   (the bytes of int32 in a float tensor's buffer, marked int32) */
 static pdp_status make_input(const pdp_model *m, uint64_t seed, pdp_tensor **cpu, pdp_tensor **gpu,
                              pdp_device dev)
 {
-    int64_t shape[4], in[3];
+    int64_t shape[4], in[3], j;
     int nd = m->in_ndim, i;
     pdp_status st;
     shape[0] = B;
@@ -264,8 +299,15 @@ static pdp_status make_input(const pdp_model *m, uint64_t seed, pdp_tensor **cpu
     for (i = 0; i < nd; i++) shape[i + 1] = in[i];
     if ((st = pdp_tensor_create(cpu, pdp_cpu(), nd + 1, shape)) != PDP_OK) return st;
     fill_random((*cpu)->data, (*cpu)->count, seed);
+    if (m->in_dtype == PDP_DTYPE_I32)
+        for (j = 0; j < (*cpu)->count; j++) {
+            int32_t id = (int32_t)((*cpu)->data[j] * 3.5f + 3.5f); /* [-1, 1) -> [0, 7) */
+            memcpy(&(*cpu)->data[j], &id, sizeof id);
+        }
     if ((st = pdp_tensor_create(gpu, dev, nd + 1, shape)) != PDP_OK) return st;
-    return pdp_tensor_upload(*gpu, (*cpu)->data);
+    st = pdp_tensor_upload(*gpu, (*cpu)->data);
+    (*cpu)->dtype = (*gpu)->dtype = m->in_dtype;
+    return st;
 }
 
 /* ---- with PDP_CUDA: basics ---- */
@@ -365,7 +407,7 @@ static enum greatest_test_res check_layer(layer_case k)
     float *yh;
     double e;
     static char msg[160]; /* static: greatest keeps the pointer after we return */
-    ASSERT_ENUM_EQ(PDP_OK, build(&mc, k, pdp_cpu()), pdp_status_name);
+    ASSERTm(pdp_last_error(), build(&mc, k, pdp_cpu()) == PDP_OK);
     ASSERT_ENUM_EQ(PDP_OK, build(&mg, k, pdp_cuda(0)), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, make_input(mc, 99 + k, &xc, &xg, pdp_cuda(0)), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(mc, xc, &yc), pdp_status_name);
@@ -420,6 +462,260 @@ TEST cuda_layers_match_cpu(void)
     PASS();
 }
 
+/* ---- with PDP_CUDA: a GPT ---- */
+
+/* ids [n] on the host into a fresh device buffer *buf (n floats' bytes), seen as an int32
+   tensor [rows, n / rows] in *x */
+static pdp_status upload_ids(const int32_t *ids, int64_t rows, int64_t n, pdp_tensor **buf,
+                             pdp_tensor *x)
+{
+    int64_t shape[2] = {rows, n / rows}, flat[1] = {n};
+    pdp_status st;
+    if ((st = pdp_tensor_create(buf, pdp_cuda(0), 1, flat)) != PDP_OK) return st;
+    if ((st = pdp_tensor_upload(*buf, (const float *)(const void *)ids)) != PDP_OK) return st;
+    return pdp_tensor_wrap_ids((int32_t *)(void *)(*buf)->data, pdp_cuda(0), 2, shape, x);
+}
+
+/* The token table's gradient adds a repeated id's rows in (b, t) order, as the CPU does:
+   with rows 1, 1e8, -1e8 for one id that order gives 0 in fp32 (1 + 1e8 rounds to 1e8)
+   and any other order a different number, so the GPU's gradient must be the CPU's bit
+   for bit. */
+static enum greatest_test_res check_embedding_order(void)
+{
+    pdp_model *m[2] = {NULL, NULL};
+    pdp_model_desc d;
+    pdp_tensor xc, xg, *buf = NULL, *dyc = NULL, *dyg = NULL;
+    const pdp_tensor *y;
+    int32_t ids[2 * 3] = {0, 1, 0, 0, 2, 1};
+    const float rows[2 * 3] = {1.0f, 5.0f, 1e8f, -1e8f, 3.0f, -5.0f};
+    int64_t shape[2] = {2, 3}, yshape[3] = {2, 3, 2};
+    pdp_tensor gc, gg;
+    float *h;
+    int i;
+    memset(&d, 0, sizeof d);
+    d.seed = 3;
+    d.input_shape[0] = 3;
+    d.input_dtype = PDP_DTYPE_I32;
+    for (i = 0; i < 2; i++) {
+        d.device = i ? pdp_cuda(0) : pdp_cpu();
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&m[i], &d), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_embedding(m[i], 3, 2, 3), pdp_status_name);
+    }
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &xc);
+    ASSERT_ENUM_EQ(PDP_OK, upload_ids(ids, 2, 6, &buf, &xg), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyc, pdp_cpu(), 3, yshape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyg, pdp_cuda(0), 3, yshape), pdp_status_name);
+    for (i = 0; i < 12; i++) dyc->data[i] = rows[i / 2] * (i % 2 ? -1.0f : 1.0f);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(dyg, dyc->data), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m[0], &xc, &y), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_model_forward(m[1], &xg, &y) == PDP_OK);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(m[0], dyc), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_model_backward(m[1], dyg) == PDP_OK);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(m[0], NULL, &gc), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(m[1], NULL, &gg), pdp_status_name);
+    ASSERT_EQ(0.0f, gc.data[0]); /* id 0's first channel: 1 + 1e8 - 1e8 in order */
+    h = host_copy(&gg);
+    ASSERT(h != NULL);
+    for (i = 0; i < gc.count; i++)
+        ASSERTm("token and position gradients bit for bit", memcmp(&h[i], &gc.data[i], 4) == 0);
+    free(h);
+    pdp_tensor_free(buf);
+    pdp_tensor_free(dyc);
+    pdp_tensor_free(dyg);
+    pdp_model_free(m[0]);
+    pdp_model_free(m[1]);
+    PASS();
+}
+
+/* Embedding (a vocabulary of 5 over 6 x 7 positions, so ids repeat: the scatter-add's
+   order) then a head tied to its token table (its gradient gets the head's product and
+   then the rows the embedding adds, as on the CPU): forward, two accumulated backwards;
+   then an id outside the vocabulary fails on the device, naming its position and id. */
+TEST cuda_embedding_and_tied_head_match_cpu(void)
+{
+    pdp_model *m[2] = {NULL, NULL};
+    pdp_model_desc d;
+    pdp_tensor xc, xg, *buf = NULL, *dyc = NULL, *dyg = NULL;
+    const pdp_tensor *yc, *yg;
+    int32_t ids[B * 7];
+    pdp_rng r;
+    float *h;
+    double e;
+    int i, pass;
+    static char msg[160];
+    int64_t shape[2] = {B, 7};
+    NEED_GPU();
+    memset(&d, 0, sizeof d);
+    d.seed = 31;
+    d.input_shape[0] = 7;
+    d.input_dtype = PDP_DTYPE_I32;
+    for (i = 0; i < 2; i++) {
+        d.device = i ? pdp_cuda(0) : pdp_cpu();
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&m[i], &d), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_embedding(m[i], 5, 6, 9), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_tied_linear(m[i], "0.token.weight"),
+                       pdp_status_name);
+    }
+    ASSERT(model_rel_err(m[1], m[0], 0) == 0.0);
+    pdp_rng_seed(&r, 8, 1);
+    for (pass = 0; pass < 2; pass++) {
+        for (i = 0; i < B * 7; i++) ids[i] = (int32_t)pdp_rng_below(&r, 5);
+        pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &xc);
+        pdp_tensor_free(buf);
+        ASSERT_ENUM_EQ(PDP_OK, upload_ids(ids, B, B * 7, &buf, &xg), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m[0], &xc, &yc), pdp_status_name);
+        ASSERTm(pdp_last_error(), pdp_model_forward(m[1], &xg, &yg) == PDP_OK);
+        h = host_copy(yg);
+        ASSERT(h != NULL);
+        e = rel_err(h, yc->data, yc->count);
+        free(h);
+        snprintf(msg, sizeof msg, "Embedding + tied head forward %d: relative error %g", pass, e);
+        ASSERTm(msg, e <= TOL);
+        if (!dyc) {
+            ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyc, pdp_cpu(), yc->ndim, yc->shape),
+                           pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyg, pdp_cuda(0), yc->ndim, yc->shape),
+                           pdp_status_name);
+        }
+        fill_random(dyc->data, dyc->count, 40 + (uint64_t)pass);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(dyg, dyc->data), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(m[0], dyc), pdp_status_name);
+        ASSERTm(pdp_last_error(), pdp_model_backward(m[1], dyg) == PDP_OK);
+        e = model_rel_err(m[1], m[0], 1);
+        snprintf(msg, sizeof msg, "Embedding + tied head backward %d (gradients accumulated): "
+                 "relative error %g", pass, e);
+        ASSERTm(msg, e <= TOL);
+    }
+    ids[2 * 7 + 3] = 5; /* sequence 2, position 3: one past the vocabulary */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(buf, (const float *)(const void *)ids),
+                   pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_forward(m[1], &xg, &yg), pdp_status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "token id 5 at position (2, 3)") != NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "layer 0 (Embedding)") != NULL);
+    pdp_tensor_free(buf);
+    pdp_tensor_free(dyc);
+    pdp_tensor_free(dyg);
+    pdp_model_free(m[0]);
+    pdp_model_free(m[1]);
+    CHECK_CALL(check_embedding_order());
+    PASS();
+}
+
+/* pdp_gpt_create on the GPU and on the CPU from one seed (GPT-2's initialisation through
+   host staging: the same parameters, bit for bit), then three AdamW steps of
+   forward_backward with dropout 0.1 (attention, residual and embedding dropout: the
+   masks must be the CPU's) and every fifth target -1 (ignored: the loss is the mean over
+   the others): logits, loss and every gradient each step, the parameters at the end;
+   steps after the first allocate no device memory. bf16: both models in bf16 (the
+   GPU's Linear and TiedLinear products through cublasGemmEx, attention in fp32 on both),
+   within 2^-8 (cuBLAS's order of the fp32 sums is not the CPU's). T 130, two steps of two
+   sequences: score rows longer than the softmax's block of 128 threads, and more
+   positions (260) than one block of the embedding's sort holds, so its tiles and
+   blocks all take part. */
+static enum greatest_test_res check_gpt(bool bf16, int64_t GT, pdp_recompute rc)
+{
+    pdp_model *m[2] = {NULL, NULL};
+    pdp_optim *o[2] = {NULL, NULL};
+    pdp_gpt_desc gd;
+    pdp_optim_desc od;
+    pdp_tensor xc, xg, *buf = NULL;
+    const pdp_tensor *yc, *yg;
+    enum { GV = 11, MAXT = 130 };
+    int64_t GB = GT > 8 ? 2 : 3; /* the long rows: slow on the emulator */
+    int32_t ids[3 * MAXT], tg[3 * MAXT];
+    int64_t shape[2] = {GB, GT};
+    float loss[2], *h;
+    double e, tol = bf16 ? ldexp(1.0, -8) : TOL;
+    pdp_rng r;
+    pdp_cuda_memory_stats before, after;
+    int i, step, steps = GT > 8 ? 2 : 3;
+    static char msg[160];
+    ASSERT(GT <= MAXT);
+    memset(&gd, 0, sizeof gd);
+    gd.vocab = GV;
+    gd.context = GT + 4;
+    gd.sequence = GT;
+    gd.layers = 2;
+    gd.heads = 2;
+    gd.dim = 8;
+    gd.dropout = 0.1f;
+    gd.seed = 5;
+    gd.precision = bf16 ? PDP_PRECISION_BF16 : PDP_PRECISION_FP32;
+    gd.recompute = rc;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW;
+    od.lr = 0.01f;
+    od.weight_decay = 0.1f;
+    for (i = 0; i < 2; i++) {
+        gd.device = i ? pdp_cuda(0) : pdp_cpu();
+        ASSERTm(pdp_last_error(), pdp_gpt_create(&m[i], &gd) == PDP_OK);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o[i], m[i], &od), pdp_status_name);
+    }
+    ASSERTm("GPT-2 initialisation on the GPU is the CPU's", model_rel_err(m[1], m[0], 0) == 0.0);
+    pdp_rng_seed(&r, 17, 3);
+    for (step = 0; step < steps; step++) {
+        for (i = 0; i < GB * GT; i++) {
+            ids[i] = (int32_t)pdp_rng_below(&r, GV);
+            tg[i] = i % 5 == 3 ? -1 : (int32_t)pdp_rng_below(&r, GV); /* some ignored */
+        }
+        pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &xc);
+        if (!buf)
+            ASSERT_ENUM_EQ(PDP_OK, upload_ids(ids, GB, GB * GT, &buf, &xg), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(buf, (const float *)(const void *)ids),
+                       pdp_status_name);
+        if (step == 1)
+            ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_memory_stats_get(pdp_cuda(0), &before),
+                           pdp_status_name);
+        pdp_optim_zero_grad(o[0]);
+        pdp_optim_zero_grad(o[1]);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(m[0], &xc, tg, &loss[0]),
+                       pdp_status_name);
+        ASSERTm(pdp_last_error(), pdp_model_forward_backward(m[1], &xg, tg, &loss[1]) == PDP_OK);
+        snprintf(msg, sizeof msg, "GPT%s step %d: loss CPU %.9g GPU %.9g", bf16 ? " bf16" : "",
+                 step, (double)loss[0], (double)loss[1]);
+        ASSERTm(msg, fabs((double)loss[0] - loss[1]) <= tol * fabs((double)loss[0]));
+        /* the logits the loss read: the output of the last forward */
+        yc = &m[0]->out_view;
+        yg = &m[1]->out_view;
+        h = host_copy(yg);
+        ASSERT(h != NULL);
+        e = rel_err(h, yc->data, yc->count);
+        free(h);
+        snprintf(msg, sizeof msg, "GPT%s step %d: logits relative error %g", bf16 ? " bf16" : "",
+                 step, e);
+        ASSERTm(msg, e <= tol);
+        e = model_rel_err(m[1], m[0], 1);
+        snprintf(msg, sizeof msg, "GPT%s step %d: gradients relative error %g",
+                 bf16 ? " bf16" : "", step, e);
+        ASSERTm(msg, e <= tol);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o[0]), pdp_status_name);
+        ASSERTm(pdp_last_error(), pdp_optim_step(o[1]) == PDP_OK);
+    }
+    ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_memory_stats_get(pdp_cuda(0), &after), pdp_status_name);
+    ASSERT_EQ(before.device_mallocs, after.device_mallocs);
+    e = model_rel_err(m[1], m[0], 0);
+    snprintf(msg, sizeof msg, "GPT%s parameters after %d AdamW steps: relative error %g",
+             bf16 ? " bf16" : "", steps, e);
+    ASSERTm(msg, e <= tol);
+    pdp_tensor_free(buf);
+    for (i = 0; i < 2; i++) {
+        pdp_optim_free(o[i]);
+        pdp_model_free(m[i]);
+    }
+    PASS();
+}
+
+TEST cuda_gpt_training_matches_cpu(void)
+{
+    NEED_GPU();
+    CHECK_CALL(check_gpt(false, 8, PDP_RECOMPUTE_NONE));
+    CHECK_CALL(check_gpt(true, 8, PDP_RECOMPUTE_NONE));
+    CHECK_CALL(check_gpt(false, 8, PDP_RECOMPUTE_SELECTIVE));
+    CHECK_CALL(check_gpt(false, 8, PDP_RECOMPUTE_FULL));
+    CHECK_CALL(check_gpt(false, 130, PDP_RECOMPUTE_NONE));
+    PASS();
+}
+
 /* MaxPool's tie and NaN rules (the first maximum in window order wins, a NaN
    wins), which random inputs never exercise. The 1x1 conv before the pool gets
    all-ones weights and the input small integers, so its two channels sum to
@@ -437,7 +733,7 @@ static enum greatest_test_res check_maxpool_ties(layer_case k)
     double e;
     pdp_rng r;
     int64_t i;
-    ASSERT_ENUM_EQ(PDP_OK, build(&mc, k, pdp_cpu()), pdp_status_name);
+    ASSERTm(pdp_last_error(), build(&mc, k, pdp_cpu()) == PDP_OK);
     ASSERT_ENUM_EQ(PDP_OK, build(&mg, k, pdp_cuda(0)), pdp_status_name);
     pdp_model_flat(mc, &pc, NULL);
     pdp_model_flat(mg, &pg, NULL);
@@ -2602,6 +2898,8 @@ SUITE(cuda)
     RUN_TEST(cuda_tensor_copies_round_trip);
     RUN_TEST(cuda_caching_allocator_reuses_freed_blocks);
     RUN_TEST(cuda_layers_match_cpu);
+    RUN_TEST(cuda_embedding_and_tied_head_match_cpu);
+    RUN_TEST(cuda_gpt_training_matches_cpu);
     RUN_TEST(cuda_maxpool_ties_and_nan_match_cpu);
     RUN_TEST(cuda_losses_match_cpu);
     RUN_TEST(cuda_optimizers_match_cpu);

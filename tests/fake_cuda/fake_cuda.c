@@ -651,6 +651,112 @@ pdp_status pdp_cudak_maxpool_bwd(int dev, const pdp_cudak_conv *g, const float *
     return fake__layer(__func__, dev, &l, &io, 1, FAKE__DY | FAKE__SAVED | FAKE__DX, g);
 }
 
+/* A GPT's layers. Embedding's ids are int32, as many as floats of a [B, T] input;
+   its backward's work (B T int32, the real kernels' sort) is checked and poisoned. */
+pdp_status pdp_cudak_embed_fwd(int dev, const int32_t *ids, const float *wte, const float *wpe,
+                               float *out, int64_t B, int64_t T, int64_t V, int64_t C)
+{
+    pdp__layer l = fake__layer_of(PDP__EMBEDDING, 1, T, 1, 1);
+    pdp__layer_io io = fake__io(B);
+    pdp_status st;
+    l.vocab = V, l.out_features = C, l.context = T;
+    io.x = (const float *)(const void *)ids, io.w = (float *)wte, io.b = (float *)wpe, io.y = out;
+    st = fake__layer(__func__, dev, &l, &io, 0, FAKE__X | FAKE__W | FAKE__B | FAKE__Y, NULL);
+    if (st != PDP_OK && strstr(fake__msg, "token id")) /* pdp_cuda.cu's status for a bad id */
+        return PDP_ERR_INVALID;
+    return st;
+}
+
+pdp_status pdp_cudak_embed_bwd(int dev, const int32_t *ids, const float *dout, float *dwte,
+                               float *dwpe, int32_t *work, int64_t B, int64_t T, int64_t V,
+                               int64_t C)
+{
+    pdp__layer l = fake__layer_of(PDP__EMBEDDING, 1, T, 1, 1);
+    pdp__layer_io io = fake__io(B);
+    int64_t i;
+    FAKE__DEV(dev);
+    if (fake__check(__func__, "work", dev, work, F(B * T))) return PDP_ERR_CUDA;
+    fake__poison(work, F(B * T));
+    OWN(dev, ids, F(B * T));
+    for (i = 0; i < B * T; i++) /* the forward checked them; a GPU would scatter anywhere */
+        if (ids[i] < 0 || ids[i] >= V)
+            return fake__fail(PDP_ERR_CUDA, "%s: id %ld at position %lld is outside [0, %lld)",
+                              __func__, (long)ids[i], (long long)i, (long long)V);
+    l.vocab = V, l.out_features = C, l.context = T;
+    io.x = (const float *)(const void *)ids, io.dy = dout, io.dw = dwte, io.db = dwpe;
+    return fake__layer(__func__, dev, &l, &io, 1, FAKE__X | FAKE__DY | FAKE__DW | FAKE__DB, NULL);
+}
+
+/* The attention's work (B H T T floats) is checked and poisoned like conv's. head_base
+   (a shard of the heads, which the CPU layer takes from its TP state) is not rebuilt. */
+static pdp__layer fake__attn_layer(const pdp_cudak_attn *g, pdp__layer_io *io)
+{
+    pdp__layer l = fake__layer_of(PDP__CAUSAL_SELF_ATTENTION, 2, g->T, 3 * g->C, 1);
+    l.heads = g->H;
+    l.p = g->p;
+    l.index = l.mask_index = g->layer;
+    io->training = g->p != 0.0f;
+    io->seed = g->seed, io->step = g->step, io->sample_base = g->sample_base;
+    return l;
+}
+
+static int fake__attn_work(const char *fn, int dev, const pdp_cudak_attn *g, float *work)
+{
+    if (fake__check(fn, "work", dev, work, F(g->B * g->H * g->T * g->T))) return -1;
+    fake__poison(work, F(g->B * g->H * g->T * g->T));
+    return 0;
+}
+
+pdp_status pdp_cudak_attention_fwd(int dev, const pdp_cudak_attn *g, const float *qkv, float *y,
+                                   float *att, float *work)
+{
+    pdp__layer_io io = fake__io(g->B);
+    pdp__layer l = fake__attn_layer(g, &io);
+    FAKE__DEV(dev);
+    if (g->head_base != 0) return FAKE__NOT_IMPLEMENTED("attention on a shard of the heads");
+    if (fake__attn_work(__func__, dev, g, work)) return PDP_ERR_CUDA;
+    io.x = qkv, io.y = y, io.saved = att;
+    return fake__layer(__func__, dev, &l, &io, 0, FAKE__X | FAKE__Y | FAKE__SAVED, NULL);
+}
+
+pdp_status pdp_cudak_attention_bwd(int dev, const pdp_cudak_attn *g, const float *qkv,
+                                   const float *att, const float *dy, float *dqkv, float *work)
+{
+    pdp__layer_io io = fake__io(g->B);
+    pdp__layer l = fake__attn_layer(g, &io);
+    FAKE__DEV(dev);
+    if (g->head_base != 0) return FAKE__NOT_IMPLEMENTED("attention on a shard of the heads");
+    if (fake__attn_work(__func__, dev, g, work)) return PDP_ERR_CUDA;
+    io.x = qkv, io.saved = (float *)att, io.dy = dy, io.dx = dqkv;
+    return fake__layer(__func__, dev, &l, &io, 1, FAKE__X | FAKE__SAVED | FAKE__DY | FAKE__DX,
+                       NULL);
+}
+
+pdp_status pdp_cudak_sum2(int dev, const float *a, const float *b, float *out, int64_t count)
+{
+    int64_t i;
+    FAKE__DEV(dev);
+    OWN(dev, a, F(count));
+    OWN(dev, b, F(count));
+    OWN(dev, out, F(count));
+    for (i = 0; i < count; i++) out[i] = a[i] + b[i];
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_copy2(int dev, const float *src, float *d1, float *d2, int64_t count)
+{
+    int64_t i;
+    FAKE__DEV(dev);
+    OWN(dev, src, F(count));
+    OWN(dev, d1, F(count));
+    if (d2) OWN(dev, d2, F(count));
+    for (i = 0; i < count; i++) {
+        d1[i] = src[i];
+        if (d2) d2[i] = src[i];
+    }
+    return PDP_OK;
+}
+
 /* ---- fake_cuda: losses, clipping, optimizers ---- */
 
 pdp_status pdp_cudak_cross_entropy(int dev, const float *logits, const int32_t *host_labels,
@@ -669,6 +775,12 @@ pdp_status pdp_cudak_cross_entropy(int dev, const float *logits, const int32_t *
         int32_t label = host_labels[s];
         float mx = z[0];
         double sum = 0.0;
+        if (label == -1) { /* an ignored row */
+            host_loss[s] = 0.0;
+            if (dlogits)
+                for (j = 0; j < classes; j++) dlogits[s * classes + j] = 0.0f;
+            continue;
+        }
         if (label < 0 || label >= classes)
             return fake__fail(PDP_ERR_CUDA, "%s: label %d of sample %lld outside [0, %lld) "
                               "(the host must check labels)", __func__, (int)label, (long long)s,

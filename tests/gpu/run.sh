@@ -8,7 +8,8 @@
 #      gradient clipping, full MLP and CNN training steps (1e-5 relative, TF32 off), no
 #      allocation after warm-up, DDP at world size 1 over NCCL, thread-rank DDP over every GPU,
 #      DP over every GPU (at least two workers, so one GPU runs it with two threads) against
-#      one CPU model;
+#      one CPU model; a GPT's layers and a whole GPT (pdp_gpt_create on the GPU, three AdamW
+#      steps with dropout against the CPU), run again alone as the step "GPT on the GPU";
 #   3. build/cuda/test_optim and build/cuda/test_checkpoint (their CUDA cases:
 #      optim_cuda_matches_cpu, checkpoint_cuda_round_trip), also with PDP_TEST_REQUIRE_CUDA=1;
 #   4. the NCCL world-size-1 test again with torchrun's variables set (the env path);
@@ -81,6 +82,7 @@ step "make cuda" 200 make -j"$(nproc)" cuda
 if [ "${results[0]}" = PASS ]; then
     export PDP_TEST_REQUIRE_CUDA=1
     step "test_cuda" 90 ./build/cuda/test_cuda -v
+    step "GPT on the GPU" 30 ./build/cuda/test_cuda -v -t cuda_gpt
     step "test_optim (CUDA build)" 30 ./build/cuda/test_optim
     step "test_checkpoint (CUDA build)" 30 ./build/cuda/test_checkpoint
     # RANK=0 WORLD_SIZE=1, as torchrun --nproc-per-node 1 sets them
