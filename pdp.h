@@ -18530,6 +18530,22 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_rows(const float *logits, const int32
     return PDP_OK;
 }
 
+/* pdp__cross_entropy_rows with logits and dlogits on device d (CUDA: cuda_host.c's). */
+PDP__PRIVATE pdp_status pdp__cross_entropy_rows_on(pdp_device d, const float *logits,
+                                                   const int32_t *labels, int64_t N, int64_t V,
+                                                   float grad_scale, double *loss_sum,
+                                                   float *dlogits, const char *fn)
+{
+    double t0 = pdp__prof.on ? pdp__now() : 0.0;
+    pdp_status st =
+        d.kind == PDP_DEVICE_CUDA
+            ? pdp__cuda_cross_entropy_rows(d, logits, labels, N, V, grad_scale, loss_sum, dlogits,
+                                           fn)
+            : pdp__cross_entropy_rows(logits, labels, N, V, grad_scale, loss_sum, dlogits, fn);
+    if (pdp__prof.on) pdp__prof.loss_s += pdp__now() - t0;
+    return st;
+}
+
 PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int32_t *labels,
                                                   int64_t N, int64_t V, float *loss,
                                                   int64_t *count, float *dlogits, const char *fn)
@@ -23203,13 +23219,9 @@ PDP__PRIVATE void pdp__dp_apply_one(pdp__dp_worker *w)
     if (w->index > 0 || dp->zero_master) pdp_model_zero_grad(m);
     if ((st = pdp_model_forward(m, &w->x, &y)) != PDP_OK) goto fail;
     /* one label a row of the last dimension, -1 ignored; scaled by the whole batch's count */
-    if ((st = m->device.kind == PDP_DEVICE_CPU
-                  ? pdp__cross_entropy_rows(y->data, w->labels, w->rows * dp->positions,
-                                            dp->classes, dp->grad_scale, &w->loss_sum,
-                                            w->dlogits, "cross_entropy")
-                  : pdp__cross_entropy_on(m->device, y->data, w->labels, w->rows * dp->positions,
-                                          dp->classes, dp->grad_scale, &w->loss_sum, w->dlogits,
-                                          "cross_entropy")) != PDP_OK)
+    if ((st = pdp__cross_entropy_rows_on(m->device, y->data, w->labels, w->rows * dp->positions,
+                                         dp->classes, dp->grad_scale, &w->loss_sum, w->dlogits,
+                                         "cross_entropy")) != PDP_OK)
         goto fail;
     if (!isfinite(w->loss_sum)) {
         st = pdp__err(PDP_ERR_NUMERIC, "the loss of samples [%lld, %lld) is %g",
@@ -23586,10 +23598,6 @@ PDP__PRIVATE pdp_status pdp__dp_scatter(pdp_dp *dp, const pdp_tensor *x, const i
             w->cap_rows = w->rows;
         }
     }
-    if (dp->cuda && dp->counted != b * dp->positions)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: %lld of %lld labels are the ignore index -1; "
-                        "on CUDA every label counts for now", fn,
-                        (long long)(b * dp->positions - dp->counted), (long long)(b * dp->positions));
     dp->grad_scale = dp->counted > 0 ? 1.0f / (float)dp->counted : 0.0f;
     return PDP_OK;
 }
@@ -28355,11 +28363,8 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
                 return pdp__err(PDP_ERR_SHAPE, "%s: the last stage's output has %d dimensions; "
                                 "cross-entropy needs [batch, classes] or [batch, T, vocab]", fn,
                                 y->ndim);
-            st = m->device.kind == PDP_DEVICE_CPU
-                     ? pdp__cross_entropy_rows(y->data, lab, n * pp->positions,
-                                               y->shape[y->ndim - 1], scale, &sum, m->grad_a, fn)
-                     : pdp__cross_entropy_on(m->device, y->data, lab, n * pp->positions,
-                                             y->shape[y->ndim - 1], scale, &sum, m->grad_a, fn);
+            st = pdp__cross_entropy_rows_on(m->device, y->data, lab, n * pp->positions,
+                                            y->shape[y->ndim - 1], scale, &sum, m->grad_a, fn);
             if (st != PDP_OK) return st;
             *loss_sum += sum;
         }
@@ -28458,9 +28463,6 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
                                            pp->m->layers[pp->m->nlayers - 1].out_ndim - 1],
                                        &pp->counted, fn)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
-    if (last && pp->m->device.kind != PDP_DEVICE_CPU && pp->counted != rows * pp->positions)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: ignored labels (-1) on CUDA are not supported "
-                        "yet", fn);
     if ((st = pdp__pp_reserve(pp, pp->mb_rows[0])) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: buffers for %lld rows", fn, pp->c->rank,
                              (long long)pp->mb_rows[0]);

@@ -200,13 +200,9 @@ PDP__PRIVATE void pdp__dp_apply_one(pdp__dp_worker *w)
     if (w->index > 0 || dp->zero_master) pdp_model_zero_grad(m);
     if ((st = pdp_model_forward(m, &w->x, &y)) != PDP_OK) goto fail;
     /* one label a row of the last dimension, -1 ignored; scaled by the whole batch's count */
-    if ((st = m->device.kind == PDP_DEVICE_CPU
-                  ? pdp__cross_entropy_rows(y->data, w->labels, w->rows * dp->positions,
-                                            dp->classes, dp->grad_scale, &w->loss_sum,
-                                            w->dlogits, "cross_entropy")
-                  : pdp__cross_entropy_on(m->device, y->data, w->labels, w->rows * dp->positions,
-                                          dp->classes, dp->grad_scale, &w->loss_sum, w->dlogits,
-                                          "cross_entropy")) != PDP_OK)
+    if ((st = pdp__cross_entropy_rows_on(m->device, y->data, w->labels, w->rows * dp->positions,
+                                         dp->classes, dp->grad_scale, &w->loss_sum, w->dlogits,
+                                         "cross_entropy")) != PDP_OK)
         goto fail;
     if (!isfinite(w->loss_sum)) {
         st = pdp__err(PDP_ERR_NUMERIC, "the loss of samples [%lld, %lld) is %g",
@@ -583,10 +579,6 @@ PDP__PRIVATE pdp_status pdp__dp_scatter(pdp_dp *dp, const pdp_tensor *x, const i
             w->cap_rows = w->rows;
         }
     }
-    if (dp->cuda && dp->counted != b * dp->positions)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: %lld of %lld labels are the ignore index -1; "
-                        "on CUDA every label counts for now", fn,
-                        (long long)(b * dp->positions - dp->counted), (long long)(b * dp->positions));
     dp->grad_scale = dp->counted > 0 ? 1.0f / (float)dp->counted : 0.0f;
     return PDP_OK;
 }

@@ -123,6 +123,22 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_rows(const float *logits, const int32
     return PDP_OK;
 }
 
+/* pdp__cross_entropy_rows with logits and dlogits on device d (CUDA: cuda_host.c's). */
+PDP__PRIVATE pdp_status pdp__cross_entropy_rows_on(pdp_device d, const float *logits,
+                                                   const int32_t *labels, int64_t N, int64_t V,
+                                                   float grad_scale, double *loss_sum,
+                                                   float *dlogits, const char *fn)
+{
+    double t0 = pdp__prof.on ? pdp__now() : 0.0;
+    pdp_status st =
+        d.kind == PDP_DEVICE_CUDA
+            ? pdp__cuda_cross_entropy_rows(d, logits, labels, N, V, grad_scale, loss_sum, dlogits,
+                                           fn)
+            : pdp__cross_entropy_rows(logits, labels, N, V, grad_scale, loss_sum, dlogits, fn);
+    if (pdp__prof.on) pdp__prof.loss_s += pdp__now() - t0;
+    return st;
+}
+
 PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int32_t *labels,
                                                   int64_t N, int64_t V, float *loss,
                                                   int64_t *count, float *dlogits, const char *fn)

@@ -697,11 +697,8 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
                 return pdp__err(PDP_ERR_SHAPE, "%s: the last stage's output has %d dimensions; "
                                 "cross-entropy needs [batch, classes] or [batch, T, vocab]", fn,
                                 y->ndim);
-            st = m->device.kind == PDP_DEVICE_CPU
-                     ? pdp__cross_entropy_rows(y->data, lab, n * pp->positions,
-                                               y->shape[y->ndim - 1], scale, &sum, m->grad_a, fn)
-                     : pdp__cross_entropy_on(m->device, y->data, lab, n * pp->positions,
-                                             y->shape[y->ndim - 1], scale, &sum, m->grad_a, fn);
+            st = pdp__cross_entropy_rows_on(m->device, y->data, lab, n * pp->positions,
+                                            y->shape[y->ndim - 1], scale, &sum, m->grad_a, fn);
             if (st != PDP_OK) return st;
             *loss_sum += sum;
         }
@@ -800,9 +797,6 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
                                            pp->m->layers[pp->m->nlayers - 1].out_ndim - 1],
                                        &pp->counted, fn)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
-    if (last && pp->m->device.kind != PDP_DEVICE_CPU && pp->counted != rows * pp->positions)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: ignored labels (-1) on CUDA are not supported "
-                        "yet", fn);
     if ((st = pdp__pp_reserve(pp, pp->mb_rows[0])) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: buffers for %lld rows", fn, pp->c->rank,
                              (long long)pp->mb_rows[0]);

@@ -5432,6 +5432,12 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_rows(const float *logits, const int32
                                                 int64_t N, int64_t V, float grad_scale,
                                                 double *loss_sum, float *dlogits, const char *fn);
 
+/* pdp__cross_entropy_rows with logits and dlogits on device d (CUDA: cuda_host.c's). */
+PDP__PRIVATE pdp_status pdp__cross_entropy_rows_on(pdp_device d, const float *logits,
+                                                   const int32_t *labels, int64_t N, int64_t V,
+                                                   float grad_scale, double *loss_sum,
+                                                   float *dlogits, const char *fn);
+
 PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int32_t *labels,
                                                   int64_t N, int64_t V, float *loss,
                                                   int64_t *count, float *dlogits, const char *fn);
