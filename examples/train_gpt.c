@@ -1,18 +1,16 @@
-/* train_gpt.c - train a small GPT on text, byte by byte, on one core or several ranks, then
-   let it write.
+/* train_gpt.c - train a small GPT on text, byte by byte, on one core or on several ranks.
 
    The model is nanoGPT's GPT (gpt.h: pre-LayerNorm blocks of causal self-attention and a 4x
    GELU MLP, each a residual region; the head tied to the token embedding) over the 256 byte
-   values: no tokenizer. The text is Debian's fortunes (apt-get install fortunes), -text FILE
-   or DIR, or, without fortunes, pdp's synthetic English-like text (the first line says
-   which). Training is nanoGPT's: windows of T + 1 bytes drawn at random, AdamW (betas 0.9 and
-   0.95, weight decay 0.1), warm-up then cosine decay, the gradient clipped to norm 1, at lr
-   3e-3 (at dim 128, 2e-3 and 4e-3 each reached a lower validation loss than nanoGPT's 1e-3 in
-   1200 steps). -strategy dp|ddp|zero1|zero2|zero3 trains the same global batch on -np
-   workers (DP) or thread ranks (pdp_launch); -recompute selective|full trades compute for
-   activation memory. It prints the memory (one block's activations beside Megatron-LM's
-   formulas, each recomputation mode), the losses, each rank's memory split beside the
-   formulas, and text written from a prompt.
+   values. The text is Debian's fortunes (apt-get install fortunes), -text FILE|DIR, or pdp's
+   synthetic text (the first line says which). Training is nanoGPT's: windows of T + 1 bytes
+   drawn at random, AdamW (betas 0.9, 0.95, weight decay 0.1), warm-up then cosine decay,
+   gradients clipped to norm 1, lr 3e-3 (at dim 128, 2e-3 and 4e-3 each reached a lower
+   validation loss than nanoGPT's 1e-3 in 1200 steps). -strategy dp|ddp|zero1|zero2|zero3
+   trains the same global batches on -np DP workers or thread ranks; -recompute
+   selective|full trades compute for activation memory. It prints one block's activations
+   beside Megatron-LM's formulas (each recomputation mode), the losses, each rank's memory
+   beside the formulas (and, on several ranks, which ZeRO stage saves what), and text.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt.c -o train_gpt -lm -lpthread
            (or make build/train_gpt; the GPT's layers run on the CPU for now)
@@ -23,11 +21,12 @@
    Output (Intel Xeon, Sapphire Rapids class, one thread, fortunes installed: 100 s of CPU):
            seed 1: /usr/share/games/fortunes (43 files), 2576674 bytes (the last 257668 ...
            GPT 4 layers, 4 heads, dim 96, context 64: 478272 parameters; batch 8, AdamW ...
-           ... one block's activations, each recomputation mode: Megatron's formula, pdp's ...
+           one block's activations (layers 1-12), s 64 b 8 h 96 a 4: sbh x (...) bytes, MB
+             none       34 + 5as/h   2.33   64 + 4as/h   3.67   72 + 4as/h + 16/h   4.07 ...
            step  2000  loss 2.1029  val 2.1019  5007 tokens/s  204.5 s
-           rank 0: parameters 1.82 MB (4Psi 1.82), gradients 1.82 (4Psi 1.82), ...
+           rank 0: parameters 1.91 MB (4Psi 1.91), gradients 1.91 (4Psi 1.91), ...
            The garning the the love Spuate mones of never bastion and Sindes pustalliataie ...
-   Next:   train_tp.c (a layer split across ranks instead of the batch or the state). */
+   Next:   train_tp.c (each layer split across ranks instead of the batch or the state). */
 
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
@@ -89,34 +88,28 @@ static pdp_status val_loss(pdp_model *m, int64_t b, int batches, int32_t *x, int
    pdp_model_activation_bytes disagrees with the count for the model's mode. */
 static int print_memory(const pdp_model *m, int64_t b, int mode)
 {
-    int64_t P = pdp_model_param_count(m), s = g.context, h = g.dim, a = g.heads, lo = -1;
+    int64_t s = g.context, h = g.dim, a = g.heads, lo = -1;
     int64_t sbh = s * b * h, ass = a * s * s * b, d = g.dropout > 0, hi = -1, adds = 0, i;
     int64_t k = 18 + 4 * d, pdp[3] = {4 * (sbh * k + ass + 4 * s * b), 4 * (sbh * k + 4 * s * b),
                                       8 * sbh};
     double meg[3] = {34.0 * sbh + 5 * ass, 34.0 * sbh, 2.0 * sbh},
            f32[3] = {d ? 66.0 * sbh + 9 * ass : 64.0 * sbh + 4 * ass, (64.0 + 2 * d) * sbh, 4.0 * sbh};
-    const char *names[3] = {"none", "selective", "full"},
-               *mf[3] = {"sbh(34 + 5as/h)", "sbh(34)", "sbh(2)"},
-               *ff[3] = {d ? "sbh(66 + 9as/h)" : "sbh(64 + 4as/h)", d ? "sbh(66)" : "sbh(64)",
-                         "sbh(4)"},
-               *pf[3] = {d ? "sbh(88 + 4as/h + 16/h)" : "sbh(72 + 4as/h + 16/h)",
-                         d ? "sbh(88 + 16/h)" : "sbh(72 + 16/h)", "sbh(8)"};
+    const char *names[3] = {"none", "selective", "full"}, *row[3][3] = { /* Megatron, fp32, pdp */
+        {"34 + 5as/h", d ? "66 + 9as/h" : "64 + 4as/h", d ? "88 + 4as/h + 16/h" : "72 + 4as/h + 16/h"},
+        {"34", d ? "66" : "64", d ? "88 + 16/h" : "72 + 16/h"}, {"2", "4", "8"}};
     for (i = 0; i < pdp_model_num_layers(m) && hi < 0; i++) {
         const char *name = pdp_model_layer_name(m, (int)i);
         if (lo < 0 && !strcmp(name, "Residual")) lo = i;
         if (!strcmp(name, "ResidualAdd") && ++adds == 2) hi = i + 1;
     }
     int64_t measured = pdp_model_activation_bytes(m, (int)lo, (int)hi, b);
-    printf("memory (fp32): parameters %.2f MB, gradients %.2f MB, AdamW's m and v %.2f MB, "
-           "activations %.2f MB\n", MB(4 * P), MB(4 * P), MB(8 * P),
-           MB(pdp_model_activation_bytes(m, 0, pdp_model_num_layers(m), b)));
-    printf("one block's activations (layers %lld-%lld), s %lld b %lld h %lld a %lld, MB:\n"
-           "  recompute  Megatron, 16-bit, 1-byte masks  the same tensors in fp32, p %s0  "
-           "pdp by hand, fp32\n", (long long)lo, (long long)hi - 1, (long long)s, (long long)b,
+    printf("one block's activations (layers %lld-%lld), s %lld b %lld h %lld a %lld: sbh x (...) "
+           "bytes, MB\n  recompute  Megatron, 16-bit, 1-byte masks  the same tensors in fp32, "
+           "p %s0  pdp by hand, fp32\n", (long long)lo, (long long)hi - 1, (long long)s, (long long)b,
            (long long)h, (long long)a, d ? "> " : "= ");
     for (i = 0; i < 3; i++)
-        printf("  %-9s  %-20s %6.2f        %-20s %6.2f        %-22s %6.2f\n", names[i], mf[i], MB(meg[i]), ff[i], MB(f32[i]), pf[i],
-               MB(pdp[i]));
+        printf("  %-9s  %-20s %6.2f       %-24s %6.2f     %-17s %6.2f\n",
+               names[i], row[i][0], MB(meg[i]), row[i][1], MB(f32[i]), row[i][2], MB(pdp[i]));
     printf("  pdp_model_activation_bytes, recompute %s: %.2f MB\n"
            "  pdp also keeps the c_proj outputs that only the residual adds read (8sbh) and "
            "LayerNorm's\n  mean and rstd (16/h)%s\n  full keeps each residual region's input: "
@@ -129,6 +122,43 @@ static int print_memory(const pdp_model *m, int64_t b, int mode)
     return 1;
 }
 
+/* This rank's memory beside the formula: ZeRO's as allocated, a whole replica's (single,
+   DDP) as ZeRO's stage 0 plans it; stage s shards the optimizer state (s >= 1), the gradients
+   (s >= 2) and the parameters (s = 3). Then rank 0 prints ZeRO's table: every stage at this
+   N, and why it saves or not at this size. DP's workers are threads of one rank. */
+static pdp_status print_rank_memory(const pdp_launch_ctx *ctx, pdp_model *m, pdp_zero *z,
+                                    pdp_dp *dp, pdp_optim *opt, int64_t b)
+{
+    int n = ctx->world_size;
+    int64_t act = pdp_model_activation_bytes(m, 0, pdp_model_num_layers(m), b);
+    double P4 = 4.0 * (double)pdp_model_param_count(m); /* 4 Psi bytes */
+    char report[2048];
+    pdp_zero_memory mm;
+    pdp_dp_stats st;
+    if (dp) {
+        PDP_TRY(pdp_dp_get_stats(dp, &st));
+        printf("DP, %d workers: the master holds %.2f MB (parameters, gradients, AdamW's state, "
+               "its activations,\n  the gathered outputs), each other worker %.2f MB: DP saves "
+               "nothing, and loads worker 0\n", np, MB(st.master_bytes), MB(st.replica_bytes));
+        return PDP_OK;
+    }
+    PDP_TRY(z ? pdp_zero_get_memory(z, opt, &mm) : pdp_zero_memory_plan(m, n, 0, NULL, opt, &mm));
+    PDP_TRY(pdp_print_by_rank(ctx->world, "rank %d: parameters %.2f MB (4Psi%s %.2f), gradients "
+            "%.2f (4Psi%s %.2f), AdamW's m, v %.2f (8Psi%s %.2f),\n  activations %.2f (%lld "
+            "sequences), buffers %.2f (at most %.2f): %.2f MB\n", ctx->rank,
+            MB(mm.param_bytes), stage >= 3 ? "/N" : "", MB(P4 / (stage >= 3 ? n : 1)),
+            MB(mm.grad_bytes), stage >= 2 ? "/N" : "", MB(P4 / (stage >= 2 ? n : 1)),
+            MB(mm.optim_bytes), stage >= 1 ? "/N" : "", MB(2 * P4 / (stage >= 1 ? n : 1)),
+            MB(act), (long long)b, MB(mm.buffer_bytes), MB(mm.buffer_bound),
+            MB(mm.total_bytes + act)));
+    if (ctx->rank > 0 || n == 1) return PDP_OK;
+    pdp_zero_memory_format(&mm, report, sizeof report);
+    printf("%s(the losses above are rank 0's, over its slice of each global batch; the "
+           "validation losses single's. Activations shrink with the slice, under DDP\n"
+           "and ZeRO alike, and with -recompute; ZeRO shards the rest)\n", report);
+    return PDP_OK;
+}
+
 /* Every rank builds the same GPT (DDP and ZeRO start every rank from rank 0's anyway) and
    draws the same global batch of B windows from the same stream, then trains on its slice of
    B / N windows: so every strategy trains on the windows single does, and its validation loss
@@ -137,7 +167,8 @@ static int print_memory(const pdp_model *m, int64_t b, int mode)
 static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 {
     int rank = ctx->rank, n = ctx->world_size;
-    int64_t T = g.context, b = B / n, step, i, len = (int64_t)strlen(prompt);
+    int64_t T = g.context, b = B / n, every = steps >= 20 ? steps / 10 : steps, step, i;
+    int64_t len = (int64_t)strlen(prompt);
     double t_train = 0, loss_sum = 0;
     int32_t *x = malloc(sizeof *x * (size_t)(2 * B * T + len + n_new)), *y = x + B * T;
     pdp_model *m;
@@ -145,7 +176,6 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_dp *dp = NULL;
     pdp_ddp *ddp = NULL;
     pdp_zero *z = NULL;
-    pdp_zero_memory mm;
     pdp_rng r;
     (void)user;
     if (!x) return PDP_ERR_OUT_OF_MEMORY;
@@ -168,58 +198,29 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         PDP_TRY(pdp_optim_set_lr(opt, pdp_lr_warmup_cosine(step, steps / 20, steps, lr, lr / 10)));
         PDP_TRY(pdp_token_dataset_sample(ds, PDP_SPLIT_TRAIN, &r, B, x, y)); /* the global batch */
         PDP_TRY(pdp_tensor_wrap_ids(x + rank * b * T, pdp_cpu(), 2, (int64_t[]){b, T}, &ids));
-        if (dp) PDP_TRY(pdp_dp_forward_backward(dp, &ids, y, &loss)); /* y: a label a position */
-        if (ddp) PDP_TRY(pdp_ddp_forward_backward(ddp, &ids, y + rank * b * T, &loss));
+        const int32_t *yr = y + rank * b * T; /* the slice's targets, a label a position */
+        if (dp) PDP_TRY(pdp_dp_forward_backward(dp, &ids, yr, &loss)); /* split over workers */
+        else if (ddp) PDP_TRY(pdp_ddp_forward_backward(ddp, &ids, yr, &loss));
+        else if (z) PDP_TRY(pdp_zero_forward_backward(z, &ids, yr, &loss));
+        else PDP_TRY(pdp_model_forward_backward(m, &ids, yr, &loss));
         if (ddp) PDP_TRY(pdp_ddp_finish(ddp)); /* the gradients averaged over the ranks */
-        if (z) PDP_TRY(pdp_zero_forward_backward(z, &ids, y + rank * b * T, &loss));
-        if (z) PDP_TRY(pdp_zero_finish(z)); /* this rank's shard of the averaged gradients */
-        if (!dp && !ddp && !z) PDP_TRY(pdp_model_forward_backward(m, &ids, y, &loss));
+        if (z) PDP_TRY(pdp_zero_finish(z));    /* this rank's shard of them */
         PDP_TRY(z ? pdp_zero_clip_grad_norm(z, 1.0f, NULL) : pdp_clip_grad_norm(m, 1.0f, NULL));
-        if (z) PDP_TRY(pdp_zero_step(z, opt)); /* steps the shard; stages 1-2 all-gather it */
-        else PDP_TRY(pdp_optim_step(opt));
-        if (!z) pdp_optim_zero_grad(opt);
+        PDP_TRY(z ? pdp_zero_step(z, opt) : pdp_optim_step(opt)); /* ZeRO 1-2 all-gather it */
+        if (!z) pdp_optim_zero_grad(opt); /* pdp_zero_step zeroes its own */
         t_train += pdp_seconds() - t0;
         loss_sum += loss;
-        if ((step + 1) % (steps >= 20 ? steps / 10 : steps) && step + 1 < steps) continue;
+        if ((step + 1) % every && step + 1 < steps) continue; /* a line every tenth */
         PDP_TRY(val_loss(m, b, (short_run ? 1 : 8) * n, x, y, &val)); /* every rank: ZeRO-3 */
         if (rank == 0)
             printf("step %5lld  loss %.4f  val %.4f  %.0f tokens/s  %.1f s\n", (long long)step + 1,
-                   loss_sum / (double)(step % (steps >= 20 ? steps / 10 : steps) + 1), val,
+                   loss_sum / (double)(step % every + 1), val,
                    (double)((step + 1) * B * T) / t_train, t_train);
         fflush(stdout);
         loss_sum = 0;
     }
 
-    /* each rank's memory beside the formula: ZeRO's as allocated, a full replica's (single,
-       DDP: ZeRO's stage 0) as planned; stage s shards the optimizer state (s >= 1), the
-       gradients (s >= 2) and the parameters (s = 3) over the N ranks */
-    if (dp) { /* DP's workers are threads of one rank: its stats say what each holds */
-        pdp_dp_stats st;
-        PDP_TRY(pdp_dp_get_stats(dp, &st));
-        printf("DP, %d workers: the master holds %.2f MB (parameters, gradients, AdamW's state, "
-               "its activations,\n  the gathered outputs), each other worker %.2f MB: DP saves "
-               "nothing, and loads worker 0\n", np, MB(st.master_bytes), MB(st.replica_bytes));
-    } else {
-        int64_t act = pdp_model_activation_bytes(m, 0, pdp_model_num_layers(m), b);
-        double P = 4.0 * (double)pdp_model_param_count(m); /* 4 Psi bytes */
-        PDP_TRY(z ? pdp_zero_get_memory(z, opt, &mm)
-                  : pdp_zero_memory_plan(m, n, 0, NULL, opt, &mm));
-        PDP_TRY(pdp_print_by_rank(ctx->world, "rank %d: parameters %.2f MB (4Psi%s %.2f), "
-                "gradients %.2f (4Psi%s %.2f), AdamW's m, v %.2f (8Psi%s %.2f),\n  activations "
-                "%.2f (%lld sequences), buffers %.2f (at most %.2f): %.2f MB\n", rank,
-                MB(mm.param_bytes), stage >= 3 ? "/N" : "", MB(P / (stage >= 3 ? n : 1)),
-                MB(mm.grad_bytes), stage >= 2 ? "/N" : "", MB(P / (stage >= 2 ? n : 1)),
-                MB(mm.optim_bytes), stage >= 1 ? "/N" : "", MB(2 * P / (stage >= 1 ? n : 1)),
-                MB(act), (long long)b, MB(mm.buffer_bytes), MB(mm.buffer_bound),
-                MB(mm.total_bytes + act)));
-        if (rank == 0 && n > 1) { /* every stage's plan, and why ZeRO saves or not here */
-            char report[2048];
-            pdp_zero_memory_format(&mm, report, sizeof report);
-            printf("%s(the losses above are rank 0's, over its slice of each global batch; the "
-                   "validation losses single's. Activations shrink with the slice, under DDP\n"
-                   "and ZeRO alike, and with -recompute; ZeRO shards the rest)\n", report);
-        }
-    }
+    PDP_TRY(print_rank_memory(ctx, m, z, dp, opt, b));
     if (z) PDP_TRY(pdp_zero_gather_params(z, NULL)); /* ZeRO-3: the full parameters back */
     pdp_zero_free(z);
     pdp_ddp_free(ddp);
@@ -270,6 +271,7 @@ int main(int argc, char **argv)
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
     if (short_run) steps = 10, n_new = 40;
     if (!strncmp(strategy, "zero", 4)) stage = strategy[4] - '0';
+    if (!strcmp(strategy, "single")) np = 1;
     int ranks = !strcmp(strategy, "ddp") || stage > 0 ? np : 1; /* DP: np workers, one rank */
     if (B % ranks || !prompt[0]) {
         fprintf(stderr, "-batch %lld must divide by the %d ranks, the prompt be nonempty\n",
@@ -291,7 +293,7 @@ int main(int argc, char **argv)
     printf("seed %lld: %s, %lld bytes (the last %lld validate)\n", (long long)seed, ds->source,
            (long long)ds->count, (long long)(ds->count - ds->split_at));
     printf("GPT %d layers, %d heads, dim %lld, context %lld: %lld parameters; batch %lld, AdamW "
-           "lr %g, %d thread(s), %s on %d, recompute %s%s%s\n", g.layers, g.heads,
+           "lr %g, %d thread(s), %s x %d, recompute %s%s%s\n", g.layers, g.heads,
            (long long)g.dim, (long long)g.context, (long long)pdp_model_param_count(m),
            (long long)B, lr, threads, strategy, np, recompute, g.precision ? ", bf16 " : "",
            g.precision ? pdp_bf16_path_name(pdp_bf16_best_path()) : "");
