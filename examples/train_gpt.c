@@ -154,8 +154,8 @@ static pdp_status print_rank_memory(const pdp_launch_ctx *ctx, pdp_model *m, pdp
     if (ctx->rank > 0 || n == 1) return PDP_OK;
     pdp_zero_memory_format(&mm, report, sizeof report);
     printf("%s(the losses above are rank 0's, over its slice of each global batch; the "
-           "validation losses single's. Activations shrink with the slice, under DDP\n"
-           "and ZeRO alike, and with -recompute; ZeRO shards the rest)\n", report);
+           "validation losses are\n single's. Activations shrink with the slice, under DDP "
+           "and ZeRO alike, and with -recompute;\n ZeRO shards the rest)\n", report);
     return PDP_OK;
 }
 
