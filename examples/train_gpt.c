@@ -92,10 +92,11 @@ static int print_memory(const pdp_model *m, int64_t b, int mode)
     int64_t sbh = s * b * h, ass = a * s * s * b, d = g.dropout > 0, hi = -1, adds = 0, i;
     int64_t k = 18 + 4 * d, pdp[3] = {4 * (sbh * k + ass + 4 * s * b), 4 * (sbh * k + 4 * s * b),
                                       8 * sbh};
-    double meg[3] = {34.0 * sbh + 5 * ass, 34.0 * sbh, 2.0 * sbh},
-           f32[3] = {d ? 66.0 * sbh + 9 * ass : 64.0 * sbh + 4 * ass, (64.0 + 2 * d) * sbh, 4.0 * sbh};
+    double meg[3] = {34.0 * sbh + 5 * ass, 34.0 * sbh, 2.0 * sbh}, /* fp32: 4 bytes, masks 1 */
+           f32[3] = {(64.0 + 2 * d) * sbh + (4 + 5 * d) * ass, (64.0 + 2 * d) * sbh, 4.0 * sbh};
     const char *names[3] = {"none", "selective", "full"}, *row[3][3] = { /* Megatron, fp32, pdp */
-        {"34 + 5as/h", d ? "66 + 9as/h" : "64 + 4as/h", d ? "88 + 4as/h + 16/h" : "72 + 4as/h + 16/h"},
+        {"34 + 5as/h", d ? "66 + 9as/h" : "64 + 4as/h",
+         d ? "88 + 4as/h + 16/h" : "72 + 4as/h + 16/h"},
         {"34", d ? "66" : "64", d ? "88 + 16/h" : "72 + 16/h"}, {"2", "4", "8"}};
     for (i = 0; i < pdp_model_num_layers(m) && hi < 0; i++) {
         const char *name = pdp_model_layer_name(m, (int)i);
@@ -105,8 +106,8 @@ static int print_memory(const pdp_model *m, int64_t b, int mode)
     int64_t measured = pdp_model_activation_bytes(m, (int)lo, (int)hi, b);
     printf("one block's activations (layers %lld-%lld), s %lld b %lld h %lld a %lld: sbh x (...) "
            "bytes, MB\n  recompute  Megatron, 16-bit, 1-byte masks  the same tensors in fp32, "
-           "p %s0  pdp by hand, fp32\n", (long long)lo, (long long)hi - 1, (long long)s, (long long)b,
-           (long long)h, (long long)a, d ? "> " : "= ");
+           "p %s0  pdp by hand, fp32\n", (long long)lo, (long long)hi - 1, (long long)s,
+           (long long)b, (long long)h, (long long)a, d ? "> " : "= ");
     for (i = 0; i < 3; i++)
         printf("  %-9s  %-20s %6.2f       %-24s %6.2f     %-17s %6.2f\n",
                names[i], row[i][0], MB(meg[i]), row[i][1], MB(f32[i]), row[i][2], MB(pdp[i]));
@@ -231,7 +232,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         for (i = 0; i < len; i++) text[i] = (unsigned char)prompt[i];
         pdp_rng_seed(&r, (uint64_t)seed, 1);
         PDP_TRY(pdp_gpt_generate(m, text, len, n_new, (float)temperature, top_k, &r));
-        printf("sample (temperature %g, top-k %d, seed %lld):\n", temperature, top_k, (long long)seed);
+        printf("sample (temperature %g, top-k %d, seed %lld):\n", temperature, top_k,
+               (long long)seed);
         for (i = 0; i < len + n_new; i++) /* bytes as text; a control byte as '?' */
             putchar(text[i] == '\n' || text[i] == '\t' || (text[i] >= 32 && text[i] != 127)
                     ? text[i] : '?');
@@ -258,7 +260,7 @@ int main(int argc, char **argv)
         {"-dim", PDP_ARG_INT64, &g.dim, 1, 1 << 16, NULL},
         {"-dropout", PDP_ARG_DOUBLE, &dropout, 0, 0.99, NULL},
         {"-lr", PDP_ARG_DOUBLE, &lr, 1e-9, 10, NULL},
-        {"-threads", PDP_ARG_INT, &threads, 1, 256, NULL},
+        {"-threads", PDP_ARG_INT, &threads, 1, 256, NULL}, /* rank 0's intra-op threads */
         {"-seed", PDP_ARG_INT64, &seed, 0, 1e18, NULL},
         {"-text", PDP_ARG_STRING, &path, 0, 0, NULL}, /* a file or a directory */
         {"-prompt", PDP_ARG_STRING, &prompt, 0, 0, NULL},
