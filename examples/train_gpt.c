@@ -140,7 +140,7 @@ static pdp_status print_rank_memory(const pdp_launch_ctx *ctx, pdp_model *m, pdp
         PDP_TRY(pdp_dp_get_stats(dp, &st));
         printf("DP, %d workers: the master holds %.2f MB (parameters, gradients, AdamW's state, "
                "its activations,\n  the gathered outputs), each other worker %.2f MB: DP saves "
-               "nothing, and loads worker 0\n", np, MB(st.master_bytes), MB(st.replica_bytes));
+               "nothing and overloads worker 0\n", np, MB(st.master_bytes), MB(st.replica_bytes));
         return PDP_OK;
     }
     PDP_TRY(z ? pdp_zero_get_memory(z, opt, &mm) : pdp_zero_memory_plan(m, n, 0, NULL, opt, &mm));
@@ -207,7 +207,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         if (ddp) PDP_TRY(pdp_ddp_finish(ddp)); /* the gradients averaged over the ranks */
         if (z) PDP_TRY(pdp_zero_finish(z));    /* this rank's shard of them */
         PDP_TRY(z ? pdp_zero_clip_grad_norm(z, 1.0f, NULL) : pdp_clip_grad_norm(m, 1.0f, NULL));
-        PDP_TRY(z ? pdp_zero_step(z, opt) : pdp_optim_step(opt)); /* ZeRO 1-2 all-gather it */
+        PDP_TRY(z ? pdp_zero_step(z, opt) : pdp_optim_step(opt)); /* ZeRO 1-2 all-gather */
         if (!z) pdp_optim_zero_grad(opt); /* pdp_zero_step zeroes its own */
         t_train += pdp_seconds() - t0;
         loss_sum += loss;
