@@ -1,33 +1,32 @@
-/* train_gpt.c - train a small GPT on text, byte by byte, then let it write.
+/* train_gpt.c - train a small GPT on text, byte by byte, on one core or on several ranks.
 
    The model is nanoGPT's GPT (gpt.h: pre-LayerNorm blocks of causal self-attention and a 4x
    GELU MLP, each a residual region; the head tied to the token embedding) over the 256 byte
-   values: no tokenizer. The text is Debian's fortunes (apt-get install fortunes), a file or
-   a directory named on the command line, or, with neither, pdp's synthetic English-like text
-   (the first line says which, and why). Training is nanoGPT's: windows of T + 1 bytes drawn
-   at random, AdamW (betas 0.9 and 0.95, weight decay 0.1), warm-up then cosine decay, the
-   gradient clipped to norm 1, at lr 3e-3 (a small model, a short run: at dim 128, 2e-3 and
-   4e-3 each reached a lower validation loss than nanoGPT's 1e-3 in 1200 steps). It prints the
-   memory first (parameters, gradients, AdamW's moments; one block's activations beside
-   Megatron-LM's formula), the losses, and at the end text written from a prompt.
+   values. The text is Debian's fortunes (apt-get install fortunes), -text FILE|DIR, or pdp's
+   synthetic text (the first line says which). Training is nanoGPT's: windows of T + 1 bytes
+   drawn at random, AdamW (betas 0.9, 0.95, weight decay 0.1), warm-up then cosine decay,
+   gradients clipped to norm 1, lr 3e-3 (at dim 128, 2e-3 and 4e-3 each reached a lower
+   validation loss than nanoGPT's 1e-3 in 1200 steps). -strategy dp|ddp|zero1|zero2|zero3
+   trains the same global batches on -np DP workers or thread ranks; -recompute
+   selective|full trades compute for activation memory. It prints one block's activations
+   beside Megatron-LM's formulas (each recomputation mode), the losses, each rank's memory
+   beside the formulas (and, on several ranks, which ZeRO stage saves what), and text.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt.c -o train_gpt -lm -lpthread
            (or make build/train_gpt; the GPT's layers run on the CPU for now)
    Run:    ./train_gpt                       (PDP_SHORT=1 for a few steps only)
-           ./train_gpt -steps 5000 -dim 128 -batch 16 -dropout 0.1 my_text.txt
-           ./train_gpt -bf16 -prompt "Q: " -temperature 0.6 -top_k 10 -seed 2
-   Output (Intel Xeon, Sapphire Rapids class, one thread, fortunes installed: 100 s of CPU,
-   205 s of wall time beside other jobs, load 6 to 7 on 2 cores):
+           ./train_gpt -steps 5000 -dim 128 -batch 16 -dropout 0.1 -text my_text.txt
+           ./train_gpt -strategy zero3 -np 2 -recompute selective
+           ./train_gpt -precision bf16 -prompt "Q: " -temperature 0.6 -top_k 10 -seed 2
+   Output (Intel Xeon, Sapphire Rapids class, one thread, fortunes installed: 100 s of CPU):
            seed 1: /usr/share/games/fortunes (43 files), 2576674 bytes (the last 257668 ...
            GPT 4 layers, 4 heads, dim 96, context 64: 478272 parameters; batch 8, AdamW ...
-           memory (fp32): parameters 1.82 MiB, gradients 1.82 MiB, AdamW's m and v 3.65 MiB, ...
-           ... one block's activations: Megatron's formula, pdp's count and measurement ...
-           step   200  loss 3.1165  val 2.6771  4717 tokens/s  21.7 s
+           one block's activations (layers 1-12), s 64 b 8 h 96 a 4: sbh x (...) bytes, MB
+             none       34 + 5as/h   2.33   64 + 4as/h   3.67   72 + 4as/h + 16/h   4.07 ...
            step  2000  loss 2.1029  val 2.1019  5007 tokens/s  204.5 s
-           sample (temperature 0.8, top-k 40, seed 1):
+           rank 0: parameters 1.91 MB (4Psi 1.91), gradients 1.91 (4Psi 1.91), ...
            The garning the the love Spuate mones of never bastion and Sindes pustalliataie ...
-   Next:   train_ddp.c: one model trained by several ranks (the GPT under every executor is
-           the next issue). */
+   Next:   train_tp.c (each layer split across ranks instead of the batch or the state). */
 
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
@@ -36,14 +35,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MIB(bytes) ((double)(bytes) / 1048576.0)
+#define MB(bytes) ((double)(bytes) / 1e6) /* as pdp_zero_memory_format */
 
-/* The mean loss of `batches` batches of validation windows, the same windows every time
-   (drawn from a fixed seed), with the model in evaluation mode: no dropout. */
-static float val_loss(pdp_model *m, const pdp_token_dataset *ds, int64_t B, int batches,
-                      int32_t *x, int32_t *y)
+static pdp_gpt_desc g = {.vocab = 256, .context = 64, .layers = 4, .heads = 4, .dim = 96};
+static int64_t B = 8, steps = 2000, n_new = 500, seed = 1; /* B: the global batch */
+static int np = 1, threads = 1, top_k = 40, stage = -1;    /* stage: ZeRO's, -1 without */
+static double lr = 3e-3, dropout = 0, temperature = 0.8;
+static const char *strategy = "single", *recompute = "none", *precision = "fp32",
+                  *path = PDP_FORTUNES_DIR, *prompt = "The ";
+static bool short_run;
+static pdp_token_dataset *ds;
+
+/* The mean loss over the same validation windows every time (a fixed seed), batches of b
+   windows, with the model in evaluation mode: no dropout. */
+static pdp_status val_loss(pdp_model *m, int64_t b, int batches, int32_t *x, int32_t *y,
+                           float *out)
 {
-    int64_t T = ds->context, V = ds->vocab;
     double sum = 0;
     pdp_rng r;
     int k;
@@ -53,169 +60,249 @@ static float val_loss(pdp_model *m, const pdp_token_dataset *ds, int64_t B, int 
         pdp_tensor ids, logits2d;
         const pdp_tensor *logits;
         float loss;
-        PDP_CHECK(pdp_token_dataset_sample(ds, PDP_SPLIT_VAL, &r, B, x, y));
-        PDP_CHECK(pdp_tensor_wrap_ids(x, pdp_cpu(), 2, (int64_t[]){B, T}, &ids));
-        PDP_CHECK(pdp_model_forward(m, &ids, &logits)); /* [B, T, V] */
-        PDP_CHECK(pdp_tensor_reshape_view(logits, 2, (int64_t[]){B * T, V}, &logits2d));
-        PDP_CHECK(pdp_loss_cross_entropy(&logits2d, y, &loss, NULL)); /* over B T positions */
+        PDP_TRY(pdp_token_dataset_sample(ds, PDP_SPLIT_VAL, &r, b, x, y));
+        PDP_TRY(pdp_tensor_wrap_ids(x, pdp_cpu(), 2, (int64_t[]){b, g.context}, &ids));
+        PDP_TRY(pdp_model_forward(m, &ids, &logits)); /* [b, T, V]; ZeRO-3: collective */
+        PDP_TRY(pdp_tensor_reshape_view(logits, 2, (int64_t[]){b * g.context, g.vocab},
+                                        &logits2d));
+        PDP_TRY(pdp_loss_cross_entropy(&logits2d, y, &loss, NULL)); /* over b T positions */
         sum += loss;
     }
     pdp_model_set_training(m, true);
-    return (float)(sum / batches);
+    *out = (float)(sum / batches);
+    return PDP_OK;
 }
 
-/* Memory: parameters, gradients, AdamW's two moments (fp32), and one block's activations
-   (its layers from the first Residual through the second ResidualAdd) beside Megatron-LM's
-   count for a transformer layer (Korthikanti et al. 2022, "Reducing Activation Recomputation
-   in Large Transformer Models", sec. 4.1): sbh(34 + 5as/h) bytes are 16 [s, b, h] tensors of
-   2 bytes (LayerNorm inputs, Q, K, V, GELU's input, ...), 2 dropout masks of 1 byte, and a
-   sequence's softmax output, its mask and the dropped output [a, s, s] (2 + 1 + 2 bytes). pdp
-   keeps the output of every layer but a view, in fp32: 1 + 3 + 1 + 1 + 1 (ln_1, c_attn,
-   attention, c_proj, add) + 1 + 4 + 4 + 1 + 1 (ln_2, c_fc, GELU, c_proj, add) = 18 [s, b, h],
-   with dropout 2 outputs and 2 masks more; P once (backward redraws its dropout mask); each
-   LayerNorm's mean and rstd. It fails if pdp_model_activation_bytes disagrees. */
-static int print_memory(const pdp_model *m, const pdp_gpt_desc *g, int64_t b)
+/* One block's activations at b sequences (its layers from the first Residual through the
+   second ResidualAdd) beside Megatron-LM's count for a transformer layer (Korthikanti et al.
+   2022, "Reducing Activation Recomputation in Large Transformer Models", secs. 4.1 and 5):
+   sbh(34 + 5as/h) bytes are 16 [s, b, h] tensors of 2 bytes (LayerNorm inputs, Q, K, V,
+   GELU's input, ...), 2 dropout masks of 1 byte, and a sequence's softmax output, its mask
+   and the dropped output [a, s, s] (2 + 1 + 2 bytes); selective recomputation drops the
+   [a, s, s] tensors (34), full keeps each layer's input only (2). pdp keeps the output of
+   every layer but a view, in fp32: 1 + 3 + 1 + 1 + 1 (ln_1, c_attn, attention, c_proj, add)
+   + 1 + 4 + 4 + 1 + 1 (ln_2, c_fc, GELU, c_proj, add) = 18 [s, b, h], with dropout 2 outputs
+   and 2 masks more; P once (backward redraws its dropout mask); each LayerNorm's mean and
+   rstd. SELECTIVE keeps no P; FULL keeps only what lies outside the residual regions (model.c:
+   pdp__model_recomputed), the two ResidualAdds' outputs: 2 [s, b, h]. Fails (1) if
+   pdp_model_activation_bytes disagrees with the count for the model's mode. */
+static int print_memory(const pdp_model *m, int64_t b, int mode)
 {
-    int64_t P = pdp_model_param_count(m), s = g->context, h = g->dim, a = g->heads;
-    int64_t sbh = s * b * h, ass = a * s * s * b, d = g->dropout > 0, lo = -1, hi = -1, adds = 0;
-    int64_t pdp = 4 * (sbh * (18 + 4 * d) + ass + 4 * s * b), measured, i;
+    int64_t s = g.context, h = g.dim, a = g.heads, lo = -1;
+    int64_t sbh = s * b * h, ass = a * s * s * b, d = g.dropout > 0, hi = -1, adds = 0, i;
+    int64_t k = 18 + 4 * d, pdp[3] = {4 * (sbh * k + ass + 4 * s * b), 4 * (sbh * k + 4 * s * b),
+                                      8 * sbh};
+    double meg[3] = {34.0 * sbh + 5 * ass, 34.0 * sbh, 2.0 * sbh}, /* fp32: 4 bytes, masks 1 */
+           f32[3] = {(64.0 + 2 * d) * sbh + (4 + 5 * d) * ass, (64.0 + 2 * d) * sbh, 4.0 * sbh};
+    const char *names[3] = {"none", "selective", "full"}, *row[3][3] = { /* Megatron, fp32, pdp */
+        {"34 + 5as/h", d ? "66 + 9as/h" : "64 + 4as/h",
+         d ? "88 + 4as/h + 16/h" : "72 + 4as/h + 16/h"},
+        {"34", d ? "66" : "64", d ? "88 + 16/h" : "72 + 16/h"}, {"2", "4", "8"}};
     for (i = 0; i < pdp_model_num_layers(m) && hi < 0; i++) {
         const char *name = pdp_model_layer_name(m, (int)i);
         if (lo < 0 && !strcmp(name, "Residual")) lo = i;
         if (!strcmp(name, "ResidualAdd") && ++adds == 2) hi = i + 1;
     }
-    measured = pdp_model_activation_bytes(m, (int)lo, (int)hi, b);
-    printf("memory (fp32): parameters %.2f MiB, gradients %.2f MiB, AdamW's m and v %.2f MiB, "
-           "activations %.2f MiB\n", MIB(4 * P), MIB(4 * P), MIB(8 * P),
-           MIB(pdp_model_activation_bytes(m, 0, pdp_model_num_layers(m), b)));
-    printf("one block's activations (layers %lld-%lld), s %lld b %lld h %lld a %lld:        MiB\n"
-           "  Megatron, 16-bit, 1-byte masks   sbh(34 + 5as/h)          %6.2f\n"
-           "  the same tensors in fp32, p %s0  sbh(%s)          %6.2f\n"
-           "  pdp by hand, fp32                sbh(%s + 4as/h + 16/h)   %6.2f\n"
-           "  pdp_model_activation_bytes                                %6.2f\n"
+    int64_t measured = pdp_model_activation_bytes(m, (int)lo, (int)hi, b);
+    printf("one block's activations (layers %lld-%lld), s %lld b %lld h %lld a %lld: sbh x (...) "
+           "bytes, MB\n  recompute  Megatron, 16-bit, 1-byte masks  the same tensors in fp32, "
+           "p %s0  pdp by hand, fp32\n", (long long)lo, (long long)hi - 1, (long long)s,
+           (long long)b, (long long)h, (long long)a, d ? "> " : "= ");
+    for (i = 0; i < 3; i++)
+        printf("  %-9s  %-20s %6.2f       %-24s %6.2f     %-17s %6.2f\n",
+               names[i], row[i][0], MB(meg[i]), row[i][1], MB(f32[i]), row[i][2], MB(pdp[i]));
+    printf("  pdp_model_activation_bytes, recompute %s: %.2f MB\n"
            "  pdp also keeps the c_proj outputs that only the residual adds read (8sbh) and "
-           "LayerNorm's\n  mean and rstd (16/h)%s\n",
-           (long long)lo, (long long)hi - 1, (long long)s, (long long)b, (long long)h,
-           (long long)a, MIB(34 * sbh + 5 * ass), d ? "> " : "= ",
-           d ? "66 + 9as/h" : "64 + 4as/h", MIB(d ? 66 * sbh + 9 * ass : 64 * sbh + 4 * ass),
-           d ? "88" : "72", MIB(pdp), MIB(measured),
+           "LayerNorm's\n  mean and rstd (16/h)%s\n  full keeps each residual region's input: "
+           "2 [s, b, h] a block, where Megatron keeps 1 a layer\n", names[mode], MB(measured),
            d ? "; dropout's outputs and float masks (+14sbh); P alone, its mask redrawn "
                "(-5as/h)" : "");
-    if (measured == pdp) return 0;
+    if (measured == pdp[mode]) return 0;
     fprintf(stderr, "activation bytes: %lld measured, %lld by hand\n", (long long)measured,
-            (long long)pdp);
+            (long long)pdp[mode]);
     return 1;
+}
+
+/* This rank's memory beside the formula: ZeRO's as allocated, a whole replica's (single,
+   DDP) as ZeRO's stage 0 plans it; stage s shards the optimizer state (s >= 1), the gradients
+   (s >= 2) and the parameters (s = 3). Then rank 0 prints ZeRO's table: every stage at this
+   N, and why it saves or not at this size. DP's workers are threads of one rank. */
+static pdp_status print_rank_memory(const pdp_launch_ctx *ctx, pdp_model *m, pdp_zero *z,
+                                    pdp_dp *dp, pdp_optim *opt, int64_t b)
+{
+    int n = ctx->world_size;
+    int64_t act = pdp_model_activation_bytes(m, 0, pdp_model_num_layers(m), b);
+    double P4 = 4.0 * (double)pdp_model_param_count(m); /* 4 Psi bytes */
+    char report[2048];
+    pdp_zero_memory mm;
+    pdp_dp_stats st;
+    if (dp) {
+        PDP_TRY(pdp_dp_get_stats(dp, &st));
+        printf("DP, %d workers: the master holds %.2f MB (parameters, gradients, AdamW's state, "
+               "its activations,\n  the gathered outputs), each other worker %.2f MB: DP saves "
+               "nothing and overloads worker 0\n", np, MB(st.master_bytes), MB(st.replica_bytes));
+        return PDP_OK;
+    }
+    PDP_TRY(z ? pdp_zero_get_memory(z, opt, &mm) : pdp_zero_memory_plan(m, n, 0, NULL, opt, &mm));
+    PDP_TRY(pdp_print_by_rank(ctx->world, "rank %d: parameters %.2f MB (4Psi%s %.2f), gradients "
+            "%.2f (4Psi%s %.2f), AdamW's m, v %.2f (8Psi%s %.2f),\n  activations %.2f (%lld "
+            "sequences), buffers %.2f (at most %.2f): %.2f MB\n", ctx->rank,
+            MB(mm.param_bytes), stage >= 3 ? "/N" : "", MB(P4 / (stage >= 3 ? n : 1)),
+            MB(mm.grad_bytes), stage >= 2 ? "/N" : "", MB(P4 / (stage >= 2 ? n : 1)),
+            MB(mm.optim_bytes), stage >= 1 ? "/N" : "", MB(2 * P4 / (stage >= 1 ? n : 1)),
+            MB(act), (long long)b, MB(mm.buffer_bytes), MB(mm.buffer_bound),
+            MB(mm.total_bytes + act)));
+    if (ctx->rank > 0 || n == 1) return PDP_OK;
+    pdp_zero_memory_format(&mm, report, sizeof report);
+    printf("%s(the losses above are rank 0's, over its slice of each global batch; the "
+           "validation losses are\n single's. Activations shrink with the slice, under DDP "
+           "and ZeRO alike, and with -recompute;\n ZeRO shards the rest)\n", report);
+    return PDP_OK;
+}
+
+/* Every rank builds the same GPT (DDP and ZeRO start every rank from rank 0's anyway) and
+   draws the same global batch of B windows from the same stream, then trains on its slice of
+   B / N windows: so every strategy trains on the windows single does, and its validation loss
+   equals single's to float rounding (a DistributedSampler would do the same over an epoch of
+   fixed windows; nanoGPT draws windows at random). */
+static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    int rank = ctx->rank, n = ctx->world_size;
+    int64_t T = g.context, b = B / n, every = steps >= 20 ? steps / 10 : steps, step, i;
+    int64_t len = (int64_t)strlen(prompt);
+    double t_train = 0, loss_sum = 0;
+    int32_t *x = malloc(sizeof *x * (size_t)(2 * B * T + len + n_new)), *y = x + B * T;
+    pdp_model *m;
+    pdp_optim *opt;
+    pdp_dp *dp = NULL;
+    pdp_ddp *ddp = NULL;
+    pdp_zero *z = NULL;
+    pdp_rng r;
+    (void)user;
+    if (!x) return PDP_ERR_OUT_OF_MEMORY;
+    PDP_TRY(pdp_gpt_create(&m, &g));
+    PDP_TRY(pdp_model_reserve(m, b)); /* activations for b sequences: steps allocate nothing */
+    pdp_optim_desc od = {.kind = PDP_OPTIM_ADAMW, .lr = lr, .beta1 = 0.9, .beta2 = 0.95,
+                         .weight_decay = 0.1};
+    if (!strcmp(strategy, "dp"))
+        PDP_TRY(pdp_dp_create(&dp, m, &(pdp_dp_desc){.num_workers = np})); /* B split in np */
+    if (!strcmp(strategy, "ddp")) PDP_TRY(pdp_ddp_create(&ddp, m, ctx->world, NULL));
+    pdp_zero_desc zd = {.stage = stage, .bucket_cap_mb = 0.25, .first_bucket_mb = 0.25};
+    if (stage > 0) PDP_TRY(pdp_zero_create(&z, m, ctx->world, &zd)); /* units of whole layers */
+    PDP_TRY(z ? pdp_zero_optim_create(&opt, z, &od) : pdp_optim_create(&opt, m, &od));
+
+    pdp_rng_seed(&r, (uint64_t)seed, 0);
+    for (step = 0; step < steps; step++) {
+        double t0 = pdp_seconds();
+        pdp_tensor ids;
+        float loss, val;
+        PDP_TRY(pdp_optim_set_lr(opt, pdp_lr_warmup_cosine(step, steps / 20, steps, lr, lr / 10)));
+        PDP_TRY(pdp_token_dataset_sample(ds, PDP_SPLIT_TRAIN, &r, B, x, y)); /* the global batch */
+        PDP_TRY(pdp_tensor_wrap_ids(x + rank * b * T, pdp_cpu(), 2, (int64_t[]){b, T}, &ids));
+        const int32_t *yr = y + rank * b * T; /* the slice's targets, a label a position */
+        if (dp) PDP_TRY(pdp_dp_forward_backward(dp, &ids, yr, &loss)); /* split over workers */
+        else if (ddp) PDP_TRY(pdp_ddp_forward_backward(ddp, &ids, yr, &loss));
+        else if (z) PDP_TRY(pdp_zero_forward_backward(z, &ids, yr, &loss));
+        else PDP_TRY(pdp_model_forward_backward(m, &ids, yr, &loss));
+        if (ddp) PDP_TRY(pdp_ddp_finish(ddp)); /* the gradients averaged over the ranks */
+        if (z) PDP_TRY(pdp_zero_finish(z));    /* this rank's shard of them */
+        PDP_TRY(z ? pdp_zero_clip_grad_norm(z, 1.0f, NULL) : pdp_clip_grad_norm(m, 1.0f, NULL));
+        PDP_TRY(z ? pdp_zero_step(z, opt) : pdp_optim_step(opt)); /* ZeRO 1-2 all-gather */
+        if (!z) pdp_optim_zero_grad(opt); /* pdp_zero_step zeroes its own */
+        t_train += pdp_seconds() - t0;
+        loss_sum += loss;
+        if ((step + 1) % every && step + 1 < steps) continue; /* a line every tenth */
+        PDP_TRY(val_loss(m, b, (short_run ? 1 : 8) * n, x, y, &val)); /* every rank: ZeRO-3 */
+        if (rank == 0)
+            printf("step %5lld  loss %.4f  val %.4f  %.0f tokens/s  %.1f s\n", (long long)step + 1,
+                   loss_sum / (double)(step % every + 1), val,
+                   (double)((step + 1) * B * T) / t_train, t_train);
+        fflush(stdout);
+        loss_sum = 0;
+    }
+
+    PDP_TRY(print_rank_memory(ctx, m, z, dp, opt, b));
+    if (z) PDP_TRY(pdp_zero_gather_params(z, NULL)); /* ZeRO-3: the full parameters back */
+    pdp_zero_free(z);
+    pdp_ddp_free(ddp);
+    pdp_dp_free(dp);
+
+    if (rank == 0) { /* write: the prompt's bytes, then n_new bytes drawn one at a time */
+        int32_t *text = y + B * T;
+        for (i = 0; i < len; i++) text[i] = (unsigned char)prompt[i];
+        pdp_rng_seed(&r, (uint64_t)seed, 1);
+        PDP_TRY(pdp_gpt_generate(m, text, len, n_new, (float)temperature, top_k, &r));
+        printf("sample (temperature %g, top-k %d, seed %lld):\n", temperature, top_k,
+               (long long)seed);
+        for (i = 0; i < len + n_new; i++) /* bytes as text; a control byte as '?' */
+            putchar(text[i] == '\n' || text[i] == '\t' || (text[i] >= 32 && text[i] != 127)
+                    ? text[i] : '?');
+        putchar('\n');
+    }
+    free(x);
+    pdp_optim_free(opt);
+    pdp_model_free(m);
+    return PDP_OK;
 }
 
 int main(int argc, char **argv)
 {
-    pdp_gpt_desc g = {.vocab = 256, .context = 64, .layers = 4, .heads = 4, .dim = 96};
-    int64_t B = 8, steps = 2000, every, step, n_new = 500, n, i;
-    int threads = 1, top_k = 40;
-    double lr = 3e-3, t_train = 0, loss_sum = 0;
-    float temperature = 0.8f;
-    unsigned long long seed = 1;
-    bool short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT")), bf16 = false;
-    const char *path = NULL, *prompt = "The ";
-    pdp_token_dataset *ds;
+    const pdp_arg args[] = { /* option, type, variable (its default), min, max, choices */
+        {"-strategy", PDP_ARG_STRING, &strategy, 0, 0, "single|dp|ddp|zero1|zero2|zero3"},
+        {"-np", PDP_ARG_INT, &np, 1, 64, NULL}, /* DP's workers, or thread ranks */
+        {"-recompute", PDP_ARG_STRING, &recompute, 0, 0, "none|selective|full"},
+        {"-precision", PDP_ARG_STRING, &precision, 0, 0, "fp32|bf16"},
+        {"-steps", PDP_ARG_INT64, &steps, 1, 1e9, NULL},
+        {"-batch", PDP_ARG_INT64, &B, 1, 1 << 20, NULL}, /* global: at least 1 per rank */
+        {"-context", PDP_ARG_INT64, &g.context, 1, 1 << 16, NULL},
+        {"-layers", PDP_ARG_INT, &g.layers, 1, 1000, NULL},
+        {"-heads", PDP_ARG_INT, &g.heads, 1, 1000, NULL},
+        {"-dim", PDP_ARG_INT64, &g.dim, 1, 1 << 16, NULL},
+        {"-dropout", PDP_ARG_DOUBLE, &dropout, 0, 0.99, NULL},
+        {"-lr", PDP_ARG_DOUBLE, &lr, 1e-9, 10, NULL},
+        {"-threads", PDP_ARG_INT, &threads, 1, 256, NULL}, /* rank 0's intra-op threads */
+        {"-seed", PDP_ARG_INT64, &seed, 0, 1e18, NULL},
+        {"-text", PDP_ARG_STRING, &path, 0, 0, NULL}, /* a file or a directory */
+        {"-prompt", PDP_ARG_STRING, &prompt, 0, 0, NULL},
+        {"-tokens", PDP_ARG_INT64, &n_new, 0, 1e6, NULL},
+        {"-temperature", PDP_ARG_DOUBLE, &temperature, 0, 100, NULL},
+        {"-top_k", PDP_ARG_INT, &top_k, 0, 256, NULL},
+    };
     pdp_model *m;
-    pdp_optim *opt;
-    pdp_rng r;
-    int32_t *x, *y, *text;
-
-    for (i = 1; i < argc; i += 2) {
-        if (!strcmp(argv[i], "-bf16")) bf16 = true, i--; /* a flag: no value */
-        else if (argv[i][0] != '-') path = argv[i], i--;  /* the text: a file or a directory */
-        else if (i + 1 >= argc) break;
-        else if (!strcmp(argv[i], "-steps")) steps = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "-batch")) B = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "-context")) g.context = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "-layers")) g.layers = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-heads")) g.heads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-dim")) g.dim = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "-dropout")) g.dropout = (float)atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "-lr")) lr = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "-threads")) threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-seed")) seed = strtoull(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "-prompt")) prompt = argv[i + 1];
-        else if (!strcmp(argv[i], "-tokens")) n_new = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "-temperature")) temperature = (float)atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "-top_k")) top_k = atoi(argv[i + 1]);
-        else break;
-    }
-    if (i < argc || steps < 1 || B < 1 || n_new < 0 || !prompt[0]) {
-        fprintf(stderr, "usage: %s [-steps 2000] [-batch 8] [-context 64] [-layers 4] "
-                "[-heads 4] [-dim 96] [-dropout 0] [-lr 0.003] [-threads 1] [-seed 1] [-bf16]\n"
-                "  [-prompt \"The \"] [-tokens 500] [-temperature 0.8] [-top_k 40] [text file or "
-                "directory]\n  PDP_SHORT=1: a few steps only\n", argv[0]);
+    PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
+    short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
+    if (short_run) steps = 10, n_new = 40;
+    if (!strncmp(strategy, "zero", 4)) stage = strategy[4] - '0';
+    if (!strcmp(strategy, "single")) np = 1;
+    int ranks = !strcmp(strategy, "ddp") || stage > 0 ? np : 1; /* DP: np workers, one rank */
+    if (B % ranks || !prompt[0]) {
+        fprintf(stderr, "-batch %lld must divide by the %d ranks, the prompt be nonempty\n",
+                (long long)B, ranks);
         return 2;
     }
-    if (short_run) steps = 10, n_new = 40;
-    every = steps >= 20 ? steps / 10 : steps; /* a line every tenth of the run */
     PDP_CHECK(pdp_set_num_threads(threads));
+    g.dropout = (float)dropout;
+    g.seed = (uint64_t)seed;
+    g.precision = strcmp(precision, "bf16") ? PDP_PRECISION_FP32 : PDP_PRECISION_BF16;
+    g.recompute = !strcmp(recompute, "full")        ? PDP_RECOMPUTE_FULL
+                  : !strcmp(recompute, "selective") ? PDP_RECOMPUTE_SELECTIVE : PDP_RECOMPUTE_NONE;
 
     /* the text: fortunes by default, the synthetic text when they are not installed */
-    pdp_token_dataset_desc td = {.context = g.context, .seed = seed, .synthetic_fallback = !path};
-    PDP_CHECK(pdp_token_dataset_load(&ds, path ? path : PDP_FORTUNES_DIR, &td));
-
-    g.seed = seed;
-    g.precision = bf16 ? PDP_PRECISION_BF16 : PDP_PRECISION_FP32;
-    PDP_CHECK(pdp_gpt_create(&m, &g));
-    PDP_CHECK(pdp_model_reserve(m, B)); /* activations for B sequences: steps allocate nothing */
-    pdp_optim_desc od = {.kind = PDP_OPTIM_ADAMW, .lr = lr, .beta1 = 0.9, .beta2 = 0.95,
-                         .weight_decay = 0.1};
-    PDP_CHECK(pdp_optim_create(&opt, m, &od));
-    x = malloc(sizeof *x * (size_t)(2 * B * g.context + (int64_t)strlen(prompt) + n_new));
-    if (!x) return 1;
-    y = x + B * g.context;     /* the targets: x shifted by one byte */
-    text = y + B * g.context;  /* the prompt, then what the model writes */
-
-    printf("seed %llu: %s, %lld bytes (the last %lld validate)\n", seed, ds->source,
+    pdp_token_dataset_desc td = {.context = g.context, .seed = (uint64_t)seed,
+                                 .synthetic_fallback = !strcmp(path, PDP_FORTUNES_DIR)};
+    PDP_CHECK(pdp_token_dataset_load(&ds, path, &td));
+    PDP_CHECK(pdp_gpt_create(&m, &g)); /* to print the memory: each rank builds its own */
+    printf("seed %lld: %s, %lld bytes (the last %lld validate)\n", (long long)seed, ds->source,
            (long long)ds->count, (long long)(ds->count - ds->split_at));
     printf("GPT %d layers, %d heads, dim %lld, context %lld: %lld parameters; batch %lld, AdamW "
-           "lr %g, %d thread(s)%s%s\n", g.layers, g.heads, (long long)g.dim,
-           (long long)g.context, (long long)pdp_model_param_count(m), (long long)B, lr, threads,
-           bf16 ? ", bf16 " : "", bf16 ? pdp_bf16_path_name(pdp_bf16_best_path()) : "");
-    if (print_memory(m, &g, B)) return 1;
-    fflush(stdout);
-
-    pdp_rng_seed(&r, seed, 0);
-    for (step = 0; step < steps; step++) {
-        double t0 = pdp_seconds();
-        pdp_tensor ids;
-        float loss;
-        pdp_optim_set_lr(opt, pdp_lr_warmup_cosine(step, steps / 20, steps, lr, lr / 10));
-        PDP_CHECK(pdp_token_dataset_sample(ds, PDP_SPLIT_TRAIN, &r, B, x, y)); /* nanoGPT's */
-        PDP_CHECK(pdp_tensor_wrap_ids(x, pdp_cpu(), 2, (int64_t[]){B, g.context}, &ids));
-        PDP_CHECK(pdp_model_forward_backward(m, &ids, y, &loss)); /* y: a label a position */
-        PDP_CHECK(pdp_clip_grad_norm(m, 1.0f, NULL));
-        PDP_CHECK(pdp_optim_step(opt));
-        pdp_optim_zero_grad(opt);
-        t_train += pdp_seconds() - t0;
-        loss_sum += loss;
-        if ((step + 1) % every == 0 || step + 1 == steps) {
-            printf("step %5lld  loss %.4f  val %.4f  %.0f tokens/s  %.1f s\n",
-                   (long long)step + 1, loss_sum / (double)(step % every + 1),
-                   val_loss(m, ds, B, short_run ? 1 : 8, x, y),
-                   (double)((step + 1) * B * g.context) / t_train, t_train);
-            fflush(stdout);
-            loss_sum = 0;
-        }
-    }
-
-    /* write: the prompt's bytes, then n_new bytes drawn one at a time */
-    for (n = 0; prompt[n]; n++) text[n] = (unsigned char)prompt[n];
-    pdp_rng_seed(&r, seed, 1);
-    PDP_CHECK(pdp_gpt_generate(m, text, n, n_new, temperature, top_k, &r));
-    printf("sample (temperature %g, top-k %d, seed %llu):\n", temperature, top_k, seed);
-    for (i = 0; i < n + n_new; i++) /* bytes as text; a control byte as '?' */
-        putchar(text[i] == '\n' || text[i] == '\t' || (text[i] >= 32 && text[i] != 127)
-                ? text[i] : '?');
-    putchar('\n');
-
-    free(x);
-    pdp_optim_free(opt);
+           "lr %g, %d thread(s), %s x %d, recompute %s%s%s\n", g.layers, g.heads,
+           (long long)g.dim, (long long)g.context, (long long)pdp_model_param_count(m),
+           (long long)B, lr, threads, strategy, np, recompute, g.precision ? ", bf16 " : "",
+           g.precision ? pdp_bf16_path_name(pdp_bf16_best_path()) : "");
+    if (print_memory(m, B / ranks, (int)g.recompute)) return 1;
     pdp_model_free(m);
+    fflush(stdout);
+    PDP_CHECK(pdp_launch(ranks, NULL, train_rank, NULL)); /* single and DP: one rank */
     pdp_token_dataset_free(ds);
     return 0;
 }
