@@ -13990,6 +13990,12 @@ PDP__PRIVATE int64_t pdp__layer_rows(const pdp__layer *l, int64_t batch)
     return batch * (l->positions > 0 ? l->positions : 1);
 }
 
+/* The features of one row: a 1-D sample's all, a [T, C] sample's C. */
+PDP__PRIVATE int64_t pdp__layer_in_features(const pdp__layer *l)
+{
+    return l->in_count / (l->positions > 0 ? l->positions : 1);
+}
+
 /* A 1-D sample (F) is one row of F features; a [T, C] sample is T rows of C, each acted
    on alone, as PyTorch's Linear and LayerNorm(C) act on the last dimension. */
 PDP__PRIVATE void pdp__layers_per_position(pdp__layer *l)
@@ -14026,7 +14032,7 @@ PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, 
 
 PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
-    int64_t in = l->in_count / (l->positions > 0 ? l->positions : 1);
+    int64_t in = pdp__layer_in_features(l);
     pdp__layers_init_kaiming(w, l->out_features * in, b, l->out_features, in, r);
 }
 
@@ -14134,7 +14140,7 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
 {
     pdp__layer_io rows;
     const pdp__layer_io *io = pdp__linear_rows_io(l, io_in, &rows);
-    int64_t B = io->batch, in = l->in_count / (l->positions > 0 ? l->positions : 1);
+    int64_t B = io->batch, in = pdp__layer_in_features(l);
     int64_t out = l->out_features, i;
     float beta = 0.0f;
     /* The bias: y = b, then the GEMM adds x W^T (beta 1), no pass of its own. With a
@@ -14161,7 +14167,7 @@ PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__lay
 {
     pdp__layer_io rows;
     const pdp__layer_io *io = pdp__linear_rows_io(l, io_in, &rows);
-    int64_t B = io->batch, in = l->in_count / (l->positions > 0 ? l->positions : 1);
+    int64_t B = io->batch, in = pdp__layer_in_features(l);
     int64_t out = l->out_features, i;
     const float *dy = io->dy;
     if (io->fused_relu) { /* dy masked into work, db's sums on the way */
@@ -14539,7 +14545,7 @@ PDP__PRIVATE void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, p
 {
     int64_t i;
     (void)r;
-    for (i = 0; i < l->in_count / (l->positions > 0 ? l->positions : 1); i++) {
+    for (i = 0; i < pdp__layer_in_features(l); i++) {
         w[i] = 1.0f;
         b[i] = 0.0f;
     }
@@ -16518,12 +16524,6 @@ PDP__PRIVATE pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__
 
 /* ---- tp: the column- and row-parallel Linears ---- */
 
-/* The features of one position of a TP Linear's input (a [T, C] sample: C). */
-PDP__PRIVATE int64_t pdp__tp_in_features(const pdp__layer *l)
-{
-    return l->in_count / (l->positions > 0 ? l->positions : 1);
-}
-
 /* parts (tp_parts) blocks of tp_full / parts outputs, each split alike: rank r holds
    [tp_lo, tp_lo + n) of every block, its out_features parts x n. */
 PDP__PRIVATE pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
@@ -16593,7 +16593,7 @@ PDP__PRIVATE void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, p
 {
     pdp__tp_slice2d s;
     float wb, bb;
-    int64_t in = pdp__tp_in_features(l), parts = l->tp_parts > 1 ? l->tp_parts : 1;
+    int64_t in = pdp__layer_in_features(l), parts = l->tp_parts > 1 ? l->tp_parts : 1;
     pdp__tp_bounds(in, &wb, &bb);
     s.cols = in, s.c0 = 0, s.c1 = in, s.parts = parts;
     s.r0 = l->tp_lo, s.r1 = l->tp_lo + l->out_features / parts;
@@ -16608,7 +16608,7 @@ PDP__PRIVATE void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_
     pdp__tp_slice2d s;
     float wb, bb;
     pdp__tp_bounds(l->tp_full, &wb, &bb);
-    s.cols = l->tp_full, s.c0 = l->tp_lo, s.c1 = l->tp_lo + pdp__tp_in_features(l);
+    s.cols = l->tp_full, s.c0 = l->tp_lo, s.c1 = l->tp_lo + pdp__layer_in_features(l);
     s.r0 = 0, s.r1 = l->out_features, s.parts = 1;
     pdp__tp_draw(w, l->out_features, s, -wb, wb, r);
     s.cols = 1, s.c0 = 0, s.c1 = 1;

@@ -213,6 +213,12 @@ PDP__PRIVATE int64_t pdp__layer_rows(const pdp__layer *l, int64_t batch)
     return batch * (l->positions > 0 ? l->positions : 1);
 }
 
+/* The features of one row: a 1-D sample's all, a [T, C] sample's C. */
+PDP__PRIVATE int64_t pdp__layer_in_features(const pdp__layer *l)
+{
+    return l->in_count / (l->positions > 0 ? l->positions : 1);
+}
+
 /* A 1-D sample (F) is one row of F features; a [T, C] sample is T rows of C, each acted
    on alone, as PyTorch's Linear and LayerNorm(C) act on the last dimension. */
 PDP__PRIVATE void pdp__layers_per_position(pdp__layer *l)
@@ -249,7 +255,7 @@ PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, 
 
 PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
-    int64_t in = l->in_count / (l->positions > 0 ? l->positions : 1);
+    int64_t in = pdp__layer_in_features(l);
     pdp__layers_init_kaiming(w, l->out_features * in, b, l->out_features, in, r);
 }
 
@@ -357,7 +363,7 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
 {
     pdp__layer_io rows;
     const pdp__layer_io *io = pdp__linear_rows_io(l, io_in, &rows);
-    int64_t B = io->batch, in = l->in_count / (l->positions > 0 ? l->positions : 1);
+    int64_t B = io->batch, in = pdp__layer_in_features(l);
     int64_t out = l->out_features, i;
     float beta = 0.0f;
     /* The bias: y = b, then the GEMM adds x W^T (beta 1), no pass of its own. With a
@@ -384,7 +390,7 @@ PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__lay
 {
     pdp__layer_io rows;
     const pdp__layer_io *io = pdp__linear_rows_io(l, io_in, &rows);
-    int64_t B = io->batch, in = l->in_count / (l->positions > 0 ? l->positions : 1);
+    int64_t B = io->batch, in = pdp__layer_in_features(l);
     int64_t out = l->out_features, i;
     const float *dy = io->dy;
     if (io->fused_relu) { /* dy masked into work, db's sums on the way */
@@ -762,7 +768,7 @@ PDP__PRIVATE void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, p
 {
     int64_t i;
     (void)r;
-    for (i = 0; i < l->in_count / (l->positions > 0 ? l->positions : 1); i++) {
+    for (i = 0; i < pdp__layer_in_features(l); i++) {
         w[i] = 1.0f;
         b[i] = 0.0f;
     }

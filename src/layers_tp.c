@@ -132,12 +132,6 @@ PDP__PRIVATE pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__
 
 /* ---- tp: the column- and row-parallel Linears ---- */
 
-/* The features of one position of a TP Linear's input (a [T, C] sample: C). */
-PDP__PRIVATE int64_t pdp__tp_in_features(const pdp__layer *l)
-{
-    return l->in_count / (l->positions > 0 ? l->positions : 1);
-}
-
 /* parts (tp_parts) blocks of tp_full / parts outputs, each split alike: rank r holds
    [tp_lo, tp_lo + n) of every block, its out_features parts x n. */
 PDP__PRIVATE pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
@@ -207,7 +201,7 @@ PDP__PRIVATE void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, p
 {
     pdp__tp_slice2d s;
     float wb, bb;
-    int64_t in = pdp__tp_in_features(l), parts = l->tp_parts > 1 ? l->tp_parts : 1;
+    int64_t in = pdp__layer_in_features(l), parts = l->tp_parts > 1 ? l->tp_parts : 1;
     pdp__tp_bounds(in, &wb, &bb);
     s.cols = in, s.c0 = 0, s.c1 = in, s.parts = parts;
     s.r0 = l->tp_lo, s.r1 = l->tp_lo + l->out_features / parts;
@@ -222,7 +216,7 @@ PDP__PRIVATE void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_
     pdp__tp_slice2d s;
     float wb, bb;
     pdp__tp_bounds(l->tp_full, &wb, &bb);
-    s.cols = l->tp_full, s.c0 = l->tp_lo, s.c1 = l->tp_lo + pdp__tp_in_features(l);
+    s.cols = l->tp_full, s.c0 = l->tp_lo, s.c1 = l->tp_lo + pdp__layer_in_features(l);
     s.r0 = 0, s.r1 = l->out_features, s.parts = 1;
     pdp__tp_draw(w, l->out_features, s, -wb, wb, r);
     s.cols = 1, s.c0 = 0, s.c1 = 1;

@@ -3951,6 +3951,9 @@ PDP__PRIVATE pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes 
 /* Rows a per-position kind acts on in a batch: batch x T for [T, C] samples. */
 PDP__PRIVATE int64_t pdp__layer_rows(const pdp__layer *l, int64_t batch);
 
+/* The features of one row: a 1-D sample's all, a [T, C] sample's C. */
+PDP__PRIVATE int64_t pdp__layer_in_features(const pdp__layer *l);
+
 /* A 1-D sample (F) is one row of F features; a [T, C] sample is T rows of C, each acted
    on alone, as PyTorch's Linear and LayerNorm(C) act on the last dimension. */
 PDP__PRIVATE void pdp__layers_per_position(pdp__layer *l);
@@ -4901,9 +4904,6 @@ PDP__PRIVATE pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__l
 PDP__PRIVATE pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
 
 /* ---- tp: the column- and row-parallel Linears ---- */
-
-/* The features of one position of a TP Linear's input (a [T, C] sample: C). */
-PDP__PRIVATE int64_t pdp__tp_in_features(const pdp__layer *l);
 
 /* parts (tp_parts) blocks of tp_full / parts outputs, each split alike: rank r holds
    [tp_lo, tp_lo + n) of every block, its out_features parts x n. */
