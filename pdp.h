@@ -16427,7 +16427,8 @@ PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t
    non-TP layer's) is whole on every TP rank. */
 PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p)
 {
-    const pdp__layer *l = &m->layers[m->params[p].layer];
+    /* a pipeline stage's parameters keep the full model's layer numbers */
+    const pdp__layer *l = &m->layers[m->params[p].layer - m->layers[0].index];
     return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
            (l->kind == PDP__ROW_PARALLEL_LINEAR && p == l->param_first);
 }
@@ -18339,6 +18340,23 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
     m->in_dtype = lo == 0 ? full->in_dtype : PDP_DTYPE_F32;
     m->recompute = full->recompute;
     m->open_residual = -1;
+    if (full->tp.comm) { /* PP x TP: the stage's TP layers on a TP state of its own */
+        m->tp = full->tp;
+        m->tp.model = m;
+        m->tp.nlayers = m->tp.checked = 0;
+        m->tp.dscalar = NULL;
+        memset(&m->tp.stats, 0, sizeof m->tp.stats);
+        for (i = 0; i < m->nlayers; i++)
+            if (m->layers[i].tp) {
+                m->layers[i].tp = &m->tp;
+                m->tp.nlayers += !pdp__model_flag(m, i, PDP__LAYER_HEADWISE);
+            }
+        if (m->device.kind != PDP_DEVICE_CPU &&
+            (st = pdp__dev_alloc(m->device, sizeof(float), (void **)&m->tp.dscalar)) != PDP_OK) {
+            pdp_model_free(m);
+            return st;
+        }
+    }
     for (i = 0; i < p1 - p0; i++) {
         m->params[i] = full->params[p0 + i];
         m->params[i].offset -= off0;
@@ -25307,7 +25325,7 @@ PDP__PRIVATE pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, fl
                                      float *local, bool to_full)
 {
     const pdp__param_entry *e = &m->params[p];
-    const pdp__layer *l = &m->layers[e->layer];
+    const pdp__layer *l = &m->layers[e->layer - m->layers[0].index]; /* a stage's: full's numbers */
     bool weight = p == l->param_first;
     int64_t rows = 1, len = e->count, fstride = 0, lstride = 0, foff = 0, i;
     int64_t in = l->in_shape[l->in_ndim - 1]; /* a position's features */
@@ -28082,12 +28100,7 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
                         fn, full->device.kind, full->device.ordinal, c->name, c->device.kind,
                         c->device.ordinal);
-    /* A stage's TP layers would point at the full model's TP state, which the caller
-       frees, and the pipeline's clipping would count the TP slices as whole tensors. */
-    if (full->tp.nlayers)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model has %d tensor-parallel layers: "
-                        "pipeline x tensor parallelism (PP x TP) is not supported; use TP or PP "
-                        "(each with DP)", fn, full->tp.nlayers);
+
     pp = (pdp_pp *)pdp__calloc(sizeof *pp);
     if (!pp) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     pp->c = c;
@@ -28578,10 +28591,15 @@ PDP_API pdp_status pdp_pp_clip_grad_norm(pdp_pp *pp, float max_norm, float *tota
     m = pp->m;
     if ((st = pdp_pp_finish(pp)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     /* a weight tied across stages counts once: on the stage that owns it (its copy is the
-       other stage's last parameter) */
-    if ((st = pdp__grad_sumsq(m, m->grad_block, pp->tied_copy ? m->params[m->nparams - 1].offset
-                                                              : m->param_count,
-                              &mine, fn)) != PDP_OK)
+       other stage's last parameter); PP x TP: the stage's TP slices on every TP rank and
+       its replicated tensors once, summed over the TP group (as pdp_clip_grad_norm does) */
+    if ((st = pdp__grad_sumsq_range(m, m->grad_block, 0,
+                                    pp->tied_copy ? m->params[m->nparams - 1].offset
+                                                  : m->param_count,
+                                    &mine, fn)) != PDP_OK ||
+        (m->tp.comm && m->tp.size > 1 &&
+         (st = pdp__grad_allreduce_sum(m->tp.comm, &m->tp.scalar, m->tp.dscalar, &mine)) !=
+             PDP_OK))
         return pdp__err_wrap(st, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
     memcpy(pp->norm_host, &mine, sizeof mine);
     gathered = (size_t)(2 * pp->p) * sizeof(float);
@@ -28658,6 +28676,9 @@ PDP__PRIVATE pdp_status pdp__pp_ckpt_args(const pdp_pp *pp, const pdp_optim *o, 
     if (pp->dp_work)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: call pdp_pp_step or pdp_pp_finish first", fn,
                         pp->c->rank);
+    if (pp->m->tp.comm)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: rank %d: the stages hold tensor-parallel "
+                        "slices; checkpoints of PP x TP are not supported yet", fn, pp->c->rank);
     return PDP_OK;
 }
 

@@ -35,7 +35,8 @@ PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t
    non-TP layer's) is whole on every TP rank. */
 PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p)
 {
-    const pdp__layer *l = &m->layers[m->params[p].layer];
+    /* a pipeline stage's parameters keep the full model's layer numbers */
+    const pdp__layer *l = &m->layers[m->params[p].layer - m->layers[0].index];
     return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
            (l->kind == PDP__ROW_PARALLEL_LINEAR && p == l->param_first);
 }

@@ -1302,6 +1302,23 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
     m->in_dtype = lo == 0 ? full->in_dtype : PDP_DTYPE_F32;
     m->recompute = full->recompute;
     m->open_residual = -1;
+    if (full->tp.comm) { /* PP x TP: the stage's TP layers on a TP state of its own */
+        m->tp = full->tp;
+        m->tp.model = m;
+        m->tp.nlayers = m->tp.checked = 0;
+        m->tp.dscalar = NULL;
+        memset(&m->tp.stats, 0, sizeof m->tp.stats);
+        for (i = 0; i < m->nlayers; i++)
+            if (m->layers[i].tp) {
+                m->layers[i].tp = &m->tp;
+                m->tp.nlayers += !pdp__model_flag(m, i, PDP__LAYER_HEADWISE);
+            }
+        if (m->device.kind != PDP_DEVICE_CPU &&
+            (st = pdp__dev_alloc(m->device, sizeof(float), (void **)&m->tp.dscalar)) != PDP_OK) {
+            pdp_model_free(m);
+            return st;
+        }
+    }
     for (i = 0; i < p1 - p0; i++) {
         m->params[i] = full->params[p0 + i];
         m->params[i].offset -= off0;

@@ -416,12 +416,7 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
                         fn, full->device.kind, full->device.ordinal, c->name, c->device.kind,
                         c->device.ordinal);
-    /* A stage's TP layers would point at the full model's TP state, which the caller
-       frees, and the pipeline's clipping would count the TP slices as whole tensors. */
-    if (full->tp.nlayers)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model has %d tensor-parallel layers: "
-                        "pipeline x tensor parallelism (PP x TP) is not supported; use TP or PP "
-                        "(each with DP)", fn, full->tp.nlayers);
+
     pp = (pdp_pp *)pdp__calloc(sizeof *pp);
     if (!pp) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     pp->c = c;
@@ -912,10 +907,15 @@ PDP_API pdp_status pdp_pp_clip_grad_norm(pdp_pp *pp, float max_norm, float *tota
     m = pp->m;
     if ((st = pdp_pp_finish(pp)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     /* a weight tied across stages counts once: on the stage that owns it (its copy is the
-       other stage's last parameter) */
-    if ((st = pdp__grad_sumsq(m, m->grad_block, pp->tied_copy ? m->params[m->nparams - 1].offset
-                                                              : m->param_count,
-                              &mine, fn)) != PDP_OK)
+       other stage's last parameter); PP x TP: the stage's TP slices on every TP rank and
+       its replicated tensors once, summed over the TP group (as pdp_clip_grad_norm does) */
+    if ((st = pdp__grad_sumsq_range(m, m->grad_block, 0,
+                                    pp->tied_copy ? m->params[m->nparams - 1].offset
+                                                  : m->param_count,
+                                    &mine, fn)) != PDP_OK ||
+        (m->tp.comm && m->tp.size > 1 &&
+         (st = pdp__grad_allreduce_sum(m->tp.comm, &m->tp.scalar, m->tp.dscalar, &mine)) !=
+             PDP_OK))
         return pdp__err_wrap(st, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
     memcpy(pp->norm_host, &mine, sizeof mine);
     gathered = (size_t)(2 * pp->p) * sizeof(float);
@@ -992,6 +992,9 @@ PDP__PRIVATE pdp_status pdp__pp_ckpt_args(const pdp_pp *pp, const pdp_optim *o, 
     if (pp->dp_work)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: call pdp_pp_step or pdp_pp_finish first", fn,
                         pp->c->rank);
+    if (pp->m->tp.comm)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: rank %d: the stages hold tensor-parallel "
+                        "slices; checkpoints of PP x TP are not supported yet", fn, pp->c->rank);
     return PDP_OK;
 }
 

@@ -988,8 +988,122 @@ TEST gpt_pipeline_checkpoint_resumes_at_another_stage_count(void)
     PASS();
 }
 
+/* 3-D parallel: DP x TP x PP = 2 x 2 x 2 on 8 thread ranks (rank = 4 dp + 2 pp + tp: the
+   TP pairs, then the pipelines, then the data-parallel copies), the GPT of the TP test
+   (6 heads over 2 TP ranks, dropout 0.1), each pipeline on its half of the batch, clipping
+   over all three dimensions: 3 AdamW steps equal one device. Every stage's tensors are
+   checked against the single-device model's by name, a TP slice against its cut of the
+   full tensor (tp.c's runs). */
+typedef struct d3_case {
+    int32_t ids[PP_B * TP_T], tg[PP_B * TP_T];
+    float losses[2][3];
+    const pdp_model *ref;
+    double worst[8];
+} d3_case;
+
+static pdp_status d3_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    d3_case *c = (d3_case *)user;
+    int dp = ctx->rank / 4, stage = ctx->rank / 2 % 2, tpr = ctx->rank % 2, s, i;
+    pdp_comm *tp = NULL, *pc = NULL, *dc = NULL;
+    pdp_gpt_desc d = tp_desc();
+    pdp_model *full = NULL, *m;
+    pdp_pp *pp = NULL;
+    pdp_pp_desc pd;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    pdp_tensor x;
+    int64_t shape[2] = {PP_B / 2, TP_T};
+    float loss, norm, *want = NULL;
+    pdp_status st;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-3, od.weight_decay = 0.1;
+    if ((st = pdp_comm_split(ctx->world, ctx->rank / 2, tpr, &tp)) != PDP_OK ||
+        (st = pdp_comm_split(ctx->world, dp * 2 + tpr, stage, &pc)) != PDP_OK ||
+        (st = pdp_comm_split(ctx->world, stage * 2 + tpr, dp, &dc)) != PDP_OK)
+        goto out;
+    d.tp = tp;
+    memset(&pd, 0, sizeof pd);
+    pd.micro_batches = 2;
+    pd.dp = dc;
+    if ((st = pdp_gpt_create(&full, &d)) != PDP_OK ||
+        (st = pdp_pp_create(&pp, full, pc, &pd)) != PDP_OK)
+        goto out;
+    m = pdp_pp_model(pp);
+    if ((st = pdp_optim_create(&o, m, &od)) != PDP_OK) goto out;
+    pdp_tensor_wrap_ids(c->ids + dp * (PP_B / 2) * TP_T, pdp_cpu(), 2, shape, &x);
+    for (s = 0; s < 3; s++) {
+        if ((st = pdp_pp_forward_backward(pp, &x, c->tg + dp * (PP_B / 2) * TP_T, &loss)) !=
+                PDP_OK ||
+            (st = pdp_pp_clip_grad_norm(pp, 0.5f, &norm)) != PDP_OK ||
+            (st = pdp_pp_step(pp, o)) != PDP_OK)
+            goto out;
+        if (stage == 1 && tpr == 0) c->losses[dp][s] = loss;
+    }
+    want = (float *)malloc((size_t)m->param_count * sizeof(float) + 4);
+    for (i = 0; want && i < pdp_model_num_params(m); i++) {
+        pdp_param mine, full_p;
+        double e;
+        pdp_model_param(m, i, &mine);
+        if ((st = pdp_model_find_param(c->ref, mine.name, &full_p)) != PDP_OK) goto out;
+        /* the expected slice: the full tensor cut as this rank's (whole when replicated) */
+        if ((st = pdp__tp_runs(m, i, pdp_cpu(), full_p.value.data, want, false)) != PDP_OK)
+            goto out;
+        e = fixture_rel_err(mine.value.data, want, mine.count);
+        if (!(e <= c->worst[ctx->rank])) c->worst[ctx->rank] = e;
+    }
+out:
+    free(want);
+    pdp_optim_free(o);
+    pdp_pp_free(pp);
+    pdp_model_free(full);
+    pdp_comm_free(dc);
+    pdp_comm_free(pc);
+    pdp_comm_free(tp);
+    return st;
+}
+
+TEST gpt_3d_dp_tp_pp_equals_one_device(void)
+{
+    static d3_case c;
+    pdp_model *ref = NULL;
+    pdp_gpt_desc d = tp_desc();
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    pdp_tensor x;
+    int64_t shape[2] = {PP_B, TP_T}, i;
+    float loss, norm, one[3];
+    int s, r;
+    memset(&c, 0, sizeof c);
+    for (i = 0; i < PP_B * TP_T; i++) {
+        c.ids[i] = (int32_t)((i * 3 + 4) % 13);
+        c.tg[i] = i % TP_T == 2 ? -1 : (int32_t)((i * 7 + 5) % 13); /* one -1 a sequence */
+    }
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-3, od.weight_decay = 0.1;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&ref, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, ref, &od), pdp_status_name);
+    pdp_tensor_wrap_ids(c.ids, pdp_cpu(), 2, shape, &x);
+    for (s = 0; s < 3; s++) {
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ref, &x, c.tg, &loss), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(ref, 0.5f, &norm), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), pdp_status_name);
+        pdp_optim_zero_grad(o);
+        one[s] = loss;
+    }
+    c.ref = ref;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_launch(8, NULL, d3_rank, &c), pdp_status_name);
+    for (s = 0; s < 3; s++) /* the mean of the two pipelines' means is the batch's */
+        ASSERT_IN_RANGE(one[s], 0.5 * ((double)c.losses[0][s] + c.losses[1][s]), 1e-5);
+    for (r = 0; r < 8; r++) ASSERT(c.worst[r] <= 1e-5);
+    pdp_optim_free(o);
+    pdp_model_free(ref);
+    PASS();
+}
+
 SUITE(gpt)
 {
+    RUN_TEST(gpt_3d_dp_tp_pp_equals_one_device);
     RUN_TEST(gpt_pipeline_checkpoint_resumes_at_another_stage_count);
     RUN_TEST(gpt_recomputation_is_exact_and_keeps_less);
     RUN_TEST(gpt_pipeline_of_blocks_equals_one_device);

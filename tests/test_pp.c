@@ -993,24 +993,6 @@ TEST pp_errors(void)
     pdp_model_free(full);
     pp = NULL;
     full = NULL;
-    /* a model with tensor-parallel layers: PP x TP does not exist yet */
-    {
-        pdp_model_desc md;
-        memset(&md, 0, sizeof md);
-        md.input_shape[0] = 20;
-        ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&full, &md), pdp_status_name);
-        ASSERT_ENUM_EQ(PDP_OK, pdp_model_set_tp(full, c), pdp_status_name);
-        ASSERT(pdp_model_add_tp_copy(full) == PDP_OK &&
-               pdp_model_add_column_parallel_linear(full, 8) == PDP_OK &&
-               pdp_model_add_relu(full) == PDP_OK &&
-               pdp_model_add_row_parallel_linear(full, 4) == PDP_OK &&
-               pdp_model_add_tp_reduce(full) == PDP_OK && pdp_model_add_linear(full, 3) == PDP_OK);
-        pd.micro_batches = 2;
-        ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_pp_create(&pp, full, c, &pd), pdp_status_name);
-        ASSERT(pp == NULL);
-        ASSERT(strstr(pdp_last_error(), "pdp_pp_create: the model has 4 tensor-parallel layers: "
-                      "pipeline x tensor parallelism (PP x TP) is not supported") != NULL);
-    }
     pdp_pp_free(pp);
     pdp_model_free(full);
     pdp_comm_free(c);
