@@ -457,12 +457,14 @@ PDP_API pdp_status pdp_model_add_causal_self_attention(pdp_model *m, int64_t hea
 PDP_API pdp_status pdp_model_residual_begin(pdp_model *m)
 {
     const char *fn = "pdp_model_residual_begin";
+    pdp__layer l = pdp__layer_of(PDP__RESIDUAL);
     pdp_status st;
     if (m && m->open_residual >= 0)
         return pdp__err(PDP_ERR_STATE, "%s: the residual region opened at layer %d is still "
                         "open (regions do not nest; close it with pdp_model_residual_end)", fn,
                         m->open_residual);
-    if ((st = pdp__model_add(m, pdp__layer_of(PDP__RESIDUAL), fn)) != PDP_OK) return st;
+    if (m) l.residual_from = m->nlayers; /* itself: the region starts here */
+    if ((st = pdp__model_add(m, l, fn)) != PDP_OK) return st;
     m->open_residual = m->nlayers - 1;
     return PDP_OK;
 }
@@ -743,9 +745,10 @@ PDP__PRIVATE void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
         io->pool_y = m->act[i + 2];
         io->pool_arg = (int32_t *)(void *)pdp__model_saved(m, i + 2);
     }
-    if (pdp__model_flag(m, i, PDP__LAYER_SKIP)) {
-        int from = m->layers[i].residual_from;
-        io->skip = m->act[from]; /* the Residual's output: the region's input seen again */
+    if (pdp__model_flag(m, i, PDP__LAYER_SKIP)) { /* a Residual reads dskip only */
+        if (!pdp__model_flag(m, i, PDP__LAYER_FORWARD_VIEW))
+            io->skip = m->act[m->layers[i].residual_from]; /* the Residual's output: the
+                                                               region's input seen again */
         io->dskip = m->grad_skip;
     }
     if (pdp__model_flag(m, i, PDP__LAYER_TIED)) { /* another layer's parameter */
