@@ -502,7 +502,7 @@ static pdp_status ddp_rank(const pdp_launch_ctx *ctx, void *user)
         (st = pdp_ddp_forward_backward(ddp, &x, c->tg + ctx->rank * 16, &loss)) == PDP_OK &&
         (st = pdp_ddp_finish(ddp)) == PDP_OK) {
         pdp_model_flat(m, NULL, &g);
-        c->count = g.count;
+        if (ctx->rank == 0) c->count = g.count;
         c->grads[ctx->rank] = (float *)malloc((size_t)g.count * sizeof(float));
         if (c->grads[ctx->rank])
             memcpy(c->grads[ctx->rank], g.data, (size_t)g.count * sizeof(float));
