@@ -100,7 +100,11 @@
    ZeRO stages 1-3 train it (each equal to one device; the tied weight's two gradients are
    summed and reduced once, after the embedding's backward), and so does tensor
    parallelism by heads (pdp_gpt_desc.tp) and pipelines of blocks (pp.h: cut between
-   residual regions, the tied weight copied to the last stage and its gradients summed).
+   residual regions, the tied weight copied to the last stage and its gradients summed;
+   pdp_pp_checkpoint_save/load write and read the single-device model's file, so a run
+   resumes at another stage count), and all three at once: DP x TP x PP on 8 thread ranks
+   (pdp_comm_split into TP pairs, pipelines and data-parallel copies; a pipeline over a
+   TP model, desc.dp for the copies) equals one device within 1e-5 (tests/test_gpt.c).
    On a CUDA device (desc.device = pdp_cuda(i)) every layer runs in pdp_cuda.cu, checked
    against the same GPT on the CPU under the CUDA emulation (tests/test_cuda.c: logits,
    loss, gradients and three AdamW steps within 1e-5).
@@ -475,7 +479,11 @@
                     scores, the causal mask, the softmax; pdp__attn_backward_head its
                     gradient), pdp__residual_add_forward (where the residual is added;
                     pdp__residual_backward sums the two paths' gradients); model.c:
-                    pdp_model_residual_begin (a region and its skip buffer)
+                    pdp_model_residual_begin (a region and its skip buffer),
+                    pdp__model_recomputed and pdp__model_forward_layers (FULL
+                    recomputation: a region run again inside pdp_model_backward); tp.c:
+                    pdp__tp_headwise (attention split by heads); pp.c: pdp__pp_sum_tied
+                    (the tied weight's two stages), pdp_pp_checkpoint_save
    Communicators    comm.c: pdp_comm_allreduce (checks, counts bytes, calls the backend);
                     comm_queue.c: pdp__workq_submit, pdp__workq_progress (the progress
                     thread); comm_local.c: pdp__local_execute (slice r summed in rank
