@@ -452,7 +452,10 @@
    pdp_clip_grad_norm after pdp_ddp_finish, or with pdp_zero_clip_grad_norm under ZeRO,
    which counts the TP slices the same way. DP x PP: desc.dp of pdp_pp_create, a
    communicator from pdp_comm_split, averages each stage's gradients once per step.
-   PP x TP is refused (pdp_pp_create: PDP_ERR_UNSUPPORTED).
+   PP x TP: build the TP model on the TP group and give it to pdp_pp_create on the pipeline
+   group (each stage's TP layers keep the TP group; pdp_pp_clip_grad_norm counts slices as
+   pdp_clip_grad_norm does); with desc.dp too, DP x TP x PP. Its checkpoints are not built
+   yet (pdp_pp_checkpoint_save/load refuse a TP stage).
 
    Wrapped models: while DataParallel, DDP, ZeRO or a pipeline holds a model, adding
    layers (and pdp_model_set_tp) fails with PDP_ERR_STATE naming the call and the
@@ -2985,8 +2988,10 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
        until pdp_pp_free: its layout is fixed, its optimizer is made on it
        (pdp_pp_step refuses any other), and its gradients are clipped with
        pdp_pp_clip_grad_norm, which sees every stage (pdp_clip_grad_norm on one stage
-       would see that stage only). A model with tensor-parallel layers is refused
-       (PDP_ERR_UNSUPPORTED): PP x TP does not exist yet;
+       would see that stage only). A model with tensor-parallel layers (built on a TP
+       group, tp.h) gives stages whose TP layers all-reduce on that group: PP x TP, and
+       with desc.dp DP x TP x PP; its clipping counts each stage's slices on every TP
+       rank and its replicated tensors once;
      - stage boundaries are given (first_layer[s]) or balanced: by parameter count
        (default), by estimated work (each layer's forward + backward FLOPs per sample
        from its shapes, the same on every machine and run) or by time measured on rank
@@ -3108,7 +3113,7 @@ typedef struct pdp_pp_desc {
 /* Collective over c (every rank calls it; rank r is stage r) and, with desc.dp, over
    dp. full: the same model on every rank; it is read, not kept. A model with fewer
    layers than stages, or boundaries that differ from rank 0's, fail with
-   PDP_ERR_INVALID; a model with tensor-parallel layers with PDP_ERR_UNSUPPORTED. A rank
+   PDP_ERR_INVALID. A rank
    that cannot allocate its stage makes every rank fail: the others with PDP_ERR_COMM
    naming it. PDP_TRACE=out.json traces the schedule. */
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
