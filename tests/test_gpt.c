@@ -1101,8 +1101,128 @@ TEST gpt_3d_dp_tp_pp_equals_one_device(void)
     PASS();
 }
 
+/* DP x TP = 2 x 2 on 4 thread ranks (TP pairs, DP across them): the TP GPT wrapped in DDP
+   or in ZeRO stage 1 on the DP group, each copy on its half of the batch, 3 AdamW steps
+   with clipping (over TP, after the DP average): equal to one device within 1e-5. ZeRO-1
+   shards the optimizer state of this TP rank's slices over the DP group. */
+typedef struct dptp_case {
+    int32_t ids[PP_B * TP_T], tg[PP_B * TP_T];
+    int zero; /* 0: DDP, 1: ZeRO stage 1 */
+    const pdp_model *ref;
+    double worst[4];
+} dptp_case;
+
+static pdp_status dptp_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    dptp_case *c = (dptp_case *)user;
+    int dp = ctx->rank / 2, tpr = ctx->rank % 2, s, i;
+    pdp_comm *tp = NULL, *dc = NULL;
+    pdp_gpt_desc d = tp_desc();
+    pdp_model *m = NULL;
+    pdp_ddp *ddp = NULL;
+    pdp_zero *z = NULL;
+    pdp_zero_desc zd;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    pdp_tensor x;
+    int64_t shape[2] = {PP_B / 2, TP_T};
+    float loss, norm, *want = NULL;
+    pdp_status st;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-3, od.weight_decay = 0.1;
+    memset(&zd, 0, sizeof zd);
+    zd.stage = 1;
+    if ((st = pdp_comm_split(ctx->world, dp, tpr, &tp)) != PDP_OK ||
+        (st = pdp_comm_split(ctx->world, tpr, dp, &dc)) != PDP_OK)
+        goto out;
+    d.tp = tp;
+    if ((st = pdp_gpt_create(&m, &d)) != PDP_OK) goto out;
+    if ((st = c->zero ? pdp_zero_create(&z, m, dc, &zd) : pdp_ddp_create(&ddp, m, dc, NULL)) !=
+            PDP_OK ||
+        (st = c->zero ? pdp_zero_optim_create(&o, z, &od) : pdp_optim_create(&o, m, &od)) !=
+            PDP_OK)
+        goto out;
+    pdp_tensor_wrap_ids(c->ids + dp * (PP_B / 2) * TP_T, pdp_cpu(), 2, shape, &x);
+    for (s = 0; s < 3 && st == PDP_OK; s++) {
+        const int32_t *tg = c->tg + dp * (PP_B / 2) * TP_T;
+        if (c->zero) {
+            if ((st = pdp_zero_forward_backward(z, &x, tg, &loss)) == PDP_OK &&
+                (st = pdp_zero_finish(z)) == PDP_OK &&
+                (st = pdp_zero_clip_grad_norm(z, 0.5f, &norm)) == PDP_OK)
+                st = pdp_zero_step(z, o);
+        } else {
+            if ((st = pdp_ddp_forward_backward(ddp, &x, tg, &loss)) == PDP_OK &&
+                (st = pdp_ddp_finish(ddp)) == PDP_OK &&
+                (st = pdp_clip_grad_norm(m, 0.5f, &norm)) == PDP_OK &&
+                (st = pdp_optim_step(o)) == PDP_OK)
+                pdp_optim_zero_grad(o);
+        }
+    }
+    if (st != PDP_OK) goto out;
+    want = (float *)malloc((size_t)m->param_count * sizeof(float) + 4);
+    for (i = 0; want && i < pdp_model_num_params(m); i++) {
+        pdp_param mine, full_p;
+        double e;
+        pdp_model_param(m, i, &mine);
+        if ((st = pdp_model_find_param(c->ref, mine.name, &full_p)) != PDP_OK ||
+            (st = pdp__tp_runs(m, i, pdp_cpu(), full_p.value.data, want, false)) != PDP_OK)
+            goto out;
+        e = fixture_rel_err(m->param_block + mine.offset, want, mine.count);
+        if (!(e <= c->worst[ctx->rank])) c->worst[ctx->rank] = e;
+    }
+out:
+    free(want);
+    pdp_optim_free(o);
+    pdp_ddp_free(ddp);
+    pdp_zero_free(z);
+    pdp_model_free(m);
+    pdp_comm_free(dc);
+    pdp_comm_free(tp);
+    return st;
+}
+
+TEST gpt_dp_x_tp_under_ddp_and_zero1_equals_one_device(void)
+{
+    static dptp_case c;
+    pdp_model *ref = NULL;
+    pdp_gpt_desc d = tp_desc();
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    pdp_tensor x;
+    int64_t shape[2] = {PP_B, TP_T}, i;
+    float loss, norm;
+    int s, r;
+    memset(&c, 0, sizeof c);
+    for (i = 0; i < PP_B * TP_T; i++) {
+        c.ids[i] = (int32_t)((i * 9 + 2) % 13);
+        c.tg[i] = i % TP_T == 1 ? -1 : (int32_t)((i * 4 + 3) % 13);
+    }
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-3, od.weight_decay = 0.1;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&ref, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, ref, &od), pdp_status_name);
+    pdp_tensor_wrap_ids(c.ids, pdp_cpu(), 2, shape, &x);
+    for (s = 0; s < 3; s++) {
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ref, &x, c.tg, &loss), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(ref, 0.5f, &norm), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), pdp_status_name);
+        pdp_optim_zero_grad(o);
+    }
+    c.ref = ref;
+    for (c.zero = 0; c.zero <= 1; c.zero++) {
+        memset(c.worst, 0, sizeof c.worst);
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(4, NULL, dptp_rank, &c),
+                        pdp_status_name);
+        for (r = 0; r < 4; r++) ASSERTm(c.zero ? "ZeRO-1" : "DDP", c.worst[r] <= 1e-5);
+    }
+    pdp_optim_free(o);
+    pdp_model_free(ref);
+    PASS();
+}
+
 SUITE(gpt)
 {
+    RUN_TEST(gpt_dp_x_tp_under_ddp_and_zero1_equals_one_device);
     RUN_TEST(gpt_3d_dp_tp_pp_equals_one_device);
     RUN_TEST(gpt_pipeline_checkpoint_resumes_at_another_stage_count);
     RUN_TEST(gpt_recomputation_is_exact_and_keeps_less);
