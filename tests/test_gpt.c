@@ -593,6 +593,7 @@ typedef struct tp_case {
     float losses[3];
     int64_t bytes_one_step, allreduces_one_step;
     char path[128];
+    pdp_recompute recompute; /* FULL: each region, its f and g included, runs again */
 } tp_case;
 
 static pdp_gpt_desc tp_desc(void)
@@ -643,6 +644,7 @@ static pdp_status tp_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_model *m = NULL;
     pdp_status st;
     d.tp = ctx->world;
+    d.recompute = c->recompute;
     if ((st = pdp_gpt_create(&m, &d)) == PDP_OK && (st = tp_train(m, c, ctx->rank == 0)) == PDP_OK)
         st = pdp_tp_checkpoint_save(c->path, m, NULL);
     pdp_model_free(m);
@@ -681,6 +683,17 @@ TEST gpt_tensor_parallel_by_heads_equals_one_device(void)
         ASSERT_EQ(4 * TP_L, c.allreduces_one_step);
         ASSERT_EQ((int64_t)4 * TP_L * TP_B * TP_T * TP_C * 4, c.bytes_one_step);
     }
+    /* FULL recomputation on 2 TP ranks: the regions' g all-reduces run again in backward
+       (6 a block and step, not 4), the results the same */
+    c.recompute = PDP_RECOMPUTE_FULL;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_launch(2, NULL, tp_rank, &c), pdp_status_name);
+    for (i = 0; i < 3; i++) ASSERTm("recompute", fabs(c.losses[i] - one.losses[i]) <= 1e-5);
+    ASSERT_EQ(6 * TP_L, c.allreduces_one_step);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&back, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_load(c.path, back, NULL), pdp_status_name);
+    pdp_model_flat(back, &pb, NULL);
+    ASSERTm("recompute", fixture_rel_err(pb.data, pr.data, pr.count) <= 1e-5);
+    pdp_model_free(back);
     remove(c.path);
     pdp_model_free(ref);
     PASS();
