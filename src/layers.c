@@ -153,6 +153,191 @@ PDP__PRIVATE void pdp__layers_mul(const float *PDP__RESTRICT a, const float *PDP
     PDP__FOR_BLOCKED(i, n, out[i] = a[i] * b[i];);
 }
 
+/* ---- layers: GELU, vectorised ----
+   math.h's pdp__gelu and pdp__gelu_grad (x / (1 + e), e = exp(-2u)) on 16 (AVX-512F)
+   or 8 (AVX2 + FMA) lanes: the same operations in the same order, with an exp of
+   their own (Cephes's expf: n = round(z log2 e), r = z - n ln 2 in two FMAs, e^r by
+   its degree-7 polynomial, 2^n into the exponent bits; z clamped to [-87, 88], which
+   the |u| <= 44 the formula uses never leaves). Both widths run the same instruction
+   sequence lane by lane, so they give the same bits (tests/test_gpt_kernels.c holds
+   them to that, and both, with the scalar helpers, to a double-precision reference).
+   The tail of a range runs through the same vector code (masked loads and stores, or a
+   zero-padded copy), so an element's bits do not depend on where a split falls. The
+   width is chosen at run time from gemm_bf16.c's CPUID check (compiled under target
+   attributes, so a plain x86-64 build has both); without them, math.h's helpers. */
+#if PDP__BF16_X86
+#  define PDP__GELU_512 __attribute__((target("avx512f")))
+#  define PDP__GELU_256 __attribute__((target("avx2,fma")))
+#  define PDP__GELU_EXP_CONSTANTS                                                            \
+    const float lo = -87.0f, hi = 88.0f, log2e = 1.44269504088896341f;                     \
+    const float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;                            \
+    const float p0 = 1.9875691500e-4f, p1 = 1.3981999507e-3f, p2 = 8.3334519073e-3f,       \
+                p3 = 4.1665795894e-2f, p4 = 1.6666665459e-1f, p5 = 5.0000001201e-1f
+
+/* e^z, z in [-87, 88] after the clamp; lane by lane. */
+PDP__GELU_512 static inline __m512 pdp__exp16(__m512 z)
+{
+    PDP__GELU_EXP_CONSTANTS;
+    __m512 n, r, r2, p;
+    __m512i bits;
+    z = _mm512_min_ps(_mm512_max_ps(z, _mm512_set1_ps(lo)), _mm512_set1_ps(hi));
+    n = _mm512_roundscale_ps(_mm512_mul_ps(z, _mm512_set1_ps(log2e)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(ln2_hi), z);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(ln2_lo), r);
+    r2 = _mm512_mul_ps(r, r);
+    p = _mm512_fmadd_ps(_mm512_set1_ps(p0), r, _mm512_set1_ps(p1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(p2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(p3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(p4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(p5));
+    p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+/* GELU of 16 lanes (dy NULL: y = gelu(x)) or its gradient (out = dy gelu'(x)). */
+PDP__GELU_512 static inline __m512 pdp__gelu16(__m512 x, const __m512 *dy)
+{
+    const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    __m512 x2 = _mm512_mul_ps(x, x), u, e, s, du, g;
+    __mmask16 big, small;
+    u = _mm512_mul_ps(_mm512_set1_ps(PDP__GELU_C),
+                      _mm512_add_ps(x, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(PDP__GELU_A),
+                                                                   x2), x)));
+    big = _mm512_cmp_ps_mask(u, _mm512_set1_ps(PDP__GELU_UMAX), _CMP_GT_OQ);
+    small = _mm512_cmp_ps_mask(u, _mm512_set1_ps(-PDP__GELU_UMAX), _CMP_LT_OQ);
+    e = pdp__exp16(_mm512_mul_ps(_mm512_set1_ps(-2.0f), u));
+    if (!dy) /* x / (1 + e); x 0 where e overflows */
+        return _mm512_mask_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), small, x, zero);
+    s = _mm512_div_ps(one, _mm512_add_ps(one, e));
+    du = _mm512_mul_ps(_mm512_set1_ps(PDP__GELU_C),
+                       _mm512_add_ps(one, _mm512_mul_ps(_mm512_set1_ps(3.0f * PDP__GELU_A), x2)));
+    g = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), x), du),
+                      _mm512_mul_ps(e, s));
+    g = _mm512_mul_ps(*dy, _mm512_mul_ps(s, _mm512_add_ps(one, g)));
+    g = _mm512_mask_mov_ps(g, big, *dy);
+    return _mm512_mask_mul_ps(g, small, *dy, zero);
+}
+
+PDP__GELU_512 PDP__PRIVATE void pdp__gelu_avx512(const float *x, const float *dy,
+                                                                  float *out, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 g = dy ? _mm512_loadu_ps(dy + i) : _mm512_setzero_ps();
+        _mm512_storeu_ps(out + i, pdp__gelu16(_mm512_loadu_ps(x + i), dy ? &g : NULL));
+    }
+    if (i < n) { /* the tail, masked: the same arithmetic on the lanes that exist */
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        __m512 g = dy ? _mm512_maskz_loadu_ps(m, dy + i) : _mm512_setzero_ps();
+        _mm512_mask_storeu_ps(out + i, m, pdp__gelu16(_mm512_maskz_loadu_ps(m, x + i),
+                                                       dy ? &g : NULL));
+    }
+}
+
+PDP__GELU_256 static inline __m256 pdp__exp8(__m256 z)
+{
+    PDP__GELU_EXP_CONSTANTS;
+    __m256 n, r, r2, p;
+    __m256i bits;
+    z = _mm256_min_ps(_mm256_max_ps(z, _mm256_set1_ps(lo)), _mm256_set1_ps(hi));
+    n = _mm256_round_ps(_mm256_mul_ps(z, _mm256_set1_ps(log2e)),
+                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(ln2_hi), z);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(ln2_lo), r);
+    r2 = _mm256_mul_ps(r, r);
+    p = _mm256_fmadd_ps(_mm256_set1_ps(p0), r, _mm256_set1_ps(p1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(p2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(p3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(p4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(p5));
+    p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+PDP__GELU_256 static inline __m256 pdp__gelu8(__m256 x, const __m256 *dy)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    __m256 x2 = _mm256_mul_ps(x, x), u, e, s, du, g, big, small;
+    u = _mm256_mul_ps(_mm256_set1_ps(PDP__GELU_C),
+                      _mm256_add_ps(x, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(PDP__GELU_A),
+                                                                   x2), x)));
+    big = _mm256_cmp_ps(u, _mm256_set1_ps(PDP__GELU_UMAX), _CMP_GT_OQ);
+    small = _mm256_cmp_ps(u, _mm256_set1_ps(-PDP__GELU_UMAX), _CMP_LT_OQ);
+    e = pdp__exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), u));
+    if (!dy)
+        return _mm256_blendv_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)),
+                                _mm256_mul_ps(x, zero), small);
+    s = _mm256_div_ps(one, _mm256_add_ps(one, e));
+    du = _mm256_mul_ps(_mm256_set1_ps(PDP__GELU_C),
+                       _mm256_add_ps(one, _mm256_mul_ps(_mm256_set1_ps(3.0f * PDP__GELU_A), x2)));
+    g = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(2.0f), x), du),
+                      _mm256_mul_ps(e, s));
+    g = _mm256_mul_ps(*dy, _mm256_mul_ps(s, _mm256_add_ps(one, g)));
+    g = _mm256_blendv_ps(g, *dy, big);
+    return _mm256_blendv_ps(g, _mm256_mul_ps(*dy, zero), small);
+}
+
+PDP__GELU_256 PDP__PRIVATE void pdp__gelu_avx2(const float *x, const float *dy,
+                                                                float *out, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = dy ? _mm256_loadu_ps(dy + i) : _mm256_setzero_ps();
+        _mm256_storeu_ps(out + i, pdp__gelu8(_mm256_loadu_ps(x + i), dy ? &g : NULL));
+    }
+    if (i < n) { /* the tail through a zero-padded copy: the same arithmetic */
+        float xb[8] = {0}, gb[8] = {0}, ob[8];
+        __m256 g;
+        memcpy(xb, x + i, (size_t)(n - i) * sizeof *xb);
+        if (dy) memcpy(gb, dy + i, (size_t)(n - i) * sizeof *gb);
+        g = _mm256_loadu_ps(gb);
+        _mm256_storeu_ps(ob, pdp__gelu8(_mm256_loadu_ps(xb), dy ? &g : NULL));
+        memcpy(out + i, ob, (size_t)(n - i) * sizeof *ob);
+    }
+}
+#  undef PDP__GELU_EXP_CONSTANTS
+#  undef PDP__GELU_512
+#  undef PDP__GELU_256
+#endif
+
+/* The GELU's kernel width: 512 (AVX-512F), 256 (AVX2 + FMA) or 0 (math.h's scalar
+   helpers), the widest the CPU has. */
+PDP__PRIVATE int pdp__layers_gelu_simd(void)
+{
+#if PDP__BF16_X86
+    pthread_once(&pdp__bf16_once, pdp__bf16_detect);
+    return pdp__bf16_this.emul512 ? 512 : pdp__bf16_this.emul256 ? 256 : 0;
+#else
+    return 0;
+#endif
+}
+
+/* out = gelu(x) (dy NULL) or out = dy gelu'(x), n floats, on the kernel of width simd
+   (pdp__layers_gelu_simd's, or one the CPU has: the tests compare them). */
+PDP__PRIVATE void pdp__layers_gelu_simd_run(int simd, const float *x, const float *dy, float *out,
+                                            int64_t n)
+{
+    int64_t i;
+#if PDP__BF16_X86
+    if (simd == 512) {
+        pdp__gelu_avx512(x, dy, out, n);
+        return;
+    }
+    if (simd == 256) {
+        pdp__gelu_avx2(x, dy, out, n);
+        return;
+    }
+#endif
+    (void)simd;
+    if (dy)
+        for (i = 0; i < n; i++) out[i] = pdp__gelu_grad(dy[i], x[i]);
+    else
+        for (i = 0; i < n; i++) out[i] = pdp__gelu(x[i]);
+}
+
 /* Parts for a job split by sample: the caller's intra-op threads, at most one
    per sample. */
 PDP__PRIVATE int pdp__layers_batch_parts(int64_t batch)
@@ -469,21 +654,16 @@ PDP__PRIVATE void pdp__relu_backward_range(const pdp__layer *l, const pdp__layer
 PDP__PRIVATE void pdp__gelu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                           int64_t hi)
 {
-    int64_t n = hi - lo, i;
-    const float *PDP__RESTRICT x = io->x + lo;
-    float *PDP__RESTRICT y = io->y + lo;
     (void)l;
-    for (i = 0; i < n; i++) y[i] = pdp__gelu(x[i]);
+    pdp__layers_gelu_simd_run(pdp__layers_gelu_simd(), io->x + lo, NULL, io->y + lo, hi - lo);
 }
 
 PDP__PRIVATE void pdp__gelu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                            int64_t hi)
 {
-    int64_t n = hi - lo, i;
-    const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT dy = io->dy + lo;
-    float *PDP__RESTRICT dx = io->dx + lo;
     (void)l;
-    for (i = 0; i < n; i++) dx[i] = pdp__gelu_grad(dy[i], x[i]);
+    pdp__layers_gelu_simd_run(pdp__layers_gelu_simd(), io->x + lo, io->dy + lo, io->dx + lo,
+                              hi - lo);
 }
 
 PDP__PRIVATE void pdp__tanh_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,

@@ -3875,6 +3875,50 @@ PDP__PRIVATE void pdp__layers_sigmoid_grad(const float *PDP__RESTRICT dy,
 PDP__PRIVATE void pdp__layers_mul(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
                                   float *PDP__RESTRICT out, int64_t n);
 
+/* ---- layers: GELU, vectorised ----
+   math.h's pdp__gelu and pdp__gelu_grad (x / (1 + e), e = exp(-2u)) on 16 (AVX-512F)
+   or 8 (AVX2 + FMA) lanes: the same operations in the same order, with an exp of
+   their own (Cephes's expf: n = round(z log2 e), r = z - n ln 2 in two FMAs, e^r by
+   its degree-7 polynomial, 2^n into the exponent bits; z clamped to [-87, 88], which
+   the |u| <= 44 the formula uses never leaves). Both widths run the same instruction
+   sequence lane by lane, so they give the same bits (tests/test_gpt_kernels.c holds
+   them to that, and both, with the scalar helpers, to a double-precision reference).
+   The tail of a range runs through the same vector code (masked loads and stores, or a
+   zero-padded copy), so an element's bits do not depend on where a split falls. The
+   width is chosen at run time from gemm_bf16.c's CPUID check (compiled under target
+   attributes, so a plain x86-64 build has both); without them, math.h's helpers. */
+#if PDP__BF16_X86
+#  define PDP__GELU_512 __attribute__((target("avx512f")))
+#  define PDP__GELU_256 __attribute__((target("avx2,fma")))
+#  define PDP__GELU_EXP_CONSTANTS                                                            \
+    const float lo = -87.0f, hi = 88.0f, log2e = 1.44269504088896341f;                     \
+    const float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;                            \
+    const float p0 = 1.9875691500e-4f, p1 = 1.3981999507e-3f, p2 = 8.3334519073e-3f,       \
+                p3 = 4.1665795894e-2f, p4 = 1.6666665459e-1f, p5 = 5.0000001201e-1f
+
+/* e^z, z in [-87, 88] after the clamp; lane by lane. */
+
+/* GELU of 16 lanes (dy NULL: y = gelu(x)) or its gradient (out = dy gelu'(x)). */
+
+PDP__GELU_512 PDP__PRIVATE void pdp__gelu_avx512(const float *x, const float *dy,
+                                                                  float *out, int64_t n);
+
+PDP__GELU_256 PDP__PRIVATE void pdp__gelu_avx2(const float *x, const float *dy,
+                                                                float *out, int64_t n);
+#  undef PDP__GELU_EXP_CONSTANTS
+#  undef PDP__GELU_512
+#  undef PDP__GELU_256
+#endif
+
+/* The GELU's kernel width: 512 (AVX-512F), 256 (AVX2 + FMA) or 0 (math.h's scalar
+   helpers), the widest the CPU has. */
+PDP__PRIVATE int pdp__layers_gelu_simd(void);
+
+/* out = gelu(x) (dy NULL) or out = dy gelu'(x), n floats, on the kernel of width simd
+   (pdp__layers_gelu_simd's, or one the CPU has: the tests compare them). */
+PDP__PRIVATE void pdp__layers_gelu_simd_run(int simd, const float *x, const float *dy, float *out,
+                                            int64_t n);
+
 /* Parts for a job split by sample: the caller's intra-op threads, at most one
    per sample. */
 PDP__PRIVATE int pdp__layers_batch_parts(int64_t batch);

@@ -519,6 +519,134 @@ TEST gpt_gelu_is_the_tanh_form(void)
     PASS();
 }
 
+/* The GELU kernels (layers.c: AVX-512, AVX2 and math.h's scalar helpers) against double.
+   Inputs: a sweep of [-12, 12] by 1/512, and +-2^k (1 + j/16) for k in [-30, 30] (small,
+   where y ~ x / 2, up to huge, where x^3 overflows). Two references per element:
+   - "same u": u rounded as the kernels round it (math.h's pdp__gelu_u, five float
+     operations), then e, y and the gradient in double from that u. What is left is the
+     kernels' own exp, division and products: y within 4 ulps, the gradient within 8 ulps
+     of the larger of its two terms s and s 2 x du e s (they cancel near x = -0.75, where
+     the gradient crosses zero; the fp32 sum cannot do better than their size);
+   - "exact": u in double too. The float u's relative error (<= 3 roundings) moves y by
+     |d ln y / du| |u| 3 eps = 2 (1 - s) |u| 3 eps: the test allows that plus 4 ulps.
+   Specials: NaN gives NaN, +inf gives y = inf and gradient dy, -inf y = NaN (PyTorch's) and
+   gradient 0; huge |x| the limits (y = x or -0, gradient 1 or 0). */
+#define GELU_ULP(v) (ldexp(1.0, (fabs(v) < 1.17549435e-38 ? -126 : ilogb(v)) - 23))
+
+static void gelu_ref(double x, double u, double *y, double *g)
+{
+    double e = exp(-2.0 * u), s = 1.0 / (1.0 + e);
+    double du = (double)PDP__GELU_C * (1.0 + 3.0 * (double)PDP__GELU_A * x * x);
+    *y = x * s;
+    *g = s + s * 2.0 * x * du * e * s; /* its two terms: see gelu_terms */
+}
+
+static int64_t gelu_inputs(float *x)
+{
+    int64_t n = 0, i;
+    int k, j;
+    for (i = -12 * 512; i <= 12 * 512; i++) x[n++] = (float)i / 512.0f;
+    for (k = -30; k <= 30; k++)
+        for (j = 0; j < 16; j++) {
+            x[n++] = ldexpf(1.0f + (float)j / 16.0f, k);
+            x[n++] = -ldexpf(1.0f + (float)j / 16.0f, k);
+        }
+    return n;
+}
+
+TEST gpt_gelu_kernels_match_double_reference(void)
+{
+    static float x[16384], y[16384], g[16384], dy[16384]; /* gelu_inputs: 14241 */
+    static const float special[] = {NAN, INFINITY, -INFINITY, 1e30f, -1e30f, 3.4e38f, -3.4e38f,
+                                    1e-40f, -1e-40f, 0.0f, -0.0f, 10.4f, -10.4f, -10.6f};
+    int64_t n = gelu_inputs(x), i;
+    int simds[3] = {0, 256, 512}, best = pdp__layers_gelu_simd(), w, tried = 0;
+    double worst_y_same = 0, worst_g_same = 0, worst_y_exact = 0;
+    ASSERT(n <= 16384);
+    for (i = 0; i < n; i++) dy[i] = 1.0f;
+    for (w = 0; w < 3; w++) {
+        int simd = simds[w];
+        if (simd > best) continue;
+        tried++;
+        pdp__layers_gelu_simd_run(simd, x, NULL, y, n);
+        pdp__layers_gelu_simd_run(simd, x, dy, g, n);
+        for (i = 0; i < n; i++) {
+            double xd = x[i], uf = pdp__gelu_u(x[i]), ud, ry, rg, e, s, q, du;
+            ud = (double)PDP__GELU_C * (xd + (double)PDP__GELU_A * xd * xd * xd);
+            if (fabs(uf) > 44.0) { /* beyond: the limits */
+                ASSERT_EQ_FMT(uf > 0 ? x[i] : 0.0f, y[i], "%g");
+                ASSERT_EQ_FMT(uf > 0 ? 1.0f : 0.0f, g[i], "%g");
+                continue;
+            }
+            gelu_ref(xd, uf, &ry, &rg);
+            e = exp(-2.0 * uf), s = 1.0 / (1.0 + e);
+            du = (double)PDP__GELU_C * (1.0 + 3.0 * (double)PDP__GELU_A * xd * xd);
+            q = fabs(s * 2.0 * xd * du * e * s);
+            worst_y_same = fmax(worst_y_same, fabs(y[i] - ry) / GELU_ULP(ry));
+            worst_g_same = fmax(worst_g_same, fabs(g[i] - rg) / GELU_ULP(fmax(s, q)));
+            if (fabs(y[i] - ry) > 4 * GELU_ULP(ry) || fabs(g[i] - rg) > 8 * GELU_ULP(fmax(s, q)))
+                FAILm("GELU (same u) off the double reference by more than 4 / 8 ulps");
+            gelu_ref(xd, ud, &ry, &rg);
+            e = fabs(y[i] - ry) / GELU_ULP(ry) - 2.0 * (1.0 - s) * fabs(ud) * 3.0 * 2.0;
+            worst_y_exact = fmax(worst_y_exact, e);
+            if (e > 4.0) FAILm("GELU (exact u) off the double reference by more than 4 ulps");
+        }
+        for (i = 0; i < (int64_t)(sizeof special / sizeof *special); i++) {
+            float sx = special[i], sy, sg, one = 1.0f;
+            double u = (double)PDP__GELU_C * ((double)sx + 0.044715 * (double)sx * sx * sx);
+            pdp__layers_gelu_simd_run(simd, &sx, NULL, &sy, 1);
+            pdp__layers_gelu_simd_run(simd, &sx, &one, &sg, 1);
+            if (isnan(sx)) {
+                ASSERT(isnan(sy) && isnan(sg));
+            } else if (isinf(sx)) {
+                ASSERT(sx > 0 ? sy == INFINITY : isnan(sy));
+                ASSERT_EQ_FMT(sx > 0 ? 1.0f : 0.0f, sg, "%g");
+            } else if (fabs(u) > 44.5) {
+                ASSERT_EQ_FMT(sx > 0 ? sx : 0.0f, sy, "%g");
+                ASSERT(sx > 0 || signbit(sy)); /* -0, as x 0 */
+                ASSERT_EQ_FMT(sx > 0 ? 1.0f : 0.0f, sg, "%g");
+            } else {
+                ASSERT(isfinite(sy) && isfinite(sg));
+                ASSERT(fabs(sy - sx / (1.0 + exp(-2.0 * u))) <= 1e-6 * fabs(sx) + 1e-44);
+            }
+        }
+    }
+    printf("    GELU: %d kernel(s) (widest %d); worst same-u error: y %.2f ulps, gradient %.2f "
+           "ulps; exact-u excess %.2f ulps\n", tried, best, worst_y_same, worst_g_same,
+           worst_y_exact);
+    PASS();
+}
+
+/* Each element's bits do not depend on where it falls in a range (the vector body or the
+   masked / padded tail), so a split over threads changes nothing; the two vector widths
+   run the same arithmetic and give the same bits. */
+TEST gpt_gelu_kernels_bits_independent_of_split_and_width(void)
+{
+    enum { N = 101 };
+    float x[N], dy[N], whole[2][N], part[2][N], other[2][N];
+    int best = pdp__layers_gelu_simd(), pass;
+    int64_t cut, i;
+    fill(x, N, -8.0f, 8.0f);
+    fill(dy, N, -1.0f, 1.0f);
+    pdp__layers_gelu_simd_run(best, x, NULL, whole[0], N);
+    pdp__layers_gelu_simd_run(best, x, dy, whole[1], N);
+    for (cut = 1; cut < N; cut += 7)
+        for (pass = 0; pass < 2; pass++) {
+            pdp__layers_gelu_simd_run(best, x, pass ? dy : NULL, part[pass], cut);
+            pdp__layers_gelu_simd_run(best, x + cut, pass ? dy + cut : NULL, part[pass] + cut,
+                                      N - cut);
+            ASSERT_MEM_EQ(whole[pass], part[pass], sizeof whole[pass]);
+        }
+    if (best < 512) SKIPm("one vector width on this CPU: nothing to compare the bits with");
+    pdp__layers_gelu_simd_run(256, x, NULL, other[0], N);
+    pdp__layers_gelu_simd_run(256, x, dy, other[1], N);
+    ASSERT_MEM_EQ(whole[0], other[0], sizeof other[0]);
+    ASSERT_MEM_EQ(whole[1], other[1], sizeof other[1]);
+    for (i = 0; i < N; i++) /* and the scalar helpers agree to rounding */
+        ASSERT(fabsf(whole[0][i] - pdp__gelu(x[i])) <= 4e-7f * (fabsf(whole[0][i]) + 1e-30f));
+    PASS();
+}
+
 /* ---- cross-entropy with ignore_index -1 ---- */
 
 static double naive_ce(const double *z, const int32_t *lab, int64_t N, int64_t V)
@@ -603,6 +731,8 @@ SUITE(gpt_kernels)
     RUN_TEST(gpt_embed_errors_name_position_id_and_lengths);
     RUN_TEST(gpt_layernorm_rows_match_naive_and_finite_differences);
     RUN_TEST(gpt_gelu_is_the_tanh_form);
+    RUN_TEST(gpt_gelu_kernels_match_double_reference);
+    RUN_TEST(gpt_gelu_kernels_bits_independent_of_split_and_width);
     RUN_TEST(gpt_cross_entropy_ignore_matches_naive_and_finite_differences);
     RUN_TEST(gpt_cross_entropy_ignore_edge_cases_and_errors);
 }
