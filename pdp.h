@@ -13875,14 +13875,51 @@ PDP__GELU_256 PDP__PRIVATE void pdp__gelu_avx2(const float *x, const float *dy,
         memcpy(out + i, ob, (size_t)(n - i) * sizeof *ob);
     }
 }
+/* out = exp(x - shift) for n floats, 0 where x - shift < -87 (the softmax's: its
+   arguments are <= 0, and what falls below e^-87 is nothing beside the row's 1). */
+PDP__GELU_512 PDP__PRIVATE void pdp__exp_shift_avx512(const float *x, float shift, float *out,
+                                                      int64_t n)
+{
+    const __m512 sh = _mm512_set1_ps(shift), lo = _mm512_set1_ps(-87.0f);
+    int64_t i = 0;
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 z = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), sh);
+        __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(z, lo, _CMP_GE_OQ), pdp__exp16(z));
+        _mm512_mask_storeu_ps(out + i, m, e);
+    }
+}
+
+PDP__GELU_256 static inline __m256 pdp__exp_shift8(__m256 x, __m256 shift)
+{
+    __m256 z = _mm256_sub_ps(x, shift);
+    return _mm256_and_ps(_mm256_cmp_ps(z, _mm256_set1_ps(-87.0f), _CMP_GE_OQ), pdp__exp8(z));
+}
+
+PDP__GELU_256 PDP__PRIVATE void pdp__exp_shift_avx2(const float *x, float shift, float *out,
+                                                    int64_t n)
+{
+    const __m256 sh = _mm256_set1_ps(shift);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, pdp__exp_shift8(_mm256_loadu_ps(x + i), sh));
+    if (i < n) { /* the tail through a zero-padded copy */
+        float xb[8] = {0}, ob[8];
+        memcpy(xb, x + i, (size_t)(n - i) * sizeof *xb);
+        _mm256_storeu_ps(ob, pdp__exp_shift8(_mm256_loadu_ps(xb), sh));
+        memcpy(out + i, ob, (size_t)(n - i) * sizeof *ob);
+    }
+}
+
 #  undef PDP__GELU_EXP_CONSTANTS
 #  undef PDP__GELU_512
 #  undef PDP__GELU_256
 #endif
 
-/* The GELU's kernel width: 512 (AVX-512F), 256 (AVX2 + FMA) or 0 (math.h's scalar
-   helpers), the widest the CPU has. */
-PDP__PRIVATE int pdp__layers_gelu_simd(void)
+/* The width of the vectorised element kernels (the GELU, the softmax's exp): 512
+   (AVX-512F), 256 (AVX2 + FMA) or 0 (scalar: math.h's helpers, expf), the widest the CPU
+   has. */
+PDP__PRIVATE int pdp__layers_simd(void)
 {
 #if PDP__BF16_X86
     pthread_once(&pdp__bf16_once, pdp__bf16_detect);
@@ -13893,7 +13930,7 @@ PDP__PRIVATE int pdp__layers_gelu_simd(void)
 }
 
 /* out = gelu(x) (dy NULL) or out = dy gelu'(x), n floats, on the kernel of width simd
-   (pdp__layers_gelu_simd's, or one the CPU has: the tests compare them). */
+   (pdp__layers_simd's, or one the CPU has: the tests compare them). */
 PDP__PRIVATE void pdp__layers_gelu_simd_run(int simd, const float *x, const float *dy, float *out,
                                             int64_t n)
 {
@@ -13913,6 +13950,29 @@ PDP__PRIVATE void pdp__layers_gelu_simd_run(int simd, const float *x, const floa
         for (i = 0; i < n; i++) out[i] = pdp__gelu_grad(dy[i], x[i]);
     else
         for (i = 0; i < n; i++) out[i] = pdp__gelu(x[i]);
+}
+
+/* out = exp(x - shift), n floats (out may be x), on the kernel of width simd as
+   pdp__layers_gelu_simd_run; 0 below e^-87 on every width. */
+PDP__PRIVATE void pdp__layers_exp_shift_run(int simd, const float *x, float shift, float *out,
+                                            int64_t n)
+{
+    int64_t i;
+#if PDP__BF16_X86
+    if (simd == 512) {
+        pdp__exp_shift_avx512(x, shift, out, n);
+        return;
+    }
+    if (simd == 256) {
+        pdp__exp_shift_avx2(x, shift, out, n);
+        return;
+    }
+#endif
+    (void)simd;
+    for (i = 0; i < n; i++) {
+        float z = x[i] - shift;
+        out[i] = z < -87.0f ? 0.0f : expf(z);
+    }
 }
 
 /* Parts for a job split by sample: the caller's intra-op threads, at most one
@@ -14232,14 +14292,14 @@ PDP__PRIVATE void pdp__gelu_forward_range(const pdp__layer *l, const pdp__layer_
                                           int64_t hi)
 {
     (void)l;
-    pdp__layers_gelu_simd_run(pdp__layers_gelu_simd(), io->x + lo, NULL, io->y + lo, hi - lo);
+    pdp__layers_gelu_simd_run(pdp__layers_simd(), io->x + lo, NULL, io->y + lo, hi - lo);
 }
 
 PDP__PRIVATE void pdp__gelu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                            int64_t hi)
 {
     (void)l;
-    pdp__layers_gelu_simd_run(pdp__layers_gelu_simd(), io->x + lo, io->dy + lo, io->dx + lo,
+    pdp__layers_gelu_simd_run(pdp__layers_simd(), io->x + lo, io->dy + lo, io->dx + lo,
                               hi - lo);
 }
 
@@ -14496,6 +14556,37 @@ PDP__PRIVATE pdp_status pdp__dropout_cuda_backward(const pdp__layer *l, const pd
 
 /* ---- layers: LayerNorm ---- */
 
+/* A row's element passes, on restrict parameters so that gcc -O2 vectorises them (over
+   restrict locals such as io->x + s * n it does not: see pdp__layers_add). Element by
+   element, so the bits are the scalar loops'. y = (x - mean) rstd w + b: */
+PDP__PRIVATE void pdp__layers_norm_row(const float *PDP__RESTRICT x, const float *PDP__RESTRICT w,
+                                       const float *PDP__RESTRICT b, float mean, float rstd,
+                                       float *PDP__RESTRICT y, int64_t n)
+{
+    PDP__FOR_BLOCKED(j, n, y[j] = (x[j] - mean) * rstd * w[j] + b[j];);
+}
+
+/* dw += dy xh, db += dy, xh = (x - mean) rstd */
+PDP__PRIVATE void pdp__layers_norm_wgrad(const float *PDP__RESTRICT dy,
+                                         const float *PDP__RESTRICT x, float mean, float rstd,
+                                         float *PDP__RESTRICT dw, float *PDP__RESTRICT db,
+                                         int64_t n)
+{
+    PDP__FOR_BLOCKED(j, n, {
+        dw[j] += dy[j] * ((x[j] - mean) * rstd);
+        db[j] += dy[j];
+    });
+}
+
+/* dx = rstd (dy w - mg - xh mgx) */
+PDP__PRIVATE void pdp__layers_norm_dx(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT w,
+                                      const float *PDP__RESTRICT x, float mean, float rstd,
+                                      float mg, float mgx, float *PDP__RESTRICT dx, int64_t n)
+{
+    PDP__FOR_BLOCKED(j, n, dx[j] = rstd * (dy[j] * w[j] - mg - (x[j] - mean) * rstd * mgx););
+}
+
+
 PDP__PRIVATE pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     if (!(l->eps > 0.0f) || isinf(l->eps))
@@ -14525,48 +14616,108 @@ PDP__PRIVATE void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, p
     }
 }
 
-PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
+/* Rows [lo, hi) of the forward: mean and variance in fixed-order sums (pdp__layers_sum),
+   then the row. */
+PDP__PRIVATE void pdp__layernorm_forward_rows(const pdp__layer *l, const pdp__layer_io *io,
+                                              int64_t n, int64_t lo, int64_t hi)
 {
-    int64_t B = pdp__layer_rows(l, io->batch), n = l->in_count * io->batch / B, s;
-    const float *PDP__RESTRICT w = io->w, *PDP__RESTRICT b = io->b;
-    for (s = 0; s < B; s++) {
-        const float *PDP__RESTRICT x = io->x + s * n;
-        float *PDP__RESTRICT y = io->y + s * n;
+    int64_t s;
+    for (s = lo; s < hi; s++) {
+        const float *x = io->x + s * n;
         float mean = (float)(pdp__layers_sum(x, n) / (double)n);
         double var = pdp__layers_sumsq_dev(x, mean, n) / (double)n;
         float rstd = (float)(1.0 / sqrt(var + (double)l->eps));
-        PDP__FOR_BLOCKED(j, n, y[j] = (x[j] - mean) * rstd * w[j] + b[j];);
+        pdp__layers_norm_row(x, io->w, io->b, mean, rstd, io->y + s * n, n);
         io->saved[2 * s] = mean;
         io->saved[2 * s + 1] = rstd;
     }
-    return PDP_OK;
 }
 
 /* With xh = (x - mean) rstd and g = dy w:
-   dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy.
-   Two passes over each sample, nothing stored. */
+   dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy. */
+PDP__PRIVATE void pdp__layernorm_dx_rows(const pdp__layer_io *io, int64_t n, int64_t lo,
+                                         int64_t hi)
+{
+    int64_t s;
+    for (s = lo; s < hi; s++) {
+        const float *x = io->x + s * n, *dy = io->dy + s * n;
+        float mean = io->saved[2 * s], rstd = io->saved[2 * s + 1], mg, mgx;
+        mg = (float)(pdp__layers_dot(dy, io->w, n) / (double)n);
+        mgx = (float)(pdp__layers_dot3(dy, io->w, x, mean, n) * (double)rstd / (double)n);
+        pdp__layers_norm_dx(dy, io->w, x, mean, rstd, mg, mgx, io->dx + s * n, n);
+    }
+}
+
+/* dw and db, features [lo, hi), summed over every row in row order. */
+PDP__PRIVATE void pdp__layernorm_wgrad_cols(const pdp__layer_io *io, int64_t rows, int64_t n,
+                                            int64_t lo, int64_t hi)
+{
+    int64_t s;
+    for (s = 0; s < rows; s++)
+        pdp__layers_norm_wgrad(io->dy + s * n + lo, io->x + s * n + lo, io->saved[2 * s],
+                               io->saved[2 * s + 1], io->dw + lo, io->db + lo, hi - lo);
+}
+
+/* The intra-op threads split the forward and dx by rows (each row whole) and dw, db by
+   features (each summed over the rows in order), so the bits do not depend on the thread
+   count; small layers (under PDP__ELEMWISE_PAR_MIN floats) stay on the caller. */
+typedef struct pdp__ln_job {
+    const pdp__layer *l;
+    const pdp__layer_io *io;
+    int64_t rows, n;
+} pdp__ln_job;
+
+PDP__PRIVATE int pdp__layernorm_parts(int64_t rows, int64_t n, int64_t items)
+{
+    if (rows * n < PDP__ELEMWISE_PAR_MIN) return 1;
+    return (int)PDP__MAX((int64_t)1, PDP__MIN((int64_t)pdp__threads_for_caller(), items));
+}
+
+PDP__PRIVATE void pdp__layernorm_forward_part(void *arg, int i, int parts)
+{
+    const pdp__ln_job *j = (const pdp__ln_job *)arg;
+    pdp__layernorm_forward_rows(j->l, j->io, j->n, j->rows * i / parts,
+                                j->rows * (i + 1) / parts);
+}
+
+PDP__PRIVATE void pdp__layernorm_dx_part(void *arg, int i, int parts)
+{
+    const pdp__ln_job *j = (const pdp__ln_job *)arg;
+    pdp__layernorm_dx_rows(j->io, j->n, j->rows * i / parts, j->rows * (i + 1) / parts);
+}
+
+/* features in blocks of 16 (whole vectors), the last part takes the rest */
+PDP__PRIVATE void pdp__layernorm_wgrad_part(void *arg, int i, int parts)
+{
+    const pdp__ln_job *j = (const pdp__ln_job *)arg;
+    int64_t blocks = (j->n + 15) / 16;
+    int64_t lo = 16 * (blocks * i / parts), hi = 16 * (blocks * (i + 1) / parts);
+    pdp__layernorm_wgrad_cols(j->io, j->rows, j->n, lo, PDP__MIN(hi, j->n));
+}
+
+PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__ln_job j;
+    j.l = l;
+    j.io = io;
+    j.rows = pdp__layer_rows(l, io->batch);
+    j.n = l->in_count * io->batch / j.rows;
+    pdp__parallel_for(pdp__layernorm_parts(j.rows, j.n, j.rows), pdp__layernorm_forward_part,
+                      &j);
+    return PDP_OK;
+}
+
 PDP__PRIVATE pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t B = pdp__layer_rows(l, io->batch), n = l->in_count * io->batch / B, s;
-    const float *PDP__RESTRICT w = io->w;
-    float *PDP__RESTRICT dw = io->dw, *PDP__RESTRICT db = io->db;
-    for (s = 0; s < B; s++) {
-        const float *PDP__RESTRICT x = io->x + s * n, *PDP__RESTRICT dy = io->dy + s * n;
-        float mean = io->saved[2 * s], rstd = io->saved[2 * s + 1], mg, mgx;
-        PDP__FOR_BLOCKED(j, n, {
-            dw[j] += dy[j] * ((x[j] - mean) * rstd);
-            db[j] += dy[j];
-        });
-        if (!io->dx) continue;
-        mg = (float)(pdp__layers_dot(dy, w, n) / (double)n);
-        mgx = (float)(pdp__layers_dot3(dy, w, x, mean, n) * (double)rstd / (double)n);
-        {
-            float *PDP__RESTRICT dx = io->dx + s * n;
-            PDP__FOR_BLOCKED(j, n, {
-                dx[j] = rstd * (dy[j] * w[j] - mg - (x[j] - mean) * rstd * mgx);
-            });
-        }
-    }
+    pdp__ln_job j;
+    j.l = l;
+    j.io = io;
+    j.rows = pdp__layer_rows(l, io->batch);
+    j.n = l->in_count * io->batch / j.rows;
+    pdp__parallel_for(pdp__layernorm_parts(j.rows, j.n, (j.n + 15) / 16),
+                      pdp__layernorm_wgrad_part, &j);
+    if (io->dx)
+        pdp__parallel_for(pdp__layernorm_parts(j.rows, j.n, j.rows), pdp__layernorm_dx_part, &j);
     return PDP_OK;
 }
 
@@ -15744,7 +15895,8 @@ PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pd
      Computed per (b, h), the pairs split over threads, a step per formula: each product
      one pdp_sgemm on qkv's strided rows (the masked half too: cheaper than T^2 / 2
      separate dot products; inside a part it runs on that part's thread, as threads.c
-     runs a nested job, with gemm.c's bits), the softmax and its backward row by row.
+     runs a nested job, with gemm.c's bits), the softmax and its backward row by row
+     (layers.c's vectorised exp, pdp__layers_exp_shift_run, and its fixed-order sums).
    - LayerNorm over the last dimension of [N, C] rows: layers.c's LayerNorm kernel,
      whose sample is one row (pdp__gpt_layernorm_*).
    - GELU, tanh form: already pdp's GELU (math.h's pdp__gelu and pdp__gelu_grad), and
@@ -15846,6 +15998,7 @@ typedef struct pdp__attn_job {
     float *y, *att_out, *dqkv, *work;
     int64_t B, T, C, H, D;
     float scale;
+    int simd; /* the softmax's exp: layers.c's pdp__layers_simd */
     const pdp__attn_dropout *drop;
 } pdp__attn_job;
 
@@ -15868,6 +16021,33 @@ PDP__PRIVATE void pdp__attn_keep_row(const pdp__attn_job *j, int64_t b, int64_t 
     for (s = 0; s <= t; s++) keep[s] = pdp__dropout_bits(key, base + s) >= thr ? scale : 0.0f;
 }
 
+/* A row's passes, on restrict parameters so that gcc -O2 vectorises them (see layers.c's
+   pdp__layers_add); the sums are layers.c's fixed-order ones. The largest of p[0, n): */
+PDP__PRIVATE float pdp__attn_row_max(const float *PDP__RESTRICT p, int64_t n)
+{
+    float lane[16], mx;
+    int64_t i = 0;
+    int k;
+    for (k = 0; k < 16; k++) lane[k] = -HUGE_VALF;
+    for (; i + 16 <= n; i += 16)
+        for (k = 0; k < 16; k++) lane[k] = p[i + k] > lane[k] ? p[i + k] : lane[k];
+    for (mx = -HUGE_VALF; i < n; i++) mx = p[i] > mx ? p[i] : mx;
+    for (k = 0; k < 16; k++) mx = lane[k] > mx ? lane[k] : mx;
+    return mx;
+}
+
+PDP__PRIVATE void pdp__attn_row_div(float *PDP__RESTRICT p, float d, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, p[i] /= d;);
+}
+
+/* dS = P o (dP - rowsum) scale, in place over dP */
+PDP__PRIVATE void pdp__attn_row_dsoftmax(const float *PDP__RESTRICT p, float rowsum, float scale,
+                                         float *PDP__RESTRICT dp, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, dp[i] = p[i] * (dp[i] - rowsum) * scale;);
+}
+
 /* One (b, h) pair, forward, a step per formula: S = Q K^T / sqrt(D) by one GEMM, P row
    by row, Y = Pd V by one GEMM. w: T (T + 1) floats of work (Pd with dropout, a row of
    the mask). */
@@ -15880,18 +16060,15 @@ PDP__PRIVATE void pdp__attn_forward_head(const pdp__attn_job *j, int64_t b, int6
        qkv beats T^2 / 2 separate dot products */
     pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, T, T, D, j->scale, q, C3, k, C3, 0.0f, P, T);
     for (t = 0; t < T; t++) {
-        float *p = P + t * T, mx = -HUGE_VALF, sum = 0.0f;
-        /* THE CAUSAL MASK: from here on s runs over 0..t only, so position t never sees a
+        float *p = P + t * T;
+        /* THE CAUSAL MASK: from here on the row is p[0..t] only, so position t never sees a
            later key; the masked scores are the -inf of the formulas, and their P is the 0
            written below. */
-        for (s = 0; s <= t; s++) mx = p[s] > mx ? p[s] : mx;
+        float mx = pdp__attn_row_max(p, t + 1);
         /* softmax, safe: exp(S - max) <= 1 cannot overflow (the max's term is 1) */
-        for (s = 0; s <= t; s++) {
-            p[s] = expf(p[s] - mx);
-            sum += p[s];
-        }
-        for (s = 0; s <= t; s++) p[s] /= sum;
-        for (s = t + 1; s < T; s++) p[s] = 0.0f;
+        pdp__layers_exp_shift_run(j->simd, p, mx, p, t + 1);
+        pdp__attn_row_div(p, (float)pdp__layers_sum(p, t + 1), t + 1);
+        if (t + 1 < T) memset(p + t + 1, 0, (size_t)(T - t - 1) * sizeof *p);
         if (pdp__attn_dropping(j)) { /* Pd = P o M / (1 - p) */
             pdp__attn_keep_row(j, b, h, t, keep);
             for (s = 0; s < T; s++) w[t * T + s] = s <= t ? p[s] * keep[s] : 0.0f;
@@ -15928,9 +16105,9 @@ PDP__PRIVATE void pdp__attn_backward_head(const pdp__attn_job *j, int64_t b, int
             pdp__attn_keep_row(j, b, h, t, keep);
             for (s = 0; s <= t; s++) dp[s] *= keep[s];
         }
-        for (s = 0; s <= t; s++) rowsum += dp[s] * p[s];
-        for (s = 0; s <= t; s++) dp[s] = p[s] * (dp[s] - rowsum) * j->scale;
-        for (s = t + 1; s < T; s++) dp[s] = 0.0f; /* masked: no gradient */
+        rowsum = (float)pdp__layers_dot(dp, p, t + 1);
+        pdp__attn_row_dsoftmax(p, rowsum, j->scale, dp, t + 1);
+        if (t + 1 < T) memset(dp + t + 1, 0, (size_t)(T - t - 1) * sizeof *dp); /* masked */
     }
     /* dQ = dS K / sqrt(D), dK = dS^T Q / sqrt(D) */
     pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, T, D, T, 1.0f, w, T, k, C3, 0.0f, dq, C3);
@@ -15977,6 +16154,7 @@ PDP__PRIVATE void pdp__attn_job_init(pdp__attn_job *j, int64_t B, int64_t T, int
     j->H = H;
     j->D = C / H;
     j->scale = (float)(1.0 / sqrt((double)j->D));
+    j->simd = pdp__layers_simd();
     j->drop = drop;
     j->work = work;
 }

@@ -31,7 +31,8 @@
      Computed per (b, h), the pairs split over threads, a step per formula: each product
      one pdp_sgemm on qkv's strided rows (the masked half too: cheaper than T^2 / 2
      separate dot products; inside a part it runs on that part's thread, as threads.c
-     runs a nested job, with gemm.c's bits), the softmax and its backward row by row.
+     runs a nested job, with gemm.c's bits), the softmax and its backward row by row
+     (layers.c's vectorised exp, pdp__layers_exp_shift_run, and its fixed-order sums).
    - LayerNorm over the last dimension of [N, C] rows: layers.c's LayerNorm kernel,
      whose sample is one row (pdp__gpt_layernorm_*).
    - GELU, tanh form: already pdp's GELU (math.h's pdp__gelu and pdp__gelu_grad), and
@@ -133,6 +134,7 @@ typedef struct pdp__attn_job {
     float *y, *att_out, *dqkv, *work;
     int64_t B, T, C, H, D;
     float scale;
+    int simd; /* the softmax's exp: layers.c's pdp__layers_simd */
     const pdp__attn_dropout *drop;
 } pdp__attn_job;
 
@@ -155,6 +157,33 @@ PDP__PRIVATE void pdp__attn_keep_row(const pdp__attn_job *j, int64_t b, int64_t 
     for (s = 0; s <= t; s++) keep[s] = pdp__dropout_bits(key, base + s) >= thr ? scale : 0.0f;
 }
 
+/* A row's passes, on restrict parameters so that gcc -O2 vectorises them (see layers.c's
+   pdp__layers_add); the sums are layers.c's fixed-order ones. The largest of p[0, n): */
+PDP__PRIVATE float pdp__attn_row_max(const float *PDP__RESTRICT p, int64_t n)
+{
+    float lane[16], mx;
+    int64_t i = 0;
+    int k;
+    for (k = 0; k < 16; k++) lane[k] = -HUGE_VALF;
+    for (; i + 16 <= n; i += 16)
+        for (k = 0; k < 16; k++) lane[k] = p[i + k] > lane[k] ? p[i + k] : lane[k];
+    for (mx = -HUGE_VALF; i < n; i++) mx = p[i] > mx ? p[i] : mx;
+    for (k = 0; k < 16; k++) mx = lane[k] > mx ? lane[k] : mx;
+    return mx;
+}
+
+PDP__PRIVATE void pdp__attn_row_div(float *PDP__RESTRICT p, float d, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, p[i] /= d;);
+}
+
+/* dS = P o (dP - rowsum) scale, in place over dP */
+PDP__PRIVATE void pdp__attn_row_dsoftmax(const float *PDP__RESTRICT p, float rowsum, float scale,
+                                         float *PDP__RESTRICT dp, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, dp[i] = p[i] * (dp[i] - rowsum) * scale;);
+}
+
 /* One (b, h) pair, forward, a step per formula: S = Q K^T / sqrt(D) by one GEMM, P row
    by row, Y = Pd V by one GEMM. w: T (T + 1) floats of work (Pd with dropout, a row of
    the mask). */
@@ -167,18 +196,15 @@ PDP__PRIVATE void pdp__attn_forward_head(const pdp__attn_job *j, int64_t b, int6
        qkv beats T^2 / 2 separate dot products */
     pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, T, T, D, j->scale, q, C3, k, C3, 0.0f, P, T);
     for (t = 0; t < T; t++) {
-        float *p = P + t * T, mx = -HUGE_VALF, sum = 0.0f;
-        /* THE CAUSAL MASK: from here on s runs over 0..t only, so position t never sees a
+        float *p = P + t * T;
+        /* THE CAUSAL MASK: from here on the row is p[0..t] only, so position t never sees a
            later key; the masked scores are the -inf of the formulas, and their P is the 0
            written below. */
-        for (s = 0; s <= t; s++) mx = p[s] > mx ? p[s] : mx;
+        float mx = pdp__attn_row_max(p, t + 1);
         /* softmax, safe: exp(S - max) <= 1 cannot overflow (the max's term is 1) */
-        for (s = 0; s <= t; s++) {
-            p[s] = expf(p[s] - mx);
-            sum += p[s];
-        }
-        for (s = 0; s <= t; s++) p[s] /= sum;
-        for (s = t + 1; s < T; s++) p[s] = 0.0f;
+        pdp__layers_exp_shift_run(j->simd, p, mx, p, t + 1);
+        pdp__attn_row_div(p, (float)pdp__layers_sum(p, t + 1), t + 1);
+        if (t + 1 < T) memset(p + t + 1, 0, (size_t)(T - t - 1) * sizeof *p);
         if (pdp__attn_dropping(j)) { /* Pd = P o M / (1 - p) */
             pdp__attn_keep_row(j, b, h, t, keep);
             for (s = 0; s < T; s++) w[t * T + s] = s <= t ? p[s] * keep[s] : 0.0f;
@@ -215,9 +241,9 @@ PDP__PRIVATE void pdp__attn_backward_head(const pdp__attn_job *j, int64_t b, int
             pdp__attn_keep_row(j, b, h, t, keep);
             for (s = 0; s <= t; s++) dp[s] *= keep[s];
         }
-        for (s = 0; s <= t; s++) rowsum += dp[s] * p[s];
-        for (s = 0; s <= t; s++) dp[s] = p[s] * (dp[s] - rowsum) * j->scale;
-        for (s = t + 1; s < T; s++) dp[s] = 0.0f; /* masked: no gradient */
+        rowsum = (float)pdp__layers_dot(dp, p, t + 1);
+        pdp__attn_row_dsoftmax(p, rowsum, j->scale, dp, t + 1);
+        if (t + 1 < T) memset(dp + t + 1, 0, (size_t)(T - t - 1) * sizeof *dp); /* masked */
     }
     /* dQ = dS K / sqrt(D), dK = dS^T Q / sqrt(D) */
     pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, T, D, T, 1.0f, w, T, k, C3, 0.0f, dq, C3);
@@ -264,6 +290,7 @@ PDP__PRIVATE void pdp__attn_job_init(pdp__attn_job *j, int64_t B, int64_t T, int
     j->H = H;
     j->D = C / H;
     j->scale = (float)(1.0 / sqrt((double)j->D));
+    j->simd = pdp__layers_simd();
     j->drop = drop;
     j->work = work;
 }

@@ -3905,18 +3905,32 @@ PDP__GELU_512 PDP__PRIVATE void pdp__gelu_avx512(const float *x, const float *dy
 
 PDP__GELU_256 PDP__PRIVATE void pdp__gelu_avx2(const float *x, const float *dy,
                                                                 float *out, int64_t n);
+/* out = exp(x - shift) for n floats, 0 where x - shift < -87 (the softmax's: its
+   arguments are <= 0, and what falls below e^-87 is nothing beside the row's 1). */
+PDP__GELU_512 PDP__PRIVATE void pdp__exp_shift_avx512(const float *x, float shift, float *out,
+                                                      int64_t n);
+
+PDP__GELU_256 PDP__PRIVATE void pdp__exp_shift_avx2(const float *x, float shift, float *out,
+                                                    int64_t n);
+
 #  undef PDP__GELU_EXP_CONSTANTS
 #  undef PDP__GELU_512
 #  undef PDP__GELU_256
 #endif
 
-/* The GELU's kernel width: 512 (AVX-512F), 256 (AVX2 + FMA) or 0 (math.h's scalar
-   helpers), the widest the CPU has. */
-PDP__PRIVATE int pdp__layers_gelu_simd(void);
+/* The width of the vectorised element kernels (the GELU, the softmax's exp): 512
+   (AVX-512F), 256 (AVX2 + FMA) or 0 (scalar: math.h's helpers, expf), the widest the CPU
+   has. */
+PDP__PRIVATE int pdp__layers_simd(void);
 
 /* out = gelu(x) (dy NULL) or out = dy gelu'(x), n floats, on the kernel of width simd
-   (pdp__layers_gelu_simd's, or one the CPU has: the tests compare them). */
+   (pdp__layers_simd's, or one the CPU has: the tests compare them). */
 PDP__PRIVATE void pdp__layers_gelu_simd_run(int simd, const float *x, const float *dy, float *out,
+                                            int64_t n);
+
+/* out = exp(x - shift), n floats (out may be x), on the kernel of width simd as
+   pdp__layers_gelu_simd_run; 0 below e^-87 on every width. */
+PDP__PRIVATE void pdp__layers_exp_shift_run(int simd, const float *x, float shift, float *out,
                                             int64_t n);
 
 /* Parts for a job split by sample: the caller's intra-op threads, at most one
@@ -4129,16 +4143,63 @@ PDP__PRIVATE pdp_status pdp__dropout_cuda_backward(const pdp__layer *l, const pd
 
 /* ---- layers: LayerNorm ---- */
 
+/* A row's element passes, on restrict parameters so that gcc -O2 vectorises them (over
+   restrict locals such as io->x + s * n it does not: see pdp__layers_add). Element by
+   element, so the bits are the scalar loops'. y = (x - mean) rstd w + b: */
+PDP__PRIVATE void pdp__layers_norm_row(const float *PDP__RESTRICT x, const float *PDP__RESTRICT w,
+                                       const float *PDP__RESTRICT b, float mean, float rstd,
+                                       float *PDP__RESTRICT y, int64_t n);
+
+/* dw += dy xh, db += dy, xh = (x - mean) rstd */
+PDP__PRIVATE void pdp__layers_norm_wgrad(const float *PDP__RESTRICT dy,
+                                         const float *PDP__RESTRICT x, float mean, float rstd,
+                                         float *PDP__RESTRICT dw, float *PDP__RESTRICT db,
+                                         int64_t n);
+
+/* dx = rstd (dy w - mg - xh mgx) */
+PDP__PRIVATE void pdp__layers_norm_dx(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT w,
+                                      const float *PDP__RESTRICT x, float mean, float rstd,
+                                      float mg, float mgx, float *PDP__RESTRICT dx, int64_t n);
+
 PDP__PRIVATE pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 
 /* weight 1, bias 0 (PyTorch's) */
 PDP__PRIVATE void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
 
-PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io);
+/* Rows [lo, hi) of the forward: mean and variance in fixed-order sums (pdp__layers_sum),
+   then the row. */
+PDP__PRIVATE void pdp__layernorm_forward_rows(const pdp__layer *l, const pdp__layer_io *io,
+                                              int64_t n, int64_t lo, int64_t hi);
 
 /* With xh = (x - mean) rstd and g = dy w:
-   dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy.
-   Two passes over each sample, nothing stored. */
+   dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy. */
+PDP__PRIVATE void pdp__layernorm_dx_rows(const pdp__layer_io *io, int64_t n, int64_t lo,
+                                         int64_t hi);
+
+/* dw and db, features [lo, hi), summed over every row in row order. */
+PDP__PRIVATE void pdp__layernorm_wgrad_cols(const pdp__layer_io *io, int64_t rows, int64_t n,
+                                            int64_t lo, int64_t hi);
+
+/* The intra-op threads split the forward and dx by rows (each row whole) and dw, db by
+   features (each summed over the rows in order), so the bits do not depend on the thread
+   count; small layers (under PDP__ELEMWISE_PAR_MIN floats) stay on the caller. */
+typedef struct pdp__ln_job {
+    const pdp__layer *l;
+    const pdp__layer_io *io;
+    int64_t rows, n;
+} pdp__ln_job;
+
+PDP__PRIVATE int pdp__layernorm_parts(int64_t rows, int64_t n, int64_t items);
+
+PDP__PRIVATE void pdp__layernorm_forward_part(void *arg, int i, int parts);
+
+PDP__PRIVATE void pdp__layernorm_dx_part(void *arg, int i, int parts);
+
+/* features in blocks of 16 (whole vectors), the last part takes the rest */
+PDP__PRIVATE void pdp__layernorm_wgrad_part(void *arg, int i, int parts);
+
+PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io);
+
 PDP__PRIVATE pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io);
 
 #ifdef PDP_CUDA
@@ -4626,7 +4687,8 @@ PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pd
      Computed per (b, h), the pairs split over threads, a step per formula: each product
      one pdp_sgemm on qkv's strided rows (the masked half too: cheaper than T^2 / 2
      separate dot products; inside a part it runs on that part's thread, as threads.c
-     runs a nested job, with gemm.c's bits), the softmax and its backward row by row.
+     runs a nested job, with gemm.c's bits), the softmax and its backward row by row
+     (layers.c's vectorised exp, pdp__layers_exp_shift_run, and its fixed-order sums).
    - LayerNorm over the last dimension of [N, C] rows: layers.c's LayerNorm kernel,
      whose sample is one row (pdp__gpt_layernorm_*).
    - GELU, tanh form: already pdp's GELU (math.h's pdp__gelu and pdp__gelu_grad), and
@@ -4683,6 +4745,7 @@ typedef struct pdp__attn_job {
     float *y, *att_out, *dqkv, *work;
     int64_t B, T, C, H, D;
     float scale;
+    int simd; /* the softmax's exp: layers.c's pdp__layers_simd */
     const pdp__attn_dropout *drop;
 } pdp__attn_job;
 
@@ -4693,6 +4756,16 @@ PDP__PRIVATE bool pdp__attn_dropping(const pdp__attn_job *j);
    keep[0..t]. */
 PDP__PRIVATE void pdp__attn_keep_row(const pdp__attn_job *j, int64_t b, int64_t h, int64_t t,
                                      float *keep);
+
+/* A row's passes, on restrict parameters so that gcc -O2 vectorises them (see layers.c's
+   pdp__layers_add); the sums are layers.c's fixed-order ones. The largest of p[0, n): */
+PDP__PRIVATE float pdp__attn_row_max(const float *PDP__RESTRICT p, int64_t n);
+
+PDP__PRIVATE void pdp__attn_row_div(float *PDP__RESTRICT p, float d, int64_t n);
+
+/* dS = P o (dP - rowsum) scale, in place over dP */
+PDP__PRIVATE void pdp__attn_row_dsoftmax(const float *PDP__RESTRICT p, float rowsum, float scale,
+                                         float *PDP__RESTRICT dp, int64_t n);
 
 /* One (b, h) pair, forward, a step per formula: S = Q K^T / sqrt(D) by one GEMM, P row
    by row, Y = Pd V by one GEMM. w: T (T + 1) floats of work (Pd with dropout, a row of

@@ -501,6 +501,55 @@ TEST gpt_layernorm_rows_match_naive_and_finite_differences(void)
     PASS();
 }
 
+/* Large enough to be split over the threads (rows x C >= layers.c's PDP__ELEMWISE_PAR_MIN,
+   262144): forward and dx split by rows, dw and db by features (C = 390: the last part is
+   not a whole number of 16-float blocks). 1 and 2 threads give the same bits, and dw, db
+   (which a wrong feature split would leave short) equal a double-precision sum. */
+TEST gpt_layernorm_threads_bit_identical(void)
+{
+    enum { N = 700, C = 390 };
+    float *x = (float *)malloc(N * C * sizeof(float));
+    float *dy = (float *)malloc(N * C * sizeof(float));
+    float *y[2], *dx[2], dw[2][C], db[2][C], saved[2][2 * N], w[C], b[C];
+    int k;
+    int64_t i, r;
+    fill(x, N * C, -2.0f, 3.0f);
+    fill(dy, N * C, -1.0f, 1.0f);
+    fill(w, C, 0.5f, 1.5f);
+    fill(b, C, -0.5f, 0.5f);
+    for (k = 0; k < 2; k++) {
+        y[k] = (float *)malloc(N * C * sizeof(float));
+        dx[k] = (float *)malloc(N * C * sizeof(float));
+        memset(dw[k], 0, sizeof dw[k]);
+        memset(db[k], 0, sizeof db[k]);
+        pdp_set_num_threads(k + 1);
+        pdp__gpt_layernorm_forward(x, w, b, N, C, 1e-5f, y[k], saved[k]);
+        pdp__gpt_layernorm_backward(x, w, saved[k], dy, N, C, dx[k], dw[k], db[k]);
+    }
+    pdp_set_num_threads(1);
+    ASSERT_MEM_EQ(y[0], y[1], N * C * sizeof(float));
+    ASSERT_MEM_EQ(dx[0], dx[1], N * C * sizeof(float));
+    ASSERT_MEM_EQ(dw[0], dw[1], sizeof dw[0]);
+    ASSERT_MEM_EQ(db[0], db[1], sizeof db[0]);
+    for (i = 0; i < C; i++) {
+        double sw = 0.0, sb = 0.0;
+        for (r = 0; r < N; r++) {
+            double xh = ((double)x[r * C + i] - saved[0][2 * r]) * saved[0][2 * r + 1];
+            sw += (double)dy[r * C + i] * xh;
+            sb += dy[r * C + i];
+        }
+        ASSERT_IN_RANGE(sw, dw[1][i], 1e-4 * (1.0 + fabs(sw)));
+        ASSERT_IN_RANGE(sb, db[1][i], 1e-4 * (1.0 + fabs(sb)));
+    }
+    for (k = 0; k < 2; k++) {
+        free(y[k]);
+        free(dx[k]);
+    }
+    free(x);
+    free(dy);
+    PASS();
+}
+
 /* ---- GELU: pdp's is the tanh form (GPT-2's), not erf ---- */
 
 TEST gpt_gelu_is_the_tanh_form(void)
@@ -560,7 +609,7 @@ TEST gpt_gelu_kernels_match_double_reference(void)
     static const float special[] = {NAN, INFINITY, -INFINITY, 1e30f, -1e30f, 3.4e38f, -3.4e38f,
                                     1e-40f, -1e-40f, 0.0f, -0.0f, 10.4f, -10.4f, -10.6f};
     int64_t n = gelu_inputs(x), i;
-    int simds[3] = {0, 256, 512}, best = pdp__layers_gelu_simd(), w, tried = 0;
+    int simds[3] = {0, 256, 512}, best = pdp__layers_simd(), w, tried = 0;
     double worst_y_same = 0, worst_g_same = 0, worst_y_exact = 0;
     ASSERT(n <= 16384);
     for (i = 0; i < n; i++) dy[i] = 1.0f;
@@ -624,7 +673,7 @@ TEST gpt_gelu_kernels_bits_independent_of_split_and_width(void)
 {
     enum { N = 101 };
     float x[N], dy[N], whole[2][N], part[2][N], other[2][N];
-    int best = pdp__layers_gelu_simd(), pass;
+    int best = pdp__layers_simd(), pass;
     int64_t cut, i;
     fill(x, N, -8.0f, 8.0f);
     fill(dy, N, -1.0f, 1.0f);
@@ -730,6 +779,7 @@ SUITE(gpt_kernels)
     RUN_TEST(gpt_embed_matches_naive_and_threads);
     RUN_TEST(gpt_embed_errors_name_position_id_and_lengths);
     RUN_TEST(gpt_layernorm_rows_match_naive_and_finite_differences);
+    RUN_TEST(gpt_layernorm_threads_bit_identical);
     RUN_TEST(gpt_gelu_is_the_tanh_form);
     RUN_TEST(gpt_gelu_kernels_match_double_reference);
     RUN_TEST(gpt_gelu_kernels_bits_independent_of_split_and_width);
