@@ -4767,14 +4767,23 @@ PDP__PRIVATE void pdp__attn_row_div(float *PDP__RESTRICT p, float d, int64_t n);
 PDP__PRIVATE void pdp__attn_row_dsoftmax(const float *PDP__RESTRICT p, float rowsum, float scale,
                                          float *PDP__RESTRICT dp, int64_t n);
 
-/* One (b, h) pair, forward, a step per formula: S = Q K^T / sqrt(D) by one GEMM, P row
-   by row, Y = Pd V by one GEMM. w: T (T + 1) floats of work (Pd with dropout, a row of
-   the mask). */
+/* The causal products run in blocks of PDP__ATTN_BLOCK query rows: rows [r0, r1) see keys
+   [0, r1) only, so each block's products stop at column r1 instead of T (at T = 256, 62%
+   of the full T x T products; the masked entries inside a block's columns are 0 in P and
+   dS and add nothing). */
+#ifndef PDP__ATTN_BLOCK
+#  define PDP__ATTN_BLOCK 64
+#endif
+
+/* One (b, h) pair, forward, block by block: S = Q K^T / sqrt(D) by one GEMM, P row by
+   row, Y = Pd V by one GEMM. w: T (T + 1) floats of work (Pd with dropout, a row of the
+   mask). */
 PDP__PRIVATE void pdp__attn_forward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *w);
 
-/* One (b, h) pair, backward (see the module comment), a step per formula; dqkv's q, k
-   and v columns of this head are written. w: T (T + 1) floats of work (Pd, then dP and
-   dS; a row of the mask). */
+/* One (b, h) pair, backward (see the module comment), block by block from the last (whose
+   dV and dK products cover every key row and write them) to the first (adding onto rows
+   [0, r1)): a fixed order. dqkv's q, k and v columns of this head are written. w: T (T + 1)
+   floats of work (Pd, then dP and dS; a row of the mask). */
 PDP__PRIVATE void pdp__attn_backward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *w);
 
 /* Part i of n: the (b, h) pairs [B H i / n, B H (i + 1) / n), each computed whole by

@@ -268,6 +268,50 @@ TEST gpt_attention_softmax_safe_with_large_scores(void)
     PASS();
 }
 
+/* A sequence longer than the kernel's query blocks (PDP__ATTN_BLOCK, 64: T = 150 is two
+   whole blocks and a part), where each block's products stop at its last row's keys and
+   the backward adds the blocks' dV and dK in turn: forward against the double loop,
+   dqkv against central differences (every 31st element), with and without dropout. */
+TEST gpt_attention_blocks_match_naive_and_finite_differences(void)
+{
+    int64_t B = 1, T = 150, H = 2, C = 6, n = B * T * 3 * C, i;
+    int pi;
+    ASSERT(T > 2 * PDP__ATTN_BLOCK);
+    for (pi = 0; pi < 2; pi++) {
+        pdp__attn_dropout drop = {0.2f, 5, 0, 2, 0};
+        const pdp__attn_dropout *dp = pi ? &drop : NULL;
+        attn_bufs a = attn_alloc(B, T, C, H);
+        double *q, *r, *y = (double *)malloc((size_t)(B * T * C) * sizeof(double));
+        double *P = (double *)malloc((size_t)(B * H * T * T) * sizeof(double));
+        fill(a.qkv, n, -1.5f, 1.5f);
+        fill(a.dy, B * T * C, -1.0f, 1.0f);
+        q = to_double(a.qkv, n);
+        r = to_double(a.dy, B * T * C);
+        pdp__attention_forward(a.qkv, B, T, C, H, dp, a.y, a.att, a.work);
+        naive_attention(q, B, T, C, H, dp, y, P);
+        for (i = 0; i < B * T * C; i++)
+            ASSERT_IN_RANGEm("y", y[i], a.y[i], 1e-5 * (1.0 + fabs(y[i])));
+        for (i = 0; i < B * H * T * T; i++) ASSERT_IN_RANGEm("att", P[i], a.att[i], 1e-6);
+        fill(a.dqkv, n, 5.0f, 6.0f); /* written, not accumulated */
+        pdp__attention_backward(a.qkv, a.att, a.dy, B, T, C, H, dp, a.dqkv, a.work);
+        for (i = 0; i < n; i += 31) {
+            double v = q[i], fp, fm;
+            q[i] = v + FD_H;
+            fp = naive_attention_f(q, B, T, C, H, dp, r, y, P);
+            q[i] = v - FD_H;
+            fm = naive_attention_f(q, B, T, C, H, dp, r, y, P);
+            q[i] = v;
+            ASSERTm("dqkv", close_to(a.dqkv[i], (fp - fm) / (2 * FD_H), FD_TOL));
+        }
+        free(q);
+        free(r);
+        free(y);
+        free(P);
+        attn_free(&a);
+    }
+    PASS();
+}
+
 /* p = 0 gives the bits of no dropout; p > 0 the same bits from the same key and other
    bits from another seed, step or sample_base; eval (NULL) after training is unchanged. */
 TEST gpt_attention_dropout_reproducible(void)
@@ -773,6 +817,7 @@ SUITE(gpt_kernels)
     RUN_TEST(gpt_attention_backward_matches_finite_differences);
     RUN_TEST(gpt_attention_mask_later_token_changes_no_earlier_output);
     RUN_TEST(gpt_attention_softmax_safe_with_large_scores);
+    RUN_TEST(gpt_attention_blocks_match_naive_and_finite_differences);
     RUN_TEST(gpt_attention_dropout_reproducible);
     RUN_TEST(gpt_attention_threads_bit_identical);
     RUN_TEST(gpt_attention_matches_pytorch_fixture);
