@@ -40,8 +40,9 @@
 
    Pinning is the caller's: nice -n -10 taskset -c 1 ./build/bench_gpt for one core (the
    2-thread rows then share it), taskset -c 0,1 for two.
-   make build/bench_gpt && ./build/bench_gpt [quick]
-   quick: 1 round of 3 steps per configuration. */
+   make build/bench_gpt && ./build/bench_gpt [quick] [1 | 2]
+   quick: 1 round of 3 steps per configuration; 1 or 2: only the rows of that many threads
+   (taskset -c 1 ./build/bench_gpt 1: the one-thread rows alone on one core). */
 
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
@@ -200,8 +201,8 @@ int main(int argc, char **argv)
                                {true, 1, {0}, {0}, {0}, 0, 0, 0, 0},
                                {true, 2, {0}, {0}, {0}, 0, 0, 0, 0}};
     pdp_bf16_path path = pdp_bf16_best_path();
-    bool quick = argc > 1 && !strcmp(argv[1], "quick"), have_torch;
-    int reps = quick ? 3 : REPS, rounds = quick ? 1 : ROUNDS, i, r, k;
+    bool quick = false, have_torch;
+    int reps, rounds, i, r, k, only = 0; /* only: run just the rows of that many threads */
     double peak32 = 0.0, peak16 = 0.0, ours[NCONF], torch[NCONF], t0 = bench_now();
     double flops = step_flops(), tokens = (double)B * T;
     char cpu[320];
@@ -209,6 +210,16 @@ int main(int argc, char **argv)
     FILE *f;
     if (!(f = fopen(script, "r"))) script = "../bench/gpt_torch.py";
     else fclose(f);
+    for (i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "quick")) quick = true;
+        else if (!strcmp(argv[i], "1") || !strcmp(argv[i], "2")) only = atoi(argv[i]);
+        else {
+            fprintf(stderr, "usage: bench_gpt [quick] [1 | 2]\n");
+            return 2;
+        }
+    }
+    reps = quick ? 3 : REPS;
+    rounds = quick ? 1 : ROUNDS;
 
     measure_peaks(path, &peak32, &peak16);
     printf("GPT training step (forward, cross-entropy, backward, AdamW, zero_grad) on %s: "
@@ -223,6 +234,7 @@ int main(int argc, char **argv)
     have_torch = system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
     for (r = 0; r < rounds; r++) {
         for (i = 0; i < NCONF; i++) {
+            if (only && cs[i].threads != only) continue;
             cs[i].ours[r] = bench_ours(&cs[i], reps);
             pdp_shutdown_threads(); /* no pdp workers alive while PyTorch runs */
             if (have_torch) cs[i].torch[r] = bench_torch(&cs[i], reps, script);
@@ -243,6 +255,7 @@ int main(int argc, char **argv)
         double pk = (cs[i].bf16 ? peak16 : peak32) * cs[i].threads;
         double target = cs[i].bf16 ? 1.0 : cs[i].threads == 1 ? 1.3 : 0.0;
         char tg[16] = "-";
+        if (ours[i] <= 0) continue; /* not run */
         if (target > 0) snprintf(tg, sizeof tg, "%.1fx", target);
         printf("%-4s %3d | %8.0f %8.0f %5.1f%% |", cs[i].bf16 ? "bf16" : "fp32", cs[i].threads,
                ours[i], tokens / ours[i] * 1e3,
@@ -257,8 +270,8 @@ int main(int argc, char **argv)
     printf("ratio: pytorch ms / pdp ms (above 1: pdp faster); target: the issue's; %%peak: the "
            "step's products / time / (threads x the peak: fp32 FMA, or the bf16 path's); alloc: "
            "PDP_MALLOC calls in the %ld timed steps (after 2 warm-up steps)\n",
-           cs[0].timed_steps);
-    for (k = 0; k < 2; k++) { /* pdp's 2 threads over its 1 thread, fp32 then bf16 */
+           cs[only == 2 ? 1 : 0].timed_steps);
+    for (k = 0; k < 2 && !only; k++) { /* pdp's 2 threads over its 1 thread, fp32, bf16 */
         double s = ours[2 * k] / ours[2 * k + 1];
         printf("%s 2 threads / 1 thread: pdp %.2fx (target 1.8x: %s)", k ? "bf16" : "fp32", s,
                s >= 1.8 ? "met" : "NOT met");
@@ -275,6 +288,7 @@ int main(int argc, char **argv)
     printf("\n");
     for (i = 0; i < NCONF; i++) {
         double n = (double)(cs[i].prof_steps ? cs[i].prof_steps : 1), known = 0.0;
+        if (!cs[i].prof_steps) continue;
         for (k = 0; k < K_REST; k++) known += cs[i].kind_s[k];
         cs[i].kind_s[K_REST] = cs[i].wall_s - known;
         printf("%-4s %3d |", cs[i].bf16 ? "bf16" : "fp32", cs[i].threads);
