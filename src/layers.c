@@ -157,8 +157,9 @@ PDP__PRIVATE void pdp__layers_mul(const float *PDP__RESTRICT a, const float *PDP
    math.h's pdp__gelu and pdp__gelu_grad (x / (1 + e), e = exp(-2u)) on 16 (AVX-512F)
    or 8 (AVX2 + FMA) lanes: the same operations in the same order, with an exp of
    their own (Cephes's expf: n = round(z log2 e), r = z - n ln 2 in two FMAs, e^r by
-   its degree-7 polynomial, 2^n into the exponent bits; z clamped to [-87, 88], which
-   the |u| <= 44 the formula uses never leaves). Both widths run the same instruction
+   its degree-7 polynomial, 2^n into the exponent bits; z clamped to [-87, 88]: the
+   formula uses z = -2u in [-88, 88], and below -87 e only enters 1 + e and 2 x du e s
+   beside 1, which e^-87 leaves unchanged in fp32). Both widths run the same instruction
    sequence lane by lane, so they give the same bits (tests/test_gpt_kernels.c holds
    them to that, and both, with the scalar helpers, to a double-precision reference).
    The tail of a range runs through the same vector code (masked loads and stores, or a
