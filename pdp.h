@@ -13695,6 +13695,13 @@ PDP__PRIVATE void pdp__layers_add(float *PDP__RESTRICT acc, const float *PDP__RE
     PDP__FOR_BLOCKED(i, n, acc[i] += x[i];);
 }
 
+/* out = a + b in one pass (the residual stream's add: the bits of out = a; out += b). */
+PDP__PRIVATE void pdp__layers_add2(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
+                                   float *PDP__RESTRICT out, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, out[i] = a[i] + b[i];);
+}
+
 PDP__PRIVATE void pdp__layers_relu(const float *PDP__RESTRICT x, float *PDP__RESTRICT y, int64_t n)
 {
     PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(x[i]););
@@ -16402,17 +16409,14 @@ PDP__PRIVATE pdp_status pdp__residual_backward(const pdp__layer *l, const pdp__l
 {
     int64_t n = io->batch * l->in_count;
     if (!io->dx) return PDP_OK;
-    memcpy(io->dx, io->dy, (size_t)n * sizeof(float));
-    pdp__layers_add(io->dx, io->dskip, n);
+    pdp__layers_add2(io->dy, io->dskip, io->dx, n);
     return PDP_OK;
 }
 
 /* ResidualAdd: y = x + skip; backward dx = dy and dskip = dy */
 PDP__PRIVATE pdp_status pdp__residual_add_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t n = io->batch * l->in_count;
-    memcpy(io->y, io->x, (size_t)n * sizeof(float));
-    pdp__layers_add(io->y, io->skip, n);
+    pdp__layers_add2(io->x, io->skip, io->y, io->batch * l->in_count);
     return PDP_OK;
 }
 

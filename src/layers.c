@@ -118,6 +118,13 @@ PDP__PRIVATE void pdp__layers_add(float *PDP__RESTRICT acc, const float *PDP__RE
     PDP__FOR_BLOCKED(i, n, acc[i] += x[i];);
 }
 
+/* out = a + b in one pass (the residual stream's add: the bits of out = a; out += b). */
+PDP__PRIVATE void pdp__layers_add2(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
+                                   float *PDP__RESTRICT out, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, out[i] = a[i] + b[i];);
+}
+
 PDP__PRIVATE void pdp__layers_relu(const float *PDP__RESTRICT x, float *PDP__RESTRICT y, int64_t n)
 {
     PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(x[i]););

@@ -537,17 +537,14 @@ PDP__PRIVATE pdp_status pdp__residual_backward(const pdp__layer *l, const pdp__l
 {
     int64_t n = io->batch * l->in_count;
     if (!io->dx) return PDP_OK;
-    memcpy(io->dx, io->dy, (size_t)n * sizeof(float));
-    pdp__layers_add(io->dx, io->dskip, n);
+    pdp__layers_add2(io->dy, io->dskip, io->dx, n);
     return PDP_OK;
 }
 
 /* ResidualAdd: y = x + skip; backward dx = dy and dskip = dy */
 PDP__PRIVATE pdp_status pdp__residual_add_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t n = io->batch * l->in_count;
-    memcpy(io->y, io->x, (size_t)n * sizeof(float));
-    pdp__layers_add(io->y, io->skip, n);
+    pdp__layers_add2(io->x, io->skip, io->y, io->batch * l->in_count);
     return PDP_OK;
 }
 

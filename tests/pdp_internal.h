@@ -3858,6 +3858,10 @@ PDP__PRIVATE double pdp__layers_dot3(const float *PDP__RESTRICT a, const float *
    gcc 12). Element by element, so the bits are the scalar loop's. */
 PDP__PRIVATE void pdp__layers_add(float *PDP__RESTRICT acc, const float *PDP__RESTRICT x, int64_t n);
 
+/* out = a + b in one pass (the residual stream's add: the bits of out = a; out += b). */
+PDP__PRIVATE void pdp__layers_add2(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
+                                   float *PDP__RESTRICT out, int64_t n);
+
 PDP__PRIVATE void pdp__layers_relu(const float *PDP__RESTRICT x, float *PDP__RESTRICT y, int64_t n);
 
 /* dx = dy where y > 0 (pdp__relu_grad), and its mirror for tanh, sigmoid (from y)
