@@ -13760,14 +13760,20 @@ PDP__PRIVATE void pdp__layers_mul(const float *PDP__RESTRICT a, const float *PDP
                 p3 = 4.1665795894e-2f, p4 = 1.6666665459e-1f, p5 = 5.0000001201e-1f
 
 /* e^z, z in [-87, 88] after the clamp; lane by lane. */
+/* The zero-masking forms, every lane kept, of min, max, roundscale, cvtps and slli: GCC's
+   headers give the plain forms an _mm512_undefined_*() merge source that g++ reports as
+   -Wmaybe-uninitialized (as gemm_bf16.c's PDP__BF16_UNPACKLO32 says); the same
+   instructions. */
+#  define PDP__ALL16 ((__mmask16)0xffff)
 PDP__GELU_512 static inline __m512 pdp__exp16(__m512 z)
 {
     PDP__GELU_EXP_CONSTANTS;
     __m512 n, r, r2, p;
     __m512i bits;
-    z = _mm512_min_ps(_mm512_max_ps(z, _mm512_set1_ps(lo)), _mm512_set1_ps(hi));
-    n = _mm512_roundscale_ps(_mm512_mul_ps(z, _mm512_set1_ps(log2e)),
-                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    z = _mm512_maskz_min_ps(PDP__ALL16, _mm512_maskz_max_ps(PDP__ALL16, z, _mm512_set1_ps(lo)),
+                            _mm512_set1_ps(hi));
+    n = _mm512_maskz_roundscale_ps(PDP__ALL16, _mm512_mul_ps(z, _mm512_set1_ps(log2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(ln2_hi), z);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(ln2_lo), r);
     r2 = _mm512_mul_ps(r, r);
@@ -13777,7 +13783,9 @@ PDP__GELU_512 static inline __m512 pdp__exp16(__m512 z)
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(p4));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(p5));
     p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    bits = _mm512_maskz_slli_epi32(
+        PDP__ALL16,
+        _mm512_add_epi32(_mm512_maskz_cvtps_epi32(PDP__ALL16, n), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
 }
 
@@ -13920,6 +13928,7 @@ PDP__GELU_256 PDP__PRIVATE void pdp__exp_shift_avx2(const float *x, float shift,
 }
 
 #  undef PDP__GELU_EXP_CONSTANTS
+#  undef PDP__ALL16
 #  undef PDP__GELU_512
 #  undef PDP__GELU_256
 #endif

@@ -3902,6 +3902,11 @@ PDP__PRIVATE void pdp__layers_mul(const float *PDP__RESTRICT a, const float *PDP
                 p3 = 4.1665795894e-2f, p4 = 1.6666665459e-1f, p5 = 5.0000001201e-1f
 
 /* e^z, z in [-87, 88] after the clamp; lane by lane. */
+/* The zero-masking forms, every lane kept, of min, max, roundscale, cvtps and slli: GCC's
+   headers give the plain forms an _mm512_undefined_*() merge source that g++ reports as
+   -Wmaybe-uninitialized (as gemm_bf16.c's PDP__BF16_UNPACKLO32 says); the same
+   instructions. */
+#  define PDP__ALL16 ((__mmask16)0xffff)
 
 /* GELU of 16 lanes (dy NULL: y = gelu(x)) or its gradient (out = dy gelu'(x)). */
 
@@ -3919,6 +3924,7 @@ PDP__GELU_256 PDP__PRIVATE void pdp__exp_shift_avx2(const float *x, float shift,
                                                     int64_t n);
 
 #  undef PDP__GELU_EXP_CONSTANTS
+#  undef PDP__ALL16
 #  undef PDP__GELU_512
 #  undef PDP__GELU_256
 #endif
