@@ -3639,21 +3639,37 @@ static inline PDP__HOSTDEV float pdp__relu(float x) { return x <= 0.0f ? 0.0f : 
 static inline PDP__HOSTDEV float pdp__relu_grad(float dy, float y) { return y <= 0.0f ? 0.0f : dy; }
 
 /* GELU, tanh approximation (PyTorch's approximate='tanh', Hendrycks and Gimpel
-   2016): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3). */
+   2016): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as the
+   same function x sigmoid(2u) = x / (1 + e), e = exp(-2u): 1 + tanh(u) cancels for
+   x < 0 (tanhf's error relative to 1 + tanh(u) grows as e^(2|u|): PyTorch's
+   gelu(-5) is 30% off), the quotient does not. Where e overflows (u < -44) the value
+   is x 0 (-0, and NaN for -inf, as PyTorch's); NaN gives NaN. layers.c's vectorised
+   kernels compute the same formula, operation by operation, with their own exp. */
 #define PDP__GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
 #define PDP__GELU_A 0.044715f
+#define PDP__GELU_UMAX 44.0f /* |u| beyond which e = exp(-2u) overflows or is < 2^-126 */
+static inline PDP__HOSTDEV float pdp__gelu_u(float x)
+{
+    return PDP__GELU_C * (x + PDP__GELU_A * (x * x) * x);
+}
 static inline PDP__HOSTDEV float pdp__gelu(float x)
 {
-    float u = PDP__GELU_C * (x + PDP__GELU_A * x * x * x);
-    return 0.5f * x * (1.0f + tanhf(u));
+    float u = pdp__gelu_u(x);
+    return u < -PDP__GELU_UMAX ? x * 0.0f : x / (1.0f + expf(-2.0f * u));
 }
-/* d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx, t = tanh(u), du/dx = c (1 + 3 a x^2). */
+/* d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx, t = tanh(u), du/dx = c (1 + 3 a x^2);
+   with s = sigmoid(2u) = 1 / (1 + e), 0.5 (1 + t) = s and 1 - t^2 = 4 s (1 - s) =
+   4 s e s: d/dx = s (1 + 2 x du/dx e s). Beyond |u| = 44 the limits 1 (x > 0) and 0
+   (x < 0), which ±inf gets too (the formula would give inf 0 = NaN there). */
 static inline PDP__HOSTDEV float pdp__gelu_grad(float dy, float x)
 {
-    float x2 = x * x;
-    float t = tanhf(PDP__GELU_C * (x + PDP__GELU_A * x2 * x));
-    float du = PDP__GELU_C * (1.0f + 3.0f * PDP__GELU_A * x2);
-    return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+    float u = pdp__gelu_u(x), e, s, du;
+    if (u > PDP__GELU_UMAX) return dy;
+    if (u < -PDP__GELU_UMAX) return dy * 0.0f;
+    e = expf(-2.0f * u);
+    s = 1.0f / (1.0f + e);
+    du = PDP__GELU_C * (1.0f + 3.0f * PDP__GELU_A * (x * x));
+    return dy * (s * (1.0f + 2.0f * x * du * (e * s)));
 }
 
 static inline PDP__HOSTDEV float pdp__tanh_grad(float dy, float y) { return dy * (1.0f - y * y); }
@@ -13908,6 +13924,13 @@ PDP__PRIVATE void pdp__layers_add(float *PDP__RESTRICT acc, const float *PDP__RE
     PDP__FOR_BLOCKED(i, n, acc[i] += x[i];);
 }
 
+/* out = a + b in one pass (the residual stream's add: the bits of out = a; out += b). */
+PDP__PRIVATE void pdp__layers_add2(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
+                                   float *PDP__RESTRICT out, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, out[i] = a[i] + b[i];);
+}
+
 PDP__PRIVATE void pdp__layers_relu(const float *PDP__RESTRICT x, float *PDP__RESTRICT y, int64_t n)
 {
     PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(x[i]););
@@ -13941,6 +13964,261 @@ PDP__PRIVATE void pdp__layers_mul(const float *PDP__RESTRICT a, const float *PDP
                                   float *PDP__RESTRICT out, int64_t n)
 {
     PDP__FOR_BLOCKED(i, n, out[i] = a[i] * b[i];);
+}
+
+/* ---- layers: GELU, vectorised ----
+   math.h's pdp__gelu and pdp__gelu_grad (x / (1 + e), e = exp(-2u)) on 16 (AVX-512F)
+   or 8 (AVX2 + FMA) lanes: the same operations in the same order, with an exp of
+   their own (Cephes's expf: n = round(z log2 e), r = z - n ln 2 in two FMAs, e^r by
+   its degree-7 polynomial, 2^n into the exponent bits; z clamped to [-87, 88]: the
+   formula uses z = -2u in [-88, 88], and below -87 e only enters 1 + e and 2 x du e s
+   beside 1, which e^-87 leaves unchanged in fp32). Both widths run the same instruction
+   sequence lane by lane, so they give the same bits (tests/test_gpt_kernels.c holds
+   them to that, and both, with the scalar helpers, to a double-precision reference).
+   The tail of a range runs through the same vector code (masked loads and stores, or a
+   zero-padded copy), so an element's bits do not depend on where a split falls. The
+   width is chosen at run time from gemm_bf16.c's CPUID check (compiled under target
+   attributes, so a plain x86-64 build has both); without them, math.h's helpers. */
+#if PDP__BF16_X86
+#  define PDP__GELU_512 __attribute__((target("avx512f")))
+#  define PDP__GELU_256 __attribute__((target("avx2,fma")))
+#  define PDP__GELU_EXP_CONSTANTS                                                            \
+    const float lo = -87.0f, hi = 88.0f, log2e = 1.44269504088896341f;                     \
+    const float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;                            \
+    const float p0 = 1.9875691500e-4f, p1 = 1.3981999507e-3f, p2 = 8.3334519073e-3f,       \
+                p3 = 4.1665795894e-2f, p4 = 1.6666665459e-1f, p5 = 5.0000001201e-1f
+
+/* e^z, z in [-87, 88] after the clamp; lane by lane. */
+/* The zero-masking forms, every lane kept, of min, max, roundscale, cvtps and slli: GCC's
+   headers give the plain forms an _mm512_undefined_*() merge source that g++ reports as
+   -Wmaybe-uninitialized (as gemm_bf16.c's PDP__BF16_UNPACKLO32 says); the same
+   instructions. */
+#  define PDP__ALL16 ((__mmask16)0xffff)
+PDP__GELU_512 static inline __m512 pdp__exp16(__m512 z)
+{
+    PDP__GELU_EXP_CONSTANTS;
+    __m512 n, r, r2, p;
+    __m512i bits;
+    z = _mm512_maskz_min_ps(PDP__ALL16, _mm512_maskz_max_ps(PDP__ALL16, z, _mm512_set1_ps(lo)),
+                            _mm512_set1_ps(hi));
+    n = _mm512_maskz_roundscale_ps(PDP__ALL16, _mm512_mul_ps(z, _mm512_set1_ps(log2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(ln2_hi), z);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(ln2_lo), r);
+    r2 = _mm512_mul_ps(r, r);
+    p = _mm512_fmadd_ps(_mm512_set1_ps(p0), r, _mm512_set1_ps(p1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(p2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(p3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(p4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(p5));
+    p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    bits = _mm512_maskz_slli_epi32(
+        PDP__ALL16,
+        _mm512_add_epi32(_mm512_maskz_cvtps_epi32(PDP__ALL16, n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+/* GELU of 16 lanes (dy NULL: y = gelu(x)) or its gradient (out = dy gelu'(x)). */
+PDP__GELU_512 static inline __m512 pdp__gelu16(__m512 x, const __m512 *dy)
+{
+    const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    __m512 x2 = _mm512_mul_ps(x, x), u, e, s, du, g;
+    __mmask16 big, small;
+    u = _mm512_mul_ps(_mm512_set1_ps(PDP__GELU_C),
+                      _mm512_add_ps(x, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(PDP__GELU_A),
+                                                                   x2), x)));
+    big = _mm512_cmp_ps_mask(u, _mm512_set1_ps(PDP__GELU_UMAX), _CMP_GT_OQ);
+    small = _mm512_cmp_ps_mask(u, _mm512_set1_ps(-PDP__GELU_UMAX), _CMP_LT_OQ);
+    e = pdp__exp16(_mm512_mul_ps(_mm512_set1_ps(-2.0f), u));
+    if (!dy) /* x / (1 + e); x 0 where e overflows */
+        return _mm512_mask_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), small, x, zero);
+    s = _mm512_div_ps(one, _mm512_add_ps(one, e));
+    du = _mm512_mul_ps(_mm512_set1_ps(PDP__GELU_C),
+                       _mm512_add_ps(one, _mm512_mul_ps(_mm512_set1_ps(3.0f * PDP__GELU_A), x2)));
+    g = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), x), du),
+                      _mm512_mul_ps(e, s));
+    g = _mm512_mul_ps(*dy, _mm512_mul_ps(s, _mm512_add_ps(one, g)));
+    g = _mm512_mask_mov_ps(g, big, *dy);
+    return _mm512_mask_mul_ps(g, small, *dy, zero);
+}
+
+PDP__GELU_512 PDP__PRIVATE void pdp__gelu_avx512(const float *x, const float *dy,
+                                                                  float *out, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 g = dy ? _mm512_loadu_ps(dy + i) : _mm512_setzero_ps();
+        _mm512_storeu_ps(out + i, pdp__gelu16(_mm512_loadu_ps(x + i), dy ? &g : NULL));
+    }
+    if (i < n) { /* the tail, masked: the same arithmetic on the lanes that exist */
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        __m512 g = dy ? _mm512_maskz_loadu_ps(m, dy + i) : _mm512_setzero_ps();
+        _mm512_mask_storeu_ps(out + i, m, pdp__gelu16(_mm512_maskz_loadu_ps(m, x + i),
+                                                       dy ? &g : NULL));
+    }
+}
+
+PDP__GELU_256 static inline __m256 pdp__exp8(__m256 z)
+{
+    PDP__GELU_EXP_CONSTANTS;
+    __m256 n, r, r2, p;
+    __m256i bits;
+    z = _mm256_min_ps(_mm256_max_ps(z, _mm256_set1_ps(lo)), _mm256_set1_ps(hi));
+    n = _mm256_round_ps(_mm256_mul_ps(z, _mm256_set1_ps(log2e)),
+                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(ln2_hi), z);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(ln2_lo), r);
+    r2 = _mm256_mul_ps(r, r);
+    p = _mm256_fmadd_ps(_mm256_set1_ps(p0), r, _mm256_set1_ps(p1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(p2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(p3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(p4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(p5));
+    p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+PDP__GELU_256 static inline __m256 pdp__gelu8(__m256 x, const __m256 *dy)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    __m256 x2 = _mm256_mul_ps(x, x), u, e, s, du, g, big, small;
+    u = _mm256_mul_ps(_mm256_set1_ps(PDP__GELU_C),
+                      _mm256_add_ps(x, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(PDP__GELU_A),
+                                                                   x2), x)));
+    big = _mm256_cmp_ps(u, _mm256_set1_ps(PDP__GELU_UMAX), _CMP_GT_OQ);
+    small = _mm256_cmp_ps(u, _mm256_set1_ps(-PDP__GELU_UMAX), _CMP_LT_OQ);
+    e = pdp__exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), u));
+    if (!dy)
+        return _mm256_blendv_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)),
+                                _mm256_mul_ps(x, zero), small);
+    s = _mm256_div_ps(one, _mm256_add_ps(one, e));
+    du = _mm256_mul_ps(_mm256_set1_ps(PDP__GELU_C),
+                       _mm256_add_ps(one, _mm256_mul_ps(_mm256_set1_ps(3.0f * PDP__GELU_A), x2)));
+    g = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(2.0f), x), du),
+                      _mm256_mul_ps(e, s));
+    g = _mm256_mul_ps(*dy, _mm256_mul_ps(s, _mm256_add_ps(one, g)));
+    g = _mm256_blendv_ps(g, *dy, big);
+    return _mm256_blendv_ps(g, _mm256_mul_ps(*dy, zero), small);
+}
+
+PDP__GELU_256 PDP__PRIVATE void pdp__gelu_avx2(const float *x, const float *dy,
+                                                                float *out, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = dy ? _mm256_loadu_ps(dy + i) : _mm256_setzero_ps();
+        _mm256_storeu_ps(out + i, pdp__gelu8(_mm256_loadu_ps(x + i), dy ? &g : NULL));
+    }
+    if (i < n) { /* the tail through a zero-padded copy: the same arithmetic */
+        float xb[8] = {0}, gb[8] = {0}, ob[8];
+        __m256 g;
+        memcpy(xb, x + i, (size_t)(n - i) * sizeof *xb);
+        if (dy) memcpy(gb, dy + i, (size_t)(n - i) * sizeof *gb);
+        g = _mm256_loadu_ps(gb);
+        _mm256_storeu_ps(ob, pdp__gelu8(_mm256_loadu_ps(xb), dy ? &g : NULL));
+        memcpy(out + i, ob, (size_t)(n - i) * sizeof *ob);
+    }
+}
+/* out = exp(x - shift) for n floats, 0 where x - shift < -87 (the softmax's: its
+   arguments are <= 0, and what falls below e^-87 is nothing beside the row's 1). */
+PDP__GELU_512 PDP__PRIVATE void pdp__exp_shift_avx512(const float *x, float shift, float *out,
+                                                      int64_t n)
+{
+    const __m512 sh = _mm512_set1_ps(shift), lo = _mm512_set1_ps(-87.0f);
+    int64_t i = 0;
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 z = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), sh);
+        __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(z, lo, _CMP_GE_OQ), pdp__exp16(z));
+        _mm512_mask_storeu_ps(out + i, m, e);
+    }
+}
+
+PDP__GELU_256 static inline __m256 pdp__exp_shift8(__m256 x, __m256 shift)
+{
+    __m256 z = _mm256_sub_ps(x, shift);
+    return _mm256_and_ps(_mm256_cmp_ps(z, _mm256_set1_ps(-87.0f), _CMP_GE_OQ), pdp__exp8(z));
+}
+
+PDP__GELU_256 PDP__PRIVATE void pdp__exp_shift_avx2(const float *x, float shift, float *out,
+                                                    int64_t n)
+{
+    const __m256 sh = _mm256_set1_ps(shift);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, pdp__exp_shift8(_mm256_loadu_ps(x + i), sh));
+    if (i < n) { /* the tail through a zero-padded copy */
+        float xb[8] = {0}, ob[8];
+        memcpy(xb, x + i, (size_t)(n - i) * sizeof *xb);
+        _mm256_storeu_ps(ob, pdp__exp_shift8(_mm256_loadu_ps(xb), sh));
+        memcpy(out + i, ob, (size_t)(n - i) * sizeof *ob);
+    }
+}
+
+#  undef PDP__GELU_EXP_CONSTANTS
+#  undef PDP__ALL16
+#  undef PDP__GELU_512
+#  undef PDP__GELU_256
+#endif
+
+/* The width of the vectorised element kernels (the GELU, the softmax's exp): 512
+   (AVX-512F), 256 (AVX2 + FMA) or 0 (scalar: math.h's helpers, expf), the widest the CPU
+   has. */
+PDP__PRIVATE int pdp__layers_simd(void)
+{
+#if PDP__BF16_X86
+    pthread_once(&pdp__bf16_once, pdp__bf16_detect);
+    return pdp__bf16_this.emul512 ? 512 : pdp__bf16_this.emul256 ? 256 : 0;
+#else
+    return 0;
+#endif
+}
+
+/* out = gelu(x) (dy NULL) or out = dy gelu'(x), n floats, on the kernel of width simd
+   (pdp__layers_simd's, or one the CPU has: the tests compare them). */
+PDP__PRIVATE void pdp__layers_gelu_simd_run(int simd, const float *x, const float *dy, float *out,
+                                            int64_t n)
+{
+    int64_t i;
+#if PDP__BF16_X86
+    if (simd == 512) {
+        pdp__gelu_avx512(x, dy, out, n);
+        return;
+    }
+    if (simd == 256) {
+        pdp__gelu_avx2(x, dy, out, n);
+        return;
+    }
+#endif
+    (void)simd;
+    if (dy)
+        for (i = 0; i < n; i++) out[i] = pdp__gelu_grad(dy[i], x[i]);
+    else
+        for (i = 0; i < n; i++) out[i] = pdp__gelu(x[i]);
+}
+
+/* out = exp(x - shift), n floats (out may be x), on the kernel of width simd as
+   pdp__layers_gelu_simd_run; 0 below e^-87 on every width. */
+PDP__PRIVATE void pdp__layers_exp_shift_run(int simd, const float *x, float shift, float *out,
+                                            int64_t n)
+{
+    int64_t i;
+#if PDP__BF16_X86
+    if (simd == 512) {
+        pdp__exp_shift_avx512(x, shift, out, n);
+        return;
+    }
+    if (simd == 256) {
+        pdp__exp_shift_avx2(x, shift, out, n);
+        return;
+    }
+#endif
+    (void)simd;
+    for (i = 0; i < n; i++) {
+        float z = x[i] - shift;
+        out[i] = z < -87.0f ? 0.0f : expf(z);
+    }
 }
 
 /* Parts for a job split by sample: the caller's intra-op threads, at most one
@@ -14265,21 +14543,16 @@ PDP__PRIVATE void pdp__relu_backward_range(const pdp__layer *l, const pdp__layer
 PDP__PRIVATE void pdp__gelu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                           int64_t hi)
 {
-    int64_t n = hi - lo, i;
-    const float *PDP__RESTRICT x = io->x + lo;
-    float *PDP__RESTRICT y = io->y + lo;
     (void)l;
-    for (i = 0; i < n; i++) y[i] = pdp__gelu(x[i]);
+    pdp__layers_gelu_simd_run(pdp__layers_simd(), io->x + lo, NULL, io->y + lo, hi - lo);
 }
 
 PDP__PRIVATE void pdp__gelu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                            int64_t hi)
 {
-    int64_t n = hi - lo, i;
-    const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT dy = io->dy + lo;
-    float *PDP__RESTRICT dx = io->dx + lo;
     (void)l;
-    for (i = 0; i < n; i++) dx[i] = pdp__gelu_grad(dy[i], x[i]);
+    pdp__layers_gelu_simd_run(pdp__layers_simd(), io->x + lo, io->dy + lo, io->dx + lo,
+                              hi - lo);
 }
 
 PDP__PRIVATE void pdp__tanh_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
@@ -14535,6 +14808,37 @@ PDP__PRIVATE pdp_status pdp__dropout_cuda_backward(const pdp__layer *l, const pd
 
 /* ---- layers: LayerNorm ---- */
 
+/* A row's element passes, on restrict parameters so that gcc -O2 vectorises them (over
+   restrict locals such as io->x + s * n it does not: see pdp__layers_add). Element by
+   element, so the bits are the scalar loops'. y = (x - mean) rstd w + b: */
+PDP__PRIVATE void pdp__layers_norm_row(const float *PDP__RESTRICT x, const float *PDP__RESTRICT w,
+                                       const float *PDP__RESTRICT b, float mean, float rstd,
+                                       float *PDP__RESTRICT y, int64_t n)
+{
+    PDP__FOR_BLOCKED(j, n, y[j] = (x[j] - mean) * rstd * w[j] + b[j];);
+}
+
+/* dw += dy xh, db += dy, xh = (x - mean) rstd */
+PDP__PRIVATE void pdp__layers_norm_wgrad(const float *PDP__RESTRICT dy,
+                                         const float *PDP__RESTRICT x, float mean, float rstd,
+                                         float *PDP__RESTRICT dw, float *PDP__RESTRICT db,
+                                         int64_t n)
+{
+    PDP__FOR_BLOCKED(j, n, {
+        dw[j] += dy[j] * ((x[j] - mean) * rstd);
+        db[j] += dy[j];
+    });
+}
+
+/* dx = rstd (dy w - mg - xh mgx) */
+PDP__PRIVATE void pdp__layers_norm_dx(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT w,
+                                      const float *PDP__RESTRICT x, float mean, float rstd,
+                                      float mg, float mgx, float *PDP__RESTRICT dx, int64_t n)
+{
+    PDP__FOR_BLOCKED(j, n, dx[j] = rstd * (dy[j] * w[j] - mg - (x[j] - mean) * rstd * mgx););
+}
+
+
 PDP__PRIVATE pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     if (!(l->eps > 0.0f) || isinf(l->eps))
@@ -14564,48 +14868,108 @@ PDP__PRIVATE void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, p
     }
 }
 
-PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
+/* Rows [lo, hi) of the forward: mean and variance in fixed-order sums (pdp__layers_sum),
+   then the row. */
+PDP__PRIVATE void pdp__layernorm_forward_rows(const pdp__layer *l, const pdp__layer_io *io,
+                                              int64_t n, int64_t lo, int64_t hi)
 {
-    int64_t B = pdp__layer_rows(l, io->batch), n = l->in_count * io->batch / B, s;
-    const float *PDP__RESTRICT w = io->w, *PDP__RESTRICT b = io->b;
-    for (s = 0; s < B; s++) {
-        const float *PDP__RESTRICT x = io->x + s * n;
-        float *PDP__RESTRICT y = io->y + s * n;
+    int64_t s;
+    for (s = lo; s < hi; s++) {
+        const float *x = io->x + s * n;
         float mean = (float)(pdp__layers_sum(x, n) / (double)n);
         double var = pdp__layers_sumsq_dev(x, mean, n) / (double)n;
         float rstd = (float)(1.0 / sqrt(var + (double)l->eps));
-        PDP__FOR_BLOCKED(j, n, y[j] = (x[j] - mean) * rstd * w[j] + b[j];);
+        pdp__layers_norm_row(x, io->w, io->b, mean, rstd, io->y + s * n, n);
         io->saved[2 * s] = mean;
         io->saved[2 * s + 1] = rstd;
     }
-    return PDP_OK;
 }
 
 /* With xh = (x - mean) rstd and g = dy w:
-   dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy.
-   Two passes over each sample, nothing stored. */
+   dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy. */
+PDP__PRIVATE void pdp__layernorm_dx_rows(const pdp__layer_io *io, int64_t n, int64_t lo,
+                                         int64_t hi)
+{
+    int64_t s;
+    for (s = lo; s < hi; s++) {
+        const float *x = io->x + s * n, *dy = io->dy + s * n;
+        float mean = io->saved[2 * s], rstd = io->saved[2 * s + 1], mg, mgx;
+        mg = (float)(pdp__layers_dot(dy, io->w, n) / (double)n);
+        mgx = (float)(pdp__layers_dot3(dy, io->w, x, mean, n) * (double)rstd / (double)n);
+        pdp__layers_norm_dx(dy, io->w, x, mean, rstd, mg, mgx, io->dx + s * n, n);
+    }
+}
+
+/* dw and db, features [lo, hi), summed over every row in row order. */
+PDP__PRIVATE void pdp__layernorm_wgrad_cols(const pdp__layer_io *io, int64_t rows, int64_t n,
+                                            int64_t lo, int64_t hi)
+{
+    int64_t s;
+    for (s = 0; s < rows; s++)
+        pdp__layers_norm_wgrad(io->dy + s * n + lo, io->x + s * n + lo, io->saved[2 * s],
+                               io->saved[2 * s + 1], io->dw + lo, io->db + lo, hi - lo);
+}
+
+/* The intra-op threads split the forward and dx by rows (each row whole) and dw, db by
+   features (each summed over the rows in order), so the bits do not depend on the thread
+   count; small layers (under PDP__ELEMWISE_PAR_MIN floats) stay on the caller. */
+typedef struct pdp__ln_job {
+    const pdp__layer *l;
+    const pdp__layer_io *io;
+    int64_t rows, n;
+} pdp__ln_job;
+
+PDP__PRIVATE int pdp__layernorm_parts(int64_t rows, int64_t n, int64_t items)
+{
+    if (rows * n < PDP__ELEMWISE_PAR_MIN) return 1;
+    return (int)PDP__MAX((int64_t)1, PDP__MIN((int64_t)pdp__threads_for_caller(), items));
+}
+
+PDP__PRIVATE void pdp__layernorm_forward_part(void *arg, int i, int parts)
+{
+    const pdp__ln_job *j = (const pdp__ln_job *)arg;
+    pdp__layernorm_forward_rows(j->l, j->io, j->n, j->rows * i / parts,
+                                j->rows * (i + 1) / parts);
+}
+
+PDP__PRIVATE void pdp__layernorm_dx_part(void *arg, int i, int parts)
+{
+    const pdp__ln_job *j = (const pdp__ln_job *)arg;
+    pdp__layernorm_dx_rows(j->io, j->n, j->rows * i / parts, j->rows * (i + 1) / parts);
+}
+
+/* features in blocks of 16 (whole vectors), the last part takes the rest */
+PDP__PRIVATE void pdp__layernorm_wgrad_part(void *arg, int i, int parts)
+{
+    const pdp__ln_job *j = (const pdp__ln_job *)arg;
+    int64_t blocks = (j->n + 15) / 16;
+    int64_t lo = 16 * (blocks * i / parts), hi = 16 * (blocks * (i + 1) / parts);
+    pdp__layernorm_wgrad_cols(j->io, j->rows, j->n, lo, PDP__MIN(hi, j->n));
+}
+
+PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__ln_job j;
+    j.l = l;
+    j.io = io;
+    j.rows = pdp__layer_rows(l, io->batch);
+    j.n = l->in_count * io->batch / j.rows;
+    pdp__parallel_for(pdp__layernorm_parts(j.rows, j.n, j.rows), pdp__layernorm_forward_part,
+                      &j);
+    return PDP_OK;
+}
+
 PDP__PRIVATE pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t B = pdp__layer_rows(l, io->batch), n = l->in_count * io->batch / B, s;
-    const float *PDP__RESTRICT w = io->w;
-    float *PDP__RESTRICT dw = io->dw, *PDP__RESTRICT db = io->db;
-    for (s = 0; s < B; s++) {
-        const float *PDP__RESTRICT x = io->x + s * n, *PDP__RESTRICT dy = io->dy + s * n;
-        float mean = io->saved[2 * s], rstd = io->saved[2 * s + 1], mg, mgx;
-        PDP__FOR_BLOCKED(j, n, {
-            dw[j] += dy[j] * ((x[j] - mean) * rstd);
-            db[j] += dy[j];
-        });
-        if (!io->dx) continue;
-        mg = (float)(pdp__layers_dot(dy, w, n) / (double)n);
-        mgx = (float)(pdp__layers_dot3(dy, w, x, mean, n) * (double)rstd / (double)n);
-        {
-            float *PDP__RESTRICT dx = io->dx + s * n;
-            PDP__FOR_BLOCKED(j, n, {
-                dx[j] = rstd * (dy[j] * w[j] - mg - (x[j] - mean) * rstd * mgx);
-            });
-        }
-    }
+    pdp__ln_job j;
+    j.l = l;
+    j.io = io;
+    j.rows = pdp__layer_rows(l, io->batch);
+    j.n = l->in_count * io->batch / j.rows;
+    pdp__parallel_for(pdp__layernorm_parts(j.rows, j.n, (j.n + 15) / 16),
+                      pdp__layernorm_wgrad_part, &j);
+    if (io->dx)
+        pdp__parallel_for(pdp__layernorm_parts(j.rows, j.n, j.rows), pdp__layernorm_dx_part, &j);
     return PDP_OK;
 }
 
@@ -15783,7 +16147,8 @@ PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pd
      Computed per (b, h), the pairs split over threads, a step per formula: each product
      one pdp_sgemm on qkv's strided rows (the masked half too: cheaper than T^2 / 2
      separate dot products; inside a part it runs on that part's thread, as threads.c
-     runs a nested job, with gemm.c's bits), the softmax and its backward row by row.
+     runs a nested job, with gemm.c's bits), the softmax and its backward row by row
+     (layers.c's vectorised exp, pdp__layers_exp_shift_run, and its fixed-order sums).
    - LayerNorm over the last dimension of [N, C] rows: layers.c's LayerNorm kernel,
      whose sample is one row (pdp__gpt_layernorm_*).
    - GELU, tanh form: already pdp's GELU (math.h's pdp__gelu and pdp__gelu_grad), and
@@ -15886,6 +16251,7 @@ typedef struct pdp__attn_job {
     float *y, *att_out, *dqkv, *work;
     int64_t B, T, C, H, D;
     float scale;
+    int simd; /* the softmax's exp: layers.c's pdp__layers_simd */
     const pdp__attn_dropout *drop;
 } pdp__attn_job;
 
@@ -15908,45 +16274,84 @@ PDP__PRIVATE void pdp__attn_keep_row(const pdp__attn_job *j, int64_t b, int64_t 
     for (s = 0; s <= t; s++) keep[s] = pdp__dropout_bits(key, base + s) >= thr ? scale : 0.0f;
 }
 
-/* One (b, h) pair, forward, a step per formula: S = Q K^T / sqrt(D) by one GEMM, P row
-   by row, Y = Pd V by one GEMM. w: T (T + 1) floats of work (Pd with dropout, a row of
-   the mask). */
-PDP__PRIVATE void pdp__attn_forward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *w)
+/* A row's passes, on restrict parameters so that gcc -O2 vectorises them (see layers.c's
+   pdp__layers_add); the sums are layers.c's fixed-order ones. The largest of p[0, n): */
+PDP__PRIVATE float pdp__attn_row_max(const float *PDP__RESTRICT p, int64_t n)
 {
-    int64_t T = j->T, C = j->C, D = j->D, C3 = 3 * C, t, s;
-    const float *q = j->qkv + b * T * C3 + h * D, *k = q + C, *v = q + 2 * C; /* row stride 3C */
-    float *P = j->att_out + (b * j->H + h) * T * T, *keep = w + T * T;
-    /* S, all T x T of it: half is masked below, but one GEMM over the strided rows of
-       qkv beats T^2 / 2 separate dot products */
-    pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, T, T, D, j->scale, q, C3, k, C3, 0.0f, P, T);
-    for (t = 0; t < T; t++) {
-        float *p = P + t * T, mx = -HUGE_VALF, sum = 0.0f;
-        /* THE CAUSAL MASK: from here on s runs over 0..t only, so position t never sees a
-           later key; the masked scores are the -inf of the formulas, and their P is the 0
-           written below. */
-        for (s = 0; s <= t; s++) mx = p[s] > mx ? p[s] : mx;
-        /* softmax, safe: exp(S - max) <= 1 cannot overflow (the max's term is 1) */
-        for (s = 0; s <= t; s++) {
-            p[s] = expf(p[s] - mx);
-            sum += p[s];
-        }
-        for (s = 0; s <= t; s++) p[s] /= sum;
-        for (s = t + 1; s < T; s++) p[s] = 0.0f;
-        if (pdp__attn_dropping(j)) { /* Pd = P o M / (1 - p) */
-            pdp__attn_keep_row(j, b, h, t, keep);
-            for (s = 0; s < T; s++) w[t * T + s] = s <= t ? p[s] * keep[s] : 0.0f;
-        }
-    }
-    pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, T, D, T, 1.0f, pdp__attn_dropping(j) ? w : P, T, v, C3,
-              0.0f, j->y + b * T * C + h * D, C);
+    float lane[16], mx;
+    int64_t i = 0;
+    int k;
+    for (k = 0; k < 16; k++) lane[k] = -HUGE_VALF;
+    for (; i + 16 <= n; i += 16)
+        for (k = 0; k < 16; k++) lane[k] = p[i + k] > lane[k] ? p[i + k] : lane[k];
+    for (mx = -HUGE_VALF; i < n; i++) mx = p[i] > mx ? p[i] : mx;
+    for (k = 0; k < 16; k++) mx = lane[k] > mx ? lane[k] : mx;
+    return mx;
 }
 
-/* One (b, h) pair, backward (see the module comment), a step per formula; dqkv's q, k
-   and v columns of this head are written. w: T (T + 1) floats of work (Pd, then dP and
-   dS; a row of the mask). */
+PDP__PRIVATE void pdp__attn_row_div(float *PDP__RESTRICT p, float d, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, p[i] /= d;);
+}
+
+/* dS = P o (dP - rowsum) scale, in place over dP */
+PDP__PRIVATE void pdp__attn_row_dsoftmax(const float *PDP__RESTRICT p, float rowsum, float scale,
+                                         float *PDP__RESTRICT dp, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, dp[i] = p[i] * (dp[i] - rowsum) * scale;);
+}
+
+/* The causal products run in blocks of PDP__ATTN_BLOCK query rows: rows [r0, r1) see keys
+   [0, r1) only, so each block's products stop at column r1 instead of T (at T = 256, 62%
+   of the full T x T products; the masked entries inside a block's columns are 0 in P and
+   dS and add nothing). */
+#ifndef PDP__ATTN_BLOCK
+#  define PDP__ATTN_BLOCK 64
+#endif
+
+/* One (b, h) pair, forward, block by block: S = Q K^T / sqrt(D) by one GEMM, P row by
+   row, Y = Pd V by one GEMM. w: T (T + 1) floats of work (Pd with dropout, a row of the
+   mask). */
+PDP__PRIVATE void pdp__attn_forward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *w)
+{
+    int64_t T = j->T, C = j->C, D = j->D, C3 = 3 * C, t, s, r0, r1;
+    const float *q = j->qkv + b * T * C3 + h * D, *k = q + C, *v = q + 2 * C; /* row stride 3C */
+    float *P = j->att_out + (b * j->H + h) * T * T, *keep = w + T * T;
+    for (r0 = 0; r0 < T; r0 = r1) {
+        r1 = PDP__MIN(r0 + PDP__ATTN_BLOCK, T);
+        /* S[r0:r1, 0:r1]: one GEMM over the strided rows of qkv (the masked corner inside
+           too: cheaper than separate dot products) */
+        pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, r1 - r0, r1, D, j->scale, q + r0 * C3, C3, k, C3,
+                  0.0f, P + r0 * T, T);
+        for (t = r0; t < r1; t++) {
+            float *p = P + t * T;
+            /* THE CAUSAL MASK: from here on the row is p[0..t] only, so position t never
+               sees a later key; the masked scores are the -inf of the formulas, and their P
+               is the 0 written below. */
+            float mx = pdp__attn_row_max(p, t + 1);
+            /* softmax, safe: exp(S - max) <= 1 cannot overflow (the max's term is 1) */
+            pdp__layers_exp_shift_run(j->simd, p, mx, p, t + 1);
+            pdp__attn_row_div(p, (float)pdp__layers_sum(p, t + 1), t + 1);
+            if (t + 1 < T) memset(p + t + 1, 0, (size_t)(T - t - 1) * sizeof *p);
+            if (pdp__attn_dropping(j)) { /* Pd = P o M / (1 - p) */
+                pdp__attn_keep_row(j, b, h, t, keep);
+                for (s = 0; s < T; s++) w[t * T + s] = s <= t ? p[s] * keep[s] : 0.0f;
+            }
+        }
+        /* Y[r0:r1] = Pd[r0:r1, 0:r1] V[0:r1] */
+        pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, r1 - r0, D, r1, 1.0f,
+                  (pdp__attn_dropping(j) ? w : P) + r0 * T, T, v, C3, 0.0f,
+                  j->y + (b * T + r0) * C + h * D, C);
+    }
+}
+
+/* One (b, h) pair, backward (see the module comment), block by block from the last (whose
+   dV and dK products cover every key row and write them) to the first (adding onto rows
+   [0, r1)): a fixed order. dqkv's q, k and v columns of this head are written. w: T (T + 1)
+   floats of work (Pd, then dP and dS; a row of the mask). */
 PDP__PRIVATE void pdp__attn_backward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *w)
 {
-    int64_t T = j->T, C = j->C, D = j->D, C3 = 3 * C, t, s;
+    int64_t T = j->T, C = j->C, D = j->D, C3 = 3 * C, t, s, r0, r1, nb;
     const float *q = j->qkv + b * T * C3 + h * D, *k = q + C, *v = q + 2 * C;
     const float *P = j->att + (b * j->H + h) * T * T;
     const float *dy = j->dy + b * T * C + h * D; /* row stride C */
@@ -15956,25 +16361,35 @@ PDP__PRIVATE void pdp__attn_backward_head(const pdp__attn_job *j, int64_t b, int
             pdp__attn_keep_row(j, b, h, t, keep);
             for (s = 0; s < T; s++) w[t * T + s] = s <= t ? P[t * T + s] * keep[s] : 0.0f;
         }
-    /* dV = Pd^T dY */
-    pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, T, D, T, 1.0f, pdp__attn_dropping(j) ? w : P, T, dy, C,
-              0.0f, dv, C3);
-    /* dPd = dY V^T (over w's Pd, no longer needed) */
-    pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, T, T, D, 1.0f, dy, C, v, C3, 0.0f, w, T);
-    for (t = 0; t < T; t++) { /* row by row: dP = dPd o M / (1 - p), then dS / sqrt(D) */
-        const float *p = P + t * T;
-        float *dp = w + t * T, rowsum = 0.0f;
-        if (pdp__attn_dropping(j)) {
-            pdp__attn_keep_row(j, b, h, t, keep);
-            for (s = 0; s <= t; s++) dp[s] *= keep[s];
+    for (nb = (T + PDP__ATTN_BLOCK - 1) / PDP__ATTN_BLOCK; nb-- > 0;) {
+        float beta = (nb + 1) * PDP__ATTN_BLOCK >= T ? 0.0f : 1.0f; /* the last block */
+        r0 = nb * PDP__ATTN_BLOCK;
+        r1 = PDP__MIN(r0 + PDP__ATTN_BLOCK, T);
+        /* dV[0:r1] (+)= Pd[r0:r1, 0:r1]^T dY[r0:r1] */
+        pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, r1, D, r1 - r0, 1.0f,
+                  (pdp__attn_dropping(j) ? w : P) + r0 * T, T, dy + r0 * C, C, beta, dv, C3);
+        /* dPd[r0:r1, 0:r1] = dY[r0:r1] V[0:r1]^T (over w's Pd rows, used above) */
+        pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, r1 - r0, r1, D, 1.0f, dy + r0 * C, C, v, C3, 0.0f,
+                  w + r0 * T, T);
+        for (t = r0; t < r1; t++) { /* row by row: dP = dPd o M / (1 - p), then dS / sqrt(D) */
+            const float *p = P + t * T;
+            float *dp = w + t * T, rowsum;
+            if (pdp__attn_dropping(j)) {
+                pdp__attn_keep_row(j, b, h, t, keep);
+                for (s = 0; s <= t; s++) dp[s] *= keep[s];
+            }
+            rowsum = (float)pdp__layers_dot(dp, p, t + 1);
+            pdp__attn_row_dsoftmax(p, rowsum, j->scale, dp, t + 1);
+            if (t + 1 < r1) /* masked: no gradient */
+                memset(dp + t + 1, 0, (size_t)(r1 - t - 1) * sizeof *dp);
         }
-        for (s = 0; s <= t; s++) rowsum += dp[s] * p[s];
-        for (s = 0; s <= t; s++) dp[s] = p[s] * (dp[s] - rowsum) * j->scale;
-        for (s = t + 1; s < T; s++) dp[s] = 0.0f; /* masked: no gradient */
+        /* dQ[r0:r1] = dS[r0:r1, 0:r1] K[0:r1] / sqrt(D) (the scale is in dS) */
+        pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, r1 - r0, D, r1, 1.0f, w + r0 * T, T, k, C3, 0.0f,
+                  dq + r0 * C3, C3);
+        /* dK[0:r1] (+)= dS[r0:r1, 0:r1]^T Q[r0:r1] / sqrt(D) */
+        pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, r1, D, r1 - r0, 1.0f, w + r0 * T, T, q + r0 * C3, C3,
+                  beta, dk, C3);
     }
-    /* dQ = dS K / sqrt(D), dK = dS^T Q / sqrt(D) */
-    pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, T, D, T, 1.0f, w, T, k, C3, 0.0f, dq, C3);
-    pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, T, D, T, 1.0f, w, T, q, C3, 0.0f, dk, C3);
 }
 
 /* Part i of n: the (b, h) pairs [B H i / n, B H (i + 1) / n), each computed whole by
@@ -16017,6 +16432,7 @@ PDP__PRIVATE void pdp__attn_job_init(pdp__attn_job *j, int64_t B, int64_t T, int
     j->H = H;
     j->D = C / H;
     j->scale = (float)(1.0 / sqrt((double)j->D));
+    j->simd = pdp__layers_simd();
     j->drop = drop;
     j->work = work;
 }
@@ -16264,17 +16680,14 @@ PDP__PRIVATE pdp_status pdp__residual_backward(const pdp__layer *l, const pdp__l
 {
     int64_t n = io->batch * l->in_count;
     if (!io->dx) return PDP_OK;
-    memcpy(io->dx, io->dy, (size_t)n * sizeof(float));
-    pdp__layers_add(io->dx, io->dskip, n);
+    pdp__layers_add2(io->dy, io->dskip, io->dx, n);
     return PDP_OK;
 }
 
 /* ResidualAdd: y = x + skip; backward dx = dy and dskip = dy */
 PDP__PRIVATE pdp_status pdp__residual_add_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t n = io->batch * l->in_count;
-    memcpy(io->y, io->x, (size_t)n * sizeof(float));
-    pdp__layers_add(io->y, io->skip, n);
+    pdp__layers_add2(io->x, io->skip, io->y, io->batch * l->in_count);
     return PDP_OK;
 }
 

@@ -118,6 +118,13 @@ PDP__PRIVATE void pdp__layers_add(float *PDP__RESTRICT acc, const float *PDP__RE
     PDP__FOR_BLOCKED(i, n, acc[i] += x[i];);
 }
 
+/* out = a + b in one pass (the residual stream's add: the bits of out = a; out += b). */
+PDP__PRIVATE void pdp__layers_add2(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
+                                   float *PDP__RESTRICT out, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, out[i] = a[i] + b[i];);
+}
+
 PDP__PRIVATE void pdp__layers_relu(const float *PDP__RESTRICT x, float *PDP__RESTRICT y, int64_t n)
 {
     PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(x[i]););
@@ -151,6 +158,261 @@ PDP__PRIVATE void pdp__layers_mul(const float *PDP__RESTRICT a, const float *PDP
                                   float *PDP__RESTRICT out, int64_t n)
 {
     PDP__FOR_BLOCKED(i, n, out[i] = a[i] * b[i];);
+}
+
+/* ---- layers: GELU, vectorised ----
+   math.h's pdp__gelu and pdp__gelu_grad (x / (1 + e), e = exp(-2u)) on 16 (AVX-512F)
+   or 8 (AVX2 + FMA) lanes: the same operations in the same order, with an exp of
+   their own (Cephes's expf: n = round(z log2 e), r = z - n ln 2 in two FMAs, e^r by
+   its degree-7 polynomial, 2^n into the exponent bits; z clamped to [-87, 88]: the
+   formula uses z = -2u in [-88, 88], and below -87 e only enters 1 + e and 2 x du e s
+   beside 1, which e^-87 leaves unchanged in fp32). Both widths run the same instruction
+   sequence lane by lane, so they give the same bits (tests/test_gpt_kernels.c holds
+   them to that, and both, with the scalar helpers, to a double-precision reference).
+   The tail of a range runs through the same vector code (masked loads and stores, or a
+   zero-padded copy), so an element's bits do not depend on where a split falls. The
+   width is chosen at run time from gemm_bf16.c's CPUID check (compiled under target
+   attributes, so a plain x86-64 build has both); without them, math.h's helpers. */
+#if PDP__BF16_X86
+#  define PDP__GELU_512 __attribute__((target("avx512f")))
+#  define PDP__GELU_256 __attribute__((target("avx2,fma")))
+#  define PDP__GELU_EXP_CONSTANTS                                                            \
+    const float lo = -87.0f, hi = 88.0f, log2e = 1.44269504088896341f;                     \
+    const float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;                            \
+    const float p0 = 1.9875691500e-4f, p1 = 1.3981999507e-3f, p2 = 8.3334519073e-3f,       \
+                p3 = 4.1665795894e-2f, p4 = 1.6666665459e-1f, p5 = 5.0000001201e-1f
+
+/* e^z, z in [-87, 88] after the clamp; lane by lane. */
+/* The zero-masking forms, every lane kept, of min, max, roundscale, cvtps and slli: GCC's
+   headers give the plain forms an _mm512_undefined_*() merge source that g++ reports as
+   -Wmaybe-uninitialized (as gemm_bf16.c's PDP__BF16_UNPACKLO32 says); the same
+   instructions. */
+#  define PDP__ALL16 ((__mmask16)0xffff)
+PDP__GELU_512 static inline __m512 pdp__exp16(__m512 z)
+{
+    PDP__GELU_EXP_CONSTANTS;
+    __m512 n, r, r2, p;
+    __m512i bits;
+    z = _mm512_maskz_min_ps(PDP__ALL16, _mm512_maskz_max_ps(PDP__ALL16, z, _mm512_set1_ps(lo)),
+                            _mm512_set1_ps(hi));
+    n = _mm512_maskz_roundscale_ps(PDP__ALL16, _mm512_mul_ps(z, _mm512_set1_ps(log2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(ln2_hi), z);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(ln2_lo), r);
+    r2 = _mm512_mul_ps(r, r);
+    p = _mm512_fmadd_ps(_mm512_set1_ps(p0), r, _mm512_set1_ps(p1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(p2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(p3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(p4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(p5));
+    p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    bits = _mm512_maskz_slli_epi32(
+        PDP__ALL16,
+        _mm512_add_epi32(_mm512_maskz_cvtps_epi32(PDP__ALL16, n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+/* GELU of 16 lanes (dy NULL: y = gelu(x)) or its gradient (out = dy gelu'(x)). */
+PDP__GELU_512 static inline __m512 pdp__gelu16(__m512 x, const __m512 *dy)
+{
+    const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    __m512 x2 = _mm512_mul_ps(x, x), u, e, s, du, g;
+    __mmask16 big, small;
+    u = _mm512_mul_ps(_mm512_set1_ps(PDP__GELU_C),
+                      _mm512_add_ps(x, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(PDP__GELU_A),
+                                                                   x2), x)));
+    big = _mm512_cmp_ps_mask(u, _mm512_set1_ps(PDP__GELU_UMAX), _CMP_GT_OQ);
+    small = _mm512_cmp_ps_mask(u, _mm512_set1_ps(-PDP__GELU_UMAX), _CMP_LT_OQ);
+    e = pdp__exp16(_mm512_mul_ps(_mm512_set1_ps(-2.0f), u));
+    if (!dy) /* x / (1 + e); x 0 where e overflows */
+        return _mm512_mask_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), small, x, zero);
+    s = _mm512_div_ps(one, _mm512_add_ps(one, e));
+    du = _mm512_mul_ps(_mm512_set1_ps(PDP__GELU_C),
+                       _mm512_add_ps(one, _mm512_mul_ps(_mm512_set1_ps(3.0f * PDP__GELU_A), x2)));
+    g = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), x), du),
+                      _mm512_mul_ps(e, s));
+    g = _mm512_mul_ps(*dy, _mm512_mul_ps(s, _mm512_add_ps(one, g)));
+    g = _mm512_mask_mov_ps(g, big, *dy);
+    return _mm512_mask_mul_ps(g, small, *dy, zero);
+}
+
+PDP__GELU_512 PDP__PRIVATE void pdp__gelu_avx512(const float *x, const float *dy,
+                                                                  float *out, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 g = dy ? _mm512_loadu_ps(dy + i) : _mm512_setzero_ps();
+        _mm512_storeu_ps(out + i, pdp__gelu16(_mm512_loadu_ps(x + i), dy ? &g : NULL));
+    }
+    if (i < n) { /* the tail, masked: the same arithmetic on the lanes that exist */
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        __m512 g = dy ? _mm512_maskz_loadu_ps(m, dy + i) : _mm512_setzero_ps();
+        _mm512_mask_storeu_ps(out + i, m, pdp__gelu16(_mm512_maskz_loadu_ps(m, x + i),
+                                                       dy ? &g : NULL));
+    }
+}
+
+PDP__GELU_256 static inline __m256 pdp__exp8(__m256 z)
+{
+    PDP__GELU_EXP_CONSTANTS;
+    __m256 n, r, r2, p;
+    __m256i bits;
+    z = _mm256_min_ps(_mm256_max_ps(z, _mm256_set1_ps(lo)), _mm256_set1_ps(hi));
+    n = _mm256_round_ps(_mm256_mul_ps(z, _mm256_set1_ps(log2e)),
+                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(ln2_hi), z);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(ln2_lo), r);
+    r2 = _mm256_mul_ps(r, r);
+    p = _mm256_fmadd_ps(_mm256_set1_ps(p0), r, _mm256_set1_ps(p1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(p2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(p3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(p4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(p5));
+    p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+PDP__GELU_256 static inline __m256 pdp__gelu8(__m256 x, const __m256 *dy)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    __m256 x2 = _mm256_mul_ps(x, x), u, e, s, du, g, big, small;
+    u = _mm256_mul_ps(_mm256_set1_ps(PDP__GELU_C),
+                      _mm256_add_ps(x, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(PDP__GELU_A),
+                                                                   x2), x)));
+    big = _mm256_cmp_ps(u, _mm256_set1_ps(PDP__GELU_UMAX), _CMP_GT_OQ);
+    small = _mm256_cmp_ps(u, _mm256_set1_ps(-PDP__GELU_UMAX), _CMP_LT_OQ);
+    e = pdp__exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), u));
+    if (!dy)
+        return _mm256_blendv_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)),
+                                _mm256_mul_ps(x, zero), small);
+    s = _mm256_div_ps(one, _mm256_add_ps(one, e));
+    du = _mm256_mul_ps(_mm256_set1_ps(PDP__GELU_C),
+                       _mm256_add_ps(one, _mm256_mul_ps(_mm256_set1_ps(3.0f * PDP__GELU_A), x2)));
+    g = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(2.0f), x), du),
+                      _mm256_mul_ps(e, s));
+    g = _mm256_mul_ps(*dy, _mm256_mul_ps(s, _mm256_add_ps(one, g)));
+    g = _mm256_blendv_ps(g, *dy, big);
+    return _mm256_blendv_ps(g, _mm256_mul_ps(*dy, zero), small);
+}
+
+PDP__GELU_256 PDP__PRIVATE void pdp__gelu_avx2(const float *x, const float *dy,
+                                                                float *out, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = dy ? _mm256_loadu_ps(dy + i) : _mm256_setzero_ps();
+        _mm256_storeu_ps(out + i, pdp__gelu8(_mm256_loadu_ps(x + i), dy ? &g : NULL));
+    }
+    if (i < n) { /* the tail through a zero-padded copy: the same arithmetic */
+        float xb[8] = {0}, gb[8] = {0}, ob[8];
+        __m256 g;
+        memcpy(xb, x + i, (size_t)(n - i) * sizeof *xb);
+        if (dy) memcpy(gb, dy + i, (size_t)(n - i) * sizeof *gb);
+        g = _mm256_loadu_ps(gb);
+        _mm256_storeu_ps(ob, pdp__gelu8(_mm256_loadu_ps(xb), dy ? &g : NULL));
+        memcpy(out + i, ob, (size_t)(n - i) * sizeof *ob);
+    }
+}
+/* out = exp(x - shift) for n floats, 0 where x - shift < -87 (the softmax's: its
+   arguments are <= 0, and what falls below e^-87 is nothing beside the row's 1). */
+PDP__GELU_512 PDP__PRIVATE void pdp__exp_shift_avx512(const float *x, float shift, float *out,
+                                                      int64_t n)
+{
+    const __m512 sh = _mm512_set1_ps(shift), lo = _mm512_set1_ps(-87.0f);
+    int64_t i = 0;
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 z = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), sh);
+        __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(z, lo, _CMP_GE_OQ), pdp__exp16(z));
+        _mm512_mask_storeu_ps(out + i, m, e);
+    }
+}
+
+PDP__GELU_256 static inline __m256 pdp__exp_shift8(__m256 x, __m256 shift)
+{
+    __m256 z = _mm256_sub_ps(x, shift);
+    return _mm256_and_ps(_mm256_cmp_ps(z, _mm256_set1_ps(-87.0f), _CMP_GE_OQ), pdp__exp8(z));
+}
+
+PDP__GELU_256 PDP__PRIVATE void pdp__exp_shift_avx2(const float *x, float shift, float *out,
+                                                    int64_t n)
+{
+    const __m256 sh = _mm256_set1_ps(shift);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, pdp__exp_shift8(_mm256_loadu_ps(x + i), sh));
+    if (i < n) { /* the tail through a zero-padded copy */
+        float xb[8] = {0}, ob[8];
+        memcpy(xb, x + i, (size_t)(n - i) * sizeof *xb);
+        _mm256_storeu_ps(ob, pdp__exp_shift8(_mm256_loadu_ps(xb), sh));
+        memcpy(out + i, ob, (size_t)(n - i) * sizeof *ob);
+    }
+}
+
+#  undef PDP__GELU_EXP_CONSTANTS
+#  undef PDP__ALL16
+#  undef PDP__GELU_512
+#  undef PDP__GELU_256
+#endif
+
+/* The width of the vectorised element kernels (the GELU, the softmax's exp): 512
+   (AVX-512F), 256 (AVX2 + FMA) or 0 (scalar: math.h's helpers, expf), the widest the CPU
+   has. */
+PDP__PRIVATE int pdp__layers_simd(void)
+{
+#if PDP__BF16_X86
+    pthread_once(&pdp__bf16_once, pdp__bf16_detect);
+    return pdp__bf16_this.emul512 ? 512 : pdp__bf16_this.emul256 ? 256 : 0;
+#else
+    return 0;
+#endif
+}
+
+/* out = gelu(x) (dy NULL) or out = dy gelu'(x), n floats, on the kernel of width simd
+   (pdp__layers_simd's, or one the CPU has: the tests compare them). */
+PDP__PRIVATE void pdp__layers_gelu_simd_run(int simd, const float *x, const float *dy, float *out,
+                                            int64_t n)
+{
+    int64_t i;
+#if PDP__BF16_X86
+    if (simd == 512) {
+        pdp__gelu_avx512(x, dy, out, n);
+        return;
+    }
+    if (simd == 256) {
+        pdp__gelu_avx2(x, dy, out, n);
+        return;
+    }
+#endif
+    (void)simd;
+    if (dy)
+        for (i = 0; i < n; i++) out[i] = pdp__gelu_grad(dy[i], x[i]);
+    else
+        for (i = 0; i < n; i++) out[i] = pdp__gelu(x[i]);
+}
+
+/* out = exp(x - shift), n floats (out may be x), on the kernel of width simd as
+   pdp__layers_gelu_simd_run; 0 below e^-87 on every width. */
+PDP__PRIVATE void pdp__layers_exp_shift_run(int simd, const float *x, float shift, float *out,
+                                            int64_t n)
+{
+    int64_t i;
+#if PDP__BF16_X86
+    if (simd == 512) {
+        pdp__exp_shift_avx512(x, shift, out, n);
+        return;
+    }
+    if (simd == 256) {
+        pdp__exp_shift_avx2(x, shift, out, n);
+        return;
+    }
+#endif
+    (void)simd;
+    for (i = 0; i < n; i++) {
+        float z = x[i] - shift;
+        out[i] = z < -87.0f ? 0.0f : expf(z);
+    }
 }
 
 /* Parts for a job split by sample: the caller's intra-op threads, at most one
@@ -475,21 +737,16 @@ PDP__PRIVATE void pdp__relu_backward_range(const pdp__layer *l, const pdp__layer
 PDP__PRIVATE void pdp__gelu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                           int64_t hi)
 {
-    int64_t n = hi - lo, i;
-    const float *PDP__RESTRICT x = io->x + lo;
-    float *PDP__RESTRICT y = io->y + lo;
     (void)l;
-    for (i = 0; i < n; i++) y[i] = pdp__gelu(x[i]);
+    pdp__layers_gelu_simd_run(pdp__layers_simd(), io->x + lo, NULL, io->y + lo, hi - lo);
 }
 
 PDP__PRIVATE void pdp__gelu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                            int64_t hi)
 {
-    int64_t n = hi - lo, i;
-    const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT dy = io->dy + lo;
-    float *PDP__RESTRICT dx = io->dx + lo;
     (void)l;
-    for (i = 0; i < n; i++) dx[i] = pdp__gelu_grad(dy[i], x[i]);
+    pdp__layers_gelu_simd_run(pdp__layers_simd(), io->x + lo, io->dy + lo, io->dx + lo,
+                              hi - lo);
 }
 
 PDP__PRIVATE void pdp__tanh_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
@@ -745,6 +1002,37 @@ PDP__PRIVATE pdp_status pdp__dropout_cuda_backward(const pdp__layer *l, const pd
 
 /* ---- layers: LayerNorm ---- */
 
+/* A row's element passes, on restrict parameters so that gcc -O2 vectorises them (over
+   restrict locals such as io->x + s * n it does not: see pdp__layers_add). Element by
+   element, so the bits are the scalar loops'. y = (x - mean) rstd w + b: */
+PDP__PRIVATE void pdp__layers_norm_row(const float *PDP__RESTRICT x, const float *PDP__RESTRICT w,
+                                       const float *PDP__RESTRICT b, float mean, float rstd,
+                                       float *PDP__RESTRICT y, int64_t n)
+{
+    PDP__FOR_BLOCKED(j, n, y[j] = (x[j] - mean) * rstd * w[j] + b[j];);
+}
+
+/* dw += dy xh, db += dy, xh = (x - mean) rstd */
+PDP__PRIVATE void pdp__layers_norm_wgrad(const float *PDP__RESTRICT dy,
+                                         const float *PDP__RESTRICT x, float mean, float rstd,
+                                         float *PDP__RESTRICT dw, float *PDP__RESTRICT db,
+                                         int64_t n)
+{
+    PDP__FOR_BLOCKED(j, n, {
+        dw[j] += dy[j] * ((x[j] - mean) * rstd);
+        db[j] += dy[j];
+    });
+}
+
+/* dx = rstd (dy w - mg - xh mgx) */
+PDP__PRIVATE void pdp__layers_norm_dx(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT w,
+                                      const float *PDP__RESTRICT x, float mean, float rstd,
+                                      float mg, float mgx, float *PDP__RESTRICT dx, int64_t n)
+{
+    PDP__FOR_BLOCKED(j, n, dx[j] = rstd * (dy[j] * w[j] - mg - (x[j] - mean) * rstd * mgx););
+}
+
+
 PDP__PRIVATE pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     if (!(l->eps > 0.0f) || isinf(l->eps))
@@ -774,48 +1062,108 @@ PDP__PRIVATE void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, p
     }
 }
 
-PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
+/* Rows [lo, hi) of the forward: mean and variance in fixed-order sums (pdp__layers_sum),
+   then the row. */
+PDP__PRIVATE void pdp__layernorm_forward_rows(const pdp__layer *l, const pdp__layer_io *io,
+                                              int64_t n, int64_t lo, int64_t hi)
 {
-    int64_t B = pdp__layer_rows(l, io->batch), n = l->in_count * io->batch / B, s;
-    const float *PDP__RESTRICT w = io->w, *PDP__RESTRICT b = io->b;
-    for (s = 0; s < B; s++) {
-        const float *PDP__RESTRICT x = io->x + s * n;
-        float *PDP__RESTRICT y = io->y + s * n;
+    int64_t s;
+    for (s = lo; s < hi; s++) {
+        const float *x = io->x + s * n;
         float mean = (float)(pdp__layers_sum(x, n) / (double)n);
         double var = pdp__layers_sumsq_dev(x, mean, n) / (double)n;
         float rstd = (float)(1.0 / sqrt(var + (double)l->eps));
-        PDP__FOR_BLOCKED(j, n, y[j] = (x[j] - mean) * rstd * w[j] + b[j];);
+        pdp__layers_norm_row(x, io->w, io->b, mean, rstd, io->y + s * n, n);
         io->saved[2 * s] = mean;
         io->saved[2 * s + 1] = rstd;
     }
-    return PDP_OK;
 }
 
 /* With xh = (x - mean) rstd and g = dy w:
-   dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy.
-   Two passes over each sample, nothing stored. */
+   dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy. */
+PDP__PRIVATE void pdp__layernorm_dx_rows(const pdp__layer_io *io, int64_t n, int64_t lo,
+                                         int64_t hi)
+{
+    int64_t s;
+    for (s = lo; s < hi; s++) {
+        const float *x = io->x + s * n, *dy = io->dy + s * n;
+        float mean = io->saved[2 * s], rstd = io->saved[2 * s + 1], mg, mgx;
+        mg = (float)(pdp__layers_dot(dy, io->w, n) / (double)n);
+        mgx = (float)(pdp__layers_dot3(dy, io->w, x, mean, n) * (double)rstd / (double)n);
+        pdp__layers_norm_dx(dy, io->w, x, mean, rstd, mg, mgx, io->dx + s * n, n);
+    }
+}
+
+/* dw and db, features [lo, hi), summed over every row in row order. */
+PDP__PRIVATE void pdp__layernorm_wgrad_cols(const pdp__layer_io *io, int64_t rows, int64_t n,
+                                            int64_t lo, int64_t hi)
+{
+    int64_t s;
+    for (s = 0; s < rows; s++)
+        pdp__layers_norm_wgrad(io->dy + s * n + lo, io->x + s * n + lo, io->saved[2 * s],
+                               io->saved[2 * s + 1], io->dw + lo, io->db + lo, hi - lo);
+}
+
+/* The intra-op threads split the forward and dx by rows (each row whole) and dw, db by
+   features (each summed over the rows in order), so the bits do not depend on the thread
+   count; small layers (under PDP__ELEMWISE_PAR_MIN floats) stay on the caller. */
+typedef struct pdp__ln_job {
+    const pdp__layer *l;
+    const pdp__layer_io *io;
+    int64_t rows, n;
+} pdp__ln_job;
+
+PDP__PRIVATE int pdp__layernorm_parts(int64_t rows, int64_t n, int64_t items)
+{
+    if (rows * n < PDP__ELEMWISE_PAR_MIN) return 1;
+    return (int)PDP__MAX((int64_t)1, PDP__MIN((int64_t)pdp__threads_for_caller(), items));
+}
+
+PDP__PRIVATE void pdp__layernorm_forward_part(void *arg, int i, int parts)
+{
+    const pdp__ln_job *j = (const pdp__ln_job *)arg;
+    pdp__layernorm_forward_rows(j->l, j->io, j->n, j->rows * i / parts,
+                                j->rows * (i + 1) / parts);
+}
+
+PDP__PRIVATE void pdp__layernorm_dx_part(void *arg, int i, int parts)
+{
+    const pdp__ln_job *j = (const pdp__ln_job *)arg;
+    pdp__layernorm_dx_rows(j->io, j->n, j->rows * i / parts, j->rows * (i + 1) / parts);
+}
+
+/* features in blocks of 16 (whole vectors), the last part takes the rest */
+PDP__PRIVATE void pdp__layernorm_wgrad_part(void *arg, int i, int parts)
+{
+    const pdp__ln_job *j = (const pdp__ln_job *)arg;
+    int64_t blocks = (j->n + 15) / 16;
+    int64_t lo = 16 * (blocks * i / parts), hi = 16 * (blocks * (i + 1) / parts);
+    pdp__layernorm_wgrad_cols(j->io, j->rows, j->n, lo, PDP__MIN(hi, j->n));
+}
+
+PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__ln_job j;
+    j.l = l;
+    j.io = io;
+    j.rows = pdp__layer_rows(l, io->batch);
+    j.n = l->in_count * io->batch / j.rows;
+    pdp__parallel_for(pdp__layernorm_parts(j.rows, j.n, j.rows), pdp__layernorm_forward_part,
+                      &j);
+    return PDP_OK;
+}
+
 PDP__PRIVATE pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t B = pdp__layer_rows(l, io->batch), n = l->in_count * io->batch / B, s;
-    const float *PDP__RESTRICT w = io->w;
-    float *PDP__RESTRICT dw = io->dw, *PDP__RESTRICT db = io->db;
-    for (s = 0; s < B; s++) {
-        const float *PDP__RESTRICT x = io->x + s * n, *PDP__RESTRICT dy = io->dy + s * n;
-        float mean = io->saved[2 * s], rstd = io->saved[2 * s + 1], mg, mgx;
-        PDP__FOR_BLOCKED(j, n, {
-            dw[j] += dy[j] * ((x[j] - mean) * rstd);
-            db[j] += dy[j];
-        });
-        if (!io->dx) continue;
-        mg = (float)(pdp__layers_dot(dy, w, n) / (double)n);
-        mgx = (float)(pdp__layers_dot3(dy, w, x, mean, n) * (double)rstd / (double)n);
-        {
-            float *PDP__RESTRICT dx = io->dx + s * n;
-            PDP__FOR_BLOCKED(j, n, {
-                dx[j] = rstd * (dy[j] * w[j] - mg - (x[j] - mean) * rstd * mgx);
-            });
-        }
-    }
+    pdp__ln_job j;
+    j.l = l;
+    j.io = io;
+    j.rows = pdp__layer_rows(l, io->batch);
+    j.n = l->in_count * io->batch / j.rows;
+    pdp__parallel_for(pdp__layernorm_parts(j.rows, j.n, (j.n + 15) / 16),
+                      pdp__layernorm_wgrad_part, &j);
+    if (io->dx)
+        pdp__parallel_for(pdp__layernorm_parts(j.rows, j.n, j.rows), pdp__layernorm_dx_part, &j);
     return PDP_OK;
 }
 

@@ -31,7 +31,8 @@
      Computed per (b, h), the pairs split over threads, a step per formula: each product
      one pdp_sgemm on qkv's strided rows (the masked half too: cheaper than T^2 / 2
      separate dot products; inside a part it runs on that part's thread, as threads.c
-     runs a nested job, with gemm.c's bits), the softmax and its backward row by row.
+     runs a nested job, with gemm.c's bits), the softmax and its backward row by row
+     (layers.c's vectorised exp, pdp__layers_exp_shift_run, and its fixed-order sums).
    - LayerNorm over the last dimension of [N, C] rows: layers.c's LayerNorm kernel,
      whose sample is one row (pdp__gpt_layernorm_*).
    - GELU, tanh form: already pdp's GELU (math.h's pdp__gelu and pdp__gelu_grad), and
@@ -134,6 +135,7 @@ typedef struct pdp__attn_job {
     float *y, *att_out, *dqkv, *work;
     int64_t B, T, C, H, D;
     float scale;
+    int simd; /* the softmax's exp: layers.c's pdp__layers_simd */
     const pdp__attn_dropout *drop;
 } pdp__attn_job;
 
@@ -156,45 +158,84 @@ PDP__PRIVATE void pdp__attn_keep_row(const pdp__attn_job *j, int64_t b, int64_t 
     for (s = 0; s <= t; s++) keep[s] = pdp__dropout_bits(key, base + s) >= thr ? scale : 0.0f;
 }
 
-/* One (b, h) pair, forward, a step per formula: S = Q K^T / sqrt(D) by one GEMM, P row
-   by row, Y = Pd V by one GEMM. w: T (T + 1) floats of work (Pd with dropout, a row of
-   the mask). */
-PDP__PRIVATE void pdp__attn_forward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *w)
+/* A row's passes, on restrict parameters so that gcc -O2 vectorises them (see layers.c's
+   pdp__layers_add); the sums are layers.c's fixed-order ones. The largest of p[0, n): */
+PDP__PRIVATE float pdp__attn_row_max(const float *PDP__RESTRICT p, int64_t n)
 {
-    int64_t T = j->T, C = j->C, D = j->D, C3 = 3 * C, t, s;
-    const float *q = j->qkv + b * T * C3 + h * D, *k = q + C, *v = q + 2 * C; /* row stride 3C */
-    float *P = j->att_out + (b * j->H + h) * T * T, *keep = w + T * T;
-    /* S, all T x T of it: half is masked below, but one GEMM over the strided rows of
-       qkv beats T^2 / 2 separate dot products */
-    pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, T, T, D, j->scale, q, C3, k, C3, 0.0f, P, T);
-    for (t = 0; t < T; t++) {
-        float *p = P + t * T, mx = -HUGE_VALF, sum = 0.0f;
-        /* THE CAUSAL MASK: from here on s runs over 0..t only, so position t never sees a
-           later key; the masked scores are the -inf of the formulas, and their P is the 0
-           written below. */
-        for (s = 0; s <= t; s++) mx = p[s] > mx ? p[s] : mx;
-        /* softmax, safe: exp(S - max) <= 1 cannot overflow (the max's term is 1) */
-        for (s = 0; s <= t; s++) {
-            p[s] = expf(p[s] - mx);
-            sum += p[s];
-        }
-        for (s = 0; s <= t; s++) p[s] /= sum;
-        for (s = t + 1; s < T; s++) p[s] = 0.0f;
-        if (pdp__attn_dropping(j)) { /* Pd = P o M / (1 - p) */
-            pdp__attn_keep_row(j, b, h, t, keep);
-            for (s = 0; s < T; s++) w[t * T + s] = s <= t ? p[s] * keep[s] : 0.0f;
-        }
-    }
-    pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, T, D, T, 1.0f, pdp__attn_dropping(j) ? w : P, T, v, C3,
-              0.0f, j->y + b * T * C + h * D, C);
+    float lane[16], mx;
+    int64_t i = 0;
+    int k;
+    for (k = 0; k < 16; k++) lane[k] = -HUGE_VALF;
+    for (; i + 16 <= n; i += 16)
+        for (k = 0; k < 16; k++) lane[k] = p[i + k] > lane[k] ? p[i + k] : lane[k];
+    for (mx = -HUGE_VALF; i < n; i++) mx = p[i] > mx ? p[i] : mx;
+    for (k = 0; k < 16; k++) mx = lane[k] > mx ? lane[k] : mx;
+    return mx;
 }
 
-/* One (b, h) pair, backward (see the module comment), a step per formula; dqkv's q, k
-   and v columns of this head are written. w: T (T + 1) floats of work (Pd, then dP and
-   dS; a row of the mask). */
+PDP__PRIVATE void pdp__attn_row_div(float *PDP__RESTRICT p, float d, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, p[i] /= d;);
+}
+
+/* dS = P o (dP - rowsum) scale, in place over dP */
+PDP__PRIVATE void pdp__attn_row_dsoftmax(const float *PDP__RESTRICT p, float rowsum, float scale,
+                                         float *PDP__RESTRICT dp, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, dp[i] = p[i] * (dp[i] - rowsum) * scale;);
+}
+
+/* The causal products run in blocks of PDP__ATTN_BLOCK query rows: rows [r0, r1) see keys
+   [0, r1) only, so each block's products stop at column r1 instead of T (at T = 256, 62%
+   of the full T x T products; the masked entries inside a block's columns are 0 in P and
+   dS and add nothing). */
+#ifndef PDP__ATTN_BLOCK
+#  define PDP__ATTN_BLOCK 64
+#endif
+
+/* One (b, h) pair, forward, block by block: S = Q K^T / sqrt(D) by one GEMM, P row by
+   row, Y = Pd V by one GEMM. w: T (T + 1) floats of work (Pd with dropout, a row of the
+   mask). */
+PDP__PRIVATE void pdp__attn_forward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *w)
+{
+    int64_t T = j->T, C = j->C, D = j->D, C3 = 3 * C, t, s, r0, r1;
+    const float *q = j->qkv + b * T * C3 + h * D, *k = q + C, *v = q + 2 * C; /* row stride 3C */
+    float *P = j->att_out + (b * j->H + h) * T * T, *keep = w + T * T;
+    for (r0 = 0; r0 < T; r0 = r1) {
+        r1 = PDP__MIN(r0 + PDP__ATTN_BLOCK, T);
+        /* S[r0:r1, 0:r1]: one GEMM over the strided rows of qkv (the masked corner inside
+           too: cheaper than separate dot products) */
+        pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, r1 - r0, r1, D, j->scale, q + r0 * C3, C3, k, C3,
+                  0.0f, P + r0 * T, T);
+        for (t = r0; t < r1; t++) {
+            float *p = P + t * T;
+            /* THE CAUSAL MASK: from here on the row is p[0..t] only, so position t never
+               sees a later key; the masked scores are the -inf of the formulas, and their P
+               is the 0 written below. */
+            float mx = pdp__attn_row_max(p, t + 1);
+            /* softmax, safe: exp(S - max) <= 1 cannot overflow (the max's term is 1) */
+            pdp__layers_exp_shift_run(j->simd, p, mx, p, t + 1);
+            pdp__attn_row_div(p, (float)pdp__layers_sum(p, t + 1), t + 1);
+            if (t + 1 < T) memset(p + t + 1, 0, (size_t)(T - t - 1) * sizeof *p);
+            if (pdp__attn_dropping(j)) { /* Pd = P o M / (1 - p) */
+                pdp__attn_keep_row(j, b, h, t, keep);
+                for (s = 0; s < T; s++) w[t * T + s] = s <= t ? p[s] * keep[s] : 0.0f;
+            }
+        }
+        /* Y[r0:r1] = Pd[r0:r1, 0:r1] V[0:r1] */
+        pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, r1 - r0, D, r1, 1.0f,
+                  (pdp__attn_dropping(j) ? w : P) + r0 * T, T, v, C3, 0.0f,
+                  j->y + (b * T + r0) * C + h * D, C);
+    }
+}
+
+/* One (b, h) pair, backward (see the module comment), block by block from the last (whose
+   dV and dK products cover every key row and write them) to the first (adding onto rows
+   [0, r1)): a fixed order. dqkv's q, k and v columns of this head are written. w: T (T + 1)
+   floats of work (Pd, then dP and dS; a row of the mask). */
 PDP__PRIVATE void pdp__attn_backward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *w)
 {
-    int64_t T = j->T, C = j->C, D = j->D, C3 = 3 * C, t, s;
+    int64_t T = j->T, C = j->C, D = j->D, C3 = 3 * C, t, s, r0, r1, nb;
     const float *q = j->qkv + b * T * C3 + h * D, *k = q + C, *v = q + 2 * C;
     const float *P = j->att + (b * j->H + h) * T * T;
     const float *dy = j->dy + b * T * C + h * D; /* row stride C */
@@ -204,25 +245,35 @@ PDP__PRIVATE void pdp__attn_backward_head(const pdp__attn_job *j, int64_t b, int
             pdp__attn_keep_row(j, b, h, t, keep);
             for (s = 0; s < T; s++) w[t * T + s] = s <= t ? P[t * T + s] * keep[s] : 0.0f;
         }
-    /* dV = Pd^T dY */
-    pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, T, D, T, 1.0f, pdp__attn_dropping(j) ? w : P, T, dy, C,
-              0.0f, dv, C3);
-    /* dPd = dY V^T (over w's Pd, no longer needed) */
-    pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, T, T, D, 1.0f, dy, C, v, C3, 0.0f, w, T);
-    for (t = 0; t < T; t++) { /* row by row: dP = dPd o M / (1 - p), then dS / sqrt(D) */
-        const float *p = P + t * T;
-        float *dp = w + t * T, rowsum = 0.0f;
-        if (pdp__attn_dropping(j)) {
-            pdp__attn_keep_row(j, b, h, t, keep);
-            for (s = 0; s <= t; s++) dp[s] *= keep[s];
+    for (nb = (T + PDP__ATTN_BLOCK - 1) / PDP__ATTN_BLOCK; nb-- > 0;) {
+        float beta = (nb + 1) * PDP__ATTN_BLOCK >= T ? 0.0f : 1.0f; /* the last block */
+        r0 = nb * PDP__ATTN_BLOCK;
+        r1 = PDP__MIN(r0 + PDP__ATTN_BLOCK, T);
+        /* dV[0:r1] (+)= Pd[r0:r1, 0:r1]^T dY[r0:r1] */
+        pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, r1, D, r1 - r0, 1.0f,
+                  (pdp__attn_dropping(j) ? w : P) + r0 * T, T, dy + r0 * C, C, beta, dv, C3);
+        /* dPd[r0:r1, 0:r1] = dY[r0:r1] V[0:r1]^T (over w's Pd rows, used above) */
+        pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, r1 - r0, r1, D, 1.0f, dy + r0 * C, C, v, C3, 0.0f,
+                  w + r0 * T, T);
+        for (t = r0; t < r1; t++) { /* row by row: dP = dPd o M / (1 - p), then dS / sqrt(D) */
+            const float *p = P + t * T;
+            float *dp = w + t * T, rowsum;
+            if (pdp__attn_dropping(j)) {
+                pdp__attn_keep_row(j, b, h, t, keep);
+                for (s = 0; s <= t; s++) dp[s] *= keep[s];
+            }
+            rowsum = (float)pdp__layers_dot(dp, p, t + 1);
+            pdp__attn_row_dsoftmax(p, rowsum, j->scale, dp, t + 1);
+            if (t + 1 < r1) /* masked: no gradient */
+                memset(dp + t + 1, 0, (size_t)(r1 - t - 1) * sizeof *dp);
         }
-        for (s = 0; s <= t; s++) rowsum += dp[s] * p[s];
-        for (s = 0; s <= t; s++) dp[s] = p[s] * (dp[s] - rowsum) * j->scale;
-        for (s = t + 1; s < T; s++) dp[s] = 0.0f; /* masked: no gradient */
+        /* dQ[r0:r1] = dS[r0:r1, 0:r1] K[0:r1] / sqrt(D) (the scale is in dS) */
+        pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, r1 - r0, D, r1, 1.0f, w + r0 * T, T, k, C3, 0.0f,
+                  dq + r0 * C3, C3);
+        /* dK[0:r1] (+)= dS[r0:r1, 0:r1]^T Q[r0:r1] / sqrt(D) */
+        pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, r1, D, r1 - r0, 1.0f, w + r0 * T, T, q + r0 * C3, C3,
+                  beta, dk, C3);
     }
-    /* dQ = dS K / sqrt(D), dK = dS^T Q / sqrt(D) */
-    pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, T, D, T, 1.0f, w, T, k, C3, 0.0f, dq, C3);
-    pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, T, D, T, 1.0f, w, T, q, C3, 0.0f, dk, C3);
 }
 
 /* Part i of n: the (b, h) pairs [B H i / n, B H (i + 1) / n), each computed whole by
@@ -265,6 +316,7 @@ PDP__PRIVATE void pdp__attn_job_init(pdp__attn_job *j, int64_t B, int64_t T, int
     j->H = H;
     j->D = C / H;
     j->scale = (float)(1.0 / sqrt((double)j->D));
+    j->simd = pdp__layers_simd();
     j->drop = drop;
     j->work = work;
 }
@@ -512,17 +564,14 @@ PDP__PRIVATE pdp_status pdp__residual_backward(const pdp__layer *l, const pdp__l
 {
     int64_t n = io->batch * l->in_count;
     if (!io->dx) return PDP_OK;
-    memcpy(io->dx, io->dy, (size_t)n * sizeof(float));
-    pdp__layers_add(io->dx, io->dskip, n);
+    pdp__layers_add2(io->dy, io->dskip, io->dx, n);
     return PDP_OK;
 }
 
 /* ResidualAdd: y = x + skip; backward dx = dy and dskip = dy */
 PDP__PRIVATE pdp_status pdp__residual_add_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t n = io->batch * l->in_count;
-    memcpy(io->y, io->x, (size_t)n * sizeof(float));
-    pdp__layers_add(io->y, io->skip, n);
+    pdp__layers_add2(io->x, io->skip, io->y, io->batch * l->in_count);
     return PDP_OK;
 }
 

@@ -29,21 +29,37 @@ static inline PDP__HOSTDEV float pdp__relu(float x) { return x <= 0.0f ? 0.0f : 
 static inline PDP__HOSTDEV float pdp__relu_grad(float dy, float y) { return y <= 0.0f ? 0.0f : dy; }
 
 /* GELU, tanh approximation (PyTorch's approximate='tanh', Hendrycks and Gimpel
-   2016): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3). */
+   2016): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as the
+   same function x sigmoid(2u) = x / (1 + e), e = exp(-2u): 1 + tanh(u) cancels for
+   x < 0 (tanhf's error relative to 1 + tanh(u) grows as e^(2|u|): PyTorch's
+   gelu(-5) is 30% off), the quotient does not. Where e overflows (u < -44) the value
+   is x 0 (-0, and NaN for -inf, as PyTorch's); NaN gives NaN. layers.c's vectorised
+   kernels compute the same formula, operation by operation, with their own exp. */
 #define PDP__GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
 #define PDP__GELU_A 0.044715f
+#define PDP__GELU_UMAX 44.0f /* |u| beyond which e = exp(-2u) overflows or is < 2^-126 */
+static inline PDP__HOSTDEV float pdp__gelu_u(float x)
+{
+    return PDP__GELU_C * (x + PDP__GELU_A * (x * x) * x);
+}
 static inline PDP__HOSTDEV float pdp__gelu(float x)
 {
-    float u = PDP__GELU_C * (x + PDP__GELU_A * x * x * x);
-    return 0.5f * x * (1.0f + tanhf(u));
+    float u = pdp__gelu_u(x);
+    return u < -PDP__GELU_UMAX ? x * 0.0f : x / (1.0f + expf(-2.0f * u));
 }
-/* d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx, t = tanh(u), du/dx = c (1 + 3 a x^2). */
+/* d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx, t = tanh(u), du/dx = c (1 + 3 a x^2);
+   with s = sigmoid(2u) = 1 / (1 + e), 0.5 (1 + t) = s and 1 - t^2 = 4 s (1 - s) =
+   4 s e s: d/dx = s (1 + 2 x du/dx e s). Beyond |u| = 44 the limits 1 (x > 0) and 0
+   (x < 0), which ±inf gets too (the formula would give inf 0 = NaN there). */
 static inline PDP__HOSTDEV float pdp__gelu_grad(float dy, float x)
 {
-    float x2 = x * x;
-    float t = tanhf(PDP__GELU_C * (x + PDP__GELU_A * x2 * x));
-    float du = PDP__GELU_C * (1.0f + 3.0f * PDP__GELU_A * x2);
-    return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+    float u = pdp__gelu_u(x), e, s, du;
+    if (u > PDP__GELU_UMAX) return dy;
+    if (u < -PDP__GELU_UMAX) return dy * 0.0f;
+    e = expf(-2.0f * u);
+    s = 1.0f / (1.0f + e);
+    du = PDP__GELU_C * (1.0f + 3.0f * PDP__GELU_A * (x * x));
+    return dy * (s * (1.0f + 2.0f * x * du * (e * s)));
 }
 
 static inline PDP__HOSTDEV float pdp__tanh_grad(float dy, float y) { return dy * (1.0f - y * y); }

@@ -3899,6 +3899,10 @@ PDP__PRIVATE double pdp__layers_dot3(const float *PDP__RESTRICT a, const float *
    gcc 12). Element by element, so the bits are the scalar loop's. */
 PDP__PRIVATE void pdp__layers_add(float *PDP__RESTRICT acc, const float *PDP__RESTRICT x, int64_t n);
 
+/* out = a + b in one pass (the residual stream's add: the bits of out = a; out += b). */
+PDP__PRIVATE void pdp__layers_add2(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
+                                   float *PDP__RESTRICT out, int64_t n);
+
 PDP__PRIVATE void pdp__layers_relu(const float *PDP__RESTRICT x, float *PDP__RESTRICT y, int64_t n);
 
 /* dx = dy where y > 0 (pdp__relu_grad), and its mirror for tanh, sigmoid (from y)
@@ -3915,6 +3919,71 @@ PDP__PRIVATE void pdp__layers_sigmoid_grad(const float *PDP__RESTRICT dy,
 
 PDP__PRIVATE void pdp__layers_mul(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
                                   float *PDP__RESTRICT out, int64_t n);
+
+/* ---- layers: GELU, vectorised ----
+   math.h's pdp__gelu and pdp__gelu_grad (x / (1 + e), e = exp(-2u)) on 16 (AVX-512F)
+   or 8 (AVX2 + FMA) lanes: the same operations in the same order, with an exp of
+   their own (Cephes's expf: n = round(z log2 e), r = z - n ln 2 in two FMAs, e^r by
+   its degree-7 polynomial, 2^n into the exponent bits; z clamped to [-87, 88]: the
+   formula uses z = -2u in [-88, 88], and below -87 e only enters 1 + e and 2 x du e s
+   beside 1, which e^-87 leaves unchanged in fp32). Both widths run the same instruction
+   sequence lane by lane, so they give the same bits (tests/test_gpt_kernels.c holds
+   them to that, and both, with the scalar helpers, to a double-precision reference).
+   The tail of a range runs through the same vector code (masked loads and stores, or a
+   zero-padded copy), so an element's bits do not depend on where a split falls. The
+   width is chosen at run time from gemm_bf16.c's CPUID check (compiled under target
+   attributes, so a plain x86-64 build has both); without them, math.h's helpers. */
+#if PDP__BF16_X86
+#  define PDP__GELU_512 __attribute__((target("avx512f")))
+#  define PDP__GELU_256 __attribute__((target("avx2,fma")))
+#  define PDP__GELU_EXP_CONSTANTS                                                            \
+    const float lo = -87.0f, hi = 88.0f, log2e = 1.44269504088896341f;                     \
+    const float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;                            \
+    const float p0 = 1.9875691500e-4f, p1 = 1.3981999507e-3f, p2 = 8.3334519073e-3f,       \
+                p3 = 4.1665795894e-2f, p4 = 1.6666665459e-1f, p5 = 5.0000001201e-1f
+
+/* e^z, z in [-87, 88] after the clamp; lane by lane. */
+/* The zero-masking forms, every lane kept, of min, max, roundscale, cvtps and slli: GCC's
+   headers give the plain forms an _mm512_undefined_*() merge source that g++ reports as
+   -Wmaybe-uninitialized (as gemm_bf16.c's PDP__BF16_UNPACKLO32 says); the same
+   instructions. */
+#  define PDP__ALL16 ((__mmask16)0xffff)
+
+/* GELU of 16 lanes (dy NULL: y = gelu(x)) or its gradient (out = dy gelu'(x)). */
+
+PDP__GELU_512 PDP__PRIVATE void pdp__gelu_avx512(const float *x, const float *dy,
+                                                                  float *out, int64_t n);
+
+PDP__GELU_256 PDP__PRIVATE void pdp__gelu_avx2(const float *x, const float *dy,
+                                                                float *out, int64_t n);
+/* out = exp(x - shift) for n floats, 0 where x - shift < -87 (the softmax's: its
+   arguments are <= 0, and what falls below e^-87 is nothing beside the row's 1). */
+PDP__GELU_512 PDP__PRIVATE void pdp__exp_shift_avx512(const float *x, float shift, float *out,
+                                                      int64_t n);
+
+PDP__GELU_256 PDP__PRIVATE void pdp__exp_shift_avx2(const float *x, float shift, float *out,
+                                                    int64_t n);
+
+#  undef PDP__GELU_EXP_CONSTANTS
+#  undef PDP__ALL16
+#  undef PDP__GELU_512
+#  undef PDP__GELU_256
+#endif
+
+/* The width of the vectorised element kernels (the GELU, the softmax's exp): 512
+   (AVX-512F), 256 (AVX2 + FMA) or 0 (scalar: math.h's helpers, expf), the widest the CPU
+   has. */
+PDP__PRIVATE int pdp__layers_simd(void);
+
+/* out = gelu(x) (dy NULL) or out = dy gelu'(x), n floats, on the kernel of width simd
+   (pdp__layers_simd's, or one the CPU has: the tests compare them). */
+PDP__PRIVATE void pdp__layers_gelu_simd_run(int simd, const float *x, const float *dy, float *out,
+                                            int64_t n);
+
+/* out = exp(x - shift), n floats (out may be x), on the kernel of width simd as
+   pdp__layers_gelu_simd_run; 0 below e^-87 on every width. */
+PDP__PRIVATE void pdp__layers_exp_shift_run(int simd, const float *x, float shift, float *out,
+                                            int64_t n);
 
 /* Parts for a job split by sample: the caller's intra-op threads, at most one
    per sample. */
@@ -4129,16 +4198,63 @@ PDP__PRIVATE pdp_status pdp__dropout_cuda_backward(const pdp__layer *l, const pd
 
 /* ---- layers: LayerNorm ---- */
 
+/* A row's element passes, on restrict parameters so that gcc -O2 vectorises them (over
+   restrict locals such as io->x + s * n it does not: see pdp__layers_add). Element by
+   element, so the bits are the scalar loops'. y = (x - mean) rstd w + b: */
+PDP__PRIVATE void pdp__layers_norm_row(const float *PDP__RESTRICT x, const float *PDP__RESTRICT w,
+                                       const float *PDP__RESTRICT b, float mean, float rstd,
+                                       float *PDP__RESTRICT y, int64_t n);
+
+/* dw += dy xh, db += dy, xh = (x - mean) rstd */
+PDP__PRIVATE void pdp__layers_norm_wgrad(const float *PDP__RESTRICT dy,
+                                         const float *PDP__RESTRICT x, float mean, float rstd,
+                                         float *PDP__RESTRICT dw, float *PDP__RESTRICT db,
+                                         int64_t n);
+
+/* dx = rstd (dy w - mg - xh mgx) */
+PDP__PRIVATE void pdp__layers_norm_dx(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT w,
+                                      const float *PDP__RESTRICT x, float mean, float rstd,
+                                      float mg, float mgx, float *PDP__RESTRICT dx, int64_t n);
+
 PDP__PRIVATE pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 
 /* weight 1, bias 0 (PyTorch's) */
 PDP__PRIVATE void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
 
-PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io);
+/* Rows [lo, hi) of the forward: mean and variance in fixed-order sums (pdp__layers_sum),
+   then the row. */
+PDP__PRIVATE void pdp__layernorm_forward_rows(const pdp__layer *l, const pdp__layer_io *io,
+                                              int64_t n, int64_t lo, int64_t hi);
 
 /* With xh = (x - mean) rstd and g = dy w:
-   dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy.
-   Two passes over each sample, nothing stored. */
+   dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy. */
+PDP__PRIVATE void pdp__layernorm_dx_rows(const pdp__layer_io *io, int64_t n, int64_t lo,
+                                         int64_t hi);
+
+/* dw and db, features [lo, hi), summed over every row in row order. */
+PDP__PRIVATE void pdp__layernorm_wgrad_cols(const pdp__layer_io *io, int64_t rows, int64_t n,
+                                            int64_t lo, int64_t hi);
+
+/* The intra-op threads split the forward and dx by rows (each row whole) and dw, db by
+   features (each summed over the rows in order), so the bits do not depend on the thread
+   count; small layers (under PDP__ELEMWISE_PAR_MIN floats) stay on the caller. */
+typedef struct pdp__ln_job {
+    const pdp__layer *l;
+    const pdp__layer_io *io;
+    int64_t rows, n;
+} pdp__ln_job;
+
+PDP__PRIVATE int pdp__layernorm_parts(int64_t rows, int64_t n, int64_t items);
+
+PDP__PRIVATE void pdp__layernorm_forward_part(void *arg, int i, int parts);
+
+PDP__PRIVATE void pdp__layernorm_dx_part(void *arg, int i, int parts);
+
+/* features in blocks of 16 (whole vectors), the last part takes the rest */
+PDP__PRIVATE void pdp__layernorm_wgrad_part(void *arg, int i, int parts);
+
+PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io);
+
 PDP__PRIVATE pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io);
 
 #ifdef PDP_CUDA
@@ -4626,7 +4742,8 @@ PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pd
      Computed per (b, h), the pairs split over threads, a step per formula: each product
      one pdp_sgemm on qkv's strided rows (the masked half too: cheaper than T^2 / 2
      separate dot products; inside a part it runs on that part's thread, as threads.c
-     runs a nested job, with gemm.c's bits), the softmax and its backward row by row.
+     runs a nested job, with gemm.c's bits), the softmax and its backward row by row
+     (layers.c's vectorised exp, pdp__layers_exp_shift_run, and its fixed-order sums).
    - LayerNorm over the last dimension of [N, C] rows: layers.c's LayerNorm kernel,
      whose sample is one row (pdp__gpt_layernorm_*).
    - GELU, tanh form: already pdp's GELU (math.h's pdp__gelu and pdp__gelu_grad), and
@@ -4684,6 +4801,7 @@ typedef struct pdp__attn_job {
     float *y, *att_out, *dqkv, *work;
     int64_t B, T, C, H, D;
     float scale;
+    int simd; /* the softmax's exp: layers.c's pdp__layers_simd */
     const pdp__attn_dropout *drop;
 } pdp__attn_job;
 
@@ -4695,14 +4813,33 @@ PDP__PRIVATE bool pdp__attn_dropping(const pdp__attn_job *j);
 PDP__PRIVATE void pdp__attn_keep_row(const pdp__attn_job *j, int64_t b, int64_t h, int64_t t,
                                      float *keep);
 
-/* One (b, h) pair, forward, a step per formula: S = Q K^T / sqrt(D) by one GEMM, P row
-   by row, Y = Pd V by one GEMM. w: T (T + 1) floats of work (Pd with dropout, a row of
-   the mask). */
+/* A row's passes, on restrict parameters so that gcc -O2 vectorises them (see layers.c's
+   pdp__layers_add); the sums are layers.c's fixed-order ones. The largest of p[0, n): */
+PDP__PRIVATE float pdp__attn_row_max(const float *PDP__RESTRICT p, int64_t n);
+
+PDP__PRIVATE void pdp__attn_row_div(float *PDP__RESTRICT p, float d, int64_t n);
+
+/* dS = P o (dP - rowsum) scale, in place over dP */
+PDP__PRIVATE void pdp__attn_row_dsoftmax(const float *PDP__RESTRICT p, float rowsum, float scale,
+                                         float *PDP__RESTRICT dp, int64_t n);
+
+/* The causal products run in blocks of PDP__ATTN_BLOCK query rows: rows [r0, r1) see keys
+   [0, r1) only, so each block's products stop at column r1 instead of T (at T = 256, 62%
+   of the full T x T products; the masked entries inside a block's columns are 0 in P and
+   dS and add nothing). */
+#ifndef PDP__ATTN_BLOCK
+#  define PDP__ATTN_BLOCK 64
+#endif
+
+/* One (b, h) pair, forward, block by block: S = Q K^T / sqrt(D) by one GEMM, P row by
+   row, Y = Pd V by one GEMM. w: T (T + 1) floats of work (Pd with dropout, a row of the
+   mask). */
 PDP__PRIVATE void pdp__attn_forward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *w);
 
-/* One (b, h) pair, backward (see the module comment), a step per formula; dqkv's q, k
-   and v columns of this head are written. w: T (T + 1) floats of work (Pd, then dP and
-   dS; a row of the mask). */
+/* One (b, h) pair, backward (see the module comment), block by block from the last (whose
+   dV and dK products cover every key row and write them) to the first (adding onto rows
+   [0, r1)): a fixed order. dqkv's q, k and v columns of this head are written. w: T (T + 1)
+   floats of work (Pd, then dP and dS; a row of the mask). */
 PDP__PRIVATE void pdp__attn_backward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *w);
 
 /* Part i of n: the (b, h) pairs [B H i / n, B H (i + 1) / n), each computed whole by

@@ -268,6 +268,50 @@ TEST gpt_attention_softmax_safe_with_large_scores(void)
     PASS();
 }
 
+/* A sequence longer than the kernel's query blocks (PDP__ATTN_BLOCK, 64: T = 150 is two
+   whole blocks and a part), where each block's products stop at its last row's keys and
+   the backward adds the blocks' dV and dK in turn: forward against the double loop,
+   dqkv against central differences (every 31st element), with and without dropout. */
+TEST gpt_attention_blocks_match_naive_and_finite_differences(void)
+{
+    int64_t B = 1, T = 150, H = 2, C = 6, n = B * T * 3 * C, i;
+    int pi;
+    ASSERT(T > 2 * PDP__ATTN_BLOCK);
+    for (pi = 0; pi < 2; pi++) {
+        pdp__attn_dropout drop = {0.2f, 5, 0, 2, 0};
+        const pdp__attn_dropout *dp = pi ? &drop : NULL;
+        attn_bufs a = attn_alloc(B, T, C, H);
+        double *q, *r, *y = (double *)malloc((size_t)(B * T * C) * sizeof(double));
+        double *P = (double *)malloc((size_t)(B * H * T * T) * sizeof(double));
+        fill(a.qkv, n, -1.5f, 1.5f);
+        fill(a.dy, B * T * C, -1.0f, 1.0f);
+        q = to_double(a.qkv, n);
+        r = to_double(a.dy, B * T * C);
+        pdp__attention_forward(a.qkv, B, T, C, H, dp, a.y, a.att, a.work);
+        naive_attention(q, B, T, C, H, dp, y, P);
+        for (i = 0; i < B * T * C; i++)
+            ASSERT_IN_RANGEm("y", y[i], a.y[i], 1e-5 * (1.0 + fabs(y[i])));
+        for (i = 0; i < B * H * T * T; i++) ASSERT_IN_RANGEm("att", P[i], a.att[i], 1e-6);
+        fill(a.dqkv, n, 5.0f, 6.0f); /* written, not accumulated */
+        pdp__attention_backward(a.qkv, a.att, a.dy, B, T, C, H, dp, a.dqkv, a.work);
+        for (i = 0; i < n; i += 31) {
+            double v = q[i], fp, fm;
+            q[i] = v + FD_H;
+            fp = naive_attention_f(q, B, T, C, H, dp, r, y, P);
+            q[i] = v - FD_H;
+            fm = naive_attention_f(q, B, T, C, H, dp, r, y, P);
+            q[i] = v;
+            ASSERTm("dqkv", close_to(a.dqkv[i], (fp - fm) / (2 * FD_H), FD_TOL));
+        }
+        free(q);
+        free(r);
+        free(y);
+        free(P);
+        attn_free(&a);
+    }
+    PASS();
+}
+
 /* p = 0 gives the bits of no dropout; p > 0 the same bits from the same key and other
    bits from another seed, step or sample_base; eval (NULL) after training is unchanged. */
 TEST gpt_attention_dropout_reproducible(void)
@@ -501,6 +545,55 @@ TEST gpt_layernorm_rows_match_naive_and_finite_differences(void)
     PASS();
 }
 
+/* Large enough to be split over the threads (rows x C >= layers.c's PDP__ELEMWISE_PAR_MIN,
+   262144): forward and dx split by rows, dw and db by features (C = 390: the last part is
+   not a whole number of 16-float blocks). 1 and 2 threads give the same bits, and dw, db
+   (which a wrong feature split would leave short) equal a double-precision sum. */
+TEST gpt_layernorm_threads_bit_identical(void)
+{
+    enum { N = 700, C = 390 };
+    float *x = (float *)malloc(N * C * sizeof(float));
+    float *dy = (float *)malloc(N * C * sizeof(float));
+    float *y[2], *dx[2], dw[2][C], db[2][C], saved[2][2 * N], w[C], b[C];
+    int k;
+    int64_t i, r;
+    fill(x, N * C, -2.0f, 3.0f);
+    fill(dy, N * C, -1.0f, 1.0f);
+    fill(w, C, 0.5f, 1.5f);
+    fill(b, C, -0.5f, 0.5f);
+    for (k = 0; k < 2; k++) {
+        y[k] = (float *)malloc(N * C * sizeof(float));
+        dx[k] = (float *)malloc(N * C * sizeof(float));
+        memset(dw[k], 0, sizeof dw[k]);
+        memset(db[k], 0, sizeof db[k]);
+        pdp_set_num_threads(k + 1);
+        pdp__gpt_layernorm_forward(x, w, b, N, C, 1e-5f, y[k], saved[k]);
+        pdp__gpt_layernorm_backward(x, w, saved[k], dy, N, C, dx[k], dw[k], db[k]);
+    }
+    pdp_set_num_threads(1);
+    ASSERT_MEM_EQ(y[0], y[1], N * C * sizeof(float));
+    ASSERT_MEM_EQ(dx[0], dx[1], N * C * sizeof(float));
+    ASSERT_MEM_EQ(dw[0], dw[1], sizeof dw[0]);
+    ASSERT_MEM_EQ(db[0], db[1], sizeof db[0]);
+    for (i = 0; i < C; i++) {
+        double sw = 0.0, sb = 0.0;
+        for (r = 0; r < N; r++) {
+            double xh = ((double)x[r * C + i] - saved[0][2 * r]) * saved[0][2 * r + 1];
+            sw += (double)dy[r * C + i] * xh;
+            sb += dy[r * C + i];
+        }
+        ASSERT_IN_RANGE(sw, dw[1][i], 1e-4 * (1.0 + fabs(sw)));
+        ASSERT_IN_RANGE(sb, db[1][i], 1e-4 * (1.0 + fabs(sb)));
+    }
+    for (k = 0; k < 2; k++) {
+        free(y[k]);
+        free(dx[k]);
+    }
+    free(x);
+    free(dy);
+    PASS();
+}
+
 /* ---- GELU: pdp's is the tanh form (GPT-2's), not erf ---- */
 
 TEST gpt_gelu_is_the_tanh_form(void)
@@ -516,6 +609,134 @@ TEST gpt_gelu_is_the_tanh_form(void)
     }
     /* the erf form differs by 1.5e-4 at x = 1: the test tells them apart */
     ASSERT(fabs(pdp__gelu(1.0f) - 0.5 * (1.0 + erf(1.0 / sqrt(2.0)))) > 1e-4);
+    PASS();
+}
+
+/* The GELU kernels (layers.c: AVX-512, AVX2 and math.h's scalar helpers) against double.
+   Inputs: a sweep of [-12, 12] by 1/512, and +-2^k (1 + j/16) for k in [-30, 30] (small,
+   where y ~ x / 2, up to huge, where x^3 overflows). Two references per element:
+   - "same u": u rounded as the kernels round it (math.h's pdp__gelu_u, five float
+     operations), then e, y and the gradient in double from that u. What is left is the
+     kernels' own exp, division and products: y within 4 ulps, the gradient within 8 ulps
+     of the larger of its two terms s and s 2 x du e s (they cancel near x = -0.75, where
+     the gradient crosses zero; the fp32 sum cannot do better than their size);
+   - "exact": u in double too. The float u's relative error (<= 3 roundings) moves y by
+     |d ln y / du| |u| 3 eps = 2 (1 - s) |u| 3 eps: the test allows that plus 4 ulps.
+   Specials: NaN gives NaN, +inf gives y = inf and gradient dy, -inf y = NaN (PyTorch's) and
+   gradient 0; huge |x| the limits (y = x or -0, gradient 1 or 0). */
+#define GELU_ULP(v) (ldexp(1.0, (fabs(v) < 1.17549435e-38 ? -126 : ilogb(v)) - 23))
+
+static void gelu_ref(double x, double u, double *y, double *g)
+{
+    double e = exp(-2.0 * u), s = 1.0 / (1.0 + e);
+    double du = (double)PDP__GELU_C * (1.0 + 3.0 * (double)PDP__GELU_A * x * x);
+    *y = x * s;
+    *g = s + s * 2.0 * x * du * e * s; /* its two terms: see gelu_terms */
+}
+
+static int64_t gelu_inputs(float *x)
+{
+    int64_t n = 0, i;
+    int k, j;
+    for (i = -12 * 512; i <= 12 * 512; i++) x[n++] = (float)i / 512.0f;
+    for (k = -30; k <= 30; k++)
+        for (j = 0; j < 16; j++) {
+            x[n++] = ldexpf(1.0f + (float)j / 16.0f, k);
+            x[n++] = -ldexpf(1.0f + (float)j / 16.0f, k);
+        }
+    return n;
+}
+
+TEST gpt_gelu_kernels_match_double_reference(void)
+{
+    static float x[16384], y[16384], g[16384], dy[16384]; /* gelu_inputs: 14241 */
+    static const float special[] = {NAN, INFINITY, -INFINITY, 1e30f, -1e30f, 3.4e38f, -3.4e38f,
+                                    1e-40f, -1e-40f, 0.0f, -0.0f, 10.4f, -10.4f, -10.6f};
+    int64_t n = gelu_inputs(x), i;
+    int simds[3] = {0, 256, 512}, best = pdp__layers_simd(), w, tried = 0;
+    double worst_y_same = 0, worst_g_same = 0, worst_y_exact = 0;
+    ASSERT(n <= 16384);
+    for (i = 0; i < n; i++) dy[i] = 1.0f;
+    for (w = 0; w < 3; w++) {
+        int simd = simds[w];
+        if (simd > best) continue;
+        tried++;
+        pdp__layers_gelu_simd_run(simd, x, NULL, y, n);
+        pdp__layers_gelu_simd_run(simd, x, dy, g, n);
+        for (i = 0; i < n; i++) {
+            double xd = x[i], uf = pdp__gelu_u(x[i]), ud, ry, rg, e, s, q, du;
+            ud = (double)PDP__GELU_C * (xd + (double)PDP__GELU_A * xd * xd * xd);
+            if (fabs(uf) > 44.0) { /* beyond: the limits */
+                ASSERT_EQ_FMT(uf > 0 ? x[i] : 0.0f, y[i], "%g");
+                ASSERT_EQ_FMT(uf > 0 ? 1.0f : 0.0f, g[i], "%g");
+                continue;
+            }
+            gelu_ref(xd, uf, &ry, &rg);
+            e = exp(-2.0 * uf), s = 1.0 / (1.0 + e);
+            du = (double)PDP__GELU_C * (1.0 + 3.0 * (double)PDP__GELU_A * xd * xd);
+            q = fabs(s * 2.0 * xd * du * e * s);
+            worst_y_same = fmax(worst_y_same, fabs(y[i] - ry) / GELU_ULP(ry));
+            worst_g_same = fmax(worst_g_same, fabs(g[i] - rg) / GELU_ULP(fmax(s, q)));
+            if (fabs(y[i] - ry) > 4 * GELU_ULP(ry) || fabs(g[i] - rg) > 8 * GELU_ULP(fmax(s, q)))
+                FAILm("GELU (same u) off the double reference by more than 4 / 8 ulps");
+            gelu_ref(xd, ud, &ry, &rg);
+            e = fabs(y[i] - ry) / GELU_ULP(ry) - 2.0 * (1.0 - s) * fabs(ud) * 3.0 * 2.0;
+            worst_y_exact = fmax(worst_y_exact, e);
+            if (e > 4.0) FAILm("GELU (exact u) off the double reference by more than 4 ulps");
+        }
+        for (i = 0; i < (int64_t)(sizeof special / sizeof *special); i++) {
+            float sx = special[i], sy, sg, one = 1.0f;
+            double u = (double)PDP__GELU_C * ((double)sx + 0.044715 * (double)sx * sx * sx);
+            pdp__layers_gelu_simd_run(simd, &sx, NULL, &sy, 1);
+            pdp__layers_gelu_simd_run(simd, &sx, &one, &sg, 1);
+            if (isnan(sx)) {
+                ASSERT(isnan(sy) && isnan(sg));
+            } else if (isinf(sx)) {
+                ASSERT(sx > 0 ? sy == INFINITY : isnan(sy));
+                ASSERT_EQ_FMT(sx > 0 ? 1.0f : 0.0f, sg, "%g");
+            } else if (fabs(u) > 44.5) {
+                ASSERT_EQ_FMT(sx > 0 ? sx : 0.0f, sy, "%g");
+                ASSERT(sx > 0 || signbit(sy)); /* -0, as x 0 */
+                ASSERT_EQ_FMT(sx > 0 ? 1.0f : 0.0f, sg, "%g");
+            } else {
+                ASSERT(isfinite(sy) && isfinite(sg));
+                ASSERT(fabs(sy - sx / (1.0 + exp(-2.0 * u))) <= 1e-6 * fabs(sx) + 1e-44);
+            }
+        }
+    }
+    printf("    GELU: %d kernel(s) (widest %d); worst same-u error: y %.2f ulps, gradient %.2f "
+           "ulps; exact-u excess %.2f ulps\n", tried, best, worst_y_same, worst_g_same,
+           worst_y_exact);
+    PASS();
+}
+
+/* Each element's bits do not depend on where it falls in a range (the vector body or the
+   masked / padded tail), so a split over threads changes nothing; the two vector widths
+   run the same arithmetic and give the same bits. */
+TEST gpt_gelu_kernels_bits_independent_of_split_and_width(void)
+{
+    enum { N = 101 };
+    float x[N], dy[N], whole[2][N], part[2][N], other[2][N];
+    int best = pdp__layers_simd(), pass;
+    int64_t cut, i;
+    fill(x, N, -8.0f, 8.0f);
+    fill(dy, N, -1.0f, 1.0f);
+    pdp__layers_gelu_simd_run(best, x, NULL, whole[0], N);
+    pdp__layers_gelu_simd_run(best, x, dy, whole[1], N);
+    for (cut = 1; cut < N; cut += 7)
+        for (pass = 0; pass < 2; pass++) {
+            pdp__layers_gelu_simd_run(best, x, pass ? dy : NULL, part[pass], cut);
+            pdp__layers_gelu_simd_run(best, x + cut, pass ? dy + cut : NULL, part[pass] + cut,
+                                      N - cut);
+            ASSERT_MEM_EQ(whole[pass], part[pass], sizeof whole[pass]);
+        }
+    if (best < 512) SKIPm("one vector width on this CPU: nothing to compare the bits with");
+    pdp__layers_gelu_simd_run(256, x, NULL, other[0], N);
+    pdp__layers_gelu_simd_run(256, x, dy, other[1], N);
+    ASSERT_MEM_EQ(whole[0], other[0], sizeof other[0]);
+    ASSERT_MEM_EQ(whole[1], other[1], sizeof other[1]);
+    for (i = 0; i < N; i++) /* and the scalar helpers agree to rounding */
+        ASSERT(fabsf(whole[0][i] - pdp__gelu(x[i])) <= 4e-7f * (fabsf(whole[0][i]) + 1e-30f));
     PASS();
 }
 
@@ -596,13 +817,17 @@ SUITE(gpt_kernels)
     RUN_TEST(gpt_attention_backward_matches_finite_differences);
     RUN_TEST(gpt_attention_mask_later_token_changes_no_earlier_output);
     RUN_TEST(gpt_attention_softmax_safe_with_large_scores);
+    RUN_TEST(gpt_attention_blocks_match_naive_and_finite_differences);
     RUN_TEST(gpt_attention_dropout_reproducible);
     RUN_TEST(gpt_attention_threads_bit_identical);
     RUN_TEST(gpt_attention_matches_pytorch_fixture);
     RUN_TEST(gpt_embed_matches_naive_and_threads);
     RUN_TEST(gpt_embed_errors_name_position_id_and_lengths);
     RUN_TEST(gpt_layernorm_rows_match_naive_and_finite_differences);
+    RUN_TEST(gpt_layernorm_threads_bit_identical);
     RUN_TEST(gpt_gelu_is_the_tanh_form);
+    RUN_TEST(gpt_gelu_kernels_match_double_reference);
+    RUN_TEST(gpt_gelu_kernels_bits_independent_of_split_and_width);
     RUN_TEST(gpt_cross_entropy_ignore_matches_naive_and_finite_differences);
     RUN_TEST(gpt_cross_entropy_ignore_edge_cases_and_errors);
 }
