@@ -19112,7 +19112,7 @@ PDP__PRIVATE pdp_status pdp__model_cross_entropy(pdp_model *m, const pdp_tensor 
                                                  const int32_t *labels, float *loss,
                                                  const char *fn)
 {
-    int64_t V = y->shape[y->ndim - 1], rows = y->count / V, n;
+    int64_t V = y->shape[y->ndim - 1], rows = y->count / V, n = 0;
     double sum = 0.0, t0 = pdp__prof.on ? pdp__now() : 0.0;
     pdp_status st;
     if (m->device.kind == PDP_DEVICE_CPU) {
