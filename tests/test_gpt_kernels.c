@@ -278,7 +278,7 @@ TEST gpt_attention_blocks_match_naive_and_finite_differences(void)
     int pi;
     ASSERT(T > 2 * PDP__ATTN_BLOCK);
     for (pi = 0; pi < 2; pi++) {
-        pdp__attn_dropout drop = {0.2f, 5, 0, 2, 0};
+        pdp__attn_dropout drop = {0.2f, 5, 0, 2, 0, 0};
         const pdp__attn_dropout *dp = pi ? &drop : NULL;
         attn_bufs a = attn_alloc(B, T, C, H);
         double *q, *r, *y = (double *)malloc((size_t)(B * T * C) * sizeof(double));
