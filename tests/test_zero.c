@@ -2538,8 +2538,11 @@ static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
         (st = pdp_zero_get_memory(z, o, &job->mem[r])) != PDP_OK ||
         (st = pdp_zero_memory_plan(m, n, job->stage, &zd, o, &job->plan[r])) != PDP_OK)
         goto out;
-    job->units = z->nunits;
-    job->tied_unit = spy_tied_unit = z->unit_of_layer[m->nlayers - 1]; /* the head's */
+    spy_tied_unit = z->unit_of_layer[m->nlayers - 1]; /* the head's */
+    if (r == 0) { /* the same on every rank: one writes them */
+        job->units = z->nunits;
+        job->tied_unit = spy_tied_unit;
+    }
     spy_event_next = m->event;
     m->event = spy_event;
     spy_reduce_next = z->r.desc.reduce;
@@ -2559,7 +2562,7 @@ static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
     }
     job->early[r] = spy_early;
     pdp_zero_get_stats(z, &job->stats[r]);
-    job->count = m->param_count;
+    if (r == 0) job->count = m->param_count;
     job->params[r] = (float *)malloc((size_t)m->param_count * sizeof(float));
     st = job->params[r] ? pdp_zero_gather_params(z, job->params[r]) : PDP_ERR_OUT_OF_MEMORY;
 out:
