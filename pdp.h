@@ -90,8 +90,10 @@
    (Megatron's 5as/h term) and draws them again in backward; FULL keeps only each residual
    region's input and runs the region again before its backward, in one scratch the size
    of the largest region (pdp_model_activation_bytes counts what stays). Dropout masks are
-   keyed, not streamed, so the recomputed masks are the first ones. Single device, DP,
-   DDP, ZeRO 1-2, TP and pipelines honour it; ZeRO-3 refuses FULL.
+   keyed, not streamed, so the recomputed masks are the first ones. It is the model's, so
+   every executor that runs the model's forward and backward uses it; tests hold one
+   device, tensor parallelism and pipelines (FULL) to the same results, DP, DDP and ZeRO
+   1-2 are not tested with it yet, and ZeRO-3 refuses FULL.
 
    Checked against a PyTorch GPT (tools/gpt_reference.py, tests/test_gpt.c): logits,
    loss and every gradient within 1e-5 (measured 1.7e-7 and 6.3e-8), 5 AdamW steps with

@@ -13,17 +13,18 @@
    beside the formulas (and, on several ranks, which ZeRO stage saves what), and text.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt.c -o train_gpt -lm -lpthread
-           (or make build/train_gpt; the GPT's layers run on the CPU for now)
+           (or make build/train_gpt; this example trains on the CPU)
    Run:    ./train_gpt                       (PDP_SHORT=1 for a few steps only)
            ./train_gpt -steps 5000 -dim 128 -batch 16 -dropout 0.1 -text my_text.txt
            ./train_gpt -strategy zero3 -np 2 -recompute selective
            ./train_gpt -precision bf16 -prompt "Q: " -temperature 0.6 -top_k 10 -seed 2
-   Output (Intel Xeon, Sapphire Rapids class, one thread, fortunes installed: 100 s of CPU):
+   Output (Intel Xeon, Sapphire Rapids class, one thread, fortunes installed; speed columns
+   left out, they change with the machine and its load):
            seed 1: /usr/share/games/fortunes (43 files), 2576674 bytes (the last 257668 ...
            GPT 4 layers, 4 heads, dim 96, context 64: 478272 parameters; batch 8, AdamW ...
            one block's activations (layers 1-12), s 64 b 8 h 96 a 4: sbh x (...) bytes, MB
              none       34 + 5as/h   2.33   64 + 4as/h   3.67   72 + 4as/h + 16/h   4.07 ...
-           step  2000  loss 2.1029  val 2.1019  5007 tokens/s  204.5 s
+           step  2000  loss 2.1029  val 2.1019  ...
            rank 0: parameters 1.91 MB (4Psi 1.91), gradients 1.91 (4Psi 1.91), ...
            The garning the the love Spuate mones of never bastion and Sindes pustalliataie ...
    Next:   train_tp.c (each layer split across ranks instead of the batch or the state). */
