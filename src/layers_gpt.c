@@ -33,8 +33,8 @@
      separate dot products; inside a part it runs on that part's thread, as threads.c
      runs a nested job, with gemm.c's bits), the softmax and its backward row by row
      (layers.c's vectorised exp, pdp__layers_exp_shift_run, and its fixed-order sums).
-   - LayerNorm over the last dimension of [N, C] rows: layers.c's LayerNorm kernel,
-     whose sample is one row (pdp__gpt_layernorm_*).
+   - LayerNorm over the last dimension: layers.c's LayerNorm, which acts on each row of a
+     [T, C] sample (l->positions).
    - GELU, tanh form: already pdp's GELU (math.h's pdp__gelu and pdp__gelu_grad), and
      layers.c's element-wise kernel acts on every position of a [T, C] sample.
    - Cross-entropy over [N, V] rows with ignore_index -1: loss.c's
@@ -353,59 +353,6 @@ PDP__PRIVATE void pdp__attention_backward(const float *qkv, const float *att, co
     j.dy = dy;
     j.dqkv = dqkv;
     pdp__parallel_for(pdp__attn_parts(&j), pdp__attn_backward_part, &j);
-}
-
-/* ---- gpt: LayerNorm over the last dimension ----
-   layers.c's LayerNorm normalises each sample over all of its features with a weight
-   and bias of the sample's shape: with rows of C as its samples, that is PyTorch's
-   LayerNorm(C) over the last dimension of [N, C]. These call it, nothing copied. */
-
-PDP__PRIVATE void pdp__gpt_layernorm_io(pdp__layer *l, pdp__layer_io *io, int64_t N, int64_t C,
-                                        float eps)
-{
-    memset(l, 0, sizeof *l);
-    memset(io, 0, sizeof *io);
-    l->kind = PDP__LAYERNORM;
-    l->in_ndim = l->out_ndim = 1;
-    l->in_shape[0] = l->out_shape[0] = C;
-    l->in_count = l->out_count = C;
-    l->eps = eps;
-    l->saved_per_sample = 2;
-    io->batch = N;
-}
-
-/* y = (x - mean) rstd w + b per row of x [N, C]; saved [N, 2]: (mean, rstd) per row. */
-PDP__PRIVATE void pdp__gpt_layernorm_forward(const float *x, const float *w, const float *b,
-                                             int64_t N, int64_t C, float eps, float *y,
-                                             float *saved)
-{
-    pdp__layer l;
-    pdp__layer_io io;
-    pdp__gpt_layernorm_io(&l, &io, N, C, eps);
-    io.x = x;
-    io.y = y;
-    io.w = (float *)w; /* the forward only reads them */
-    io.b = (float *)b;
-    io.saved = saved;
-    (void)pdp__layernorm_forward(&l, &io);
-}
-
-/* dx written (skipped when NULL), dw and db accumulated (+=), from dy, x, w, saved. */
-PDP__PRIVATE void pdp__gpt_layernorm_backward(const float *x, const float *w, const float *saved,
-                                              const float *dy, int64_t N, int64_t C, float *dx,
-                                              float *dw, float *db)
-{
-    pdp__layer l;
-    pdp__layer_io io;
-    pdp__gpt_layernorm_io(&l, &io, N, C, 0.0f);
-    io.x = x;
-    io.w = (float *)w; /* read only */
-    io.saved = (float *)saved;
-    io.dy = dy;
-    io.dx = dx;
-    io.dw = dw;
-    io.db = db;
-    (void)pdp__layernorm_backward(&l, &io);
 }
 
 /* ---- gpt: the layer kinds ----

@@ -4744,8 +4744,8 @@ PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pd
      separate dot products; inside a part it runs on that part's thread, as threads.c
      runs a nested job, with gemm.c's bits), the softmax and its backward row by row
      (layers.c's vectorised exp, pdp__layers_exp_shift_run, and its fixed-order sums).
-   - LayerNorm over the last dimension of [N, C] rows: layers.c's LayerNorm kernel,
-     whose sample is one row (pdp__gpt_layernorm_*).
+   - LayerNorm over the last dimension: layers.c's LayerNorm, which acts on each row of a
+     [T, C] sample (l->positions).
    - GELU, tanh form: already pdp's GELU (math.h's pdp__gelu and pdp__gelu_grad), and
      layers.c's element-wise kernel acts on every position of a [T, C] sample.
    - Cross-entropy over [N, V] rows with ignore_index -1: loss.c's
@@ -4872,24 +4872,6 @@ PDP__PRIVATE void pdp__attention_forward(const float *qkv, int64_t B, int64_t T,
 PDP__PRIVATE void pdp__attention_backward(const float *qkv, const float *att, const float *dy,
                                           int64_t B, int64_t T, int64_t C, int64_t H,
                                           const pdp__attn_dropout *drop, float *dqkv, float *work);
-
-/* ---- gpt: LayerNorm over the last dimension ----
-   layers.c's LayerNorm normalises each sample over all of its features with a weight
-   and bias of the sample's shape: with rows of C as its samples, that is PyTorch's
-   LayerNorm(C) over the last dimension of [N, C]. These call it, nothing copied. */
-
-PDP__PRIVATE void pdp__gpt_layernorm_io(pdp__layer *l, pdp__layer_io *io, int64_t N, int64_t C,
-                                        float eps);
-
-/* y = (x - mean) rstd w + b per row of x [N, C]; saved [N, 2]: (mean, rstd) per row. */
-PDP__PRIVATE void pdp__gpt_layernorm_forward(const float *x, const float *w, const float *b,
-                                             int64_t N, int64_t C, float eps, float *y,
-                                             float *saved);
-
-/* dx written (skipped when NULL), dw and db accumulated (+=), from dy, x, w, saved. */
-PDP__PRIVATE void pdp__gpt_layernorm_backward(const float *x, const float *w, const float *saved,
-                                              const float *dy, int64_t N, int64_t C, float *dx,
-                                              float *dw, float *db);
 
 /* ---- gpt: the layer kinds ----
    The table's entries (layers_table.c) for a GPT's own kinds, on the kernels above:

@@ -22,6 +22,59 @@
 #include <math.h>
 #include <string.h>
 
+/* ---- LayerNorm over the last dimension ----
+   layers.c's LayerNorm normalises each sample over all of its features with a weight
+   and bias of the sample's shape: with rows of C as its samples, that is PyTorch's
+   LayerNorm(C) over the last dimension of [N, C]. These call it, nothing copied. */
+
+static void ln_rows_io(pdp__layer *l, pdp__layer_io *io, int64_t N, int64_t C,
+                                        float eps)
+{
+    memset(l, 0, sizeof *l);
+    memset(io, 0, sizeof *io);
+    l->kind = PDP__LAYERNORM;
+    l->in_ndim = l->out_ndim = 1;
+    l->in_shape[0] = l->out_shape[0] = C;
+    l->in_count = l->out_count = C;
+    l->eps = eps;
+    l->saved_per_sample = 2;
+    io->batch = N;
+}
+
+/* y = (x - mean) rstd w + b per row of x [N, C]; saved [N, 2]: (mean, rstd) per row. */
+static void ln_rows_forward(const float *x, const float *w, const float *b,
+                                             int64_t N, int64_t C, float eps, float *y,
+                                             float *saved)
+{
+    pdp__layer l;
+    pdp__layer_io io;
+    ln_rows_io(&l, &io, N, C, eps);
+    io.x = x;
+    io.y = y;
+    io.w = (float *)w; /* the forward only reads them */
+    io.b = (float *)b;
+    io.saved = saved;
+    (void)pdp__layernorm_forward(&l, &io);
+}
+
+/* dx written (skipped when NULL), dw and db accumulated (+=), from dy, x, w, saved. */
+static void ln_rows_backward(const float *x, const float *w, const float *saved,
+                                              const float *dy, int64_t N, int64_t C, float *dx,
+                                              float *dw, float *db)
+{
+    pdp__layer l;
+    pdp__layer_io io;
+    ln_rows_io(&l, &io, N, C, 0.0f);
+    io.x = x;
+    io.w = (float *)w; /* read only */
+    io.saved = (float *)saved;
+    io.dy = dy;
+    io.dx = dx;
+    io.dw = dw;
+    io.db = db;
+    (void)pdp__layernorm_backward(&l, &io);
+}
+
 #define FD_H 1e-4
 #define FD_TOL 2e-4
 
@@ -514,8 +567,8 @@ TEST gpt_layernorm_rows_match_naive_and_finite_differences(void)
             wd = to_double(w, C);
             bd = to_double(b, C);
             rd = to_double(dy, N * C);
-            pdp__gpt_layernorm_forward(x, w, b, N, C, 1e-5f, y, saved);
-            pdp__gpt_layernorm_backward(x, w, saved, dy, N, C, dx, dw, db);
+            ln_rows_forward(x, w, b, N, C, 1e-5f, y, saved);
+            ln_rows_backward(x, w, saved, dy, N, C, dx, dw, db);
             naive_layernorm_f(xd, wd, bd, N, C, rd, yd);
             for (i = 0; i < N * C; i++) ASSERT_IN_RANGE(yd[i], y[i], 1e-5 * (1.0 + fabs(yd[i])));
             for (i = 0; i < N * C + 2 * C; i++) {
@@ -567,8 +620,8 @@ TEST gpt_layernorm_threads_bit_identical(void)
         memset(dw[k], 0, sizeof dw[k]);
         memset(db[k], 0, sizeof db[k]);
         pdp_set_num_threads(k + 1);
-        pdp__gpt_layernorm_forward(x, w, b, N, C, 1e-5f, y[k], saved[k]);
-        pdp__gpt_layernorm_backward(x, w, saved[k], dy, N, C, dx[k], dw[k], db[k]);
+        ln_rows_forward(x, w, b, N, C, 1e-5f, y[k], saved[k]);
+        ln_rows_backward(x, w, saved[k], dy, N, C, dx[k], dw[k], db[k]);
     }
     pdp_set_num_threads(1);
     ASSERT_MEM_EQ(y[0], y[1], N * C * sizeof(float));
