@@ -16482,9 +16482,9 @@ PDP__PRIVATE void pdp__attention_backward(const float *qkv, const float *att, co
      parameters (c_attn and c_proj are plain Linears around it); saves att [H, T, T].
    - Residual and ResidualAdd: a residual region (model.c). Residual's forward is its
      input seen again (model.c aliases it); ResidualAdd's forward is y = x + skip, the
-     region's input. Backward: ResidualAdd passes dy on to the branch (dx = dy) and sends
-     it around in dskip; Residual adds it: dx = dy + dskip, the two paths' gradients
-     summed where they split.
+     region's input. Backward: ResidualAdd passes dy on to the branch (dx is dy itself,
+     not copied) and sends it around in dskip; Residual adds it: dx = dy + dskip, the two
+     paths' gradients summed where they split.
    - TiedLinear: y = x W^T with no bias, W a parameter another layer owns (a GPT's head,
      W = wte): its gradient accumulates into that parameter's, so the embedding's rows
      and the head's product sum into one dW, as autograd sums a tied Parameter's uses. */
@@ -16633,7 +16633,8 @@ PDP__PRIVATE pdp_status pdp__residual_backward(const pdp__layer *l, const pdp__l
     return PDP_OK;
 }
 
-/* ResidualAdd: y = x + skip; backward dx = dy and dskip = dy */
+/* ResidualAdd: y = x + skip; backward dskip = dy (and dx = dy when asked: model.c does
+   not ask, it lets dy itself go on into the branch) */
 PDP__PRIVATE pdp_status pdp__residual_add_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__layers_add2(io->x, io->skip, io->y, io->batch * l->in_count);
@@ -18341,6 +18342,11 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             io.dy = g;
             io.dx = i ? (g == m->grad_a ? m->grad_b : m->grad_a) : m->input_grad;
             if (pdp__model_flag(m, i, PDP__LAYER_TAKES_IDS)) io.dx = NULL; /* ids: none */
+            /* a ResidualAdd's input gradient is dy itself: it only sends dy around the
+               branch (dskip), and g, left as it is, goes on into the branch: no copy */
+            if (pdp__model_flag(m, i, PDP__LAYER_SKIP) &&
+                !pdp__model_flag(m, i, PDP__LAYER_FORWARD_VIEW))
+                io.dx = NULL;
             t0 = m->trace_tid || m->layer_s || pdp__prof.on ? pdp__now() : 0.0;
             if ((st = pdp__layer_backward(l, &io)) != PDP_OK) {
                 st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,

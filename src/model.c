@@ -928,6 +928,11 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             io.dy = g;
             io.dx = i ? (g == m->grad_a ? m->grad_b : m->grad_a) : m->input_grad;
             if (pdp__model_flag(m, i, PDP__LAYER_TAKES_IDS)) io.dx = NULL; /* ids: none */
+            /* a ResidualAdd's input gradient is dy itself: it only sends dy around the
+               branch (dskip), and g, left as it is, goes on into the branch: no copy */
+            if (pdp__model_flag(m, i, PDP__LAYER_SKIP) &&
+                !pdp__model_flag(m, i, PDP__LAYER_FORWARD_VIEW))
+                io.dx = NULL;
             t0 = m->trace_tid || m->layer_s || pdp__prof.on ? pdp__now() : 0.0;
             if ((st = pdp__layer_backward(l, &io)) != PDP_OK) {
                 st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,

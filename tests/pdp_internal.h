@@ -4882,9 +4882,9 @@ PDP__PRIVATE void pdp__attention_backward(const float *qkv, const float *att, co
      parameters (c_attn and c_proj are plain Linears around it); saves att [H, T, T].
    - Residual and ResidualAdd: a residual region (model.c). Residual's forward is its
      input seen again (model.c aliases it); ResidualAdd's forward is y = x + skip, the
-     region's input. Backward: ResidualAdd passes dy on to the branch (dx = dy) and sends
-     it around in dskip; Residual adds it: dx = dy + dskip, the two paths' gradients
-     summed where they split.
+     region's input. Backward: ResidualAdd passes dy on to the branch (dx is dy itself,
+     not copied) and sends it around in dskip; Residual adds it: dx = dy + dskip, the two
+     paths' gradients summed where they split.
    - TiedLinear: y = x W^T with no bias, W a parameter another layer owns (a GPT's head,
      W = wte): its gradient accumulates into that parameter's, so the embedding's rows
      and the head's product sum into one dW, as autograd sums a tied Parameter's uses. */
@@ -4917,7 +4917,8 @@ PDP__PRIVATE pdp_status pdp__residual_forward(const pdp__layer *l, const pdp__la
 
 PDP__PRIVATE pdp_status pdp__residual_backward(const pdp__layer *l, const pdp__layer_io *io);
 
-/* ResidualAdd: y = x + skip; backward dx = dy and dskip = dy */
+/* ResidualAdd: y = x + skip; backward dskip = dy (and dx = dy when asked: model.c does
+   not ask, it lets dy itself go on into the branch) */
 PDP__PRIVATE pdp_status pdp__residual_add_forward(const pdp__layer *l, const pdp__layer_io *io);
 
 PDP__PRIVATE pdp_status pdp__residual_add_backward(const pdp__layer *l, const pdp__layer_io *io);
