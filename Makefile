@@ -49,21 +49,22 @@ $(B):
 
 # ---- building the tests: compile the implementation as few times as the tests allow ----
 # Compiling pdp.h's implementation is most of a program's build time (about 6 s at -O2 on a
-# 2.6 GHz core; a test's own code takes a fraction of a second), so it is compiled once per
-# optimisation level, from tests/pdp_impl.c, with PDP__TEST_LINKAGE: the private functions
-# (PDP__PRIVATE, static in users' builds) then have external linkage, and tests that call
-# them link the object instead of compiling the implementation again. Its PDP_MALLOC is the
-# counting one of tests/counting_alloc.h (pdp_test_allocs()), which hands each allocation to
-# a test's own PDP_MALLOC / PDP_FREE when the test defines them (tests/pdp_linked.h).
-# - $(IMPL_OBJ), at $(OPT) as users build it: the examples, SHARED_TESTS (the public API
-#   only) and KERNEL_TESTS (test_gemm: the compute kernels as users compile them).
-# - $(IMPL_OG_OBJ), at $(TEST_OPT) ($(IMPL_OBJ) itself when the levels are the same, as
-#   in make sanitize and make tsan): INTERNAL_TESTS, which read internal structs or call pdp__
-#   functions (the model, DP, DDP, ZeRO, TP, checkpoint, optimizer internals; the pool, the
-#   store, the trace writer, the inflater; allocation budgets and failure injection through
-#   their own PDP_MALLOC). -Og, gcc's level for debugging, keeps every warning -Werror needs
-#   (maybe-uninitialized included) and compiles in a quarter of -O2's time; these tests
-#   exercise logic on small models and run as fast.
+# 2.6 GHz core; a test's own code takes a fraction of a second), so it is compiled once,
+# from tests/pdp_impl.c, with PDP__TEST_LINKAGE: the private functions (PDP__PRIVATE, static
+# in users' builds) then have external linkage, and tests that call them link the object
+# instead of compiling the implementation again. Its PDP_MALLOC is the counting one of
+# tests/counting_alloc.h (pdp_test_allocs()), which hands each allocation to a test's own
+# PDP_MALLOC / PDP_FREE when the test defines them (tests/pdp_linked.h).
+# - $(IMPL_OBJ), at $(OPT), as users build it, is linked by the examples and by every test
+#   but OWN_TESTS: SHARED_TESTS (the public API only) and KERNEL_TESTS (test_gemm: the
+#   compute kernels) are compiled at $(OPT) too; INTERNAL_TESTS, which read internal
+#   structs or call pdp__ functions (the model, DP, DDP, ZeRO, TP, checkpoint, optimizer
+#   internals; the pool, the store, the trace writer, the inflater; allocation budgets and
+#   failure injection through their own PDP_MALLOC), at $(TEST_OPT): -Og, gcc's level for
+#   debugging, keeps every warning -Werror needs (maybe-uninitialized included) and
+#   compiles in half of -O2's time. (A second object at -Og, linked by the internal tests,
+#   cost 4 s of CPU in every make test; it went in December 2026. `make test OPT=-Og`
+#   builds everything at -Og, to debug.)
 # Every program linked against an object is compiled with IMPL_LINKED (the guard
 # PDP__IMPLEMENTATION_INCLUDED makes its own `#define PDP_IMPLEMENTATION` compile nothing);
 # the tests add PDP__INTERNAL_API: pdp.h then declares the implementation without defining it
@@ -84,12 +85,6 @@ INTERNAL_TESTS = $(filter-out $(SHARED_TESTS) $(KERNEL_TESTS) $(OWN_TESTS),$(TES
 IMPL_LINKED    = -DPDP__IMPLEMENTATION_INCLUDED -DPDP_TEST_SHARED_IMPL
 TEST_LINKED    = $(IMPL_LINKED) -DPDP__INTERNAL_API
 IMPL_OBJ       = $(B)/pdp_impl.o
-# one object when both levels are the same (make sanitize, make tsan)
-ifeq ($(OPT),$(TEST_OPT))
-IMPL_OG_OBJ    = $(IMPL_OBJ)
-else
-IMPL_OG_OBJ    = $(B)/pdp_impl_og.o
-endif
 TEST_HEADERS   = pdp.h tests/pdp_test.h tests/counting_alloc.h tests/pdp_linked.h \
                  tests/pdp_internal.h
 
@@ -97,16 +92,11 @@ $(IMPL_OBJ): tests/pdp_impl.c tests/counting_alloc.h pdp.h
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
 
-$(B)/pdp_impl_og.o: tests/pdp_impl.c tests/counting_alloc.h pdp.h
-	@mkdir -p $(@D)
-	$(CC) $(WARN) $(TEST_OPT) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
-
 $(SHARED_TESTS) $(KERNEL_TESTS): $(B)/test_%: tests/test_%.c $(IMPL_OBJ) $(TEST_HEADERS)
 	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) $(TEST_LINKED) $< $(IMPL_OBJ) -o $@ $(LDLIBS)
 
-$(INTERNAL_TESTS): $(B)/test_%: tests/test_%.c $(IMPL_OG_OBJ) $(TEST_HEADERS)
-	$(CC) $(WARN) $(TEST_OPT) $(CFLAGS) $(CPPFLAGS) $(TEST_LINKED) $< $(IMPL_OG_OBJ) -o $@ \
-	    $(LDLIBS)
+$(INTERNAL_TESTS): $(B)/test_%: tests/test_%.c $(IMPL_OBJ) $(TEST_HEADERS)
+	$(CC) $(WARN) $(TEST_OPT) $(CFLAGS) $(CPPFLAGS) $(TEST_LINKED) $< $(IMPL_OBJ) -o $@ $(LDLIBS)
 
 $(OWN_OPT_TESTS): $(B)/test_%: tests/test_%.c $(TEST_HEADERS) | $(B)
 	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) -DPDP_STATIC $< -o $@ $(LDLIBS)
@@ -147,11 +137,11 @@ $(B)/run/%.rc: $(B)/% FORCE
 # 35 s of CPU: three optimised C++ compiles of the implementation), then the objects the
 # examples, most tests and test_build_alone.sh wait for, then the rest
 # (filtered from RUNS: make sanitize and make tsan run no build test)
-test: $(filter %/test_build_cxx.sh.rc,$(RUNS)) $(IMPL_OBJ) $(IMPL_OG_OBJ) $(RUNS)
+test: $(filter %/test_build_cxx.sh.rc,$(RUNS)) $(IMPL_OBJ) $(RUNS)
 	@B=$(B) sh tests/run_all.sh --saved $(TESTS) $(TEST_SH) -- $(EXAMPLES)
 
-SAN_OPT  = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
-TSAN_OPT = -O1 -g -fsanitize=thread
+SAN_OPT  = -O1 -g -march=native -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+TSAN_OPT = -O1 -g -march=native -fsanitize=thread
 sanitize:
 	$(MAKE) B=build/asan OPT="$(SAN_OPT)" TEST_OPT="$(SAN_OPT)" TEST_SH= test
 

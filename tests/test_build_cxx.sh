@@ -13,18 +13,23 @@ have() { command -v "$1" > /dev/null; }
 
 # ---- the implementation as C++ (the longest compiles first: -O3 and -O2 take 10 and 7 s of CPU) ----
 if have g++; then
-    check gxx_O3_quiet g++ -x c++ -O3 $QUIET -c tests/compile/tu_kinds.c -o "$B/o3.o"
+    # -O3, and no -march (as users build): every bf16 path this CPU has against the naive
+    # loop. gcc 12's _tile_loadconfig lost the tile configuration in such a build (at -O2 and
+    # -O3, C and C++ alike), which the -march=native tests never saw (tu_bf16_paths.c)
+    check gxx_O3_quiet_bf16_paths_match_naive sh -c "g++ -x c++ -O3 $QUIET tests/compile/tu_bf16_paths.c -o $B/bf16_paths -lm -lpthread && $B/bf16_paths"
     # the README's C++ quick start: the whole program, the implementation included
     awk '/^```c\+\+$/{f=1;next}/^```$/{f=0}f' README.md > "$B/readme_cxx.cc"
     check gxx_O2_quiet_readme_cxx_quick_start_trains sh -c "g++ -std=c++11 -O2 $QUIET -pedantic $B/readme_cxx.cc -o $B/readme_cxx -lm -lpthread && $B/readme_cxx | grep -q 'last batch loss'"
     # -Og, linked: it prints every layer kind's name, by value; so does the C build, made
-    # beside it (cxx_layer_table_matches_c compares the two below)
+    # beside it in strict C99 (pdp.h first, then a system header: that include order), and
+    # cxx_layer_table_matches_c compares the two below
     kinds() {
         gcc $STRICT -O0 tests/compile/tu_kinds.c -o "$B/kinds_c" -lm -lpthread > "$B/kinds_c.log" 2>&1 & c=$!
         g++ -x c++ -Og $QUIET tests/compile/tu_kinds.c -o "$B/kinds_cxx" -lm -lpthread; rc=$?
-        wait $c; return $rc
+        wait $c && return $rc
+        echo "the C build (pdp.h first, then <stdio.h>, strict C99) failed:"; cat "$B/kinds_c.log"; return 1
     }
-    check gxx_Og_quiet kinds
+    check gxx_Og_quiet_and_c99_with_pdp_h_first kinds
 else skip "gxx_quiet" "g++ not found (apt-get install g++)"; fi
 if have clang++; then
     # clang's warnings come from its front end: -fsyntax-only sees them all
@@ -49,8 +54,7 @@ if [ -x "$NVCC" ]; then
 else skip "nvcc_host_quiet" "nvcc not found (CUDA toolkit; or NVCC=/path/to/nvcc)"; fi
 
 # ---- include order ----
-# pdp.h first, then system headers: compiles in strict C99 as it is
-check include_order_pdp_first gcc $STRICT -fsyntax-only tests/compile/tu_pdp_first.c
+# pdp.h first, then system headers, in strict C99 as it is: tu_kinds.c (the C build of gxx_Og_quiet_and_c99_with_pdp_h_first)
 # a system header first: in strict C99 on glibc, ONE error (not a cascade) that says what to do
 one_error() {
     gcc $STRICT -fsyntax-only tests/compile/tu_stdlib_first.c > "$B/$name.out" 2>&1; rc=$?

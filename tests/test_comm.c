@@ -353,7 +353,7 @@ static pdp_status local_copy(pdp_comm *c, void *dst, const void *src, size_t byt
 
 static const conf_factory local_factory = {"local", PDP_BACKEND_LOCAL, 1, 4, local_run,
                                            local_alloc, local_release, local_copy, local_copy,
-                                           conf_threads_sync, 0.5};
+                                           conf_threads_sync, PDP_TEST_TIMEOUT(0.2)};
 
 GREATEST_MAIN_DEFS();
 

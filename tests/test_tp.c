@@ -937,7 +937,7 @@ TEST tp_absent_rank_times_out_in_g(void)
 {
     rank_ctx ctx[MAXR];
     int r;
-    run_ranks(ctx, 3, 1, 1, NULL, 0.5);
+    run_ranks(ctx, 3, 1, 1, NULL, PDP_TEST_TIMEOUT(0.25));
     for (r = 0; r < 2; r++) {
         ASSERT_EQ_FMT(PDP_ERR_TIMEOUT, ctx[r].st, "%d");
         ASSERT(strstr(ctx[r].msg, "pdp_model_forward") != NULL);

@@ -837,7 +837,7 @@ TEST zero_absent_rank_times_out_naming_collective_unit_and_rank(void)
         cf.accum = 1;
         cf.cap_mb = 1e-9;
         cf.scenario = 1;
-        run_ranks(&cf, 1.0, ctx);
+        run_ranks(&cf, PDP_TEST_TIMEOUT(0.3), ctx);
         for (r = 0; r < 2; r++) {
             const char *want = stage == 3 ? "allgather of unit 2 of 3" : "bucket 0 of 3";
             ASSERT_ENUM_EQm(ctx[r].msg, PDP_ERR_TIMEOUT, ctx[r].st, pdp_status_name);
@@ -1410,7 +1410,7 @@ TEST zero_checkpoint_save_removes_a_dead_writers_marker_temporary(void)
 /* ---- checkpoints: a rank that stalls or leaves during save, load or consolidate ---- */
 
 enum { OP_SAVE, OP_LOAD, OP_CONSOLIDATE };
-#define FAULT_TIMEOUT_S 0.5 /* the group's timeout in the faulty runs: each costs about this */
+#define FAULT_TIMEOUT_S PDP_TEST_TIMEOUT(0.25) /* the group's timeout in the faulty runs: each costs about this */
 enum { FAULT_NONE, FAULT_STALL_BEFORE, FAULT_STALL_AT_ALLOC, FAULT_LEAVE };
 
 typedef struct fault_job {
