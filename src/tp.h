@@ -124,8 +124,19 @@ typedef struct pdp_tp_stats {
     int64_t backward_allreduces;  /* f's */
     int64_t forward_bytes;        /* payload of g's all-reduces: batch x width x 4 each */
     int64_t backward_bytes;       /* payload of f's */
-    int64_t bytes_sent;           /* by this rank, the ring figure 2(N-1)/N x payload */
-    double allreduce_s;           /* time in them (synchronous: compute waits for them) */
+    int64_t bytes_sent;           /* by this rank, the ring figures: 2(N-1)/N x an all-reduce's
+                                     payload, (N-1)/N x an all-gather's or reduce-scatter's */
+    double allreduce_s;           /* time in all of them (synchronous: compute waits) */
+    /* sequence parallelism (pdp_gpt_desc.sequence_parallel); a payload is the full
+       tensor, batch x T x width x 4 bytes, as an all-reduce's */
+    int64_t allgathers;           /* f forward, g backward, the gather before the head
+                                     (forward) and the scatter after the embedding (backward) */
+    int64_t reduce_scatters;      /* g forward, f backward */
+    int64_t allgather_bytes;      /* their payloads */
+    int64_t reduce_scatter_bytes;
+    int64_t grad_allreduces;      /* the sums of the sequence slices' gradients of the
+                                     replicated parameters (each LayerNorm's, in backward) */
+    int64_t grad_bytes;           /* their payload: the LayerNorms' weights and biases, x 4 */
 } pdp_tp_stats;
 PDP_API void pdp_tp_get_stats(const pdp_model *m, pdp_tp_stats *out);
 PDP_API void pdp_tp_reset_stats(pdp_model *m);
