@@ -418,6 +418,17 @@
    over the group, replicated tensors counted once), the same coefficient on every
    rank.
 
+   Sequence parallelism (pdp_gpt_desc.sequence_parallel = true, with desc.tp; Korthikanti
+   et al. 2022): between the TP blocks each rank holds T / N positions (the sequence must
+   divide by the TP size, else PDP_ERR_INVALID naming both), so the residual stream,
+   LayerNorms and Dropouts keep N times fewer activations; f becomes an all-gather of the
+   sequence (reduce-scatter backward), g a reduce-scatter (all-gather backward): the bytes
+   of TP's all-reduces (pdp_tp_stats: allgathers, reduce_scatters and their bytes, plus one
+   gather for the head and one for the embedding). Each LayerNorm's gradients are summed
+   over TP in backward (grad_allreduces); dropout masks are keyed by the global position,
+   so it trains as one device does (tests/test_gpt_sp.c: TP 2 and 3, each recomputation
+   mode, with and without dropout, within 1e-5).
+
    Pipeline parallel (pp.h)
    ------------------------
        CHECK(pdp_pp_create(&pp, m, comm, &(pdp_pp_desc){.micro_batches = 8}));  // stage rank
@@ -2519,6 +2530,32 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
    the global head), attn.c_proj row-parallel over the heads' outputs, g. Samples may be
    [T, C]: the split Linears act on every position, as Linear does.
 
+   Sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in Large
+   Transformer Models", 2022; pdp_gpt_create's desc.sequence_parallel): between the blocks
+   each rank holds T / N positions of every [T, C] sample, so the residual stream, the
+   LayerNorms and the Dropouts keep N times fewer activations. Three collective kinds
+   (Megatron-LM's functions) mark the region's edges:
+
+       ScatterToSequenceParallelRegion        forward: this rank's positions of a replicated
+                                              input (after the embedding)
+                                              backward: all-gather of the sequence
+       GatherFromSequenceParallelRegion       forward: all-gather of the sequence
+                                              backward: reduce-scatter (f, before a block's
+                                              ColumnParallelLinear), or this rank's positions
+                                              of a replicated gradient (before the head)
+       ReduceScatterToSequenceParallelRegion  forward: reduce-scatter of the partial sums
+                                              (g, after a RowParallelLinear)
+                                              backward: all-gather
+
+   An all-reduce is a reduce-scatter then an all-gather, so the blocks move the bytes TP's
+   f and g move (each rank sends (N-1)/N of the full tensor a collective). The layers
+   between them (internal.h's tp_seq) key their Dropout masks by the global position,
+   and a LayerNorm's weight and bias gradients, summed over a rank's positions only, are
+   all-reduced over TP in its backward (one all-reduce of 2C floats a LayerNorm; Megatron
+   sums them once a step) before the executors hear of them, so every rank steps the same
+   values and clipping counts them once. Samples are [B, T, C] (batch first), so a
+   collective's blocks, [N, B, T / N, C], are permuted in the workspace when B > 1.
+
    f and g are conjugate: each is the other's transpose. After g every rank holds the
    same output bits (the communicator reduces in a fixed order), so the layers after the
    block, the loss and the output gradient are replicated, and so is b2's gradient. Per
@@ -2588,7 +2625,8 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
    model without f and g, so a TP model draws the single-device model's masks (dropout
    after g, and attention dropout by global head, train as one device does).
 
-   Limits: the TP kinds run on the CPU and on CUDA (f and g are the communicator's
+   Limits: sequence parallelism is built for pdp_gpt_create's GPT (its Dropout on a slice
+   runs on the CPU, as the GPT split by heads does); the TP kinds run on the CPU and on CUDA (f and g are the communicator's
    all-reduce on the device's buffers); no Dropout inside an MLP block (its masks are
    keyed by the element's index in the slice); a DP replica (dp.c) of a TP model is not
    supported. */
@@ -16841,8 +16879,9 @@ PDP__PRIVATE pdp_status pdp__residual_add_cuda_backward(const pdp__layer *l,
 /* ---- end src/layers_gpt.c ---- */
 
 /* ---- begin src/layers_tp.c ---- */
-/* layers_tp: the four layer kinds of tensor parallelism (tp.h has the design): f and g,
-   the conjugate operators, and the column- and row-parallel Linears, as entries of
+/* layers_tp: the layer kinds of tensor parallelism (tp.h has the design): f and g, the
+   conjugate operators, the column- and row-parallel Linears, and sequence parallelism's
+   three collectives and the backward of a LayerNorm on a rank's positions, as entries of
    layers_table.c. The API around them (the model's TP communicator, constructors,
    statistics, full-tensor checkpoints) is tp.c.
 
@@ -25787,9 +25826,11 @@ PDP_API void pdp_ddp_reset_stats(pdp_ddp *d)
 
 /* ---- begin src/tp.c ---- */
 /* tp: tensor parallelism (see tp.h for the design): the model's TP communicator, the
-   constructors of the four TP layer kinds (their kernels are layers_tp.c), statistics,
-   the check that every TP rank built the same TP layers (run by f's forward at the
-   first forward, through the TP state's pointer: layers_tp.c comes first), and
+   constructors of the four TP layer kinds and of sequence parallelism's three (their
+   kernels are layers_tp.c) with the marking of the layers between them, statistics, the
+   check that every TP rank built the same TP layers (run by f's forward, or the first
+   sequence collective's, at the first forward, through the TP state's pointer:
+   layers_tp.c comes first), and
    full-tensor checkpoints, which map each rank's slice into the full tensor
    (pdp__tp_runs) through a staging copy of the full (single-device) model.
 

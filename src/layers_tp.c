@@ -1,5 +1,6 @@
-/* layers_tp: the four layer kinds of tensor parallelism (tp.h has the design): f and g,
-   the conjugate operators, and the column- and row-parallel Linears, as entries of
+/* layers_tp: the layer kinds of tensor parallelism (tp.h has the design): f and g, the
+   conjugate operators, the column- and row-parallel Linears, and sequence parallelism's
+   three collectives and the backward of a LayerNorm on a rank's positions, as entries of
    layers_table.c. The API around them (the model's TP communicator, constructors,
    statistics, full-tensor checkpoints) is tp.c.
 

@@ -1,7 +1,9 @@
 /* tp: tensor parallelism (see tp.h for the design): the model's TP communicator, the
-   constructors of the four TP layer kinds (their kernels are layers_tp.c), statistics,
-   the check that every TP rank built the same TP layers (run by f's forward at the
-   first forward, through the TP state's pointer: layers_tp.c comes first), and
+   constructors of the four TP layer kinds and of sequence parallelism's three (their
+   kernels are layers_tp.c) with the marking of the layers between them, statistics, the
+   check that every TP rank built the same TP layers (run by f's forward, or the first
+   sequence collective's, at the first forward, through the TP state's pointer:
+   layers_tp.c comes first), and
    full-tensor checkpoints, which map each rank's slice into the full tensor
    (pdp__tp_runs) through a staging copy of the full (single-device) model.
 

@@ -4994,8 +4994,9 @@ PDP__PRIVATE pdp_status pdp__residual_add_cuda_backward(const pdp__layer *l,
 #endif
 
 /* ---- src/layers_tp.c ---- */
-/* layers_tp: the four layer kinds of tensor parallelism (tp.h has the design): f and g,
-   the conjugate operators, and the column- and row-parallel Linears, as entries of
+/* layers_tp: the layer kinds of tensor parallelism (tp.h has the design): f and g, the
+   conjugate operators, the column- and row-parallel Linears, and sequence parallelism's
+   three collectives and the backward of a LayerNorm on a rank's positions, as entries of
    layers_table.c. The API around them (the model's TP communicator, constructors,
    statistics, full-tensor checkpoints) is tp.c.
 
@@ -7383,9 +7384,11 @@ PDP__PRIVATE pdp_status pdp__ddp_desc_defaults(const pdp_model *m, const pdp_ddp
 
 /* ---- src/tp.c ---- */
 /* tp: tensor parallelism (see tp.h for the design): the model's TP communicator, the
-   constructors of the four TP layer kinds (their kernels are layers_tp.c), statistics,
-   the check that every TP rank built the same TP layers (run by f's forward at the
-   first forward, through the TP state's pointer: layers_tp.c comes first), and
+   constructors of the four TP layer kinds and of sequence parallelism's three (their
+   kernels are layers_tp.c) with the marking of the layers between them, statistics, the
+   check that every TP rank built the same TP layers (run by f's forward, or the first
+   sequence collective's, at the first forward, through the TP state's pointer:
+   layers_tp.c comes first), and
    full-tensor checkpoints, which map each rank's slice into the full tensor
    (pdp__tp_runs) through a staging copy of the full (single-device) model.
 
