@@ -26,7 +26,17 @@
    Errors: T that the TP size does not divide, and sequence_parallel without desc.tp.
 
    cc -std=c99 -O2 -Itests -I. tests/test_gpt_sp.c -lm -lpthread (or make) */
-#define _POSIX_C_SOURCE 200809L
+#define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
+#include <stdlib.h>
+#include <stdatomic.h>
+static atomic_long test_allocs;
+static void *test_malloc(size_t n)
+{
+    atomic_fetch_add(&test_allocs, 1);
+    return malloc(n);
+}
+#define PDP_MALLOC(n) test_malloc(n)
+#define PDP_FREE(p) free(p)
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 #include "pdp_test.h"
@@ -35,6 +45,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { SB = 2, ST = 12, SC = 24, SL = 2, SH = 6, SV = 13, STEPS = 4, MAXN = 3 };
 
@@ -56,6 +67,8 @@ typedef struct sp_case {
     double worst[MAXN];              /* each rank's largest parameter error against ref */
     float lnf[MAXN][SC];             /* each rank's transformer.ln_f.weight after the steps */
     pdp_tp_stats stats;              /* rank 0's, one step */
+    long allocs_hot;                 /* the library's allocations during step 1 (every rank) */
+    char path[128];                  /* not empty: the TP checkpoint's file */
     int64_t act_sp, act_tp;          /* rank 0's activation bytes, the whole models */
     int64_t seq_layers, seq_bad;     /* layers on a rank's positions; those not 1/N of TP's */
 } sp_case;
@@ -76,11 +89,13 @@ static pdp_status sp_train(pdp_model *m, sp_case *c, bool record)
     if ((st = pdp_optim_create(&o, m, &od)) != PDP_OK) return st;
     pdp_tensor_wrap_ids(c->ids, pdp_cpu(), 2, shape, &x);
     for (s = 0; s < STEPS && st == PDP_OK; s++) {
+        long before = atomic_load(&test_allocs);
         if ((st = pdp_model_forward_backward(m, &x, c->tg, &loss)) != PDP_OK ||
             (st = pdp_clip_grad_norm(m, 0.5f, &norm)) != PDP_OK ||
             (st = pdp_optim_step(o)) != PDP_OK)
             break;
         pdp_optim_zero_grad(o);
+        if (record && s == 1) c->allocs_hot = atomic_load(&test_allocs) - before;
         if (record) {
             c->losses[s] = loss;
             c->norms[s] = norm;
@@ -153,6 +168,7 @@ static pdp_status sp_rank(const pdp_launch_ctx *ctx, void *user)
         (st = pdp_model_find_param(m, "transformer.ln_f.weight", &lnf)) != PDP_OK)
         goto out;
     memcpy(c->lnf[ctx->rank], lnf.value.data, sizeof c->lnf[0]);
+    if (c->path[0]) st = pdp_tp_checkpoint_save(c->path, m, NULL);
 out:
     pdp_model_free(tp);
     pdp_model_free(m);
@@ -199,7 +215,23 @@ TEST gpt_sp_equals_one_device(void)
                 c.dropout = drops[di];
                 c.recompute = modes[mi];
                 c.ref = ref;
+                if (n == MAXN && di == 1 && mi == 0) /* the full tensors in one file */
+                    snprintf(c.path, sizeof c.path, "build/test_gpt_sp.%ld.safetensors",
+                             (long)getpid());
                 ASSERT_ENUM_EQm(msg, PDP_OK, pdp_launch(n, NULL, sp_rank, &c), pdp_status_name);
+                ASSERT_EQm(msg, 0, c.allocs_hot); /* the hot loop allocates nothing */
+                if (c.path[0]) { /* the single-device GPT reads it: ref's values */
+                    pdp_model *back = NULL;
+                    pdp_tensor pb, pr;
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&back, &d), pdp_status_name);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_load(c.path, back, NULL),
+                                   pdp_status_name);
+                    pdp_model_flat(back, &pb, NULL);
+                    pdp_model_flat(ref, &pr, NULL);
+                    ASSERTm(msg, fixture_rel_err(pb.data, pr.data, pr.count) <= 1e-5);
+                    pdp_model_free(back);
+                    remove(c.path);
+                }
                 for (s = 0; s < STEPS; s++) {
                     ASSERTm(msg, fabs(c.losses[s] - one.losses[s]) <= 1e-5);
                     ASSERTm(msg, fabs(c.norms[s] - one.norms[s]) <= 1e-5);
@@ -249,6 +281,103 @@ TEST gpt_sp_equals_one_device(void)
     PASS();
 }
 
+/* DP x TP = 2 x 2 on 4 thread ranks (TP pairs, DP across them), sequence parallel,
+   dropout 0.1, selective recomputation: the GPT wrapped in DDP or ZeRO stage 1 on the DP
+   group, each copy on one of the 2 sequences (a batch of 1: the collectives need no
+   permutation), clipping after the DP average: equal to one device on both. The ignored
+   targets are alike in both sequences, so the mean of the copies' losses is the batch's. */
+typedef struct sp_dptp_case {
+    sp_case data;
+    int zero; /* 0: DDP, 1: ZeRO stage 1 */
+    double worst[4];
+} sp_dptp_case;
+
+static pdp_status sp_dptp_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    sp_dptp_case *c = (sp_dptp_case *)user;
+    int dp = ctx->rank / 2, tpr = ctx->rank % 2, s;
+    pdp_comm *tp = NULL, *dc = NULL;
+    pdp_gpt_desc d = sp_desc(0.1f);
+    pdp_model *m = NULL;
+    pdp_ddp *ddp = NULL;
+    pdp_zero *z = NULL;
+    pdp_zero_desc zd;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    pdp_tensor x;
+    int64_t shape[2] = {1, ST};
+    const int32_t *tg = c->data.tg + dp * ST;
+    float loss, norm;
+    pdp_status st;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-3, od.weight_decay = 0.1;
+    memset(&zd, 0, sizeof zd);
+    zd.stage = 1;
+    if ((st = pdp_comm_split(ctx->world, dp, tpr, &tp)) != PDP_OK ||
+        (st = pdp_comm_split(ctx->world, tpr, dp, &dc)) != PDP_OK)
+        goto out;
+    d.tp = tp;
+    d.sequence_parallel = true;
+    d.recompute = PDP_RECOMPUTE_SELECTIVE;
+    if ((st = pdp_gpt_create(&m, &d)) != PDP_OK) goto out;
+    if ((st = c->zero ? pdp_zero_create(&z, m, dc, &zd) : pdp_ddp_create(&ddp, m, dc, NULL)) !=
+            PDP_OK ||
+        (st = c->zero ? pdp_zero_optim_create(&o, z, &od) : pdp_optim_create(&o, m, &od)) !=
+            PDP_OK)
+        goto out;
+    pdp_tensor_wrap_ids(c->data.ids + dp * ST, pdp_cpu(), 2, shape, &x);
+    for (s = 0; s < STEPS && st == PDP_OK; s++) {
+        if (c->zero) {
+            if ((st = pdp_zero_forward_backward(z, &x, tg, &loss)) == PDP_OK &&
+                (st = pdp_zero_finish(z)) == PDP_OK &&
+                (st = pdp_zero_clip_grad_norm(z, 0.5f, &norm)) == PDP_OK)
+                st = pdp_zero_step(z, o);
+        } else {
+            if ((st = pdp_ddp_forward_backward(ddp, &x, tg, &loss)) == PDP_OK &&
+                (st = pdp_ddp_finish(ddp)) == PDP_OK &&
+                (st = pdp_clip_grad_norm(m, 0.5f, &norm)) == PDP_OK &&
+                (st = pdp_optim_step(o)) == PDP_OK)
+                pdp_optim_zero_grad(o);
+        }
+        if (st == PDP_OK && ctx->rank == 0) c->data.norms[s] = norm;
+    }
+    if (st == PDP_OK) st = sp_worst(m, c->data.ref, &c->worst[ctx->rank]);
+out:
+    pdp_optim_free(o);
+    pdp_ddp_free(ddp);
+    pdp_zero_free(z);
+    pdp_model_free(m);
+    pdp_comm_free(dc);
+    pdp_comm_free(tp);
+    return st;
+}
+
+TEST gpt_sp_under_ddp_and_zero1_equals_one_device(void)
+{
+    static sp_dptp_case c;
+    sp_case one;
+    pdp_gpt_desc d = sp_desc(0.1f);
+    pdp_model *ref = NULL;
+    int64_t i;
+    int r, s;
+    sp_data(&one);
+    for (i = 0; i < SB * ST; i++) one.tg[i] = i % ST == 5 ? -1 : one.tg[i] < 0 ? 0 : one.tg[i];
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&ref, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, sp_train(ref, &one, true), pdp_status_name);
+    for (c.zero = 0; c.zero <= 1; c.zero++) {
+        const char *what = c.zero ? "ZeRO-1 x TP 2 + SP" : "DDP x TP 2 + SP";
+        c.data = one;
+        c.data.ref = ref;
+        memset(c.worst, 0, sizeof c.worst);
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(4, NULL, sp_dptp_rank, &c),
+                        pdp_status_name);
+        for (r = 0; r < 4; r++) ASSERTm(what, c.worst[r] <= 1e-5);
+        for (s = 0; s < STEPS; s++) ASSERTm(what, fabs(c.data.norms[s] - one.norms[s]) <= 1e-5);
+    }
+    pdp_model_free(ref);
+    PASS();
+}
+
 static pdp_status sp_bad_T(const pdp_launch_ctx *ctx, void *user)
 {
     pdp_gpt_desc d = sp_desc(0.0f);
@@ -259,14 +388,14 @@ static pdp_status sp_bad_T(const pdp_launch_ctx *ctx, void *user)
     d.tp = ctx->world;
     d.sequence_parallel = true;
     st = pdp_gpt_create(&m, &d);
-    if (ctx->rank == 0) snprintf(msg, 512, "%s", pdp_last_error());
+    if (ctx->rank == 0) snprintf(msg, 1024, "%s", pdp_last_error());
     pdp_model_free(m);
     return st == PDP_ERR_INVALID && !m ? PDP_OK : PDP_ERR_STATE;
 }
 
 TEST gpt_sp_errors(void)
 {
-    char msg[512] = "";
+    char msg[1024] = "";
     pdp_gpt_desc d = sp_desc(0.0f);
     pdp_model *m = NULL;
     ASSERT_ENUM_EQ(PDP_OK, pdp_launch(3, NULL, sp_bad_T, msg), pdp_status_name);
@@ -284,6 +413,7 @@ TEST gpt_sp_errors(void)
 SUITE(gpt_sp)
 {
     RUN_TEST(gpt_sp_equals_one_device);
+    RUN_TEST(gpt_sp_under_ddp_and_zero1_equals_one_device);
     RUN_TEST(gpt_sp_errors);
 }
 
