@@ -4410,8 +4410,9 @@ typedef struct pdp__layer_kind_info {
 
 /* layers_table.c: dispatch through the table. pdp__layer_setup: shape inference and
    validation; pdp__layer_init_params: parameter initialisation; forward and
-   backward on io->device; the workspace floats per sample on device d; the FLOPs
-   estimate (0 for a kind without one). */
+   backward on io->device (backward of a tp_seq layer with parameters: through
+   pdp__tp_seq_backward, its gradients summed over TP); the workspace floats per sample
+   on device d; the FLOPs estimate (0 for a kind without one). */
 PDP__PRIVATE const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k);
 PDP__PRIVATE pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps);
 PDP__PRIVATE void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);

@@ -393,6 +393,28 @@ static pdp_status sp_bad_T(const pdp_launch_ctx *ctx, void *user)
     return st == PDP_ERR_INVALID && !m ? PDP_OK : PDP_ERR_STATE;
 }
 
+/* Rank 1 builds the GPT without sequence parallelism: the first forward fails on both
+   ranks (tp.c's width check), naming the layers that differ. */
+static pdp_status sp_mixed(const pdp_launch_ctx *ctx, void *user)
+{
+    pdp_gpt_desc d = sp_desc(0.0f);
+    pdp_model *m = NULL;
+    pdp_tensor x;
+    const pdp_tensor *y;
+    int32_t ids[ST] = {0};
+    int64_t shape[2] = {1, ST};
+    pdp_status st;
+    char *msg = (char *)user;
+    d.tp = ctx->world;
+    d.sequence_parallel = ctx->rank == 0;
+    if ((st = pdp_gpt_create(&m, &d)) != PDP_OK) return st;
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
+    st = pdp_model_forward(m, &x, &y);
+    if (ctx->rank == 1) snprintf(msg, 1024, "%s", pdp_last_error());
+    pdp_model_free(m);
+    return st == PDP_ERR_INVALID ? PDP_OK : PDP_ERR_STATE;
+}
+
 TEST gpt_sp_errors(void)
 {
     char msg[1024] = "";
@@ -401,6 +423,9 @@ TEST gpt_sp_errors(void)
     ASSERT_ENUM_EQ(PDP_OK, pdp_launch(3, NULL, sp_bad_T, msg), pdp_status_name);
     ASSERTm(msg, strstr(msg, "pdp_gpt_create") && strstr(msg, "sequence 8") &&
                      strstr(msg, "TP size 3"));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_launch(2, NULL, sp_mixed, msg), pdp_status_name);
+    ASSERTm(msg, strstr(msg, "TP ranks built different models") &&
+                     strstr(msg, "ScatterToSequenceParallelRegion"));
     d.sequence_parallel = true; /* and no desc.tp */
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_create(&m, &d), pdp_status_name);
     ASSERT(m == NULL);
