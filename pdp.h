@@ -418,6 +418,17 @@
    over the group, replicated tensors counted once), the same coefficient on every
    rank.
 
+   Sequence parallelism (pdp_gpt_desc.sequence_parallel = true, with desc.tp; Korthikanti
+   et al. 2022): between the TP blocks each rank holds T / N positions (the sequence must
+   divide by the TP size, else PDP_ERR_INVALID naming both), so the residual stream,
+   LayerNorms and Dropouts keep N times fewer activations; f becomes an all-gather of the
+   sequence (reduce-scatter backward), g a reduce-scatter (all-gather backward): the bytes
+   of TP's all-reduces (pdp_tp_stats: allgathers, reduce_scatters and their bytes, plus one
+   gather for the head and one for the embedding). Each LayerNorm's gradients are summed
+   over TP in backward (grad_allreduces); dropout masks are keyed by the global position,
+   so it trains as one device does (tests/test_gpt_sp.c: TP 2 and 3, each recomputation
+   mode, with and without dropout, within 1e-5).
+
    Pipeline parallel (pp.h)
    ------------------------
        CHECK(pdp_pp_create(&pp, m, comm, &(pdp_pp_desc){.micro_batches = 8}));  // stage rank
@@ -1186,6 +1197,11 @@ typedef struct pdp_gpt_desc {
                                 attention of this rank's heads, attn.c_proj row-parallel,
                                 the MLP as tp.h's; LayerNorms, embeddings and the head
                                 replicated. heads must divide by its size. NULL: none */
+    bool sequence_parallel;  /* with tp: sequence parallelism (Korthikanti et al. 2022): the
+                                residual stream, LayerNorms and dropouts between the TP
+                                blocks hold T / N positions a rank (sequence must divide by
+                                the TP size); f and g become an all-gather and a
+                                reduce-scatter of the sequence. Default false */
 } pdp_gpt_desc;
 
 /* Builds the GPT described above into *out (free it with pdp_model_free). A field out of
@@ -1201,7 +1217,28 @@ typedef struct pdp_gpt_desc {
    (4 all-reduces of batch x T x dim floats a block and step: g forward, f backward, twice),
    and its parameters start as the single-device GPT's slices (the full GPT is built and
    cut), so it trains as one device does up to float rounding. Its checkpoints are
-   pdp_tp_checkpoint_save/load's, the single-device GPT's file. */
+   pdp_tp_checkpoint_save/load's, the single-device GPT's file.
+
+   With desc.sequence_parallel (Megatron-LM's sequence parallelism) the model is
+
+       Embedding, ScatterToSequenceParallelRegion (this rank's T / N positions), [Dropout],
+       per block: Residual, LayerNorm ln_1, f = GatherFromSequenceParallelRegion (all-gather
+       of the sequence; backward reduce-scatter), c_attn, attention, attn.c_proj, g =
+       ReduceScatterToSequenceParallelRegion (reduce-scatter; backward all-gather),
+       [Dropout], ResidualAdd, and the same for the MLP;
+       LayerNorm ln_f, GatherFromSequenceParallelRegion (backward: this rank's slice),
+       TiedLinear
+
+   so every layer between the TP blocks (residuals, LayerNorms, Dropouts) holds B x T / N
+   x dim activations, N times fewer. The collectives per block and step move the bytes of
+   TP's 4 all-reduces (an all-reduce is a reduce-scatter and an all-gather): 4 all-gathers
+   and 4 reduce-scatters of batch x T x dim floats, plus one all-gather for the head
+   (forward) and one for the embedding (backward). The replicated head and loss run on the
+   whole sequence on every rank. Each LayerNorm's weight and bias gradients, computed on a
+   rank's positions, are summed over the TP ranks in backward (one small all-reduce a
+   LayerNorm), so every rank steps the same values and clipping counts them once (on TP
+   rank 0, as every replicated tensor). Dropout masks are keyed by the global position:
+   the single device's masks. */
 PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc);
 
 /* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room
@@ -2493,6 +2530,32 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
    the global head), attn.c_proj row-parallel over the heads' outputs, g. Samples may be
    [T, C]: the split Linears act on every position, as Linear does.
 
+   Sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in Large
+   Transformer Models", 2022; pdp_gpt_create's desc.sequence_parallel): between the blocks
+   each rank holds T / N positions of every [T, C] sample, so the residual stream, the
+   LayerNorms and the Dropouts keep N times fewer activations. Three collective kinds
+   (Megatron-LM's functions) mark the region's edges:
+
+       ScatterToSequenceParallelRegion        forward: this rank's positions of a replicated
+                                              input (after the embedding)
+                                              backward: all-gather of the sequence
+       GatherFromSequenceParallelRegion       forward: all-gather of the sequence
+                                              backward: reduce-scatter (f, before a block's
+                                              ColumnParallelLinear), or this rank's positions
+                                              of a replicated gradient (before the head)
+       ReduceScatterToSequenceParallelRegion  forward: reduce-scatter of the partial sums
+                                              (g, after a RowParallelLinear)
+                                              backward: all-gather
+
+   An all-reduce is a reduce-scatter then an all-gather, so the blocks move the bytes TP's
+   f and g move (each rank sends (N-1)/N of the full tensor a collective). The layers
+   between them (internal.h's tp_seq) key their Dropout masks by the global position,
+   and a LayerNorm's weight and bias gradients, summed over a rank's positions only, are
+   all-reduced over TP in its backward (one all-reduce of 2C floats a LayerNorm; Megatron
+   sums them once a step) before the executors hear of them, so every rank steps the same
+   values and clipping counts them once. Samples are [B, T, C] (batch first), so a
+   collective's blocks, [N, B, T / N, C], are permuted in the workspace when B > 1.
+
    f and g are conjugate: each is the other's transpose. After g every rank holds the
    same output bits (the communicator reduces in a fixed order), so the layers after the
    block, the loss and the output gradient are replicated, and so is b2's gradient. Per
@@ -2562,7 +2625,8 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
    model without f and g, so a TP model draws the single-device model's masks (dropout
    after g, and attention dropout by global head, train as one device does).
 
-   Limits: the TP kinds run on the CPU and on CUDA (f and g are the communicator's
+   Limits: sequence parallelism is built for pdp_gpt_create's GPT (its Dropout on a slice
+   runs on the CPU, as the GPT split by heads does); the TP kinds run on the CPU and on CUDA (f and g are the communicator's
    all-reduce on the device's buffers); no Dropout inside an MLP block (its masks are
    keyed by the element's index in the slice); a DP replica (dp.c) of a TP model is not
    supported. */
@@ -2592,8 +2656,19 @@ typedef struct pdp_tp_stats {
     int64_t backward_allreduces;  /* f's */
     int64_t forward_bytes;        /* payload of g's all-reduces: batch x width x 4 each */
     int64_t backward_bytes;       /* payload of f's */
-    int64_t bytes_sent;           /* by this rank, the ring figure 2(N-1)/N x payload */
-    double allreduce_s;           /* time in them (synchronous: compute waits for them) */
+    int64_t bytes_sent;           /* by this rank, the ring figures: 2(N-1)/N x an all-reduce's
+                                     payload, (N-1)/N x an all-gather's or reduce-scatter's */
+    double allreduce_s;           /* time in all of them (synchronous: compute waits) */
+    /* sequence parallelism (pdp_gpt_desc.sequence_parallel); a payload is the full
+       tensor, batch x T x width x 4 bytes, as an all-reduce's */
+    int64_t allgathers;           /* f forward, g backward, the gather before the head
+                                     (forward) and the scatter after the embedding (backward) */
+    int64_t reduce_scatters;      /* g forward, f backward */
+    int64_t allgather_bytes;      /* their payloads */
+    int64_t reduce_scatter_bytes;
+    int64_t grad_allreduces;      /* the sums of the sequence slices' gradients of the
+                                     replicated parameters (each LayerNorm's, in backward) */
+    int64_t grad_bytes;           /* their payload: the LayerNorms' weights and biases, x 4 */
 } pdp_tp_stats;
 PDP_API void pdp_tp_get_stats(const pdp_model *m, pdp_tp_stats *out);
 PDP_API void pdp_tp_reset_stats(pdp_model *m);
@@ -4165,7 +4240,10 @@ typedef enum pdp__layer_kind {
     PDP__CAUSAL_SELF_ATTENTION,
     PDP__RESIDUAL,
     PDP__RESIDUAL_ADD,
-    PDP__TIED_LINEAR,            /* a new kind goes here: earlier values stay as they were */
+    PDP__TIED_LINEAR,
+    PDP__SEQ_SCATTER,            /* sequence parallel (tp.c): the sequence split and gathered */
+    PDP__SEQ_GATHER,
+    PDP__SEQ_REDUCE_SCATTER,     /* a new kind goes here: earlier values stay as they were */
     PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 
@@ -4210,6 +4288,22 @@ typedef struct pdp__layer {
                                             one */
     bool tp_skip_dx;                     /* ColumnParallelLinear after an f that is layer 0: no
                                             input gradient is needed */
+    bool tp_seq;                         /* sequence parallel (tp.h): the layer acts on this
+                                            rank's T / N positions of each [T, C] sample, from
+                                            position tp_seq_lo (a LayerNorm, Dropout or residual
+                                            between TP blocks; tp is the model's TP state); its
+                                            parameters are whole on every rank and the slices'
+                                            gradients are summed over TP in backward
+                                            (layers_tp.c) */
+    int64_t tp_seq_lo;                   /* tp_seq and the sequence-parallel kinds: this rank's
+                                            first position */
+    bool tp_sum_dy;                      /* GatherFromSequenceParallelRegion: its output gradient
+                                            is a partial sum (a TP block follows) and backward
+                                            reduce-scatters it; else it is replicated and
+                                            backward keeps this rank's slice */
+    int64_t mask_first;                  /* Dropout on a slice of a sample (tp_seq): the full
+                                            sample's index of the slice's first element, so the
+                                            slice draws the full sample's masks; else 0 */
 } pdp__layer;
 
 /* What one layer call sees. Pointers are on the model's device. */
@@ -4316,8 +4410,9 @@ typedef struct pdp__layer_kind_info {
 
 /* layers_table.c: dispatch through the table. pdp__layer_setup: shape inference and
    validation; pdp__layer_init_params: parameter initialisation; forward and
-   backward on io->device; the workspace floats per sample on device d; the FLOPs
-   estimate (0 for a kind without one). */
+   backward on io->device (backward of a tp_seq layer with parameters: through
+   pdp__tp_seq_backward, its gradients summed over TP); the workspace floats per sample
+   on device d; the FLOPs estimate (0 for a kind without one). */
 PDP__PRIVATE const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k);
 PDP__PRIVATE pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps);
 PDP__PRIVATE void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);
@@ -4376,6 +4471,19 @@ PDP__PRIVATE pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__
 PDP__PRIVATE pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 PDP__PRIVATE void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
 PDP__PRIVATE pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_seq_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+PDP__PRIVATE pdp_status pdp__tp_seq_scatter_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_seq_scatter_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_seq_gather_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_seq_gather_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_seq_reduce_scatter_forward(const pdp__layer *l,
+                                                           const pdp__layer_io *io);
+/* Backward of a tp_seq layer with parameters (a LayerNorm under sequence parallelism):
+   backward (the kind's entry on io's device) into the workspace, the slices' sum over TP,
+   added to io->dw and io->db (layers_table.c's pdp__layer_backward calls it). */
+PDP__PRIVATE pdp_status pdp__tp_seq_backward(const pdp__layer *l, const pdp__layer_io *io,
+                                             pdp_status (*backward)(const pdp__layer *,
+                                                                    const pdp__layer_io *));
 #ifdef PDP_CUDA
 PDP__PRIVATE pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
 PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
@@ -13820,7 +13928,8 @@ PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
      (shared with CUDA).
    - Dropout: the mask is a pure function of (seed, layer, step, global sample
      index, element) (math.h), so a batch split across DP replicas, each with its
-     sample_base, draws exactly the masks one device draws. Training: keep with
+     sample_base, draws exactly the masks one device draws (and a slice of a sample,
+     sequence parallelism's, keys its elements from mask_first). Training: keep with
      probability 1 - p and scale by 1 / (1 - p); the scaled mask is saved for
      backward. Evaluation: identity.
    - Flatten is a view: model.c aliases its output to its input and never calls
@@ -13850,6 +13959,8 @@ PDP__PRIVATE const char *pdp__layers_dims_str(int ndim, const int64_t *shape, ch
     if (ndim == 3)
         snprintf(buf, bytes, "(%lld, %lld, %lld)", (long long)shape[0], (long long)shape[1],
                  (long long)shape[2]);
+    else if (ndim == 2)
+        snprintf(buf, bytes, "(%lld, %lld)", (long long)shape[0], (long long)shape[1]);
     else
         snprintf(buf, bytes, "(%lld)", (long long)shape[0]);
     return buf;
@@ -14765,7 +14876,7 @@ PDP__PRIVATE pdp_status pdp__dropout_forward(const pdp__layer *l, const pdp__lay
         const float *PDP__RESTRICT x = io->x + s * n;
         float *PDP__RESTRICT y = io->y + s * n, *PDP__RESTRICT mask = io->saved + s * n;
         PDP__FOR_BLOCKED(j, n, {
-            mask[j] = pdp__dropout_bits(key, j) >= thr ? scale : 0.0f;
+            mask[j] = pdp__dropout_bits(key, l->mask_first + j) >= thr ? scale : 0.0f;
             y[j] = x[j] * mask[j];
         });
     }
@@ -14790,6 +14901,9 @@ PDP__PRIVATE pdp_status pdp__dropout_cuda_forward(const pdp__layer *l, const pdp
 {
     int dev = io->device.ordinal;
     int64_t n = io->batch * l->in_count;
+    if (l->mask_first != 0 && io->training && l->p != 0.0f)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "a Dropout on a slice of the sequence (sequence "
+                        "parallel) runs on the CPU for now");
     if (io->training && l->p != 0.0f)
         return pdp_cudak_dropout_fwd(dev, io->x, io->y, io->saved, io->batch, l->in_count, l->p,
                                      io->seed, l->mask_index, io->step, io->sample_base);
@@ -16766,8 +16880,9 @@ PDP__PRIVATE pdp_status pdp__residual_add_cuda_backward(const pdp__layer *l,
 /* ---- end src/layers_gpt.c ---- */
 
 /* ---- begin src/layers_tp.c ---- */
-/* layers_tp: the four layer kinds of tensor parallelism (tp.h has the design): f and g,
-   the conjugate operators, and the column- and row-parallel Linears, as entries of
+/* layers_tp: the layer kinds of tensor parallelism (tp.h has the design): f and g, the
+   conjugate operators, the column- and row-parallel Linears, and sequence parallelism's
+   three collectives and the backward of a LayerNorm on a rank's positions, as entries of
    layers_table.c. The API around them (the model's TP communicator, constructors,
    statistics, full-tensor checkpoints) is tp.c.
 
@@ -16897,6 +17012,213 @@ PDP__PRIVATE pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__l
 PDP__PRIVATE pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return io->dx ? pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count) : PDP_OK;
+}
+
+/* ---- tp: sequence parallelism's collectives ----
+   Between the TP blocks each rank holds Tl = T / N positions of every [T, C] sample (from
+   tp_seq_lo = rank x Tl): its batch is [B, Tl, C], the full one [B, T, C]. The
+   communicator's all-gather and reduce-scatter concatenate the ranks' blocks, [N, B, Tl,
+   C]; pdp__tp_seq_permute moves between that and [B, T, C] in the workspace (B = 1: the
+   same layout, no copy). Megatron-LM keeps [T, B, C] so that it needs none. */
+
+/* The floats of one sample's slice (Tl x C): the smaller side of the layer. */
+PDP__PRIVATE int64_t pdp__tp_seq_slice(const pdp__layer *l)
+{
+    return PDP__MIN(l->in_count, l->out_count);
+}
+
+/* to_ranks: dst [N, B, slice] <- src [B, N, slice]; else the reverse. */
+PDP__PRIVATE pdp_status pdp__tp_seq_permute(const pdp__layer *l, const pdp__layer_io *io,
+                                            float *dst, const float *src, bool to_ranks)
+{
+    int64_t n = pdp__tp_seq_slice(l), B = io->batch, b, r;
+    pdp_status st;
+    for (b = 0; b < B; b++)
+        for (r = 0; r < l->tp->size; r++) {
+            int64_t ranks = (r * B + b) * n, samples = (b * l->tp->size + r) * n;
+            if ((st = pdp__tp_copy(io, dst + (to_ranks ? ranks : samples),
+                                   src + (to_ranks ? samples : ranks), n)) != PDP_OK)
+                return st;
+        }
+    return PDP_OK;
+}
+
+/* Counts one sequence collective of the full tensor (batch x T x width floats) in the stats,
+   t0 its start. */
+PDP__PRIVATE void pdp__tp_seq_count(const pdp__layer *l, int64_t batch, bool gather, double t0)
+{
+    pdp__tp_state *tp = l->tp;
+    double n = (double)tp->size;
+    int64_t bytes = batch * pdp__tp_seq_slice(l) * tp->size * (int64_t)sizeof(float);
+    if (gather) {
+        tp->stats.allgathers++;
+        tp->stats.allgather_bytes += bytes;
+    } else {
+        tp->stats.reduce_scatters++;
+        tp->stats.reduce_scatter_bytes += bytes;
+    }
+    tp->stats.bytes_sent += (int64_t)((n - 1.0) / n * (double)bytes);
+    tp->stats.allreduce_s += pdp__now() - t0;
+}
+
+/* full [B, T, C] <- every rank's slice [B, Tl, C]; what names the step for messages. */
+PDP__PRIVATE pdp_status pdp__tp_seq_allgather(const pdp__layer *l, const pdp__layer_io *io,
+                                              const float *slice, float *full, const char *what)
+{
+    double t0 = pdp__now();
+    float *buf = io->batch == 1 ? full : io->work;
+    pdp_status st = pdp_comm_allgather(l->tp->comm, slice, buf,
+                                       io->batch * pdp__tp_seq_slice(l), NULL);
+    if (st == PDP_OK && buf != full) st = pdp__tp_seq_permute(l, io, full, buf, false);
+    if (st != PDP_OK)
+        return pdp__err_wrap(st, "%s: all-gather of %lld x %lld activations (TP rank %d of %d)",
+                             what, (long long)io->batch, (long long)pdp__tp_seq_slice(l),
+                             l->tp->rank, l->tp->size);
+    pdp__tp_seq_count(l, io->batch, true, t0);
+    return PDP_OK;
+}
+
+/* slice [B, Tl, C] <- this rank's positions of the sum over the ranks of full [B, T, C]. */
+PDP__PRIVATE pdp_status pdp__tp_seq_reduce_scatter(const pdp__layer *l, const pdp__layer_io *io,
+                                                   const float *full, float *slice,
+                                                   const char *what)
+{
+    double t0 = pdp__now();
+    const float *buf = full;
+    pdp_status st = PDP_OK;
+    if (io->batch > 1) {
+        st = pdp__tp_seq_permute(l, io, io->work, full, true);
+        buf = io->work;
+    }
+    if (st == PDP_OK)
+        st = pdp_comm_reduce_scatter(l->tp->comm, buf, slice, io->batch * pdp__tp_seq_slice(l),
+                                     PDP_REDUCE_SUM, NULL);
+    if (st != PDP_OK)
+        return pdp__err_wrap(st, "%s: reduce-scatter of %lld x %lld activations (TP rank %d of "
+                             "%d)", what, (long long)io->batch,
+                             (long long)pdp__tp_seq_slice(l), l->tp->rank, l->tp->size);
+    pdp__tp_seq_count(l, io->batch, false, t0);
+    return PDP_OK;
+}
+
+/* dst [B, Tl, C] <- this rank's positions of src [B, T, C] (replicated). */
+PDP__PRIVATE pdp_status pdp__tp_seq_split(const pdp__layer *l, const pdp__layer_io *io,
+                                          const float *src, float *dst)
+{
+    int64_t n = pdp__tp_seq_slice(l), b;
+    pdp_status st;
+    for (b = 0; b < io->batch; b++)
+        if ((st = pdp__tp_copy(io, dst + b * n, src + (b * l->tp->size + l->tp->rank) * n, n)) !=
+            PDP_OK)
+            return st;
+    return PDP_OK;
+}
+
+/* The three kinds: a [T, C] sample in, [T / N, C] out (Scatter, ReduceScatter), or the
+   reverse (Gather); T must divide by the TP size. The workspace holds the full tensor
+   (the permutation). */
+PDP__PRIVATE pdp_status pdp__tp_seq_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    bool gather = l->kind == PDP__SEQ_GATHER;
+    int64_t T = l->in_shape[0], n;
+    pdp_status st;
+    (void)ps;
+    if ((st = pdp__tp_op_setup(l, in)) != PDP_OK) return st;
+    n = l->tp->size;
+    if (l->in_ndim != 2)
+        return pdp__err(PDP_ERR_SHAPE, "needs [T, C] samples (a sequence of positions), got %s",
+                        in);
+    if (!gather && T % n != 0)
+        return pdp__err(PDP_ERR_INVALID, "sequence T %lld does not divide by the TP size %lld: "
+                        "each rank holds T / N positions (input %s)", (long long)T, (long long)n,
+                        in);
+    l->out_shape[0] = gather ? T * n : T / n;
+    l->tp_seq_lo = l->tp->rank * PDP__MIN(T, l->out_shape[0]);
+    l->work_per_sample = PDP__MAX(T, l->out_shape[0]) * l->in_shape[1];
+    return PDP_OK;
+}
+
+/* The width check (tp.c) before the first sequence collective of a forward, as f's. */
+PDP__PRIVATE pdp_status pdp__tp_seq_check(const pdp__layer *l)
+{
+    return l->tp->checked != l->tp->nlayers ? l->tp->check_widths(l->tp) : PDP_OK;
+}
+
+/* ScatterToSequenceParallelRegion (after the embedding): forward keeps this rank's
+   positions of the replicated input; backward all-gathers the slices' gradients. A
+   ReduceScatterToSequenceParallelRegion (g) has the same backward. */
+PDP__PRIVATE pdp_status pdp__tp_seq_scatter_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_status st;
+    if ((st = pdp__tp_seq_check(l)) != PDP_OK) return st;
+    return pdp__tp_seq_split(l, io, io->x, io->y);
+}
+
+PDP__PRIVATE pdp_status pdp__tp_seq_scatter_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (!io->dx) return PDP_OK;
+    return pdp__tp_seq_allgather(l, io, io->dy, io->dx,
+                                 l->kind == PDP__SEQ_SCATTER ? "scatter backward" : "g backward");
+}
+
+/* GatherFromSequenceParallelRegion: forward all-gathers the sequence. Backward, as f
+   (tp_sum_dy: a ColumnParallelLinear follows, whose input gradient is this rank's partial
+   sum), reduce-scatters; before replicated layers (the head) it keeps this rank's slice of
+   the replicated gradient. */
+PDP__PRIVATE pdp_status pdp__tp_seq_gather_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_status st;
+    if ((st = pdp__tp_seq_check(l)) != PDP_OK) return st;
+    return pdp__tp_seq_allgather(l, io, io->x, io->y, l->tp_sum_dy ? "f forward" : "gather");
+}
+
+PDP__PRIVATE pdp_status pdp__tp_seq_gather_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (!io->dx) return PDP_OK;
+    if (!l->tp_sum_dy) return pdp__tp_seq_split(l, io, io->dy, io->dx);
+    return pdp__tp_seq_reduce_scatter(l, io, io->dy, io->dx, "f backward");
+}
+
+/* ReduceScatterToSequenceParallelRegion (g): forward sums the RowParallelLinear's partial
+   outputs and keeps this rank's positions. */
+PDP__PRIVATE pdp_status pdp__tp_seq_reduce_scatter_forward(const pdp__layer *l,
+                                                           const pdp__layer_io *io)
+{
+    return pdp__tp_seq_reduce_scatter(l, io, io->x, io->y, "g forward");
+}
+
+/* A LayerNorm (any tp_seq layer with parameters) on this rank's positions: its weight and
+   bias gradients over them go to the workspace, one all-reduce over TP sums the ranks'
+   (Megatron-LM sums the same gradients, once a step), and the sum is added to dw and db,
+   so every rank accumulates the full sequence's gradient, the same bits, before any
+   executor hears that the gradient is ready. */
+PDP__PRIVATE pdp_status pdp__tp_seq_backward(const pdp__layer *l, const pdp__layer_io *io,
+                                             pdp_status (*backward)(const pdp__layer *,
+                                                                    const pdp__layer_io *))
+{
+    const pdp_model *m = l->tp->model;
+    int64_t nw = m->params[l->param_first].count;
+    int64_t nb = l->nparams > 1 ? m->params[l->param_first + 1].count : 0;
+    pdp__layer_io run = *io;
+    pdp_status st;
+    double t0;
+    run.dw = io->work;
+    run.db = nb ? io->work + nw : NULL;
+    if ((st = pdp__dev_memset0(io->device, io->work, (size_t)(nw + nb) * sizeof(float))) ||
+        (st = backward(l, &run)) != PDP_OK)
+        return st;
+    t0 = pdp__now();
+    if ((st = pdp_comm_allreduce(l->tp->comm, io->work, nw + nb, PDP_REDUCE_SUM, NULL)))
+        return pdp__err_wrap(st, "the sequence slices' parameter gradients: all-reduce of %lld "
+                             "floats (TP rank %d of %d)", (long long)(nw + nb), l->tp->rank,
+                             l->tp->size);
+    l->tp->stats.grad_allreduces++;
+    l->tp->stats.grad_bytes += (nw + nb) * (int64_t)sizeof(float);
+    l->tp->stats.bytes_sent += (int64_t)(2.0 * (double)(l->tp->size - 1) / (double)l->tp->size *
+                                         (double)((nw + nb) * (int64_t)sizeof(float)));
+    l->tp->stats.allreduce_s += pdp__now() - t0;
+    if ((st = pdp__dev_add(io->device, io->dw, io->work, nw)) != PDP_OK) return st;
+    return nb ? pdp__dev_add(io->device, io->db, io->work + nw, nb) : PDP_OK;
 }
 
 /* ---- tp: the column- and row-parallel Linears ---- */
@@ -17296,6 +17618,18 @@ PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] 
                                 pdp__linear_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
                                 PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL,
                                 PDP__LAYER_TIED, pdp__flops_tied_linear},
+    /* sequence parallel (tp.c; layers_tp.c): collectives on every device, as f and g */
+    PDP__KIND(PDP__SEQ_SCATTER){"ScatterToSequenceParallelRegion", pdp__tp_seq_setup, NULL,
+                                pdp__tp_seq_scatter_forward, pdp__tp_seq_scatter_backward, NULL,
+                                NULL, NULL, PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED, NULL},
+    PDP__KIND(PDP__SEQ_GATHER){"GatherFromSequenceParallelRegion", pdp__tp_seq_setup, NULL,
+                               pdp__tp_seq_gather_forward, pdp__tp_seq_gather_backward, NULL,
+                               NULL, NULL, PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED, NULL},
+    PDP__KIND(PDP__SEQ_REDUCE_SCATTER){"ReduceScatterToSequenceParallelRegion",
+                                       pdp__tp_seq_setup, NULL,
+                                       pdp__tp_seq_reduce_scatter_forward,
+                                       pdp__tp_seq_scatter_backward, NULL, NULL, NULL,
+                                       PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED, NULL},
 };
 
 /* The entry of kind k; NULL for a value outside the table. */
@@ -17401,13 +17735,21 @@ PDP__PRIVATE pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer
     return info->forward(l, io);
 }
 
-PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__layer_backward_on(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
     if (io->device.kind == PDP_DEVICE_CUDA && !(info->flags & PDP__LAYER_COLLECTIVE))
         return pdp__layer_cuda(l, io, info->cuda_backward);
     return info->backward(l, io);
+}
+
+/* A layer with parameters on a slice of the sequence (sequence parallel: a LayerNorm
+   between TP blocks) has its gradients summed over the TP ranks' slices (layers_tp.c). */
+PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (l->tp_seq && l->nparams > 0) return pdp__tp_seq_backward(l, io, pdp__layer_backward_on);
+    return pdp__layer_backward_on(l, io);
 }
 /* ---- end src/layers_table.c ---- */
 
@@ -25485,9 +25827,11 @@ PDP_API void pdp_ddp_reset_stats(pdp_ddp *d)
 
 /* ---- begin src/tp.c ---- */
 /* tp: tensor parallelism (see tp.h for the design): the model's TP communicator, the
-   constructors of the four TP layer kinds (their kernels are layers_tp.c), statistics,
-   the check that every TP rank built the same TP layers (run by f's forward at the
-   first forward, through the TP state's pointer: layers_tp.c comes first), and
+   constructors of the four TP layer kinds and of sequence parallelism's three (their
+   kernels are layers_tp.c) with the marking of the layers between them, statistics, the
+   check that every TP rank built the same TP layers (run by f's forward, or the first
+   sequence collective's, at the first forward, through the TP state's pointer:
+   layers_tp.c comes first), and
    full-tensor checkpoints, which map each rank's slice into the full tensor
    (pdp__tp_runs) through a staging copy of the full (single-device) model.
 
@@ -25559,7 +25903,8 @@ PDP__PRIVATE pdp_status pdp__tp_add_column(pdp_model *m, int64_t out_features, i
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
         return st; /* before the order checks: a wrapped model takes no layer at all */
-    if (pdp__tp_last_kind(m) != PDP__TP_COPY)
+    if (pdp__tp_last_kind(m) != PDP__TP_COPY &&
+        !(pdp__tp_last_kind(m) == PDP__SEQ_GATHER && m->layers[m->nlayers - 1].tp_sum_dy))
         return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow f (pdp_model_add_tp_copy), "
                         "not %s", fn, m->nlayers,
                         m->nlayers ? pdp_model_layer_name(m, m->nlayers - 1) : "the input");
@@ -25640,6 +25985,46 @@ PDP_API pdp_status pdp_model_add_tp_reduce(pdp_model *m)
     return pdp__tp_add(m, pdp__layer_of(PDP__TP_REDUCE), fn);
 }
 
+/* Sequence parallelism's collectives (pdp_gpt_create's): kind PDP__SEQ_SCATTER (after
+   the embedding), PDP__SEQ_GATHER (f before a block's ColumnParallelLinear: sum_dy; or
+   before the replicated head) or PDP__SEQ_REDUCE_SCATTER (g, after a RowParallelLinear). */
+PDP__PRIVATE pdp_status pdp__tp_add_sequence(pdp_model *m, pdp__layer_kind kind, bool sum_dy,
+                                             const char *fn)
+{
+    pdp__layer l = pdp__layer_of(kind);
+    if (kind == PDP__SEQ_REDUCE_SCATTER && pdp__tp_last_kind(m) != PDP__ROW_PARALLEL_LINEAR)
+        return pdp__err(PDP_ERR_STATE, "%s: layer %d (ReduceScatterToSequenceParallelRegion) "
+                        "must follow a RowParallelLinear, not %s", fn, m->nlayers,
+                        m->nlayers ? pdp_model_layer_name(m, m->nlayers - 1) : "the input");
+    l.tp_sum_dy = sum_dy;
+    return pdp__tp_add(m, l, fn);
+}
+
+/* Marks the layers between a scatter (ScatterTo- or ReduceScatterToSequenceParallelRegion)
+   and the next GatherFromSequenceParallelRegion as acting on this rank's positions
+   (tp_seq, internal.h): their Dropout masks keyed from the slice's first element, their
+   parameters' gradients summed over TP in backward, in a workspace at least as large as
+   those parameters. Called by the builder once its last layer is added. */
+PDP__PRIVATE void pdp__tp_mark_sequence(pdp_model *m)
+{
+    const pdp__layer *open = NULL;
+    int i, p;
+    for (i = 0; i < m->nlayers; i++) {
+        pdp__layer *l = &m->layers[i];
+        int64_t floats = 0;
+        if (l->kind == PDP__SEQ_SCATTER || l->kind == PDP__SEQ_REDUCE_SCATTER) open = l;
+        if (l->kind == PDP__SEQ_GATHER) open = NULL;
+        if (!open || (pdp__layer_kind_of(l->kind)->flags & PDP__LAYER_COLLECTIVE)) continue;
+        l->tp = &m->tp;
+        l->tp_seq = true;
+        l->tp_seq_lo = open->tp_seq_lo;
+        l->mask_first = l->tp_seq_lo * l->in_shape[1];
+        for (p = l->param_first; p < l->param_first + l->nparams; p++)
+            floats += m->params[p].count;
+        l->work_per_sample = PDP__MAX(l->work_per_sample, floats);
+    }
+}
+
 PDP_API void pdp_tp_get_stats(const pdp_model *m, pdp_tp_stats *out)
 {
     if (!out) return;
@@ -25684,6 +26069,8 @@ PDP__PRIVATE pdp_status pdp__tp_full_model(const pdp_model *m, pdp_model **out, 
             l.kind = PDP__LINEAR;
         if ((pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_HEADWISE) && l.tp)
             l.heads = l.tp_full; /* every head */
+        l.tp_seq = false; /* the whole sequence */
+        l.tp_seq_lo = l.mask_first = 0;
         if (pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_SKIP)
             l.residual_from = at[l.residual_from];
         l.tp = NULL;
@@ -25756,7 +26143,17 @@ typedef struct pdp__tp_verdict {
 PDP__PRIVATE bool pdp__tp_kind(pdp__layer_kind k)
 {
     return k == PDP__TP_COPY || k == PDP__TP_REDUCE || k == PDP__COLUMN_PARALLEL_LINEAR ||
-           k == PDP__ROW_PARALLEL_LINEAR;
+           k == PDP__ROW_PARALLEL_LINEAR || k == PDP__SEQ_SCATTER || k == PDP__SEQ_GATHER ||
+           k == PDP__SEQ_REDUCE_SCATTER;
+}
+
+/* m's TP layers (the kinds above; a pipeline stage's tp.nlayers counts others too). */
+PDP__PRIVATE int64_t pdp__tp_count(const pdp_model *m)
+{
+    int64_t n = 0;
+    int i;
+    for (i = 0; i < m->nlayers; i++) n += pdp__tp_kind(m->layers[i].kind);
+    return n;
 }
 
 /* The signature of m's k-th TP layer; false when it has fewer. */
@@ -25772,7 +26169,7 @@ PDP__PRIVATE bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s)
         s->in = l->kind == PDP__ROW_PARALLEL_LINEAR ? l->tp_full : l->in_shape[l->in_ndim - 1];
         s->out = l->kind == PDP__COLUMN_PARALLEL_LINEAR ? l->tp_full
                  : l->kind == PDP__ROW_PARALLEL_LINEAR  ? l->out_features
-                                                        : l->in_count;
+                                                        : l->out_count;
         return true;
     }
     return false;
@@ -25792,7 +26189,7 @@ PDP__PRIVATE void pdp__tp_sig_str(const pdp__tp_sig *s, char *out, size_t cap)
 PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp)
 {
     const pdp_model *m = tp->model;
-    int64_t n0 = tp->nlayers, k;
+    int64_t n0 = pdp__tp_count(m), mine_n = n0, k;
     pdp__tp_sig *table = NULL, mine;
     pdp__tp_verdict *all = NULL, *bad = NULL;
     pdp_status st;
@@ -25815,8 +26212,8 @@ PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp)
     if ((st = pdp_comm_broadcast_bytes(tp->comm, table, (size_t)n0 * sizeof *table, 0)) != PDP_OK)
         goto comm_failed;
     all[tp->rank].at = -1;
-    all[tp->rank].count = tp->nlayers;
-    for (k = 0; k <= PDP__MAX(n0, (int64_t)tp->nlayers); k++) {
+    all[tp->rank].count = mine_n;
+    for (k = 0; k <= PDP__MAX(n0, mine_n); k++) {
         bool have = pdp__tp_sig_at(m, k, &mine);
         if (k < n0 && have && memcmp(&mine, &table[k], sizeof mine) == 0) continue;
         if (k < n0 || have) {
@@ -26039,14 +26436,29 @@ PDP__PRIVATE pdp_status pdp__gpt_layernorm(pdp_model *m, const char *prefix)
     return PDP_OK;
 }
 
-/* Tensor parallel: f before a block's first split Linear, g after its last. */
+/* Tensor parallel: f before a block's first split Linear, g after its last; with sequence
+   parallelism f all-gathers the sequence (backward: reduce-scatter) and g reduce-scatters
+   it (backward: all-gather). */
 PDP__PRIVATE pdp_status pdp__gpt_f(pdp_model *m, const pdp_gpt_desc *d)
 {
-    return d->tp ? pdp_model_add_tp_copy(m) : PDP_OK;
+    if (!d->tp) return PDP_OK;
+    return d->sequence_parallel ? pdp__tp_add_sequence(m, PDP__SEQ_GATHER, true, "pdp_gpt_create")
+                                : pdp_model_add_tp_copy(m);
 }
 PDP__PRIVATE pdp_status pdp__gpt_g(pdp_model *m, const pdp_gpt_desc *d)
 {
-    return d->tp ? pdp_model_add_tp_reduce(m) : PDP_OK;
+    if (!d->tp) return PDP_OK;
+    return d->sequence_parallel
+               ? pdp__tp_add_sequence(m, PDP__SEQ_REDUCE_SCATTER, false, "pdp_gpt_create")
+               : pdp_model_add_tp_reduce(m);
+}
+
+/* Sequence parallel: the embedding's output cut to this rank's positions (scatter), or the
+   final LayerNorm's gathered for the replicated head (gather). */
+PDP__PRIVATE pdp_status pdp__gpt_sequence(pdp_model *m, const pdp_gpt_desc *d,
+                                          pdp__layer_kind kind)
+{
+    return d->sequence_parallel ? pdp__tp_add_sequence(m, kind, false, "pdp_gpt_create") : PDP_OK;
 }
 
 PDP__PRIVATE pdp_status pdp__gpt_dropout(pdp_model *m, float p)
@@ -26120,6 +26532,7 @@ PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d)
     pdp_model *full = NULL;
     pdp_status st;
     one.tp = NULL;
+    one.sequence_parallel = false;
     if ((st = pdp_gpt_create(&full, &one)) != PDP_OK) return st;
     st = pdp__tp_scatter(m, full, full->param_block, m->param_block);
     pdp_model_free(full);
@@ -26155,6 +26568,10 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     if (!(d.dropout >= 0.0f && d.dropout < 1.0f))
         return pdp__err(PDP_ERR_INVALID, "%s: dropout %g is outside [0, 1)", fn,
                         (double)d.dropout);
+    if (d.sequence_parallel && !d.tp)
+        return pdp__err(PDP_ERR_INVALID, "%s: sequence_parallel shards the sequence over the TP "
+                        "ranks and needs desc.tp (NULL; sequence %lld)", fn,
+                        (long long)d.sequence);
     memset(&md, 0, sizeof md);
     md.input_shape[0] = d.sequence;
     md.input_dtype = PDP_DTYPE_I32;
@@ -26169,16 +26586,25 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
                       "whole heads", d.heads, pdp_comm_size(d.tp));
         goto fail;
     }
+    if (d.sequence_parallel && d.sequence % pdp_comm_size(d.tp) != 0) {
+        st = pdp__err(PDP_ERR_INVALID, "sequence_parallel: sequence %lld does not divide by the "
+                      "TP size %d: each rank holds T / N positions", (long long)d.sequence,
+                      pdp_comm_size(d.tp));
+        goto fail;
+    }
     if ((st = pdp_model_add_embedding(m, d.vocab, d.dim, d.context)) != PDP_OK ||
         (st = pdp__model_rename_param(m, 0, "transformer.wte.weight")) != PDP_OK ||
         (st = pdp__model_rename_param(m, 1, "transformer.wpe.weight")) != PDP_OK ||
+        (st = pdp__gpt_sequence(m, &d, PDP__SEQ_SCATTER)) != PDP_OK ||
         (st = pdp__gpt_dropout(m, d.dropout)) != PDP_OK)
         goto fail;
     for (i = 0; i < d.layers; i++)
         if ((st = pdp__gpt_block(m, &d, i)) != PDP_OK) goto fail;
     if ((st = pdp__gpt_layernorm(m, "transformer.ln_f")) != PDP_OK ||
+        (st = pdp__gpt_sequence(m, &d, PDP__SEQ_GATHER)) != PDP_OK ||
         (st = pdp_model_add_tied_linear(m, "transformer.wte.weight")) != PDP_OK)
         goto fail;
+    if (d.sequence_parallel) pdp__tp_mark_sequence(m);
     if (d.tp && m->device.kind != PDP_DEVICE_CPU) {
         st = pdp__err(PDP_ERR_UNSUPPORTED, "a GPT split by heads (desc.tp) runs on the CPU for "
                       "now");

@@ -7,7 +7,9 @@
    drawn at random, AdamW (betas 0.9, 0.95, weight decay 0.1), warm-up then cosine decay,
    gradients clipped to norm 1, lr 3e-3 (at dim 128, 2e-3 and 4e-3 each reached a lower
    validation loss than nanoGPT's 1e-3 in 1200 steps). -strategy dp|ddp|zero1|zero2|zero3
-   trains the same global batches on -np DP workers or thread ranks; -recompute
+   trains the same global batches on -np DP workers or thread ranks; -tp N splits each
+   block over N more ranks (attention by heads, tp.h), -sp 1 adds sequence parallelism
+   (gpt.h: the layers between the blocks hold T / N positions); -recompute
    selective|full trades compute for activation memory. It prints one block's activations
    beside Megatron-LM's formulas (each recomputation mode), the losses, each rank's memory
    beside the formulas (and, on several ranks, which ZeRO stage saves what), and text.
@@ -17,6 +19,7 @@
    Run:    ./train_gpt                       (PDP_SHORT=1 for a few steps only)
            ./train_gpt -steps 5000 -dim 128 -batch 16 -dropout 0.1 -text my_text.txt
            ./train_gpt -strategy zero3 -np 2 -recompute selective
+           ./train_gpt -strategy ddp -np 2 -tp 2 -sp 1 (4 thread ranks: 2 TP pairs)
            ./train_gpt -precision bf16 -prompt "Q: " -temperature 0.6 -top_k 10 -seed 2
    Output (Intel Xeon, Sapphire Rapids class, one thread, fortunes installed; speed columns
    left out, they change with the machine and its load):
@@ -41,6 +44,8 @@
 static pdp_gpt_desc g = {.vocab = 256, .context = 64, .layers = 4, .heads = 4, .dim = 96};
 static int64_t B = 8, steps = 2000, n_new = 500, seed = 1; /* B: the global batch */
 static int np = 1, threads = 1, top_k = 40, stage = -1;    /* stage: ZeRO's, -1 without */
+static int tp = 1, sp = 0;                                 /* TP ranks, sequence parallel */
+static pdp_tp_stats last_step;                             /* rank 0's TP traffic, last step */
 static double lr = 3e-3, dropout = 0, temperature = 0.8;
 static const char *strategy = "single", *recompute = "none", *precision = "fp32",
                   *path = PDP_FORTUNES_DIR, *prompt = "The ";
@@ -131,7 +136,7 @@ static int print_memory(const pdp_model *m, int64_t b, int mode)
 static pdp_status print_rank_memory(const pdp_launch_ctx *ctx, pdp_model *m, pdp_zero *z,
                                     pdp_dp *dp, pdp_optim *opt, int64_t b)
 {
-    int n = ctx->world_size;
+    int n = ctx->world_size / tp; /* the data-parallel ranks */
     int64_t act = pdp_model_activation_bytes(m, 0, pdp_model_num_layers(m), b);
     double P4 = 4.0 * (double)pdp_model_param_count(m); /* 4 Psi bytes */
     char report[2048];
@@ -153,7 +158,24 @@ static pdp_status print_rank_memory(const pdp_launch_ctx *ctx, pdp_model *m, pdp
             MB(mm.optim_bytes), stage >= 1 ? "/N" : "", MB(2 * P4 / (stage >= 1 ? n : 1)),
             MB(act), (long long)b, MB(mm.buffer_bytes), MB(mm.buffer_bound),
             MB(mm.total_bytes + act)));
-    if (ctx->rank > 0 || n == 1) return PDP_OK;
+    if (ctx->rank > 0 || ctx->world_size == 1) return PDP_OK;
+    if (tp > 1) { /* the last step's TP traffic beside the formula: per block f and g, forward
+                     and backward (FULL: the regions' forwards again); SP moves each all-reduce
+                     as a reduce-scatter and an all-gather, adds the head's and embedding's
+                     gathers and sums each LayerNorm's 2h gradients */
+        int64_t L = g.layers, P = b * g.context * g.dim * 4, re = g.recompute == 2;
+        int64_t k = sp ? 8 * L + 2 + 4 * L * re : 4 * L + 2 * L * re;
+        double sent = (sp ? 1.0 : 2.0) * (tp - 1) / tp * (double)(k * P) +
+                      (sp ? 2.0 * (tp - 1) / tp * (double)((2 * L + 1) * 2 * g.dim * 4) : 0);
+        printf("TP %d%s, the last step: %lld %s of %.3f MB (%s), %.3f MB sent by rank 0 "
+               "(formula %.3f)\n", tp, sp ? " + SP" : "",
+               (long long)(last_step.forward_allreduces + last_step.backward_allreduces +
+                           last_step.allgathers + last_step.reduce_scatters),
+               sp ? "all-gathers and reduce-scatters" : "all-reduces", MB(P),
+               sp ? (re ? "12L + 2" : "8L + 2") : (re ? "6L" : "4L"), MB(last_step.bytes_sent),
+               MB(sent));
+    }
+    if (n == 1) return PDP_OK;
     pdp_zero_memory_format(&mm, report, sizeof report);
     printf("%s(the losses above are rank 0's, over its slice of each global batch; the "
            "validation losses are\n single's. Activations shrink with the slice, under DDP "
@@ -168,7 +190,7 @@ static pdp_status print_rank_memory(const pdp_launch_ctx *ctx, pdp_model *m, pdp
    fixed windows; nanoGPT draws windows at random). */
 static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 {
-    int rank = ctx->rank, n = ctx->world_size;
+    int rank = ctx->rank / tp, n = ctx->world_size / tp; /* the data-parallel rank and size */
     int64_t T = g.context, b = B / n, every = steps >= 20 ? steps / 10 : steps, step, i;
     int64_t len = (int64_t)strlen(prompt);
     double t_train = 0, loss_sum = 0;
@@ -178,24 +200,33 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_dp *dp = NULL;
     pdp_ddp *ddp = NULL;
     pdp_zero *z = NULL;
+    pdp_comm *tpc = NULL, *dpc = ctx->world;
+    pdp_gpt_desc gd = g;
     pdp_rng r;
     (void)user;
     if (!x) return PDP_ERR_OUT_OF_MEMORY;
-    PDP_TRY(pdp_gpt_create(&m, &g));
+    if (tp > 1) { /* ranks {0..tp-1}, {tp..2tp-1}, ... split each block; across them, DP */
+        PDP_TRY(pdp_comm_split(ctx->world, rank, ctx->rank, &tpc));
+        PDP_TRY(pdp_comm_split(ctx->world, ctx->rank % tp, ctx->rank, &dpc));
+        gd.tp = tpc;
+    }
+    gd.sequence_parallel = sp; /* without -tp: pdp_gpt_create says what is missing */
+    PDP_TRY(pdp_gpt_create(&m, &gd));
     PDP_TRY(pdp_model_reserve(m, b)); /* activations for b sequences: steps allocate nothing */
     pdp_optim_desc od = {.kind = PDP_OPTIM_ADAMW, .lr = lr, .beta1 = 0.9, .beta2 = 0.95,
                          .weight_decay = 0.1};
     if (!strcmp(strategy, "dp"))
         PDP_TRY(pdp_dp_create(&dp, m, &(pdp_dp_desc){.num_workers = np})); /* B split in np */
-    if (!strcmp(strategy, "ddp")) PDP_TRY(pdp_ddp_create(&ddp, m, ctx->world, NULL));
+    if (!strcmp(strategy, "ddp")) PDP_TRY(pdp_ddp_create(&ddp, m, dpc, NULL));
     pdp_zero_desc zd = {.stage = stage, .bucket_cap_mb = 0.25, .first_bucket_mb = 0.25};
-    if (stage > 0) PDP_TRY(pdp_zero_create(&z, m, ctx->world, &zd)); /* units of whole layers */
+    if (stage > 0) PDP_TRY(pdp_zero_create(&z, m, dpc, &zd)); /* units of whole layers */
     PDP_TRY(z ? pdp_zero_optim_create(&opt, z, &od) : pdp_optim_create(&opt, m, &od));
 
     pdp_rng_seed(&r, (uint64_t)seed, 0);
     for (step = 0; step < steps; step++) {
         double t0 = pdp_seconds();
         pdp_tensor ids;
+        if (step == steps - 1) pdp_tp_reset_stats(m); /* the last step's TP traffic */
         float loss, val;
         PDP_TRY(pdp_optim_set_lr(opt, pdp_lr_warmup_cosine(step, steps / 20, steps, lr, lr / 10)));
         PDP_TRY(pdp_token_dataset_sample(ds, PDP_SPLIT_TRAIN, &r, B, x, y)); /* the global batch */
@@ -211,10 +242,11 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         PDP_TRY(z ? pdp_zero_step(z, opt) : pdp_optim_step(opt)); /* ZeRO 1-2 all-gather */
         if (!z) pdp_optim_zero_grad(opt); /* pdp_zero_step zeroes its own */
         t_train += pdp_seconds() - t0;
+        if (step == steps - 1 && ctx->rank == 0) pdp_tp_get_stats(m, &last_step);
         loss_sum += loss;
         if ((step + 1) % every && step + 1 < steps) continue; /* a line every tenth */
         PDP_TRY(val_loss(m, b, (short_run ? 1 : 8) * n, x, y, &val)); /* every rank: ZeRO-3 */
-        if (rank == 0)
+        if (ctx->rank == 0)
             printf("step %5lld  loss %.4f  val %.4f  %.0f tokens/s  %.1f s\n", (long long)step + 1,
                    loss_sum / (double)(step % every + 1), val,
                    (double)((step + 1) * B * T) / t_train, t_train);
@@ -228,11 +260,15 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_ddp_free(ddp);
     pdp_dp_free(dp);
 
-    if (rank == 0) { /* write: the prompt's bytes, then n_new bytes drawn one at a time */
+    if (rank == 0) { /* write: the prompt's bytes, then n_new bytes drawn one at a time (by
+                        every TP rank of the first copy: each forward is collective) */
         int32_t *text = y + B * T;
         for (i = 0; i < len; i++) text[i] = (unsigned char)prompt[i];
         pdp_rng_seed(&r, (uint64_t)seed, 1);
         PDP_TRY(pdp_gpt_generate(m, text, len, n_new, (float)temperature, top_k, &r));
+    }
+    if (ctx->rank == 0) {
+        int32_t *text = y + B * T;
         printf("sample (temperature %g, top-k %d, seed %lld):\n", temperature, top_k,
                (long long)seed);
         for (i = 0; i < len + n_new; i++) /* bytes as text; a control byte as '?' */
@@ -243,6 +279,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     free(x);
     pdp_optim_free(opt);
     pdp_model_free(m);
+    if (tpc) pdp_comm_free(dpc);
+    pdp_comm_free(tpc);
     return PDP_OK;
 }
 
@@ -251,6 +289,8 @@ int main(int argc, char **argv)
     const pdp_arg args[] = { /* option, type, variable (its default), min, max, choices */
         {"-strategy", PDP_ARG_STRING, &strategy, 0, 0, "single|dp|ddp|zero1|zero2|zero3"},
         {"-np", PDP_ARG_INT, &np, 1, 64, NULL}, /* DP's workers, or thread ranks */
+        {"-tp", PDP_ARG_INT, &tp, 1, 64, NULL}, /* thread ranks splitting each block */
+        {"-sp", PDP_ARG_INT, &sp, 0, 1, NULL},  /* 1: sequence parallelism (with -tp) */
         {"-recompute", PDP_ARG_STRING, &recompute, 0, 0, "none|selective|full"},
         {"-precision", PDP_ARG_STRING, &precision, 0, 0, "fp32|bf16"},
         {"-steps", PDP_ARG_INT64, &steps, 1, 1e9, NULL},
@@ -276,9 +316,9 @@ int main(int argc, char **argv)
     if (!strncmp(strategy, "zero", 4)) stage = strategy[4] - '0';
     if (!strcmp(strategy, "single")) np = 1;
     int ranks = !strcmp(strategy, "ddp") || stage > 0 ? np : 1; /* DP: np workers, one rank */
-    if (B % ranks || !prompt[0]) {
-        fprintf(stderr, "-batch %lld must divide by the %d ranks, the prompt be nonempty\n",
-                (long long)B, ranks);
+    if (B % ranks || !prompt[0] || (tp > 1 && !strcmp(strategy, "dp"))) {
+        fprintf(stderr, "-batch %lld must divide by the %d ranks, the prompt be nonempty, -tp "
+                "go with single, ddp or zero\n", (long long)B, ranks);
         return 2;
     }
     PDP_CHECK(pdp_set_num_threads(threads));
@@ -296,14 +336,15 @@ int main(int argc, char **argv)
     printf("seed %lld: %s, %lld bytes (the last %lld validate)\n", (long long)seed, ds->source,
            (long long)ds->count, (long long)(ds->count - ds->split_at));
     printf("GPT %d layers, %d heads, dim %lld, context %lld: %lld parameters; batch %lld, AdamW "
-           "lr %g, %d thread(s), %s x %d, recompute %s%s%s\n", g.layers, g.heads,
+           "lr %g, %d thread(s), %s x %d, TP %d%s, recompute %s%s%s\n", g.layers, g.heads,
            (long long)g.dim, (long long)g.context, (long long)pdp_model_param_count(m),
-           (long long)B, lr, threads, strategy, np, recompute, g.precision ? ", bf16 " : "",
+           (long long)B, lr, threads, strategy, np, tp, sp ? " + SP" : "", recompute,
+           g.precision ? ", bf16 " : "",
            g.precision ? pdp_bf16_path_name(pdp_bf16_best_path()) : "");
     if (print_memory(m, B / ranks, (int)g.recompute)) return 1;
     pdp_model_free(m);
     fflush(stdout);
-    PDP_CHECK(pdp_launch(ranks, NULL, train_rank, NULL)); /* single and DP: one rank */
+    PDP_CHECK(pdp_launch(ranks * tp, NULL, train_rank, NULL)); /* single and DP: one rank */
     pdp_token_dataset_free(ds);
     return 0;
 }

@@ -42,14 +42,29 @@ PDP__PRIVATE pdp_status pdp__gpt_layernorm(pdp_model *m, const char *prefix)
     return PDP_OK;
 }
 
-/* Tensor parallel: f before a block's first split Linear, g after its last. */
+/* Tensor parallel: f before a block's first split Linear, g after its last; with sequence
+   parallelism f all-gathers the sequence (backward: reduce-scatter) and g reduce-scatters
+   it (backward: all-gather). */
 PDP__PRIVATE pdp_status pdp__gpt_f(pdp_model *m, const pdp_gpt_desc *d)
 {
-    return d->tp ? pdp_model_add_tp_copy(m) : PDP_OK;
+    if (!d->tp) return PDP_OK;
+    return d->sequence_parallel ? pdp__tp_add_sequence(m, PDP__SEQ_GATHER, true, "pdp_gpt_create")
+                                : pdp_model_add_tp_copy(m);
 }
 PDP__PRIVATE pdp_status pdp__gpt_g(pdp_model *m, const pdp_gpt_desc *d)
 {
-    return d->tp ? pdp_model_add_tp_reduce(m) : PDP_OK;
+    if (!d->tp) return PDP_OK;
+    return d->sequence_parallel
+               ? pdp__tp_add_sequence(m, PDP__SEQ_REDUCE_SCATTER, false, "pdp_gpt_create")
+               : pdp_model_add_tp_reduce(m);
+}
+
+/* Sequence parallel: the embedding's output cut to this rank's positions (scatter), or the
+   final LayerNorm's gathered for the replicated head (gather). */
+PDP__PRIVATE pdp_status pdp__gpt_sequence(pdp_model *m, const pdp_gpt_desc *d,
+                                          pdp__layer_kind kind)
+{
+    return d->sequence_parallel ? pdp__tp_add_sequence(m, kind, false, "pdp_gpt_create") : PDP_OK;
 }
 
 PDP__PRIVATE pdp_status pdp__gpt_dropout(pdp_model *m, float p)
@@ -123,6 +138,7 @@ PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d)
     pdp_model *full = NULL;
     pdp_status st;
     one.tp = NULL;
+    one.sequence_parallel = false;
     if ((st = pdp_gpt_create(&full, &one)) != PDP_OK) return st;
     st = pdp__tp_scatter(m, full, full->param_block, m->param_block);
     pdp_model_free(full);
@@ -158,6 +174,10 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     if (!(d.dropout >= 0.0f && d.dropout < 1.0f))
         return pdp__err(PDP_ERR_INVALID, "%s: dropout %g is outside [0, 1)", fn,
                         (double)d.dropout);
+    if (d.sequence_parallel && !d.tp)
+        return pdp__err(PDP_ERR_INVALID, "%s: sequence_parallel shards the sequence over the TP "
+                        "ranks and needs desc.tp (NULL; sequence %lld)", fn,
+                        (long long)d.sequence);
     memset(&md, 0, sizeof md);
     md.input_shape[0] = d.sequence;
     md.input_dtype = PDP_DTYPE_I32;
@@ -172,16 +192,25 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
                       "whole heads", d.heads, pdp_comm_size(d.tp));
         goto fail;
     }
+    if (d.sequence_parallel && d.sequence % pdp_comm_size(d.tp) != 0) {
+        st = pdp__err(PDP_ERR_INVALID, "sequence_parallel: sequence %lld does not divide by the "
+                      "TP size %d: each rank holds T / N positions", (long long)d.sequence,
+                      pdp_comm_size(d.tp));
+        goto fail;
+    }
     if ((st = pdp_model_add_embedding(m, d.vocab, d.dim, d.context)) != PDP_OK ||
         (st = pdp__model_rename_param(m, 0, "transformer.wte.weight")) != PDP_OK ||
         (st = pdp__model_rename_param(m, 1, "transformer.wpe.weight")) != PDP_OK ||
+        (st = pdp__gpt_sequence(m, &d, PDP__SEQ_SCATTER)) != PDP_OK ||
         (st = pdp__gpt_dropout(m, d.dropout)) != PDP_OK)
         goto fail;
     for (i = 0; i < d.layers; i++)
         if ((st = pdp__gpt_block(m, &d, i)) != PDP_OK) goto fail;
     if ((st = pdp__gpt_layernorm(m, "transformer.ln_f")) != PDP_OK ||
+        (st = pdp__gpt_sequence(m, &d, PDP__SEQ_GATHER)) != PDP_OK ||
         (st = pdp_model_add_tied_linear(m, "transformer.wte.weight")) != PDP_OK)
         goto fail;
+    if (d.sequence_parallel) pdp__tp_mark_sequence(m);
     if (d.tp && m->device.kind != PDP_DEVICE_CPU) {
         st = pdp__err(PDP_ERR_UNSUPPORTED, "a GPT split by heads (desc.tp) runs on the CPU for "
                       "now");

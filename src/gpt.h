@@ -59,6 +59,11 @@ typedef struct pdp_gpt_desc {
                                 attention of this rank's heads, attn.c_proj row-parallel,
                                 the MLP as tp.h's; LayerNorms, embeddings and the head
                                 replicated. heads must divide by its size. NULL: none */
+    bool sequence_parallel;  /* with tp: sequence parallelism (Korthikanti et al. 2022): the
+                                residual stream, LayerNorms and dropouts between the TP
+                                blocks hold T / N positions a rank (sequence must divide by
+                                the TP size); f and g become an all-gather and a
+                                reduce-scatter of the sequence. Default false */
 } pdp_gpt_desc;
 
 /* Builds the GPT described above into *out (free it with pdp_model_free). A field out of
@@ -74,7 +79,28 @@ typedef struct pdp_gpt_desc {
    (4 all-reduces of batch x T x dim floats a block and step: g forward, f backward, twice),
    and its parameters start as the single-device GPT's slices (the full GPT is built and
    cut), so it trains as one device does up to float rounding. Its checkpoints are
-   pdp_tp_checkpoint_save/load's, the single-device GPT's file. */
+   pdp_tp_checkpoint_save/load's, the single-device GPT's file.
+
+   With desc.sequence_parallel (Megatron-LM's sequence parallelism) the model is
+
+       Embedding, ScatterToSequenceParallelRegion (this rank's T / N positions), [Dropout],
+       per block: Residual, LayerNorm ln_1, f = GatherFromSequenceParallelRegion (all-gather
+       of the sequence; backward reduce-scatter), c_attn, attention, attn.c_proj, g =
+       ReduceScatterToSequenceParallelRegion (reduce-scatter; backward all-gather),
+       [Dropout], ResidualAdd, and the same for the MLP;
+       LayerNorm ln_f, GatherFromSequenceParallelRegion (backward: this rank's slice),
+       TiedLinear
+
+   so every layer between the TP blocks (residuals, LayerNorms, Dropouts) holds B x T / N
+   x dim activations, N times fewer. The collectives per block and step move the bytes of
+   TP's 4 all-reduces (an all-reduce is a reduce-scatter and an all-gather): 4 all-gathers
+   and 4 reduce-scatters of batch x T x dim floats, plus one all-gather for the head
+   (forward) and one for the embedding (backward). The replicated head and loss run on the
+   whole sequence on every rank. Each LayerNorm's weight and bias gradients, computed on a
+   rank's positions, are summed over the TP ranks in backward (one small all-reduce a
+   LayerNorm), so every rank steps the same values and clipping counts them once (on TP
+   rank 0, as every replicated tensor). Dropout masks are keyed by the global position:
+   the single device's masks. */
 PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc);
 
 /* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room

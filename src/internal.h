@@ -258,7 +258,10 @@ typedef enum pdp__layer_kind {
     PDP__CAUSAL_SELF_ATTENTION,
     PDP__RESIDUAL,
     PDP__RESIDUAL_ADD,
-    PDP__TIED_LINEAR,            /* a new kind goes here: earlier values stay as they were */
+    PDP__TIED_LINEAR,
+    PDP__SEQ_SCATTER,            /* sequence parallel (tp.c): the sequence split and gathered */
+    PDP__SEQ_GATHER,
+    PDP__SEQ_REDUCE_SCATTER,     /* a new kind goes here: earlier values stay as they were */
     PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 
@@ -303,6 +306,22 @@ typedef struct pdp__layer {
                                             one */
     bool tp_skip_dx;                     /* ColumnParallelLinear after an f that is layer 0: no
                                             input gradient is needed */
+    bool tp_seq;                         /* sequence parallel (tp.h): the layer acts on this
+                                            rank's T / N positions of each [T, C] sample, from
+                                            position tp_seq_lo (a LayerNorm, Dropout or residual
+                                            between TP blocks; tp is the model's TP state); its
+                                            parameters are whole on every rank and the slices'
+                                            gradients are summed over TP in backward
+                                            (layers_tp.c) */
+    int64_t tp_seq_lo;                   /* tp_seq and the sequence-parallel kinds: this rank's
+                                            first position */
+    bool tp_sum_dy;                      /* GatherFromSequenceParallelRegion: its output gradient
+                                            is a partial sum (a TP block follows) and backward
+                                            reduce-scatters it; else it is replicated and
+                                            backward keeps this rank's slice */
+    int64_t mask_first;                  /* Dropout on a slice of a sample (tp_seq): the full
+                                            sample's index of the slice's first element, so the
+                                            slice draws the full sample's masks; else 0 */
 } pdp__layer;
 
 /* What one layer call sees. Pointers are on the model's device. */
@@ -409,8 +428,9 @@ typedef struct pdp__layer_kind_info {
 
 /* layers_table.c: dispatch through the table. pdp__layer_setup: shape inference and
    validation; pdp__layer_init_params: parameter initialisation; forward and
-   backward on io->device; the workspace floats per sample on device d; the FLOPs
-   estimate (0 for a kind without one). */
+   backward on io->device (backward of a tp_seq layer with parameters: through
+   pdp__tp_seq_backward, its gradients summed over TP); the workspace floats per sample
+   on device d; the FLOPs estimate (0 for a kind without one). */
 PDP__PRIVATE const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k);
 PDP__PRIVATE pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps);
 PDP__PRIVATE void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);
@@ -469,6 +489,19 @@ PDP__PRIVATE pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__
 PDP__PRIVATE pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 PDP__PRIVATE void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
 PDP__PRIVATE pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_seq_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+PDP__PRIVATE pdp_status pdp__tp_seq_scatter_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_seq_scatter_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_seq_gather_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_seq_gather_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_seq_reduce_scatter_forward(const pdp__layer *l,
+                                                           const pdp__layer_io *io);
+/* Backward of a tp_seq layer with parameters (a LayerNorm under sequence parallelism):
+   backward (the kind's entry on io's device) into the workspace, the slices' sum over TP,
+   added to io->dw and io->db (layers_table.c's pdp__layer_backward calls it). */
+PDP__PRIVATE pdp_status pdp__tp_seq_backward(const pdp__layer *l, const pdp__layer_io *io,
+                                             pdp_status (*backward)(const pdp__layer *,
+                                                                    const pdp__layer_io *));
 #ifdef PDP_CUDA
 PDP__PRIVATE pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
 PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);

@@ -12,7 +12,8 @@
      (shared with CUDA).
    - Dropout: the mask is a pure function of (seed, layer, step, global sample
      index, element) (math.h), so a batch split across DP replicas, each with its
-     sample_base, draws exactly the masks one device draws. Training: keep with
+     sample_base, draws exactly the masks one device draws (and a slice of a sample,
+     sequence parallelism's, keys its elements from mask_first). Training: keep with
      probability 1 - p and scale by 1 / (1 - p); the scaled mask is saved for
      backward. Evaluation: identity.
    - Flatten is a view: model.c aliases its output to its input and never calls
@@ -42,6 +43,8 @@ PDP__PRIVATE const char *pdp__layers_dims_str(int ndim, const int64_t *shape, ch
     if (ndim == 3)
         snprintf(buf, bytes, "(%lld, %lld, %lld)", (long long)shape[0], (long long)shape[1],
                  (long long)shape[2]);
+    else if (ndim == 2)
+        snprintf(buf, bytes, "(%lld, %lld)", (long long)shape[0], (long long)shape[1]);
     else
         snprintf(buf, bytes, "(%lld)", (long long)shape[0]);
     return buf;
@@ -957,7 +960,7 @@ PDP__PRIVATE pdp_status pdp__dropout_forward(const pdp__layer *l, const pdp__lay
         const float *PDP__RESTRICT x = io->x + s * n;
         float *PDP__RESTRICT y = io->y + s * n, *PDP__RESTRICT mask = io->saved + s * n;
         PDP__FOR_BLOCKED(j, n, {
-            mask[j] = pdp__dropout_bits(key, j) >= thr ? scale : 0.0f;
+            mask[j] = pdp__dropout_bits(key, l->mask_first + j) >= thr ? scale : 0.0f;
             y[j] = x[j] * mask[j];
         });
     }
@@ -982,6 +985,9 @@ PDP__PRIVATE pdp_status pdp__dropout_cuda_forward(const pdp__layer *l, const pdp
 {
     int dev = io->device.ordinal;
     int64_t n = io->batch * l->in_count;
+    if (l->mask_first != 0 && io->training && l->p != 0.0f)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "a Dropout on a slice of the sequence (sequence "
+                        "parallel) runs on the CPU for now");
     if (io->training && l->p != 0.0f)
         return pdp_cudak_dropout_fwd(dev, io->x, io->y, io->saved, io->batch, l->in_count, l->p,
                                      io->seed, l->mask_index, io->step, io->sample_base);

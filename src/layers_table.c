@@ -268,6 +268,18 @@ PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] 
                                 pdp__linear_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
                                 PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL,
                                 PDP__LAYER_TIED, pdp__flops_tied_linear},
+    /* sequence parallel (tp.c; layers_tp.c): collectives on every device, as f and g */
+    PDP__KIND(PDP__SEQ_SCATTER){"ScatterToSequenceParallelRegion", pdp__tp_seq_setup, NULL,
+                                pdp__tp_seq_scatter_forward, pdp__tp_seq_scatter_backward, NULL,
+                                NULL, NULL, PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED, NULL},
+    PDP__KIND(PDP__SEQ_GATHER){"GatherFromSequenceParallelRegion", pdp__tp_seq_setup, NULL,
+                               pdp__tp_seq_gather_forward, pdp__tp_seq_gather_backward, NULL,
+                               NULL, NULL, PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED, NULL},
+    PDP__KIND(PDP__SEQ_REDUCE_SCATTER){"ReduceScatterToSequenceParallelRegion",
+                                       pdp__tp_seq_setup, NULL,
+                                       pdp__tp_seq_reduce_scatter_forward,
+                                       pdp__tp_seq_scatter_backward, NULL, NULL, NULL,
+                                       PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED, NULL},
 };
 
 /* The entry of kind k; NULL for a value outside the table. */
@@ -373,11 +385,19 @@ PDP__PRIVATE pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer
     return info->forward(l, io);
 }
 
-PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__layer_backward_on(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
     if (io->device.kind == PDP_DEVICE_CUDA && !(info->flags & PDP__LAYER_COLLECTIVE))
         return pdp__layer_cuda(l, io, info->cuda_backward);
     return info->backward(l, io);
+}
+
+/* A layer with parameters on a slice of the sequence (sequence parallel: a LayerNorm
+   between TP blocks) has its gradients summed over the TP ranks' slices (layers_tp.c). */
+PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (l->tp_seq && l->nparams > 0) return pdp__tp_seq_backward(l, io, pdp__layer_backward_on);
+    return pdp__layer_backward_on(l, io);
 }

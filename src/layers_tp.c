@@ -1,5 +1,6 @@
-/* layers_tp: the four layer kinds of tensor parallelism (tp.h has the design): f and g,
-   the conjugate operators, and the column- and row-parallel Linears, as entries of
+/* layers_tp: the layer kinds of tensor parallelism (tp.h has the design): f and g, the
+   conjugate operators, the column- and row-parallel Linears, and sequence parallelism's
+   three collectives and the backward of a LayerNorm on a rank's positions, as entries of
    layers_table.c. The API around them (the model's TP communicator, constructors,
    statistics, full-tensor checkpoints) is tp.c.
 
@@ -129,6 +130,213 @@ PDP__PRIVATE pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__l
 PDP__PRIVATE pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return io->dx ? pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count) : PDP_OK;
+}
+
+/* ---- tp: sequence parallelism's collectives ----
+   Between the TP blocks each rank holds Tl = T / N positions of every [T, C] sample (from
+   tp_seq_lo = rank x Tl): its batch is [B, Tl, C], the full one [B, T, C]. The
+   communicator's all-gather and reduce-scatter concatenate the ranks' blocks, [N, B, Tl,
+   C]; pdp__tp_seq_permute moves between that and [B, T, C] in the workspace (B = 1: the
+   same layout, no copy). Megatron-LM keeps [T, B, C] so that it needs none. */
+
+/* The floats of one sample's slice (Tl x C): the smaller side of the layer. */
+PDP__PRIVATE int64_t pdp__tp_seq_slice(const pdp__layer *l)
+{
+    return PDP__MIN(l->in_count, l->out_count);
+}
+
+/* to_ranks: dst [N, B, slice] <- src [B, N, slice]; else the reverse. */
+PDP__PRIVATE pdp_status pdp__tp_seq_permute(const pdp__layer *l, const pdp__layer_io *io,
+                                            float *dst, const float *src, bool to_ranks)
+{
+    int64_t n = pdp__tp_seq_slice(l), B = io->batch, b, r;
+    pdp_status st;
+    for (b = 0; b < B; b++)
+        for (r = 0; r < l->tp->size; r++) {
+            int64_t ranks = (r * B + b) * n, samples = (b * l->tp->size + r) * n;
+            if ((st = pdp__tp_copy(io, dst + (to_ranks ? ranks : samples),
+                                   src + (to_ranks ? samples : ranks), n)) != PDP_OK)
+                return st;
+        }
+    return PDP_OK;
+}
+
+/* Counts one sequence collective of the full tensor (batch x T x width floats) in the stats,
+   t0 its start. */
+PDP__PRIVATE void pdp__tp_seq_count(const pdp__layer *l, int64_t batch, bool gather, double t0)
+{
+    pdp__tp_state *tp = l->tp;
+    double n = (double)tp->size;
+    int64_t bytes = batch * pdp__tp_seq_slice(l) * tp->size * (int64_t)sizeof(float);
+    if (gather) {
+        tp->stats.allgathers++;
+        tp->stats.allgather_bytes += bytes;
+    } else {
+        tp->stats.reduce_scatters++;
+        tp->stats.reduce_scatter_bytes += bytes;
+    }
+    tp->stats.bytes_sent += (int64_t)((n - 1.0) / n * (double)bytes);
+    tp->stats.allreduce_s += pdp__now() - t0;
+}
+
+/* full [B, T, C] <- every rank's slice [B, Tl, C]; what names the step for messages. */
+PDP__PRIVATE pdp_status pdp__tp_seq_allgather(const pdp__layer *l, const pdp__layer_io *io,
+                                              const float *slice, float *full, const char *what)
+{
+    double t0 = pdp__now();
+    float *buf = io->batch == 1 ? full : io->work;
+    pdp_status st = pdp_comm_allgather(l->tp->comm, slice, buf,
+                                       io->batch * pdp__tp_seq_slice(l), NULL);
+    if (st == PDP_OK && buf != full) st = pdp__tp_seq_permute(l, io, full, buf, false);
+    if (st != PDP_OK)
+        return pdp__err_wrap(st, "%s: all-gather of %lld x %lld activations (TP rank %d of %d)",
+                             what, (long long)io->batch, (long long)pdp__tp_seq_slice(l),
+                             l->tp->rank, l->tp->size);
+    pdp__tp_seq_count(l, io->batch, true, t0);
+    return PDP_OK;
+}
+
+/* slice [B, Tl, C] <- this rank's positions of the sum over the ranks of full [B, T, C]. */
+PDP__PRIVATE pdp_status pdp__tp_seq_reduce_scatter(const pdp__layer *l, const pdp__layer_io *io,
+                                                   const float *full, float *slice,
+                                                   const char *what)
+{
+    double t0 = pdp__now();
+    const float *buf = full;
+    pdp_status st = PDP_OK;
+    if (io->batch > 1) {
+        st = pdp__tp_seq_permute(l, io, io->work, full, true);
+        buf = io->work;
+    }
+    if (st == PDP_OK)
+        st = pdp_comm_reduce_scatter(l->tp->comm, buf, slice, io->batch * pdp__tp_seq_slice(l),
+                                     PDP_REDUCE_SUM, NULL);
+    if (st != PDP_OK)
+        return pdp__err_wrap(st, "%s: reduce-scatter of %lld x %lld activations (TP rank %d of "
+                             "%d)", what, (long long)io->batch,
+                             (long long)pdp__tp_seq_slice(l), l->tp->rank, l->tp->size);
+    pdp__tp_seq_count(l, io->batch, false, t0);
+    return PDP_OK;
+}
+
+/* dst [B, Tl, C] <- this rank's positions of src [B, T, C] (replicated). */
+PDP__PRIVATE pdp_status pdp__tp_seq_split(const pdp__layer *l, const pdp__layer_io *io,
+                                          const float *src, float *dst)
+{
+    int64_t n = pdp__tp_seq_slice(l), b;
+    pdp_status st;
+    for (b = 0; b < io->batch; b++)
+        if ((st = pdp__tp_copy(io, dst + b * n, src + (b * l->tp->size + l->tp->rank) * n, n)) !=
+            PDP_OK)
+            return st;
+    return PDP_OK;
+}
+
+/* The three kinds: a [T, C] sample in, [T / N, C] out (Scatter, ReduceScatter), or the
+   reverse (Gather); T must divide by the TP size. The workspace holds the full tensor
+   (the permutation). */
+PDP__PRIVATE pdp_status pdp__tp_seq_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    bool gather = l->kind == PDP__SEQ_GATHER;
+    int64_t T = l->in_shape[0], n;
+    pdp_status st;
+    (void)ps;
+    if ((st = pdp__tp_op_setup(l, in)) != PDP_OK) return st;
+    n = l->tp->size;
+    if (l->in_ndim != 2)
+        return pdp__err(PDP_ERR_SHAPE, "needs [T, C] samples (a sequence of positions), got %s",
+                        in);
+    if (!gather && T % n != 0)
+        return pdp__err(PDP_ERR_INVALID, "sequence T %lld does not divide by the TP size %lld: "
+                        "each rank holds T / N positions (input %s)", (long long)T, (long long)n,
+                        in);
+    l->out_shape[0] = gather ? T * n : T / n;
+    l->tp_seq_lo = l->tp->rank * PDP__MIN(T, l->out_shape[0]);
+    l->work_per_sample = PDP__MAX(T, l->out_shape[0]) * l->in_shape[1];
+    return PDP_OK;
+}
+
+/* The width check (tp.c) before the first sequence collective of a forward, as f's. */
+PDP__PRIVATE pdp_status pdp__tp_seq_check(const pdp__layer *l)
+{
+    return l->tp->checked != l->tp->nlayers ? l->tp->check_widths(l->tp) : PDP_OK;
+}
+
+/* ScatterToSequenceParallelRegion (after the embedding): forward keeps this rank's
+   positions of the replicated input; backward all-gathers the slices' gradients. A
+   ReduceScatterToSequenceParallelRegion (g) has the same backward. */
+PDP__PRIVATE pdp_status pdp__tp_seq_scatter_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_status st;
+    if ((st = pdp__tp_seq_check(l)) != PDP_OK) return st;
+    return pdp__tp_seq_split(l, io, io->x, io->y);
+}
+
+PDP__PRIVATE pdp_status pdp__tp_seq_scatter_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (!io->dx) return PDP_OK;
+    return pdp__tp_seq_allgather(l, io, io->dy, io->dx,
+                                 l->kind == PDP__SEQ_SCATTER ? "scatter backward" : "g backward");
+}
+
+/* GatherFromSequenceParallelRegion: forward all-gathers the sequence. Backward, as f
+   (tp_sum_dy: a ColumnParallelLinear follows, whose input gradient is this rank's partial
+   sum), reduce-scatters; before replicated layers (the head) it keeps this rank's slice of
+   the replicated gradient. */
+PDP__PRIVATE pdp_status pdp__tp_seq_gather_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_status st;
+    if ((st = pdp__tp_seq_check(l)) != PDP_OK) return st;
+    return pdp__tp_seq_allgather(l, io, io->x, io->y, l->tp_sum_dy ? "f forward" : "gather");
+}
+
+PDP__PRIVATE pdp_status pdp__tp_seq_gather_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (!io->dx) return PDP_OK;
+    if (!l->tp_sum_dy) return pdp__tp_seq_split(l, io, io->dy, io->dx);
+    return pdp__tp_seq_reduce_scatter(l, io, io->dy, io->dx, "f backward");
+}
+
+/* ReduceScatterToSequenceParallelRegion (g): forward sums the RowParallelLinear's partial
+   outputs and keeps this rank's positions. */
+PDP__PRIVATE pdp_status pdp__tp_seq_reduce_scatter_forward(const pdp__layer *l,
+                                                           const pdp__layer_io *io)
+{
+    return pdp__tp_seq_reduce_scatter(l, io, io->x, io->y, "g forward");
+}
+
+/* A LayerNorm (any tp_seq layer with parameters) on this rank's positions: its weight and
+   bias gradients over them go to the workspace, one all-reduce over TP sums the ranks'
+   (Megatron-LM sums the same gradients, once a step), and the sum is added to dw and db,
+   so every rank accumulates the full sequence's gradient, the same bits, before any
+   executor hears that the gradient is ready. */
+PDP__PRIVATE pdp_status pdp__tp_seq_backward(const pdp__layer *l, const pdp__layer_io *io,
+                                             pdp_status (*backward)(const pdp__layer *,
+                                                                    const pdp__layer_io *))
+{
+    const pdp_model *m = l->tp->model;
+    int64_t nw = m->params[l->param_first].count;
+    int64_t nb = l->nparams > 1 ? m->params[l->param_first + 1].count : 0;
+    pdp__layer_io run = *io;
+    pdp_status st;
+    double t0;
+    run.dw = io->work;
+    run.db = nb ? io->work + nw : NULL;
+    if ((st = pdp__dev_memset0(io->device, io->work, (size_t)(nw + nb) * sizeof(float))) ||
+        (st = backward(l, &run)) != PDP_OK)
+        return st;
+    t0 = pdp__now();
+    if ((st = pdp_comm_allreduce(l->tp->comm, io->work, nw + nb, PDP_REDUCE_SUM, NULL)))
+        return pdp__err_wrap(st, "the sequence slices' parameter gradients: all-reduce of %lld "
+                             "floats (TP rank %d of %d)", (long long)(nw + nb), l->tp->rank,
+                             l->tp->size);
+    l->tp->stats.grad_allreduces++;
+    l->tp->stats.grad_bytes += (nw + nb) * (int64_t)sizeof(float);
+    l->tp->stats.bytes_sent += (int64_t)(2.0 * (double)(l->tp->size - 1) / (double)l->tp->size *
+                                         (double)((nw + nb) * (int64_t)sizeof(float)));
+    l->tp->stats.allreduce_s += pdp__now() - t0;
+    if ((st = pdp__dev_add(io->device, io->dw, io->work, nw)) != PDP_OK) return st;
+    return nb ? pdp__dev_add(io->device, io->db, io->work + nw, nb) : PDP_OK;
 }
 
 /* ---- tp: the column- and row-parallel Linears ---- */

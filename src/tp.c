@@ -1,7 +1,9 @@
 /* tp: tensor parallelism (see tp.h for the design): the model's TP communicator, the
-   constructors of the four TP layer kinds (their kernels are layers_tp.c), statistics,
-   the check that every TP rank built the same TP layers (run by f's forward at the
-   first forward, through the TP state's pointer: layers_tp.c comes first), and
+   constructors of the four TP layer kinds and of sequence parallelism's three (their
+   kernels are layers_tp.c) with the marking of the layers between them, statistics, the
+   check that every TP rank built the same TP layers (run by f's forward, or the first
+   sequence collective's, at the first forward, through the TP state's pointer:
+   layers_tp.c comes first), and
    full-tensor checkpoints, which map each rank's slice into the full tensor
    (pdp__tp_runs) through a staging copy of the full (single-device) model.
 
@@ -73,7 +75,8 @@ PDP__PRIVATE pdp_status pdp__tp_add_column(pdp_model *m, int64_t out_features, i
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
         return st; /* before the order checks: a wrapped model takes no layer at all */
-    if (pdp__tp_last_kind(m) != PDP__TP_COPY)
+    if (pdp__tp_last_kind(m) != PDP__TP_COPY &&
+        !(pdp__tp_last_kind(m) == PDP__SEQ_GATHER && m->layers[m->nlayers - 1].tp_sum_dy))
         return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow f (pdp_model_add_tp_copy), "
                         "not %s", fn, m->nlayers,
                         m->nlayers ? pdp_model_layer_name(m, m->nlayers - 1) : "the input");
@@ -154,6 +157,46 @@ PDP_API pdp_status pdp_model_add_tp_reduce(pdp_model *m)
     return pdp__tp_add(m, pdp__layer_of(PDP__TP_REDUCE), fn);
 }
 
+/* Sequence parallelism's collectives (pdp_gpt_create's): kind PDP__SEQ_SCATTER (after
+   the embedding), PDP__SEQ_GATHER (f before a block's ColumnParallelLinear: sum_dy; or
+   before the replicated head) or PDP__SEQ_REDUCE_SCATTER (g, after a RowParallelLinear). */
+PDP__PRIVATE pdp_status pdp__tp_add_sequence(pdp_model *m, pdp__layer_kind kind, bool sum_dy,
+                                             const char *fn)
+{
+    pdp__layer l = pdp__layer_of(kind);
+    if (kind == PDP__SEQ_REDUCE_SCATTER && pdp__tp_last_kind(m) != PDP__ROW_PARALLEL_LINEAR)
+        return pdp__err(PDP_ERR_STATE, "%s: layer %d (ReduceScatterToSequenceParallelRegion) "
+                        "must follow a RowParallelLinear, not %s", fn, m->nlayers,
+                        m->nlayers ? pdp_model_layer_name(m, m->nlayers - 1) : "the input");
+    l.tp_sum_dy = sum_dy;
+    return pdp__tp_add(m, l, fn);
+}
+
+/* Marks the layers between a scatter (ScatterTo- or ReduceScatterToSequenceParallelRegion)
+   and the next GatherFromSequenceParallelRegion as acting on this rank's positions
+   (tp_seq, internal.h): their Dropout masks keyed from the slice's first element, their
+   parameters' gradients summed over TP in backward, in a workspace at least as large as
+   those parameters. Called by the builder once its last layer is added. */
+PDP__PRIVATE void pdp__tp_mark_sequence(pdp_model *m)
+{
+    const pdp__layer *open = NULL;
+    int i, p;
+    for (i = 0; i < m->nlayers; i++) {
+        pdp__layer *l = &m->layers[i];
+        int64_t floats = 0;
+        if (l->kind == PDP__SEQ_SCATTER || l->kind == PDP__SEQ_REDUCE_SCATTER) open = l;
+        if (l->kind == PDP__SEQ_GATHER) open = NULL;
+        if (!open || (pdp__layer_kind_of(l->kind)->flags & PDP__LAYER_COLLECTIVE)) continue;
+        l->tp = &m->tp;
+        l->tp_seq = true;
+        l->tp_seq_lo = open->tp_seq_lo;
+        l->mask_first = l->tp_seq_lo * l->in_shape[1];
+        for (p = l->param_first; p < l->param_first + l->nparams; p++)
+            floats += m->params[p].count;
+        l->work_per_sample = PDP__MAX(l->work_per_sample, floats);
+    }
+}
+
 PDP_API void pdp_tp_get_stats(const pdp_model *m, pdp_tp_stats *out)
 {
     if (!out) return;
@@ -198,6 +241,8 @@ PDP__PRIVATE pdp_status pdp__tp_full_model(const pdp_model *m, pdp_model **out, 
             l.kind = PDP__LINEAR;
         if ((pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_HEADWISE) && l.tp)
             l.heads = l.tp_full; /* every head */
+        l.tp_seq = false; /* the whole sequence */
+        l.tp_seq_lo = l.mask_first = 0;
         if (pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_SKIP)
             l.residual_from = at[l.residual_from];
         l.tp = NULL;
@@ -270,7 +315,17 @@ typedef struct pdp__tp_verdict {
 PDP__PRIVATE bool pdp__tp_kind(pdp__layer_kind k)
 {
     return k == PDP__TP_COPY || k == PDP__TP_REDUCE || k == PDP__COLUMN_PARALLEL_LINEAR ||
-           k == PDP__ROW_PARALLEL_LINEAR;
+           k == PDP__ROW_PARALLEL_LINEAR || k == PDP__SEQ_SCATTER || k == PDP__SEQ_GATHER ||
+           k == PDP__SEQ_REDUCE_SCATTER;
+}
+
+/* m's TP layers (the kinds above; a pipeline stage's tp.nlayers counts others too). */
+PDP__PRIVATE int64_t pdp__tp_count(const pdp_model *m)
+{
+    int64_t n = 0;
+    int i;
+    for (i = 0; i < m->nlayers; i++) n += pdp__tp_kind(m->layers[i].kind);
+    return n;
 }
 
 /* The signature of m's k-th TP layer; false when it has fewer. */
@@ -286,7 +341,7 @@ PDP__PRIVATE bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s)
         s->in = l->kind == PDP__ROW_PARALLEL_LINEAR ? l->tp_full : l->in_shape[l->in_ndim - 1];
         s->out = l->kind == PDP__COLUMN_PARALLEL_LINEAR ? l->tp_full
                  : l->kind == PDP__ROW_PARALLEL_LINEAR  ? l->out_features
-                                                        : l->in_count;
+                                                        : l->out_count;
         return true;
     }
     return false;
@@ -306,7 +361,7 @@ PDP__PRIVATE void pdp__tp_sig_str(const pdp__tp_sig *s, char *out, size_t cap)
 PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp)
 {
     const pdp_model *m = tp->model;
-    int64_t n0 = tp->nlayers, k;
+    int64_t n0 = pdp__tp_count(m), mine_n = n0, k;
     pdp__tp_sig *table = NULL, mine;
     pdp__tp_verdict *all = NULL, *bad = NULL;
     pdp_status st;
@@ -329,8 +384,8 @@ PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp)
     if ((st = pdp_comm_broadcast_bytes(tp->comm, table, (size_t)n0 * sizeof *table, 0)) != PDP_OK)
         goto comm_failed;
     all[tp->rank].at = -1;
-    all[tp->rank].count = tp->nlayers;
-    for (k = 0; k <= PDP__MAX(n0, (int64_t)tp->nlayers); k++) {
+    all[tp->rank].count = mine_n;
+    for (k = 0; k <= PDP__MAX(n0, mine_n); k++) {
         bool have = pdp__tp_sig_at(m, k, &mine);
         if (k < n0 && have && memcmp(&mine, &table[k], sizeof mine) == 0) continue;
         if (k < n0 || have) {

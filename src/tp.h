@@ -25,6 +25,32 @@
    the global head), attn.c_proj row-parallel over the heads' outputs, g. Samples may be
    [T, C]: the split Linears act on every position, as Linear does.
 
+   Sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in Large
+   Transformer Models", 2022; pdp_gpt_create's desc.sequence_parallel): between the blocks
+   each rank holds T / N positions of every [T, C] sample, so the residual stream, the
+   LayerNorms and the Dropouts keep N times fewer activations. Three collective kinds
+   (Megatron-LM's functions) mark the region's edges:
+
+       ScatterToSequenceParallelRegion        forward: this rank's positions of a replicated
+                                              input (after the embedding)
+                                              backward: all-gather of the sequence
+       GatherFromSequenceParallelRegion       forward: all-gather of the sequence
+                                              backward: reduce-scatter (f, before a block's
+                                              ColumnParallelLinear), or this rank's positions
+                                              of a replicated gradient (before the head)
+       ReduceScatterToSequenceParallelRegion  forward: reduce-scatter of the partial sums
+                                              (g, after a RowParallelLinear)
+                                              backward: all-gather
+
+   An all-reduce is a reduce-scatter then an all-gather, so the blocks move the bytes TP's
+   f and g move (each rank sends (N-1)/N of the full tensor a collective). The layers
+   between them (internal.h's tp_seq) key their Dropout masks by the global position,
+   and a LayerNorm's weight and bias gradients, summed over a rank's positions only, are
+   all-reduced over TP in its backward (one all-reduce of 2C floats a LayerNorm; Megatron
+   sums them once a step) before the executors hear of them, so every rank steps the same
+   values and clipping counts them once. Samples are [B, T, C] (batch first), so a
+   collective's blocks, [N, B, T / N, C], are permuted in the workspace when B > 1.
+
    f and g are conjugate: each is the other's transpose. After g every rank holds the
    same output bits (the communicator reduces in a fixed order), so the layers after the
    block, the loss and the output gradient are replicated, and so is b2's gradient. Per
@@ -94,7 +120,8 @@
    model without f and g, so a TP model draws the single-device model's masks (dropout
    after g, and attention dropout by global head, train as one device does).
 
-   Limits: the TP kinds run on the CPU and on CUDA (f and g are the communicator's
+   Limits: sequence parallelism is built for pdp_gpt_create's GPT (its Dropout on a slice
+   runs on the CPU, as the GPT split by heads does); the TP kinds run on the CPU and on CUDA (f and g are the communicator's
    all-reduce on the device's buffers); no Dropout inside an MLP block (its masks are
    keyed by the element's index in the slice); a DP replica (dp.c) of a TP model is not
    supported. */
@@ -124,8 +151,19 @@ typedef struct pdp_tp_stats {
     int64_t backward_allreduces;  /* f's */
     int64_t forward_bytes;        /* payload of g's all-reduces: batch x width x 4 each */
     int64_t backward_bytes;       /* payload of f's */
-    int64_t bytes_sent;           /* by this rank, the ring figure 2(N-1)/N x payload */
-    double allreduce_s;           /* time in them (synchronous: compute waits for them) */
+    int64_t bytes_sent;           /* by this rank, the ring figures: 2(N-1)/N x an all-reduce's
+                                     payload, (N-1)/N x an all-gather's or reduce-scatter's */
+    double allreduce_s;           /* time in all of them (synchronous: compute waits) */
+    /* sequence parallelism (pdp_gpt_desc.sequence_parallel); a payload is the full
+       tensor, batch x T x width x 4 bytes, as an all-reduce's */
+    int64_t allgathers;           /* f forward, g backward, the gather before the head
+                                     (forward) and the scatter after the embedding (backward) */
+    int64_t reduce_scatters;      /* g forward, f backward */
+    int64_t allgather_bytes;      /* their payloads */
+    int64_t reduce_scatter_bytes;
+    int64_t grad_allreduces;      /* the sums of the sequence slices' gradients of the
+                                     replicated parameters (each LayerNorm's, in backward) */
+    int64_t grad_bytes;           /* their payload: the LayerNorms' weights and biases, x 4 */
 } pdp_tp_stats;
 PDP_API void pdp_tp_get_stats(const pdp_model *m, pdp_tp_stats *out);
 PDP_API void pdp_tp_reset_stats(pdp_model *m);

@@ -245,7 +245,10 @@ typedef enum pdp__layer_kind {
     PDP__CAUSAL_SELF_ATTENTION,
     PDP__RESIDUAL,
     PDP__RESIDUAL_ADD,
-    PDP__TIED_LINEAR,            /* a new kind goes here: earlier values stay as they were */
+    PDP__TIED_LINEAR,
+    PDP__SEQ_SCATTER,            /* sequence parallel (tp.c): the sequence split and gathered */
+    PDP__SEQ_GATHER,
+    PDP__SEQ_REDUCE_SCATTER,     /* a new kind goes here: earlier values stay as they were */
     PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 
@@ -290,6 +293,22 @@ typedef struct pdp__layer {
                                             one */
     bool tp_skip_dx;                     /* ColumnParallelLinear after an f that is layer 0: no
                                             input gradient is needed */
+    bool tp_seq;                         /* sequence parallel (tp.h): the layer acts on this
+                                            rank's T / N positions of each [T, C] sample, from
+                                            position tp_seq_lo (a LayerNorm, Dropout or residual
+                                            between TP blocks; tp is the model's TP state); its
+                                            parameters are whole on every rank and the slices'
+                                            gradients are summed over TP in backward
+                                            (layers_tp.c) */
+    int64_t tp_seq_lo;                   /* tp_seq and the sequence-parallel kinds: this rank's
+                                            first position */
+    bool tp_sum_dy;                      /* GatherFromSequenceParallelRegion: its output gradient
+                                            is a partial sum (a TP block follows) and backward
+                                            reduce-scatters it; else it is replicated and
+                                            backward keeps this rank's slice */
+    int64_t mask_first;                  /* Dropout on a slice of a sample (tp_seq): the full
+                                            sample's index of the slice's first element, so the
+                                            slice draws the full sample's masks; else 0 */
 } pdp__layer;
 
 /* What one layer call sees. Pointers are on the model's device. */
@@ -396,8 +415,9 @@ typedef struct pdp__layer_kind_info {
 
 /* layers_table.c: dispatch through the table. pdp__layer_setup: shape inference and
    validation; pdp__layer_init_params: parameter initialisation; forward and
-   backward on io->device; the workspace floats per sample on device d; the FLOPs
-   estimate (0 for a kind without one). */
+   backward on io->device (backward of a tp_seq layer with parameters: through
+   pdp__tp_seq_backward, its gradients summed over TP); the workspace floats per sample
+   on device d; the FLOPs estimate (0 for a kind without one). */
 PDP__PRIVATE const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k);
 PDP__PRIVATE pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps);
 PDP__PRIVATE void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);
@@ -456,6 +476,19 @@ PDP__PRIVATE pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__
 PDP__PRIVATE pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 PDP__PRIVATE void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
 PDP__PRIVATE pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_seq_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+PDP__PRIVATE pdp_status pdp__tp_seq_scatter_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_seq_scatter_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_seq_gather_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_seq_gather_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_seq_reduce_scatter_forward(const pdp__layer *l,
+                                                           const pdp__layer_io *io);
+/* Backward of a tp_seq layer with parameters (a LayerNorm under sequence parallelism):
+   backward (the kind's entry on io's device) into the workspace, the slices' sum over TP,
+   added to io->dw and io->db (layers_table.c's pdp__layer_backward calls it). */
+PDP__PRIVATE pdp_status pdp__tp_seq_backward(const pdp__layer *l, const pdp__layer_io *io,
+                                             pdp_status (*backward)(const pdp__layer *,
+                                                                    const pdp__layer_io *));
 #ifdef PDP_CUDA
 PDP__PRIVATE pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
 PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
@@ -3851,7 +3884,8 @@ PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *
      (shared with CUDA).
    - Dropout: the mask is a pure function of (seed, layer, step, global sample
      index, element) (math.h), so a batch split across DP replicas, each with its
-     sample_base, draws exactly the masks one device draws. Training: keep with
+     sample_base, draws exactly the masks one device draws (and a slice of a sample,
+     sequence parallelism's, keys its elements from mask_first). Training: keep with
      probability 1 - p and scale by 1 / (1 - p); the scaled mask is saved for
      backward. Evaluation: identity.
    - Flatten is a view: model.c aliases its output to its input and never calls
@@ -4961,8 +4995,9 @@ PDP__PRIVATE pdp_status pdp__residual_add_cuda_backward(const pdp__layer *l,
 #endif
 
 /* ---- src/layers_tp.c ---- */
-/* layers_tp: the four layer kinds of tensor parallelism (tp.h has the design): f and g,
-   the conjugate operators, and the column- and row-parallel Linears, as entries of
+/* layers_tp: the layer kinds of tensor parallelism (tp.h has the design): f and g, the
+   conjugate operators, the column- and row-parallel Linears, and sequence parallelism's
+   three collectives and the backward of a LayerNorm on a rank's positions, as entries of
    layers_table.c. The API around them (the model's TP communicator, constructors,
    statistics, full-tensor checkpoints) is tp.c.
 
@@ -5022,6 +5057,74 @@ PDP__PRIVATE pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__l
 
 /* g backward: identity (the output gradient is replicated). */
 PDP__PRIVATE pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+/* ---- tp: sequence parallelism's collectives ----
+   Between the TP blocks each rank holds Tl = T / N positions of every [T, C] sample (from
+   tp_seq_lo = rank x Tl): its batch is [B, Tl, C], the full one [B, T, C]. The
+   communicator's all-gather and reduce-scatter concatenate the ranks' blocks, [N, B, Tl,
+   C]; pdp__tp_seq_permute moves between that and [B, T, C] in the workspace (B = 1: the
+   same layout, no copy). Megatron-LM keeps [T, B, C] so that it needs none. */
+
+/* The floats of one sample's slice (Tl x C): the smaller side of the layer. */
+PDP__PRIVATE int64_t pdp__tp_seq_slice(const pdp__layer *l);
+
+/* to_ranks: dst [N, B, slice] <- src [B, N, slice]; else the reverse. */
+PDP__PRIVATE pdp_status pdp__tp_seq_permute(const pdp__layer *l, const pdp__layer_io *io,
+                                            float *dst, const float *src, bool to_ranks);
+
+/* Counts one sequence collective of the full tensor (batch x T x width floats) in the stats,
+   t0 its start. */
+PDP__PRIVATE void pdp__tp_seq_count(const pdp__layer *l, int64_t batch, bool gather, double t0);
+
+/* full [B, T, C] <- every rank's slice [B, Tl, C]; what names the step for messages. */
+PDP__PRIVATE pdp_status pdp__tp_seq_allgather(const pdp__layer *l, const pdp__layer_io *io,
+                                              const float *slice, float *full, const char *what);
+
+/* slice [B, Tl, C] <- this rank's positions of the sum over the ranks of full [B, T, C]. */
+PDP__PRIVATE pdp_status pdp__tp_seq_reduce_scatter(const pdp__layer *l, const pdp__layer_io *io,
+                                                   const float *full, float *slice,
+                                                   const char *what);
+
+/* dst [B, Tl, C] <- this rank's positions of src [B, T, C] (replicated). */
+PDP__PRIVATE pdp_status pdp__tp_seq_split(const pdp__layer *l, const pdp__layer_io *io,
+                                          const float *src, float *dst);
+
+/* The three kinds: a [T, C] sample in, [T / N, C] out (Scatter, ReduceScatter), or the
+   reverse (Gather); T must divide by the TP size. The workspace holds the full tensor
+   (the permutation). */
+PDP__PRIVATE pdp_status pdp__tp_seq_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+
+/* The width check (tp.c) before the first sequence collective of a forward, as f's. */
+PDP__PRIVATE pdp_status pdp__tp_seq_check(const pdp__layer *l);
+
+/* ScatterToSequenceParallelRegion (after the embedding): forward keeps this rank's
+   positions of the replicated input; backward all-gathers the slices' gradients. A
+   ReduceScatterToSequenceParallelRegion (g) has the same backward. */
+PDP__PRIVATE pdp_status pdp__tp_seq_scatter_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__tp_seq_scatter_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+/* GatherFromSequenceParallelRegion: forward all-gathers the sequence. Backward, as f
+   (tp_sum_dy: a ColumnParallelLinear follows, whose input gradient is this rank's partial
+   sum), reduce-scatters; before replicated layers (the head) it keeps this rank's slice of
+   the replicated gradient. */
+PDP__PRIVATE pdp_status pdp__tp_seq_gather_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__tp_seq_gather_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+/* ReduceScatterToSequenceParallelRegion (g): forward sums the RowParallelLinear's partial
+   outputs and keeps this rank's positions. */
+PDP__PRIVATE pdp_status pdp__tp_seq_reduce_scatter_forward(const pdp__layer *l,
+                                                           const pdp__layer_io *io);
+
+/* A LayerNorm (any tp_seq layer with parameters) on this rank's positions: its weight and
+   bias gradients over them go to the workspace, one all-reduce over TP sums the ranks'
+   (Megatron-LM sums the same gradients, once a step), and the sum is added to dw and db,
+   so every rank accumulates the full sequence's gradient, the same bits, before any
+   executor hears that the gradient is ready. */
+PDP__PRIVATE pdp_status pdp__tp_seq_backward(const pdp__layer *l, const pdp__layer_io *io,
+                                             pdp_status (*backward)(const pdp__layer *,
+                                                                    const pdp__layer_io *));
 
 /* ---- tp: the column- and row-parallel Linears ---- */
 
@@ -5231,6 +5334,10 @@ PDP__PRIVATE pdp_status pdp__layer_cuda(const pdp__layer *l, const pdp__layer_io
    status comes back as it is (the caller names the layer). */
 PDP__PRIVATE pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io);
 
+PDP__PRIVATE pdp_status pdp__layer_backward_on(const pdp__layer *l, const pdp__layer_io *io);
+
+/* A layer with parameters on a slice of the sequence (sequence parallel: a LayerNorm
+   between TP blocks) has its gradients summed over the TP ranks' slices (layers_tp.c). */
 PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io);
 
 /* ---- src/model.c ---- */
@@ -7278,9 +7385,11 @@ PDP__PRIVATE pdp_status pdp__ddp_desc_defaults(const pdp_model *m, const pdp_ddp
 
 /* ---- src/tp.c ---- */
 /* tp: tensor parallelism (see tp.h for the design): the model's TP communicator, the
-   constructors of the four TP layer kinds (their kernels are layers_tp.c), statistics,
-   the check that every TP rank built the same TP layers (run by f's forward at the
-   first forward, through the TP state's pointer: layers_tp.c comes first), and
+   constructors of the four TP layer kinds and of sequence parallelism's three (their
+   kernels are layers_tp.c) with the marking of the layers between them, statistics, the
+   check that every TP rank built the same TP layers (run by f's forward, or the first
+   sequence collective's, at the first forward, through the TP state's pointer:
+   layers_tp.c comes first), and
    full-tensor checkpoints, which map each rank's slice into the full tensor
    (pdp__tp_runs) through a staging copy of the full (single-device) model.
 
@@ -7320,6 +7429,19 @@ PDP__PRIVATE pdp_status pdp__tp_headwise(const pdp_model *m, pdp__layer *l, cons
 
 /* PDP_API pdp_status pdp_model_add_tp_reduce(pdp_model *m) */
 
+/* Sequence parallelism's collectives (pdp_gpt_create's): kind PDP__SEQ_SCATTER (after
+   the embedding), PDP__SEQ_GATHER (f before a block's ColumnParallelLinear: sum_dy; or
+   before the replicated head) or PDP__SEQ_REDUCE_SCATTER (g, after a RowParallelLinear). */
+PDP__PRIVATE pdp_status pdp__tp_add_sequence(pdp_model *m, pdp__layer_kind kind, bool sum_dy,
+                                             const char *fn);
+
+/* Marks the layers between a scatter (ScatterTo- or ReduceScatterToSequenceParallelRegion)
+   and the next GatherFromSequenceParallelRegion as acting on this rank's positions
+   (tp_seq, internal.h): their Dropout masks keyed from the slice's first element, their
+   parameters' gradients summed over TP in backward, in a workspace at least as large as
+   those parameters. Called by the builder once its last layer is added. */
+PDP__PRIVATE void pdp__tp_mark_sequence(pdp_model *m);
+
 /* PDP_API void pdp_tp_get_stats(const pdp_model *m, pdp_tp_stats *out) */
 
 /* PDP_API void pdp_tp_reset_stats(pdp_model *m) */
@@ -7352,6 +7474,9 @@ typedef struct pdp__tp_verdict {
 } pdp__tp_verdict;
 
 PDP__PRIVATE bool pdp__tp_kind(pdp__layer_kind k);
+
+/* m's TP layers (the kinds above; a pipeline stage's tp.nlayers counts others too). */
+PDP__PRIVATE int64_t pdp__tp_count(const pdp_model *m);
 
 /* The signature of m's k-th TP layer; false when it has fewer. */
 PDP__PRIVATE bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s);
@@ -7404,9 +7529,16 @@ PDP__PRIVATE pdp_status pdp__gpt_linear(pdp_model *m, const pdp_gpt_desc *d, int
 
 PDP__PRIVATE pdp_status pdp__gpt_layernorm(pdp_model *m, const char *prefix);
 
-/* Tensor parallel: f before a block's first split Linear, g after its last. */
+/* Tensor parallel: f before a block's first split Linear, g after its last; with sequence
+   parallelism f all-gathers the sequence (backward: reduce-scatter) and g reduce-scatters
+   it (backward: all-gather). */
 PDP__PRIVATE pdp_status pdp__gpt_f(pdp_model *m, const pdp_gpt_desc *d);
 PDP__PRIVATE pdp_status pdp__gpt_g(pdp_model *m, const pdp_gpt_desc *d);
+
+/* Sequence parallel: the embedding's output cut to this rank's positions (scatter), or the
+   final LayerNorm's gathered for the replicated head (gather). */
+PDP__PRIVATE pdp_status pdp__gpt_sequence(pdp_model *m, const pdp_gpt_desc *d,
+                                          pdp__layer_kind kind);
 
 PDP__PRIVATE pdp_status pdp__gpt_dropout(pdp_model *m, float p);
 
