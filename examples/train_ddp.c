@@ -41,7 +41,7 @@
 static int epochs = 1;
 static int64_t batch = 256; /* global */
 static double lr = 0.001;
-static unsigned long long seed = 1;
+static int64_t seed = 1;
 static bool short_run;
 static const char *backend = "local", *compress = "none"; /* compress: bf16 or fp16 */
 static pdp_dataset *train, *test;
@@ -60,11 +60,12 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_ddp_stats s;
     (void)user;
     if (rank == 0)
-        printf("seed %llu: %s, backend %s, %d ranks, global batch %lld (%lld per rank), MLP "
-               "784-512-512-10, Adam lr %g, gradients %s\n", seed, train->source, backend, n,
+        printf("seed %lld: %s, backend %s, %d ranks, global batch %lld (%lld per rank), MLP "
+               "784-512-512-10, Adam lr %g, gradients %s\n", (long long)seed, train->source, backend, n,
                (long long)batch, (long long)per_rank, lr, wire < 1 ? compress : "fp32");
     /* the seed differs by rank on purpose: DDP starts every rank from rank 0's parameters */
-    pdp_model_desc md = {.input_shape = {784}, .device = ctx->device, .seed = seed + rank};
+    pdp_model_desc md = {.input_shape = {784}, .device = ctx->device,
+                         .seed = (uint64_t)seed + (uint64_t)rank};
     PDP_TRY(pdp_model_create(&m, &md));
     for (i = 0; i < 2; i++) {
         PDP_TRY(pdp_model_add_linear(m, 512));
@@ -82,7 +83,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_batcher_desc tbd = {.batch_size = 1000, .device = ctx->device}; /* the test set */
     PDP_TRY(pdp_batcher_create(&tb, test, &tbd));
     pdp_dist_sampler_desc sd = {.dataset_size = train->count, .world_size = n, .rank = rank,
-                                .seed = seed};
+                                .seed = (uint64_t)seed};
     PDP_TRY(pdp_dist_sampler_create(&sampler, &sd));
     /* batches of this rank's shard, on the replica's device; every rank the same count */
     pdp_batcher_desc bd = {.batch_size = per_rank, .sampler = sampler, .device = ctx->device,
@@ -134,29 +135,27 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 int main(int argc, char **argv)
 {
     pdp_launch_desc ld = {0};
-    int i, np = 2;
+    int np = 2;
+    const pdp_arg args[] = { /* option, type, variable (its default), min, max, choices */
+        {"-backend", PDP_ARG_STRING, &backend, 0, 0, "local|mpi|nccl"},
+        {"-np", PDP_ARG_INT, &np, 1, 256, NULL}, /* thread ranks; mpirun or torchrun decide */
+        {"-epochs", PDP_ARG_INT, &epochs, 1, 1000, NULL},
+        {"-batch", PDP_ARG_INT64, &batch, 1, 1 << 20, NULL}, /* global: at least 1 per rank */
+        {"-lr", PDP_ARG_DOUBLE, &lr, 1e-9, 10, NULL},
+        {"-seed", PDP_ARG_INT64, &seed, 0, 1e18, NULL},
+        {"-compress", PDP_ARG_STRING, &compress, 0, 0, "none|bf16|fp16"},
+    };
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
-    for (i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "-backend")) backend = argv[i + 1];
-        else if (!strcmp(argv[i], "-np")) np = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-epochs")) epochs = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-batch")) batch = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "-lr")) lr = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "-seed")) seed = strtoull(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "-compress")) compress = argv[i + 1];
-        else break;
-    }
-    if (i < argc || epochs < 1 || batch < np || pdp_backend_from_name(backend, &ld.backend) ||
-        (strcmp(compress, "none") && strcmp(compress, "bf16") && strcmp(compress, "fp16"))) {
-        fprintf(stderr, "usage: %s [-backend local|mpi|nccl] [-np 2 (thread ranks; mpirun or "
-                "torchrun decide for processes)] [-epochs 1] [-batch 256 (global)] [-lr 0.001] "
-                "[-seed 1] [-compress none|bf16|fp16]\n", argv[0]);
+    PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
+    PDP_CHECK(pdp_backend_from_name(backend, &ld.backend));
+    if (short_run) batch = 32; /* 10 steps: quick even under the sanitizers */
+    if (batch < np) {
+        fprintf(stderr, "-batch %lld: fewer samples than the %d ranks\n", (long long)batch, np);
         return 2;
     }
-    if (short_run) batch = 32; /* 10 steps: quick even under the sanitizers */
     pdp_dataset_desc dd = {.flat = true, .mean = PDP_FASHION_MNIST_MEAN,
                            .std = PDP_FASHION_MNIST_STD, .max_samples = short_run ? 320 : 0,
-                           .seed = seed, .synthetic_fallback = true};
+                           .seed = (uint64_t)seed, .synthetic_fallback = true};
     PDP_CHECK(pdp_dataset_load_fashion_mnist(&train, true, &dd));
     PDP_CHECK(pdp_dataset_load_fashion_mnist(&test, false, &dd));
     PDP_CHECK(pdp_launch(np, &ld, train_rank, NULL)); /* every rank runs train_rank */

@@ -48,7 +48,7 @@
 static int epochs = 1;
 static int64_t batch = 128;
 static double lr = 0.001;
-static unsigned long long seed = 1;
+static int64_t seed = 1;
 static bool short_run;
 static const char *backend = "local", *save_path;
 static pdp_dataset *train, *test;
@@ -65,11 +65,11 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     double ring = 2.0 * (n - 1) / n;
     (void)user;
     if (rank == 0)
-        printf("seed %llu: %s, backend %s, %d TP ranks, batch %lld, MLP [f, 784-%d split %d "
-               "ways, %d-%d, g]-10, Adam lr %g\n", seed, train->source, backend, n,
+        printf("seed %lld: %s, backend %s, %d TP ranks, batch %lld, MLP [f, 784-%d split %d "
+               "ways, %d-%d, g]-10, Adam lr %g\n", (long long)seed, train->source, backend, n,
                (long long)batch, H, n, H, H, lr);
     /* the same seed on every rank: each keeps its slice of the same draw */
-    pdp_model_desc md = {.input_shape = {784}, .device = ctx->device, .seed = seed};
+    pdp_model_desc md = {.input_shape = {784}, .device = ctx->device, .seed = (uint64_t)seed};
     PDP_TRY(pdp_model_create(&m, &md));
     PDP_TRY(pdp_model_set_tp(m, ctx->world));
     PDP_TRY(pdp_model_add_tp_copy(m));                  /* f */
@@ -87,7 +87,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
                (long long)(785 * H + (H + 1) * H + 10 * H + 10));
     PDP_TRY(pdp_optim_create(&opt, m, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM, .lr = lr}));
     pdp_batcher_desc bd = {.batch_size = batch, .shuffle = true, .drop_last = true,
-                           .seed = seed, .device = ctx->device}; /* the same batches on all */
+                           .seed = (uint64_t)seed, .device = ctx->device}; /* the same batches */
     PDP_TRY(pdp_batcher_create(&b, train, &bd));
     pdp_batcher_desc tbd = {.batch_size = 1000, .device = ctx->device}; /* the test set */
     PDP_TRY(pdp_batcher_create(&tb, test, &tbd));
@@ -139,28 +139,23 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 int main(int argc, char **argv)
 {
     pdp_launch_desc ld = {0};
-    int i, np = 2;
+    int np = 2;
+    const pdp_arg args[] = { /* option, type, variable (its default), min, max, choices */
+        {"-backend", PDP_ARG_STRING, &backend, 0, 0, "local|mpi|nccl"},
+        {"-np", PDP_ARG_INT, &np, 1, 256, NULL}, /* thread ranks; mpirun decides for processes */
+        {"-epochs", PDP_ARG_INT, &epochs, 1, 1000, NULL},
+        {"-batch", PDP_ARG_INT64, &batch, 1, 1 << 20, NULL},
+        {"-lr", PDP_ARG_DOUBLE, &lr, 1e-9, 10, NULL},
+        {"-seed", PDP_ARG_INT64, &seed, 0, 1e18, NULL},
+        {"-save", PDP_ARG_STRING, &save_path, 0, 0, NULL}, /* the full tensors' file */
+    };
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
-    for (i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "-backend")) backend = argv[i + 1];
-        else if (!strcmp(argv[i], "-np")) np = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-epochs")) epochs = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-batch")) batch = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "-lr")) lr = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "-seed")) seed = strtoull(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "-save")) save_path = argv[i + 1];
-        else break;
-    }
-    if (i < argc || epochs < 1 || batch < 1 ||
-        pdp_backend_from_name(backend, &ld.backend) != PDP_OK) {
-        fprintf(stderr, "usage: %s [-backend local|mpi|nccl] [-np 2 (thread ranks)] "
-                "[-epochs 1] [-batch 128] [-lr 0.001] [-seed 1] [-save PATH]\n", argv[0]);
-        return 2;
-    }
+    PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
+    PDP_CHECK(pdp_backend_from_name(backend, &ld.backend));
     if (short_run) batch = 32; /* 10 steps */
     pdp_dataset_desc dd = {.flat = true, .mean = PDP_FASHION_MNIST_MEAN,
                            .std = PDP_FASHION_MNIST_STD, .max_samples = short_run ? 320 : 0,
-                           .seed = seed, .synthetic_fallback = true};
+                           .seed = (uint64_t)seed, .synthetic_fallback = true};
     PDP_CHECK(pdp_dataset_load_fashion_mnist(&train, true, &dd));
     PDP_CHECK(pdp_dataset_load_fashion_mnist(&test, false, &dd));
     PDP_CHECK(pdp_launch(np, &ld, train_rank, NULL));
