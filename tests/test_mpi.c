@@ -714,6 +714,67 @@ MPI_TEST(mpi_gpt_under_ddp_zero3_and_a_pipeline_equals_one_device)
     PASS();
 }
 
+/* The same GPT, its blocks tensor parallel over every rank (the 6 heads split), with and
+   without sequence parallelism (the 8 positions split): the whole batch on every rank, the
+   same 2 AdamW steps with clipping; the full-tensor checkpoint the TP ranks write together
+   (pdp_tp_checkpoint_save) loads into one device's GPT and equals the reference. */
+MPI_TEST(mpi_gpt_tensor_and_sequence_parallel_equal_one_device)
+{
+    pdp_model *ref = NULL;
+    pdp_tensor pr;
+    int32_t ids[MG_B * MG_T], tg[MG_B * MG_T];
+    int64_t whole[2] = {MG_B, MG_T}, i;
+    char path[300];
+    int sp, s;
+    if (6 % world_size) SKIPm("6 heads do not split over this many ranks");
+    ASSERT_ENUM_EQ(PDP_OK, mg_reference(&ref), pdp_status_name);
+    pdp_model_flat(ref, &pr, NULL);
+    for (sp = 0; sp < 2; sp++) {
+        pdp_model *m = NULL, *one = NULL;
+        pdp_optim *o = NULL;
+        pdp_optim_desc od = mg_adamw();
+        pdp_gpt_desc d;
+        pdp_tensor x, po;
+        float loss, norm;
+        double worst = 0.0;
+        if (sp && MG_T % world_size) continue; /* 8 positions: SP at 1, 2 and 4 ranks */
+        memset(&d, 0, sizeof d);
+        d.vocab = 13, d.context = MG_T, d.layers = 2, d.heads = 6, d.dim = 24, d.seed = 5;
+        d.dropout = 0.1f, d.tp = cm, d.sequence_parallel = sp != 0;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&m, &d), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
+        for (s = 0; s < MG_STEPS; s++) {
+            mg_batch(s, ids, tg);
+            pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, whole, &x);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(m, &x, tg, &loss), pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(m, 0.5f, &norm), pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), pdp_status_name);
+            pdp_optim_zero_grad(o);
+        }
+        snprintf(path, sizeof path, "/tmp/pdp_test_mpi_gpt_tp_%d.safetensors", (int)getppid());
+        ASSERT_ENUM_EQ(PDP_OK, pdp_tp_checkpoint_save(path, m, NULL), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, mg_model(&one), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_load(path, one, NULL), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_comm_barrier(cm, NULL), pdp_status_name);
+        if (my_rank == 0) remove(path);
+        pdp_model_flat(one, &po, NULL);
+        ASSERT_EQ(pr.count, po.count);
+        for (i = 0; i < pr.count; i++) {
+            double e = fabs((double)po.data[i] - pr.data[i]);
+            if (e > worst) worst = e;
+        }
+        if (my_rank == 0)
+            fprintf(test_out, "\n  gpt %s over mpi: %d ranks, %d AdamW steps: max |tp - single "
+                    "device| = %.3g\n", sp ? "tp + sp" : "tp", world_size, MG_STEPS, worst);
+        ASSERTm(sp ? "TP + SP" : "TP", worst <= 1e-5);
+        pdp_model_free(one);
+        pdp_optim_free(o);
+        pdp_model_free(m);
+    }
+    pdp_model_free(ref);
+    PASS();
+}
+
 /* ---- MPI: ZeRO stages 1-3 equal single-device training ---- */
 
 MPI_TEST(mpi_zero_matches_single_device_and_ranks_agree)
@@ -1180,6 +1241,7 @@ SUITE(mpi)
     RUN_TEST(mpi_pp_matches_single_device);
     RUN_TEST(mpi_pp_2d_dp_x_pp_matches_single_device);
     RUN_TEST(mpi_gpt_under_ddp_zero3_and_a_pipeline_equals_one_device);
+    RUN_TEST(mpi_gpt_tensor_and_sequence_parallel_equal_one_device);
     RUN_TEST(mpi_trace_has_collectives_per_rank);
     RUN_TEST(mpi_init_env_times_out_when_a_rank_is_missing);
     conf_run_suite(&mpi_factory);
