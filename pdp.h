@@ -432,13 +432,27 @@
    pdp_pp_forward_backward cuts the batch into desc.micro_batches (m); activations go
    forward and gradients back over send/recv; schedules PDP_PP_1F1B (default: at most
    p - s micro-batches held on stage s) or PDP_PP_GPIPE (all m held): 1F1B saves
-   activation memory, not bubble. The loss (cross-entropy, or desc.loss) is on the last
+   activation memory, not bubble. PDP_PP_INTERLEAVED_1F1B (Megatron-LM's virtual pipeline
+   stages) cuts the bubble instead: the model is cut into p v pieces (desc.chunks = v,
+   default 2), stage s holds pieces s, s + p, s + 2p, .. as v chunks, micro-batches go in
+   groups of p through chunk 0, then chunk 1, .., with Megatron's warm-up of
+   min(2 (p - s - 1) + (v - 1) p, m v) forwards; m must be a multiple of p and the p v
+   pieces must fit the model's cut points (each an error naming the figures). pdp_pp_model
+   joins a stage's chunks in one model (one optimizer, clipping, checkpoints); a GPT's wte
+   sits on chunk 0 of stage 0 and its copy on the last chunk of stage p - 1. It sends
+   2 m (p v - 1) messages a pass instead of 2 m (p - 1) (activations also go from the last
+   stage back to the first) and holds more micro-batch chunks on the early stages; local and
+   MPI only (refused on NCCL), not with TP layers. Tested equal to one device within 1e-5
+   (p = 2, 3, v = 2, 3, m = p, 2p, an MLP and the GPT, dropout on; checkpoints resumed at
+   another stage count) and deadlock-free by a replay of the runner's waits (p = 2..8,
+   v = 1..4, m = p..4p). The loss (cross-entropy, or desc.loss) is on the last
    stage; gradients are scaled so that a step equals one device on the whole batch
    (tested at 1e-5, p = 1..4, thread ranks and MPI). pdp_pp_get_stats gives each
-   stage's bubble beside (p-1)/(m+p-1), the formula for stages of equal time (stages
-   balanced by parameter count may be far from it: balance by work), and its peak
-   activation memory; pdp_pp_stats_format prints them as one line;
-   PDP_TRACE draws one lane per stage with F<i>/B<i> events. Clip with
+   stage's bubble beside (p-1)/(v m+p-1) (v = 1 but interleaved), the formula for pieces of
+   equal time (stages balanced by parameter count may be far from it: balance by work),
+   with Megatron's (p-1)/(v m) (idle over the ideal step, not over the whole step) beside
+   it, its peak activation memory and its messages; pdp_pp_stats_format prints them as one
+   line; PDP_TRACE draws one lane per stage with F<i>/B<i> events (F<i>c<c> interleaved). Clip with
    pdp_pp_clip_grad_norm (collective over the stages: the whole model's norm, as one
    device's pdp_clip_grad_norm; tested on 2-4 stages and DP x PP); pdp_clip_grad_norm
    on a stage would see that stage only.

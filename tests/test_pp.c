@@ -16,7 +16,13 @@
    lane per stage, F/B events), the hot loop allocating nothing after the first step,
    and the error paths (among them an
    optimizer of the full model, a TP model, and a pass that fails on one stage: every
-   stage's message names the call, its stage and the action). */
+   stage's message names the call, its stage and the action).
+   The interleaved schedule (pp_interleaved_*): equal to one device (loss and parameters)
+   on a 12-layer MLP with dropout and on a GPT with dropout, p = 2, 3, v = 2, 3, m = p, 2p,
+   with clipping and DP x PP; its action lists against lists written out from Megatron's
+   rule, with their peak activation bytes; a replay of the runner's waits over p = 2..8,
+   v = 1..4, m = p..4p (deadlock-free; the rule without its 2 (p - s - 1) is not);
+   checkpoints resumed at another stage count; its errors and its stats line. */
 
 #define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
 #include "counting_alloc.h"
@@ -1094,7 +1100,8 @@ static const int64_t deep_in[] = {20, 16, 16, 16, 16, 16, 16, 12, 12, 12, 12, 12
    follow the single-device run): every stage's parameters equal one device's on the whole
    batches (check_equivalence), and so does the loss of every step. Also per stage: the
    messages (m (2 v - [s = 0] - [s = p - 1])), the bytes sent (each chunk's activations
-   forward and gradients back, from the model's shapes), both bubble formulas. */
+   forward and gradients back, from the model's shapes), both bubble formulas. Then with
+   pdp_pp_clip_grad_norm, and DP x PP. */
 TEST pp_interleaved_equals_single_device(void)
 {
     cfg k;
@@ -1132,6 +1139,13 @@ TEST pp_interleaved_equals_single_device(void)
                     ASSERT_EQm(msg, bytes, st->bytes_sent);
                 }
             }
+    /* with clipping (every stage's norm the single-device one), and DP x PP: 2 pipelines of
+       2 stages x 2 chunks, each on half the batch */
+    k.p = 3, k.chunks = 2, k.m = 3, k.clip = true, k.max_norm = 0.05f;
+    CHECK_CALL(check_equivalence(&k));
+    ASSERT(ctxs[0].norms[0] > k.max_norm); /* clipping was active */
+    k.p = 2, k.dp = 2, k.m = 2, k.clip = false;
+    CHECK_CALL(check_equivalence(&k));
     PASS();
 }
 
@@ -1140,7 +1154,31 @@ TEST pp_interleaved_equals_single_device(void)
    micro-batch on chunk v - 1 - that; stage s runs w = min(2 (p - s - 1) + (v - 1) p, m v)
    forwards, then forward w + i and backward i alternately, then the remaining backwards.
    p = 2: w = 4 on stage 0, 2 on stage 1; p = 3: w = min(7, 6) = 6, min(5, 6) = 5, 3. The
-   peak of micro-batch chunks held follows from the list (stage 0 of p = 2: 4 + 1). */
+   peak of micro-batch chunks held follows from the list (stage 0 of p = 2: 4 + 1), and so do
+   the peak bytes (replay_peak_bytes). */
+/* The most activation bytes stage s holds at once, replaying its list (ctxs[s].schedule)
+   with each chunk's bytes a micro-batch of rows rows: its layers' outputs and saved tensors
+   (pdp_model_activation_bytes of the full model) and, after piece 0, its received input. */
+static int64_t replay_peak_bytes(int s, int p, int v, int64_t rows)
+{
+    pdp_model *full = NULL;
+    int64_t per[4], held = 0, peak = 0;
+    const char *t = ctxs[s].schedule;
+    char kind;
+    int j, c, n;
+    if (build_model(&full, DEEP) != PDP_OK) return -1;
+    for (c = 0; c < v; c++)
+        per[c] = pdp_model_activation_bytes(full, ctxs[s].cfirst[c], ctxs[s].clast[c], rows) +
+                 (c * p + s > 0 ? 4 * rows * deep_in[ctxs[s].cfirst[c]] : 0);
+    while (sscanf(t, " %c%dc%d%n", &kind, &j, &c, &n) == 3) {
+        held += kind == 'F' ? per[c] : -per[c];
+        if (held > peak) peak = held;
+        t += n;
+    }
+    pdp_model_free(full);
+    return peak;
+}
+
 TEST pp_interleaved_schedule_lists(void)
 {
     cfg k;
@@ -1157,6 +1195,8 @@ TEST pp_interleaved_schedule_lists(void)
                   "B3c0", ctxs[1].schedule);
     ASSERT_EQ(5, ctxs[0].stats.peak_in_flight);
     ASSERT_EQ(3, ctxs[1].stats.peak_in_flight);
+    ASSERT_EQ(replay_peak_bytes(0, 2, 2, B / 4), ctxs[0].stats.peak_activation_bytes);
+    ASSERT_EQ(replay_peak_bytes(1, 2, 2, B / 4), ctxs[1].stats.peak_activation_bytes);
     k.p = 3, k.chunks = 2, k.m = 3;
     run_ranks(&k, NULL, 30.0);
     ASSERT_ENUM_EQm(ctxs[0].msg, PDP_OK, ctxs[0].st, pdp_status_name);
@@ -1165,6 +1205,8 @@ TEST pp_interleaved_schedule_lists(void)
     ASSERT_STR_EQ("F0c0 F1c0 F2c0 F0c1 B0c1 F1c1 B1c1 F2c1 B2c1 B0c0 B1c0 B2c0", ctxs[2].schedule);
     ASSERT_EQ(6, ctxs[0].stats.peak_in_flight);
     ASSERT_EQ(4, ctxs[2].stats.peak_in_flight);
+    ASSERT_EQ(replay_peak_bytes(0, 3, 2, B / 3), ctxs[0].stats.peak_activation_bytes);
+    ASSERT_EQ(replay_peak_bytes(2, 3, 2, B / 3), ctxs[2].stats.peak_activation_bytes);
     PASS();
 }
 
