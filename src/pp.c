@@ -314,8 +314,6 @@ PDP__PRIVATE pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, in
                             "groups of the stages: micro_batches %d is not a multiple of the %d "
                             "stages", fn, d->micro_batches, p);
     }
-    if ((int64_t)p * v > 65536)
-        return pdp__err(PDP_ERR_INVALID, "%s: %d stages x %d chunks", fn, p, v);
     if (d->balance != PDP_PP_BALANCE_PARAMS && d->balance != PDP_PP_BALANCE_TIME &&
         d->balance != PDP_PP_BALANCE_WORK)
         return pdp__err(PDP_ERR_INVALID, "%s: balance %d (PDP_PP_BALANCE_PARAMS, _TIME or _WORK)",
