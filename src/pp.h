@@ -46,7 +46,9 @@
                 p v pieces, stage s holding v chunks: pieces s, s + p, s + 2p, ..;
                 micro-batches go in groups of p, each group through chunk 0, then
                 chunk 1, .. (backwards from chunk v - 1 down); Megatron's warm-up
-                w = min(2 (p - s - 1) + (v - 1) p, m v) of the stage's m v forwards.
+                w = min(2 (p - s - 1) + (v - 1) p, m v) of the stage's m v forwards
+                (megatron/core/pipeline_parallel/schedules.py, groups of p: its default
+                microbatch_group_size_per_vp_stage).
                 m must be a multiple of p. Activations also go from the last stage
                 back to the first (chunk c to chunk c + 1) and gradients from the
                 first to the last: 2 m (p v - 1) messages a pass instead of
