@@ -52,9 +52,14 @@
                 m must be a multiple of p. Activations also go from the last stage
                 back to the first (chunk c to chunk c + 1) and gradients from the
                 first to the last: 2 m (p v - 1) messages a pass instead of
-                2 m (p - 1), for a bubble v times smaller (Megatron's section 2.2);
+                2 m (p - 1), for a bubble of (p - 1) / (v m + p - 1) instead of
+                (p - 1) / (m + p - 1) (v times smaller in Megatron's terms, its section
+                2.2.2), and more activations held on the early stages (stage 0: up to
+                2 (p - 1) + (v - 1) p + 1 micro-batch chunks, each about 1 / v of a
+                stage's);
      - a stage keeps one set of activations per micro-batch it may hold at once
-       (GPipe m, 1F1B min(p - s, m)): the model's activation slots. Sends are
+       (GPipe m, 1F1B min(p - s, m); each chunk as many as its list holds at once):
+       the model's activation slots. Sends are
        asynchronous (a stage computes while they are in flight); the receive for the
        next action is posted before the current action computes;
      - the loss is computed on the last stage: softmax cross-entropy against labels,
