@@ -443,13 +443,27 @@
    pdp_pp_forward_backward cuts the batch into desc.micro_batches (m); activations go
    forward and gradients back over send/recv; schedules PDP_PP_1F1B (default: at most
    p - s micro-batches held on stage s) or PDP_PP_GPIPE (all m held): 1F1B saves
-   activation memory, not bubble. The loss (cross-entropy, or desc.loss) is on the last
+   activation memory, not bubble. PDP_PP_INTERLEAVED_1F1B (Megatron-LM's virtual pipeline
+   stages) cuts the bubble instead: the model is cut into p v pieces (desc.chunks = v,
+   default 2), stage s holds pieces s, s + p, s + 2p, .. as v chunks, micro-batches go in
+   groups of p through chunk 0, then chunk 1, .., with Megatron's warm-up of
+   min(2 (p - s - 1) + (v - 1) p, m v) forwards; m must be a multiple of p and the p v
+   pieces must fit the model's cut points (each an error naming the figures). pdp_pp_model
+   joins a stage's chunks in one model (one optimizer, clipping, checkpoints); a GPT's wte
+   sits on chunk 0 of stage 0 and its copy on the last chunk of stage p - 1. It sends
+   2 m (p v - 1) messages a pass instead of 2 m (p - 1) (activations also go from the last
+   stage back to the first) and holds more micro-batch chunks on the early stages; local and
+   MPI only (refused on NCCL), not with TP layers. Tested equal to one device within 1e-5
+   (p = 2, 3, v = 2, 3, m = p, 2p, an MLP and the GPT, dropout on; checkpoints resumed at
+   another stage count) and deadlock-free by a replay of the runner's waits (p = 2..8,
+   v = 1..4, m = p..4p). The loss (cross-entropy, or desc.loss) is on the last
    stage; gradients are scaled so that a step equals one device on the whole batch
    (tested at 1e-5, p = 1..4, thread ranks and MPI). pdp_pp_get_stats gives each
-   stage's bubble beside (p-1)/(m+p-1), the formula for stages of equal time (stages
-   balanced by parameter count may be far from it: balance by work), and its peak
-   activation memory; pdp_pp_stats_format prints them as one line;
-   PDP_TRACE draws one lane per stage with F<i>/B<i> events. Clip with
+   stage's bubble beside (p-1)/(v m+p-1) (v = 1 but interleaved), the formula for pieces of
+   equal time (stages balanced by parameter count may be far from it: balance by work),
+   with Megatron's (p-1)/(v m) (idle over the ideal step, not over the whole step) beside
+   it, its peak activation memory and its messages; pdp_pp_stats_format prints them as one
+   line; PDP_TRACE draws one lane per stage with F<i>/B<i> events (F<i>c<c> interleaved). Clip with
    pdp_pp_clip_grad_norm (collective over the stages: the whole model's norm, as one
    device's pdp_clip_grad_norm; tested on 2-4 stages and DP x PP); pdp_clip_grad_norm
    on a stage would see that stage only.
@@ -3087,13 +3101,30 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
        pdp_pp_clip_grad_norm counts it once. An attention's dropout, drawn again in
        backward, uses its micro-batch's keys;
      - a schedule is an explicit list of actions (F j: forward of micro-batch j,
-       B j: its backward) per stage, printed by pdp_pp_schedule_str:
-         GPipe  all forwards, then all backwards: F0 F1 .. F(m-1) B0 .. B(m-1);
-         1F1B   (PipeDream-Flush) w = min(p - 1 - s, m) warm-up forwards on stage s,
-                then one forward and one backward alternately, then the remaining
-                backwards: stage s never holds more than min(p - s, m) micro-batches;
+       B j: its backward; F j c, printed "F3c1", on chunk c) per stage, printed by
+       pdp_pp_schedule_str. Each is one rule: w warm-up forwards, then one forward and
+       one backward alternately, then the remaining backwards:
+         GPipe  w = m: F0 F1 .. F(m-1) B0 .. B(m-1);
+         1F1B   (PipeDream-Flush) w = min(p - 1 - s, m) on stage s: stage s never
+                holds more than min(p - s, m) micro-batches;
+         interleaved 1F1B (Megatron-LM's virtual pipeline stages) the model cut into
+                p v pieces, stage s holding v chunks: pieces s, s + p, s + 2p, ..;
+                micro-batches go in groups of p, each group through chunk 0, then
+                chunk 1, .. (backwards from chunk v - 1 down); Megatron's warm-up
+                w = min(2 (p - s - 1) + (v - 1) p, m v) of the stage's m v forwards
+                (megatron/core/pipeline_parallel/schedules.py, groups of p: its default
+                microbatch_group_size_per_vp_stage).
+                m must be a multiple of p. Activations also go from the last stage
+                back to the first (chunk c to chunk c + 1) and gradients from the
+                first to the last: 2 m (p v - 1) messages a pass instead of
+                2 m (p - 1), for a bubble of (p - 1) / (v m + p - 1) instead of
+                (p - 1) / (m + p - 1) (v times smaller in Megatron's terms, its section
+                2.2.2), and more activations held on the early stages (stage 0: up to
+                2 (p - 1) + (v - 1) p + 1 micro-batch chunks, each about 1 / v of a
+                stage's);
      - a stage keeps one set of activations per micro-batch it may hold at once
-       (GPipe m, 1F1B min(p - s, m)): the model's activation slots. Sends are
+       (GPipe m, 1F1B min(p - s, m); each chunk as many as its list holds at once):
+       the model's activation slots. Sends are
        asynchronous (a stage computes while they are in flight); the receive for the
        next action is posted before the current action computes;
      - the loss is computed on the last stage: softmax cross-entropy against labels,
@@ -3112,13 +3143,15 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
    Measured per step (pdp_pp_get_stats): the stage's compute time and its bubble,
    1 - compute / step time (the step starts and ends with a barrier over the
    pipeline, so every stage is timed over the same span), beside the theory
-   (p - 1) / (m + p - 1) for equal stages; the most micro-batches whose activations
-   the stage held at once and their bytes. PDP_TRACE=out.json draws the schedule:
+   (p - 1) / (v m + p - 1) for equal pieces (v = 1 but for the interleaved schedule),
+   with Megatron's figure (p - 1) / (v m), the bubble's time over the ideal step
+   rather than over the whole step, beside it; the most micro-batches whose
+   activations the stage held at once and their bytes; the messages it sent. PDP_TRACE=out.json draws the schedule:
    one lane per stage ("pipeline stage s"), one event per action ("F3", "B3").
 
    Backends: local (thread ranks), MPI (processes) and NCCL (a GPU per stage: thread
-   ranks from pdp_nccl_group_create, or processes), with the same arithmetic: GPipe
-   and 1F1B over 2-4 GPUs equal the single-device model (tested on the CUDA
+   ranks from pdp_nccl_group_create, or processes), with the same arithmetic (the
+   interleaved schedule: local and MPI only): GPipe and 1F1B over 2-4 GPUs equal the single-device model (tested on the CUDA
    emulation, tests/test_cuda.c). What NCCL changes:
      - x is device memory of stage 0's GPU (labels stay on the host); activations and
        gradients travel GPU to GPU;
@@ -3148,7 +3181,8 @@ typedef struct pdp_pp pdp_pp;
 
 typedef enum pdp_pp_schedule {
     PDP_PP_1F1B = 0, /* default */
-    PDP_PP_GPIPE = 1
+    PDP_PP_GPIPE = 1,
+    PDP_PP_INTERLEAVED_1F1B = 2 /* desc.chunks per stage; not on NCCL, nor with TP layers */
 } pdp_pp_schedule;
 
 /* How a split is balanced without first_layer: the contiguous split of the layers into
@@ -3173,13 +3207,19 @@ typedef pdp_status (*pdp_pp_loss_fn)(void *user, const pdp_tensor *y, int64_t fi
                                      int64_t total, pdp_tensor *dy, double *loss);
 
 #define PDP_PP_MAX_STAGES 64
+#define PDP_PP_MAX_CHUNKS 64 /* chunks per stage of the interleaved schedule */
 
 typedef struct pdp_pp_desc {
     pdp_pp_schedule schedule;  /* default 1F1B */
     int micro_batches;         /* m; default the number of stages */
-    const int *first_layer;    /* NULL: balanced; else one entry per stage, the stage's
-                                  first layer: 0 = first_layer[0] < first_layer[1] < ...
-                                  < number of layers */
+    int chunks;                /* v: model chunks per stage, PDP_PP_INTERLEAVED_1F1B only;
+                                  default 2 there (1 for the others, which take no other);
+                                  p v pieces must fit the model's cut points (its layers
+                                  outside residual regions) */
+    const int *first_layer;    /* NULL: balanced; else one entry per piece (per stage but
+                                  for the interleaved schedule: p v, piece q on stage
+                                  q % p), its first layer: 0 = first_layer[0] <
+                                  first_layer[1] < ... < number of layers */
     pdp_pp_balance balance;    /* without first_layer; default parameter counts */
     int64_t balance_batch;     /* BALANCE_TIME: samples per timed pass; default 32 */
     pdp_pp_loss_fn loss;       /* NULL: softmax cross-entropy against the labels */
@@ -3189,16 +3229,16 @@ typedef struct pdp_pp_desc {
 
 /* Collective over c (every rank calls it; rank r is stage r) and, with desc.dp, over
    dp. full: the same model on every rank; it is read, not kept. A model with fewer
-   layers than stages, or boundaries that differ from rank 0's, fail with
-   PDP_ERR_INVALID. A rank
+   layers than stages (pieces), an interleaved m that is not a multiple of p, or
+   boundaries that differ from rank 0's, fail with PDP_ERR_INVALID. A rank
    that cannot allocate its stage makes every rank fail: the others with PDP_ERR_COMM
    naming it. PDP_TRACE=out.json traces the schedule. */
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc);
 PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
 /* The desc in use, defaults filled in (sokol's query-defaults): micro_batches and
-   balance_batch resolved; first_layer points at the split in use (pp's own array of
-   stages + 1 entries, the last the number of layers), valid until pdp_pp_free. A zero
+   balance_batch and chunks resolved; first_layer points at the split in use (pp's own
+   array of pieces + 1 entries, the last the number of layers), valid until pdp_pp_free. A zero
    desc for NULL. */
 PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp);
 
@@ -3210,7 +3250,7 @@ PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp);
    With desc.dp the gradients' all-reduce is launched at the end; pdp_pp_finish waits.
    When one stage fails (its loss function, a shape, a peer that does not answer within
    the communicator's timeout), every stage fails, each message naming the call, the
-   rank, its stage and the action (F<j> or B<j>) that failed there. */
+   rank, its stage and the action (F<j> or B<j>, F<j>c<c> interleaved) that failed there. */
 PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
                                            const int32_t *labels, float *loss);
 /* With desc.dp: waits for the gradients' average over dp. Otherwise nothing to do. */
@@ -3244,29 +3284,43 @@ PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt);
 PDP_API pdp_status pdp_pp_checkpoint_save(pdp_pp *pp, const pdp_optim *o, const char *path);
 PDP_API pdp_status pdp_pp_checkpoint_load(pdp_pp *pp, pdp_optim *o, const char *path);
 
-PDP_API pdp_model *pdp_pp_model(const pdp_pp *pp); /* this rank's stage */
+/* This rank's stage; with chunks, their layers and parameters one after the other (chunk 0
+   first) in one model: the optimizer's, clipping's and the checkpoints' (run it only through
+   the pipeline: its layers are not consecutive). */
+PDP_API pdp_model *pdp_pp_model(const pdp_pp *pp);
 PDP_API int pdp_pp_stage(const pdp_pp *pp);
 PDP_API int pdp_pp_num_stages(const pdp_pp *pp);
-/* Stage s holds layers [*first, *last) of the full model. */
+/* Stage s holds layers [*first, *last) of the full model. With chunks (v > 1) it holds v
+   ranges: PDP_ERR_INVALID naming pdp_pp_chunk_layers. */
 PDP_API pdp_status pdp_pp_stage_layers(const pdp_pp *pp, int s, int *first, int *last);
-/* This stage's actions as text, "F0 F1 B0 F2 B1 B2" (truncated to cap). */
+/* Chunk c of stage s (piece c p + s) holds layers [*first, *last). */
+PDP_API pdp_status pdp_pp_chunk_layers(const pdp_pp *pp, int s, int c, int *first, int *last);
+/* This stage's actions as text, "F0 F1 B0 F2 B1 B2", interleaved "F0c0 F1c0 F0c1 .."
+   (truncated to cap). */
 PDP_API const char *pdp_pp_schedule_str(const pdp_pp *pp, char *buf, size_t cap);
 
 typedef struct pdp_pp_stats {
     int stage, stages;              /* s and p */
     int micro_batches;              /* m */
+    int chunks;                     /* v */
     pdp_pp_schedule schedule;
     int64_t steps;                  /* pipeline passes finished */
     /* the last pass, this stage */
     double step_s;                  /* from the starting barrier to the closing one */
     double compute_s;               /* forward, loss and backward of every micro-batch */
     double bubble;                  /* 1 - compute_s / step_s: the stage's idle share */
-    double bubble_theory;           /* (p - 1) / (m + p - 1) */
-    int peak_in_flight;             /* most micro-batches whose activations were held */
-    int64_t activation_bytes;       /* one micro-batch's (largest): outputs, saved tensors
-                                       and, after stage 0, the received input */
-    int64_t peak_activation_bytes;  /* peak_in_flight x activation_bytes */
+    double bubble_theory;           /* pdp's: (p - 1) / (v m + p - 1), idle over step time */
+    double bubble_megatron;         /* Megatron's: (p - 1) / (v m), idle over ideal time */
+    int peak_in_flight;             /* most micro-batches whose activations were held (with
+                                       chunks: micro-batch chunks, summed over the chunks) */
+    int64_t activation_bytes;       /* one micro-batch's (largest) through the stage's chunks:
+                                       outputs, saved tensors and, after piece 0, the
+                                       received input */
+    int64_t peak_activation_bytes;  /* the most bytes of those held at once (v = 1:
+                                       peak_in_flight x activation_bytes) */
     int64_t bytes_sent;             /* activations forward and gradients back */
+    int64_t messages;               /* activations and gradients sent: m (2 v - [s = 0] -
+                                       [s = p - 1]) a pass */
     /* sums over all passes */
     double total_step_s, total_compute_s;
 } pdp_pp_stats;
@@ -3275,7 +3329,9 @@ PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out);
 /* One line a person reads (pdp_dp_stats_format's style): the stage's compute seconds and
    bubble over all passes beside the formula, "met" when within 0.10 of it, and its peak
    activation memory beside what each schedule holds (1F1B min(p - s, m) micro-batches,
-   GPipe m). Returns the length snprintf would have written. */
+   GPipe m); the interleaved schedule's line has the bubble beside both formulas, labelled,
+   its peak activation memory and its messages beside m (2 v - [s = 0] - [s = p - 1]).
+   Returns the length snprintf would have written. */
 PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes);
 /* ---- end src/pp.h ---- */
 
@@ -28495,19 +28551,47 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
 /* pp: the pipeline-parallel executor (the design is pp.h's opening comment).
 
    Invariants: the schedule is fixed at creation, a list of actions per stage in
-   which micro-batch j's forward comes before its backward, and the backwards in
-   micro-batch order. Stage s keeps S = nslots activation sets (model slots), set
-   j % S for micro-batch j: a forward F(j) finds set j % S free because F(j - S)'s
-   backward came before it (GPipe: S = m; 1F1B: S = min(p - s, m) = warm-up + 1).
-   Received inputs (stages after 0) live in S + 1 buffers, j % (S + 1), so the
-   receive for the next action can be posted while the current one computes
+   which, on each chunk, micro-batch j's forward comes before its backward, and the
+   forwards and the backwards each in micro-batch order. A stage runs v chunks (v = 1
+   but for the interleaved schedule), each a model of consecutive layers (a piece of
+   the full model, piece q = c p + s) with buffers of its own; everything below is per
+   chunk. A chunk keeps S = nslots activation sets (model slots), the most micro-batches
+   it holds at once in the list (GPipe: S = m; 1F1B: S = min(p - s, m) = warm-up + 1;
+   interleaved: counted), set j % S for micro-batch j: its micro-batches in flight are
+   consecutive, so a forward F(j) finds set j % S free because F(j - S)'s backward came
+   before it. Received inputs (pieces after 0) live in S + 1 buffers, j % (S + 1), so
+   the receive for the next action can be posted while the current one computes
    (after a backward B(i), the next forward F(i + S) needs a buffer while i's is
    still being read); received output gradients in 2 buffers (j % 2) and the input
    gradients sent back in 2 (j % 2, the send of j - 2 waited before reuse).
    Activations are sent straight from the model's output of set j % S, whose send
-   is waited before F(j + S) overwrites it. Tags: 2 j (activations) and 2 j + 1
-   (gradients), modulo PDP_COMM_TAG_MAX + 1. At most one receive is outstanding.
-   After the first pass at the largest batch nothing is allocated.
+   is waited before F(j + S) overwrites it. Tags: a message crosses the boundary b
+   between pieces b and b + 1; 2 (j v + b / p) for micro-batch j's activations and
+   one more for its gradients, modulo PDP_COMM_TAG_MAX + 1 (v = 1: 2 j and 2 j + 1).
+   Two ranks exchange over the boundaries b = c p + s (forward from s), one per chunk,
+   so the tag and the direction name the message (p = 2: rank 1 sends rank 0 both
+   activations, over odd b, and gradients, over even b; the last bit tells them apart).
+   At most one receive is outstanding. After the first pass at the largest batch
+   nothing is allocated.
+
+   Why the interleaved schedule cannot deadlock on local and MPI. A rank blocks only
+   in two waits: for its current action's receive (the peer's matching send is posted
+   when the peer has computed the action that produces it), and, before reusing a
+   send buffer, for an earlier send of the same chunk (matched once the peer posts
+   the receive, which it does one action ahead of using it). Posting never blocks, and
+   messages match by (peer, tag), not by order, so the order in which two ranks post
+   their messages cannot cross-wire them; the 1F1B runner needs no other order. What
+   remains is that the waits form no cycle: every message an action waits for is
+   produced by an action its peer runs no later in Megatron's order (the k-th forward
+   of every stage is the same micro-batch and chunk; stage s's 2 (p - s - 1) extra
+   warm-up forwards are what lets the last stage's backwards start before stage s
+   needs them, and (v - 1) p lets a micro-batch group cross all v chunks), and a send
+   buffer is reused only S forwards (2 backwards) later, when its receiver has
+   necessarily posted that receive. The runner's two waits were checked by a
+   simulation of every rank (tests/test_pp.c, pp_interleaved_schedules_cannot_deadlock:
+   p = 2..8, v = 1..4, m = p..4p, all complete) and the schedule runs in the tests on
+   thread ranks. NCCL matches by order and serialises a rank's messages on one stream,
+   which this argument does not cover: the interleaved schedule is refused there.
 
    Messages are started as soon as they are posted (pdp__pp_start): NCCL enqueues
    posted messages only at a wait or pdp_work_done (comm.h), so without it stage 0's
@@ -28530,23 +28614,37 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
 typedef struct pdp__pp_action {
     char kind; /* 'F' or 'B' */
     int mb;
+    int chunk;
 } pdp__pp_action;
 
-struct pdp_pp {
-    pdp_model *m;                 /* this stage */
-    pdp_comm *c, *dp;
-    pdp_pp_desc desc;
-    int stage, p, mb;             /* stage, stages, micro-batches */
-    int first[PDP_PP_MAX_STAGES + 1];
-    pdp__pp_action *acts;
-    int nacts, nslots;
-    int64_t in_count, out_count;  /* per-sample floats at the stage's input and output */
-    int64_t cap_rows;             /* rows the buffers below hold */
-    float **in_buf;               /* nslots + 1: received inputs (stages after 0) */
-    float *dy_buf[2];             /* received output gradients (stages before the last) */
-    float *dx_buf[2];             /* input gradients sent back (stages after 0) */
+/* One chunk of a stage: piece q = chunk p + stage of the full model. */
+typedef struct pdp__pp_chunk {
+    pdp_model *m;                 /* layers [first[q], first[q + 1]); with v > 1 its blocks
+                                     are views into the stage model's (pdp__pp_join) */
+    int q, nslots;
+    int64_t off;                  /* its parameters' offset in the stage model */
+    int64_t in_count, out_count;  /* per-sample floats at its input and output */
+    int64_t act_bytes;            /* one micro-batch's activations (the last pass) */
+    int param0;                   /* its first parameter's index in the stage model */
+    bool view;                    /* its blocks are the stage model's (v > 1) */
+    float **in_buf;               /* nslots + 1: received inputs (pieces after 0) */
+    float *dy_buf[2];             /* received output gradients (pieces before the last) */
+    float *dx_buf[2];             /* input gradients sent back (pieces after 0) */
     pdp_work **send_fwd;          /* per slot */
     pdp_work *send_bwd[2];
+} pdp__pp_chunk;
+
+struct pdp_pp {
+    pdp_model *m;                 /* this stage (with v > 1: its chunks' joined) */
+    pdp_comm *c, *dp;
+    pdp_pp_desc desc;
+    int stage, p, mb, v, pieces;  /* stage, stages, micro-batches, chunks, p v */
+    int *first;                   /* pieces + 1: piece q's first layer, then nlayers */
+    pdp__pp_chunk *ck;            /* v */
+    pdp__pp_action *acts;
+    int nacts;
+    int64_t cap_rows;             /* rows the chunks' buffers hold */
+    int64_t messages;             /* activations and gradients sent in this pass */
     pdp_work *rwork;              /* the outstanding receive, for action rwork_act */
     int rwork_act;
     pdp_work *dp_work;            /* DP x PP: the gradients' all-reduce */
@@ -28675,24 +28773,49 @@ out:
 
 /* ---- pp: schedules ---- */
 
+/* The k-th forward (kind 'F') or backward of a stage in Megatron's order: micro-batches in
+   groups of p, each group through chunk 0, 1, .., v - 1 (backwards through v - 1 first);
+   with v = 1 it is micro-batch k. */
+PDP__PRIVATE pdp__pp_action pdp__pp_kth(char kind, int k, int p, int v)
+{
+    pdp__pp_action a;
+    int c = k % (p * v) / p;
+    a.kind = kind;
+    a.mb = k / (p * v) * p + k % p;
+    a.chunk = kind == 'F' ? c : v - 1 - c;
+    return a;
+}
+
+/* Stage s's actions (2 m v of them) into acts: w warm-up forwards, then a forward and a
+   backward alternately, then the remaining backwards (pp.h states each schedule's w).
+   Interleaved: m a multiple of p (pdp__pp_desc_defaults checks). Returns the count. */
+PDP__PRIVATE int pdp__pp_build(pdp_pp_schedule sched, int p, int v, int m, int s,
+                               pdp__pp_action *acts)
+{
+    int total = m * v, n = 0, w, i;
+    if (sched == PDP_PP_GPIPE) w = total;
+    else if (sched == PDP_PP_1F1B) w = PDP__MIN(p - 1 - s, m);
+    else w = PDP__MIN(2 * (p - s - 1) + (v - 1) * p, total);
+    for (i = 0; i < w; i++) acts[n++] = pdp__pp_kth('F', i, p, v);
+    for (i = 0; i + w < total; i++) {
+        acts[n++] = pdp__pp_kth('F', w + i, p, v);
+        acts[n++] = pdp__pp_kth('B', i, p, v);
+    }
+    for (i = total - w; i < total; i++) acts[n++] = pdp__pp_kth('B', i, p, v);
+    return n;
+}
+
+/* This stage's list, and each chunk's slots: the most micro-batches it holds at once. */
 PDP__PRIVATE void pdp__pp_plan(pdp_pp *pp)
 {
-    int s = pp->stage, m = pp->mb, w, i, n = 0;
-    if (pp->desc.schedule == PDP_PP_GPIPE) {
-        for (i = 0; i < m; i++) pp->acts[n].kind = 'F', pp->acts[n++].mb = i;
-        for (i = 0; i < m; i++) pp->acts[n].kind = 'B', pp->acts[n++].mb = i;
-        pp->nslots = m;
-    } else {
-        w = PDP__MIN(pp->p - 1 - s, m);
-        for (i = 0; i < w; i++) pp->acts[n].kind = 'F', pp->acts[n++].mb = i;
-        for (i = 0; i + w < m; i++) {
-            pp->acts[n].kind = 'F', pp->acts[n++].mb = w + i;
-            pp->acts[n].kind = 'B', pp->acts[n++].mb = i;
-        }
-        for (i = m - w; i < m; i++) pp->acts[n].kind = 'B', pp->acts[n++].mb = i;
-        pp->nslots = PDP__MIN(pp->p - s, m);
+    int k, c, held[PDP_PP_MAX_CHUNKS] = {0};
+    pp->nacts = pdp__pp_build(pp->desc.schedule, pp->p, pp->v, pp->mb, pp->stage, pp->acts);
+    for (c = 0; c < pp->v; c++) pp->ck[c].nslots = 0;
+    for (k = 0; k < pp->nacts; k++) {
+        pdp__pp_chunk *ck = &pp->ck[pp->acts[k].chunk];
+        held[pp->acts[k].chunk] += pp->acts[k].kind == 'F' ? 1 : -1;
+        ck->nslots = PDP__MAX(ck->nslots, held[pp->acts[k].chunk]);
     }
-    pp->nacts = n;
 }
 
 PDP_API const char *pdp_pp_schedule_str(const pdp_pp *pp, char *buf, size_t cap)
@@ -28702,9 +28825,14 @@ PDP_API const char *pdp_pp_schedule_str(const pdp_pp *pp, char *buf, size_t cap)
     if (!buf || !cap) return buf;
     buf[0] = '\0';
     if (!pp) return buf;
-    for (k = 0; k < pp->nacts && n + 1 < cap; k++)
-        n += (size_t)snprintf(buf + n, cap - n, k ? " %c%d" : "%c%d", pp->acts[k].kind,
-                              pp->acts[k].mb);
+    for (k = 0; k < pp->nacts && n + 1 < cap; k++) {
+        const pdp__pp_action *a = &pp->acts[k];
+        if (pp->desc.schedule == PDP_PP_INTERLEAVED_1F1B)
+            n += (size_t)snprintf(buf + n, cap - n, k ? " %c%dc%d" : "%c%dc%d", a->kind, a->mb,
+                                  a->chunk);
+        else
+            n += (size_t)snprintf(buf + n, cap - n, k ? " %c%d" : "%c%d", a->kind, a->mb);
+    }
     return buf;
 }
 
@@ -28712,13 +28840,30 @@ PDP_API const char *pdp_pp_schedule_str(const pdp_pp *pp, char *buf, size_t cap)
 
 PDP__PRIVATE pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, int p, const char *fn)
 {
-    int s;
-    if (d->schedule != PDP_PP_1F1B && d->schedule != PDP_PP_GPIPE)
-        return pdp__err(PDP_ERR_INVALID, "%s: schedule %d (PDP_PP_1F1B or PDP_PP_GPIPE)", fn,
-                        (int)d->schedule);
+    int s, v = PDP__MAX(d->chunks, 1), n;
+    if (d->schedule != PDP_PP_1F1B && d->schedule != PDP_PP_GPIPE &&
+        d->schedule != PDP_PP_INTERLEAVED_1F1B)
+        return pdp__err(PDP_ERR_INVALID, "%s: schedule %d (PDP_PP_1F1B, PDP_PP_GPIPE or "
+                        "PDP_PP_INTERLEAVED_1F1B)", fn, (int)d->schedule);
     if (d->micro_batches < 0 || d->micro_batches > 65536)
         return pdp__err(PDP_ERR_INVALID, "%s: micro_batches %d outside 1..65536", fn,
                         d->micro_batches);
+    if (d->chunks < 0 || d->chunks > PDP_PP_MAX_CHUNKS)
+        return pdp__err(PDP_ERR_INVALID, "%s: chunks %d outside 1..%d", fn, d->chunks,
+                        PDP_PP_MAX_CHUNKS);
+    if (d->chunks > 1 && d->schedule != PDP_PP_INTERLEAVED_1F1B)
+        return pdp__err(PDP_ERR_INVALID, "%s: chunks %d needs PDP_PP_INTERLEAVED_1F1B (GPipe "
+                        "and 1F1B run one chunk a stage)", fn, d->chunks);
+    if (d->schedule == PDP_PP_INTERLEAVED_1F1B) {
+        v = PDP__DEF(d->chunks, 2);
+        if (p < 2)
+            return pdp__err(PDP_ERR_INVALID, "%s: PDP_PP_INTERLEAVED_1F1B on 1 stage (it needs "
+                            "2 or more)", fn);
+        if (d->micro_batches % p != 0)
+            return pdp__err(PDP_ERR_INVALID, "%s: PDP_PP_INTERLEAVED_1F1B takes micro-batches in "
+                            "groups of the stages: micro_batches %d is not a multiple of the %d "
+                            "stages", fn, d->micro_batches, p);
+    }
     if (d->balance != PDP_PP_BALANCE_PARAMS && d->balance != PDP_PP_BALANCE_TIME &&
         d->balance != PDP_PP_BALANCE_WORK)
         return pdp__err(PDP_ERR_INVALID, "%s: balance %d (PDP_PP_BALANCE_PARAMS, _TIME or _WORK)",
@@ -28726,14 +28871,18 @@ PDP__PRIVATE pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, in
     if (d->balance_batch < 0)
         return pdp__err(PDP_ERR_INVALID, "%s: balance_batch %lld < 0", fn,
                         (long long)d->balance_batch);
-    if (nlayers < p)
+    n = p * v; /* pieces */
+    if (nlayers < n && v > 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: %d stages x %d chunks = %d pieces but the model "
+                        "has %d layers", fn, p, v, n, nlayers);
+    if (nlayers < n)
         return pdp__err(PDP_ERR_INVALID, "%s: %d stages but the model has %d layers", fn, p,
                         nlayers);
     if (d->first_layer) {
         if (d->first_layer[0] != 0)
             return pdp__err(PDP_ERR_INVALID, "%s: first_layer[0] is %d (must be 0)", fn,
                             d->first_layer[0]);
-        for (s = 1; s < p; s++)
+        for (s = 1; s < n; s++)
             if (d->first_layer[s] <= d->first_layer[s - 1] || d->first_layer[s] >= nlayers)
                 return pdp__err(PDP_ERR_INVALID, "%s: first_layer[%d] is %d (must be in %d..%d)",
                                 fn, s, d->first_layer[s], d->first_layer[s - 1] + 1,
@@ -28755,6 +28904,7 @@ PDP__PRIVATE pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc
     if ((st = pdp__pp_check_desc(&d, nlayers, p, fn)) != PDP_OK) return st;
     d.micro_batches = PDP__DEF(d.micro_batches, p);
     d.balance_batch = PDP__DEF(d.balance_batch, 32);
+    d.chunks = d.schedule == PDP_PP_INTERLEAVED_1F1B ? PDP__DEF(d.chunks, 2) : 1;
     *out = d;
     return PDP_OK;
 }
@@ -28788,14 +28938,27 @@ PDP__PRIVATE void pdp__pp_cut_points(const pdp_model *full, bool *cut_ok)
     cut_ok[full->nlayers] = true;
 }
 
-/* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
+/* The split into pieces: given, or balanced (by time: rank 0 measures). first[pieces] =
+   nlayers. */
 PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn)
 {
     int s, n = full->nlayers;
     double *cost;
     pdp_status st = PDP_OK;
+    if (pp->v > 1) { /* every piece must start at a cut point: are there enough? */
+        bool *cut_ok = (bool *)pdp__calloc(((size_t)n + 1) * sizeof *cut_ok);
+        int cuts = 0;
+        if (!cut_ok) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+        pdp__pp_cut_points(full, cut_ok);
+        for (s = 0; s < n; s++) cuts += cut_ok[s];
+        pdp__dealloc(cut_ok);
+        if (cuts < pp->pieces)
+            return pdp__err(PDP_ERR_INVALID, "%s: %d stages x %d chunks = %d pieces but the "
+                            "model has %d cut points (layers a piece may start at, outside "
+                            "residual regions)", fn, pp->p, pp->v, pp->pieces, cuts);
+    }
     if (pp->desc.first_layer) {
-        for (s = 0; s < pp->p; s++) pp->first[s] = pp->desc.first_layer[s];
+        for (s = 0; s < pp->pieces; s++) pp->first[s] = pp->desc.first_layer[s];
     } else {
         cost = (double *)pdp__calloc((size_t)n * sizeof *cost);
         if (!cost) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
@@ -28810,7 +28973,7 @@ PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const c
             pdp_status b = cut_ok ? PDP_OK : PDP_ERR_OUT_OF_MEMORY;
             if (cut_ok) {
                 pdp__pp_cut_points(full, cut_ok);
-                b = pdp__pp_balance(cost, cut_ok, n, pp->p, pp->first);
+                b = pdp__pp_balance(cost, cut_ok, n, pp->pieces, pp->first);
             }
             if (b == PDP_ERR_INVALID)
                 st = pdp__err(PDP_ERR_INVALID, "%d stages do not fit between the model's residual "
@@ -28823,7 +28986,7 @@ PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const c
         if (st != PDP_OK) return pdp__err_wrap(st, "%s: rank %d: timing the layers", fn,
                                                pp->stage);
     }
-    pp->first[pp->p] = n;
+    pp->first[pp->pieces] = n;
     return PDP_OK;
 }
 
@@ -28831,27 +28994,38 @@ PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const c
    time: takes rank 0's split). */
 PDP__PRIVATE pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn)
 {
-    int mine[PDP_PP_MAX_STAGES + 3], theirs[PDP_PP_MAX_STAGES + 3], s, n = pp->p + 3;
+    static const char *what[3] = {"schedule", "micro_batches", "chunks"};
+    int head[3], theirs[3], s, np = pp->pieces;
+    int *split;
     pdp_status st;
-    for (s = 0; s <= pp->p; s++) mine[s] = pp->first[s];
-    mine[pp->p + 1] = (int)pp->desc.schedule;
-    mine[pp->p + 2] = pp->mb;
-    memcpy(theirs, mine, (size_t)n * sizeof *mine);
-    if ((st = pdp_comm_broadcast_bytes(pp->c, theirs, (size_t)n * sizeof *theirs, 0)) != PDP_OK)
+    /* first the schedule, m and v, which fix the split's length */
+    head[0] = (int)pp->desc.schedule, head[1] = pp->mb, head[2] = pp->v;
+    memcpy(theirs, head, sizeof head);
+    if ((st = pdp_comm_broadcast_bytes(pp->c, theirs, sizeof theirs, 0)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: exchanging the schedule", fn, pp->stage);
+    for (s = 0; s < 3; s++)
+        if (head[s] != theirs[s])
+            st = pdp__err(PDP_ERR_INVALID, "%s: rank %d: %s %d here but %d on rank 0", fn,
+                          pp->stage, what[s], head[s], theirs[s]);
+    /* every rank learns of a difference before the split's broadcast, whose length differs */
+    if ((st = pdp__comm_agree(pp->c, st, fn)) != PDP_OK) return st;
+    split = (int *)pdp__alloc((size_t)(np + 1) * sizeof *split);
+    if (!split) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", fn, pp->stage);
+    memcpy(split, pp->first, (size_t)(np + 1) * sizeof *split);
+    if ((st = pdp_comm_broadcast_bytes(pp->c, split, (size_t)(np + 1) * sizeof *split, 0)) !=
+        PDP_OK) {
+        pdp__dealloc(split);
         return pdp__err_wrap(st, "%s: rank %d: exchanging the split", fn, pp->stage);
+    }
     if (!pp->desc.first_layer && pp->desc.balance == PDP_PP_BALANCE_TIME)
-        for (s = 0; s <= pp->p; s++) mine[s] = pp->first[s] = theirs[s];
-    for (s = 0; s < n; s++)
-        if (mine[s] != theirs[s]) {
-            if (s <= pp->p)
-                return pdp__err(PDP_ERR_INVALID, "%s: rank %d: stage %d starts at layer %d here "
-                                "but at layer %d on rank 0 (the ranks' models or first_layer "
-                                "differ)", fn, pp->stage, s, mine[s], theirs[s]);
-            return pdp__err(PDP_ERR_INVALID, "%s: rank %d: %s %d here but %d on rank 0", fn,
-                            pp->stage, s == pp->p + 1 ? "schedule" : "micro_batches", mine[s],
-                            theirs[s]);
-        }
-    return PDP_OK;
+        memcpy(pp->first, split, (size_t)(np + 1) * sizeof *split);
+    for (s = 0; s <= np && st == PDP_OK; s++)
+        if (pp->first[s] != split[s])
+            st = pdp__err(PDP_ERR_INVALID, "%s: rank %d: %s %d starts at layer %d here but at "
+                          "layer %d on rank 0 (the ranks' models or first_layer differ)", fn,
+                          pp->stage, pp->v > 1 ? "piece" : "stage", s, pp->first[s], split[s]);
+    pdp__dealloc(split);
+    return st;
 }
 
 PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp)
@@ -28866,29 +29040,120 @@ PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp)
     return d;
 }
 
-/* The weight tied across stages, if any: a TiedLinear on stage s_use whose parameter's
-   layer is on stage s_own < s_use (pdp__model_stage gave s_use a copy, its last parameter). */
-PDP__PRIVATE void pdp__pp_find_tied(pdp_pp *pp, const pdp_model *full)
+/* The piece holding layer i. */
+PDP__PRIVATE int pdp__pp_piece_of(const pdp_pp *pp, int i)
 {
-    int i, s_use, s_own;
+    int q = 0;
+    while (pp->first[q + 1] <= i) q++;
+    return q;
+}
+
+/* The weight tied across stages, if any: a TiedLinear on piece q_use whose parameter's
+   layer is on piece q_own < q_use (pdp__model_stage gave q_use's chunk a copy, its last
+   parameter). Two chunks of one stage cannot share one (PDP_ERR_UNSUPPORTED). */
+PDP__PRIVATE pdp_status pdp__pp_find_tied(pdp_pp *pp, const pdp_model *full, const char *fn)
+{
+    int i, q_use, q_own, s_use, s_own;
     pp->tied_param = -1;
     for (i = 0; i < full->nlayers; i++) {
         const pdp__layer *l = &full->layers[i];
         int owner;
         if (!(pdp__layer_kind_of(l->kind)->flags & PDP__LAYER_TIED)) continue;
         owner = full->params[l->tied_param].layer;
-        for (s_use = 0; pp->first[s_use + 1] <= i; s_use++) {}
-        for (s_own = 0; pp->first[s_own + 1] <= owner; s_own++) {}
-        if (s_use == s_own) continue;
+        q_use = pdp__pp_piece_of(pp, i);
+        q_own = pdp__pp_piece_of(pp, owner);
+        if (q_use == q_own) continue;
+        s_use = q_use % pp->p, s_own = q_own % pp->p;
+        if (s_use == s_own)
+            return pdp__err(PDP_ERR_UNSUPPORTED, "%s: rank %d: layers %d and %d share %s but "
+                            "are on chunks %d and %d of stage %d (a tied weight's two copies "
+                            "must be on two stages)", fn, pp->stage, owner, i,
+                            full->params[l->tied_param].name, q_own / pp->p, q_use / pp->p,
+                            s_own);
         if (pp->stage == s_own) {
-            pp->tied_param = l->tied_param - full->layers[pp->first[s_own]].param_first;
+            pp->tied_param = pp->ck[q_own / pp->p].param0 + l->tied_param -
+                             full->layers[pp->first[q_own]].param_first;
             pp->tied_peer = s_use;
-        } else if (pp->stage == s_use) {
-            pp->tied_param = pp->m->nparams - 1;
+        } else if (pp->stage == s_use) { /* the copy: its chunk's last parameter */
+            const pdp__pp_chunk *ck = &pp->ck[q_use / pp->p];
+            pp->tied_param = ck->param0 + ck->m->nparams - 1;
             pp->tied_peer = s_own;
             pp->tied_copy = true;
         }
     }
+    return PDP_OK;
+}
+
+/* With v > 1 chunks, the stage model: the chunks' layers and parameters one after the other
+   in one model whose blocks hold every chunk's (the optimizer, clipping and checkpoints see
+   one model, as with one chunk); each chunk's blocks become views into them. Its layers keep
+   their indices into its own registry; they are not run (each chunk runs its own). */
+PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp)
+{
+    pdp_model *r;
+    const pdp_model *c0 = pp->ck[0].m;
+    int c, i, nl = 0, np = 0, l0 = 0;
+    int64_t count = 0;
+    pdp_status st;
+    for (c = 0; c < pp->v; c++) {
+        pp->ck[c].param0 = np;
+        pp->ck[c].off = count;
+        nl += pp->ck[c].m->nlayers, np += pp->ck[c].m->nparams;
+        count += pp->ck[c].m->param_count;
+    }
+    r = (pdp_model *)pdp__calloc(sizeof *r);
+    if (!r) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a stage");
+    pp->m = r;
+    r->device = c0->device;
+    r->seed = c0->seed;
+    r->init_rng = c0->init_rng;
+    r->in_ndim = c0->in_ndim;
+    memcpy(r->in_shape, c0->in_shape, sizeof r->in_shape);
+    r->in_count = c0->in_count;
+    r->in_dtype = c0->in_dtype;
+    r->training = c0->training;
+    r->precision = c0->precision;
+    r->recompute = c0->recompute;
+    r->open_residual = -1;
+    r->nlayers = r->cap_layers = nl;
+    r->nparams = r->cap_params = np;
+    r->param_count = count;
+    r->layers = (pdp__layer *)pdp__alloc((size_t)nl * sizeof *r->layers);
+    r->params = (pdp__param_entry *)pdp__alloc((size_t)PDP__MAX(1, np) * sizeof *r->params);
+    if (!r->layers || !r->params) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a stage");
+    if (count && ((st = pdp__dev_alloc(r->device, (size_t)count * sizeof(float),
+                                       (void **)&r->param_block)) != PDP_OK ||
+                  (st = pdp__dev_alloc(r->device, (size_t)count * sizeof(float),
+                                       (void **)&r->grad_block)) != PDP_OK ||
+                  (st = pdp__dev_memset0(r->device, r->grad_block,
+                                         (size_t)count * sizeof(float))) != PDP_OK))
+        return st;
+    for (c = 0; c < pp->v; c++) {
+        pdp__pp_chunk *ck = &pp->ck[c];
+        pdp_model *m = ck->m;
+        for (i = 0; i < m->nlayers; i++) {
+            pdp__layer *l = &r->layers[l0 + i];
+            *l = m->layers[i];
+            l->param_first += ck->param0;
+            l->residual_from += l0;
+            if (pdp__model_flag(m, i, PDP__LAYER_TIED)) l->tied_param += ck->param0;
+        }
+        for (i = 0; i < m->nparams; i++) {
+            r->params[ck->param0 + i] = m->params[i];
+            r->params[ck->param0 + i].offset += ck->off;
+        }
+        l0 += m->nlayers;
+        if (!m->param_count) continue;
+        if ((st = pdp__dev_copy(r->device, r->param_block + ck->off, m->device, m->param_block,
+                                (size_t)m->param_count * sizeof(float))) != PDP_OK)
+            return st;
+        pdp__dev_free(m->device, m->param_block);
+        pdp__dev_free(m->device, m->grad_block);
+        m->param_block = r->param_block + ck->off;
+        m->grad_block = r->grad_block + ck->off;
+        ck->view = true;
+    }
+    return PDP_OK;
 }
 
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
@@ -28897,7 +29162,7 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     static const char *fn = "pdp_pp_create";
     pdp_pp *pp;
     pdp_status st;
-    int i;
+    int k;
     bool agreed = false;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
@@ -28921,31 +29186,56 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         goto fail;
     pp->dp = pp->desc.dp;
     pp->mb = pp->desc.micro_batches;
+    pp->v = pp->desc.chunks;
+    pp->pieces = pp->p * pp->v;
+    if (pp->v > 1 && c->backend == PDP_BACKEND_NCCL) {
+        st = pdp__err(PDP_ERR_UNSUPPORTED, "%s: PDP_PP_INTERLEAVED_1F1B on NCCL (it orders "
+                      "messages by stream, which the schedule's proof does not cover): use the "
+                      "local or MPI backend, or PDP_PP_1F1B", fn);
+        goto fail;
+    }
+    if (pp->v > 1 && full->tp.comm) {
+        st = pdp__err(PDP_ERR_UNSUPPORTED, "%s: PDP_PP_INTERLEAVED_1F1B with tensor-parallel "
+                      "layers (PP x TP runs GPipe and 1F1B)", fn);
+        goto fail;
+    }
+    pp->first = (int *)pdp__calloc((size_t)(pp->pieces + 1) * sizeof *pp->first);
+    pp->ck = (pdp__pp_chunk *)pdp__calloc((size_t)pp->v * sizeof *pp->ck);
+    if (!pp->first || !pp->ck) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", fn, pp->stage);
+        goto fail;
+    }
     if ((st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK)
         goto fail;
     agreed = true; /* past the split's collectives: a failure from here on is agreed */
-    pp->acts = (pdp__pp_action *)pdp__calloc((size_t)(2 * pp->mb) * sizeof *pp->acts);
+    pp->acts = (pdp__pp_action *)pdp__calloc((size_t)(2 * pp->mb * pp->v) * sizeof *pp->acts);
     if (!pp->acts) goto oom;
     pdp__pp_plan(pp);
-    if ((st = pdp__model_stage(full, pp->first[pp->stage], pp->first[pp->stage + 1], &pp->m)))
-        goto wrap;
-    pdp__model_set_slots(pp->m, pp->nslots);
+    for (k = 0; k < pp->v; k++) {
+        pdp__pp_chunk *ck = &pp->ck[k];
+        ck->q = k * pp->p + pp->stage;
+        if ((st = pdp__model_stage(full, pp->first[ck->q], pp->first[ck->q + 1], &ck->m)))
+            goto wrap;
+        pdp__model_set_slots(ck->m, ck->nslots);
+        ck->in_count = ck->m->in_count;
+        ck->out_count = ck->m->layers[ck->m->nlayers - 1].out_count;
+        ck->in_buf = (float **)pdp__calloc((size_t)(ck->nslots + 1) * sizeof *ck->in_buf);
+        ck->send_fwd = (pdp_work **)pdp__calloc((size_t)ck->nslots * sizeof *ck->send_fwd);
+        if (!ck->in_buf || !ck->send_fwd) goto oom;
+    }
+    if (pp->v == 1) pp->m = pp->ck[0].m;
+    else if ((st = pdp__pp_join(pp)) != PDP_OK) goto wrap;
     pp->m->wrapped = PDP__WRAP_PP; /* the stage is the pipeline's: its layout is fixed */
     {
         const pdp__layer *last = &full->layers[full->nlayers - 1];
         pp->positions = last->out_count / last->out_shape[last->out_ndim - 1];
     }
-    pdp__pp_find_tied(pp, full);
+    if ((st = pdp__pp_find_tied(pp, full, fn)) != PDP_OK) goto fail;
     if ((st = pdp__model_layout(full, false, &pp->layout)) != PDP_OK) goto wrap;
     if (pp->tied_param >= 0 &&
         (st = pdp__dev_alloc(pp->m->device, (size_t)pp->m->params[pp->tied_param].count *
                                                 sizeof(float), (void **)&pp->tied_buf)) != PDP_OK)
         goto wrap;
-    pp->in_count = pp->m->in_count;
-    pp->out_count = pp->m->layers[pp->m->nlayers - 1].out_count;
-    pp->in_buf = (float **)pdp__calloc((size_t)(pp->nslots + 1) * sizeof *pp->in_buf);
-    pp->send_fwd = (pdp_work **)pdp__calloc((size_t)pp->nslots * sizeof *pp->send_fwd);
-    if (!pp->in_buf || !pp->send_fwd) goto oom;
     if (pp->m->device.kind != PDP_DEVICE_CPU &&
         (st = pdp__dev_alloc(pp->m->device, sizeof pp->norm_host, (void **)&pp->norm_dev)))
         goto wrap;
@@ -28966,8 +29256,8 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         snprintf(name, sizeof name, "pipeline stage %d", pp->stage);
         pp->trace_tid = pdp__trace_track(pp->trace_pid, name);
     }
-    pp->stats.bubble_theory = (double)(pp->p - 1) / (double)(pp->mb + pp->p - 1);
-    for (i = 0; i < 2; i++) pp->send_bwd[i] = NULL;
+    pp->stats.bubble_theory = (double)(pp->p - 1) / (double)(pp->v * pp->mb + pp->p - 1);
+    pp->stats.bubble_megatron = (double)(pp->p - 1) / (double)(pp->v * pp->mb);
     if ((st = pdp__comm_agree(c, PDP_OK, fn)) != PDP_OK) {
         pdp_pp_free(pp);
         return st;
@@ -28987,14 +29277,17 @@ fail:
 
 PDP__PRIVATE void pdp__pp_free_buffers(pdp_pp *pp)
 {
-    int i;
-    pdp_device d = pp->m ? pp->m->device : pdp_cpu();
-    if (pp->in_buf)
-        for (i = 0; i <= pp->nslots; i++) pdp__dev_free(d, pp->in_buf[i]), pp->in_buf[i] = NULL;
-    for (i = 0; i < 2; i++) {
-        pdp__dev_free(d, pp->dy_buf[i]);
-        pdp__dev_free(d, pp->dx_buf[i]);
-        pp->dy_buf[i] = pp->dx_buf[i] = NULL;
+    int i, k;
+    for (k = 0; pp->ck && k < pp->v; k++) {
+        pdp__pp_chunk *ck = &pp->ck[k];
+        pdp_device d = ck->m ? ck->m->device : pdp_cpu();
+        if (ck->in_buf)
+            for (i = 0; i <= ck->nslots; i++) pdp__dev_free(d, ck->in_buf[i]), ck->in_buf[i] = NULL;
+        for (i = 0; i < 2; i++) {
+            pdp__dev_free(d, ck->dy_buf[i]);
+            pdp__dev_free(d, ck->dx_buf[i]);
+            ck->dy_buf[i] = ck->dx_buf[i] = NULL;
+        }
     }
     pp->cap_rows = 0;
 }
@@ -29005,14 +29298,17 @@ PDP__PRIVATE void pdp__pp_free_buffers(pdp_pp *pp)
 PDP__PRIVATE void pdp__pp_drain(pdp_pp *pp)
 {
     char kept[1024];
-    int i;
+    int i, k;
     snprintf(kept, sizeof kept, "%s", pdp_last_error());
     if (pp->rwork) pdp_work_wait(pp->rwork);
     pp->rwork = NULL;
     pp->rwork_act = -1;
-    if (pp->send_fwd)
-        for (i = 0; i < pp->nslots; i++) pdp_work_wait(pp->send_fwd[i]), pp->send_fwd[i] = NULL;
-    for (i = 0; i < 2; i++) pdp_work_wait(pp->send_bwd[i]), pp->send_bwd[i] = NULL;
+    for (k = 0; pp->ck && k < pp->v; k++) {
+        pdp__pp_chunk *ck = &pp->ck[k];
+        if (ck->send_fwd)
+            for (i = 0; i < ck->nslots; i++) pdp_work_wait(ck->send_fwd[i]), ck->send_fwd[i] = NULL;
+        for (i = 0; i < 2; i++) pdp_work_wait(ck->send_bwd[i]), ck->send_bwd[i] = NULL;
+    }
     if (pp->dp_work) pdp_work_wait(pp->dp_work);
     pp->dp_work = NULL;
     (void)pdp__err(PDP_OK, "%s", kept);
@@ -29020,6 +29316,7 @@ PDP__PRIVATE void pdp__pp_drain(pdp_pp *pp)
 
 PDP_API void pdp_pp_free(pdp_pp *pp)
 {
+    int k;
     if (!pp) return;
     pdp__pp_drain(pp);
     pdp__pp_free_buffers(pp);
@@ -29028,9 +29325,16 @@ PDP_API void pdp_pp_free(pdp_pp *pp)
     if (pp->norm_dev) pdp__dev_free(pp->m->device, pp->norm_dev);
     if (pp->tied_buf) pdp__dev_free(pp->m->device, pp->tied_buf);
     pdp_model_free(pp->layout);
+    for (k = 0; pp->ck && k < pp->v; k++) {
+        pdp__pp_chunk *ck = &pp->ck[k];
+        if (ck->view) ck->m->param_block = ck->m->grad_block = NULL; /* pp->m's */
+        if (ck->m != pp->m) pdp_model_free(ck->m);
+        pdp__dealloc(ck->in_buf);
+        pdp__dealloc(ck->send_fwd);
+    }
     pdp_model_free(pp->m);
-    pdp__dealloc(pp->in_buf);
-    pdp__dealloc(pp->send_fwd);
+    pdp__dealloc(pp->ck);
+    pdp__dealloc(pp->first);
     pdp__dealloc(pp->acts);
     pdp__dealloc(pp->mb_rows);
     pdp__dealloc(pp->mb_first);
@@ -29040,45 +29344,56 @@ PDP_API void pdp_pp_free(pdp_pp *pp)
 /* Buffers for micro-batches of up to rows rows (grown, never shrunk). */
 PDP__PRIVATE pdp_status pdp__pp_reserve(pdp_pp *pp, int64_t rows)
 {
-    pdp_device d = pp->m->device;
-    size_t in_b = (size_t)(rows * pp->in_count) * sizeof(float);
-    size_t out_b = (size_t)(rows * pp->out_count) * sizeof(float);
     pdp_status st;
-    int i;
+    int i, k;
     if (rows <= pp->cap_rows) return PDP_OK;
     pdp__pp_free_buffers(pp);
-    if ((st = pdp_model_reserve(pp->m, rows)) != PDP_OK) return st;
-    for (i = 0; pp->stage > 0 && i <= pp->nslots; i++)
-        if ((st = pdp__dev_alloc(d, in_b, (void **)&pp->in_buf[i])) != PDP_OK) return st;
-    for (i = 0; i < 2; i++)
-        if ((pp->stage < pp->p - 1 &&
-             (st = pdp__dev_alloc(d, out_b, (void **)&pp->dy_buf[i])) != PDP_OK) ||
-            (pp->stage > 0 && (st = pdp__dev_alloc(d, in_b, (void **)&pp->dx_buf[i])) != PDP_OK))
-            return st;
+    for (k = 0; k < pp->v; k++) {
+        pdp__pp_chunk *ck = &pp->ck[k];
+        pdp_device d = ck->m->device;
+        size_t in_b = (size_t)(rows * ck->in_count) * sizeof(float);
+        size_t out_b = (size_t)(rows * ck->out_count) * sizeof(float);
+        if ((st = pdp_model_reserve(ck->m, rows)) != PDP_OK) return st;
+        for (i = 0; ck->q > 0 && i <= ck->nslots; i++)
+            if ((st = pdp__dev_alloc(d, in_b, (void **)&ck->in_buf[i])) != PDP_OK) return st;
+        for (i = 0; i < 2; i++)
+            if ((ck->q < pp->pieces - 1 &&
+                 (st = pdp__dev_alloc(d, out_b, (void **)&ck->dy_buf[i])) != PDP_OK) ||
+                (ck->q > 0 && (st = pdp__dev_alloc(d, in_b, (void **)&ck->dx_buf[i])) != PDP_OK))
+                return st;
+    }
     pp->cap_rows = rows;
     return PDP_OK;
 }
 
 /* ---- pp: one pass ---- */
 
-PDP__PRIVATE int pdp__pp_tag(int mb, int dir) { return (2 * mb + dir) % (PDP_COMM_TAG_MAX + 1); }
+/* The tag of micro-batch j's message across the boundary b between pieces b and b + 1
+   (dir 0: its activations, 1: its gradients); the opening comment says why it is unique. */
+PDP__PRIVATE int pdp__pp_tag(const pdp_pp *pp, int j, int b, int dir)
+{
+    return (int)((2 * ((int64_t)j * pp->v + b / pp->p) + dir) % (PDP_COMM_TAG_MAX + 1));
+}
 
 /* Posts the receive action k needs, if any (at most one outstanding). */
 PDP__PRIVATE pdp_status pdp__pp_post_recv(pdp_pp *pp, int k)
 {
     const pdp__pp_action *a;
+    const pdp__pp_chunk *ck;
     int64_t n;
     pdp_status st = PDP_OK;
     if (k >= pp->nacts || pp->rwork_act == k) return PDP_OK;
     a = &pp->acts[k];
+    ck = &pp->ck[a->chunk];
     n = pp->mb_rows[a->mb];
     PDP_ASSERT(!pp->rwork);
-    if (a->kind == 'F' && pp->stage > 0)
-        st = pdp_comm_recv(pp->c, pp->in_buf[a->mb % (pp->nslots + 1)], n * pp->in_count,
-                           pp->stage - 1, pdp__pp_tag(a->mb, 0), &pp->rwork);
-    else if (a->kind == 'B' && pp->stage < pp->p - 1)
-        st = pdp_comm_recv(pp->c, pp->dy_buf[a->mb % 2], n * pp->out_count, pp->stage + 1,
-                           pdp__pp_tag(a->mb, 1), &pp->rwork);
+    if (a->kind == 'F' && ck->q > 0) /* from piece q - 1: the previous stage (the last) */
+        st = pdp_comm_recv(pp->c, ck->in_buf[a->mb % (ck->nslots + 1)], n * ck->in_count,
+                           (pp->stage + pp->p - 1) % pp->p, pdp__pp_tag(pp, a->mb, ck->q - 1, 0),
+                           &pp->rwork);
+    else if (a->kind == 'B' && ck->q < pp->pieces - 1) /* from piece q + 1 */
+        st = pdp_comm_recv(pp->c, ck->dy_buf[a->mb % 2], n * ck->out_count,
+                           (pp->stage + 1) % pp->p, pdp__pp_tag(pp, a->mb, ck->q, 1), &pp->rwork);
     else
         return PDP_OK;
     if (st == PDP_OK) pp->rwork_act = k;
@@ -29111,39 +29426,43 @@ PDP__PRIVATE pdp_status pdp__pp_wait(pdp_work **w)
     return pdp_work_wait(x);
 }
 
-/* The input rows of micro-batch j on this stage. */
-PDP__PRIVATE const float *pdp__pp_input(const pdp_pp *pp, const pdp_tensor *x, int j)
+/* The input rows of micro-batch j on chunk ck. */
+PDP__PRIVATE const float *pdp__pp_input(const pdp__pp_chunk *ck, const pdp_tensor *x,
+                                        const int64_t *mb_first, int j)
 {
-    if (pp->stage > 0) return pp->in_buf[j % (pp->nslots + 1)];
-    return x->data + pp->mb_first[j] * pp->in_count;
+    if (ck->q > 0) return ck->in_buf[j % (ck->nslots + 1)];
+    return x->data + mb_first[j] * ck->in_count;
 }
 
 PDP__PRIVATE pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
 {
-    pdp_model *m = pp->m;
-    int j = pp->acts[k].mb, slot = j % pp->nslots, d;
+    pdp__pp_chunk *ck = &pp->ck[pp->acts[k].chunk];
+    pdp_model *m = ck->m;
+    int j = pp->acts[k].mb, slot = j % ck->nslots, d;
     int64_t n = pp->mb_rows[j], shape[4];
     const pdp_tensor *y;
     pdp_tensor in;
     pdp_status st;
     if ((st = pdp__pp_wait_recv(pp, k)) != PDP_OK) return st;
-    if ((st = pdp__pp_wait(&pp->send_fwd[slot])) != PDP_OK) return st; /* F(j - S)'s send */
+    if ((st = pdp__pp_wait(&ck->send_fwd[slot])) != PDP_OK) return st; /* F(j - S)'s send */
     if ((st = pdp__pp_post_recv(pp, k + 1)) != PDP_OK) return st;
-    if (pp->stage == pp->p - 1) pdp__pp_start(pp->rwork); /* this forward sends nothing */
+    if (ck->q == pp->pieces - 1) pdp__pp_start(pp->rwork); /* this forward sends nothing */
     shape[0] = n;
     for (d = 0; d < m->in_ndim; d++) shape[d + 1] = m->in_shape[d];
-    pdp_tensor_wrap((float *)pdp__pp_input(pp, x, j), m->device, m->in_ndim + 1, shape, &in);
-    in.dtype = m->in_dtype; /* stage 0 of a GPT: token ids */
+    pdp_tensor_wrap((float *)pdp__pp_input(ck, x, pp->mb_first, j), m->device, m->in_ndim + 1,
+                    shape, &in);
+    in.dtype = m->in_dtype; /* piece 0 of a GPT: token ids */
     pp->t_compute = pdp__now();
     pdp__model_use_slot(m, slot, NULL, 0, false);
     m->step = pp->steps; /* forward counts it up: the single-device run's step */
     m->sample_base = pp->sample_base + pp->mb_first[j];
     if ((st = pdp_model_forward(m, &in, &y)) != PDP_OK) return st;
-    if (pp->stage < pp->p - 1) {
-        if ((st = pdp_comm_send(pp->c, y->data, n * pp->out_count, pp->stage + 1,
-                                pdp__pp_tag(j, 0), &pp->send_fwd[slot])) != PDP_OK)
+    if (ck->q < pp->pieces - 1) { /* to piece q + 1: the next stage (the first) */
+        if ((st = pdp_comm_send(pp->c, y->data, n * ck->out_count, (pp->stage + 1) % pp->p,
+                                pdp__pp_tag(pp, j, ck->q, 0), &ck->send_fwd[slot])) != PDP_OK)
             return st;
-        pdp__pp_start(pp->send_fwd[slot]); /* with the next action's receive, if posted */
+        pp->messages++;
+        pdp__pp_start(ck->send_fwd[slot]); /* with the next action's receive, if posted */
     }
     return PDP_OK;
 }
@@ -29152,19 +29471,20 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
                                          int k, double *loss_sum)
 {
     static const char *fn = "pdp_pp_forward_backward";
-    pdp_model *m = pp->m;
-    int j = pp->acts[k].mb, slot = j % pp->nslots, last = pp->stage == pp->p - 1;
+    pdp__pp_chunk *ck = &pp->ck[pp->acts[k].chunk];
+    pdp_model *m = ck->m;
+    int j = pp->acts[k].mb, slot = j % ck->nslots, last = ck->q == pp->pieces - 1;
     int64_t n = pp->mb_rows[j], total = pp->mb_first[pp->mb - 1] + pp->mb_rows[pp->mb - 1];
     const pdp_tensor *y = &m->out_view;
     pdp_tensor dy;
     pdp_status st;
     if ((st = pdp__pp_wait_recv(pp, k)) != PDP_OK) return st;
-    if (pp->stage > 0 && (st = pdp__pp_wait(&pp->send_bwd[j % 2])) != PDP_OK) return st;
+    if (ck->q > 0 && (st = pdp__pp_wait(&ck->send_bwd[j % 2])) != PDP_OK) return st;
     if ((st = pdp__pp_post_recv(pp, k + 1)) != PDP_OK) return st;
-    if (pp->stage == 0) pdp__pp_start(pp->rwork); /* this backward sends nothing */
+    if (ck->q == 0) pdp__pp_start(pp->rwork); /* this backward sends nothing */
     pp->t_compute = pdp__now();
-    pdp__model_use_slot(m, slot, pdp__pp_input(pp, x, j), n, true);
-    m->input_grad = pp->stage > 0 ? pp->dx_buf[j % 2] : NULL;
+    pdp__model_use_slot(m, slot, pdp__pp_input(ck, x, pp->mb_first, j), n, true);
+    m->input_grad = ck->q > 0 ? ck->dx_buf[j % 2] : NULL;
     /* the keys of micro-batch j's forward, which a backward that draws its masks again (an
        attention's dropout) needs: later forwards have moved them */
     m->step = pp->steps + 1;
@@ -29192,22 +29512,24 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
             *loss_sum += sum;
         }
     } else {
-        pdp_tensor_wrap(pp->dy_buf[j % 2], m->device, y->ndim, y->shape, &dy);
+        pdp_tensor_wrap(ck->dy_buf[j % 2], m->device, y->ndim, y->shape, &dy);
     }
     st = pdp_model_backward(m, &dy);
     m->input_grad = NULL;
     if (st != PDP_OK) return st;
-    if (pp->stage > 0) {
-        if ((st = pdp_comm_send(pp->c, pp->dx_buf[j % 2], n * pp->in_count, pp->stage - 1,
-                                pdp__pp_tag(j, 1), &pp->send_bwd[j % 2])) != PDP_OK)
+    if (ck->q > 0) { /* to piece q - 1: the previous stage (the last) */
+        if ((st = pdp_comm_send(pp->c, ck->dx_buf[j % 2], n * ck->in_count,
+                                (pp->stage + pp->p - 1) % pp->p, pdp__pp_tag(pp, j, ck->q - 1, 1),
+                                &ck->send_bwd[j % 2])) != PDP_OK)
             return st;
-        pdp__pp_start(pp->send_bwd[j % 2]);
+        pp->messages++;
+        pdp__pp_start(ck->send_bwd[j % 2]);
     }
     return PDP_OK;
 }
 
-/* A weight tied across two stages (a GPT's wte: the embedding's on stage 0, the head's copy
-   on the last): each stage sends its gradient of it to the other and adds the one it
+/* A weight tied across two stages (a GPT's wte: the embedding's on stage 0, chunk 0, the
+   head's copy on the last, its last chunk): each stage sends its gradient of it to the other and adds the one it
    receives, a + b on one side and b + a on the other, the same bits, so the two copies get
    the same update and stay equal (Megatron's all-reduce over the embedding group). */
 PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp)
@@ -29221,10 +29543,10 @@ PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp)
     e = &m->params[pp->tied_param];
     g = m->grad_block + e->offset;
     if ((st = pdp_comm_recv(pp->c, pp->tied_buf, e->count, pp->tied_peer,
-                            pdp__pp_tag(pp->mb, 0), &rw)) != PDP_OK)
+                            pdp__pp_tag(pp, pp->mb, 0, 0), &rw)) != PDP_OK)
         return st;
-    if ((st = pdp_comm_send(pp->c, g, e->count, pp->tied_peer, pdp__pp_tag(pp->mb, 0), &sw)) !=
-        PDP_OK) {
+    if ((st = pdp_comm_send(pp->c, g, e->count, pp->tied_peer, pdp__pp_tag(pp, pp->mb, 0, 0),
+                            &sw)) != PDP_OK) {
         pdp_work_wait(rw);
         return st;
     }
@@ -29256,9 +29578,10 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
     static const char *fn = "pdp_pp_forward_backward";
     pdp_comm_stats c0, c1;
     double t0, t1, busy = 0.0, loss_sum = 0.0;
-    int64_t rows, per_mb;
+    int64_t rows, held_bytes = 0, peak_bytes = 0, per_mb = 0;
     int k, in_flight = 0, peak = 0, last;
     pdp_status st = PDP_OK;
+    const pdp_model *tail;
     if (!pp || !x || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     *loss = 0.0f;
     last = pp->stage == pp->p - 1;
@@ -29273,23 +29596,32 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
                         (long long)rows, pp->mb);
     if (pp->stage == 0) {
         if (!x->data) return pdp__err(PDP_ERR_INVALID, "%s: x has no data on stage 0", fn);
-        if (x->count != rows * pp->in_count)
+        if (x->count != rows * pp->ck[0].in_count)
             return pdp__err(PDP_ERR_SHAPE, "%s: x has %lld floats per row, stage 0 takes %lld",
-                            fn, (long long)(x->count / rows), (long long)pp->in_count);
+                            fn, (long long)(x->count / rows), (long long)pp->ck[0].in_count);
     }
     if (pdp__pp_cut(pp, rows) != PDP_OK)
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     pp->counted = rows * pp->positions;
+    tail = pp->ck[pp->v - 1].m; /* on the last stage: the last piece */
     if (last && labels && !pp->desc.loss &&
         (st = pdp__cross_entropy_count(labels, rows * pp->positions,
-                                       pp->m->layers[pp->m->nlayers - 1].out_shape[
-                                           pp->m->layers[pp->m->nlayers - 1].out_ndim - 1],
+                                       tail->layers[tail->nlayers - 1].out_shape[
+                                           tail->layers[tail->nlayers - 1].out_ndim - 1],
                                        &pp->counted, fn)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
     if ((st = pdp__pp_reserve(pp, pp->mb_rows[0])) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: buffers for %lld rows", fn, pp->c->rank,
                              (long long)pp->mb_rows[0]);
     pp->sample_base = pp->dp ? (int64_t)pp->dp->rank * rows : 0;
+    for (k = 0; k < pp->v; k++) { /* one micro-batch's activations on each chunk */
+        pdp__pp_chunk *ck = &pp->ck[k];
+        pdp__model_plan pl = pdp__model_plan_of(ck->m, NULL);
+        ck->act_bytes = (pl.act + pl.saved + (ck->q > 0 ? ck->in_count : 0)) * pp->mb_rows[0] *
+                        (int64_t)sizeof(float);
+        per_mb += ck->act_bytes;
+    }
+    pp->messages = 0;
     pdp_comm_get_stats(pp->c, &c0);
     if ((st = pdp_comm_barrier(pp->c, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: the starting barrier", fn, pp->c->rank);
@@ -29297,29 +29629,35 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
     for (k = 0; k < pp->nacts; k++) {
         const pdp__pp_action *a = &pp->acts[k];
         double a1;
-        char name[16];
+        char name[24];
+        if (pp->desc.schedule == PDP_PP_INTERLEAVED_1F1B)
+            snprintf(name, sizeof name, "%c%dc%d", a->kind, a->mb, a->chunk);
+        else
+            snprintf(name, sizeof name, "%c%d", a->kind, a->mb);
         pp->t_compute = pdp__now();
         if (a->kind == 'F') {
             st = pdp__pp_forward(pp, x, k);
             in_flight++;
+            held_bytes += pp->ck[a->chunk].act_bytes;
             peak = PDP__MAX(peak, in_flight);
+            peak_bytes = PDP__MAX(peak_bytes, held_bytes);
         } else {
             st = pdp__pp_backward(pp, x, labels, k, &loss_sum);
             in_flight--;
+            held_bytes -= pp->ck[a->chunk].act_bytes;
         }
         a1 = pdp__now();
         if (st != PDP_OK) {
-            st = pdp__err_wrap(st, "%s: rank %d (stage %d): %c%d", fn, pp->c->rank, pp->stage,
-                               a->kind, a->mb);
+            st = pdp__err_wrap(st, "%s: rank %d (stage %d): %s", fn, pp->c->rank, pp->stage,
+                               name);
             break;
         }
         /* compute only: the time spent waiting for this action's message is idle */
         busy += a1 - pp->t_compute;
         if (pp->trace_tid) {
-            char args[64];
-            snprintf(name, sizeof name, "%c%d", a->kind, a->mb);
-            snprintf(args, sizeof args, "\"micro_batch\":%d,\"rows\":%lld", a->mb,
-                     (long long)pp->mb_rows[a->mb]);
+            char args[80];
+            snprintf(args, sizeof args, "\"micro_batch\":%d,\"chunk\":%d,\"rows\":%lld", a->mb,
+                     a->chunk, (long long)pp->mb_rows[a->mb]);
             pdp__trace_complete(pp->trace_pid, pp->trace_tid, "compute", name, pp->t_compute, a1,
                                 args);
         }
@@ -29328,16 +29666,17 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
         pdp__pp_drain(pp);
         return st;
     }
-    {
+    for (k = 0; k < pp->v; k++) {
+        pdp__pp_chunk *ck = &pp->ck[k];
         int i;
         pdp_status s2;
-        for (i = 0; i < pp->nslots; i++)
-            if ((s2 = pdp__pp_wait(&pp->send_fwd[i])) != PDP_OK && st == PDP_OK) st = s2;
+        for (i = 0; i < ck->nslots; i++)
+            if ((s2 = pdp__pp_wait(&ck->send_fwd[i])) != PDP_OK && st == PDP_OK) st = s2;
         for (i = 0; i < 2; i++)
-            if ((s2 = pdp__pp_wait(&pp->send_bwd[i])) != PDP_OK && st == PDP_OK) st = s2;
-        if (st != PDP_OK)
-            return pdp__err_wrap(st, "%s: rank %d: a send of this pass", fn, pp->c->rank);
+            if ((s2 = pdp__pp_wait(&ck->send_bwd[i])) != PDP_OK && st == PDP_OK) st = s2;
     }
+    if (st != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: a send of this pass", fn, pp->c->rank);
     if ((st = pdp_comm_barrier(pp->c, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: the closing barrier", fn, pp->c->rank);
     t1 = pdp__now();
@@ -29350,19 +29689,16 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
         return pdp__err_wrap(st, "%s: rank %d: averaging the gradients over dp", fn,
                              pp->c->rank);
     pdp_comm_get_stats(pp->c, &c1);
-    {
-        pdp__model_plan pl = pdp__model_plan_of(pp->m, NULL);
-        per_mb = (pl.act + pl.saved + (pp->stage > 0 ? pp->in_count : 0)) * pp->mb_rows[0];
-    }
     pp->steps++;
     pp->stats.steps++;
     pp->stats.step_s = t1 - t0;
     pp->stats.compute_s = busy;
     pp->stats.bubble = t1 > t0 ? PDP__MAX(0.0, 1.0 - busy / (t1 - t0)) : 0.0;
     pp->stats.peak_in_flight = peak;
-    pp->stats.activation_bytes = per_mb * (int64_t)sizeof(float);
-    pp->stats.peak_activation_bytes = peak * pp->stats.activation_bytes;
+    pp->stats.activation_bytes = per_mb;
+    pp->stats.peak_activation_bytes = peak_bytes;
     pp->stats.bytes_sent = c1.bytes_sent - c0.bytes_sent;
+    pp->stats.messages = pp->messages;
     pp->stats.total_step_s += t1 - t0;
     pp->stats.total_compute_s += busy;
     if (last) *loss = pp->counted > 0 ? (float)(loss_sum / (double)pp->counted) : 0.0f;
@@ -29389,6 +29725,7 @@ PDP_API pdp_status pdp_pp_clip_grad_norm(pdp_pp *pp, float max_norm, float *tota
     static const char *fn = "pdp_pp_clip_grad_norm";
     pdp_model *m;
     double mine = 0.0, sum = 0.0, part, norm;
+    int64_t skip0, skip1;
     char who[96];
     float coef;
     size_t gathered;
@@ -29401,12 +29738,17 @@ PDP_API pdp_status pdp_pp_clip_grad_norm(pdp_pp *pp, float max_norm, float *tota
     m = pp->m;
     if ((st = pdp_pp_finish(pp)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     /* a weight tied across stages counts once: on the stage that owns it (its copy is the
-       other stage's last parameter); PP x TP: the stage's TP slices on every TP rank and
-       its replicated tensors once, summed over the TP group (as pdp_clip_grad_norm does) */
-    if ((st = pdp__grad_sumsq_range(m, m->grad_block, 0,
-                                    pp->tied_copy ? m->params[m->nparams - 1].offset
-                                                  : m->param_count,
-                                    &mine, fn)) != PDP_OK ||
+       other stage's parameter tied_param, the last of its chunk: the stage's last but with
+       a tie into a middle chunk); PP x TP: the stage's TP slices on every TP rank and its
+       replicated tensors once, summed over the TP group (as pdp_clip_grad_norm does) */
+    skip0 = skip1 = m->param_count;
+    if (pp->tied_copy) {
+        skip0 = m->params[pp->tied_param].offset;
+        skip1 = skip0 + m->params[pp->tied_param].count;
+    }
+    if ((st = pdp__grad_sumsq_range(m, m->grad_block, 0, skip0, &mine, fn)) != PDP_OK ||
+        (st = pdp__grad_sumsq_range(m, m->grad_block + skip1, skip1, m->param_count, &mine,
+                                    fn)) != PDP_OK ||
         (m->tp.comm && m->tp.size > 1 &&
          (st = pdp__grad_allreduce_sum(m->tp.comm, &m->tp.scalar, m->tp.dscalar, &mine)) !=
              PDP_OK))
@@ -29459,19 +29801,20 @@ PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt)
 }
 
 /* ---- pp: checkpoints of the full model ----
-   Stage s holds the full model's parameters [off(s), off(s + 1)) in the full block's order
-   (a stage is a contiguous run of layers, so of registered parameters), then a tied weight's
-   copy, which equals its owner's and is not written. Save: every stage sends its run (and
-   each optimizer state's) to stage 0, which writes the full model's file through a staging
-   model; load: every stage reads the file into its own staging model and keeps its run (and
-   the copy from its owner's tensor). */
+   Piece q holds the full model's parameters [off(q), off(q + 1)) in the full block's order
+   (a piece is a contiguous run of layers, so of registered parameters), then a tied weight's
+   copy, which equals its owner's and is not written; a stage holds its chunks' runs one after
+   the other (chunk c's at ck[c].off). Save: every stage sends each chunk's run (and each
+   optimizer state's) to stage 0, which writes the full model's file through a staging model;
+   load: every stage reads the file into its own staging model and keeps its runs (and the
+   copy from its owner's tensor). */
 
-/* The offset in the full block of stage s's first parameter (s = p: the count). */
-PDP__PRIVATE int64_t pdp__pp_full_offset(const pdp_pp *pp, int s)
+/* The offset in the full block of piece q's first parameter (q = pieces: the count). */
+PDP__PRIVATE int64_t pdp__pp_full_offset(const pdp_pp *pp, int q)
 {
     const pdp_model *f = pp->layout;
-    int q = s < pp->p ? f->layers[pp->first[s]].param_first : f->nparams;
-    return q < f->nparams ? f->params[q].offset : f->param_count;
+    int i = q < pp->pieces ? f->layers[pp->first[q]].param_first : f->nparams;
+    return i < f->nparams ? f->params[i].offset : f->param_count;
 }
 
 /* The checks of both calls: o this stage's full optimizer (or NULL). */
@@ -29511,29 +29854,31 @@ PDP_API pdp_status pdp_pp_checkpoint_save(pdp_pp *pp, const pdp_optim *o, const 
     pdp_model *full = NULL;
     pdp_optim *fo = NULL;
     pdp_status st, mine = PDP_OK;
-    int k, s, nbuf;
+    int k, s, q, nbuf;
     if ((st = pdp__pp_ckpt_args(pp, o, path, fn)) != PDP_OK) return st;
     nbuf = 1 + (o ? o->nstate : 0); /* the parameters, then each optimizer state */
     if (pp->stage == 0) mine = pdp__pp_staging(pp, o, &full, &fo);
     if ((st = pdp__comm_agree(pp->c, mine, fn)) != PDP_OK) goto out;
     for (k = 0; k < nbuf; k++) {
         const float *src = k == 0 ? pp->m->param_block : o->state[k - 1];
-        int64_t off = pdp__pp_full_offset(pp, pp->stage);
-        int64_t n = pdp__pp_full_offset(pp, pp->stage + 1) - off;
         pdp_work *w = NULL;
-        if (pp->stage > 0) {
-            if ((st = pdp_comm_send(pp->c, src, n, 0, k, &w)) != PDP_OK ||
+        int c;
+        for (c = 0; pp->stage > 0 && c < pp->v; c++) { /* each chunk's run, tag k v + c */
+            const pdp__pp_chunk *ck = &pp->ck[c];
+            int64_t n = pdp__pp_full_offset(pp, ck->q + 1) - pdp__pp_full_offset(pp, ck->q);
+            if ((st = pdp_comm_send(pp->c, src + ck->off, n, 0, k * pp->v + c, &w)) != PDP_OK ||
                 (st = pdp__pp_wait(&w)) != PDP_OK)
                 goto out;
-            continue;
         }
-        for (s = 0; s < pp->p; s++) { /* stage 0 gathers every stage's run, in order */
+        if (pp->stage > 0) continue;
+        for (q = 0; q < pp->pieces; q++) { /* stage 0 gathers every piece's run, in order */
             float *dst = (k == 0 ? full->param_block : fo->state[k - 1]);
-            off = pdp__pp_full_offset(pp, s);
-            n = pdp__pp_full_offset(pp, s + 1) - off;
-            st = s == 0 ? pdp__dev_copy(pp->m->device, dst + off, pp->m->device, src,
-                                        (size_t)n * sizeof(float))
-                        : pdp_comm_recv(pp->c, dst + off, n, s, k, &w);
+            int64_t off = pdp__pp_full_offset(pp, q);
+            int64_t n = pdp__pp_full_offset(pp, q + 1) - off;
+            s = q % pp->p, c = q / pp->p;
+            st = s == 0 ? pdp__dev_copy(pp->m->device, dst + off, pp->m->device,
+                                        src + pp->ck[c].off, (size_t)n * sizeof(float))
+                        : pdp_comm_recv(pp->c, dst + off, n, s, k * pp->v + c, &w);
             if (st == PDP_OK && s > 0) st = pdp__pp_wait(&w);
             if (st != PDP_OK) goto out;
         }
@@ -29561,12 +29906,17 @@ PDP_API pdp_status pdp_pp_checkpoint_load(pdp_pp *pp, pdp_optim *o, const char *
         mine = pdp_checkpoint_load(path, full, fo);
     /* every stage learns whether any failed before anything is changed */
     if ((st = pdp__comm_agree(pp->c, mine, fn)) != PDP_OK) goto out;
-    off = pdp__pp_full_offset(pp, pp->stage);
-    n = pdp__pp_full_offset(pp, pp->stage + 1) - off;
     for (k = 0; k < 1 + (o ? o->nstate : 0) && st == PDP_OK; k++) {
         float *dst = k == 0 ? pp->m->param_block : o->state[k - 1];
         const float *src = k == 0 ? full->param_block : fo->state[k - 1];
-        st = pdp__dev_copy(pp->m->device, dst, pp->m->device, src + off, (size_t)n * sizeof(float));
+        int c;
+        for (c = 0; c < pp->v && st == PDP_OK; c++) { /* each chunk's run */
+            const pdp__pp_chunk *ck = &pp->ck[c];
+            off = pdp__pp_full_offset(pp, ck->q);
+            n = pdp__pp_full_offset(pp, ck->q + 1) - off;
+            st = pdp__dev_copy(pp->m->device, dst + ck->off, pp->m->device, src + off,
+                               (size_t)n * sizeof(float));
+        }
         if (st == PDP_OK && pp->tied_copy) { /* the head's copy of a tied weight: its owner's */
             const pdp__param_entry *c = &pp->m->params[pp->tied_param];
             pdp_param owner;
@@ -29601,8 +29951,23 @@ PDP_API pdp_status pdp_pp_stage_layers(const pdp_pp *pp, int s, int *first, int 
     if (s < 0 || s >= pp->p)
         return pdp__err(PDP_ERR_INVALID, "pdp_pp_stage_layers: stage %d outside 0..%d", s,
                         pp->p - 1);
+    if (pp->v > 1)
+        return pdp__err(PDP_ERR_INVALID, "pdp_pp_stage_layers: stage %d holds %d chunks, not one "
+                        "range of layers: ask pdp_pp_chunk_layers", s, pp->v);
     *first = pp->first[s];
     *last = pp->first[s + 1];
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_pp_chunk_layers(const pdp_pp *pp, int s, int c, int *first, int *last)
+{
+    if (!pp || !first || !last)
+        return pdp__err(PDP_ERR_INVALID, "pdp_pp_chunk_layers: NULL argument");
+    if (s < 0 || s >= pp->p || c < 0 || c >= pp->v)
+        return pdp__err(PDP_ERR_INVALID, "pdp_pp_chunk_layers: stage %d, chunk %d outside 0..%d, "
+                        "0..%d", s, c, pp->p - 1, pp->v - 1);
+    *first = pp->first[c * pp->p + s];
+    *last = pp->first[c * pp->p + s + 1];
     return PDP_OK;
 }
 
@@ -29615,17 +29980,30 @@ PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out)
     out->stage = pp->stage;
     out->stages = pp->p;
     out->micro_batches = pp->mb;
+    out->chunks = pp->v;
     out->schedule = pp->desc.schedule;
 }
 
 PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes)
 {
     double bubble, act;
-    int hold;
+    int hold, v;
     if (!s) return 0;
     bubble = s->total_step_s > 0.0 ? 1.0 - s->total_compute_s / s->total_step_s : 0.0;
-    hold = PDP__MIN(s->stages - s->stage, s->micro_batches); /* 1F1B's min(p - s, m) */
     act = (double)s->activation_bytes / 1e6;
+    if (s->schedule == PDP_PP_INTERLEAVED_1F1B) {
+        v = PDP__MAX(s->chunks, 1);
+        return snprintf(buf, bytes, "stage %d: compute %.2f s  bubble %.2f (pdp's (p-1)/(v*m+p-1)"
+                        " = %.2f, margin 0.10: %s; Megatron's (p-1)/(v*m) = %.2f)  peak "
+                        "activations %d micro-batch chunk%s = %.2f MB  messages %lld a pass "
+                        "(m(2v-[s=0]-[s=p-1]) = %d)\n", s->stage, s->total_compute_s, bubble,
+                        s->bubble_theory, fabs(bubble - s->bubble_theory) <= 0.10 ? "met"
+                                                                                  : "missed",
+                        s->bubble_megatron, s->peak_in_flight, s->peak_in_flight == 1 ? "" : "s",
+                        (double)s->peak_activation_bytes / 1e6, (long long)s->messages,
+                        s->micro_batches * (2 * v - (s->stage == 0) - (s->stage == s->stages - 1)));
+    }
+    hold = PDP__MIN(s->stages - s->stage, s->micro_batches); /* 1F1B's min(p - s, m) */
     return snprintf(buf, bytes, "stage %d: compute %.2f s  bubble %.2f (formula (p-1)/(m+p-1) = "
                     "%.2f, margin 0.10: %s)  peak activations %d micro-batch%s = %.2f MB  (%s: "
                     "1F1B min(p-s, m) = %d = %.2f MB, GPipe m = %d = %.2f MB)\n", s->stage,

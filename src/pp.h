@@ -36,13 +36,30 @@
        pdp_pp_clip_grad_norm counts it once. An attention's dropout, drawn again in
        backward, uses its micro-batch's keys;
      - a schedule is an explicit list of actions (F j: forward of micro-batch j,
-       B j: its backward) per stage, printed by pdp_pp_schedule_str:
-         GPipe  all forwards, then all backwards: F0 F1 .. F(m-1) B0 .. B(m-1);
-         1F1B   (PipeDream-Flush) w = min(p - 1 - s, m) warm-up forwards on stage s,
-                then one forward and one backward alternately, then the remaining
-                backwards: stage s never holds more than min(p - s, m) micro-batches;
+       B j: its backward; F j c, printed "F3c1", on chunk c) per stage, printed by
+       pdp_pp_schedule_str. Each is one rule: w warm-up forwards, then one forward and
+       one backward alternately, then the remaining backwards:
+         GPipe  w = m: F0 F1 .. F(m-1) B0 .. B(m-1);
+         1F1B   (PipeDream-Flush) w = min(p - 1 - s, m) on stage s: stage s never
+                holds more than min(p - s, m) micro-batches;
+         interleaved 1F1B (Megatron-LM's virtual pipeline stages) the model cut into
+                p v pieces, stage s holding v chunks: pieces s, s + p, s + 2p, ..;
+                micro-batches go in groups of p, each group through chunk 0, then
+                chunk 1, .. (backwards from chunk v - 1 down); Megatron's warm-up
+                w = min(2 (p - s - 1) + (v - 1) p, m v) of the stage's m v forwards
+                (megatron/core/pipeline_parallel/schedules.py, groups of p: its default
+                microbatch_group_size_per_vp_stage).
+                m must be a multiple of p. Activations also go from the last stage
+                back to the first (chunk c to chunk c + 1) and gradients from the
+                first to the last: 2 m (p v - 1) messages a pass instead of
+                2 m (p - 1), for a bubble of (p - 1) / (v m + p - 1) instead of
+                (p - 1) / (m + p - 1) (v times smaller in Megatron's terms, its section
+                2.2.2), and more activations held on the early stages (stage 0: up to
+                2 (p - 1) + (v - 1) p + 1 micro-batch chunks, each about 1 / v of a
+                stage's);
      - a stage keeps one set of activations per micro-batch it may hold at once
-       (GPipe m, 1F1B min(p - s, m)): the model's activation slots. Sends are
+       (GPipe m, 1F1B min(p - s, m); each chunk as many as its list holds at once):
+       the model's activation slots. Sends are
        asynchronous (a stage computes while they are in flight); the receive for the
        next action is posted before the current action computes;
      - the loss is computed on the last stage: softmax cross-entropy against labels,
@@ -61,13 +78,15 @@
    Measured per step (pdp_pp_get_stats): the stage's compute time and its bubble,
    1 - compute / step time (the step starts and ends with a barrier over the
    pipeline, so every stage is timed over the same span), beside the theory
-   (p - 1) / (m + p - 1) for equal stages; the most micro-batches whose activations
-   the stage held at once and their bytes. PDP_TRACE=out.json draws the schedule:
+   (p - 1) / (v m + p - 1) for equal pieces (v = 1 but for the interleaved schedule),
+   with Megatron's figure (p - 1) / (v m), the bubble's time over the ideal step
+   rather than over the whole step, beside it; the most micro-batches whose
+   activations the stage held at once and their bytes; the messages it sent. PDP_TRACE=out.json draws the schedule:
    one lane per stage ("pipeline stage s"), one event per action ("F3", "B3").
 
    Backends: local (thread ranks), MPI (processes) and NCCL (a GPU per stage: thread
-   ranks from pdp_nccl_group_create, or processes), with the same arithmetic: GPipe
-   and 1F1B over 2-4 GPUs equal the single-device model (tested on the CUDA
+   ranks from pdp_nccl_group_create, or processes), with the same arithmetic (the
+   interleaved schedule: local and MPI only): GPipe and 1F1B over 2-4 GPUs equal the single-device model (tested on the CUDA
    emulation, tests/test_cuda.c). What NCCL changes:
      - x is device memory of stage 0's GPU (labels stay on the host); activations and
        gradients travel GPU to GPU;
@@ -97,7 +116,8 @@ typedef struct pdp_pp pdp_pp;
 
 typedef enum pdp_pp_schedule {
     PDP_PP_1F1B = 0, /* default */
-    PDP_PP_GPIPE = 1
+    PDP_PP_GPIPE = 1,
+    PDP_PP_INTERLEAVED_1F1B = 2 /* desc.chunks per stage; not on NCCL, nor with TP layers */
 } pdp_pp_schedule;
 
 /* How a split is balanced without first_layer: the contiguous split of the layers into
@@ -122,13 +142,19 @@ typedef pdp_status (*pdp_pp_loss_fn)(void *user, const pdp_tensor *y, int64_t fi
                                      int64_t total, pdp_tensor *dy, double *loss);
 
 #define PDP_PP_MAX_STAGES 64
+#define PDP_PP_MAX_CHUNKS 64 /* chunks per stage of the interleaved schedule */
 
 typedef struct pdp_pp_desc {
     pdp_pp_schedule schedule;  /* default 1F1B */
     int micro_batches;         /* m; default the number of stages */
-    const int *first_layer;    /* NULL: balanced; else one entry per stage, the stage's
-                                  first layer: 0 = first_layer[0] < first_layer[1] < ...
-                                  < number of layers */
+    int chunks;                /* v: model chunks per stage, PDP_PP_INTERLEAVED_1F1B only;
+                                  default 2 there (1 for the others, which take no other);
+                                  p v pieces must fit the model's cut points (its layers
+                                  outside residual regions) */
+    const int *first_layer;    /* NULL: balanced; else one entry per piece (per stage but
+                                  for the interleaved schedule: p v, piece q on stage
+                                  q % p), its first layer: 0 = first_layer[0] <
+                                  first_layer[1] < ... < number of layers */
     pdp_pp_balance balance;    /* without first_layer; default parameter counts */
     int64_t balance_batch;     /* BALANCE_TIME: samples per timed pass; default 32 */
     pdp_pp_loss_fn loss;       /* NULL: softmax cross-entropy against the labels */
@@ -138,16 +164,16 @@ typedef struct pdp_pp_desc {
 
 /* Collective over c (every rank calls it; rank r is stage r) and, with desc.dp, over
    dp. full: the same model on every rank; it is read, not kept. A model with fewer
-   layers than stages, or boundaries that differ from rank 0's, fail with
-   PDP_ERR_INVALID. A rank
+   layers than stages (pieces), an interleaved m that is not a multiple of p, or
+   boundaries that differ from rank 0's, fail with PDP_ERR_INVALID. A rank
    that cannot allocate its stage makes every rank fail: the others with PDP_ERR_COMM
    naming it. PDP_TRACE=out.json traces the schedule. */
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc);
 PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
 /* The desc in use, defaults filled in (sokol's query-defaults): micro_batches and
-   balance_batch resolved; first_layer points at the split in use (pp's own array of
-   stages + 1 entries, the last the number of layers), valid until pdp_pp_free. A zero
+   balance_batch and chunks resolved; first_layer points at the split in use (pp's own
+   array of pieces + 1 entries, the last the number of layers), valid until pdp_pp_free. A zero
    desc for NULL. */
 PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp);
 
@@ -159,7 +185,7 @@ PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp);
    With desc.dp the gradients' all-reduce is launched at the end; pdp_pp_finish waits.
    When one stage fails (its loss function, a shape, a peer that does not answer within
    the communicator's timeout), every stage fails, each message naming the call, the
-   rank, its stage and the action (F<j> or B<j>) that failed there. */
+   rank, its stage and the action (F<j> or B<j>, F<j>c<c> interleaved) that failed there. */
 PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
                                            const int32_t *labels, float *loss);
 /* With desc.dp: waits for the gradients' average over dp. Otherwise nothing to do. */
@@ -193,29 +219,43 @@ PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt);
 PDP_API pdp_status pdp_pp_checkpoint_save(pdp_pp *pp, const pdp_optim *o, const char *path);
 PDP_API pdp_status pdp_pp_checkpoint_load(pdp_pp *pp, pdp_optim *o, const char *path);
 
-PDP_API pdp_model *pdp_pp_model(const pdp_pp *pp); /* this rank's stage */
+/* This rank's stage; with chunks, their layers and parameters one after the other (chunk 0
+   first) in one model: the optimizer's, clipping's and the checkpoints' (run it only through
+   the pipeline: its layers are not consecutive). */
+PDP_API pdp_model *pdp_pp_model(const pdp_pp *pp);
 PDP_API int pdp_pp_stage(const pdp_pp *pp);
 PDP_API int pdp_pp_num_stages(const pdp_pp *pp);
-/* Stage s holds layers [*first, *last) of the full model. */
+/* Stage s holds layers [*first, *last) of the full model. With chunks (v > 1) it holds v
+   ranges: PDP_ERR_INVALID naming pdp_pp_chunk_layers. */
 PDP_API pdp_status pdp_pp_stage_layers(const pdp_pp *pp, int s, int *first, int *last);
-/* This stage's actions as text, "F0 F1 B0 F2 B1 B2" (truncated to cap). */
+/* Chunk c of stage s (piece c p + s) holds layers [*first, *last). */
+PDP_API pdp_status pdp_pp_chunk_layers(const pdp_pp *pp, int s, int c, int *first, int *last);
+/* This stage's actions as text, "F0 F1 B0 F2 B1 B2", interleaved "F0c0 F1c0 F0c1 .."
+   (truncated to cap). */
 PDP_API const char *pdp_pp_schedule_str(const pdp_pp *pp, char *buf, size_t cap);
 
 typedef struct pdp_pp_stats {
     int stage, stages;              /* s and p */
     int micro_batches;              /* m */
+    int chunks;                     /* v */
     pdp_pp_schedule schedule;
     int64_t steps;                  /* pipeline passes finished */
     /* the last pass, this stage */
     double step_s;                  /* from the starting barrier to the closing one */
     double compute_s;               /* forward, loss and backward of every micro-batch */
     double bubble;                  /* 1 - compute_s / step_s: the stage's idle share */
-    double bubble_theory;           /* (p - 1) / (m + p - 1) */
-    int peak_in_flight;             /* most micro-batches whose activations were held */
-    int64_t activation_bytes;       /* one micro-batch's (largest): outputs, saved tensors
-                                       and, after stage 0, the received input */
-    int64_t peak_activation_bytes;  /* peak_in_flight x activation_bytes */
+    double bubble_theory;           /* pdp's: (p - 1) / (v m + p - 1), idle over step time */
+    double bubble_megatron;         /* Megatron's: (p - 1) / (v m), idle over ideal time */
+    int peak_in_flight;             /* most micro-batches whose activations were held (with
+                                       chunks: micro-batch chunks, summed over the chunks) */
+    int64_t activation_bytes;       /* one micro-batch's (largest) through the stage's chunks:
+                                       outputs, saved tensors and, after piece 0, the
+                                       received input */
+    int64_t peak_activation_bytes;  /* the most bytes of those held at once (v = 1:
+                                       peak_in_flight x activation_bytes) */
     int64_t bytes_sent;             /* activations forward and gradients back */
+    int64_t messages;               /* activations and gradients sent: m (2 v - [s = 0] -
+                                       [s = p - 1]) a pass */
     /* sums over all passes */
     double total_step_s, total_compute_s;
 } pdp_pp_stats;
@@ -224,5 +264,7 @@ PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out);
 /* One line a person reads (pdp_dp_stats_format's style): the stage's compute seconds and
    bubble over all passes beside the formula, "met" when within 0.10 of it, and its peak
    activation memory beside what each schedule holds (1F1B min(p - s, m) micro-batches,
-   GPipe m). Returns the length snprintf would have written. */
+   GPipe m); the interleaved schedule's line has the bubble beside both formulas, labelled,
+   its peak activation memory and its messages beside m (2 v - [s = 0] - [s = p - 1]).
+   Returns the length snprintf would have written. */
 PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes);

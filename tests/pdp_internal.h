@@ -7982,19 +7982,47 @@ PDP__PRIVATE pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const
 /* pp: the pipeline-parallel executor (the design is pp.h's opening comment).
 
    Invariants: the schedule is fixed at creation, a list of actions per stage in
-   which micro-batch j's forward comes before its backward, and the backwards in
-   micro-batch order. Stage s keeps S = nslots activation sets (model slots), set
-   j % S for micro-batch j: a forward F(j) finds set j % S free because F(j - S)'s
-   backward came before it (GPipe: S = m; 1F1B: S = min(p - s, m) = warm-up + 1).
-   Received inputs (stages after 0) live in S + 1 buffers, j % (S + 1), so the
-   receive for the next action can be posted while the current one computes
+   which, on each chunk, micro-batch j's forward comes before its backward, and the
+   forwards and the backwards each in micro-batch order. A stage runs v chunks (v = 1
+   but for the interleaved schedule), each a model of consecutive layers (a piece of
+   the full model, piece q = c p + s) with buffers of its own; everything below is per
+   chunk. A chunk keeps S = nslots activation sets (model slots), the most micro-batches
+   it holds at once in the list (GPipe: S = m; 1F1B: S = min(p - s, m) = warm-up + 1;
+   interleaved: counted), set j % S for micro-batch j: its micro-batches in flight are
+   consecutive, so a forward F(j) finds set j % S free because F(j - S)'s backward came
+   before it. Received inputs (pieces after 0) live in S + 1 buffers, j % (S + 1), so
+   the receive for the next action can be posted while the current one computes
    (after a backward B(i), the next forward F(i + S) needs a buffer while i's is
    still being read); received output gradients in 2 buffers (j % 2) and the input
    gradients sent back in 2 (j % 2, the send of j - 2 waited before reuse).
    Activations are sent straight from the model's output of set j % S, whose send
-   is waited before F(j + S) overwrites it. Tags: 2 j (activations) and 2 j + 1
-   (gradients), modulo PDP_COMM_TAG_MAX + 1. At most one receive is outstanding.
-   After the first pass at the largest batch nothing is allocated.
+   is waited before F(j + S) overwrites it. Tags: a message crosses the boundary b
+   between pieces b and b + 1; 2 (j v + b / p) for micro-batch j's activations and
+   one more for its gradients, modulo PDP_COMM_TAG_MAX + 1 (v = 1: 2 j and 2 j + 1).
+   Two ranks exchange over the boundaries b = c p + s (forward from s), one per chunk,
+   so the tag and the direction name the message (p = 2: rank 1 sends rank 0 both
+   activations, over odd b, and gradients, over even b; the last bit tells them apart).
+   At most one receive is outstanding. After the first pass at the largest batch
+   nothing is allocated.
+
+   Why the interleaved schedule cannot deadlock on local and MPI. A rank blocks only
+   in two waits: for its current action's receive (the peer's matching send is posted
+   when the peer has computed the action that produces it), and, before reusing a
+   send buffer, for an earlier send of the same chunk (matched once the peer posts
+   the receive, which it does one action ahead of using it). Posting never blocks, and
+   messages match by (peer, tag), not by order, so the order in which two ranks post
+   their messages cannot cross-wire them; the 1F1B runner needs no other order. What
+   remains is that the waits form no cycle: every message an action waits for is
+   produced by an action its peer runs no later in Megatron's order (the k-th forward
+   of every stage is the same micro-batch and chunk; stage s's 2 (p - s - 1) extra
+   warm-up forwards are what lets the last stage's backwards start before stage s
+   needs them, and (v - 1) p lets a micro-batch group cross all v chunks), and a send
+   buffer is reused only S forwards (2 backwards) later, when its receiver has
+   necessarily posted that receive. The runner's two waits were checked by a
+   simulation of every rank (tests/test_pp.c, pp_interleaved_schedules_cannot_deadlock:
+   p = 2..8, v = 1..4, m = p..4p, all complete) and the schedule runs in the tests on
+   thread ranks. NCCL matches by order and serialises a rank's messages on one stream,
+   which this argument does not cover: the interleaved schedule is refused there.
 
    Messages are started as soon as they are posted (pdp__pp_start): NCCL enqueues
    posted messages only at a wait or pdp_work_done (comm.h), so without it stage 0's
@@ -8017,23 +8045,37 @@ PDP__PRIVATE pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const
 typedef struct pdp__pp_action {
     char kind; /* 'F' or 'B' */
     int mb;
+    int chunk;
 } pdp__pp_action;
 
-struct pdp_pp {
-    pdp_model *m;                 /* this stage */
-    pdp_comm *c, *dp;
-    pdp_pp_desc desc;
-    int stage, p, mb;             /* stage, stages, micro-batches */
-    int first[PDP_PP_MAX_STAGES + 1];
-    pdp__pp_action *acts;
-    int nacts, nslots;
-    int64_t in_count, out_count;  /* per-sample floats at the stage's input and output */
-    int64_t cap_rows;             /* rows the buffers below hold */
-    float **in_buf;               /* nslots + 1: received inputs (stages after 0) */
-    float *dy_buf[2];             /* received output gradients (stages before the last) */
-    float *dx_buf[2];             /* input gradients sent back (stages after 0) */
+/* One chunk of a stage: piece q = chunk p + stage of the full model. */
+typedef struct pdp__pp_chunk {
+    pdp_model *m;                 /* layers [first[q], first[q + 1]); with v > 1 its blocks
+                                     are views into the stage model's (pdp__pp_join) */
+    int q, nslots;
+    int64_t off;                  /* its parameters' offset in the stage model */
+    int64_t in_count, out_count;  /* per-sample floats at its input and output */
+    int64_t act_bytes;            /* one micro-batch's activations (the last pass) */
+    int param0;                   /* its first parameter's index in the stage model */
+    bool view;                    /* its blocks are the stage model's (v > 1) */
+    float **in_buf;               /* nslots + 1: received inputs (pieces after 0) */
+    float *dy_buf[2];             /* received output gradients (pieces before the last) */
+    float *dx_buf[2];             /* input gradients sent back (pieces after 0) */
     pdp_work **send_fwd;          /* per slot */
     pdp_work *send_bwd[2];
+} pdp__pp_chunk;
+
+struct pdp_pp {
+    pdp_model *m;                 /* this stage (with v > 1: its chunks' joined) */
+    pdp_comm *c, *dp;
+    pdp_pp_desc desc;
+    int stage, p, mb, v, pieces;  /* stage, stages, micro-batches, chunks, p v */
+    int *first;                   /* pieces + 1: piece q's first layer, then nlayers */
+    pdp__pp_chunk *ck;            /* v */
+    pdp__pp_action *acts;
+    int nacts;
+    int64_t cap_rows;             /* rows the chunks' buffers hold */
+    int64_t messages;             /* activations and gradients sent in this pass */
     pdp_work *rwork;              /* the outstanding receive, for action rwork_act */
     int rwork_act;
     pdp_work *dp_work;            /* DP x PP: the gradients' all-reduce */
@@ -8076,6 +8118,18 @@ PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows,
 
 /* ---- pp: schedules ---- */
 
+/* The k-th forward (kind 'F') or backward of a stage in Megatron's order: micro-batches in
+   groups of p, each group through chunk 0, 1, .., v - 1 (backwards through v - 1 first);
+   with v = 1 it is micro-batch k. */
+PDP__PRIVATE pdp__pp_action pdp__pp_kth(char kind, int k, int p, int v);
+
+/* Stage s's actions (2 m v of them) into acts: w warm-up forwards, then a forward and a
+   backward alternately, then the remaining backwards (pp.h states each schedule's w).
+   Interleaved: m a multiple of p (pdp__pp_desc_defaults checks). Returns the count. */
+PDP__PRIVATE int pdp__pp_build(pdp_pp_schedule sched, int p, int v, int m, int s,
+                               pdp__pp_action *acts);
+
+/* This stage's list, and each chunk's slots: the most micro-batches it holds at once. */
 PDP__PRIVATE void pdp__pp_plan(pdp_pp *pp);
 
 /* PDP_API const char *pdp_pp_schedule_str(const pdp_pp *pp, char *buf, size_t cap) */
@@ -8098,7 +8152,8 @@ PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how,
    whose skip cannot cross stages. */
 PDP__PRIVATE void pdp__pp_cut_points(const pdp_model *full, bool *cut_ok);
 
-/* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
+/* The split into pieces: given, or balanced (by time: rank 0 measures). first[pieces] =
+   nlayers. */
 PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn);
 
 /* Every rank checks its split, schedule and micro-batches against rank 0's (by
@@ -8107,9 +8162,19 @@ PDP__PRIVATE pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn);
 
 /* PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp) */
 
-/* The weight tied across stages, if any: a TiedLinear on stage s_use whose parameter's
-   layer is on stage s_own < s_use (pdp__model_stage gave s_use a copy, its last parameter). */
-PDP__PRIVATE void pdp__pp_find_tied(pdp_pp *pp, const pdp_model *full);
+/* The piece holding layer i. */
+PDP__PRIVATE int pdp__pp_piece_of(const pdp_pp *pp, int i);
+
+/* The weight tied across stages, if any: a TiedLinear on piece q_use whose parameter's
+   layer is on piece q_own < q_use (pdp__model_stage gave q_use's chunk a copy, its last
+   parameter). Two chunks of one stage cannot share one (PDP_ERR_UNSUPPORTED). */
+PDP__PRIVATE pdp_status pdp__pp_find_tied(pdp_pp *pp, const pdp_model *full, const char *fn);
+
+/* With v > 1 chunks, the stage model: the chunks' layers and parameters one after the other
+   in one model whose blocks hold every chunk's (the optimizer, clipping and checkpoints see
+   one model, as with one chunk); each chunk's blocks become views into them. Its layers keep
+   their indices into its own registry; they are not run (each chunk runs its own). */
+PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp);
 
 /* PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c, const pdp_pp_desc *desc) */
 
@@ -8127,7 +8192,9 @@ PDP__PRIVATE pdp_status pdp__pp_reserve(pdp_pp *pp, int64_t rows);
 
 /* ---- pp: one pass ---- */
 
-PDP__PRIVATE int pdp__pp_tag(int mb, int dir);
+/* The tag of micro-batch j's message across the boundary b between pieces b and b + 1
+   (dir 0: its activations, 1: its gradients); the opening comment says why it is unique. */
+PDP__PRIVATE int pdp__pp_tag(const pdp_pp *pp, int j, int b, int dir);
 
 /* Posts the receive action k needs, if any (at most one outstanding). */
 PDP__PRIVATE pdp_status pdp__pp_post_recv(pdp_pp *pp, int k);
@@ -8140,16 +8207,17 @@ PDP__PRIVATE void pdp__pp_start(pdp_work *w);
 
 PDP__PRIVATE pdp_status pdp__pp_wait(pdp_work **w);
 
-/* The input rows of micro-batch j on this stage. */
-PDP__PRIVATE const float *pdp__pp_input(const pdp_pp *pp, const pdp_tensor *x, int j);
+/* The input rows of micro-batch j on chunk ck. */
+PDP__PRIVATE const float *pdp__pp_input(const pdp__pp_chunk *ck, const pdp_tensor *x,
+                                        const int64_t *mb_first, int j);
 
 PDP__PRIVATE pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k);
 
 PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const int32_t *labels,
                                          int k, double *loss_sum);
 
-/* A weight tied across two stages (a GPT's wte: the embedding's on stage 0, the head's copy
-   on the last): each stage sends its gradient of it to the other and adds the one it
+/* A weight tied across two stages (a GPT's wte: the embedding's on stage 0, chunk 0, the
+   head's copy on the last, its last chunk): each stage sends its gradient of it to the other and adds the one it
    receives, a + b on one side and b + a on the other, the same bits, so the two copies get
    the same update and stay equal (Megatron's all-reduce over the embedding group). */
 PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp);
@@ -8170,15 +8238,16 @@ PDP__PRIVATE pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows);
 /* PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt) */
 
 /* ---- pp: checkpoints of the full model ----
-   Stage s holds the full model's parameters [off(s), off(s + 1)) in the full block's order
-   (a stage is a contiguous run of layers, so of registered parameters), then a tied weight's
-   copy, which equals its owner's and is not written. Save: every stage sends its run (and
-   each optimizer state's) to stage 0, which writes the full model's file through a staging
-   model; load: every stage reads the file into its own staging model and keeps its run (and
-   the copy from its owner's tensor). */
+   Piece q holds the full model's parameters [off(q), off(q + 1)) in the full block's order
+   (a piece is a contiguous run of layers, so of registered parameters), then a tied weight's
+   copy, which equals its owner's and is not written; a stage holds its chunks' runs one after
+   the other (chunk c's at ck[c].off). Save: every stage sends each chunk's run (and each
+   optimizer state's) to stage 0, which writes the full model's file through a staging model;
+   load: every stage reads the file into its own staging model and keeps its runs (and the
+   copy from its owner's tensor). */
 
-/* The offset in the full block of stage s's first parameter (s = p: the count). */
-PDP__PRIVATE int64_t pdp__pp_full_offset(const pdp_pp *pp, int s);
+/* The offset in the full block of piece q's first parameter (q = pieces: the count). */
+PDP__PRIVATE int64_t pdp__pp_full_offset(const pdp_pp *pp, int q);
 
 /* The checks of both calls: o this stage's full optimizer (or NULL). */
 PDP__PRIVATE pdp_status pdp__pp_ckpt_args(const pdp_pp *pp, const pdp_optim *o, const char *path,
@@ -8199,6 +8268,8 @@ PDP__PRIVATE pdp_status pdp__pp_staging(const pdp_pp *pp, const pdp_optim *o, pd
 /* PDP_API int pdp_pp_num_stages(const pdp_pp *pp) */
 
 /* PDP_API pdp_status pdp_pp_stage_layers(const pdp_pp *pp, int s, int *first, int *last) */
+
+/* PDP_API pdp_status pdp_pp_chunk_layers(const pdp_pp *pp, int s, int c, int *first, int *last) */
 
 /* PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out) */
 

@@ -16,13 +16,20 @@
    lane per stage, F/B events), the hot loop allocating nothing after the first step,
    and the error paths (among them an
    optimizer of the full model, a TP model, and a pass that fails on one stage: every
-   stage's message names the call, its stage and the action). */
+   stage's message names the call, its stage and the action).
+   The interleaved schedule (pp_interleaved_*): equal to one device (loss and parameters)
+   on a 12-layer MLP with dropout and on a GPT with dropout, p = 2, 3, v = 2, 3, m = p, 2p,
+   with clipping and DP x PP; its action lists against lists written out from Megatron's
+   rule, with their peak activation bytes; a replay of the runner's waits over p = 2..8,
+   v = 1..4, m = p..4p (deadlock-free; the rule without its 2 (p - s - 1) is not);
+   checkpoints resumed at another stage count; its errors and its stats line. */
 
 #define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
 #include "counting_alloc.h"
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 #include "pdp_test.h"
+#include "fixture.h"
 #include <float.h>
 #include <math.h>
 #include <pthread.h>
@@ -37,13 +44,15 @@
 #define MAXF 72 /* floats per input row (the CNN's 2 x 6 x 6) */
 #define CLASSES 3
 
-enum { MLP, CNN, REG }; /* REG: a regression MLP trained with MSE through desc.loss */
+enum { MLP, CNN, REG, DEEP }; /* REG: a regression MLP trained with MSE through desc.loss;
+                                DEEP: a 12-layer MLP with two Dropouts (9 pieces and more) */
 
 typedef struct cfg {
     int kind;
     int p, dp;                 /* stages; pipelines (2: DP x PP on p * 2 ranks) */
     int m;
     pdp_pp_schedule schedule;
+    int chunks;                /* desc.chunks (interleaved) */
     const int *first;          /* boundaries, or NULL (balanced) */
     pdp_pp_balance balance;
     bool trace;
@@ -81,6 +90,14 @@ static pdp_status build_model(pdp_model **out, int kind)
              pdp_model_add_dropout(m, 0.25f) || pdp_model_add_linear(m, 12) ||
              pdp_model_add_layernorm(m, 0.0f) || pdp_model_add_tanh(m) ||
              pdp_model_add_linear(m, CLASSES) ? PDP_ERR_INVALID : PDP_OK;
+    else if (kind == DEEP)
+        st = pdp_model_add_linear(m, 16) || pdp_model_add_relu(m) ||
+             pdp_model_add_dropout(m, 0.25f) || pdp_model_add_linear(m, 16) ||
+             pdp_model_add_layernorm(m, 0.0f) || pdp_model_add_tanh(m) ||
+             pdp_model_add_linear(m, 12) || pdp_model_add_gelu(m) ||
+             pdp_model_add_dropout(m, 0.1f) || pdp_model_add_linear(m, 12) ||
+             pdp_model_add_sigmoid(m) || pdp_model_add_linear(m, CLASSES) ? PDP_ERR_INVALID
+                                                                            : PDP_OK;
     else if (kind == CNN) /* 0 Conv2d, 1 ReLU, 2 MaxPool2d, 3 Flatten, 4 Linear */
         st = pdp_model_add_conv2d(m, 4, 3, 1, 1) || pdp_model_add_relu(m) ||
              pdp_model_add_maxpool2d(m, 2, 0) || pdp_model_add_flatten(m) ||
@@ -123,6 +140,8 @@ static pdp_optim_desc sgd(void)
     return od;
 }
 
+static float single_losses[STEPS]; /* train_single_clip's loss of every step */
+
 /* The reference: one model trained on the whole batches, clipped with
    pdp_clip_grad_norm(max_norm) before every step when clip (norms[s]: step s's norm). */
 static pdp_status train_single_clip(int kind, bool clip, float max_norm, float *norms,
@@ -156,6 +175,7 @@ static pdp_status train_single_clip(int kind, bool clip, float max_norm, float *
         } else if ((st = pdp_model_forward_backward(m, &xt, y, &loss))) {
             goto out;
         }
+        single_losses[s] = loss;
         if (clip && (st = pdp_clip_grad_norm(m, max_norm, &norms[s]))) goto out;
         if ((st = pdp_optim_step(o))) goto out;
         pdp_model_zero_grad(m);
@@ -177,12 +197,14 @@ typedef struct rank_ctx {
     pdp_status st;
     char msg[1024];
     double worst, scale;       /* max |pp - single| and max |single| over this stage */
-    int first, last;           /* the stage's layers */
+    int first, last;           /* the stage's layers (interleaved: chunk 0's) */
+    int cfirst[4], clast[4];   /* interleaved: each chunk's layers */
     int64_t nparams_seen;
     pdp_pp_stats stats;
     char schedule[256];
     long allocs_after_first;
     float last_loss;
+    float losses[STEPS];       /* the last stage's loss of every step */
     float norms[STEPS];        /* pdp_pp_clip_grad_norm's total_norm per step */
     bool grads_kept;           /* poison: the gradients after the failed clip are those before */
     const float *target;       /* REG: this step's targets, [B, 4] */
@@ -255,6 +277,7 @@ static void *rank_main(void *arg)
     memset(&pd, 0, sizeof pd);
     pd.schedule = k->schedule;
     pd.micro_batches = k->m;
+    pd.chunks = k->chunks;
     pd.first_layer = k->first;
     pd.balance = k->balance;
     pd.balance_batch = 8;
@@ -267,8 +290,15 @@ static void *rank_main(void *arg)
     full = NULL;
     m = pdp_pp_model(pp);
     if (fail(ctx, pdp_optim_create(&o, m, &od)) ||
-        fail(ctx, pdp_pp_stage_layers(pp, pdp_pp_stage(pp), &ctx->first, &ctx->last)))
+        fail(ctx, k->chunks > 1 ? pdp_pp_chunk_layers(pp, pdp_pp_stage(pp), 0, &ctx->first,
+                                                      &ctx->last)
+                                : pdp_pp_stage_layers(pp, pdp_pp_stage(pp), &ctx->first,
+                                                      &ctx->last)))
         goto out;
+    for (i = 0; i < k->chunks && i < 4; i++)
+        if (fail(ctx, pdp_pp_chunk_layers(pp, pdp_pp_stage(pp), i, &ctx->cfirst[i],
+                                          &ctx->clast[i])))
+            goto out;
     pdp_pp_schedule_str(pp, ctx->schedule, sizeof ctx->schedule);
     shape[0] = rows;
     if (k->kind == CNN) shape[1] = 2, shape[2] = 6, shape[3] = 6;
@@ -296,7 +326,7 @@ static void *rank_main(void *arg)
         if ((k->clip && fail(ctx, pdp_pp_clip_grad_norm(pp, k->max_norm, &ctx->norms[s]))) ||
             fail(ctx, pdp_pp_step(pp, o)))
             goto out;
-        ctx->last_loss = loss;
+        ctx->last_loss = ctx->losses[s] = loss;
     }
     if (fail(ctx, pdp_comm_barrier(world, NULL))) goto out;
     ctx->allocs_after_first = pdp_test_allocs() - ctx->allocs_after_first;
@@ -1060,6 +1090,571 @@ TEST pp_failed_pass_names_call_stage_and_action_on_every_rank(void)
     PASS();
 }
 
+/* ---- the interleaved schedule (Megatron-LM's virtual pipeline stages) ---- */
+
+/* DEEP's per-sample floats out of and into each layer */
+static const int64_t deep_out[] = {16, 16, 16, 16, 16, 16, 12, 12, 12, 12, 12, 3};
+static const int64_t deep_in[] = {20, 16, 16, 16, 16, 16, 16, 12, 12, 12, 12, 12};
+
+/* p = 2, 3 thread stages, v = 2, 3 chunks, m = p, 2p, on DEEP (two Dropouts: the keys must
+   follow the single-device run): every stage's parameters equal one device's on the whole
+   batches (check_equivalence), and so does the loss of every step. Also per stage: the
+   messages (m (2 v - [s = 0] - [s = p - 1])), the bytes sent (each chunk's activations
+   forward and gradients back, from the model's shapes), both bubble formulas. Then with
+   pdp_pp_clip_grad_norm, and DP x PP. */
+TEST pp_interleaved_equals_single_device(void)
+{
+    cfg k;
+    int p, v, mm, s, c;
+    memset(&k, 0, sizeof k);
+    k.kind = DEEP;
+    k.dp = 1;
+    k.schedule = PDP_PP_INTERLEAVED_1F1B;
+    for (p = 2; p <= 3; p++)
+        for (v = 2; v <= 3; v++)
+            for (mm = 1; mm <= 2; mm++) {
+                char msg[64];
+                snprintf(msg, sizeof msg, "p %d v %d m %d", p, v, mm * p);
+                k.p = p, k.chunks = v, k.m = mm * p;
+                CHECK_CALL(check_equivalence(&k));
+                for (s = 0; s < STEPS; s++)
+                    if (fabs(ctxs[p - 1].losses[s] - single_losses[s]) > 1e-5)
+                        FAILm(msg);
+                for (s = 0; s < p; s++) {
+                    const pdp_pp_stats *st = &ctxs[s].stats;
+                    int64_t bytes = 0;
+                    for (c = 0; c < v; c++) { /* piece c p + s: activations unless the last
+                                                 piece, gradients unless the first */
+                        int q = c * p + s, lo = ctxs[s].cfirst[c], hi = ctxs[s].clast[c];
+                        bytes += 4 * B * ((q < p * v - 1 ? deep_out[hi - 1] : 0) +
+                                          (q > 0 ? deep_in[lo] : 0));
+                    }
+                    ASSERT_EQm(msg, (int64_t)k.m * (2 * v - (s == 0) - (s == p - 1)),
+                               st->messages);
+                    ASSERT_EQm(msg, v, st->chunks);
+                    ASSERTm(msg, fabs(st->bubble_theory - (p - 1.0) / (v * k.m + p - 1.0)) <
+                                     1e-12);
+                    ASSERTm(msg, fabs(st->bubble_megatron - (p - 1.0) / (v * k.m)) < 1e-12);
+                    ASSERTm(msg, st->bubble >= 0.0 && st->bubble <= 1.0);
+                    ASSERT_EQm(msg, bytes, st->bytes_sent);
+                }
+            }
+    /* with clipping (every stage's norm the single-device one), and DP x PP: 2 pipelines of
+       2 stages x 2 chunks, each on half the batch */
+    k.p = 3, k.chunks = 2, k.m = 3, k.clip = true, k.max_norm = 0.05f;
+    CHECK_CALL(check_equivalence(&k));
+    ASSERT(ctxs[0].norms[0] > k.max_norm); /* clipping was active */
+    k.p = 2, k.dp = 2, k.m = 2, k.clip = false;
+    CHECK_CALL(check_equivalence(&k));
+    PASS();
+}
+
+/* The action lists of p = 2, v = 2, m = 4 and p = 3, v = 2, m = 3, written out from the rule:
+   forward k is micro-batch (k / (p v)) p + k % p on chunk (k % (p v)) / p, backward k the same
+   micro-batch on chunk v - 1 - that; stage s runs w = min(2 (p - s - 1) + (v - 1) p, m v)
+   forwards, then forward w + i and backward i alternately, then the remaining backwards.
+   p = 2: w = 4 on stage 0, 2 on stage 1; p = 3: w = min(7, 6) = 6, min(5, 6) = 5, 3. The
+   peak of micro-batch chunks held follows from the list (stage 0 of p = 2: 4 + 1), and so do
+   the peak bytes (replay_peak_bytes). */
+/* The most activation bytes stage s holds at once, replaying its list (ctxs[s].schedule)
+   with each chunk's bytes a micro-batch of rows rows: its layers' outputs and saved tensors
+   (pdp_model_activation_bytes of the full model) and, after piece 0, its received input. */
+static int64_t replay_peak_bytes(int s, int p, int v, int64_t rows)
+{
+    pdp_model *full = NULL;
+    int64_t per[4], held = 0, peak = 0;
+    const char *t = ctxs[s].schedule;
+    char kind;
+    int j, c, n;
+    if (build_model(&full, DEEP) != PDP_OK) return -1;
+    for (c = 0; c < v; c++)
+        per[c] = pdp_model_activation_bytes(full, ctxs[s].cfirst[c], ctxs[s].clast[c], rows) +
+                 (c * p + s > 0 ? 4 * rows * deep_in[ctxs[s].cfirst[c]] : 0);
+    while (sscanf(t, " %c%dc%d%n", &kind, &j, &c, &n) == 3) {
+        held += kind == 'F' ? per[c] : -per[c];
+        if (held > peak) peak = held;
+        t += n;
+    }
+    pdp_model_free(full);
+    return peak;
+}
+
+TEST pp_interleaved_schedule_lists(void)
+{
+    cfg k;
+    memset(&k, 0, sizeof k);
+    k.kind = DEEP;
+    k.dp = 1;
+    k.p = 2, k.chunks = 2, k.m = 4;
+    k.schedule = PDP_PP_INTERLEAVED_1F1B;
+    run_ranks(&k, NULL, 30.0);
+    ASSERT_ENUM_EQm(ctxs[0].msg, PDP_OK, ctxs[0].st, pdp_status_name);
+    ASSERT_STR_EQ("F0c0 F1c0 F0c1 F1c1 F2c0 B0c1 F3c0 B1c1 F2c1 B0c0 F3c1 B1c0 B2c1 B3c1 B2c0 "
+                  "B3c0", ctxs[0].schedule);
+    ASSERT_STR_EQ("F0c0 F1c0 F0c1 B0c1 F1c1 B1c1 F2c0 B0c0 F3c0 B1c0 F2c1 B2c1 F3c1 B3c1 B2c0 "
+                  "B3c0", ctxs[1].schedule);
+    ASSERT_EQ(5, ctxs[0].stats.peak_in_flight);
+    ASSERT_EQ(3, ctxs[1].stats.peak_in_flight);
+    ASSERT_EQ(replay_peak_bytes(0, 2, 2, B / 4), ctxs[0].stats.peak_activation_bytes);
+    ASSERT_EQ(replay_peak_bytes(1, 2, 2, B / 4), ctxs[1].stats.peak_activation_bytes);
+    k.p = 3, k.chunks = 2, k.m = 3;
+    run_ranks(&k, NULL, 30.0);
+    ASSERT_ENUM_EQm(ctxs[0].msg, PDP_OK, ctxs[0].st, pdp_status_name);
+    ASSERT_STR_EQ("F0c0 F1c0 F2c0 F0c1 F1c1 F2c1 B0c1 B1c1 B2c1 B0c0 B1c0 B2c0", ctxs[0].schedule);
+    ASSERT_STR_EQ("F0c0 F1c0 F2c0 F0c1 F1c1 F2c1 B0c1 B1c1 B2c1 B0c0 B1c0 B2c0", ctxs[1].schedule);
+    ASSERT_STR_EQ("F0c0 F1c0 F2c0 F0c1 B0c1 F1c1 B1c1 F2c1 B2c1 B0c0 B1c0 B2c0", ctxs[2].schedule);
+    ASSERT_EQ(6, ctxs[0].stats.peak_in_flight);
+    ASSERT_EQ(4, ctxs[2].stats.peak_in_flight);
+    ASSERT_EQ(replay_peak_bytes(0, 3, 2, B / 3), ctxs[0].stats.peak_activation_bytes);
+    ASSERT_EQ(replay_peak_bytes(2, 3, 2, B / 3), ctxs[2].stats.peak_activation_bytes);
+    PASS();
+}
+
+/* The runner's two blocking waits, simulated on every stage at once with the local and MPI
+   semantics (comm.h: posting never blocks; a receive completes once its send is posted, a
+   send once its receive is; messages match by peer and tag): before action k a stage posts
+   k's receive and waits for it, then waits for the send that last used the buffer k will
+   send from (its chunk's slot j % S after a forward, j % 2 after a backward), then posts
+   action k + 1's receive, then posts k's send. Every stage must finish its list, for p =
+   2..8, v = 1..4 and m = p..4p. A message is (direction, micro-batch, boundary). */
+enum { SIM_P = 8, SIM_V = 4, SIM_M = 32, SIM_N = 2 * SIM_M * SIM_V };
+
+static bool sim_pipeline(pdp_pp_schedule sched, int p, int v, int m, bool no_extra)
+{
+    static pdp__pp_action acts[SIM_P][SIM_N];
+    static char sent[2][SIM_M][SIM_P * SIM_V], posted[2][SIM_M][SIM_P * SIM_V];
+    int n[SIM_P], pc[SIM_P], phase[SIM_P], slots[SIM_P][SIM_V], held[SIM_V];
+    int last_f[SIM_P][SIM_V][SIM_M], last_b[SIM_P][SIM_V][2]; /* message ids, -1: none */
+    int s, k, c, P = p * v;
+    bool moved = true;
+    memset(sent, 0, sizeof sent);
+    memset(posted, 0, sizeof posted);
+    for (s = 0; s < p; s++) {
+        n[s] = pdp__pp_build(sched, p, v, m, s, acts[s]);
+        if (no_extra) { /* the rule without its 2 (p - s - 1): the test's own check */
+            int w = PDP__MIN((v - 1) * p, m * v), i, t = 0;
+            for (i = 0; i < w; i++) acts[s][t++] = pdp__pp_kth('F', i, p, v);
+            for (i = 0; i + w < m * v; i++) {
+                acts[s][t++] = pdp__pp_kth('F', w + i, p, v);
+                acts[s][t++] = pdp__pp_kth('B', i, p, v);
+            }
+            for (i = m * v - w; i < m * v; i++) acts[s][t++] = pdp__pp_kth('B', i, p, v);
+        }
+        memset(held, 0, sizeof held);
+        memset(slots[s], 0, sizeof slots[s]);
+        for (k = 0; k < n[s]; k++) {
+            c = acts[s][k].chunk;
+            held[c] += acts[s][k].kind == 'F' ? 1 : -1;
+            slots[s][c] = PDP__MAX(slots[s][c], held[c]);
+        }
+        pc[s] = phase[s] = 0;
+        memset(last_f[s], -1, sizeof last_f[s]);
+        memset(last_b[s], -1, sizeof last_b[s]);
+    }
+#define SIM_ID(dir, j, b) (((dir) * SIM_M + (j)) * (SIM_P * SIM_V) + (b))
+#define SIM_POSTED(id) posted[(id) / (SIM_M * SIM_P * SIM_V)][(id) / (SIM_P * SIM_V) % SIM_M] \
+                             [(id) % (SIM_P * SIM_V)]
+    while (moved) {
+        moved = false;
+        for (s = 0; s < p; s++)
+            while (pc[s] < n[s]) {
+                const pdp__pp_action *a = &acts[s][pc[s]];
+                int q = a->chunk * p + s, j = a->mb, *w;
+                if (phase[s] == 0) { /* the receive of action k */
+                    if (a->kind == 'F' && q > 0) {
+                        posted[0][j][q - 1] = 1;
+                        if (!sent[0][j][q - 1]) break;
+                    } else if (a->kind == 'B' && q < P - 1) {
+                        posted[1][j][q] = 1;
+                        if (!sent[1][j][q]) break;
+                    }
+                    phase[s] = 1;
+                }
+                w = a->kind == 'F' ? &last_f[s][a->chunk][j % slots[s][a->chunk]]
+                                   : &last_b[s][a->chunk][j % 2];
+                if (phase[s] == 1) { /* the send that last used this buffer */
+                    if (*w >= 0 && !SIM_POSTED(*w)) break;
+                    phase[s] = 2;
+                }
+                if (pc[s] + 1 < n[s]) { /* post k + 1's receive */
+                    const pdp__pp_action *b = &acts[s][pc[s] + 1];
+                    int qb = b->chunk * p + s;
+                    if (b->kind == 'F' && qb > 0) posted[0][b->mb][qb - 1] = 1;
+                    if (b->kind == 'B' && qb < P - 1) posted[1][b->mb][qb] = 1;
+                }
+                if (a->kind == 'F' && q < P - 1) sent[0][j][q] = 1, *w = SIM_ID(0, j, q);
+                if (a->kind == 'B' && q > 0) sent[1][j][q - 1] = 1, *w = SIM_ID(1, j, q - 1);
+                pc[s]++, phase[s] = 0, moved = true;
+            }
+    }
+#undef SIM_ID
+#undef SIM_POSTED
+    for (s = 0; s < p; s++)
+        if (pc[s] < n[s]) return false;
+    return true;
+}
+
+TEST pp_interleaved_schedules_cannot_deadlock(void)
+{
+    int p, v, mm, stuck = 0;
+    for (p = 2; p <= SIM_P; p++)
+        for (v = 1; v <= SIM_V; v++)
+            for (mm = 1; mm <= 4; mm++) {
+                if (!sim_pipeline(PDP_PP_INTERLEAVED_1F1B, p, v, mm * p, false)) {
+                    fprintf(stderr, "interleaved p %d v %d m %d: a stage waits forever\n", p, v,
+                            mm * p);
+                    FAIL();
+                }
+                /* without the 2 (p - s - 1) extra warm-up forwards it deadlocks (p >= 3) */
+                stuck += !sim_pipeline(PDP_PP_INTERLEAVED_1F1B, p, v, mm * p, true);
+            }
+    for (p = 2; p <= SIM_P; p++) /* and the other schedules, as built */
+        for (mm = 1; mm <= 4; mm++)
+            ASSERT(sim_pipeline(PDP_PP_1F1B, p, 1, mm * p, false) &&
+                   sim_pipeline(PDP_PP_GPIPE, p, 1, mm * p, false));
+    ASSERT(stuck > 0);
+    PASS();
+}
+
+/* The lists' own bubble, free of the machine: every stage runs its list with each piece's
+   forward taking 1 / v and its backward 2 / v (equal pieces; messages free), an action
+   starting once the stage is free and its input is there (the previous piece's forward of
+   the micro-batch; for a backward the next piece's backward, or on the last piece its own
+   forward). The step lasts T, each stage computes m (1 + 2), so the bubble is 1 - 3 m / T
+   (the same on every stage, as the runner's barriers make it). Returns -1 when stuck. */
+static double replay_bubble(pdp_pp_schedule sched, int p, int v, int m)
+{
+    static pdp__pp_action acts[SIM_P][SIM_N];
+    static double fin[2][SIM_M][SIM_P * SIM_V];
+    double t[SIM_P], T = 0.0;
+    int n[SIM_P], pc[SIM_P], s, j, q, P = p * v;
+    bool moved = true;
+    for (j = 0; j < m; j++)
+        for (q = 0; q < P; q++) fin[0][j][q] = fin[1][j][q] = -1.0;
+    for (s = 0; s < p; s++) n[s] = pdp__pp_build(sched, p, v, m, s, acts[s]), pc[s] = 0, t[s] = 0;
+    while (moved) {
+        moved = false;
+        for (s = 0; s < p; s++)
+            while (pc[s] < n[s]) {
+                const pdp__pp_action *a = &acts[s][pc[s]];
+                int f = a->kind == 'F';
+                double ready;
+                j = a->mb, q = a->chunk * p + s;
+                ready = f ? (q > 0 ? fin[0][j][q - 1] : 0.0)
+                          : (q < P - 1 ? fin[1][j][q + 1] : fin[0][j][q]);
+                if (ready < 0.0) break;
+                t[s] = PDP__MAX(t[s], ready) + (f ? 1.0 : 2.0) / v;
+                fin[!f][j][q] = t[s];
+                pc[s]++, moved = true;
+            }
+    }
+    for (s = 0; s < p; s++) {
+        if (pc[s] < n[s]) return -1.0;
+        T = PDP__MAX(T, t[s]);
+    }
+    return 1.0 - 3.0 * m / T;
+}
+
+/* Replayed with equal pieces, the lists meet pdp's formula exactly: (p - 1) / (v m + p - 1)
+   for the interleaved schedule (below Megatron's (p - 1) / (v m), which divides by the
+   ideal time instead of the step's), (p - 1) / (m + p - 1) for 1F1B and GPipe; p = 2..8,
+   v = 1..4, m = p..4p. So what the stats measure beyond it is the machine's: unequal pieces,
+   messages, other load. With free messages the dependencies set T, so the replay does not
+   see the warm-up's size (as long as the lists finish: pp_interleaved_schedules_cannot_
+   deadlock's business); it sees the order: micro-batch after micro-batch through the chunks
+   gives 0.37 at p = 2, v = 2, m = 2 where the formula says 0.20. */
+TEST pp_interleaved_lists_meet_the_bubble_formula(void)
+{
+    int p, v, mm, m;
+    for (p = 2; p <= SIM_P; p++)
+        for (mm = 1; mm <= 4; mm++) {
+            m = mm * p;
+            for (v = 1; v <= SIM_V; v++) {
+                double b = replay_bubble(PDP_PP_INTERLEAVED_1F1B, p, v, m);
+                if (fabs(b - (p - 1.0) / (v * m + p - 1.0)) > 1e-9) {
+                    fprintf(stderr, "interleaved p %d v %d m %d: bubble %.6f, formula %.6f\n", p,
+                            v, m, b, (p - 1.0) / (v * m + p - 1.0));
+                    FAIL();
+                }
+                ASSERT(b < (p - 1.0) / (v * m));
+            }
+            ASSERT(fabs(replay_bubble(PDP_PP_1F1B, p, 1, m) - (p - 1.0) / (m + p - 1.0)) < 1e-9);
+            ASSERT(fabs(replay_bubble(PDP_PP_GPIPE, p, 1, m) - (p - 1.0) / (m + p - 1.0)) < 1e-9);
+        }
+    PASS();
+}
+
+/* ---- the interleaved schedule on the GPT ---- */
+
+enum { GB = 6, GT = 4 }; /* the GPT's batch and sequence */
+
+static pdp_gpt_desc gpt_desc(int layers)
+{
+    pdp_gpt_desc d;
+    memset(&d, 0, sizeof d);
+    d.vocab = 13, d.context = GT, d.layers = layers, d.heads = 2, d.dim = 8, d.seed = 5;
+    d.dropout = 0.1f;
+    return d;
+}
+
+static pdp_optim_desc adamw(void)
+{
+    pdp_optim_desc od;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-2f, od.weight_decay = 0.1f;
+    return od;
+}
+
+typedef struct gpt_case {
+    int32_t ids[GB * GT], tg[GB * GT];
+    int layers, chunks, m, steps;
+    pdp_pp_schedule schedule;
+    const char *load, *save;   /* checkpoints: load before training, save after */
+    const pdp_model *ref;      /* NULL: no comparison */
+    float losses[STEPS];       /* the last stage's */
+    double worst[MAXR];        /* max |pp - ref| over each stage's tensors, by name */
+    pdp_pp_stats stats[MAXR];
+} gpt_case;
+
+/* steps AdamW steps of the GPT with clipping at 0.5 on one device (the reference) */
+static pdp_status gpt_one(gpt_case *c, int steps, pdp_model **out)
+{
+    pdp_gpt_desc d = gpt_desc(c->layers);
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = adamw();
+    pdp_tensor x;
+    int64_t shape[2] = {GB, GT};
+    float loss, norm;
+    int s;
+    pdp_status st;
+    if ((st = pdp_gpt_create(out, &d)) != PDP_OK || (st = pdp_optim_create(&o, *out, &od)))
+        return st;
+    pdp_tensor_wrap_ids(c->ids, pdp_cpu(), 2, shape, &x);
+    for (s = 0; s < steps && st == PDP_OK; s++) {
+        if ((st = pdp_model_forward_backward(*out, &x, c->tg, &loss)) == PDP_OK &&
+            (st = pdp_clip_grad_norm(*out, 0.5f, &norm)) == PDP_OK)
+            st = pdp_optim_step(o);
+        pdp_optim_zero_grad(o);
+        c->losses[s] = loss;
+    }
+    pdp_optim_free(o);
+    return st;
+}
+
+static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    gpt_case *c = (gpt_case *)user;
+    pdp_gpt_desc d = gpt_desc(c->layers);
+    pdp_model *full = NULL, *m;
+    pdp_pp *pp = NULL;
+    pdp_pp_desc pd;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = adamw();
+    pdp_tensor x;
+    int64_t shape[2] = {GB, GT};
+    float loss, norm;
+    int s, i;
+    pdp_status st;
+    memset(&pd, 0, sizeof pd);
+    pd.schedule = c->schedule;
+    pd.chunks = c->chunks;
+    pd.micro_batches = c->m;
+    if ((st = pdp_gpt_create(&full, &d)) != PDP_OK ||
+        (st = pdp_pp_create(&pp, full, ctx->world, &pd)) != PDP_OK)
+        goto out;
+    m = pdp_pp_model(pp);
+    if ((st = pdp_optim_create(&o, m, &od)) != PDP_OK) goto out;
+    if (c->load && (st = pdp_pp_checkpoint_load(pp, o, c->load)) != PDP_OK) goto out;
+    pdp_tensor_wrap_ids(c->ids, pdp_cpu(), 2, shape, &x);
+    for (s = 0; s < c->steps; s++) {
+        if ((st = pdp_pp_forward_backward(pp, &x, c->tg, &loss)) != PDP_OK ||
+            (st = pdp_pp_clip_grad_norm(pp, 0.5f, &norm)) != PDP_OK ||
+            (st = pdp_pp_step(pp, o)) != PDP_OK)
+            goto out;
+        if (ctx->rank == ctx->world_size - 1) c->losses[s] = loss;
+    }
+    pdp_pp_get_stats(pp, &c->stats[ctx->rank]);
+    if (c->save && (st = pdp_pp_checkpoint_save(pp, o, c->save)) != PDP_OK) goto out;
+    c->worst[ctx->rank] = 0.0;
+    for (i = 0; c->ref && i < pdp_model_num_params(m); i++) { /* the head's copy of wte too */
+        pdp_param a, r;
+        double e;
+        if ((st = pdp_model_param(m, i, &a)) != PDP_OK ||
+            (st = pdp_model_find_param(c->ref, a.name, &r)) != PDP_OK)
+            goto out;
+        e = fixture_rel_err(a.value.data, r.value.data, a.value.count);
+        if (!(e <= c->worst[ctx->rank])) c->worst[ctx->rank] = e;
+    }
+out:
+    pdp_optim_free(o);
+    pdp_pp_free(pp);
+    pdp_model_free(full);
+    return st;
+}
+
+static void gpt_data(gpt_case *c)
+{
+    int i;
+    memset(c, 0, sizeof *c);
+    for (i = 0; i < GB * GT; i++) {
+        c->ids[i] = (int32_t)((i * 5 + 1) % 13);
+        c->tg[i] = i % 7 == 3 ? -1 : (int32_t)((i * 3 + 2) % 13);
+    }
+}
+
+/* A GPT of 4 blocks (dropout 0.1 after the embedding, on the attention probabilities and in
+   the branches) cut into p v pieces between residual regions, wte on chunk 0 of stage 0 and
+   its copy on the last chunk of stage p - 1: p = 2, 3, v = 2, 3, m = p, 2p (6 rows: uneven
+   micro-batches at m = 4), 3 AdamW steps with the pipeline's clipping equal one device: the
+   loss of every step and every stage's tensors by name (the copy included). */
+TEST pp_interleaved_gpt_equals_single_device(void)
+{
+    static gpt_case c, one;
+    pdp_model *ref = NULL;
+    int p, v, mm, s;
+    gpt_data(&c);
+    c.layers = 4, c.steps = STEPS;
+    one = c;
+    ASSERT_ENUM_EQ(PDP_OK, gpt_one(&one, STEPS, &ref), pdp_status_name);
+    c.ref = ref;
+    c.schedule = PDP_PP_INTERLEAVED_1F1B;
+    for (p = 2; p <= 3; p++)
+        for (v = 2; v <= 3; v++)
+            for (mm = 1; mm <= 2; mm++) {
+                char msg[64];
+                snprintf(msg, sizeof msg, "GPT p %d v %d m %d", p, v, mm * p);
+                c.chunks = v, c.m = mm * p;
+                ASSERT_ENUM_EQm(msg, PDP_OK, pdp_launch(p, NULL, gpt_rank, &c), pdp_status_name);
+                for (s = 0; s < STEPS; s++) ASSERTm(msg, fabs(c.losses[s] - one.losses[s]) <= 1e-5);
+                for (s = 0; s < p; s++) ASSERTm(msg, c.worst[s] <= 1e-5);
+            }
+    pdp_model_free(ref);
+    PASS();
+}
+
+/* Checkpoints across an interleaved pipeline: 2 stages x 2 chunks train 2 steps and save the
+   full model's file; one device loads it and holds the single-device run's parameters; 3
+   stages x 2 chunks load it and resume, and 3 stages of 1F1B too: after one more step each
+   equals one device after 3 steps. */
+TEST pp_interleaved_checkpoint_resumes_at_another_stage_count(void)
+{
+    static gpt_case c;
+    pdp_model *two = NULL, *three = NULL, *back = NULL;
+    pdp_gpt_desc d = gpt_desc(4);
+    pdp_tensor pt, pb;
+    char path[128];
+    int s;
+    gpt_data(&c);
+    c.layers = 4;
+    snprintf(path, sizeof path, "build/test_pp_vpp.%ld.safetensors", (long)getpid());
+    ASSERT_ENUM_EQ(PDP_OK, gpt_one(&c, 2, &two), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, gpt_one(&c, 3, &three), pdp_status_name);
+    c.schedule = PDP_PP_INTERLEAVED_1F1B, c.chunks = 2, c.m = 2, c.steps = 2, c.save = path;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_launch(2, NULL, gpt_rank, &c), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&back, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_load(path, back, NULL), pdp_status_name);
+    pdp_model_flat(two, &pt, NULL);
+    pdp_model_flat(back, &pb, NULL);
+    ASSERT(fixture_rel_err(pb.data, pt.data, pt.count) <= 1e-5);
+    c.save = NULL, c.load = path, c.steps = 1, c.ref = three, c.m = 3;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_launch(3, NULL, gpt_rank, &c), pdp_status_name);
+    for (s = 0; s < 3; s++) ASSERTm("3 x 2 interleaved", c.worst[s] <= 1e-5);
+    c.schedule = PDP_PP_1F1B, c.chunks = 0;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_launch(3, NULL, gpt_rank, &c), pdp_status_name);
+    for (s = 0; s < 3; s++) ASSERTm("3 1F1B", c.worst[s] <= 1e-5);
+    remove(path);
+    pdp_model_free(two);
+    pdp_model_free(three);
+    pdp_model_free(back);
+    PASS();
+}
+
+/* The interleaved schedule's refusals, each naming what is wrong. */
+typedef struct ierr_case {
+    pdp_pp_desc desc;
+    int layers;                /* > 0: a GPT of that many blocks; 0: DEEP */
+    pdp_status st[MAXR];
+    char msg[MAXR][512];
+} ierr_case;
+
+static pdp_status ierr_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    ierr_case *e = (ierr_case *)user;
+    pdp_gpt_desc d = gpt_desc(e->layers);
+    pdp_model *full = NULL;
+    pdp_pp *pp = NULL;
+    pdp_status st = e->layers ? pdp_gpt_create(&full, &d) : build_model(&full, DEEP);
+    if (st == PDP_OK) st = pdp_pp_create(&pp, full, ctx->world, &e->desc);
+    if (st == PDP_OK) { /* one range a stage no more */
+        int f, l;
+        st = pdp_pp_stage_layers(pp, ctx->rank, &f, &l);
+    }
+    e->st[ctx->rank] = st;
+    snprintf(e->msg[ctx->rank], sizeof e->msg[ctx->rank], "%s", pdp_last_error());
+    pdp_pp_free(pp);
+    pdp_model_free(full);
+    return st;
+}
+
+TEST pp_interleaved_errors(void)
+{
+    static ierr_case e;
+    /* m not a multiple of p: both named */
+    memset(&e, 0, sizeof e);
+    e.desc.schedule = PDP_PP_INTERLEAVED_1F1B, e.desc.micro_batches = 3;
+    pdp_launch(2, NULL, ierr_rank, &e);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, e.st[0], pdp_status_name);
+    ASSERT(strstr(e.msg[0], "pdp_pp_create: PDP_PP_INTERLEAVED_1F1B takes micro-batches in "
+                            "groups of the stages: micro_batches 3 is not a multiple of the 2 "
+                            "stages"));
+    /* more pieces than the GPT has cut points (1 block: its embedding, the embedding's
+       dropout, the two residual regions, ln_f and the head: 6) */
+    memset(&e, 0, sizeof e);
+    e.layers = 1;
+    e.desc.schedule = PDP_PP_INTERLEAVED_1F1B, e.desc.chunks = 4;
+    pdp_launch(2, NULL, ierr_rank, &e);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, e.st[1], pdp_status_name);
+    ASSERT(strstr(e.msg[1], "2 stages x 4 chunks = 8 pieces but the model has 6 cut points"));
+    /* chunks without the interleaved schedule; the interleaved schedule on one stage */
+    memset(&e, 0, sizeof e);
+    e.desc.chunks = 2;
+    pdp_launch(2, NULL, ierr_rank, &e);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, e.st[0], pdp_status_name);
+    ASSERT(strstr(e.msg[0], "chunks 2 needs PDP_PP_INTERLEAVED_1F1B"));
+    memset(&e, 0, sizeof e);
+    e.desc.schedule = PDP_PP_INTERLEAVED_1F1B;
+    pdp_launch(1, NULL, ierr_rank, &e);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, e.st[0], pdp_status_name);
+    ASSERT(strstr(e.msg[0], "PDP_PP_INTERLEAVED_1F1B on 1 stage"));
+    /* a stage of 2 chunks has no single range of layers */
+    memset(&e, 0, sizeof e);
+    e.desc.schedule = PDP_PP_INTERLEAVED_1F1B;
+    pdp_launch(2, NULL, ierr_rank, &e);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, e.st[1], pdp_status_name);
+    ASSERT(strstr(e.msg[1], "stage 1 holds 2 chunks, not one range of layers: ask "
+                            "pdp_pp_chunk_layers"));
+    PASS();
+}
+
+TEST pp_interleaved_stats_format(void)
+{
+    pdp_pp_stats st;
+    char line[512];
+    memset(&st, 0, sizeof st);
+    /* stage 0 of 2, v = 2, m = 4: bubble 1 - 1.5 / 2 = 0.25 against pdp's 1 / 9 = 0.11 (met)
+       and Megatron's 1 / 8; 5 micro-batch chunks held; 4 (2 v - 1) = 12 messages */
+    st.stage = 0, st.stages = 2, st.micro_batches = 4, st.chunks = 2;
+    st.schedule = PDP_PP_INTERLEAVED_1F1B;
+    st.total_step_s = 2.0, st.total_compute_s = 1.5;
+    st.bubble_theory = 1.0 / 9.0, st.bubble_megatron = 1.0 / 8.0;
+    st.peak_in_flight = 5, st.peak_activation_bytes = 2500000, st.messages = 12;
+    ASSERT_EQ(pdp_pp_stats_format(&st, NULL, 0), pdp_pp_stats_format(&st, line, sizeof line));
+    ASSERT_STR_EQ("stage 0: compute 1.50 s  bubble 0.25 (pdp's (p-1)/(v*m+p-1) = 0.11, margin "
+                  "0.10: missed; Megatron's (p-1)/(v*m) = 0.12)  peak activations 5 micro-batch "
+                  "chunks = 2.50 MB  messages 12 a pass (m(2v-[s=0]-[s=p-1]) = 12)\n", line);
+    PASS();
+}
+
 SUITE(pp)
 {
     RUN_TEST(pp_gpipe_and_1f1b_equal_single_device_on_the_whole_batch);
@@ -1077,6 +1672,14 @@ SUITE(pp)
     RUN_TEST(pp_trace_draws_one_lane_per_stage);
     RUN_TEST(pp_errors);
     RUN_TEST(pp_failed_pass_names_call_stage_and_action_on_every_rank);
+    RUN_TEST(pp_interleaved_equals_single_device);
+    RUN_TEST(pp_interleaved_schedule_lists);
+    RUN_TEST(pp_interleaved_schedules_cannot_deadlock);
+    RUN_TEST(pp_interleaved_lists_meet_the_bubble_formula);
+    RUN_TEST(pp_interleaved_gpt_equals_single_device);
+    RUN_TEST(pp_interleaved_checkpoint_resumes_at_another_stage_count);
+    RUN_TEST(pp_interleaved_errors);
+    RUN_TEST(pp_interleaved_stats_format);
 }
 
 GREATEST_MAIN_DEFS();
