@@ -557,13 +557,16 @@ TEST gpt_under_dataparallel_equals_one_device(void)
     }
     for (workers = 1; workers <= 4; workers++) {
         pdp_model *one = NULL, *master = NULL;
+        pdp_gpt_desc dm = d; /* the replicas recompute: 2 workers FULL, 3 SELECTIVE */
+        dm.recompute = workers == 2 ? PDP_RECOMPUTE_FULL
+                       : workers == 3 ? PDP_RECOMPUTE_SELECTIVE : PDP_RECOMPUTE_NONE;
         pdp_dp *dp = NULL;
         pdp_dp_desc dd;
         pdp_tensor x, g1, gm;
         float l1, lm;
         char msg[64];
         ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&one, &d), pdp_status_name);
-        ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&master, &d), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&master, &dm), pdp_status_name);
         memset(&dd, 0, sizeof dd);
         dd.num_workers = workers;
         ASSERT_ENUM_EQ(PDP_OK, pdp_dp_create(&dp, master, &dd), pdp_status_name);
@@ -572,7 +575,7 @@ TEST gpt_under_dataparallel_equals_one_device(void)
         ASSERT_ENUM_EQ(PDP_OK, pdp_dp_forward_backward(dp, &x, tg, &lm), pdp_status_name);
         pdp_model_flat(one, NULL, &g1);
         pdp_model_flat(master, NULL, &gm);
-        snprintf(msg, sizeof msg, "%d workers", workers);
+        snprintf(msg, sizeof msg, "%d workers, recompute %d", workers, (int)dm.recompute);
         ASSERTm(msg, fabs(l1 - lm) <= 1e-6 * fabs(l1));
         ASSERTm(msg, fixture_rel_err(gm.data, g1.data, g1.count) <= 1e-6);
         pdp_dp_free(dp);
@@ -1079,7 +1082,9 @@ TEST gpt_3d_dp_tp_pp_equals_one_device(void)
    shards the optimizer state of this TP rank's slices over the DP group. */
 typedef struct dptp_case {
     int32_t ids[PP_B * TP_T], tg[PP_B * TP_T];
-    int zero; /* 0: DDP, 1: ZeRO stage 1 */
+    int zero;                /* 0: DDP, else the ZeRO stage */
+    int tp;                  /* TP ranks a copy: 2 on 4 thread ranks, 1 on 2 */
+    pdp_recompute recompute; /* of the copies (the reference recomputes nothing) */
     const pdp_model *ref;
     double worst[4];
 } dptp_case;
@@ -1087,7 +1092,7 @@ typedef struct dptp_case {
 static pdp_status dptp_rank(const pdp_launch_ctx *ctx, void *user)
 {
     dptp_case *c = (dptp_case *)user;
-    int dp = ctx->rank / 2, tpr = ctx->rank % 2, s;
+    int dp = ctx->rank / c->tp, tpr = ctx->rank % c->tp, s;
     pdp_comm *tp = NULL, *dc = NULL;
     pdp_gpt_desc d = tp_desc();
     pdp_model *m = NULL;
@@ -1103,7 +1108,8 @@ static pdp_status dptp_rank(const pdp_launch_ctx *ctx, void *user)
     memset(&od, 0, sizeof od);
     od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-3, od.weight_decay = 0.1;
     memset(&zd, 0, sizeof zd);
-    zd.stage = 1;
+    zd.stage = c->zero;
+    d.recompute = c->recompute;
     if ((st = pdp_comm_split(ctx->world, dp, tpr, &tp)) != PDP_OK ||
         (st = pdp_comm_split(ctx->world, tpr, dp, &dc)) != PDP_OK)
         goto out;
@@ -1154,6 +1160,7 @@ TEST gpt_dp_x_tp_under_ddp_and_zero1_equals_one_device(void)
     }
     ASSERT_ENUM_EQ(PDP_OK, gpt_single(c.ids, c.tg, 3, NULL, &ref), pdp_status_name);
     c.ref = ref;
+    c.tp = 2;
     for (c.zero = 0; c.zero <= 1; c.zero++) {
         memset(c.worst, 0, sizeof c.worst);
         ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(4, NULL, dptp_rank, &c),
@@ -1164,8 +1171,45 @@ TEST gpt_dp_x_tp_under_ddp_and_zero1_equals_one_device(void)
     PASS();
 }
 
+/* Recomputation under the data-parallel executors: DDP and ZeRO stages 1 and 2 on 2 thread
+   ranks (the dptp runs with TP 1), each recomputing SELECTIVE or FULL, with dropout (a
+   recomputed mask must be the one forward drew) and clipping, 3 AdamW steps: the
+   parameters of one device that recomputes nothing, within 1e-5. (DataParallel:
+   gpt_under_dataparallel_equals_one_device; TP and pipelines: their own tests.) */
+TEST gpt_recomputation_under_ddp_and_zero_equals_one_device(void)
+{
+    static dptp_case c;
+    static const char *name[] = {"DDP", "ZeRO-1", "ZeRO-2"};
+    pdp_model *ref = NULL;
+    char msg[64];
+    int64_t i;
+    int r, rc;
+    memset(&c, 0, sizeof c);
+    for (i = 0; i < PP_B * TP_T; i++) {
+        c.ids[i] = (int32_t)((i * 5 + 4) % 13);
+        c.tg[i] = i % TP_T == 6 ? -1 : (int32_t)((i * 7 + 2) % 13);
+    }
+    ASSERT_ENUM_EQ(PDP_OK, gpt_single(c.ids, c.tg, 3, NULL, &ref), pdp_status_name);
+    c.ref = ref;
+    c.tp = 1;
+    for (rc = PDP_RECOMPUTE_SELECTIVE; rc <= PDP_RECOMPUTE_FULL; rc++) {
+        c.recompute = (pdp_recompute)rc;
+        for (c.zero = 0; c.zero <= 2; c.zero++) {
+            memset(c.worst, 0, sizeof c.worst);
+            ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(2, NULL, dptp_rank, &c),
+                            pdp_status_name);
+            snprintf(msg, sizeof msg, "%s, recompute %s", name[c.zero],
+                     rc == PDP_RECOMPUTE_FULL ? "full" : "selective");
+            for (r = 0; r < 2; r++) ASSERTm(msg, c.worst[r] <= 1e-5);
+        }
+    }
+    pdp_model_free(ref);
+    PASS();
+}
+
 SUITE(gpt)
 {
+    RUN_TEST(gpt_recomputation_under_ddp_and_zero_equals_one_device);
     RUN_TEST(gpt_dp_x_tp_under_ddp_and_zero1_equals_one_device);
     RUN_TEST(gpt_3d_dp_tp_pp_equals_one_device);
     RUN_TEST(gpt_pipeline_checkpoint_resumes_at_another_stage_count);
