@@ -1000,9 +1000,17 @@ PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp)
         pdp_work_wait(rw);
         return st;
     }
-    st = pdp__pp_wait(&sw);
-    if (pdp__pp_wait(&rw) != PDP_OK && st == PDP_OK) st = PDP_ERR_COMM;
-    if (st != PDP_OK) return st;
+    /* the receive first: a peer that never sends is named by its timeout, status and
+       message as pdp_work_wait set them, which the send's wait (its work freed either way)
+       must not overwrite */
+    st = pdp__pp_wait(&rw);
+    if (st != PDP_OK) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", pdp_last_error());
+        pdp_work_wait(sw);
+        return pdp__err(st, "%s", why);
+    }
+    if ((st = pdp__pp_wait(&sw)) != PDP_OK) return st;
     return pdp__dev_add(m->device, g, pp->tied_buf, e->count);
 }
 
