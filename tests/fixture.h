@@ -171,6 +171,30 @@ static inline pdp_status fixture_backward_with_dx(pdp_model *m, const float *dy,
     m->input_grad = NULL;
     return st;
 }
+
+/* *worst = the largest fixture_rel_err of m's tensors (a pipeline stage's, a TP rank's
+   slices or a whole model's) against ref's, found by name: a TP slice against its cut of
+   ref's full tensor (tp.c's runs; a whole tensor is one run). */
+static inline pdp_status fixture_worst_by_name(const pdp_model *m, const pdp_model *ref,
+                                               double *worst)
+{
+    float *want = (float *)malloc((size_t)m->param_count * sizeof(float) + 4);
+    pdp_status st = want ? PDP_OK : PDP_ERR_OUT_OF_MEMORY;
+    int i;
+    *worst = 0.0;
+    for (i = 0; st == PDP_OK && i < pdp_model_num_params(m); i++) {
+        pdp_param mine, full;
+        double e;
+        pdp_model_param(m, i, &mine);
+        if ((st = pdp_model_find_param(ref, mine.name, &full)) != PDP_OK ||
+            (st = pdp__tp_runs(m, i, pdp_cpu(), full.value.data, want, false)) != PDP_OK)
+            break;
+        e = fixture_rel_err(m->param_block + mine.offset, want, mine.count);
+        if (!(e <= *worst)) *worst = e;
+    }
+    free(want);
+    return st;
+}
 #endif
 
 /* In a TEST: load `file` into *f, skip the test when it is missing, fail when it is

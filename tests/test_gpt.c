@@ -737,28 +737,6 @@ static pdp_status gpt_single(const int32_t *ids, const int32_t *tg, int steps, f
     return st;
 }
 
-/* *worst = the largest fixture error of m's tensors (a pipeline stage's, a TP rank's
-   slices or a whole model's) against ref's, found by name: a TP slice against its cut of
-   ref's full tensor (tp.c's runs; a whole tensor is one run). */
-static pdp_status gpt_worst(const pdp_model *m, const pdp_model *ref, double *worst)
-{
-    float *want = (float *)malloc((size_t)m->param_count * sizeof(float) + 4);
-    pdp_status st = want ? PDP_OK : PDP_ERR_OUT_OF_MEMORY;
-    int i;
-    *worst = 0.0;
-    for (i = 0; st == PDP_OK && i < pdp_model_num_params(m); i++) {
-        pdp_param mine, full;
-        double e;
-        pdp_model_param(m, i, &mine);
-        if ((st = pdp_model_find_param(ref, mine.name, &full)) != PDP_OK ||
-            (st = pdp__tp_runs(m, i, pdp_cpu(), full.value.data, want, false)) != PDP_OK)
-            break;
-        e = fixture_rel_err(m->param_block + mine.offset, want, mine.count);
-        if (!(e <= *worst)) *worst = e;
-    }
-    free(want);
-    return st;
-}
 typedef struct pp_case {
     int32_t ids[PP_B * TP_T], tg[PP_B * TP_T];
     pdp_pp_schedule schedule;
@@ -806,7 +784,7 @@ static pdp_status pp_rank(const pdp_launch_ctx *ctx, void *user)
             goto out;
         if (ctx->rank == ctx->world_size - 1) c->losses[s] = loss;
     }
-    st = gpt_worst(m, c->ref, &c->worst[ctx->rank]); /* each stage's tensors, by name */
+    st = fixture_worst_by_name(m, c->ref, &c->worst[ctx->rank]); /* each stage's, by name */
 out:
     pdp_optim_free(o);
     pdp_pp_free(pp);
@@ -950,7 +928,7 @@ static pdp_status ppc_rank(const pdp_launch_ctx *ctx, void *user)
         st = pdp_pp_checkpoint_save(pp, o, c->path);
         goto out;
     }
-    st = gpt_worst(m, c->ref, &c->worst[ctx->rank]);
+    st = fixture_worst_by_name(m, c->ref, &c->worst[ctx->rank]);
 out:
     pdp_optim_free(o);
     pdp_pp_free(pp);
@@ -1043,7 +1021,7 @@ static pdp_status d3_rank(const pdp_launch_ctx *ctx, void *user)
             goto out;
         if (stage == 1 && tpr == 0) c->losses[dp][s] = loss;
     }
-    st = gpt_worst(m, c->ref, &c->worst[ctx->rank]);
+    st = fixture_worst_by_name(m, c->ref, &c->worst[ctx->rank]);
 out:
     pdp_optim_free(o);
     pdp_pp_free(pp);
@@ -1136,7 +1114,7 @@ static pdp_status dptp_rank(const pdp_launch_ctx *ctx, void *user)
                 pdp_optim_zero_grad(o);
         }
     }
-    if (st == PDP_OK) st = gpt_worst(m, c->ref, &c->worst[ctx->rank]);
+    if (st == PDP_OK) st = fixture_worst_by_name(m, c->ref, &c->worst[ctx->rank]);
 out:
     pdp_optim_free(o);
     pdp_ddp_free(ddp);

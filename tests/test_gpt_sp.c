@@ -106,28 +106,6 @@ static pdp_status sp_train(pdp_model *m, sp_case *c, bool record)
     return st;
 }
 
-/* The largest error of m's tensors (a TP rank's slices) against ref's full ones, by name
-   (tp.c's runs cut the full tensor as the rank holds it). */
-static pdp_status sp_worst(const pdp_model *m, const pdp_model *ref, double *worst)
-{
-    float *want = (float *)malloc((size_t)m->param_count * sizeof(float) + 4);
-    pdp_status st = want ? PDP_OK : PDP_ERR_OUT_OF_MEMORY;
-    int i;
-    *worst = 0.0;
-    for (i = 0; st == PDP_OK && i < pdp_model_num_params(m); i++) {
-        pdp_param mine, full;
-        double e;
-        pdp_model_param(m, i, &mine);
-        if ((st = pdp_model_find_param(ref, mine.name, &full)) != PDP_OK ||
-            (st = pdp__tp_runs(m, i, pdp_cpu(), full.value.data, want, false)) != PDP_OK)
-            break;
-        e = fixture_rel_err(m->param_block + mine.offset, want, mine.count);
-        if (!(e <= *worst)) *worst = e;
-    }
-    free(want);
-    return st;
-}
-
 /* Activation bytes of m and tp (the same GPT, TP without SP) at batch SB, and each layer of
    m on a rank's positions against tp's layer of the same mask index (the same layer of the
    single-device model): it must hold 1/N of it. */
@@ -164,7 +142,7 @@ static pdp_status sp_rank(const pdp_launch_ctx *ctx, void *user)
     if ((st = pdp_gpt_create(&tp, &d)) != PDP_OK) goto out;
     if (ctx->rank == 0) sp_memory(m, tp, ctx->world_size, c);
     if ((st = sp_train(m, c, ctx->rank == 0)) != PDP_OK ||
-        (st = sp_worst(m, c->ref, &c->worst[ctx->rank])) != PDP_OK ||
+        (st = fixture_worst_by_name(m, c->ref, &c->worst[ctx->rank])) != PDP_OK ||
         (st = pdp_model_find_param(m, "transformer.ln_f.weight", &lnf)) != PDP_OK)
         goto out;
     memcpy(c->lnf[ctx->rank], lnf.value.data, sizeof c->lnf[0]);
@@ -341,7 +319,7 @@ static pdp_status sp_dptp_rank(const pdp_launch_ctx *ctx, void *user)
         }
         if (st == PDP_OK && ctx->rank == 0) c->data.norms[s] = norm;
     }
-    if (st == PDP_OK) st = sp_worst(m, c->data.ref, &c->worst[ctx->rank]);
+    if (st == PDP_OK) st = fixture_worst_by_name(m, c->data.ref, &c->worst[ctx->rank]);
 out:
     pdp_optim_free(o);
     pdp_ddp_free(ddp);
