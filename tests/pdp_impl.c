@@ -1,6 +1,6 @@
 /* pdp_impl.c - pdp.h's implementation, compiled once per build mode for the tests and the
-   examples (see "building the tests" in the Makefile): at $(OPT) into $(B)/pdp_impl.o, at
-   $(TEST_OPT) into $(B)/pdp_impl_og.o. PDP__TEST_LINKAGE gives the private functions
+   examples (see "building the tests" in the Makefile): at $(OPT) into $(B)/pdp_impl.o (and
+   with -DPDP_CUDA for make cuda and the CUDA emulation). PDP__TEST_LINKAGE gives the private functions
    (PDP__PRIVATE) external linkage, so the internal tests call them from their own object.
    Its PDP_MALLOC counts and takes a test's own allocator through hooks
    (tests/counting_alloc.h); the programs linked against it are compiled with

@@ -1,6 +1,6 @@
 /* pdp_linked.h - what a test linked against the tests' implementation object needs. pdp.h
    includes it, after the public API, when the test is compiled with PDP__INTERNAL_API (the
-   Makefile does that for the tests it links against $(B)/pdp_impl.o or pdp_impl_og.o):
+   Makefile does that for the tests it links against $(B)/pdp_impl.o):
    - the implementation's declarations without their definitions (the generated
      pdp_internal.h): private structs, macros, PDP__PRIVATE prototypes;
    - when the test brought its own PDP_MALLOC / PDP_FREE (allocation budgets, failure

@@ -1,7 +1,7 @@
 /* Tests of the way `make test` builds the internal tests (see "building the tests" in the
    Makefile): this file brings its own PDP_MALLOC / PDP_FREE, as test_alloc_fail, test_zero
    and others do, and calls private functions (pdp__alloc, pdp__err). Linked against the
-   tests' implementation object ($(B)/pdp_impl_og.o), every allocation of the library must
+   tests' implementation object ($(B)/pdp_impl.o), every allocation of the library must
    still reach this file's allocator (through the hooks of tests/pdp_linked.h), or those tests
    would pass without injecting a single failure; built alone (cc tests/test_linked.c) it
    compiles the implementation itself and checks the same. */
