@@ -102,8 +102,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     if (!x) return PDP_ERR_OUT_OF_MEMORY;
     y = x + B * g.context;
     if (ctx->world_size != dp * tp * pp) { /* mpirun -np N */
-        fprintf(stderr, "train_gpt_3d: rank %d: %d ranks, but -dp %d -tp %d -pp %d make %d\n",
-                r, ctx->world_size, dp, tp, pp, dp * tp * pp);
+        if (r == 0) fprintf(stderr, "train_gpt_3d: %d ranks, but -dp %d -tp %d -pp %d make %d\n",
+                            ctx->world_size, dp, tp, pp, dp * tp * pp);
         return PDP_ERR_INVALID;
     }
     if (r == 0) {
