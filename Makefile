@@ -162,7 +162,11 @@ clean:
 #                 it under mpirun on 1, 2, 3 and 4 ranks (MPI_NP); rank 0 prints the usual
 #                 "P passed, F failed, S skipped" line per run. Prints "skipped: mpicc not
 #                 found" (and succeeds) when mpicc or mpirun is missing. The plain build of
-#                 tests/test_mpi.c (no PDP_MPI) is part of `make test`.
+#                 tests/test_mpi.c (no PDP_MPI) is part of `make test`. Then the 3-D correctness
+#                 run: examples/train_gpt_3d.c built with mpicc -DPDP_MPI, DP x TP x PP = 2 x 2
+#                 x 2 on `mpirun -np 8` (PDP_SHORT=1), must print the losses of its
+#                 -backend local run (tests/cuda_emu/same_figures.sh), which the example itself
+#                 holds to one device within 1e-5.
 MPICC        ?= mpicc
 MPIRUN       ?= mpirun
 MPI_NP       ?= 1 2 3 4
@@ -171,6 +175,9 @@ MPIRUN_FLAGS ?= --allow-run-as-root --oversubscribe
 mpi: $(B)/mpi/test_mpi
 
 $(B)/mpi/test_mpi: tests/test_mpi.c pdp.h tests/pdp_test.h
+	@mkdir -p $(@D)
+	$(MPICC) -DPDP_MPI $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(LDLIBS)
+$(B)/mpi/train_gpt_3d: examples/train_gpt_3d.c pdp.h
 	@mkdir -p $(@D)
 	$(MPICC) -DPDP_MPI $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(LDLIBS)
 
@@ -183,6 +190,10 @@ mpi-test:
 	    done; \
 	    echo "== tests/mpi_startup.sh (start-up check, watchdog, killed rank)"; \
 	    sh tests/mpi_startup.sh ./$(B)/mpi/test_mpi $(MPIRUN) $(MPIRUN_FLAGS) || exit 1; \
+	    $(MAKE) --no-print-directory $(B)/train_gpt_3d $(B)/mpi/train_gpt_3d || exit 1; \
+	    echo "== $(MPIRUN) -np 8 $(B)/mpi/train_gpt_3d -backend mpi (2 x 2 x 2), against -backend local"; \
+	    sh tests/cuda_emu/same_figures.sh "./$(B)/train_gpt_3d" "timeout 300 $(MPIRUN) \
+	        $(MPIRUN_FLAGS) -x PDP_SHORT -np 8 ./$(B)/mpi/train_gpt_3d -backend mpi" || exit 1; \
 	else \
 	    echo "mpi-test: skipped: mpicc not found"; \
 	fi

@@ -106,7 +106,8 @@
    pdp_pp_checkpoint_save/load write and read the single-device model's file, so a run
    resumes at another stage count), and all three at once: DP x TP x PP on 8 thread ranks
    (pdp_comm_split into TP pairs, pipelines and data-parallel copies; a pipeline over a
-   TP model, desc.dp for the copies) equals one device within 1e-5 (tests/test_gpt.c).
+   TP model, desc.dp for the copies) equals one device within 1e-5 (tests/test_gpt.c;
+   examples/train_gpt_3d.c on thread ranks and MPI processes).
    On a CUDA device (desc.device = pdp_cuda(i)) every layer runs in pdp_cuda.cu, checked
    against the same GPT on the CPU under the CUDA emulation (tests/test_cuda.c: logits,
    loss, gradients and three AdamW steps within 1e-5).
@@ -483,6 +484,25 @@
    group (each stage's TP layers keep the TP group; pdp_pp_clip_grad_norm counts slices as
    pdp_clip_grad_norm does); with desc.dp too, DP x TP x PP. Its checkpoints are not built
    yet (pdp_pp_checkpoint_save/load refuse a TP stage).
+       int t = rank % 2, s = rank / 2 % 2, d = rank / 4;      // 2 x 2 x 2: TP innermost
+       pdp_comm *pp_comm = NULL;
+       CHECK(pdp_comm_split(comm, d * 2 + s, t, &tp_comm));   // same d, s: a stage's TP group
+       CHECK(pdp_comm_split(comm, d * 2 + t, s, &pp_comm));   // same d, t: a pipeline, key = stage
+       CHECK(pdp_comm_split(comm, s * 2 + t, d, &dp_comm));   // same s, t: the copies of a stage
+   DP x TP x PP (examples/train_gpt_3d.c): rank = (d pp + s) tp + t puts a TP group, whose
+   collectives are the most and are synchronous, on neighbouring ranks, then a pipeline's
+   stages, then the data-parallel copies. Build the GPT with .tp = tp_comm, give it to
+   pdp_pp_create on pp_comm with desc.dp = dp_comm, feed pipeline d its 1/dp of the batch,
+   and clip with pdp_pp_clip_grad_norm (the whole model's norm, over all three). A rank then
+   sends per step, with b T C 4 the bytes of one micro-batch's activation and R the TP
+   regions (attentions and MLPs) of its stage: TP 2 (t - 1) / t x 2 m R b T C 4 (an
+   all-reduce forward and one backward a region and micro-batch); PP m (2 v - [s = 0] -
+   [s = p - 1]) messages of b T C 4, and on the first and last stages the tied weight's
+   gradient, V C 4; DP 2 (d - 1) / d x 4 bytes a parameter of its stage. The example prints
+   each rank's groups, memory and these bytes beside the formulas (equal on 2 x 2 x 2), its
+   bubble beside pdp's and Megatron's formulas, and its loss beside one device's (within
+   1e-5, on thread ranks and under mpirun -np 8: make mpi-test holds the MPI run's losses to
+   the local run's). The interleaved schedule does not take TP stages (above).
 
    Wrapped models: while DataParallel, DDP, ZeRO or a pipeline holds a model, adding
    layers (and pdp_model_set_tp) fails with PDP_ERR_STATE naming the call and the
