@@ -74,7 +74,7 @@ static pdp_status input_ids(int32_t *x, int64_t b, pdp_tensor *dx, pdp_tensor *i
    windows, with the model in evaluation mode: no dropout. On a GPU the logits come back to
    host (b T vocab floats) for the loss. */
 static pdp_status val_loss(pdp_model *m, int64_t b, int batches, int32_t *x, int32_t *y,
-                           pdp_tensor *dx, float *host, float *out)
+                           pdp_tensor *dx, float *host_logits, float *out)
 {
     double sum = 0;
     pdp_rng r;
@@ -82,17 +82,19 @@ static pdp_status val_loss(pdp_model *m, int64_t b, int batches, int32_t *x, int
     pdp_rng_seed(&r, 1234, 0);
     pdp_model_set_training(m, false);
     for (k = 0; k < batches; k++) {
-        pdp_tensor ids, logits2d;
+        pdp_tensor ids, logits2d, back;
         const pdp_tensor *logits;
         float loss;
         PDP_TRY(pdp_token_dataset_sample(ds, PDP_SPLIT_VAL, &r, b, x, y));
         PDP_TRY(input_ids(x, b, dx, &ids));
         PDP_TRY(pdp_model_forward(m, &ids, &logits)); /* [b, T, V]; ZeRO-3: collective */
-        if (dx) PDP_TRY(pdp_tensor_download(logits, host));
-        PDP_TRY(dx ? pdp_tensor_wrap(host, pdp_cpu(), 2, (int64_t[]){b * g.context, g.vocab},
-                                     &logits2d)
-                   : pdp_tensor_reshape_view(logits, 2, (int64_t[]){b * g.context, g.vocab},
-                                             &logits2d));
+        if (dx) { /* on a GPU: back to the host */
+            PDP_TRY(pdp_tensor_download(logits, host_logits));
+            PDP_TRY(pdp_tensor_wrap(host_logits, pdp_cpu(), logits->ndim, logits->shape, &back));
+            logits = &back;
+        }
+        PDP_TRY(pdp_tensor_reshape_view(logits, 2, (int64_t[]){b * g.context, g.vocab},
+                                        &logits2d));
         PDP_TRY(pdp_loss_cross_entropy(&logits2d, y, &loss, NULL)); /* over b T positions */
         sum += loss;
     }
@@ -217,9 +219,9 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     int64_t len = (int64_t)strlen(prompt);
     double t_train = 0, loss_sum = 0;
     int32_t *x = malloc(sizeof *x * (size_t)(2 * B * T + len + n_new)), *y = x + B * T;
-    float *host = cuda ? malloc(sizeof *host * (size_t)(b * T * g.vocab)) : NULL; /* logits */
+    float *host_logits = cuda ? malloc(sizeof(float) * (size_t)(b * T * g.vocab)) : NULL;
     pdp_tensor *dx = NULL; /* on a GPU: the ids of b windows */
-    pdp_device gpus[64];   /* DP's workers */
+    pdp_device gpus[64];   /* DP's workers on GPUs: 0, 1, ..., np - 1 */
     pdp_model *m, *mc;     /* mc: the model that writes, on the CPU */
     pdp_optim *opt;
     pdp_dp *dp = NULL;
@@ -229,7 +231,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_gpt_desc gd = g;
     pdp_rng r;
     (void)user;
-    if (!x || (cuda && !host)) return PDP_ERR_OUT_OF_MEMORY;
+    if (!x || (cuda && !host_logits)) return PDP_ERR_OUT_OF_MEMORY;
     if (tp > 1) { /* ranks {0..tp-1}, {tp..2tp-1}, ... split each block; across them, DP */
         PDP_TRY(pdp_comm_split(ctx->world, rank, ctx->rank, &tpc));
         PDP_TRY(pdp_comm_split(ctx->world, ctx->rank % tp, ctx->rank, &dpc));
@@ -275,7 +277,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         if (step == steps - 1 && ctx->rank == 0) pdp_tp_get_stats(m, &last_step);
         loss_sum += loss;
         if ((step + 1) % every && step + 1 < steps) continue; /* a line every tenth */
-        PDP_TRY(val_loss(m, b, (short_run ? 1 : 8) * n, x, y, dx, host, &val)); /* ZeRO-3: all */
+        /* every rank: collective under ZeRO-3 */
+        PDP_TRY(val_loss(m, b, (short_run ? 1 : 8) * n, x, y, dx, host_logits, &val));
         if (ctx->rank == 0)
             printf("step %5lld  loss %.4f  val %.4f  %.0f tokens/s  %.1f s\n", (long long)step + 1,
                    loss_sum / (double)(step % every + 1), val,
@@ -315,7 +318,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         putchar('\n');
     }
     free(x);
-    free(host);
+    free(host_logits);
     pdp_tensor_free(dx);
     pdp_optim_free(opt);
     if (mc != m) pdp_model_free(mc);
