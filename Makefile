@@ -380,8 +380,8 @@ $(EB)/train_%: $(EB)/train_%.o $(EMU_OBJS) # any example (train_cnn, train_zero 
 # per GPU), against the same example on -backend local: train_tp on 2 GPUs, train_pp on 2
 # stages, 1F1B and GPipe; last a GPT (train_gpt: one block of dim 16, context 16, dropout
 # 0.1; the loss and validation loss) on one GPU and under DDP on 2, against the same run on
-# the CPU (measured, both runs each, on 2 busy cores: 12-13 s and 15-19 s). (train_cnn -device cuda matches too, but takes 85 s
-# on the emulator: run it by hand.)
+# the CPU (measured with the CPU run, 2 busy cores: 12-13 s and 15-19 s). (train_cnn
+# -device cuda matches too, but takes 85 s on the emulator: run it by hand.)
 EMU_GPT = -layers 1 -dim 16 -heads 2 -context 16 -batch 4 -dropout 0.1
 emu-cuda-test: $(EMU_PROGRAMS) $(EB)/bench_gpu $(EMU_STACK_CHECK)
 	@if [ -n "$(EMU_STACK_CHECK)" ]; then \
