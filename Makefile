@@ -346,7 +346,7 @@ $(EB)/cuda_emu.o: tests/cuda_emu/cuda_emu.cc $(EMU_HEADERS)
 # the implementation for <stdlib.h>). The plain build's CPU time, measured: 91.6 s -> 30.9 s.
 EMU_IMPL      = $(EB)/pdp_impl.o
 EMU_OBJS      = $(EMU_IMPL) $(EB)/pdp_cuda.o $(EB)/cuda_emu.o
-EMU_EXAMPLES  = $(addprefix $(EB)/train_,mnist dp ddp tp pp)
+EMU_EXAMPLES  = $(addprefix $(EB)/train_,mnist dp ddp tp pp gpt)
 EMU_PROGRAMS  = $(EMU_CUDA_TESTS) $(EMU_EXAMPLES)
 # EMU_SAME_FIGURES=0 (the sanitizer pass in .ci/run) runs each example's GPU command alone,
 # without its CPU reference run and the comparison (tests/cuda_emu/same_figures.sh --run-only)
@@ -389,8 +389,11 @@ $(EB)/train_%: $(EB)/train_%.o $(EMU_OBJS) # any example (train_cnn, train_zero 
 # their CPU runs' (tests/cuda_emu/same_figures.sh): train_mnist -device cuda, train_dp on 2
 # GPUs, and train_ddp over NCCL with a thread per GPU; then model parallelism over NCCL (a thread
 # per GPU), against the same example on -backend local: train_tp on 2 GPUs, train_pp on 2
-# stages, 1F1B and GPipe. (train_cnn -device cuda matches too, but takes 85 s on the
-# emulator: run it by hand.)
+# stages, 1F1B and GPipe; last a GPT (train_gpt: one block of dim 16, context 16, dropout
+# 0.1; the loss and validation loss) on one GPU and under DDP on 2, against the same run on
+# the CPU (measured with the CPU run, 2 busy cores: 12-13 s and 15-19 s). (train_cnn
+# -device cuda matches too, but takes 85 s on the emulator: run it by hand.)
+EMU_GPT = -layers 1 -dim 16 -heads 2 -context 16 -batch 4 -dropout 0.1
 emu-cuda-test: $(EMU_PROGRAMS) $(EB)/bench_gpu $(EMU_STACK_CHECK)
 	@if [ -n "$(EMU_STACK_CHECK)" ]; then \
 	    echo "== $(EB)/stack_check (ASan sees a kernel thread's stack overflow after a barrier)"; \
@@ -430,3 +433,10 @@ emu-cuda-test: $(EMU_PROGRAMS) $(EB)/bench_gpu $(EMU_STACK_CHECK)
 	@PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
 	    "./$(EB)/train_pp -backend local -np 2 -schedule gpipe" \
 	    "./$(EB)/train_pp -backend nccl -np 2 -schedule gpipe"
+	@echo "== $(EB)/train_gpt -device cuda (a GPT on one GPU), against -device cpu"
+	@PDP_EMU_CUDA_DEVICES=1 $(EMU_FIGURES) \
+	    "./$(EB)/train_gpt -device cpu $(EMU_GPT)" "./$(EB)/train_gpt -device cuda $(EMU_GPT)"
+	@echo "== $(EB)/train_gpt -strategy ddp -np 2 -device cuda (a thread per GPU), against the CPU"
+	@PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
+	    "./$(EB)/train_gpt -strategy ddp -np 2 $(EMU_GPT)" \
+	    "./$(EB)/train_gpt -strategy ddp -np 2 -device cuda $(EMU_GPT)"

@@ -10,16 +10,21 @@
    trains the same global batches on -np DP workers or thread ranks; -tp N splits each
    block over N more ranks (attention by heads, tp.h), -sp 1 adds sequence parallelism
    (gpt.h: the layers between the blocks hold T / N positions); -recompute
-   selective|full trades compute for activation memory. It prints one block's activations
-   beside Megatron-LM's formulas (each recomputation mode), the losses, each rank's memory
-   beside the formulas (and, on several ranks, which ZeRO stage saves what), and text.
+   selective|full trades compute for activation memory; -device cuda trains on GPUs
+   (pdp_cuda.cu's kernels): single on GPU 0, dp on -np GPUs from one thread, ddp and zero
+   on a thread rank per GPU over NCCL (a CPU copy of the model writes the text). It prints
+   one block's activations beside Megatron-LM's formulas (each recomputation mode), the
+   losses, each rank's memory beside the formulas (and, on several ranks, which ZeRO stage
+   saves what), and text.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt.c -o train_gpt -lm -lpthread
-           (or make build/train_gpt; this example trains on the CPU)
+           nvcc -O2 -arch=sm_90 -DPDP_CUDA -I. examples/train_gpt.c pdp_cuda.cu -o train_gpt_cuda \
+               -lcublas -lnccl       (or make build/train_gpt; make cuda: build/cuda/train_gpt)
    Run:    ./train_gpt                       (PDP_SHORT=1 for a few steps only)
            ./train_gpt -steps 5000 -dim 128 -batch 16 -dropout 0.1 -text my_text.txt
            ./train_gpt -strategy zero3 -np 2 -recompute selective
            ./train_gpt -strategy ddp -np 2 -tp 2 -sp 1 (4 thread ranks: 2 TP pairs)
+           ./train_gpt_cuda -device cuda -strategy zero2 -np 2       (a thread per GPU)
            ./train_gpt -precision bf16 -prompt "Q: " -temperature 0.6 -top_k 10 -seed 2
    Output (Intel Xeon, Sapphire Rapids class, one thread, fortunes installed; speed columns
    left out, they change with the machine and its load):
@@ -49,13 +54,27 @@ static pdp_tp_stats last_step;                             /* rank 0's TP traffi
 static double lr = 3e-3, dropout = 0, temperature = 0.8;
 static const char *strategy = "single", *recompute = "none", *precision = "fp32",
                   *path = PDP_FORTUNES_DIR, *prompt = "The ";
-static bool short_run;
+static const char *device = "cpu";
+static bool short_run, cuda; /* cuda: -device cuda */
 static pdp_token_dataset *ds;
 
+/* The ids of the b windows at x as the model's input: a view of x, or on a GPU of dx (its
+   buffer of b T ids; pdp_tensor_copy moves 4-byte elements, whatever their dtype). */
+static pdp_status input_ids(int32_t *x, int64_t b, pdp_tensor *dx, pdp_tensor *ids)
+{
+    int64_t shape[2] = {b, g.context};
+    pdp_tensor host;
+    PDP_TRY(pdp_tensor_wrap_ids(x, pdp_cpu(), 2, shape, dx ? &host : ids));
+    if (!dx) return PDP_OK;
+    PDP_TRY(pdp_tensor_wrap_ids((int32_t *)(void *)dx->data, dx->device, 2, shape, ids));
+    return pdp_tensor_copy(ids, &host);
+}
+
 /* The mean loss over the same validation windows every time (a fixed seed), batches of b
-   windows, with the model in evaluation mode: no dropout. */
+   windows, with the model in evaluation mode: no dropout. On a GPU the logits come back to
+   host (b T vocab floats) for the loss. */
 static pdp_status val_loss(pdp_model *m, int64_t b, int batches, int32_t *x, int32_t *y,
-                           float *out)
+                           pdp_tensor *dx, float *host_logits, float *out)
 {
     double sum = 0;
     pdp_rng r;
@@ -63,12 +82,17 @@ static pdp_status val_loss(pdp_model *m, int64_t b, int batches, int32_t *x, int
     pdp_rng_seed(&r, 1234, 0);
     pdp_model_set_training(m, false);
     for (k = 0; k < batches; k++) {
-        pdp_tensor ids, logits2d;
+        pdp_tensor ids, logits2d, back;
         const pdp_tensor *logits;
         float loss;
         PDP_TRY(pdp_token_dataset_sample(ds, PDP_SPLIT_VAL, &r, b, x, y));
-        PDP_TRY(pdp_tensor_wrap_ids(x, pdp_cpu(), 2, (int64_t[]){b, g.context}, &ids));
+        PDP_TRY(input_ids(x, b, dx, &ids));
         PDP_TRY(pdp_model_forward(m, &ids, &logits)); /* [b, T, V]; ZeRO-3: collective */
+        if (dx) { /* on a GPU: back to the host */
+            PDP_TRY(pdp_tensor_download(logits, host_logits));
+            PDP_TRY(pdp_tensor_wrap(host_logits, pdp_cpu(), logits->ndim, logits->shape, &back));
+            logits = &back;
+        }
         PDP_TRY(pdp_tensor_reshape_view(logits, 2, (int64_t[]){b * g.context, g.vocab},
                                         &logits2d));
         PDP_TRY(pdp_loss_cross_entropy(&logits2d, y, &loss, NULL)); /* over b T positions */
@@ -195,7 +219,10 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     int64_t len = (int64_t)strlen(prompt);
     double t_train = 0, loss_sum = 0;
     int32_t *x = malloc(sizeof *x * (size_t)(2 * B * T + len + n_new)), *y = x + B * T;
-    pdp_model *m;
+    float *host_logits = cuda ? malloc(sizeof(float) * (size_t)(b * T * g.vocab)) : NULL;
+    pdp_tensor *dx = NULL; /* on a GPU: the ids of b windows */
+    pdp_device gpus[64];   /* DP's workers on GPUs: 0, 1, ..., np - 1 */
+    pdp_model *m, *mc;     /* mc: the model that writes, on the CPU */
     pdp_optim *opt;
     pdp_dp *dp = NULL;
     pdp_ddp *ddp = NULL;
@@ -204,19 +231,24 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_gpt_desc gd = g;
     pdp_rng r;
     (void)user;
-    if (!x) return PDP_ERR_OUT_OF_MEMORY;
+    if (!x || (cuda && !host_logits)) return PDP_ERR_OUT_OF_MEMORY;
     if (tp > 1) { /* ranks {0..tp-1}, {tp..2tp-1}, ... split each block; across them, DP */
         PDP_TRY(pdp_comm_split(ctx->world, rank, ctx->rank, &tpc));
         PDP_TRY(pdp_comm_split(ctx->world, ctx->rank % tp, ctx->rank, &dpc));
         gd.tp = tpc;
     }
     gd.sequence_parallel = sp; /* without -tp: pdp_gpt_create says what is missing */
+    gd.device = ctx->device;   /* the CPU, or this rank's GPU */
     PDP_TRY(pdp_gpt_create(&m, &gd));
+    mc = m;
+    if (cuda) PDP_TRY(pdp_tensor_create(&dx, ctx->device, 1, (int64_t[]){b * T}));
+    for (i = 0; i < np; i++) gpus[i] = pdp_cuda((int)i);
     PDP_TRY(pdp_model_reserve(m, b)); /* activations for b sequences: steps allocate nothing */
     pdp_optim_desc od = {.kind = PDP_OPTIM_ADAMW, .lr = lr, .beta1 = 0.9, .beta2 = 0.95,
                          .weight_decay = 0.1};
     if (!strcmp(strategy, "dp"))
-        PDP_TRY(pdp_dp_create(&dp, m, &(pdp_dp_desc){.num_workers = np})); /* B split in np */
+        PDP_TRY(pdp_dp_create(&dp, m, &(pdp_dp_desc){.num_workers = np, /* B split in np */
+                                                     .devices = cuda ? gpus : NULL}));
     if (!strcmp(strategy, "ddp")) PDP_TRY(pdp_ddp_create(&ddp, m, dpc, NULL));
     pdp_zero_desc zd = {.stage = stage, .bucket_cap_mb = 0.25, .first_bucket_mb = 0.25};
     if (stage > 0) PDP_TRY(pdp_zero_create(&z, m, dpc, &zd)); /* units of whole layers */
@@ -230,7 +262,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         float loss, val;
         PDP_TRY(pdp_optim_set_lr(opt, pdp_lr_warmup_cosine(step, steps / 20, steps, lr, lr / 10)));
         PDP_TRY(pdp_token_dataset_sample(ds, PDP_SPLIT_TRAIN, &r, B, x, y)); /* the global batch */
-        PDP_TRY(pdp_tensor_wrap_ids(x + rank * b * T, pdp_cpu(), 2, (int64_t[]){b, T}, &ids));
+        PDP_TRY(input_ids(x + rank * b * T, b, dx, &ids));
         const int32_t *yr = y + rank * b * T; /* the slice's targets, a label a position */
         if (dp) PDP_TRY(pdp_dp_forward_backward(dp, &ids, yr, &loss)); /* split over workers */
         else if (ddp) PDP_TRY(pdp_ddp_forward_backward(ddp, &ids, yr, &loss));
@@ -245,7 +277,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         if (step == steps - 1 && ctx->rank == 0) pdp_tp_get_stats(m, &last_step);
         loss_sum += loss;
         if ((step + 1) % every && step + 1 < steps) continue; /* a line every tenth */
-        PDP_TRY(val_loss(m, b, (short_run ? 1 : 8) * n, x, y, &val)); /* every rank: ZeRO-3 */
+        /* every rank: collective under ZeRO-3 */
+        PDP_TRY(val_loss(m, b, (short_run ? 1 : 8) * n, x, y, dx, host_logits, &val));
         if (ctx->rank == 0)
             printf("step %5lld  loss %.4f  val %.4f  %.0f tokens/s  %.1f s\n", (long long)step + 1,
                    loss_sum / (double)(step % every + 1), val,
@@ -260,12 +293,20 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_ddp_free(ddp);
     pdp_dp_free(dp);
 
+    if (cuda && rank == 0) { /* the trained parameters into a CPU copy, which writes */
+        pdp_tensor pc, pg;
+        gd.device = pdp_cpu();
+        PDP_TRY(pdp_gpt_create(&mc, &gd));
+        PDP_TRY(pdp_model_flat(mc, &pc, NULL));
+        PDP_TRY(pdp_model_flat(m, &pg, NULL));
+        PDP_TRY(pdp_tensor_copy(&pc, &pg));
+    }
     if (rank == 0) { /* write: the prompt's bytes, then n_new bytes drawn one at a time (by
                         every TP rank of the first copy: each forward is collective) */
         int32_t *text = y + B * T;
         for (i = 0; i < len; i++) text[i] = (unsigned char)prompt[i];
         pdp_rng_seed(&r, (uint64_t)seed, 1);
-        PDP_TRY(pdp_gpt_generate(m, text, len, n_new, (float)temperature, top_k, &r));
+        PDP_TRY(pdp_gpt_generate(mc, text, len, n_new, (float)temperature, top_k, &r));
     }
     if (ctx->rank == 0) {
         int32_t *text = y + B * T;
@@ -277,7 +318,10 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         putchar('\n');
     }
     free(x);
+    free(host_logits);
+    pdp_tensor_free(dx);
     pdp_optim_free(opt);
+    if (mc != m) pdp_model_free(mc);
     pdp_model_free(m);
     if (tpc) pdp_comm_free(dpc);
     pdp_comm_free(tpc);
@@ -291,6 +335,7 @@ int main(int argc, char **argv)
         {"-np", PDP_ARG_INT, &np, 1, 64, NULL}, /* DP's workers, or thread ranks */
         {"-tp", PDP_ARG_INT, &tp, 1, 64, NULL}, /* thread ranks splitting each block */
         {"-sp", PDP_ARG_INT, &sp, 0, 1, NULL},  /* 1: sequence parallelism (with -tp) */
+        {"-device", PDP_ARG_STRING, &device, 0, 0, "cpu|cuda"},
         {"-recompute", PDP_ARG_STRING, &recompute, 0, 0, "none|selective|full"},
         {"-precision", PDP_ARG_STRING, &precision, 0, 0, "fp32|bf16"},
         {"-steps", PDP_ARG_INT64, &steps, 1, 1e9, NULL},
@@ -309,6 +354,7 @@ int main(int argc, char **argv)
         {"-temperature", PDP_ARG_DOUBLE, &temperature, 0, 100, NULL},
         {"-top_k", PDP_ARG_INT, &top_k, 0, 256, NULL},
     };
+    pdp_launch_desc ld = {0};
     pdp_model *m;
     PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
@@ -321,6 +367,13 @@ int main(int argc, char **argv)
                 "go with single, ddp or zero\n", (long long)B, ranks);
         return 2;
     }
+    cuda = !strcmp(device, "cuda");
+    if (cuda && tp > 1) {
+        fprintf(stderr, "-tp %d with -device cuda: tensor parallelism of the GPT runs on CPU "
+                "thread ranks only (-device cpu)\n", tp);
+        return 2;
+    }
+    if (cuda) ld.backend = PDP_BACKEND_NCCL; /* a thread per GPU: ctx->device is its GPU */
     PDP_CHECK(pdp_set_num_threads(threads));
     g.dropout = (float)dropout;
     g.seed = (uint64_t)seed;
@@ -336,15 +389,15 @@ int main(int argc, char **argv)
     printf("seed %lld: %s, %lld bytes (the last %lld validate)\n", (long long)seed, ds->source,
            (long long)ds->count, (long long)(ds->count - ds->split_at));
     printf("GPT %d layers, %d heads, dim %lld, context %lld: %lld parameters; batch %lld, AdamW "
-           "lr %g, %d thread(s), %s x %d, TP %d%s, recompute %s%s%s\n", g.layers, g.heads,
+           "lr %g, %d thread(s), %s x %d%s, TP %d%s, recompute %s%s%s\n", g.layers, g.heads,
            (long long)g.dim, (long long)g.context, (long long)pdp_model_param_count(m),
-           (long long)B, lr, threads, strategy, np, tp, sp ? " + SP" : "", recompute,
-           g.precision ? ", bf16 " : "",
+           (long long)B, lr, threads, strategy, np, cuda ? " on CUDA" : "", tp, sp ? " + SP" : "",
+           recompute, g.precision ? ", bf16 " : "",
            g.precision ? pdp_bf16_path_name(pdp_bf16_best_path()) : "");
     if (print_memory(m, B / ranks, (int)g.recompute)) return 1;
     pdp_model_free(m);
     fflush(stdout);
-    PDP_CHECK(pdp_launch(ranks * tp, NULL, train_rank, NULL)); /* single and DP: one rank */
+    PDP_CHECK(pdp_launch(ranks * tp, &ld, train_rank, NULL)); /* single and DP: one rank */
     pdp_token_dataset_free(ds);
     return 0;
 }

@@ -1,7 +1,8 @@
 #!/bin/sh
 # same_figures.sh "REFERENCE COMMAND" "COMMAND": runs both with PDP_SHORT=1 (an example's
 # few-steps mode) and fails unless the second prints the same training figures as the first:
-# every "loss N", "train N%" and "test N%" in order (throughput and timings may differ).
+# every "loss N", "val N", "train N%" and "test N%" in order, as printed: equal strings, so to
+# the digits the example prints (throughput and timings may differ).
 # make emu-cuda-test uses it to hold an example's GPU run (on the CPU emulation of CUDA)
 # to its CPU run.
 # same_figures.sh --run-only "REFERENCE COMMAND" "COMMAND": runs the second alone and fails
@@ -14,7 +15,7 @@ run_only=0
 [ $# -eq 2 ] || { echo "usage: $0 [--run-only] 'reference command' 'command'" >&2; exit 2; }
 ref=$(mktemp) out=$(mktemp)
 trap 'rm -f "$ref" "$out"' EXIT
-figures() { grep -o 'loss [0-9.]*\|train [0-9.]*%\|test [0-9.]*%' "$1"; }
+figures() { grep -o 'loss [0-9.]*\|\<val [0-9][0-9.]*\|train [0-9.]*%\|test [0-9.]*%' "$1"; }
 if [ $run_only = 1 ]; then
     PDP_SHORT=1 timeout 600 $2 > "$out" 2>&1 || { cat "$out"; echo "same_figures: '$2' failed"; exit 1; }
     cat "$out"

@@ -10,6 +10,9 @@
 #      DP over every GPU (at least two workers, so one GPU runs it with two threads) against
 #      one CPU model; a GPT's layers and a whole GPT (pdp_gpt_create on the GPU, three AdamW
 #      steps with dropout against the CPU), run again alone as the step "GPT on the GPU";
+#   2b. examples/train_gpt -device cuda: a GPT of dim 384, 6 layers, 6 heads, context 256,
+#      batch 8 x 256 (bench/gpt's machine-sized shape), 100 AdamW steps in fp32 and in bf16, and
+#      under DDP on two GPUs when there are two; the summary shows the last tokens/s printed;
 #   3. build/cuda/test_optim and build/cuda/test_checkpoint (their CUDA cases:
 #      optim_cuda_matches_cpu, checkpoint_cuda_round_trip), also with PDP_TEST_REQUIRE_CUDA=1;
 #   4. the NCCL world-size-1 test again with torchrun's variables set (the env path);
@@ -59,6 +62,7 @@ step() {
     timeout "$t" "$@" 2>&1 | tee "$out"
     rc=${PIPESTATUS[0]}
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$out" | tail -n 1)
+    [ -n "$line" ] || line=$(grep -o '[0-9]* tokens/s' "$out" | tail -n 1) # train_gpt
     rm -f "$out"
     [ "$rc" -eq 124 ] && line="timed out after ${t} s${line:+; $line}"
     if [ "$rc" -eq 0 ]; then
@@ -83,6 +87,13 @@ if [ "${results[0]}" = PASS ]; then
     export PDP_TEST_REQUIRE_CUDA=1
     step "test_cuda" 90 ./build/cuda/test_cuda -v
     step "GPT on the GPU" 30 ./build/cuda/test_cuda -v -t cuda_gpt
+    gpt=(./build/cuda/train_gpt -device cuda -steps 100 -dim 384 -layers 6 -heads 6
+         -context 256 -batch 8 -tokens 50)
+    step "train_gpt -device cuda" 30 "${gpt[@]}"
+    step "train_gpt -device cuda -precision bf16" 30 "${gpt[@]}" -precision bf16
+    if [ "$ngpu" -ge 2 ]; then
+        step "train_gpt -device cuda, ddp on 2 GPUs" 30 "${gpt[@]}" -strategy ddp -np 2
+    fi
     step "test_optim (CUDA build)" 30 ./build/cuda/test_optim
     step "test_checkpoint (CUDA build)" 30 ./build/cuda/test_checkpoint
     # RANK=0 WORLD_SIZE=1, as torchrun --nproc-per-node 1 sets them
