@@ -792,11 +792,14 @@ PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int nd
 PDP_API void pdp_tensor_free(pdp_tensor *t); /* NULL is fine; frees owned data */
 PDP_API pdp_status pdp_tensor_zeros(pdp_tensor *t);
 PDP_API pdp_status pdp_tensor_fill(pdp_tensor *t, float value);
-/* dst <- src; same count required (shapes may differ); any device pair. */
+/* dst <- src, any device pair: the same count (shapes may differ) and elements of the same
+   size; dst takes src's dtype (int32 ids copied into a float32 tensor's memory make it an
+   int32 tensor). Elements of another size fail with PDP_ERR_INVALID naming both dtypes. */
 PDP_API pdp_status pdp_tensor_copy(pdp_tensor *dst, const pdp_tensor *src);
-/* Copies between a tensor and host memory of t->count floats. */
-PDP_API pdp_status pdp_tensor_upload(pdp_tensor *t, const float *host);
-PDP_API pdp_status pdp_tensor_download(const pdp_tensor *t, float *host);
+/* Copies between a tensor and host memory of t->count elements of t's dtype (floats, or
+   int32 ids for a tensor made by pdp_tensor_wrap_ids). */
+PDP_API pdp_status pdp_tensor_upload(pdp_tensor *t, const void *host);
+PDP_API pdp_status pdp_tensor_download(const pdp_tensor *t, void *host);
 /* Fills *view (caller-owned struct, no allocation) with the same data seen
    through a new shape of the same count (and the same dtype, as rows_view). */
 PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const int64_t *shape,
@@ -2002,7 +2005,8 @@ PDP_API pdp_status pdp_comm_allreduce_ex(pdp_comm *c, void *buf, int64_t count, 
 PDP_API pdp_status pdp_comm_reduce_scatter_ex(pdp_comm *c, const void *send, void *recv,
                                               int64_t recv_count, pdp_dtype dtype,
                                               pdp_reduce_op op, pdp_work **work);
-/* Bytes of one element of dtype (4 or 2; 0 for an unknown value). */
+/* Bytes of one element of dtype: 4 (float32, int32) or 2 (bfloat16, float16); 0 for an
+   unknown value. (The collectives take float32, bfloat16 and float16.) */
 PDP_API size_t pdp_dtype_size(pdp_dtype dtype);
 /* buf on every rank <- buf on root. */
 PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
@@ -7397,30 +7401,40 @@ PDP_API pdp_status pdp_tensor_fill(pdp_tensor *t, float value)
 PDP_API pdp_status pdp_tensor_copy(pdp_tensor *dst, const pdp_tensor *src)
 {
     char a[96], b[96];
+    size_t bytes;
     if (!dst || !src) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_copy: NULL tensor");
     if (dst->count != src->count)
         return pdp__err(PDP_ERR_SHAPE,
                         "pdp_tensor_copy: destination %s and source %s differ in count",
                         pdp__shape_str(dst, a, sizeof a), pdp__shape_str(src, b, sizeof b));
+    if (pdp_dtype_size(dst->dtype) != pdp_dtype_size(src->dtype))
+        return pdp__err(PDP_ERR_INVALID,
+                        "pdp_tensor_copy: destination %s %s and source %s %s: elements of "
+                        "%d and %d bytes", pdp_dtype_name(dst->dtype),
+                        pdp__shape_str(dst, a, sizeof a), pdp_dtype_name(src->dtype),
+                        pdp__shape_str(src, b, sizeof b), (int)pdp_dtype_size(dst->dtype),
+                        (int)pdp_dtype_size(src->dtype));
+    bytes = (size_t)src->count * pdp_dtype_size(src->dtype);
+    dst->dtype = src->dtype;
     if (dst->device.kind == PDP_DEVICE_CPU && src->device.kind == PDP_DEVICE_CPU) {
-        if (dst->data != src->data)
-            memmove(dst->data, src->data, (size_t)src->count * sizeof(float));
+        if (dst->data != src->data) memmove(dst->data, src->data, bytes);
         return PDP_OK;
     }
-    return pdp__dev_copy(dst->device, dst->data, src->device, src->data,
-                         (size_t)src->count * sizeof(float));
+    return pdp__dev_copy(dst->device, dst->data, src->device, src->data, bytes);
 }
 
-PDP_API pdp_status pdp_tensor_upload(pdp_tensor *t, const float *host)
+PDP_API pdp_status pdp_tensor_upload(pdp_tensor *t, const void *host)
 {
     if (!t || !host) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_upload: NULL argument");
-    return pdp__dev_copy(t->device, t->data, pdp_cpu(), host, (size_t)t->count * sizeof(float));
+    return pdp__dev_copy(t->device, t->data, pdp_cpu(), host,
+                         (size_t)t->count * pdp_dtype_size(t->dtype));
 }
 
-PDP_API pdp_status pdp_tensor_download(const pdp_tensor *t, float *host)
+PDP_API pdp_status pdp_tensor_download(const pdp_tensor *t, void *host)
 {
     if (!t || !host) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_download: NULL argument");
-    return pdp__dev_copy(pdp_cpu(), host, t->device, t->data, (size_t)t->count * sizeof(float));
+    return pdp__dev_copy(pdp_cpu(), host, t->device, t->data,
+                         (size_t)t->count * pdp_dtype_size(t->dtype));
 }
 
 /* ---- rng: PCG32 ---- */
@@ -13647,7 +13661,8 @@ PDP__PRIVATE pdp_status pdp__comm_check_dtype(const pdp_comm *c, pdp_dtype dt, c
 
 PDP_API size_t pdp_dtype_size(pdp_dtype dt)
 {
-    return dt == PDP_DTYPE_F32 ? 4 : dt == PDP_DTYPE_BF16 || dt == PDP_DTYPE_F16 ? 2 : 0;
+    return dt == PDP_DTYPE_F32 || dt == PDP_DTYPE_I32 ? 4
+           : dt == PDP_DTYPE_BF16 || dt == PDP_DTYPE_F16 ? 2 : 0;
 }
 
 /* The all-reduce of every dtype; fn names the public entry. */

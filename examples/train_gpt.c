@@ -59,7 +59,7 @@ static bool short_run, cuda; /* cuda: -device cuda */
 static pdp_token_dataset *ds;
 
 /* The ids of the b windows at x as the model's input: a view of x, or on a GPU of dx (its
-   buffer of b T ids; pdp_tensor_copy moves 4-byte elements, whatever their dtype). */
+   buffer of b T ids, which pdp_tensor_copy fills, dtype and all). */
 static pdp_status input_ids(int32_t *x, int64_t b, pdp_tensor *dx, pdp_tensor *ids)
 {
     int64_t shape[2] = {b, g.context};

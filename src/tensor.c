@@ -189,30 +189,40 @@ PDP_API pdp_status pdp_tensor_fill(pdp_tensor *t, float value)
 PDP_API pdp_status pdp_tensor_copy(pdp_tensor *dst, const pdp_tensor *src)
 {
     char a[96], b[96];
+    size_t bytes;
     if (!dst || !src) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_copy: NULL tensor");
     if (dst->count != src->count)
         return pdp__err(PDP_ERR_SHAPE,
                         "pdp_tensor_copy: destination %s and source %s differ in count",
                         pdp__shape_str(dst, a, sizeof a), pdp__shape_str(src, b, sizeof b));
+    if (pdp_dtype_size(dst->dtype) != pdp_dtype_size(src->dtype))
+        return pdp__err(PDP_ERR_INVALID,
+                        "pdp_tensor_copy: destination %s %s and source %s %s: elements of "
+                        "%d and %d bytes", pdp_dtype_name(dst->dtype),
+                        pdp__shape_str(dst, a, sizeof a), pdp_dtype_name(src->dtype),
+                        pdp__shape_str(src, b, sizeof b), (int)pdp_dtype_size(dst->dtype),
+                        (int)pdp_dtype_size(src->dtype));
+    bytes = (size_t)src->count * pdp_dtype_size(src->dtype);
+    dst->dtype = src->dtype;
     if (dst->device.kind == PDP_DEVICE_CPU && src->device.kind == PDP_DEVICE_CPU) {
-        if (dst->data != src->data)
-            memmove(dst->data, src->data, (size_t)src->count * sizeof(float));
+        if (dst->data != src->data) memmove(dst->data, src->data, bytes);
         return PDP_OK;
     }
-    return pdp__dev_copy(dst->device, dst->data, src->device, src->data,
-                         (size_t)src->count * sizeof(float));
+    return pdp__dev_copy(dst->device, dst->data, src->device, src->data, bytes);
 }
 
-PDP_API pdp_status pdp_tensor_upload(pdp_tensor *t, const float *host)
+PDP_API pdp_status pdp_tensor_upload(pdp_tensor *t, const void *host)
 {
     if (!t || !host) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_upload: NULL argument");
-    return pdp__dev_copy(t->device, t->data, pdp_cpu(), host, (size_t)t->count * sizeof(float));
+    return pdp__dev_copy(t->device, t->data, pdp_cpu(), host,
+                         (size_t)t->count * pdp_dtype_size(t->dtype));
 }
 
-PDP_API pdp_status pdp_tensor_download(const pdp_tensor *t, float *host)
+PDP_API pdp_status pdp_tensor_download(const pdp_tensor *t, void *host)
 {
     if (!t || !host) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_download: NULL argument");
-    return pdp__dev_copy(pdp_cpu(), host, t->device, t->data, (size_t)t->count * sizeof(float));
+    return pdp__dev_copy(pdp_cpu(), host, t->device, t->data,
+                         (size_t)t->count * pdp_dtype_size(t->dtype));
 }
 
 /* ---- rng: PCG32 ---- */

@@ -63,11 +63,14 @@ PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int nd
 PDP_API void pdp_tensor_free(pdp_tensor *t); /* NULL is fine; frees owned data */
 PDP_API pdp_status pdp_tensor_zeros(pdp_tensor *t);
 PDP_API pdp_status pdp_tensor_fill(pdp_tensor *t, float value);
-/* dst <- src; same count required (shapes may differ); any device pair. */
+/* dst <- src, any device pair: the same count (shapes may differ) and elements of the same
+   size; dst takes src's dtype (int32 ids copied into a float32 tensor's memory make it an
+   int32 tensor). Elements of another size fail with PDP_ERR_INVALID naming both dtypes. */
 PDP_API pdp_status pdp_tensor_copy(pdp_tensor *dst, const pdp_tensor *src);
-/* Copies between a tensor and host memory of t->count floats. */
-PDP_API pdp_status pdp_tensor_upload(pdp_tensor *t, const float *host);
-PDP_API pdp_status pdp_tensor_download(const pdp_tensor *t, float *host);
+/* Copies between a tensor and host memory of t->count elements of t's dtype (floats, or
+   int32 ids for a tensor made by pdp_tensor_wrap_ids). */
+PDP_API pdp_status pdp_tensor_upload(pdp_tensor *t, const void *host);
+PDP_API pdp_status pdp_tensor_download(const pdp_tensor *t, void *host);
 /* Fills *view (caller-owned struct, no allocation) with the same data seen
    through a new shape of the same count (and the same dtype, as rows_view). */
 PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const int64_t *shape,

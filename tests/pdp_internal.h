@@ -1605,9 +1605,9 @@ PDP__PRIVATE const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t b
 
 /* PDP_API pdp_status pdp_tensor_copy(pdp_tensor *dst, const pdp_tensor *src) */
 
-/* PDP_API pdp_status pdp_tensor_upload(pdp_tensor *t, const float *host) */
+/* PDP_API pdp_status pdp_tensor_upload(pdp_tensor *t, const void *host) */
 
-/* PDP_API pdp_status pdp_tensor_download(const pdp_tensor *t, float *host) */
+/* PDP_API pdp_status pdp_tensor_download(const pdp_tensor *t, void *host) */
 
 /* ---- rng: PCG32 ---- */
 

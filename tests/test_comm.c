@@ -126,6 +126,7 @@ TEST comm_16bit_conversions_round_to_nearest_even(void)
     ASSERT_EQ(2, (int)pdp_dtype_size(PDP_DTYPE_BF16));
     ASSERT_EQ(2, (int)pdp_dtype_size(PDP_DTYPE_F16));
     ASSERT_EQ(4, (int)pdp_dtype_size(PDP_DTYPE_F32));
+    ASSERT_EQ(4, (int)pdp_dtype_size(PDP_DTYPE_I32));
     PASS();
 }
 

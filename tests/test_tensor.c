@@ -119,6 +119,34 @@ TEST tensor_copy_checks_count(void)
     PASS();
 }
 
+/* Copies carry the dtype: int32 ids copied into a float32 tensor's memory make it an int32
+   tensor with the same bits (the way ids reach a device buffer); upload and download move
+   count elements of the tensor's dtype; elements of another size are refused by name. */
+TEST tensor_copy_upload_and_download_carry_ids(void)
+{
+    int32_t ids[6] = {7, -1, 255, 0, 3, 65536}, back[6] = {0, 0, 0, 0, 0, 0};
+    int64_t shape[2] = {2, 3};
+    pdp_tensor *f;
+    pdp_tensor host, half;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&f, pdp_cpu(), 2, shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &host), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_copy(f, &host), pdp_status_name);
+    ASSERT_EQ(PDP_DTYPE_I32, f->dtype);
+    ASSERT(pdp_tensor_ids(f) && memcmp(pdp_tensor_ids(f), ids, sizeof ids) == 0);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_download(f, back), pdp_status_name);
+    ASSERT(memcmp(back, ids, sizeof ids) == 0);
+    ids[2] = 9;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(f, ids), pdp_status_name);
+    ASSERT_EQ(9, pdp_tensor_ids(f)[2]);
+    half = host;
+    half.dtype = PDP_DTYPE_BF16;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_tensor_copy(f, &half), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "destination int32 [2, 3] and source bfloat16 [2, 3]"));
+    ASSERT_EQ(PDP_DTYPE_I32, f->dtype); /* a refused copy changes nothing */
+    pdp_tensor_free(f);
+    PASS();
+}
+
 /* The first outputs of PCG32 with seed 42, stream 54 as published with the
    reference implementation (pcg32-demo). */
 TEST tensor_ids_wrap_keep_their_dtype_through_views(void)
@@ -287,6 +315,7 @@ SUITE(tensor)
     RUN_TEST(tensor_views_share_data_and_check_counts);
     RUN_TEST(tensor_sizes_that_overflow_fail);
     RUN_TEST(tensor_copy_checks_count);
+    RUN_TEST(tensor_copy_upload_and_download_carry_ids);
     RUN_TEST(base_status_names_and_version);
 }
 
