@@ -2896,9 +2896,10 @@ TEST cuda_launch_nccl_thread_ranks(void)
    NG_STEPS AdamW steps with clipping at NG_CLIP (below every step's norm: it clips) on
    NG_SEQ sequences, each with one target -1, against the same steps on one CPU model:
    the loss, the norm and the parameters within TOL relative (check_gpt's). One -1 a
-   sequence gives every rank or micro-batch the same count of targets, so the mean of
-   their means is the batch's mean; the dropout masks are keyed by the global sequence
-   (the executors set sample_base), so a rank draws the single device's masks. */
+   sequence gives every ZeRO rank the same count of targets, so the mean of the ranks'
+   means (what the reduce-scatter averages) is the batch's mean (a pipeline scales by the
+   pass's count itself); the dropout masks are keyed by the global sequence (the executors
+   set sample_base), so a rank or a micro-batch draws the single device's masks. */
 enum { NG_V = 11, NG_T = 8, NG_SEQ = 4, NG_STEPS = 2, NG_RANKS = 2, NG_MICRO = 4 };
 #define NG_CLIP 0.5f
 
