@@ -2890,6 +2890,374 @@ TEST cuda_launch_nccl_thread_ranks(void)
     PASS();
 }
 
+/* ---- with PDP_CUDA: the GPT under ZeRO and in a pipeline over NCCL ----
+   The GPT (vocab 11, T 8, dim 16, 2 heads, 2 layers, dropout 0.1 after the embedding, on
+   the attention probabilities and in the branches; the head tied to wte) trained for
+   NG_STEPS AdamW steps with clipping at NG_CLIP (below every step's norm: it clips) on
+   NG_SEQ sequences, each with one target -1, against the same steps on one CPU model:
+   the loss, the norm and the parameters within TOL relative (check_gpt's). One -1 a
+   sequence gives every ZeRO rank the same count of targets, so the mean of the ranks'
+   means (what the reduce-scatter averages) is the batch's mean (a pipeline scales by the
+   pass's count itself); the dropout masks are keyed by the global sequence (the executors
+   set sample_base), so a rank or a micro-batch draws the single device's masks. */
+enum { NG_V = 11, NG_T = 8, NG_SEQ = 4, NG_STEPS = 2, NG_RANKS = 2, NG_MICRO = 4 };
+#define NG_CLIP 0.5f
+
+static pdp_gpt_desc ng_desc(pdp_device dev)
+{
+    pdp_gpt_desc d;
+    memset(&d, 0, sizeof d);
+    d.vocab = NG_V, d.context = NG_T, d.layers = 2, d.heads = 2, d.dim = 16, d.seed = 5;
+    d.dropout = 0.1f;
+    d.device = dev;
+    return d;
+}
+
+static pdp_optim_desc ng_adamw(void)
+{
+    pdp_optim_desc od;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW, od.lr = 0.01f, od.weight_decay = 0.1f;
+    return od;
+}
+
+/* Step s's token ids and targets [NG_SEQ, NG_T], one target -1 in every sequence. */
+static void ng_batch(int s, int32_t *ids, int32_t *tg)
+{
+    int i, t;
+    for (i = 0; i < NG_SEQ; i++)
+        for (t = 0; t < NG_T; t++) {
+            uint32_t h = (uint32_t)((s * 97 + i * NG_T + t) * 2654435761u);
+            h ^= h >> 13;
+            ids[i * NG_T + t] = (int32_t)(h % NG_V);
+            tg[i * NG_T + t] = t == (i + s) % NG_T ? -1 : (int32_t)((h >> 8) % NG_V);
+        }
+}
+
+/* The reference: one CPU GPT on the whole batches; each step's loss and norm. */
+static pdp_status ng_single(pdp_model **out, float *losses, float *norms)
+{
+    pdp_gpt_desc gd = ng_desc(pdp_cpu());
+    pdp_optim_desc od = ng_adamw();
+    pdp_optim *o = NULL;
+    int32_t ids[NG_SEQ * NG_T], tg[NG_SEQ * NG_T];
+    int64_t shape[2] = {NG_SEQ, NG_T};
+    pdp_tensor x;
+    pdp_status st;
+    int s;
+    *out = NULL;
+    if ((st = pdp_gpt_create(out, &gd)) || (st = pdp_optim_create(&o, *out, &od))) goto out;
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
+    for (s = 0; s < NG_STEPS; s++) {
+        ng_batch(s, ids, tg);
+        pdp_optim_zero_grad(o);
+        if ((st = pdp_model_forward_backward(*out, &x, tg, &losses[s])) ||
+            (st = pdp_clip_grad_norm(*out, NG_CLIP, &norms[s])) || (st = pdp_optim_step(o)))
+            goto out;
+    }
+out:
+    pdp_optim_free(o);
+    if (st) {
+        pdp_model_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+/* A device buffer for rows sequences of token ids on dev, seen as ids [rows, NG_T] in *x. */
+static pdp_status ng_ids(pdp_device dev, int64_t rows, pdp_tensor **buf, pdp_tensor *x)
+{
+    int64_t shape[2] = {rows, NG_T}, flat[1] = {rows * NG_T};
+    pdp_status st;
+    if ((st = pdp_tensor_create(buf, dev, 1, flat)) != PDP_OK) return st;
+    return pdp_tensor_wrap_ids((int32_t *)(void *)(*buf)->data, dev, 2, shape, x);
+}
+
+/* ZeRO: NG_RANKS thread ranks, one a GPU, rank r on sequences [r rows, (r + 1) rows) with
+   a unit per layer (the tied unit leaves its gather slot between the head's use and the
+   embedding's). A spy on the model's events and the reducer's collective counts the tied
+   unit's reduce-scatters in each step and those launched before layer 0's (the
+   embedding's) backward began: its two gradients (the head's, the embedding's) must be
+   summed on the device first and reduced once, as test_zero.c checks on the CPU. */
+typedef struct ng_job {
+    pdp_nccl_group *g;
+    int rank, stage;
+    float losses[NG_STEPS], norms[NG_STEPS];
+    int launches[NG_STEPS], early;
+    float *params; /* gathered after the last step (malloc'd) */
+    int64_t count;
+    pdp_status st;
+    char msg[1100];
+} ng_job;
+
+static __thread pdp__model_event_fn ng_event_next;
+static __thread pdp__reduce_fn ng_reduce_next;
+static __thread int ng_layer, ng_tied_unit, ng_launches, ng_early;
+
+static pdp_status ng_spy_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
+                               pdp_status st)
+{
+    if (ev == PDP__EV_BACKWARD_BEGIN) ng_layer = m->nlayers;
+    if (ev == PDP__EV_BACKWARD_LAYER) ng_layer = layer;
+    return ng_event_next(user, m, ev, layer, st);
+}
+
+static pdp_status ng_spy_reduce(pdp__reducer *r, int b, pdp_work **w)
+{
+    if (b == ng_tied_unit) {
+        ng_launches++;
+        ng_early += ng_layer != 0;
+    }
+    return ng_reduce_next(r, b, w);
+}
+
+static void *ng_zero_main(void *arg)
+{
+    enum { ROWS = NG_SEQ / NG_RANKS };
+    ng_job *j = (ng_job *)arg;
+    pdp_device dev = pdp_cuda(j->rank);
+    pdp_gpt_desc gd = ng_desc(dev);
+    pdp_optim_desc od = ng_adamw();
+    pdp_zero_desc zd;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_zero *z = NULL;
+    pdp_optim *o = NULL;
+    pdp_tensor *buf = NULL, x;
+    int32_t ids[NG_SEQ * NG_T], tg[NG_SEQ * NG_T];
+    int64_t first = (int64_t)j->rank * ROWS * NG_T;
+    int s;
+    memset(&zd, 0, sizeof zd);
+    zd.stage = j->stage;
+    zd.bucket_cap_mb = zd.first_bucket_mb = 1e-9; /* a unit per layer */
+    if ((j->st = pdp_comm_create_nccl(&c, j->g, j->rank)) || (j->st = pdp_gpt_create(&m, &gd)) ||
+        (j->st = pdp_zero_create(&z, m, c, &zd)) || (j->st = pdp_zero_optim_create(&o, z, &od)) ||
+        (j->st = ng_ids(dev, ROWS, &buf, &x)))
+        goto out;
+    ng_tied_unit = z->unit_of_layer[m->nlayers - 1]; /* the head's */
+    ng_event_next = m->event;
+    m->event = ng_spy_event;
+    ng_reduce_next = z->r.desc.reduce;
+    z->r.desc.reduce = ng_spy_reduce;
+    ng_early = 0;
+    for (s = 0; s < NG_STEPS; s++) {
+        ng_batch(s, ids, tg);
+        ng_launches = 0;
+        if ((j->st = pdp_tensor_upload(buf, (const float *)(const void *)(ids + first))) ||
+            (j->st = pdp_zero_forward_backward(z, &x, tg + first, &j->losses[s])) ||
+            (j->st = pdp_zero_finish(z)) ||
+            (j->st = pdp_zero_clip_grad_norm(z, NG_CLIP, &j->norms[s])) ||
+            (j->st = pdp_zero_step(z, o)))
+            goto out;
+        j->launches[s] = ng_launches;
+    }
+    j->early = ng_early;
+    j->count = m->param_count;
+    if (!(j->params = (float *)malloc((size_t)j->count * sizeof(float))))
+        j->st = PDP_ERR_OUT_OF_MEMORY;
+    else
+        j->st = pdp_zero_gather_params(z, j->params);
+out:
+    if (j->st && !j->msg[0])
+        snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
+    pdp_tensor_free(buf);
+    pdp_zero_free(z);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+TEST cuda_nccl_gpt_zero_matches_cpu(void)
+{
+    static ng_job jobs[NG_RANKS];
+    static char msg[300];
+    pdp_model *ref = NULL;
+    pdp_device devs[NG_RANKS];
+    pdp_nccl_group *g = NULL;
+    pthread_t th[NG_RANKS];
+    pdp_tensor rp, rg;
+    float losses[NG_STEPS], norms[NG_STEPS], loss;
+    int stage, r, s;
+    double e;
+    NEED_GPU();
+    if (devices() < NG_RANKS) SKIPm("ZeRO over NCCL needs 2 CUDA devices");
+    ASSERTm(pdp_last_error(), ng_single(&ref, losses, norms) == PDP_OK);
+    for (s = 0; s < NG_STEPS; s++) ASSERTm("the reference does not clip", norms[s] > NG_CLIP);
+    pdp_model_flat(ref, &rp, &rg);
+    for (r = 0; r < NG_RANKS; r++) devs[r] = pdp_cuda(r);
+    for (stage = 1; stage <= 3; stage++) {
+        ASSERTm(pdp_last_error(), pdp_nccl_group_create(&g, NG_RANKS, devs, NULL) == PDP_OK);
+        for (r = 0; r < NG_RANKS; r++) {
+            memset(&jobs[r], 0, sizeof jobs[r]);
+            jobs[r].g = g;
+            jobs[r].rank = r;
+            jobs[r].stage = stage;
+            pthread_create(&th[r], NULL, ng_zero_main, &jobs[r]);
+        }
+        for (r = 0; r < NG_RANKS; r++) pthread_join(th[r], NULL);
+        pdp_nccl_group_free(g);
+        for (r = 0; r < NG_RANKS; r++) ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+        for (s = 0; s < NG_STEPS; s++) {
+            for (loss = 0.0f, r = 0; r < NG_RANKS; r++) loss += jobs[r].losses[s] / NG_RANKS;
+            snprintf(msg, sizeof msg, "GPT ZeRO-%d step %d: mean of the ranks' losses %.9g, "
+                     "CPU %.9g; norm %.9g, CPU %.9g", stage, s, (double)loss, (double)losses[s],
+                     (double)jobs[0].norms[s], (double)norms[s]);
+            ASSERTm(msg, fabs((double)loss - losses[s]) <= TOL * fabs((double)losses[s]));
+            for (r = 0; r < NG_RANKS; r++)
+                ASSERTm(msg, fabs((double)jobs[r].norms[s] - norms[s]) <= TOL * norms[s]);
+        }
+        ASSERT_EQ(rp.count, jobs[0].count);
+        e = rel_err(jobs[0].params, rp.data, rp.count);
+        snprintf(msg, sizeof msg, "GPT ZeRO-%d over NCCL: parameters' relative error %g", stage,
+                 e);
+        ASSERTm(msg, e <= TOL);
+        for (r = 0; r < NG_RANKS; r++) {
+            if (r > 0)
+                ASSERT_MEM_EQm("ranks differ after the gather", jobs[0].params, jobs[r].params,
+                               (size_t)rp.count * 4);
+            for (s = 0; s < NG_STEPS; s++) {
+                snprintf(msg, sizeof msg, "GPT ZeRO-%d rank %d step %d: the tied unit reduced "
+                         "%d times", stage, r, s, jobs[r].launches[s]);
+                ASSERT_EQm(msg, 1, jobs[r].launches[s]);
+            }
+            ASSERT_EQm("the tied unit reduced before the embedding's backward", 0, jobs[r].early);
+        }
+        for (r = 0; r < NG_RANKS; r++) free(jobs[r].params);
+    }
+    pdp_model_free(ref);
+    PASS();
+}
+
+/* A pipeline of GPT blocks over NCCL: 2 stages (the embedding and the first block on stage
+   0, the second block, ln_f and the head with its copy of wte on stage 1, cut by
+   parameters), GPipe and 1F1B, NG_MICRO micro-batches of one sequence, clipped by
+   pdp_pp_clip_grad_norm (the copy counted once); the tied weight's two gradients are
+   exchanged between the stages (pdp__pp_sum_tied, one NCCL group of a send and a receive).
+   Every stage's tensors (the copy included) against the reference's of the same name, by
+   check_gpt's measure: the largest difference over the largest reference parameter (per
+   tensor, mp_stage_err's, is too fine for the GPU against the CPU: AdamW turns the key
+   bias's gradient, zero up to rounding (softmax ignores it), into steps of the learning
+   rate's order whose size follows that rounding; the single-device GPU GPT is 1.5e-4 off
+   there by that measure, 3e-6 by check_gpt's); the last stage's loss and every stage's
+   norm against the CPU's. */
+
+/* j->err <- max |stage m's tensors - j->ref's of the same names| / max |j->ref's
+   parameters|; a failure goes to j->st and j->msg. */
+static void ng_stage_err(mp_job *j, const pdp_model *m)
+{
+    pdp_param p, q;
+    pdp_tensor rp, rg;
+    double diff = 0.0, scale = 1e-30;
+    float *h;
+    int64_t i;
+    int k;
+    pdp_model_flat(j->ref, &rp, &rg);
+    for (i = 0; i < rp.count; i++)
+        if (fabs((double)rp.data[i]) > scale) scale = fabs((double)rp.data[i]);
+    for (k = 0; k < pdp_model_num_params(m); k++) {
+        if ((j->st = pdp_model_param(m, k, &p)) ||
+            (j->st = pdp_model_find_param(j->ref, p.name, &q)))
+            return;
+        if (!(h = host_copy(&p.value)) || p.value.count != q.value.count) {
+            free(h);
+            j->st = PDP_ERR_INVALID;
+            snprintf(j->msg, sizeof j->msg, "rank %d: %s: download or count", j->rank, p.name);
+            return;
+        }
+        for (i = 0; i < q.value.count; i++) {
+            double d = fabs((double)h[i] - (double)q.value.data[i]);
+            if (!(d <= diff)) diff = d; /* NaN sticks */
+        }
+        free(h);
+    }
+    j->err = diff / scale;
+}
+
+static void *ng_pp_main(void *arg)
+{
+    mp_job *j = (mp_job *)arg;
+    pdp_device dev = pdp_cuda(j->rank);
+    pdp_gpt_desc gd = ng_desc(dev);
+    pdp_optim_desc od = ng_adamw();
+    pdp_pp_desc pd;
+    pdp_comm *c = NULL;
+    pdp_model *full = NULL;
+    pdp_pp *pp = NULL;
+    pdp_optim *o = NULL;
+    pdp_tensor *buf = NULL, x;
+    int32_t ids[NG_SEQ * NG_T], tg[NG_SEQ * NG_T];
+    int s;
+    memset(&pd, 0, sizeof pd);
+    pd.schedule = j->schedule;
+    pd.micro_batches = NG_MICRO;
+    if ((j->st = pdp_comm_create_nccl(&c, j->g, j->rank)) ||
+        (j->st = pdp_gpt_create(&full, &gd)) || (j->st = pdp_pp_create(&pp, full, c, &pd)))
+        goto out;
+    pdp_model_free(full);
+    full = NULL;
+    if ((j->st = pdp_optim_create(&o, pdp_pp_model(pp), &od)) ||
+        (j->st = ng_ids(dev, NG_SEQ, &buf, &x)))
+        goto out;
+    for (s = 0; s < NG_STEPS; s++) {
+        ng_batch(s, ids, tg);
+        if ((j->st = pdp_tensor_upload(buf, (const float *)(const void *)ids)) ||
+            (j->st = pdp_pp_forward_backward(pp, &x, tg, &j->losses[s])) ||
+            (j->st = pdp_pp_clip_grad_norm(pp, NG_CLIP, &j->norms[s])) ||
+            (j->st = pdp_pp_step(pp, o)))
+            goto out;
+    }
+    ng_stage_err(j, pdp_pp_model(pp));
+out:
+    if (j->st && !j->msg[0])
+        snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
+    pdp_tensor_free(buf);
+    pdp_optim_free(o);
+    pdp_pp_free(pp);
+    pdp_model_free(full);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+TEST cuda_nccl_gpt_pipeline_matches_cpu(void)
+{
+    static const pdp_pp_schedule schedules[2] = {PDP_PP_GPIPE, PDP_PP_1F1B};
+    static const char *names[2] = {"GPipe", "1F1B"};
+    mp_job jobs[2];
+    pdp_model *ref = NULL;
+    float losses[NG_STEPS], norms[NG_STEPS];
+    char msg[200];
+    int k, r, s;
+    NEED_GPU();
+    if (devices() < 2) SKIPm("PP over NCCL needs 2 GPUs (PDP_EMU_CUDA_DEVICES=2 or more)");
+    ASSERTm(pdp_last_error(), ng_single(&ref, losses, norms) == PDP_OK);
+    for (k = 0; k < 2; k++) {
+        memset(jobs, 0, sizeof jobs);
+        for (r = 0; r < 2; r++) {
+            jobs[r].schedule = schedules[k];
+            jobs[r].ref = ref;
+        }
+        ASSERTm(pdp_last_error(), mp_run(2, ng_pp_main, jobs));
+        for (r = 0; r < 2; r++) ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+        for (s = 0; s < NG_STEPS; s++) {
+            snprintf(msg, sizeof msg, "GPT PP %s step %d: loss %.9g, CPU %.9g; norms %.9g %.9g, "
+                     "CPU %.9g", names[k], s, (double)jobs[1].losses[s], (double)losses[s],
+                     (double)jobs[0].norms[s], (double)jobs[1].norms[s], (double)norms[s]);
+            ASSERTm(msg, fabs((double)jobs[1].losses[s] - losses[s]) <=
+                             TOL * fabs((double)losses[s]));
+            for (r = 0; r < 2; r++)
+                ASSERTm(msg, fabs((double)jobs[r].norms[s] - norms[s]) <= TOL * norms[s]);
+        }
+        for (r = 0; r < 2; r++) {
+            snprintf(msg, sizeof msg, "GPT PP %s, stage %d of 2: parameters' relative error %g",
+                     names[k], r, jobs[r].err);
+            ASSERTm(msg, jobs[r].err <= TOL);
+        }
+    }
+    pdp_model_free(ref);
+    PASS();
+}
+
 SUITE(cuda)
 {
     RUN_TEST(cuda_batcher_on_device_matches_cpu);
@@ -2924,6 +3292,8 @@ SUITE(cuda)
     RUN_TEST(cuda_dp_over_gpus_matches_cpu);
     RUN_TEST(cuda_dp_rejects_mixed_devices);
     RUN_TEST(cuda_clip_grad_norm_matches_cpu);
+    RUN_TEST(cuda_nccl_gpt_zero_matches_cpu);
+    RUN_TEST(cuda_nccl_gpt_pipeline_matches_cpu);
     if (devices() < 1) {
         RUN_TEST(conf_nccl_needs_a_gpu); /* skips, or fails under PDP_TEST_REQUIRE_CUDA=1 */
     } else {
