@@ -320,10 +320,12 @@ fake-cuda-test: $(FAKE_CUDA_TESTS)
 #                       make emu-cuda-test B=build/tsan OPT="-O1 -g -fsanitize=thread" (slow)
 EB               = $(B)/emu_cuda
 EMU_CUDA_DEVICES ?= 1 2 3
-# cases on one device that run only at the first device count: the GPT on the GPU against the
-# CPU (rows of 130 positions) takes 20 s of the emulator's 25 s per run, and more devices add
-# nothing to it
-EMU_ONE_DEVICE_ONLY = -x cuda_gpt_training_matches_cpu
+# test_cuda's GPT cases are the emulator's slowest (the single-device one, rows of 130
+# positions: 20 s of each 25 s run; the NCCL ones, ZeRO and a pipeline on 2 GPUs: 9 s), and
+# more devices add nothing to them: the one-device case runs at 1 device only, the NCCL
+# ones at 2 only (test_cuda at 2 devices: EMU_GPT_AT_2; at 3 and 4: EMU_NO_GPT)
+EMU_GPT_AT_2 = -x cuda_gpt_training_matches_cpu
+EMU_NO_GPT   = -x gpt
 EMU_CUDA_TESTS    = $(patsubst $(CB)/%,$(EB)/%,$(CUDA_TESTS))
 EMU_CXXFLAGS      = -std=c++17 -Wall -Wextra -Werror -DPDP_CUDA -Itests/cuda_emu/include -I.
 EMU_HEADERS       = $(wildcard tests/cuda_emu/include/*.h)
@@ -403,13 +405,14 @@ emu-cuda-test: $(EMU_PROGRAMS) $(EB)/bench_gpu $(EMU_STACK_CHECK)
 	fi
 	@for t in $(EMU_CUDA_TESTS); do \
 	    for n in $(EMU_CUDA_DEVICES); do \
-	        x=; [ $$n -gt 1 ] && x="$(EMU_ONE_DEVICE_ONLY)"; \
+	        x=; [ "$${t##*/}" = test_cuda ] && [ $$n -eq 2 ] && x="$(EMU_GPT_AT_2)"; \
+	        [ "$${t##*/}" = test_cuda ] && [ $$n -gt 2 ] && x="$(EMU_NO_GPT)"; \
 	        echo "== PDP_EMU_CUDA_DEVICES=$$n $$t $$x"; \
 	        PDP_EMU_CUDA_DEVICES=$$n PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$$t $$x || exit 1; \
 	    done; \
 	done
-	@echo "== PDP_EMU_CUDA_DEVICES=4 $(EB)/test_cuda -t cuda_nccl (split 2 x 2, 2-D need 4 GPUs)"
-	@PDP_EMU_CUDA_DEVICES=4 PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$(EB)/test_cuda -t cuda_nccl
+	@echo "== PDP_EMU_CUDA_DEVICES=4 $(EB)/test_cuda -t cuda_nccl $(EMU_NO_GPT) (split 2 x 2, 2-D need 4 GPUs)"
+	@PDP_EMU_CUDA_DEVICES=4 PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$(EB)/test_cuda -t cuda_nccl $(EMU_NO_GPT)
 	@echo "== PDP_EMU_CUDA_DEVICES=4 $(EB)/test_cuda -t conf_ (the conformance suite on 4 ranks)"
 	@PDP_EMU_CUDA_DEVICES=4 PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$(EB)/test_cuda -t conf_
 	@echo "== PDP_EMU_CUDA_DEVICES=1 $(EB)/bench_gpu --smoke"
