@@ -443,3 +443,81 @@ emu-cuda-test: $(EMU_PROGRAMS) $(EB)/bench_gpu $(EMU_STACK_CHECK)
 	@PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
 	    "./$(EB)/train_gpt -strategy ddp -np 2 $(EMU_GPT)" \
 	    "./$(EB)/train_gpt -strategy ddp -np 2 -device cuda $(EMU_GPT)"
+
+# ---- cross-test: ARM64 under QEMU user mode, and tcc (issue 27, items 3 and 4) ----
+# make cross-test   1. ARM64: builds CROSS_TESTS for aarch64 with $(CROSS_CC) (Debian's
+#                   gcc-aarch64-linux-gnu) into $(B)/aarch64/ by the rules above (one
+#                   implementation object, OWN_TESTS compiled alone) at $(CROSS_OPT) and
+#                   $(CROSS_TEST_OPT): no -march=native, so the GEMM is the portable kernel
+#                   (test_gemm's gemm_kernel_matches_target checks it), the bf16 path is the
+#                   emulation and AMX is compiled out. Each test runs under $(QEMU_AARCH64)
+#                   (Debian's qemu-user) with the target's libraries from $(CROSS_SYSROOT)
+#                   (libc6-dev-arm64-cross), into $(B)/aarch64/run/; tests/run_all.sh --saved
+#                   prints the total and the skips. The interop tests call the host's python3,
+#                   which reads and writes the same little-endian files. test_checkpoint and
+#                   test_harness re-execute themselves: PDP_TEST_EXEC names the emulator they
+#                   do it through (the kernel here runs no aarch64 binary by itself). Left
+#                   out: test_gemm_nosimd (PDP_NO_SIMD on aarch64 builds the kernel test_gemm
+#                   already runs; 35 s under QEMU), test_cuda and test_mpi (their cases skip
+#                   here: no device, no PDP_MPI).
+#                   2. tcc (Debian's tcc 0.9.27: no thread-local storage and no atomic
+#                   builtins, so pdp.h keeps its per-thread state under a pthread key:
+#                   internal.h, PDP__TLS_KEY): the README's quick start, built and trained,
+#                   and TCC_TESTS, each compiling the implementation alone, into $(B)/tcc/.
+#                   The other tests use __atomic builtins or <stdatomic.h> themselves, which
+#                   tcc lacks (test_gpt_kernels a non-constant initializer); test_optim
+#                   expects "nan" in a message where tcc's NAN prints "-nan".
+#                   Each part prints "skipped: ..." and succeeds when its compiler or QEMU is
+#                   missing. Not part of make test.
+CROSS_CC       ?= aarch64-linux-gnu-gcc
+CROSS_OPT      ?= -O2
+CROSS_TEST_OPT ?= -Og
+QEMU_AARCH64   ?= qemu-aarch64
+CROSS_SYSROOT  ?= /usr/aarch64-linux-gnu
+AB              = $(B)/aarch64
+CROSS_TESTS     = $(addprefix $(AB)/test_,alloc_fail bf16 checkpoint comm data ddp desc dp \
+                  fixtures gemm gpt gpt_kernels gpt_sp harness launch layers linked loss \
+                  optim pp store tensor threads tp trace zero)
+TCC            ?= tcc
+TB              = $(B)/tcc
+TCC_TESTS       = $(addprefix $(TB)/test_,threads tensor desc comm store checkpoint data \
+                  launch gpt)
+.PHONY: cross-test
+
+$(TB)/test_%: tests/test_%.c $(TEST_HEADERS)
+	@mkdir -p $(@D)
+	$(TCC) -std=c99 -Wall -Werror $(CPPFLAGS) $< -o $@ $(LDLIBS)
+
+$(TB)/readme: README.md pdp.h
+	@mkdir -p $(@D)
+	awk '/^```c$$/{f=1;next}/^```$$/{f=0}f' README.md > $@.c
+	$(TCC) -std=c99 -Wall -Werror -I. $@.c -o $@ $(LDLIBS)
+
+cross-test:
+	@if command -v $(CROSS_CC) >/dev/null 2>&1 && command -v $(QEMU_AARCH64) >/dev/null 2>&1; then \
+	    $(MAKE) --no-print-directory B=$(AB) CC=$(CROSS_CC) OPT="$(CROSS_OPT)" \
+	        TEST_OPT="$(CROSS_TEST_OPT)" $(CROSS_TESTS) || exit 1; \
+	    mkdir -p $(AB)/run; \
+	    for t in $(CROSS_TESTS); do \
+	        n=$${t##*/}; echo "== $(QEMU_AARCH64) $$t"; t0=$$(date +%s); \
+	        QEMU_LD_PREFIX=$(CROSS_SYSROOT) PDP_TEST_EXEC=$(QEMU_AARCH64) \
+	            timeout 600 $(QEMU_AARCH64) $$t -v > $(AB)/run/$$n.log 2>&1; \
+	        echo $$? > $(AB)/run/$$n.rc; echo $$(( $$(date +%s) - t0 )) > $(AB)/run/$$n.time; \
+	        tail -n 1 $(AB)/run/$$n.log; \
+	    done; \
+	    B=$(AB) sh tests/run_all.sh --saved $(CROSS_TESTS) -- || exit 1; \
+	else \
+	    echo "cross-test: ARM64 skipped: $(CROSS_CC) or $(QEMU_AARCH64) not found"; \
+	fi
+	@if command -v $(TCC) >/dev/null 2>&1; then \
+	    $(MAKE) --no-print-directory $(TB)/readme $(TCC_TESTS) || exit 1; \
+	    echo "== $(TB)/readme (the README's quick start, built by tcc)"; \
+	    timeout 600 ./$(TB)/readme || exit 1; \
+	    mkdir -p $(TB)/run; \
+	    for t in $(TCC_TESTS); do \
+	        echo "== $$t"; B=$(TB) sh tests/run_all.sh --run-one $$t; tail -n 1 $(TB)/run/$${t##*/}.log; \
+	    done; \
+	    B=$(TB) sh tests/run_all.sh --saved $(TCC_TESTS) --; \
+	else \
+	    echo "cross-test: tcc skipped: $(TCC) not found"; \
+	fi

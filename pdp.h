@@ -118,6 +118,19 @@
        cc ... -DPDP_CBLAS app.c -lopenblas          GEMM through any CBLAS
        mpicc ... -DPDP_MPI app.c                    the MPI communicator
        nvcc -O2 -arch=sm_90 -DPDP_CUDA app.c pdp_cuda.cu -lcublas -lnccl
+       aarch64-linux-gnu-gcc -O2 app.c -lm -lpthread    ARM64 (Linux)
+       tcc app.c -lm -lpthread                          Tiny C Compiler
+   Platforms built and tested here (make test, make cross-test): Linux x86-64 with gcc,
+   clang and tcc; Linux ARM64 with gcc, run under QEMU user mode (qemu-aarch64), not on
+   ARM hardware. On ARM64 the GEMM is the portable C kernel ("portable 4x16"; gcc 12 at
+   -O2 vectorises its inner loop four floats wide, NEON fmul and fadd: there is no NEON
+   micro-kernel), and bf16 takes the emulated and sgemm-rounded paths (AMX and
+   AVX512-BF16 are x86-64 only). tcc 0.9.27 has no
+   thread-local storage and no atomic builtins: pdp keeps the per-thread state (the error
+   message, the thread count, the profile counters) in one struct a thread under a
+   pthread key (allocated with PDP_MALLOC on the thread's first call that needs it), and
+   orders the thread pool's flags with a process-wide mutex; tcc does not optimise, so it
+   is for building, not for speed.
    Strict C99 on glibc needs _POSIX_C_SOURCE before the first system header; pdp.h
    defines it when it comes first. When a system header came first (say <stdlib.h> for
    PDP_MALLOC), it stops with one error that says what to do: #define _POSIX_C_SOURCE
@@ -218,7 +231,8 @@
    path (AMX, sgemm-rounded: another CPU may take another) or another device (CUDA).
 
    Process-wide state: pdp's state hangs off the objects you create, or off the calling
-   thread (the error message, the intra-op thread count, the profile counters), with
+   thread (the error message, the intra-op thread count, the profile counters; with tcc
+   under a pthread key, and the pool's flags ordered by a process-wide mutex: BUILD), with
    these exceptions, each created on first use and guarded by a lock or a once: the
    intra-op pool and the key of the per-thread scratch (threads.c;
    pdp_shutdown_threads joins the pool); the trace sink while PDP_TRACE is on
@@ -4112,6 +4126,11 @@ static inline PDP__HOSTDEV float pdp__f16_round(float x)
 #elif defined(_MSC_VER)
 #  define PDP__THREAD_LOCAL __declspec(thread)
 #  define PDP__UNUSED
+#elif defined(__TINYC__)
+/* tcc has no thread-local storage: the per-thread state (error message, thread count,
+   profile counters) lives in one struct a thread, under a pthread key (base.c, pdp__tls) */
+#  define PDP__TLS_KEY 1
+#  define PDP__UNUSED
 #else
 #  error "pdp.h: needs a thread-local storage keyword (__thread or __declspec(thread))"
 #endif
@@ -4143,9 +4162,18 @@ static inline PDP__HOSTDEV float pdp__f16_round(float x)
     } while (0)
 
 /* GCC/Clang atomics: valid C99 and C++, so a flag read outside a lock needs no
-   <stdatomic.h> (the trace's enabled flag, the pool's generation while a worker spins). */
-#define PDP__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#define PDP__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+   <stdatomic.h> (the trace's enabled flag, the pool's generation while a worker spins).
+   tcc has neither: there a process-wide mutex's lock and unlock order memory (POSIX.1
+   section 4.12), after the load and before the store (base.c, pdp__fence); tcc keeps no
+   value in a register across a call. The values are integers. */
+#ifndef PDP__TLS_KEY
+#  define PDP__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#  define PDP__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#else
+PDP__PRIVATE long long pdp__fence(long long loaded);
+#  define PDP__LOAD_ACQ(p) pdp__fence((long long)*(p))
+#  define PDP__STORE_REL(p, v) ((void)pdp__fence(0), *(p) = (v))
+#endif
 
 #define PDP__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define PDP__MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -4960,7 +4988,53 @@ PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char
 
 /* #include "internal.h" (already above) */
 
+#ifndef PDP__TLS_KEY
 static PDP__THREAD_LOCAL char pdp__errbuf[1024];
+#else
+/* ---- base: per-thread state without a TLS keyword (tcc) ----
+   One struct a thread under a pthread key, allocated on the thread's first use and freed
+   when it exits; a thread whose struct cannot be allocated shares the static one. The
+   thread-local variables of base.c and threads.c name its fields. */
+typedef struct pdp__tls {
+    char errbuf[1024];
+    int num_threads;
+    pdp__profile_state prof;
+} pdp__tls;
+
+static pthread_once_t pdp__tls_once = PTHREAD_ONCE_INIT;
+static pthread_key_t pdp__tls_key;
+static pthread_mutex_t pdp__fence_lock = PTHREAD_MUTEX_INITIALIZER;
+
+PDP__PRIVATE void pdp__tls_free(void *p) { PDP_FREE(p); }
+PDP__PRIVATE void pdp__tls_init(void) { (void)pthread_key_create(&pdp__tls_key, pdp__tls_free); }
+
+PDP__PRIVATE pdp__tls *pdp__tls_get(void)
+{
+    static pdp__tls shared;
+    pdp__tls *t;
+    pthread_once(&pdp__tls_once, pdp__tls_init);
+    t = (pdp__tls *)pthread_getspecific(pdp__tls_key);
+    if (t) return t;
+    t = (pdp__tls *)PDP_MALLOC(sizeof *t);
+    if (!t) return &shared;
+    memset(t, 0, sizeof *t);
+    if (pthread_setspecific(pdp__tls_key, t) != 0) {
+        PDP_FREE(t);
+        return &shared;
+    }
+    return t;
+}
+
+/* PDP__LOAD_ACQ and PDP__STORE_REL without atomic builtins (internal.h) */
+PDP__PRIVATE long long pdp__fence(long long loaded)
+{
+    pthread_mutex_lock(&pdp__fence_lock);
+    pthread_mutex_unlock(&pdp__fence_lock);
+    return loaded;
+}
+
+#  define pdp__errbuf (pdp__tls_get()->errbuf)
+#endif
 
 PDP_API const char *pdp_status_name(pdp_status s)
 {
@@ -5088,7 +5162,11 @@ PDP__PRIVATE double pdp__now(void)
 
 /* ---- threads: the per-thread setting ---- */
 
+#ifndef PDP__TLS_KEY
 static PDP__THREAD_LOCAL int pdp__num_threads; /* 0: never set, which means 1 */
+#else
+#  define pdp__num_threads (pdp__tls_get()->num_threads)
+#endif
 
 PDP_API pdp_status pdp_set_num_threads(int n)
 {
@@ -5109,7 +5187,11 @@ PDP__PRIVATE int pdp__threads_for_caller(void) { return pdp_get_num_threads(); }
 
 /* ---- threads: the profile counters (pdp_profile_*) ---- */
 
+#ifndef PDP__TLS_KEY
 static PDP__THREAD_LOCAL pdp__profile_state pdp__prof;
+#else
+#  define pdp__prof (pdp__tls_get()->prof)
+#endif
 
 PDP_API void pdp_profile_start(void)
 {
@@ -5192,7 +5274,7 @@ PDP__PRIVATE void pdp__spin_while(bool (*still)(const void *ctx), const void *ct
     int i;
     while (still(ctx) && pdp__now() - t0 <= PDP__SPIN_S)
         for (i = 0; i < 16; i++) {
-#if defined(__x86_64__) || defined(__i386__)
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
             __builtin_ia32_pause();
 #endif
         }

@@ -3,7 +3,53 @@
 
 #include "internal.h"
 
+#ifndef PDP__TLS_KEY
 static PDP__THREAD_LOCAL char pdp__errbuf[1024];
+#else
+/* ---- base: per-thread state without a TLS keyword (tcc) ----
+   One struct a thread under a pthread key, allocated on the thread's first use and freed
+   when it exits; a thread whose struct cannot be allocated shares the static one. The
+   thread-local variables of base.c and threads.c name its fields. */
+typedef struct pdp__tls {
+    char errbuf[1024];
+    int num_threads;
+    pdp__profile_state prof;
+} pdp__tls;
+
+static pthread_once_t pdp__tls_once = PTHREAD_ONCE_INIT;
+static pthread_key_t pdp__tls_key;
+static pthread_mutex_t pdp__fence_lock = PTHREAD_MUTEX_INITIALIZER;
+
+PDP__PRIVATE void pdp__tls_free(void *p) { PDP_FREE(p); }
+PDP__PRIVATE void pdp__tls_init(void) { (void)pthread_key_create(&pdp__tls_key, pdp__tls_free); }
+
+PDP__PRIVATE pdp__tls *pdp__tls_get(void)
+{
+    static pdp__tls shared;
+    pdp__tls *t;
+    pthread_once(&pdp__tls_once, pdp__tls_init);
+    t = (pdp__tls *)pthread_getspecific(pdp__tls_key);
+    if (t) return t;
+    t = (pdp__tls *)PDP_MALLOC(sizeof *t);
+    if (!t) return &shared;
+    memset(t, 0, sizeof *t);
+    if (pthread_setspecific(pdp__tls_key, t) != 0) {
+        PDP_FREE(t);
+        return &shared;
+    }
+    return t;
+}
+
+/* PDP__LOAD_ACQ and PDP__STORE_REL without atomic builtins (internal.h) */
+PDP__PRIVATE long long pdp__fence(long long loaded)
+{
+    pthread_mutex_lock(&pdp__fence_lock);
+    pthread_mutex_unlock(&pdp__fence_lock);
+    return loaded;
+}
+
+#  define pdp__errbuf (pdp__tls_get()->errbuf)
+#endif
 
 PDP_API const char *pdp_status_name(pdp_status s)
 {

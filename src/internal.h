@@ -50,6 +50,11 @@
 #elif defined(_MSC_VER)
 #  define PDP__THREAD_LOCAL __declspec(thread)
 #  define PDP__UNUSED
+#elif defined(__TINYC__)
+/* tcc has no thread-local storage: the per-thread state (error message, thread count,
+   profile counters) lives in one struct a thread, under a pthread key (base.c, pdp__tls) */
+#  define PDP__TLS_KEY 1
+#  define PDP__UNUSED
 #else
 #  error "pdp.h: needs a thread-local storage keyword (__thread or __declspec(thread))"
 #endif
@@ -81,9 +86,18 @@
     } while (0)
 
 /* GCC/Clang atomics: valid C99 and C++, so a flag read outside a lock needs no
-   <stdatomic.h> (the trace's enabled flag, the pool's generation while a worker spins). */
-#define PDP__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#define PDP__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+   <stdatomic.h> (the trace's enabled flag, the pool's generation while a worker spins).
+   tcc has neither: there a process-wide mutex's lock and unlock order memory (POSIX.1
+   section 4.12), after the load and before the store (base.c, pdp__fence); tcc keeps no
+   value in a register across a call. The values are integers. */
+#ifndef PDP__TLS_KEY
+#  define PDP__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#  define PDP__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#else
+PDP__PRIVATE long long pdp__fence(long long loaded);
+#  define PDP__LOAD_ACQ(p) pdp__fence((long long)*(p))
+#  define PDP__STORE_REL(p, v) ((void)pdp__fence(0), *(p) = (v))
+#endif
 
 #define PDP__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define PDP__MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -51,7 +51,11 @@
 
 /* ---- threads: the per-thread setting ---- */
 
+#ifndef PDP__TLS_KEY
 static PDP__THREAD_LOCAL int pdp__num_threads; /* 0: never set, which means 1 */
+#else
+#  define pdp__num_threads (pdp__tls_get()->num_threads)
+#endif
 
 PDP_API pdp_status pdp_set_num_threads(int n)
 {
@@ -72,7 +76,11 @@ PDP__PRIVATE int pdp__threads_for_caller(void) { return pdp_get_num_threads(); }
 
 /* ---- threads: the profile counters (pdp_profile_*) ---- */
 
+#ifndef PDP__TLS_KEY
 static PDP__THREAD_LOCAL pdp__profile_state pdp__prof;
+#else
+#  define pdp__prof (pdp__tls_get()->prof)
+#endif
 
 PDP_API void pdp_profile_start(void)
 {
@@ -155,7 +163,7 @@ PDP__PRIVATE void pdp__spin_while(bool (*still)(const void *ctx), const void *ct
     int i;
     while (still(ctx) && pdp__now() - t0 <= PDP__SPIN_S)
         for (i = 0; i < 16; i++) {
-#if defined(__x86_64__) || defined(__i386__)
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
             __builtin_ia32_pause();
 #endif
         }

@@ -67,6 +67,11 @@
 #elif defined(_MSC_VER)
 #  define PDP__THREAD_LOCAL __declspec(thread)
 #  define PDP__UNUSED
+#elif defined(__TINYC__)
+/* tcc has no thread-local storage: the per-thread state (error message, thread count,
+   profile counters) lives in one struct a thread, under a pthread key (base.c, pdp__tls) */
+#  define PDP__TLS_KEY 1
+#  define PDP__UNUSED
 #else
 #  error "pdp.h: needs a thread-local storage keyword (__thread or __declspec(thread))"
 #endif
@@ -98,9 +103,18 @@
     } while (0)
 
 /* GCC/Clang atomics: valid C99 and C++, so a flag read outside a lock needs no
-   <stdatomic.h> (the trace's enabled flag, the pool's generation while a worker spins). */
-#define PDP__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#define PDP__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+   <stdatomic.h> (the trace's enabled flag, the pool's generation while a worker spins).
+   tcc has neither: there a process-wide mutex's lock and unlock order memory (POSIX.1
+   section 4.12), after the load and before the store (base.c, pdp__fence); tcc keeps no
+   value in a register across a call. The values are integers. */
+#ifndef PDP__TLS_KEY
+#  define PDP__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#  define PDP__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#else
+PDP__PRIVATE long long pdp__fence(long long loaded);
+#  define PDP__LOAD_ACQ(p) pdp__fence((long long)*(p))
+#  define PDP__STORE_REL(p, v) ((void)pdp__fence(0), *(p) = (v))
+#endif
 
 #define PDP__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define PDP__MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -884,6 +898,30 @@ PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char
 
 /* #include "internal.h" (above) */
 
+#ifndef PDP__TLS_KEY
+
+#else
+/* ---- base: per-thread state without a TLS keyword (tcc) ----
+   One struct a thread under a pthread key, allocated on the thread's first use and freed
+   when it exits; a thread whose struct cannot be allocated shares the static one. The
+   thread-local variables of base.c and threads.c name its fields. */
+typedef struct pdp__tls {
+    char errbuf[1024];
+    int num_threads;
+    pdp__profile_state prof;
+} pdp__tls;
+
+PDP__PRIVATE void pdp__tls_free(void *p);
+PDP__PRIVATE void pdp__tls_init(void);
+
+PDP__PRIVATE pdp__tls *pdp__tls_get(void);
+
+/* PDP__LOAD_ACQ and PDP__STORE_REL without atomic builtins (internal.h) */
+PDP__PRIVATE long long pdp__fence(long long loaded);
+
+#  define pdp__errbuf (pdp__tls_get()->errbuf)
+#endif
+
 /* PDP_API const char *pdp_status_name(pdp_status s) */
 
 /* PDP_API const char *pdp_last_error(void) */
@@ -956,7 +994,11 @@ PDP__PRIVATE double pdp__now(void);
 
 /* ---- threads: the per-thread setting ---- */
 
+#ifndef PDP__TLS_KEY
  /* 0: never set, which means 1 */
+#else
+#  define pdp__num_threads (pdp__tls_get()->num_threads)
+#endif
 
 /* PDP_API pdp_status pdp_set_num_threads(int n) */
 
@@ -965,6 +1007,12 @@ PDP__PRIVATE double pdp__now(void);
 PDP__PRIVATE int pdp__threads_for_caller(void);
 
 /* ---- threads: the profile counters (pdp_profile_*) ---- */
+
+#ifndef PDP__TLS_KEY
+
+#else
+#  define pdp__prof (pdp__tls_get()->prof)
+#endif
 
 /* PDP_API void pdp_profile_start(void) */
 

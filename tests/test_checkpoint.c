@@ -1256,6 +1256,30 @@ TEST checkpoint_failed_save_keeps_previous_file(void)
 
 static int exists(const char *path) { return access(path, F_OK) == 0; }
 
+/* Re-executes this binary with argv (argv[0] its name; never returns). Under a user-mode
+   emulator the kernel cannot run the binary itself: $PDP_TEST_EXEC names the emulator
+   (make cross-test sets qemu-aarch64), which then runs the path /proc/self/exe reads as. */
+static void exec_self(char *const argv[])
+{
+    const char *emu = getenv("PDP_TEST_EXEC");
+    char self[4096], *args[8];
+    ssize_t len;
+    int i;
+    if (!emu || !*emu) {
+        execv("/proc/self/exe", argv);
+        _exit(127);
+    }
+    len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0) _exit(127);
+    self[len] = '\0';
+    args[0] = (char *)emu;
+    args[1] = self;
+    for (i = 1; argv[i] && i < 7; i++) args[i + 1] = argv[i];
+    args[i + 1] = NULL;
+    execvp(emu, args);
+    _exit(127);
+}
+
 static int touch(const char *path) { return write_all(path, "x", 1); }
 
 /* A pid that was a process and is no more (reaped). */
@@ -1347,8 +1371,8 @@ TEST checkpoint_killed_save_cleaned_up(void)
         pid = fork();
         ASSERT(pid >= 0);
         if (pid == 0) {
-            execl("/proc/self/exe", "test_checkpoint", "save-loop", path, (char *)NULL);
-            _exit(127);
+            char *argv[] = {"test_checkpoint", "save-loop", path, NULL};
+            exec_self(argv);
         }
         snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)pid);
         while (!exists(tmp) && now_seconds() - t0 < 5.0) {
@@ -1484,8 +1508,8 @@ static enum greatest_test_res resume_case(const char *kind)
     pid = fork();
     ASSERT(pid >= 0);
     if (pid == 0) {
-        execl("/proc/self/exe", "test_checkpoint", "resume-child", kind, mid, end, (char *)NULL);
-        _exit(127);
+        char *argv[] = {"test_checkpoint", "resume-child", (char *)kind, mid, end, NULL};
+        exec_self(argv);
     }
     ASSERT_EQ(pid, waitpid(pid, &status, 0));
     ASSERTm("the resumed process failed", WIFEXITED(status) && WEXITSTATUS(status) == 0);

@@ -212,7 +212,8 @@ static int inner(const char *env, const char *scenario, const char *args)
     const char *p, *start;
     FILE *f;
     int status;
-    n += (size_t)sprintf(cmd, "%s PDP_TEST_HARNESS_INNER=%s '", env, scenario);
+    const char *emu = getenv("PDP_TEST_EXEC"); /* an emulator to run it (make cross-test) */
+    n += (size_t)sprintf(cmd, "%s PDP_TEST_HARNESS_INNER=%s %s '", env, scenario, emu ? emu : "");
     for (p = self_path; *p != '\0' && n < sizeof cmd - 64; p++) {
         if (*p == '\'') n += (size_t)sprintf(cmd + n, "'\\''");
         else cmd[n++] = *p;

@@ -2621,7 +2621,11 @@ static enum greatest_test_res check_gpt(gpt_job *job, const float *ref, int64_t 
     snprintf(msg, sizeof msg, "stage %d N %d cap %g accum %d param_buffers %d (%d units, the "
              "tied one %d): |zero - single| %.3g", job->stage, job->n, job->cap_mb, job->accum,
              job->param_buffers, job->units, job->tied_unit, e);
-    ASSERTm(msg, e <= 1e-5);
+    /* rounding: the partitioned reductions sum in another order than one device. Its
+       largest over these cases, measured: 6.9e-6 on x86-64 (the AVX-512 GEMM), 1.26e-5 on
+       ARM64 (the portable GEMM and another libm; make cross-test). A reduce-scatter that
+       sums where it should average gives 1.6e-3 (x86-64, checked) */
+    ASSERTm(msg, e <= 3e-5);
     for (r = 0; r < job->n; r++) {
         if (r && memcmp(job->params[0], job->params[r], (size_t)count * 4)) {
             int64_t i;
