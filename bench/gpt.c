@@ -1,23 +1,40 @@
-/* bench/gpt.c: tokens/s of a GPT training step, pdp beside PyTorch, same machine, same run.
+/* bench/gpt.c: tokens/s of a GPT training step, pdp beside PyTorch and llm.c, same machine,
+   same run.
 
-   The model sized for a small machine (issue 24): byte vocabulary (256), context 256, 6
-   layers, 6 heads, dim 384 (10.7 M parameters, the head tied to the token embedding),
-   batch 8 x 256 tokens, dropout 0, seed 1. The step: forward, cross-entropy (mean over the
-   2048 positions), backward, AdamW (lr 6e-4, betas 0.9 / 0.95, eps 1e-8, weight decay 0.1,
-   every parameter), gradients zeroed: pdp_model_forward_backward, pdp_optim_step,
-   pdp_optim_zero_grad. fp32, and bf16 (pdp_gpt_desc.precision = PDP_PRECISION_BF16: bf16
-   GEMM inputs, fp32 everything else), each on 1 and 2 threads (pdp_set_num_threads). The
-   peer: the same model in PyTorch (bench/gpt_torch.py: tools/gpt_reference.py's
-   architecture, nanoGPT's), fp32, and its forward and loss under torch.autocast("cpu",
-   dtype=torch.bfloat16), torch.set_num_threads, the same optimizer and step.
+   Two shapes (issue 24, item 4), the head tied to the token embedding, dropout 0, seed 1:
+   - the model sized for a small machine: byte vocabulary (256), context 256, 6 layers, 6
+     heads, dim 384 (10.7 M parameters), batch 8 x 256 tokens, 5 timed steps;
+   - GPT-2 124M's shape: vocabulary 50257, context 1024, 12 layers, 12 heads, dim 768 (124 M
+     parameters), batch 4 x 64 tokens (pdp_gpt_desc.sequence 64), 3 timed steps.
+   The step: forward, cross-entropy (mean over the batch's positions), backward, AdamW (lr
+   6e-4, betas 0.9 / 0.95, eps 1e-8, weight decay 0.1, every parameter), gradients zeroed:
+   pdp_model_forward_backward, pdp_optim_step, pdp_optim_zero_grad. fp32, and bf16
+   (pdp_gpt_desc.precision = PDP_PRECISION_BF16: bf16 GEMM inputs, fp32 everything else), each
+   on 1 and 2 threads (pdp_set_num_threads).
 
-   Measurement: ROUNDS rounds; in each, every configuration is measured for pdp and then
-   for PyTorch (a /usr/bin/python3 child through popen), back to back, so a shared box's
-   drift hits both sides alike. One measurement: 2 warm-up steps, then the median of REPS
-   timed steps (a step is 0.3-3 s here); the table shows, per side, the median over the
-   rounds, in ms per step and tokens/s, and the ratio PyTorch ms / pdp ms (above 1: pdp
-   is faster) beside the issue's targets: fp32 >= 1.3x at one thread, bf16 >= 1.0x, and
-   pdp's 2 threads >= 1.8x its 1 thread.
+   The peers, each a child process (popen) measured right after pdp's configuration:
+   - PyTorch: the same model (bench/gpt_torch.py --shape: tools/gpt_reference.py's
+     architecture, nanoGPT's), fp32, and its forward and loss under torch.autocast("cpu",
+     dtype=torch.bfloat16), torch.set_num_threads, the same optimizer and step;
+   - llm.c's CPU trainer, train_gpt2.c (fp32, OpenMP threads): bench/llmc/gpt_llmc.sh builds
+     bench/llmc/gpt_llmc.c against the copy of llm.c named by PDP_LLMC (fetch it yourself:
+     its code is never committed here) with llm.c's Makefile's flags, writes llm.c's
+     checkpoint and token files with random weights and tokens (no download; the vocabulary
+     padded to 128 as llm.c pads it) and times train_gpt2.c main's step: next batch, forward,
+     zero_grad, backward, update, with its own hyperparameters (AdamW lr 1e-4, betas 0.9 /
+     0.999, weight decay 0: the same work). Without PDP_LLMC its columns say "-" and the
+     bench prints "llm.c: not measured".
+
+   Measurement: a shape's ROUNDS rounds, then the next shape's; in each round, every
+   configuration is measured for pdp and then for its peers, back to back, so a shared box's
+   drift hits every side alike. One measurement: 2 warm-up steps, then the median of the
+   shape's timed steps; the table shows, per side, the median over the rounds, in ms per step
+   and tokens/s, and the ratios peer ms / pdp ms (above 1: pdp is faster) beside the issue's
+   targets: fp32 >= 1.3x PyTorch at one thread, bf16 >= 1.0x, and 2 threads >= 1.8x 1 thread.
+   pdp's model and optimizer are built once per shape and precision and kept for the shape's
+   rounds (the threads change between measurements): pdp_gpt_create reallocates and copies
+   the whole parameter and gradient blocks for every layer it adds (model.c's
+   pdp__model_add), which at GPT-2 124M's size costs tens of seconds, mostly page faults.
 
    Fraction of the peak: the step's products over the time, over the FMA peak (bench.h's
    bench_peak_gflops, the best of its measurements at the start and after each round, as
@@ -27,22 +44,20 @@
    forward, dX and dW) plus 12 L T C per token for attention (Q K^T and P V, forward and
    backward, the full T x T: the masked half counted too).
 
-   Where the time goes: one more step per round under pdp_profile (base.h) and model.c's
-   per-layer seconds (an internal field: the bench includes the implementation), summed by
-   kind: attention, the GEMM layers (the blocks' Linears, bias included), GELU, LayerNorm,
-   the residual stream and the embedding, the head and its cross-entropy (TiedLinear and
-   the loss), the optimizer (step and zero_grad), and the rest.
+   Where the time goes: one more step per measurement under pdp_profile (base.h) and
+   model.c's per-layer seconds (an internal field: the bench includes the implementation),
+   summed by kind: attention, the GEMM layers (the blocks' Linears, bias included), GELU,
+   LayerNorm, the residual stream and the embedding, the head and its cross-entropy
+   (TiedLinear and the loss), the optimizer (step and zero_grad), and the rest.
 
    No allocation in the step: PDP_MALLOC counts (as tests/counting_alloc.h does); the
    timed steps after the warm-up must allocate nothing, and the table says how many they did.
 
-   Not measured here (printed as such): GPT-2 124M's shape and llm.c's train_gpt2.c.
-
-   Pinning is the caller's: nice -n -10 taskset -c 1 ./build/bench_gpt for one core (the
-   2-thread rows then share it), taskset -c 0,1 for two.
-   make build/bench_gpt && ./build/bench_gpt [quick] [1 | 2]
-   quick: 1 round of 3 steps per configuration; 1 or 2: only the rows of that many threads
-   (taskset -c 1 ./build/bench_gpt 1: the one-thread rows alone on one core). */
+   Pinning is the caller's: nice -n -10 taskset -c 1 ./build/bench_gpt 1 for one core,
+   taskset -c 0,1 for two.
+   make build/bench_gpt && PDP_LLMC=/path/to/llm.c ./build/bench_gpt [quick] [1 | 2] [small | gpt2]
+   quick: 1 round, at most 3 timed steps; 1 or 2: only the rows of that many threads; small
+   or gpt2: only that shape. A full run takes about half an hour on 2 cores with llm.c. */
 
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
@@ -60,15 +75,24 @@ static void *bench_malloc(size_t bytes)
 
 #include "bench.h"
 
-#define V 256
-#define T 256
-#define L 6
-#define H 6
-#define C 384
-#define B 8
 #define ROUNDS 3
-#define REPS 5
-#define NCONF 4
+#define MAX_REPS 8
+#define NSHAPE 2
+#define NPREC 4 /* per shape: fp32 1, fp32 2, bf16 1, bf16 2 threads */
+#define NCONF (NSHAPE * NPREC)
+
+typedef struct shape {
+    const char *name, *word; /* the tables' title; its word on the command line */
+    int64_t vocab, context;
+    int layers, heads;
+    int64_t dim, batch, seq;
+    int reps; /* timed steps per measurement */
+} shape;
+
+static const shape shapes[NSHAPE] = {
+    {"the machine-sized model", "small", 256, 256, 6, 6, 384, 8, 256, 5},
+    {"GPT-2 124M's shape", "gpt2", 50257, 1024, 12, 12, 768, 4, 64, 3},
+};
 
 /* the step's time by kind (the second table) */
 enum { K_ATTN, K_GEMM, K_GELU, K_LN, K_RESID, K_HEAD, K_OPTIM, K_REST, K_COUNT };
@@ -76,18 +100,22 @@ static const char *k_name[K_COUNT] = {"attention", "Linear", "GELU", "LayerNorm"
                                       "head+CE", "AdamW", "rest"};
 
 typedef struct config {
+    const shape *s;
     bool bf16;
     int threads;
-    double ours[ROUNDS], torch[ROUNDS]; /* ms per step, per round; 0 = not measured */
-    double kind_s[K_COUNT];             /* seconds in the profiled steps */
+    double ours[ROUNDS], torch[ROUNDS], llmc[ROUNDS]; /* ms per step, per round; 0: not measured */
+    double kind_s[K_COUNT];                           /* seconds in the profiled steps */
     double wall_s;
     long prof_steps, allocs, timed_steps;
 } config;
 
-static double step_flops(void)
+/* The step's products: PaLM's count, 6 N per token for the weights (N = 12 L C^2 + V C)
+   plus 12 L T C per token for attention. */
+static double step_flops(const shape *s)
 {
-    double n = 12.0 * L * C * C + (double)V * C;
-    return (double)B * T * (6.0 * n + 12.0 * L * T * C);
+    double n = 12.0 * s->layers * (double)s->dim * (double)s->dim + (double)s->vocab * (double)s->dim;
+    return (double)s->batch * (double)s->seq *
+           (6.0 * n + 12.0 * s->layers * (double)s->seq * (double)s->dim);
 }
 
 static void step(pdp_model *m, pdp_optim *o, const pdp_tensor *x, const int32_t *y)
@@ -98,37 +126,68 @@ static void step(pdp_model *m, pdp_optim *o, const pdp_tensor *x, const int32_t 
     pdp_optim_zero_grad(o);
 }
 
-static double bench_ours(config *c, int reps)
+/* pdp's model and optimizer of a shape and precision, built on first use and kept for the
+   shape's rounds: pdp_gpt_create takes tens of seconds at GPT-2 124M's size (see the opening
+   comment), outside the step but not outside the bench's time. */
+typedef struct built {
+    pdp_model *m;
+    pdp_optim *o;
+} built;
+
+static void build(built *b, const shape *s, bool bf16)
 {
-    static int32_t ids[B * T], targets[B * T];
     pdp_gpt_desc gd;
     pdp_optim_desc od;
+    double t = bench_now();
+    memset(&gd, 0, sizeof gd);
+    gd.vocab = s->vocab, gd.context = s->context, gd.sequence = s->seq;
+    gd.layers = s->layers, gd.heads = s->heads, gd.dim = s->dim, gd.seed = 1;
+    gd.precision = bf16 ? PDP_PRECISION_BF16 : PDP_PRECISION_FP32;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW, od.lr = 6e-4, od.beta1 = 0.9, od.beta2 = 0.95, od.eps = 1e-8;
+    od.weight_decay = 0.1;
+    CHECK(pdp_gpt_create(&b->m, &gd));
+    CHECK(pdp_optim_create(&b->o, b->m, &od));
+    fprintf(stderr, "  %s, %s: pdp_gpt_create and pdp_optim_create took %.1f s\n", s->word,
+            bf16 ? "bf16" : "fp32", bench_now() - t);
+}
+
+static void unbuild(built *b)
+{
+    if (b->o) pdp_optim_free(b->o);
+    if (b->m) pdp_model_free(b->m);
+    b->m = NULL, b->o = NULL;
+}
+
+static double bench_ours(config *c, built *b, int reps)
+{
+    const shape *s = c->s;
+    int64_t n = s->batch * s->seq, shape2[2], i;
+    int32_t *ids = malloc((size_t)n * sizeof *ids), *targets = malloc((size_t)n * sizeof *targets);
     pdp_model *m;
     pdp_optim *o;
     pdp_tensor x;
     pdp_profile p;
     pdp_rng r;
-    int64_t shape[2] = {B, T}, i;
     static double layer_s[1024];
-    double ms[16], t;
+    double ms[MAX_REPS], t;
     long a0;
     int k;
-    memset(&gd, 0, sizeof gd);
-    gd.vocab = V, gd.context = T, gd.layers = L, gd.heads = H, gd.dim = C, gd.seed = 1;
-    gd.precision = c->bf16 ? PDP_PRECISION_BF16 : PDP_PRECISION_FP32;
-    memset(&od, 0, sizeof od);
-    od.kind = PDP_OPTIM_ADAMW, od.lr = 6e-4, od.beta1 = 0.9, od.beta2 = 0.95, od.eps = 1e-8;
-    od.weight_decay = 0.1;
-    CHECK(pdp_gpt_create(&m, &gd));
-    CHECK(pdp_optim_create(&o, m, &od));
-    CHECK(pdp_set_num_threads(c->threads));
-    CHECK(pdp_model_reserve(m, B));
-    pdp_rng_seed(&r, 7, 0);
-    for (i = 0; i < B * T; i++) {
-        ids[i] = (int32_t)pdp_rng_below(&r, V);
-        targets[i] = (int32_t)pdp_rng_below(&r, V);
+    if (!ids || !targets) {
+        fprintf(stderr, "bench_gpt: out of memory\n");
+        exit(1);
     }
-    CHECK(pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x));
+    if (!b->m) build(b, s, c->bf16);
+    m = b->m, o = b->o;
+    CHECK(pdp_set_num_threads(c->threads));
+    CHECK(pdp_model_reserve(m, s->batch));
+    pdp_rng_seed(&r, 7, 0);
+    for (i = 0; i < n; i++) {
+        ids[i] = (int32_t)pdp_rng_below(&r, (uint64_t)s->vocab);
+        targets[i] = (int32_t)pdp_rng_below(&r, (uint64_t)s->vocab);
+    }
+    shape2[0] = s->batch, shape2[1] = s->seq;
+    CHECK(pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape2, &x));
     step(m, o, &x, targets); /* warm-up: buffers, optimizer state, the pool, caches */
     step(m, o, &x, targets);
     a0 = bench_allocs;
@@ -164,24 +223,48 @@ static double bench_ours(config *c, int reps)
     c->kind_s[K_OPTIM] += p.optim_s;
     c->wall_s += p.wall_s;
     c->prof_steps++;
-    pdp_optim_free(o);
-    pdp_model_free(m);
+    free(ids);
+    free(targets);
     return bench_median(ms, reps);
 }
 
-/* Runs gpt_torch.py for one configuration: its ms per step, 0 when torch is unavailable. */
-static double bench_torch(const config *c, int reps, const char *script)
+/* Runs a peer's command, which prints "<fp32|bf16> <threads> <ms>": its ms per step, 0 when
+   it failed or printed none. */
+static double run_peer(const char *cmd)
 {
-    char cmd[1024], line[256], prec[16];
+    char line[256], prec[16];
     double ms = 0, v;
     int threads;
     FILE *p;
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s --reps %d %s:%d", script, reps,
-             c->bf16 ? "bf16" : "fp32", c->threads);
+    fflush(stdout);
     if (!(p = popen(cmd, "r"))) return 0;
     while (fgets(line, sizeof line, p))
         if (sscanf(line, "%15s %d %lf", prec, &threads, &v) == 3) ms = v;
     return pclose(p) == 0 ? ms : 0;
+}
+
+/* gpt_torch.py for one configuration: its ms per step, 0 when torch is unavailable. */
+static double bench_torch(const config *c, int reps, const char *script)
+{
+    const shape *s = c->s;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 %s --reps %d --shape %lld,%lld,%d,%d,%lld,%lld,%lld %s:%d", script,
+             reps, (long long)s->vocab, (long long)s->context, s->layers, s->heads,
+             (long long)s->dim, (long long)s->batch, (long long)s->seq,
+             c->bf16 ? "bf16" : "fp32", c->threads);
+    return run_peer(cmd);
+}
+
+/* llm.c's train_gpt2.c through bench/llmc/gpt_llmc.sh (PDP_LLMC names the copy): fp32 only. */
+static double bench_llmc(const config *c, int reps, const char *script)
+{
+    const shape *s = c->s;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "sh %s %d %lld %lld %d %d %lld %lld %lld %d", script, c->threads,
+             (long long)s->vocab, (long long)s->context, s->layers, s->heads,
+             (long long)s->dim, (long long)s->batch, (long long)s->seq, reps);
+    return run_peer(cmd);
 }
 
 /* As bench/train.c's: the peaks kept at their best (a loaded run can only lower one). */
@@ -194,64 +277,46 @@ static void measure_peaks(pdp_bf16_path path, double *peak32, double *peak16)
     *peak16 = p16 > *peak16 ? p16 : *peak16;
 }
 
-int main(int argc, char **argv)
+/* The script's path from the repository root or from build/; NULL when neither is there. */
+static const char *find_script(const char *path, char *buf, size_t size)
 {
-    static config cs[NCONF] = {{false, 1, {0}, {0}, {0}, 0, 0, 0, 0},
-                               {false, 2, {0}, {0}, {0}, 0, 0, 0, 0},
-                               {true, 1, {0}, {0}, {0}, 0, 0, 0, 0},
-                               {true, 2, {0}, {0}, {0}, 0, 0, 0, 0}};
-    pdp_bf16_path path = pdp_bf16_best_path();
-    bool quick = false, have_torch;
-    int reps, rounds, i, r, k, only = 0; /* only: run just the rows of that many threads */
-    double peak32 = 0.0, peak16 = 0.0, ours[NCONF], torch[NCONF], t0 = bench_now();
-    double flops = step_flops(), tokens = (double)B * T;
-    char cpu[320];
-    const char *script = "bench/gpt_torch.py";
     FILE *f;
-    if (!(f = fopen(script, "r"))) script = "../bench/gpt_torch.py";
-    else fclose(f);
-    for (i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "quick")) quick = true;
-        else if (!strcmp(argv[i], "1") || !strcmp(argv[i], "2")) only = atoi(argv[i]);
-        else {
-            fprintf(stderr, "usage: bench_gpt [quick] [1 | 2]\n");
-            return 2;
-        }
+    if ((f = fopen(path, "r"))) {
+        fclose(f);
+        return path;
     }
-    reps = quick ? 3 : REPS;
-    rounds = quick ? 1 : ROUNDS;
+    snprintf(buf, size, "../%s", path);
+    if ((f = fopen(buf, "r"))) {
+        fclose(f);
+        return buf;
+    }
+    return NULL;
+}
 
-    measure_peaks(path, &peak32, &peak16);
-    printf("GPT training step (forward, cross-entropy, backward, AdamW, zero_grad) on %s: "
-           "vocab %d, context %d, %d layers, %d heads, dim %d, batch %d x %d; per side the "
-           "median over %d rounds of the median of %d steps\n",
-           bench_cpu_name(cpu, sizeof cpu), V, T, L, H, C, B, T, rounds, reps);
-    printf("peak per core: fp32 FMA %.1f GFLOP/s; bf16 GEMM path %s %.1f GFLOP/s; the step's "
-           "products %.1f GFLOP (6 N + 12 L T C per token)\n", peak32,
-           pdp_bf16_path_name(path), peak16, flops * 1e-9);
-    bench_print_load("start", 0.0);
-    fflush(stdout);
-    have_torch = system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
-    for (r = 0; r < rounds; r++) {
-        for (i = 0; i < NCONF; i++) {
-            if (only && cs[i].threads != only) continue;
-            cs[i].ours[r] = bench_ours(&cs[i], reps);
-            pdp_shutdown_threads(); /* no pdp workers alive while PyTorch runs */
-            if (have_torch) cs[i].torch[r] = bench_torch(&cs[i], reps, script);
-            fprintf(stderr, "  round %d: %s %d thread(s): pdp %.0f ms, pytorch %.0f ms\n",
-                    r + 1, cs[i].bf16 ? "bf16" : "fp32", cs[i].threads, cs[i].ours[r],
-                    cs[i].torch[r]);
-        }
-        measure_peaks(path, &peak32, &peak16);
-    }
-    for (i = 0; i < NCONF; i++) {
+/* One shape's tables: ms per step and tokens/s per side, the ratios, the scaling, where pdp's
+   step goes. cs: the shape's NPREC configurations. */
+static void print_shape(config *cs, int rounds, int only, double peak32, double peak16,
+                        bool have_llmc)
+{
+    const shape *s = cs[0].s;
+    double flops = step_flops(s), tokens = (double)(s->batch * s->seq);
+    double ours[NPREC], torch[NPREC], llmc[NPREC];
+    int i, k;
+    for (i = 0; i < NPREC; i++) {
         ours[i] = bench_median(cs[i].ours, rounds);
         torch[i] = bench_median(cs[i].torch, rounds);
+        llmc[i] = bench_median(cs[i].llmc, rounds);
     }
-
-    printf("\n%-4s %3s | %8s %8s %6s | %8s %8s | %7s %6s | %5s\n", "prec", "thr", "pdp ms",
-           "tok/s", "%peak", "torch ms", "tok/s", "ratio", "target", "alloc");
-    for (i = 0; i < NCONF; i++) {
+    printf("\n%s: vocab %lld, context %lld, %d layers, %d heads, dim %lld, batch %lld x %lld; "
+           "the step's products %.1f GFLOP (6 N + 12 L T C per token); per side the median "
+           "over %d rounds of the median of %d steps\n",
+           s->name, (long long)s->vocab, (long long)s->context, s->layers, s->heads,
+           (long long)s->dim, (long long)s->batch, (long long)s->seq, flops * 1e-9, rounds,
+           s->reps);
+    printf("%-4s %3s | %8s %8s %6s | %8s %8s %7s %6s | %8s %8s %7s | %5s\n", "prec", "thr",
+           "pdp ms", "tok/s", "%peak", "torch ms", "tok/s", "ratio", "target", "llm.c ms",
+           "tok/s", "ratio", "alloc");
+    for (i = 0; i < NPREC; i++) {
         double pk = (cs[i].bf16 ? peak16 : peak32) * cs[i].threads;
         double target = cs[i].bf16 ? 1.0 : cs[i].threads == 1 ? 1.3 : 0.0;
         char tg[16] = "-";
@@ -261,32 +326,40 @@ int main(int argc, char **argv)
                ours[i], tokens / ours[i] * 1e3,
                pk > 0 ? 100.0 * flops / (ours[i] * 1e-3) * 1e-9 / pk : 0.0);
         if (torch[i] > 0)
-            printf(" %8.0f %8.0f | %6.2fx %6s |", torch[i], tokens / torch[i] * 1e3,
+            printf(" %8.0f %8.0f %6.2fx %6s |", torch[i], tokens / torch[i] * 1e3,
                    torch[i] / ours[i], tg);
         else
-            printf(" %8s %8s | %7s %6s |", "-", "-", "-", tg);
+            printf(" %8s %8s %7s %6s |", "-", "-", "-", tg);
+        if (llmc[i] > 0)
+            printf(" %8.0f %8.0f %6.2fx |", llmc[i], tokens / llmc[i] * 1e3, llmc[i] / ours[i]);
+        else
+            printf(" %8s %8s %7s |", "-", "-", "-");
         printf(" %5ld\n", cs[i].allocs);
     }
-    printf("ratio: pytorch ms / pdp ms (above 1: pdp faster); target: the issue's; %%peak: the "
+    printf("ratio: the peer's ms / pdp's ms (above 1: pdp faster); target: the issue's against "
+           "PyTorch; llm.c: train_gpt2.c, fp32 only (its bf16 rows compare nothing); %%peak: the "
            "step's products / time / (threads x the peak: fp32 FMA, or the bf16 path's); alloc: "
            "PDP_MALLOC calls in the %ld timed steps (after 2 warm-up steps)\n",
            cs[only == 2 ? 1 : 0].timed_steps);
-    for (k = 0; k < 2 && !only; k++) { /* pdp's 2 threads over its 1 thread, fp32, bf16 */
-        double s = ours[2 * k] / ours[2 * k + 1];
-        printf("%s 2 threads / 1 thread: pdp %.2fx (target 1.8x: %s)", k ? "bf16" : "fp32", s,
-               s >= 1.8 ? "met" : "NOT met");
+    if (!have_llmc)
+        printf("llm.c: not measured (set PDP_LLMC=/path/to/llm.c, a copy of "
+               "github.com/karpathy/llm.c)\n");
+    for (k = 0; k < 2 && !only; k++) { /* 2 threads over 1 thread, fp32, bf16 */
+        double sc = ours[2 * k] / ours[2 * k + 1];
+        printf("%s 2 threads / 1 thread: pdp %.2fx (target 1.8x: %s)", k ? "bf16" : "fp32", sc,
+               sc >= 1.8 ? "met" : "NOT met");
         if (torch[2 * k] > 0 && torch[2 * k + 1] > 0)
             printf(", pytorch %.2fx", torch[2 * k] / torch[2 * k + 1]);
+        if (llmc[2 * k] > 0 && llmc[2 * k + 1] > 0)
+            printf(", llm.c %.2fx", llmc[2 * k] / llmc[2 * k + 1]);
         printf("\n");
     }
-    printf("GPT-2 124M (vocab 50257, context 1024, 12 x 12 x 768) at 4 x 64, and llm.c's "
-           "train_gpt2.c: not measured\n");
 
-    printf("\nwhere pdp's step goes: ms per step (the profiled steps), share of the step\n");
+    printf("where pdp's step goes: ms per step (the profiled steps), share of the step\n");
     printf("%-4s %3s |", "prec", "thr");
     for (k = 0; k < K_COUNT; k++) printf(" %10s", k_name[k]);
     printf("\n");
-    for (i = 0; i < NCONF; i++) {
+    for (i = 0; i < NPREC; i++) {
         double n = (double)(cs[i].prof_steps ? cs[i].prof_steps : 1), known = 0.0;
         if (!cs[i].prof_steps) continue;
         for (k = 0; k < K_REST; k++) known += cs[i].kind_s[k];
@@ -298,7 +371,76 @@ int main(int argc, char **argv)
             printf(" %9.1f%%", cs[i].wall_s > 0 ? 100.0 * cs[i].kind_s[k] / cs[i].wall_s : 0.0);
         printf("\n");
     }
-    printf("attention: the causal self-attention between c_attn and c_proj (its products, the "
+}
+
+int main(int argc, char **argv)
+{
+    static config cs[NCONF];
+    pdp_bf16_path path = pdp_bf16_best_path();
+    bool quick = false, have_torch, have_llmc, run_shape[NSHAPE] = {true, true};
+    int rounds, i, r, sh, only = 0; /* only: run just the rows of that many threads */
+    double peak32 = 0.0, peak16 = 0.0, t0 = bench_now();
+    char cpu[320], buf1[256], buf2[256], llmc_src[1024];
+    const char *torch_script = find_script("bench/gpt_torch.py", buf1, sizeof buf1);
+    const char *llmc_script = find_script("bench/llmc/gpt_llmc.sh", buf2, sizeof buf2);
+    const char *llmc_dir = getenv("PDP_LLMC");
+    FILE *f;
+    for (i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "quick")) quick = true;
+        else if (!strcmp(argv[i], "1") || !strcmp(argv[i], "2")) only = atoi(argv[i]);
+        else if (!strcmp(argv[i], shapes[0].word)) run_shape[1] = false;
+        else if (!strcmp(argv[i], shapes[1].word)) run_shape[0] = false;
+        else {
+            fprintf(stderr, "usage: bench_gpt [quick] [1 | 2] [%s | %s]\n", shapes[0].word,
+                    shapes[1].word);
+            return 2;
+        }
+    }
+    rounds = quick ? 1 : ROUNDS;
+    for (i = 0; i < NCONF; i++) {
+        cs[i].s = &shapes[i / NPREC];
+        cs[i].bf16 = i % NPREC >= 2;
+        cs[i].threads = 1 + i % 2;
+    }
+    snprintf(llmc_src, sizeof llmc_src, "%s/train_gpt2.c", llmc_dir ? llmc_dir : "");
+    have_llmc = llmc_dir && *llmc_dir && llmc_script && (f = fopen(llmc_src, "r"));
+    if (have_llmc) fclose(f);
+
+    measure_peaks(path, &peak32, &peak16);
+    printf("GPT training step (forward, cross-entropy, backward, AdamW, zero_grad) on %s\n",
+           bench_cpu_name(cpu, sizeof cpu));
+    printf("peak per core: fp32 FMA %.1f GFLOP/s; bf16 GEMM path %s %.1f GFLOP/s\n", peak32,
+           pdp_bf16_path_name(path), peak16);
+    printf("peers: PyTorch %s; llm.c %s\n", torch_script ? "bench/gpt_torch.py" : "(no script)",
+           have_llmc ? llmc_dir : "not measured (set PDP_LLMC=/path/to/llm.c)");
+    bench_print_load("start", 0.0);
+    fflush(stdout);
+    have_torch = torch_script &&
+                 system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+    for (sh = 0; sh < NSHAPE; sh++) { /* a shape's rounds, then the next shape's */
+        built b[2] = {{NULL, NULL}, {NULL, NULL}}; /* fp32, bf16 */
+        if (!run_shape[sh]) continue;
+        for (r = 0; r < rounds; r++) {
+            for (i = sh * NPREC; i < (sh + 1) * NPREC; i++) {
+                config *c = &cs[i];
+                int reps = quick && c->s->reps > 3 ? 3 : c->s->reps;
+                if (only && c->threads != only) continue;
+                c->ours[r] = bench_ours(c, &b[c->bf16], reps);
+                pdp_shutdown_threads(); /* no pdp workers alive while a peer runs */
+                if (have_torch) c->torch[r] = bench_torch(c, reps, torch_script);
+                if (have_llmc && !c->bf16) c->llmc[r] = bench_llmc(c, reps, llmc_script);
+                fprintf(stderr, "  round %d: %s, %s %d thread(s): pdp %.0f ms, pytorch %.0f ms, "
+                        "llm.c %.0f ms\n", r + 1, c->s->word, c->bf16 ? "bf16" : "fp32",
+                        c->threads, c->ours[r], c->torch[r], c->llmc[r]);
+            }
+            measure_peaks(path, &peak32, &peak16);
+        }
+        unbuild(&b[0]);
+        unbuild(&b[1]);
+    }
+    for (i = 0; i < NSHAPE; i++)
+        if (run_shape[i]) print_shape(&cs[i * NPREC], rounds, only, peak32, peak16, have_llmc);
+    printf("\nattention: the causal self-attention between c_attn and c_proj (its products, the "
            "softmax); Linear: the blocks' c_attn, c_proj, c_fc, c_proj (GEMMs and bias); "
            "resid+emb: residual copies and adds, the embedding; head+CE: the tied head's GEMMs "
            "and the cross-entropy; AdamW: step and zero_grad; rest: the bench's loop\n");

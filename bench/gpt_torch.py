@@ -3,8 +3,10 @@
 
 The model is tools/gpt_reference.py's architecture (nanoGPT's: pre-LayerNorm blocks,
 c_attn / c_proj attention with the causal mask built per call, GELU tanh MLP, the head
-tied to wte), sized as bench/gpt.c's: vocab 256, context 256, 6 layers, 6 heads, dim 384,
-batch 8 x 256, dropout 0, torch.manual_seed(1), GPT-2's initialisation. The step is the
+tied to wte), sized as bench/gpt.c's shape of the run: by default the machine-sized model
+(vocab 256, context 256, 6 layers, 6 heads, dim 384, batch 8 x 256); --shape
+vocab,context,layers,heads,dim,batch,seq another (GPT-2 124M at 4 x 64:
+--shape 50257,1024,12,12,768,4,64); dropout 0, torch.manual_seed(1), GPT-2's initialisation. The step is the
 one bench/gpt.c times: zero_grad (set_to_none=False: pdp zeroes its gradients too),
 forward, cross-entropy (mean), backward, AdamW (lr 6e-4, betas (0.9, 0.95), eps 1e-8,
 weight_decay 0.1 on every parameter). A configuration ending in bf16 runs the forward
@@ -20,7 +22,7 @@ OMP_NUM_THREADS and MKL_NUM_THREADS before torch is imported (Debian's torch run
 GEMMs on OpenBLAS, whose pool ignores torch.set_num_threads), so each thread count runs
 in its own child process.
 
-Usage: /usr/bin/python3 bench/gpt_torch.py [--reps 5] fp32:1 bf16:2 ...
+Usage: /usr/bin/python3 bench/gpt_torch.py [--reps 5] [--shape V,ctx,L,H,C,B,T] fp32:1 bf16:2 ...
 """
 import math
 import os
@@ -30,7 +32,7 @@ import sys
 import time
 
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-VOCAB, CONTEXT, LAYERS, HEADS, DIM, BATCH = 256, 256, 6, 6, 384, 8
+VOCAB, CONTEXT, LAYERS, HEADS, DIM, BATCH, SEQ = 256, 256, 6, 6, 384, 8, 256
 
 
 def make_gpt():
@@ -99,8 +101,8 @@ def bench(bf16, threads, reps):
     model = make_gpt()
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.1)
-    ids = torch.randint(0, VOCAB, (BATCH, CONTEXT))
-    targets = torch.randint(0, VOCAB, (BATCH, CONTEXT))
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    targets = torch.randint(0, VOCAB, (BATCH, SEQ))
 
     def step():
         opt.zero_grad(set_to_none=False)
@@ -123,12 +125,19 @@ def bench(bf16, threads, reps):
 
 
 def main(argv):
-    reps, configs = 5, []
+    global VOCAB, CONTEXT, LAYERS, HEADS, DIM, BATCH, SEQ
+    reps, configs, shape = 5, [], []
     args = list(argv)
     while args:
         a = args.pop(0)
         if a == "--reps":
             reps = int(args.pop(0))
+        elif a == "--shape":
+            shape = ["--shape", args.pop(0)]
+            dims = [int(v) for v in shape[1].split(",")]
+            if len(dims) != 7 or min(dims) < 1 or dims[6] > dims[1] or dims[4] % dims[3]:
+                raise SystemExit("gpt_torch.py: bad --shape %r (V,ctx,L,H,C,B,T)" % shape[1])
+            VOCAB, CONTEXT, LAYERS, HEADS, DIM, BATCH, SEQ = dims
         else:
             parts = a.split(":")
             if len(parts) != 2 or parts[0] not in ("fp32", "bf16"):
@@ -140,7 +149,7 @@ def main(argv):
     if len(counts) > 1 or any(os.environ.get(v) != str(counts[0]) for v in THREAD_VARS):
         for n in counts:  # a child per thread count, with the pools' sizes in its environment
             env = dict(os.environ, **{v: str(n) for v in THREAD_VARS})
-            subprocess.run([sys.executable, __file__, "--reps", str(reps)]
+            subprocess.run([sys.executable, __file__, "--reps", str(reps)] + shape
                            + ["%s:%d" % ("bf16" if c[0] else "fp32", c[1])
                               for c in configs if c[1] == n], env=env, check=True)
         return
