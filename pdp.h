@@ -3495,9 +3495,11 @@ pdp_status pdp_cudak_linear_bwd(int dev, const float *x, const float *w, const f
 pdp_status pdp_cudak_act_fwd(int dev, pdp_cudak_act act, const float *x, float *y, int64_t count);
 pdp_status pdp_cudak_act_bwd(int dev, pdp_cudak_act act, const float *x, const float *y,
                              const float *dy, float *dx, int64_t count);
+/* Sample s's element j keyed (seed, layer, step, sample_base + s; first + j): first is
+   the element of the whole sample that element 0 is (a slice of the sequence: tp_seq). */
 pdp_status pdp_cudak_dropout_fwd(int dev, const float *x, float *y, float *mask, int64_t batch,
                                  int64_t n, float p, uint64_t seed, int layer, uint64_t step,
-                                 int64_t sample_base);
+                                 int64_t sample_base, int64_t first);
 /* dx = dy * mask */
 pdp_status pdp_cudak_mul(int dev, const float *dy, const float *mask, float *dx, int64_t count);
 pdp_status pdp_cudak_layernorm_fwd(int dev, const float *x, const float *w, const float *b,
@@ -14977,12 +14979,10 @@ PDP__PRIVATE pdp_status pdp__dropout_cuda_forward(const pdp__layer *l, const pdp
 {
     int dev = io->device.ordinal;
     int64_t n = io->batch * l->in_count;
-    if (l->mask_first != 0 && io->training && l->p != 0.0f)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "a Dropout on a slice of the sequence (sequence "
-                        "parallel) runs on the CPU for now");
     if (io->training && l->p != 0.0f)
         return pdp_cudak_dropout_fwd(dev, io->x, io->y, io->saved, io->batch, l->in_count, l->p,
-                                     io->seed, l->mask_index, io->step, io->sample_base);
+                                     io->seed, l->mask_index, io->step, io->sample_base,
+                                     l->mask_first);
     if (io->y == io->x) return PDP_OK;
     return pdp_cudak_memcpy(dev, io->y, dev, io->x, (size_t)n * sizeof(float));
 }
@@ -26681,11 +26681,6 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
         (st = pdp_model_add_tied_linear(m, "transformer.wte.weight")) != PDP_OK)
         goto fail;
     if (d.sequence_parallel) pdp__tp_mark_sequence(m);
-    if (d.tp && m->device.kind != PDP_DEVICE_CPU) {
-        st = pdp__err(PDP_ERR_UNSUPPORTED, "a GPT split by heads (desc.tp) runs on the CPU for "
-                      "now");
-        goto fail;
-    }
     if ((st = d.tp ? pdp__gpt_init_tp(m, &d) : pdp__gpt_init(m, &d)) != PDP_OK) goto fail;
     *out = m;
     return PDP_OK;
