@@ -303,8 +303,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         PDP_TRY(pdp_model_flat(mc, &pc, NULL));
         PDP_TRY(pdp_model_flat(m, &pg, NULL));
         if (tp == 1) PDP_TRY(pdp_tensor_copy(&pc, &pg));
-        snprintf(file, sizeof file, "/tmp/train_gpt_%lld.safetensors", seed);
         if (tp > 1) { /* every TP rank: collective */
+            snprintf(file, sizeof file, "/tmp/train_gpt_%lld.safetensors", (long long)seed);
             PDP_TRY(pdp_tp_checkpoint_save(file, m, NULL));
             PDP_TRY(pdp_checkpoint_load(file, mc, NULL));
             PDP_TRY(pdp_comm_barrier(tpc, NULL)); /* all have read it */
