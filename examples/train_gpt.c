@@ -12,7 +12,7 @@
    (gpt.h: the layers between the blocks hold T / N positions); -recompute
    selective|full trades compute for activation memory; -device cuda trains on GPUs
    (pdp_cuda.cu's kernels): single on GPU 0, dp on -np GPUs from one thread, ddp and zero
-   on a thread rank per GPU over NCCL (a CPU copy of the model writes the text). It prints
+   and -tp on a thread rank per GPU over NCCL (a CPU copy of the model writes the text). It prints
    one block's activations beside Megatron-LM's formulas (each recomputation mode), the
    losses, each rank's memory beside the formulas (and, on several ranks, which ZeRO stage
    saves what), and text.

@@ -2894,8 +2894,11 @@ TEST cuda_launch_nccl_thread_ranks(void)
    parts, each rank's heads' attention, attn.c_proj row-parallel; the MLP as TP's) on 2
    GPUs over NCCL thread ranks, without and with sequence parallelism (B 2: the rank
    blocks reordered through the workspace; dropout on a slice of the sequence keyed by
-   the global position), against the single-device GPT on the CPU: 3 AdamW steps with
-   dropout 0.1 and pdp_clip_grad_norm below every step's norm; loss and norm each step,
+   the global position), against the single-device GPT on the CPU: 3 AdamW steps (lr 1e-3,
+   as test_gpt_sp.c's: AdamW divides by |g| + eps, so a gradient that cancels to 1e-7 of
+   the largest, as one of h.1.mlp.c_proj.weight's here, turns the float rounding of the
+   other sums into a step of up to lr) with dropout 0.1 and pdp_clip_grad_norm below every
+   step's norm; loss and norm each step,
    the parameters at the end through pdp_tp_checkpoint_save (gathered on the GPUs) loaded
    on the CPU. Vocab 11, T 8, dim 16, 2 heads, 2 layers: small for the emulator. */
 enum { TG_V = 11, TG_T = 8, TG_B = 2, TG_STEPS = 3 };
