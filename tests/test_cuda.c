@@ -2898,7 +2898,7 @@ TEST cuda_launch_nccl_thread_ranks(void)
    as test_gpt_sp.c's: AdamW divides by |g| + eps, so a gradient that cancels to 1e-7 of
    the largest, as one of h.1.mlp.c_proj.weight's here, turns the float rounding of the
    other sums into a step of up to lr) with dropout 0.1 and pdp_clip_grad_norm below every
-   step's norm; loss and norm each step,
+   step's norm; loss and norm each step, no device allocation after the first,
    the parameters at the end through pdp_tp_checkpoint_save (gathered on the GPUs) loaded
    on the CPU. Vocab 11, T 8, dim 16, 2 heads, 2 layers: small for the emulator. */
 enum { TG_V = 11, TG_T = 8, TG_B = 2, TG_STEPS = 3 };
@@ -2953,16 +2953,20 @@ static void tg_batch(int s, int32_t *ids, int32_t *tg)
     }
 }
 
-/* TG_STEPS steps of m (its ids in buf, on m's device) with clipping; losses and norms. */
+/* TG_STEPS steps of m (its ids in buf, on m's device) with clipping; losses and norms. On
+   a GPU, *mallocs: the device memory allocations of the steps after the first. */
 static pdp_status tg_train(pdp_model *m, pdp_optim *o, pdp_tensor *buf, float *losses,
-                           float *norms)
+                           float *norms, int64_t *mallocs)
 {
     int32_t ids[TG_B * TG_T], tg[TG_B * TG_T];
     int64_t shape[2] = {TG_B, TG_T};
+    pdp_cuda_memory_stats ms;
     pdp_tensor x;
     pdp_status st;
     int s;
     for (s = 0; s < TG_STEPS; s++) {
+        if (mallocs && s > 0 && (st = pdp_cuda_memory_stats_get(buf->device, &ms))) return st;
+        if (mallocs && s == 1) *mallocs = -ms.device_mallocs;
         tg_batch(s, ids, tg);
         if (buf->device.kind == PDP_DEVICE_CPU)
             memcpy(buf->data, ids, sizeof ids);
@@ -2974,6 +2978,8 @@ static pdp_status tg_train(pdp_model *m, pdp_optim *o, pdp_tensor *buf, float *l
             return st;
         pdp_optim_zero_grad(o);
     }
+    if (mallocs && (st = pdp_cuda_memory_stats_get(buf->device, &ms))) return st;
+    if (mallocs) *mallocs += ms.device_mallocs;
     return PDP_OK;
 }
 
@@ -2987,13 +2993,19 @@ static void *tg_main(void *arg)
     pdp_optim_desc od = tg_adamw();
     pdp_tensor *buf = NULL;
     pdp_gpt_desc gd;
-    int64_t flat[1] = {TG_B * TG_T};
+    int64_t flat[1] = {TG_B * TG_T}, mallocs = 0;
     if ((j->st = pdp_comm_create_nccl(&c, j->g, j->rank))) goto out;
     gd = tg_desc(dev, c, j->sp);
     if ((j->st = pdp_gpt_create(&m, &gd)) || (j->st = pdp_optim_create(&o, m, &od)) ||
         (j->st = pdp_tensor_create(&buf, dev, 1, flat)) ||
-        (j->st = tg_train(m, o, buf, j->losses, j->norms)))
+        (j->st = tg_train(m, o, buf, j->losses, j->norms, &mallocs)))
         goto out;
+    if (mallocs != 0) {
+        j->st = PDP_ERR_INVALID;
+        snprintf(j->msg, sizeof j->msg, "rank %d: %lld device allocations in steps 2-%d",
+                 j->rank, (long long)mallocs, TG_STEPS);
+        goto out;
+    }
     j->st = pdp_tp_checkpoint_save(j->path, m, o);
 out:
     if (j->st && !j->msg[0])
@@ -3025,7 +3037,7 @@ static enum greatest_test_res check_tp_gpt(bool sp)
     ASSERTm(pdp_last_error(), pdp_gpt_create(&ref, &gd) == PDP_OK);
     ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, ref, &od), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&buf, pdp_cpu(), 1, flat), pdp_status_name);
-    ASSERTm(pdp_last_error(), tg_train(ref, o, buf, losses, norms) == PDP_OK);
+    ASSERTm(pdp_last_error(), tg_train(ref, o, buf, losses, norms, NULL) == PDP_OK);
     for (s = 0; s < TG_STEPS; s++) ASSERTm("clipping at every step", norms[s] > TG_CLIP);
     snprintf(path, sizeof path, "/tmp/pdp_test_cuda_tp_gpt_%d.safetensors", (int)getpid());
     memset(jobs, 0, sizeof jobs);
