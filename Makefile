@@ -443,6 +443,9 @@ emu-cuda-test: $(EMU_PROGRAMS) $(EB)/bench_gpu $(EMU_STACK_CHECK)
 	@PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
 	    "./$(EB)/train_gpt -strategy ddp -np 2 $(EMU_GPT)" \
 	    "./$(EB)/train_gpt -strategy ddp -np 2 -device cuda $(EMU_GPT)"
+	@echo "== $(EB)/train_gpt -tp 2 -sp 1 -device cuda (TP + SP, a thread per GPU), against the CPU"
+	@PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
+	    "./$(EB)/train_gpt -tp 2 -sp 1 $(EMU_GPT)" "./$(EB)/train_gpt -tp 2 -sp 1 -device cuda $(EMU_GPT)"
 
 # ---- cross-test: ARM64 under QEMU user mode, and tcc (issue 27, items 3 and 4) ----
 # make cross-test   1. ARM64: builds CROSS_TESTS for aarch64 with $(CROSS_CC) (Debian's

@@ -2677,9 +2677,10 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
    model without f and g, so a TP model draws the single-device model's masks (dropout
    after g, and attention dropout by global head, train as one device does).
 
-   Limits: sequence parallelism is built for pdp_gpt_create's GPT (its Dropout on a slice
-   runs on the CPU, as the GPT split by heads does); the TP kinds run on the CPU and on CUDA (f and g are the communicator's
-   all-reduce on the device's buffers); no Dropout inside an MLP block (its masks are
+   Limits: sequence parallelism is built for pdp_gpt_create's GPT (which runs split by
+   heads, with or without it, on the CPU and on CUDA over NCCL: tests/test_cuda.c); the TP
+   kinds run on the CPU and on CUDA (f and g are the communicator's all-reduce on the
+   device's buffers); no Dropout inside an MLP block (its masks are
    keyed by the element's index in the slice); a DP replica (dp.c) of a TP model is not
    supported. */
 
@@ -3513,9 +3514,11 @@ pdp_status pdp_cudak_linear_bwd(int dev, const float *x, const float *w, const f
 pdp_status pdp_cudak_act_fwd(int dev, pdp_cudak_act act, const float *x, float *y, int64_t count);
 pdp_status pdp_cudak_act_bwd(int dev, pdp_cudak_act act, const float *x, const float *y,
                              const float *dy, float *dx, int64_t count);
+/* Sample s's element j keyed (seed, layer, step, sample_base + s; first + j): first is
+   the element of the whole sample that element 0 is (a slice of the sequence: tp_seq). */
 pdp_status pdp_cudak_dropout_fwd(int dev, const float *x, float *y, float *mask, int64_t batch,
                                  int64_t n, float p, uint64_t seed, int layer, uint64_t step,
-                                 int64_t sample_base);
+                                 int64_t sample_base, int64_t first);
 /* dx = dy * mask */
 pdp_status pdp_cudak_mul(int dev, const float *dy, const float *mask, float *dx, int64_t count);
 pdp_status pdp_cudak_layernorm_fwd(int dev, const float *x, const float *w, const float *b,
@@ -15074,12 +15077,10 @@ PDP__PRIVATE pdp_status pdp__dropout_cuda_forward(const pdp__layer *l, const pdp
 {
     int dev = io->device.ordinal;
     int64_t n = io->batch * l->in_count;
-    if (l->mask_first != 0 && io->training && l->p != 0.0f)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "a Dropout on a slice of the sequence (sequence "
-                        "parallel) runs on the CPU for now");
     if (io->training && l->p != 0.0f)
         return pdp_cudak_dropout_fwd(dev, io->x, io->y, io->saved, io->batch, l->in_count, l->p,
-                                     io->seed, l->mask_index, io->step, io->sample_base);
+                                     io->seed, l->mask_index, io->step, io->sample_base,
+                                     l->mask_first);
     if (io->y == io->x) return PDP_OK;
     return pdp_cudak_memcpy(dev, io->y, dev, io->x, (size_t)n * sizeof(float));
 }
@@ -26778,11 +26779,6 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
         (st = pdp_model_add_tied_linear(m, "transformer.wte.weight")) != PDP_OK)
         goto fail;
     if (d.sequence_parallel) pdp__tp_mark_sequence(m);
-    if (d.tp && m->device.kind != PDP_DEVICE_CPU) {
-        st = pdp__err(PDP_ERR_UNSUPPORTED, "a GPT split by heads (desc.tp) runs on the CPU for "
-                      "now");
-        goto fail;
-    }
     if ((st = d.tp ? pdp__gpt_init_tp(m, &d) : pdp__gpt_init(m, &d)) != PDP_OK) goto fail;
     *out = m;
     return PDP_OK;

@@ -766,12 +766,13 @@ extern "C" pdp_status pdp_cudak_act_bwd(int dev, pdp_cudak_act act, const float 
 
 static __global__ void pdp__dropout_fwd(const float *x, float *y, float *mask, int64_t batch,
                                         int64_t n, uint32_t thr, float scale, uint64_t seed,
-                                        int layer, uint64_t step, int64_t sample_base)
+                                        int layer, uint64_t step, int64_t sample_base,
+                                        int64_t first)
 {
     PDP__FOR(i, batch * n) {
         int64_t s = i / n, j = i % n;
         uint64_t key = pdp__dropout_key(seed, layer, step, sample_base + s);
-        float m = pdp__dropout_bits(key, j) >= thr ? scale : 0.0f;
+        float m = pdp__dropout_bits(key, first + j) >= thr ? scale : 0.0f;
         mask[i] = m;
         y[i] = x[i] * m;
     }
@@ -784,7 +785,8 @@ static __global__ void pdp__mul_fwd(const float *a, const float *b, float *out, 
 
 extern "C" pdp_status pdp_cudak_dropout_fwd(int dev, const float *x, float *y, float *mask,
                                             int64_t batch, int64_t n, float p, uint64_t seed,
-                                            int layer, uint64_t step, int64_t sample_base)
+                                            int layer, uint64_t step, int64_t sample_base,
+                                            int64_t first)
 {
     pdp__cu_ctx *c;
     pdp_status st;
@@ -792,7 +794,7 @@ extern "C" pdp_status pdp_cudak_dropout_fwd(int dev, const float *x, float *y, f
     if (batch * n <= 0) return PDP_OK;
     pdp__dropout_fwd<<<pdp__cu_grid(batch * n), PDP__CU_THREADS, 0, c->stream>>>(
         x, y, mask, batch, n, pdp__dropout_threshold(p), 1.0f / (1.0f - p), seed, layer, step,
-        sample_base);
+        sample_base, first);
     PDP__LAUNCHED(pdp__dropout_fwd);
     return PDP_OK;
 }

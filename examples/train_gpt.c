@@ -12,7 +12,7 @@
    (gpt.h: the layers between the blocks hold T / N positions); -recompute
    selective|full trades compute for activation memory; -device cuda trains on GPUs
    (pdp_cuda.cu's kernels): single on GPU 0, dp on -np GPUs from one thread, ddp and zero
-   on a thread rank per GPU over NCCL (a CPU copy of the model writes the text). It prints
+   and -tp on a thread rank per GPU over NCCL (a CPU copy of the model writes the text). It prints
    one block's activations beside Megatron-LM's formulas (each recomputation mode), the
    losses, each rank's memory beside the formulas (and, on several ranks, which ZeRO stage
    saves what), and text.
@@ -293,13 +293,23 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_ddp_free(ddp);
     pdp_dp_free(dp);
 
-    if (cuda && rank == 0) { /* the trained parameters into a CPU copy, which writes */
+    if (cuda && rank == 0) { /* the trained parameters into a CPU copy, which writes; split
+                                by -tp: the full tensors through the single-device file */
         pdp_tensor pc, pg;
+        char file[64];
         gd.device = pdp_cpu();
+        gd.tp = NULL, gd.sequence_parallel = false;
         PDP_TRY(pdp_gpt_create(&mc, &gd));
         PDP_TRY(pdp_model_flat(mc, &pc, NULL));
         PDP_TRY(pdp_model_flat(m, &pg, NULL));
-        PDP_TRY(pdp_tensor_copy(&pc, &pg));
+        if (tp == 1) PDP_TRY(pdp_tensor_copy(&pc, &pg));
+        if (tp > 1) { /* every TP rank: collective */
+            snprintf(file, sizeof file, "/tmp/train_gpt_%lld.safetensors", (long long)seed);
+            PDP_TRY(pdp_tp_checkpoint_save(file, m, NULL));
+            PDP_TRY(pdp_checkpoint_load(file, mc, NULL));
+            PDP_TRY(pdp_comm_barrier(tpc, NULL)); /* all have read it */
+            if (ctx->rank == 0) remove(file);
+        }
     }
     if (rank == 0) { /* write: the prompt's bytes, then n_new bytes drawn one at a time (by
                         every TP rank of the first copy: each forward is collective) */
@@ -368,11 +378,6 @@ int main(int argc, char **argv)
         return 2;
     }
     cuda = !strcmp(device, "cuda");
-    if (cuda && tp > 1) {
-        fprintf(stderr, "-tp %d with -device cuda: tensor parallelism of the GPT runs on CPU "
-                "thread ranks only (-device cpu)\n", tp);
-        return 2;
-    }
     if (cuda) ld.backend = PDP_BACKEND_NCCL; /* a thread per GPU: ctx->device is its GPU */
     PDP_CHECK(pdp_set_num_threads(threads));
     g.dropout = (float)dropout;

@@ -137,9 +137,11 @@ pdp_status pdp_cudak_linear_bwd(int dev, const float *x, const float *w, const f
 pdp_status pdp_cudak_act_fwd(int dev, pdp_cudak_act act, const float *x, float *y, int64_t count);
 pdp_status pdp_cudak_act_bwd(int dev, pdp_cudak_act act, const float *x, const float *y,
                              const float *dy, float *dx, int64_t count);
+/* Sample s's element j keyed (seed, layer, step, sample_base + s; first + j): first is
+   the element of the whole sample that element 0 is (a slice of the sequence: tp_seq). */
 pdp_status pdp_cudak_dropout_fwd(int dev, const float *x, float *y, float *mask, int64_t batch,
                                  int64_t n, float p, uint64_t seed, int layer, uint64_t step,
-                                 int64_t sample_base);
+                                 int64_t sample_base, int64_t first);
 /* dx = dy * mask */
 pdp_status pdp_cudak_mul(int dev, const float *dy, const float *mask, float *dx, int64_t count);
 pdp_status pdp_cudak_layernorm_fwd(int dev, const float *x, const float *w, const float *b,

@@ -211,11 +211,6 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
         (st = pdp_model_add_tied_linear(m, "transformer.wte.weight")) != PDP_OK)
         goto fail;
     if (d.sequence_parallel) pdp__tp_mark_sequence(m);
-    if (d.tp && m->device.kind != PDP_DEVICE_CPU) {
-        st = pdp__err(PDP_ERR_UNSUPPORTED, "a GPT split by heads (desc.tp) runs on the CPU for "
-                      "now");
-        goto fail;
-    }
     if ((st = d.tp ? pdp__gpt_init_tp(m, &d) : pdp__gpt_init(m, &d)) != PDP_OK) goto fail;
     *out = m;
     return PDP_OK;

@@ -985,12 +985,10 @@ PDP__PRIVATE pdp_status pdp__dropout_cuda_forward(const pdp__layer *l, const pdp
 {
     int dev = io->device.ordinal;
     int64_t n = io->batch * l->in_count;
-    if (l->mask_first != 0 && io->training && l->p != 0.0f)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "a Dropout on a slice of the sequence (sequence "
-                        "parallel) runs on the CPU for now");
     if (io->training && l->p != 0.0f)
         return pdp_cudak_dropout_fwd(dev, io->x, io->y, io->saved, io->batch, l->in_count, l->p,
-                                     io->seed, l->mask_index, io->step, io->sample_base);
+                                     io->seed, l->mask_index, io->step, io->sample_base,
+                                     l->mask_first);
     if (io->y == io->x) return PDP_OK;
     return pdp_cudak_memcpy(dev, io->y, dev, io->x, (size_t)n * sizeof(float));
 }

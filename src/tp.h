@@ -120,9 +120,10 @@
    model without f and g, so a TP model draws the single-device model's masks (dropout
    after g, and attention dropout by global head, train as one device does).
 
-   Limits: sequence parallelism is built for pdp_gpt_create's GPT (its Dropout on a slice
-   runs on the CPU, as the GPT split by heads does); the TP kinds run on the CPU and on CUDA (f and g are the communicator's
-   all-reduce on the device's buffers); no Dropout inside an MLP block (its masks are
+   Limits: sequence parallelism is built for pdp_gpt_create's GPT (which runs split by
+   heads, with or without it, on the CPU and on CUDA over NCCL: tests/test_cuda.c); the TP
+   kinds run on the CPU and on CUDA (f and g are the communicator's all-reduce on the
+   device's buffers); no Dropout inside an MLP block (its masks are
    keyed by the element's index in the slice); a DP replica (dp.c) of a TP model is not
    supported. */
 

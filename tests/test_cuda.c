@@ -3258,6 +3258,203 @@ TEST cuda_nccl_gpt_pipeline_matches_cpu(void)
     PASS();
 }
 
+/* The GPT split by heads (pdp_gpt_create with desc.tp: c_attn column-parallel in q | k | v
+   parts, each rank's heads' attention, attn.c_proj row-parallel; the MLP as TP's) on 2
+   GPUs over NCCL thread ranks, without and with sequence parallelism (B 2: the rank
+   blocks reordered through the workspace; dropout on a slice of the sequence keyed by
+   the global position), against the single-device GPT on the CPU: 3 AdamW steps (lr 1e-3,
+   as test_gpt_sp.c's: AdamW divides by |g| + eps, so a gradient that cancels to 1e-7 of
+   the largest, as one of h.1.mlp.c_proj.weight's here, turns the float rounding of the
+   other sums into a step of up to lr) with dropout 0.1 and pdp_clip_grad_norm below every
+   step's norm; loss and norm each step, no device allocation after the first,
+   the parameters at the end through pdp_tp_checkpoint_save (gathered on the GPUs) loaded
+   on the CPU. Vocab 11, T 8, dim 16, 2 heads, 2 layers: small for the emulator. */
+enum { TG_V = 11, TG_T = 8, TG_B = 2, TG_STEPS = 3 };
+#define TG_CLIP 0.25f
+
+typedef struct tg_job {
+    pdp_nccl_group *g;
+    int rank;
+    bool sp;
+    const char *path;
+    float losses[TG_STEPS], norms[TG_STEPS];
+    pdp_status st;
+    char msg[1100];
+} tg_job;
+
+static pdp_gpt_desc tg_desc(pdp_device dev, pdp_comm *tp, bool sp)
+{
+    pdp_gpt_desc gd;
+    memset(&gd, 0, sizeof gd);
+    gd.vocab = TG_V;
+    gd.context = TG_T;
+    gd.layers = 2;
+    gd.heads = 2;
+    gd.dim = 16;
+    gd.dropout = 0.1f;
+    gd.seed = 7;
+    gd.device = dev;
+    gd.tp = tp;
+    gd.sequence_parallel = sp;
+    return gd;
+}
+
+static pdp_optim_desc tg_adamw(void)
+{
+    pdp_optim_desc od;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW;
+    od.lr = 1e-3f;
+    od.weight_decay = 0.1f;
+    return od;
+}
+
+/* Step s's tokens and targets (every fifth target -1: ignored). */
+static void tg_batch(int s, int32_t *ids, int32_t *tg)
+{
+    pdp_rng r;
+    int i;
+    pdp_rng_seed(&r, 23, (uint64_t)s);
+    for (i = 0; i < TG_B * TG_T; i++) {
+        ids[i] = (int32_t)pdp_rng_below(&r, TG_V);
+        tg[i] = i % 5 == 3 ? -1 : (int32_t)pdp_rng_below(&r, TG_V);
+    }
+}
+
+/* TG_STEPS steps of m (its ids in buf, on m's device) with clipping; losses and norms. On
+   a GPU, *mallocs: the device memory allocations of the steps after the first. */
+static pdp_status tg_train(pdp_model *m, pdp_optim *o, pdp_tensor *buf, float *losses,
+                           float *norms, int64_t *mallocs)
+{
+    int32_t ids[TG_B * TG_T], tg[TG_B * TG_T];
+    int64_t shape[2] = {TG_B, TG_T};
+    pdp_cuda_memory_stats ms;
+    pdp_tensor x;
+    pdp_status st;
+    int s;
+    for (s = 0; s < TG_STEPS; s++) {
+        if (mallocs && s > 0 && (st = pdp_cuda_memory_stats_get(buf->device, &ms))) return st;
+        if (mallocs && s == 1) *mallocs = -ms.device_mallocs;
+        tg_batch(s, ids, tg);
+        if (buf->device.kind == PDP_DEVICE_CPU)
+            memcpy(buf->data, ids, sizeof ids);
+        else if ((st = pdp_tensor_upload(buf, (const float *)(const void *)ids)))
+            return st;
+        if ((st = pdp_tensor_wrap_ids((int32_t *)(void *)buf->data, buf->device, 2, shape, &x)) ||
+            (st = pdp_model_forward_backward(m, &x, tg, &losses[s])) ||
+            (st = pdp_clip_grad_norm(m, TG_CLIP, &norms[s])) || (st = pdp_optim_step(o)))
+            return st;
+        pdp_optim_zero_grad(o);
+    }
+    if (mallocs && (st = pdp_cuda_memory_stats_get(buf->device, &ms))) return st;
+    if (mallocs) *mallocs += ms.device_mallocs;
+    return PDP_OK;
+}
+
+static void *tg_main(void *arg)
+{
+    tg_job *j = (tg_job *)arg;
+    pdp_device dev = pdp_cuda(j->rank);
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = tg_adamw();
+    pdp_tensor *buf = NULL;
+    pdp_gpt_desc gd;
+    int64_t flat[1] = {TG_B * TG_T}, mallocs = 0;
+    if ((j->st = pdp_comm_create_nccl(&c, j->g, j->rank))) goto out;
+    gd = tg_desc(dev, c, j->sp);
+    if ((j->st = pdp_gpt_create(&m, &gd)) || (j->st = pdp_optim_create(&o, m, &od)) ||
+        (j->st = pdp_tensor_create(&buf, dev, 1, flat)) ||
+        (j->st = tg_train(m, o, buf, j->losses, j->norms, &mallocs)))
+        goto out;
+    if (mallocs != 0) {
+        j->st = PDP_ERR_INVALID;
+        snprintf(j->msg, sizeof j->msg, "rank %d: %lld device allocations in steps 2-%d",
+                 j->rank, (long long)mallocs, TG_STEPS);
+        goto out;
+    }
+    j->st = pdp_tp_checkpoint_save(j->path, m, o);
+out:
+    if (j->st && !j->msg[0])
+        snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
+    pdp_tensor_free(buf);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+static enum greatest_test_res check_tp_gpt(bool sp)
+{
+    tg_job jobs[2];
+    pdp_device devs[2] = {pdp_cuda(0), pdp_cuda(1)};
+    pdp_nccl_group *g = NULL;
+    pthread_t th[2];
+    pdp_model *ref = NULL, *back = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = tg_adamw();
+    pdp_gpt_desc gd = tg_desc(pdp_cpu(), NULL, false);
+    pdp_tensor *buf = NULL, p, rp;
+    float losses[TG_STEPS], norms[TG_STEPS];
+    int64_t flat[1] = {TG_B * TG_T};
+    char path[96], msg[200];
+    const char *what = sp ? "TP 2 + SP" : "TP 2";
+    int r, s;
+    double e;
+    ASSERTm(pdp_last_error(), pdp_gpt_create(&ref, &gd) == PDP_OK);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, ref, &od), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&buf, pdp_cpu(), 1, flat), pdp_status_name);
+    ASSERTm(pdp_last_error(), tg_train(ref, o, buf, losses, norms, NULL) == PDP_OK);
+    for (s = 0; s < TG_STEPS; s++) ASSERTm("clipping at every step", norms[s] > TG_CLIP);
+    snprintf(path, sizeof path, "/tmp/pdp_test_cuda_tp_gpt_%d.safetensors", (int)getpid());
+    memset(jobs, 0, sizeof jobs);
+    ASSERTm(pdp_last_error(), pdp_nccl_group_create(&g, 2, devs, NULL) == PDP_OK);
+    for (r = 0; r < 2; r++) {
+        jobs[r].g = g;
+        jobs[r].rank = r;
+        jobs[r].sp = sp;
+        jobs[r].path = path;
+        pthread_create(&th[r], NULL, tg_main, &jobs[r]);
+    }
+    for (r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    pdp_nccl_group_free(g);
+    for (r = 0; r < 2; r++) ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+    for (s = 0; s < TG_STEPS; s++)
+        for (r = 0; r < 2; r++) {
+            snprintf(msg, sizeof msg, "%s on GPUs, rank %d, step %d: loss %.9g norm %.9g, CPU "
+                     "%.9g %.9g", what, r, s, (double)jobs[r].losses[s],
+                     (double)jobs[r].norms[s], (double)losses[s], (double)norms[s]);
+            ASSERTm(msg, fabs((double)jobs[r].losses[s] - losses[s]) <= TOL * fabs(losses[s]));
+            ASSERTm(msg, fabs((double)jobs[r].norms[s] - norms[s]) <= TOL * fabs(norms[s]));
+        }
+    /* the full tensors the ranks gathered, on one CPU GPT, against the reference */
+    ASSERTm(pdp_last_error(), pdp_gpt_create(&back, &gd) == PDP_OK);
+    ASSERTm(pdp_last_error(), pdp_checkpoint_load(path, back, NULL) == PDP_OK);
+    remove(path);
+    pdp_model_flat(back, &p, NULL);
+    pdp_model_flat(ref, &rp, NULL);
+    ASSERT_EQ(rp.count, p.count);
+    e = rel_err(p.data, rp.data, rp.count);
+    snprintf(msg, sizeof msg, "%s on GPUs after %d AdamW steps: parameters' relative error %g",
+             what, TG_STEPS, e);
+    ASSERTm(msg, e <= TOL);
+    pdp_tensor_free(buf);
+    pdp_optim_free(o);
+    pdp_model_free(back);
+    pdp_model_free(ref);
+    PASS();
+}
+
+TEST cuda_nccl_tp_gpt_matches_cpu(void)
+{
+    NEED_GPU();
+    if (devices() < 2) SKIPm("the TP GPT over NCCL needs 2 GPUs (PDP_EMU_CUDA_DEVICES=2)");
+    CHECK_CALL(check_tp_gpt(false));
+    CHECK_CALL(check_tp_gpt(true));
+    PASS();
+}
+
 SUITE(cuda)
 {
     RUN_TEST(cuda_batcher_on_device_matches_cpu);
@@ -3294,6 +3491,7 @@ SUITE(cuda)
     RUN_TEST(cuda_clip_grad_norm_matches_cpu);
     RUN_TEST(cuda_nccl_gpt_zero_matches_cpu);
     RUN_TEST(cuda_nccl_gpt_pipeline_matches_cpu);
+    RUN_TEST(cuda_nccl_tp_gpt_matches_cpu);
     if (devices() < 1) {
         RUN_TEST(conf_nccl_needs_a_gpu); /* skips, or fails under PDP_TEST_REQUIRE_CUDA=1 */
     } else {

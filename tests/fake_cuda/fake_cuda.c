@@ -527,12 +527,13 @@ pdp_status pdp_cudak_act_bwd(int dev, pdp_cudak_act act, const float *x, const f
 
 pdp_status pdp_cudak_dropout_fwd(int dev, const float *x, float *y, float *mask, int64_t batch,
                                  int64_t n, float p, uint64_t seed, int layer, uint64_t step,
-                                 int64_t sample_base)
+                                 int64_t sample_base, int64_t first)
 {
     pdp__layer l = fake__layer_of(PDP__DROPOUT, 1, n, 1, 1);
     pdp__layer_io io = fake__io(batch);
     l.p = p;
     l.index = l.mask_index = layer;
+    l.mask_first = first;
     io.x = x, io.y = y, io.saved = mask;
     io.training = true, io.seed = seed, io.step = step, io.sample_base = sample_base;
     return fake__layer(__func__, dev, &l, &io, 0, FAKE__X | FAKE__Y | FAKE__SAVED, NULL);
@@ -688,11 +689,13 @@ pdp_status pdp_cudak_embed_bwd(int dev, const int32_t *ids, const float *dout, f
 }
 
 /* The attention's work (B H T T floats) is checked and poisoned like conv's. head_base
-   (a shard of the heads, which the CPU layer takes from its TP state) is not rebuilt. */
+   (a shard of the heads) is the CPU layer's tp_lo under a TP state, which it only tests. */
 static pdp__layer fake__attn_layer(const pdp_cudak_attn *g, pdp__layer_io *io)
 {
+    static pdp__tp_state shard; /* never read or written */
     pdp__layer l = fake__layer_of(PDP__CAUSAL_SELF_ATTENTION, 2, g->T, 3 * g->C, 1);
     l.heads = g->H;
+    if (g->head_base != 0) l.tp = &shard, l.tp_lo = g->head_base;
     l.p = g->p;
     l.index = l.mask_index = g->layer;
     io->training = g->p != 0.0f;
@@ -713,7 +716,6 @@ pdp_status pdp_cudak_attention_fwd(int dev, const pdp_cudak_attn *g, const float
     pdp__layer_io io = fake__io(g->B);
     pdp__layer l = fake__attn_layer(g, &io);
     FAKE__DEV(dev);
-    if (g->head_base != 0) return FAKE__NOT_IMPLEMENTED("attention on a shard of the heads");
     if (fake__attn_work(__func__, dev, g, work)) return PDP_ERR_CUDA;
     io.x = qkv, io.y = y, io.saved = att;
     return fake__layer(__func__, dev, &l, &io, 0, FAKE__X | FAKE__Y | FAKE__SAVED, NULL);
@@ -725,7 +727,6 @@ pdp_status pdp_cudak_attention_bwd(int dev, const pdp_cudak_attn *g, const float
     pdp__layer_io io = fake__io(g->B);
     pdp__layer l = fake__attn_layer(g, &io);
     FAKE__DEV(dev);
-    if (g->head_base != 0) return FAKE__NOT_IMPLEMENTED("attention on a shard of the heads");
     if (fake__attn_work(__func__, dev, g, work)) return PDP_ERR_CUDA;
     io.x = qkv, io.saved = (float *)att, io.dy = dy, io.dx = dqkv;
     return fake__layer(__func__, dev, &l, &io, 1, FAKE__X | FAKE__SAVED | FAKE__DY | FAKE__DX,
