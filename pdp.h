@@ -799,6 +799,10 @@ static inline const char *pdp_dtype_name(pdp_dtype d)
            ? "bfloat16" : d == PDP_DTYPE_F16 ? "float16" : "unknown dtype";
 }
 
+/* Bytes of one element of dtype: 4 (float32, int32) or 2 (bfloat16, float16); 0 for an
+   unknown value. (The collectives, comm.h, take float32, bfloat16 and float16.) */
+PDP_API size_t pdp_dtype_size(pdp_dtype dtype);
+
 /* A new zero-filled tensor of shape[0..ndim-1]. Fails with PDP_ERR_SHAPE on
    ndim outside 1..4 or a dimension < 1, naming the dimension. */
 PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int ndim,
@@ -2019,9 +2023,6 @@ PDP_API pdp_status pdp_comm_allreduce_ex(pdp_comm *c, void *buf, int64_t count, 
 PDP_API pdp_status pdp_comm_reduce_scatter_ex(pdp_comm *c, const void *send, void *recv,
                                               int64_t recv_count, pdp_dtype dtype,
                                               pdp_reduce_op op, pdp_work **work);
-/* Bytes of one element of dtype: 4 (float32, int32) or 2 (bfloat16, float16); 0 for an
-   unknown value. (The collectives take float32, bfloat16 and float16.) */
-PDP_API size_t pdp_dtype_size(pdp_dtype dtype);
 /* buf on every rank <- buf on root. */
 PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
                                       pdp_work **work);
@@ -7481,6 +7482,12 @@ PDP_API pdp_status pdp_tensor_fill(pdp_tensor *t, float value)
     if (t->device.kind != PDP_DEVICE_CPU) return pdp__dev_fill(t->device, t->data, t->count, value);
     for (i = 0; i < t->count; i++) t->data[i] = value;
     return PDP_OK;
+}
+
+PDP_API size_t pdp_dtype_size(pdp_dtype dt)
+{
+    return dt == PDP_DTYPE_F32 || dt == PDP_DTYPE_I32 ? 4
+           : dt == PDP_DTYPE_BF16 || dt == PDP_DTYPE_F16 ? 2 : 0;
 }
 
 PDP_API pdp_status pdp_tensor_copy(pdp_tensor *dst, const pdp_tensor *src)
@@ -13742,12 +13749,6 @@ PDP__PRIVATE pdp_status pdp__comm_check_dtype(const pdp_comm *c, pdp_dtype dt, c
                         "PDP_DTYPE_F32, PDP_DTYPE_BF16 or PDP_DTYPE_F16", fn, (int)dt, c->name,
                         c->rank);
     return PDP_OK;
-}
-
-PDP_API size_t pdp_dtype_size(pdp_dtype dt)
-{
-    return dt == PDP_DTYPE_F32 || dt == PDP_DTYPE_I32 ? 4
-           : dt == PDP_DTYPE_BF16 || dt == PDP_DTYPE_F16 ? 2 : 0;
 }
 
 /* The all-reduce of every dtype; fn names the public entry. */
@@ -30039,11 +30040,11 @@ PDP_API pdp_status pdp_pp_checkpoint_load(pdp_pp *pp, pdp_optim *o, const char *
                                (size_t)n * sizeof(float));
         }
         if (st == PDP_OK && pp->tied_copy) { /* the head's copy of a tied weight: its owner's */
-            const pdp__param_entry *c = &pp->m->params[pp->tied_param];
+            const pdp__param_entry *copy = &pp->m->params[pp->tied_param];
             pdp_param owner;
-            if ((st = pdp_model_find_param(full, c->name, &owner)) == PDP_OK)
-                st = pdp__dev_copy(pp->m->device, dst + c->offset, pp->m->device,
-                                   src + owner.offset, (size_t)c->count * sizeof(float));
+            if ((st = pdp_model_find_param(full, copy->name, &owner)) == PDP_OK)
+                st = pdp__dev_copy(pp->m->device, dst + copy->offset, pp->m->device,
+                                   src + owner.offset, (size_t)copy->count * sizeof(float));
         }
     }
     if (st == PDP_OK && o) {

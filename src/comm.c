@@ -148,12 +148,6 @@ PDP__PRIVATE pdp_status pdp__comm_check_dtype(const pdp_comm *c, pdp_dtype dt, c
     return PDP_OK;
 }
 
-PDP_API size_t pdp_dtype_size(pdp_dtype dt)
-{
-    return dt == PDP_DTYPE_F32 || dt == PDP_DTYPE_I32 ? 4
-           : dt == PDP_DTYPE_BF16 || dt == PDP_DTYPE_F16 ? 2 : 0;
-}
-
 /* The all-reduce of every dtype; fn names the public entry. */
 PDP__PRIVATE pdp_status pdp__comm_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
                                             pdp_reduce_op op, pdp_work **work, const char *fn)

@@ -147,9 +147,6 @@ PDP_API pdp_status pdp_comm_allreduce_ex(pdp_comm *c, void *buf, int64_t count, 
 PDP_API pdp_status pdp_comm_reduce_scatter_ex(pdp_comm *c, const void *send, void *recv,
                                               int64_t recv_count, pdp_dtype dtype,
                                               pdp_reduce_op op, pdp_work **work);
-/* Bytes of one element of dtype: 4 (float32, int32) or 2 (bfloat16, float16); 0 for an
-   unknown value. (The collectives take float32, bfloat16 and float16.) */
-PDP_API size_t pdp_dtype_size(pdp_dtype dtype);
 /* buf on every rank <- buf on root. */
 PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
                                       pdp_work **work);

@@ -1376,11 +1376,11 @@ PDP_API pdp_status pdp_pp_checkpoint_load(pdp_pp *pp, pdp_optim *o, const char *
                                (size_t)n * sizeof(float));
         }
         if (st == PDP_OK && pp->tied_copy) { /* the head's copy of a tied weight: its owner's */
-            const pdp__param_entry *c = &pp->m->params[pp->tied_param];
+            const pdp__param_entry *copy = &pp->m->params[pp->tied_param];
             pdp_param owner;
-            if ((st = pdp_model_find_param(full, c->name, &owner)) == PDP_OK)
-                st = pdp__dev_copy(pp->m->device, dst + c->offset, pp->m->device,
-                                   src + owner.offset, (size_t)c->count * sizeof(float));
+            if ((st = pdp_model_find_param(full, copy->name, &owner)) == PDP_OK)
+                st = pdp__dev_copy(pp->m->device, dst + copy->offset, pp->m->device,
+                                   src + owner.offset, (size_t)copy->count * sizeof(float));
         }
     }
     if (st == PDP_OK && o) {

@@ -186,6 +186,12 @@ PDP_API pdp_status pdp_tensor_fill(pdp_tensor *t, float value)
     return PDP_OK;
 }
 
+PDP_API size_t pdp_dtype_size(pdp_dtype dt)
+{
+    return dt == PDP_DTYPE_F32 || dt == PDP_DTYPE_I32 ? 4
+           : dt == PDP_DTYPE_BF16 || dt == PDP_DTYPE_F16 ? 2 : 0;
+}
+
 PDP_API pdp_status pdp_tensor_copy(pdp_tensor *dst, const pdp_tensor *src)
 {
     char a[96], b[96];

@@ -56,6 +56,10 @@ static inline const char *pdp_dtype_name(pdp_dtype d)
            ? "bfloat16" : d == PDP_DTYPE_F16 ? "float16" : "unknown dtype";
 }
 
+/* Bytes of one element of dtype: 4 (float32, int32) or 2 (bfloat16, float16); 0 for an
+   unknown value. (The collectives, comm.h, take float32, bfloat16 and float16.) */
+PDP_API size_t pdp_dtype_size(pdp_dtype dtype);
+
 /* A new zero-filled tensor of shape[0..ndim-1]. Fails with PDP_ERR_SHAPE on
    ndim outside 1..4 or a dimension < 1, naming the dimension. */
 PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int ndim,

@@ -1651,6 +1651,8 @@ PDP__PRIVATE const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t b
 
 /* PDP_API pdp_status pdp_tensor_fill(pdp_tensor *t, float value) */
 
+/* PDP_API size_t pdp_dtype_size(pdp_dtype dt) */
+
 /* PDP_API pdp_status pdp_tensor_copy(pdp_tensor *dst, const pdp_tensor *src) */
 
 /* PDP_API pdp_status pdp_tensor_upload(pdp_tensor *t, const void *host) */
@@ -3844,8 +3846,6 @@ PDP__PRIVATE pdp_status pdp__comm_launched(pdp_comm *c, pdp_status st, pdp_work 
                                            double bytes, pdp_work **work, const char *fn);
 
 PDP__PRIVATE pdp_status pdp__comm_check_dtype(const pdp_comm *c, pdp_dtype dt, const char *fn);
-
-/* PDP_API size_t pdp_dtype_size(pdp_dtype dt) */
 
 /* The all-reduce of every dtype; fn names the public entry. */
 PDP__PRIVATE pdp_status pdp__comm_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
