@@ -1,32 +1,25 @@
 /* train_gpt_3d.c - 3-D parallelism: the GPT on DP x TP x PP ranks, and their groups.
 
-   Rank = (d pp + s) tp + t: the t of a TP group are neighbours (the most traffic), then the
-   stages s of a pipeline, then the data-parallel copies d. Three pdp_comm_split calls give
-   each rank its groups: TP (same d, s: each block's weights split by heads, tp.h), PP (same
-   d, t: the blocks cut into stages, pp.h), DP (same s, t: the copies of a stage, whose
-   gradients are averaged). Pipeline d trains on its 1/dp of each global batch (dp x micro x
-   2 windows of the synthetic text; gpt.h's GPT, 4 blocks), AdamW, clipping to norm 1 over
-   all three dimensions. Rank 0 first trains the same GPT on one device: each step prints
-   both losses, then whether they are equal within 1e-5 (if not, the exit status is 1).
-   Then each rank's coordinates, groups, layers, memory, the bytes it sent in the last step
-   beside the formulas (b T C 4: one micro-batch's activation, in bytes) and its bubble
-   beside pdp's formula and Megatron's. -schedule interleaved: -chunks V (default 2) model
-   chunks a stage, without TP (pdp's interleaved 1F1B refuses tensor-parallel stages).
+   Rank = (d pp + s) tp + t: a TP group's ranks are neighbours (the most traffic), then a
+   pipeline's stages s, then the data-parallel copies d. Three pdp_comm_split calls give each
+   rank its TP group (each block's weights split by heads, tp.h), its PP group (the blocks cut
+   into stages, pp.h) and its DP group (the copies of a stage, gradients averaged). Pipeline
+   d trains on its 1/dp of each global batch; AdamW, clipping to norm 1 over all three. Rank
+   0 first trains the same GPT on one device and prints both losses each step (exit status
+   1 if they differ by more than 1e-5); then each rank's groups, layers, memory, the bytes
+   it sent in the last step beside the formulas (b T C 4: one micro-batch's activation) and
+   its bubble beside pdp's formula and Megatron's. -schedule interleaved (-chunks V model
+   chunks a stage) runs without TP: pp.h's interleaved 1F1B takes no tensor-parallel stages.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt_3d.c -o train_gpt_3d -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_gpt_3d.c -o gpt_3d_mpi -lm
    Run:    ./train_gpt_3d                       (2 x 2 x 2: 8 thread ranks; PDP_SHORT=1: 3 steps)
            ./train_gpt_3d -dp 1 -tp 1 -pp 4 -schedule interleaved -micro 8 -chunks 2
            mpirun -np 8 ./gpt_3d_mpi -backend mpi     (make mpi-test checks its losses)
-   Output (PDP_SHORT=1; -backend mpi and -schedule gpipe print the same losses):
-           step 3  loss 4.894898  one device 4.894899  (difference 4.8e-07)
-           equal to one device within 1e-05 (largest difference 4.8e-07 over 3 steps)
-           rank 5 (dp 1, tp 1, pp 0): TP {4 5}  PP {5 7}  DP {1 5}  layers 0..24
-             memory, MB: parameters 0.21  gradients 0.21  AdamW state 0.42  activations 0.86 ..
-             sent last step, bytes: TP 393216 (2(t-1)/t x 2 m R b T C 4 = 393216, R = 3 ...
-               PP 131072 in 4 messages (... = 4, x b T C 4 + V C 4 tied = 131072)
-               DP 208384 (2(d-1)/d x 4 params = 208384)
-             bubble 0.319 measured (it varies); pdp's (p-1)/(v m+p-1) = 0.200, Megatron's ...
+   Output (PDP_SHORT=1): "step 3  loss 4.894898  one device 4.894899 ...", "equal to one
+           device within 1e-05", then per rank: "rank 5 (dp 1, tp 1, pp 0): TP {4 5}  PP {5 7}
+           DP {1 5}  layers 0..24", its memory, "TP 393216 (2(t-1)/t x 2 m R b T C 4 =
+           393216 ...)", PP and DP bytes likewise, and "bubble 0.319 measured; pdp's ...".
    Next:   pdp.h's manual, DISTRIBUTED, "Combinations" (the same groups and formulas). */
 
 #define PDP_IMPLEMENTATION
