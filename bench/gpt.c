@@ -86,6 +86,7 @@ static void *bench_malloc(size_t bytes)
 #include "bench.h"
 
 #define ROUNDS 3
+#define PAR_ROUNDS 5 /* the TP 2 beside DDP 2 table's */
 #define MAX_REPS 8
 #define NSHAPE 2
 #define NPREC 4 /* per shape: fp32 1, fp32 2, bf16 1, bf16 2 threads */
@@ -398,6 +399,7 @@ typedef struct par_job {
     int kind, reps;
     const int32_t *ids, *targets; /* the global batch */
     double ms[MAX_REPS];          /* rank 0's step times */
+    double cpu_s;                 /* the process's CPU seconds over the timed steps (rank 0) */
     int64_t sent;                 /* rank 0's bytes sent over the timed steps */
     int64_t params, act;          /* rank 0's parameters and activation bytes */
 } par_job;
@@ -417,6 +419,7 @@ static pdp_status par_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_comm_stats c0, c1;
     pdp_tensor x;
     float loss;
+    double cpu0 = 0.0;
     int k;
     CHECK(pdp_set_num_threads(j->kind == P_ONE2 ? 2 : 1));
     memset(&gd, 0, sizeof gd);
@@ -434,8 +437,13 @@ static pdp_status par_rank(const pdp_launch_ctx *ctx, void *user)
     shape2[0] = b, shape2[1] = s->seq;
     CHECK(pdp_tensor_wrap_ids((int32_t *)(uintptr_t)(j->ids + off), pdp_cpu(), 2, shape2, &x));
     for (k = -2; k < j->reps; k++) { /* 2 warm-up steps */
-        double t = bench_now();
-        if (k == 0) pdp_comm_get_stats(ctx->world, &c0);
+        double t;
+        if (k == 0) { /* every rank past its warm-up */
+            CHECK(pdp_comm_barrier(ctx->world, NULL));
+            pdp_comm_get_stats(ctx->world, &c0);
+            cpu0 = bench_process_cpu();
+        }
+        t = bench_now();
         if (d) {
             CHECK(pdp_ddp_forward_backward(d, &x, j->targets + off, &loss));
             CHECK(pdp_ddp_finish(d));
@@ -445,8 +453,10 @@ static pdp_status par_rank(const pdp_launch_ctx *ctx, void *user)
         pdp_optim_zero_grad(o);
         if (k >= 0 && ctx->rank == 0) j->ms[k] = 1e3 * (bench_now() - t);
     }
-    pdp_comm_get_stats(ctx->world, &c1);
+    pdp_comm_get_stats(ctx->world, &c1); /* this rank's sends are done */
+    CHECK(pdp_comm_barrier(ctx->world, NULL));
     if (ctx->rank == 0) {
+        j->cpu_s = bench_process_cpu() - cpu0;
         j->sent = c1.bytes_sent - c0.bytes_sent;
         j->params = pdp_model_param_count(m);
         j->act = pdp_model_activation_bytes(m, 0, pdp_model_num_layers(m), b);
@@ -478,10 +488,10 @@ static double par_formula(const shape *s, int kind, int64_t psi)
 static void bench_parallel(const shape *s, int rounds, int reps)
 {
     static par_job js[NPAR];
-    static double med[NPAR][ROUNDS];
+    static double med[NPAR][PAR_ROUNDS], cpu[NPAR][PAR_ROUNDS];
     int64_t n = s->batch * s->seq, i, psi;
     int32_t *ids = malloc((size_t)n * sizeof *ids), *targets = malloc((size_t)n * sizeof *targets);
-    double tokens = (double)n, ms[NPAR], bytes[2];
+    double tokens = (double)n, ms[NPAR], cms[NPAR], bytes[2];
     pdp_rng r;
     int p, k;
     if (!ids || !targets) {
@@ -499,26 +509,36 @@ static void bench_parallel(const shape *s, int rounds, int reps)
             j->s = s, j->kind = p, j->reps = reps, j->ids = ids, j->targets = targets;
             CHECK(pdp_launch(p == P_ONE || p == P_ONE2 ? 1 : 2, NULL, par_rank, j));
             med[p][k] = bench_median(j->ms, reps);
-            fprintf(stderr, "  round %d: %s %.0f ms\n", k + 1, par_name[p], med[p][k]);
+            cpu[p][k] = 1e3 * j->cpu_s / reps;
+            fprintf(stderr, "  round %d: %s %.0f ms, %.0f CPU ms\n", k + 1, par_name[p],
+                    med[p][k], cpu[p][k]);
         }
-    for (p = 0; p < NPAR; p++) ms[p] = bench_median(med[p], rounds);
+    for (p = 0; p < NPAR; p++) {
+        ms[p] = bench_median(med[p], rounds);
+        cms[p] = bench_median(cpu[p], rounds);
+    }
     psi = js[P_ONE].params;
     printf("\nTP 2 beside DDP 2, %s at the same global batch %lld x %lld, fp32, thread ranks of "
            "the local backend, 1 thread a rank; per configuration the median over %d rounds of "
            "the median of %d steps\n", s->name, (long long)s->batch, (long long)s->seq, rounds,
            reps);
-    printf("%-12s | %8s %8s %7s %7s | %10s %10s | %9s %9s %9s\n", "", "ms", "tok/s", "/1 dev",
-           "/DDP 2", "MB sent", "formula", "params", "state MB", "act MB");
+    printf("%-12s | %8s %8s %7s %7s | %8s %7s | %10s %10s | %9s %9s %9s\n", "", "ms", "tok/s",
+           "/1 dev", "/DDP 2", "CPU ms", "/1 dev", "MB sent", "formula", "params", "state MB",
+           "act MB");
     for (p = 0; p < NPAR; p++) {
         const par_job *j = &js[p];
-        printf("%-12s | %8.0f %8.0f %6.2fx %6.2fx | %10.2f %10.2f | %9lld %9.1f %9.1f\n",
-               par_name[p], ms[p], tokens / ms[p] * 1e3, ms[P_ONE] / ms[p], ms[P_DDP] / ms[p],
+        printf("%-12s | %8.0f %8.0f %6.2fx %6.2fx | %8.0f %6.2fx | %10.2f %10.2f | %9lld %9.1f "
+               "%9.1f\n", par_name[p], ms[p], tokens / ms[p] * 1e3, ms[P_ONE] / ms[p],
+               ms[P_DDP] / ms[p], cms[p], cms[p] / cms[P_ONE],
                (double)j->sent / reps / 1e6, par_formula(s, p, psi) / 1e6, (long long)j->params,
                16.0 * (double)j->params / 1e6, (double)j->act / 1e6);
     }
     bytes[0] = par_formula(s, P_DDP, psi), bytes[1] = par_formula(s, P_TP, psi);
     printf("ms: a step (forward, loss, backward, DDP's wait, AdamW, zero_grad) on rank 0; tok/s: "
-           "the global batch's tokens over it; /1 dev, /DDP 2: their ms over this row's; MB sent: "
+           "the global batch's tokens over it; /1 dev, /DDP 2: their ms over this row's; CPU ms: "
+           "the process's CPU time a step, every rank's threads (waits that spin count), /1 dev: "
+           "over one device's (the work a configuration adds, less sensitive to a loaded box than "
+           "ms); MB sent: "
            "by rank 0 a step (pdp_comm_get_stats), formula: DDP 2(N-1)/N x 4 Psi, TP 4L x "
            "2(N-1)/N x 4bsh, SP (8L + 2) x (N-1)/N x 4bsh + (2L + 1) x 2(N-1)/N x 8h; state: "
            "parameters, gradients, AdamW's m and v, 16 bytes a parameter of the rank; act: "
@@ -608,7 +628,7 @@ int main(int argc, char **argv)
     for (i = 0; i < NSHAPE; i++)
         if (run_shape[i]) print_shape(&cs[i * NPREC], rounds, only, peak32, peak16, have_llmc);
     if (par && !only) { /* after the shapes' tables: its own rounds */
-        bench_parallel(&shapes[0], rounds, quick ? 3 : shapes[0].reps);
+        bench_parallel(&shapes[0], quick ? 1 : PAR_ROUNDS, quick ? 3 : shapes[0].reps);
         pdp_shutdown_threads();
     }
     if (run_shape[0] || run_shape[1])

@@ -190,13 +190,13 @@ static void print_block(const pdp_model *m, int64_t b)
     }
     printf("\n    = %.2f, %.2f MB (pdp_model_activation_bytes)\n  pdp keeps every layer's "
            "output in fp32, Megatron what backward reads at 16 bits, so pdp also keeps\n  %s;\n"
-           "  LayerNorm's mean and rstd (16/h a block), no mask for P (it is redrawn); full: 2 a "
-           "block (the regions' inputs)\n", (double)kept / sbh, MB(kept),
+           "  LayerNorm's mean and rstd (16/h a block), no mask for P (it is redrawn); full: "
+           "both regions' inputs, 8%s\n", (double)kept / sbh, MB(kept),
            tp == 1 ? "c_proj's outputs (no backward reads them)"
            : sp    ? "the row-parallel partial sums and g's slices (no backward reads them), f's "
                      "gathered sequence (Megatron: a slice)"
                    : "the row-parallel partial sums and g's sums (no backward reads them), f's "
-                     "copies of LayerNorm's outputs");
+                     "copies of LayerNorm's outputs", sp ? "/t" : "");
 }
 
 /* This rank's memory beside the formula: ZeRO's as allocated, a whole replica's (single,
