@@ -65,9 +65,10 @@
 
    Pinning is the caller's: nice -n -10 taskset -c 1 ./build/bench_gpt 1 for one core,
    taskset -c 0,1 for two.
-   make build/bench_gpt && PDP_LLMC=/path/to/llm.c ./build/bench_gpt [quick] [1 | 2] [small | gpt2 | tp]
+   make build/bench_gpt && PDP_LLMC=/path/to/llm.c ./build/bench_gpt [quick] [1 | 2] [WHAT]
    quick: 1 round, at most 3 timed steps; 1 or 2: only the rows of that many threads (no TP
-   table); small or gpt2: only that shape; tp: only the TP 2 beside DDP 2 table. A full run takes about half an hour on 2 cores with llm.c. */
+   table); WHAT small or gpt2: only that shape; tp: only the TP 2 beside DDP 2 table. A full
+   run takes about half an hour on 2 cores with llm.c. */
 
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>

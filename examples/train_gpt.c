@@ -131,9 +131,10 @@ static void term(char *buf, size_t size, double c, const char *unit)
 }
 
 /* Megatron's count of a layer in recomputation mode (0 none, 1 selective, 2 full: the
-   layer's input), at 16 bits or (fp32) the same tensors at 4 bytes, masks 1 byte, masks and
-   dropped scores only when g.dropout > 0: its formula in bytes per sbh into buf, its value at
-   s, h, a, t as the result. */
+   layer's input, 2 in the paper's Table 2; under SP a rank holds its slice, 2/t), at 16 bits
+   or (fp32) the same tensors at 4 bytes, masks 1 byte, masks and dropped scores only when
+   g.dropout > 0: its formula in bytes per sbh into buf, its value at s, h, a, t as the
+   result. */
 static double megatron(int mode, bool fp32, bool sp, double s, double h, double a, double t,
                        char *buf, size_t size)
 {

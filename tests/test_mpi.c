@@ -722,9 +722,10 @@ MPI_TEST(mpi_gpt_under_ddp_zero3_and_a_pipeline_equals_one_device)
 }
 
 /* The same GPT, its blocks tensor parallel over every rank (the 12 heads split: 1-4 ranks),
-   with and without sequence parallelism (the 8 positions split: 1, 2 and 4 ranks): the whole batch on every rank, the
-   same 2 AdamW steps with clipping; the full-tensor checkpoint the TP ranks write together
-   (pdp_tp_checkpoint_save) loads into one device's GPT and equals the reference. */
+   with and without sequence parallelism (the 8 positions split: 1, 2 and 4 ranks): the
+   whole batch on every rank, the same 2 AdamW steps with clipping; the full-tensor
+   checkpoint the TP ranks write together (pdp_tp_checkpoint_save) loads into one device's
+   GPT and equals the reference. */
 MPI_TEST(mpi_gpt_tensor_and_sequence_parallel_equal_one_device)
 {
     pdp_model *ref = NULL;
