@@ -26933,8 +26933,9 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
    every TP rank. Stage 3's all-gathers run over the DP group only, between the TP
    group's activation collectives, in the same order on every rank. Clipping counts the
    slices over TP (pdp_zero_clip_grad_norm). Tested equal to one device at stages 1-3,
-   DP 2 x TP 2: the GPT with sequence parallelism (tests/test_gpt_sp.c) and Megatron's
-   MLP blocks (tests/test_tp.c).
+   DP 2 x TP 2: the GPT with sequence parallelism under each recomputation mode
+   (tests/test_gpt_sp.c; FULL under stage 3 is refused by model.c: the region's forward,
+   run again inside backward, fires no gather) and Megatron's MLP blocks (tests/test_tp.c).
 
    The checkpoints of this executor are zero_ckpt.c's. */
 
