@@ -552,8 +552,10 @@ static void bench_parallel(const shape *s, int rounds, int reps)
            "path, and every rank repeats the replicated work (LayerNorms, embedding, head, loss, "
            "their AdamW); DDP's all-reduce overlaps backward. What TP buys is memory: a rank "
            "holds 1/N of the blocks' weights, gradients and AdamW state (state MB), which DDP "
-           "replicates, so TP pays off when the model does not fit one device (and over fast "
-           "links: Megatron keeps TP inside a node)\n", bytes[0] / 1e6,
+           "replicates (DDP halves the activations, a rank's half batch; TP those inside the "
+           "blocks, SP also the LayerNorms' and the residual stream's: act MB), so TP pays off "
+           "when the model does not fit one device (and over fast links: Megatron keeps TP "
+           "inside a node)\n", bytes[0] / 1e6,
            4.0 * (double)(s->batch * s->seq * s->dim) / 1e6, (long long)(s->batch * s->seq),
            (long long)(3 * s->dim), bytes[1] / bytes[0]);
     free(ids);
