@@ -398,7 +398,7 @@ static const char *par_name[NPAR] = {"1 device", "1 device 2T", "DDP 2", "TP 2",
 typedef struct par_job {
     const shape *s;
     int kind, reps;
-    const int32_t *ids, *targets; /* the global batch */
+    int32_t *ids, *targets;       /* the global batch */
     double ms[MAX_REPS];          /* rank 0's step times */
     double cpu_s;                 /* the process's CPU seconds over the timed steps (rank 0) */
     int64_t sent;                 /* rank 0's bytes sent over the timed steps */
@@ -436,7 +436,7 @@ static pdp_status par_rank(const pdp_launch_ctx *ctx, void *user)
     if (ddp) CHECK(pdp_ddp_create(&d, m, ctx->world, NULL));
     CHECK(pdp_optim_create(&o, m, &od));
     shape2[0] = b, shape2[1] = s->seq;
-    CHECK(pdp_tensor_wrap_ids((int32_t *)(uintptr_t)(j->ids + off), pdp_cpu(), 2, shape2, &x));
+    CHECK(pdp_tensor_wrap_ids(j->ids + off, pdp_cpu(), 2, shape2, &x));
     for (k = -2; k < j->reps; k++) { /* 2 warm-up steps */
         double t;
         if (k == 0) { /* every rank past its warm-up */
