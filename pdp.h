@@ -442,7 +442,10 @@
    gather for the head and one for the embedding). Each LayerNorm's gradients are summed
    over TP in backward (grad_allreduces); dropout masks are keyed by the global position,
    so it trains as one device does (tests/test_gpt_sp.c: TP 2 and 3, each recomputation
-   mode, with and without dropout, within 1e-5).
+   mode, with and without dropout, within 1e-5; DP 2 x TP 2 under DDP and ZeRO stages 1-3,
+   each mode but FULL at stage 3, which pdp_zero_create refuses; tests/test_mpi.c: TP and
+   TP + SP over MPI at up to 4 ranks). bench/gpt's tp table puts TP 2 beside DDP 2 at the
+   same global batch: bytes sent per step beside the formulas, what a rank holds.
 
    Pipeline parallel (pp.h)
    ------------------------
