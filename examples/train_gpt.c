@@ -46,6 +46,7 @@
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,8 +159,13 @@ static double megatron(int mode, bool fp32, bool sp, double s, double h, double 
    ResidualAdd, at b sequences) beside Megatron's formulas for the run's TP size, sequence
    parallelism and every recomputation mode, in bytes per sbh (s the whole sequence, b this
    rank's sequences), and pdp's own count: each layer's kept bytes from the layer table
-   (pdp_model_activation_bytes, layer by layer). */
-static void print_block(const pdp_model *m, int64_t b)
+   (pdp_model_activation_bytes, layer by layer). Checks that count against pdp's by hand, in
+   floats per sbh: what TP splits, 12/t (c_attn 3, the attention's output 1, c_fc 4, GELU 4)
+   and P's as/(ht) (not under SELECTIVE); 2 the row-parallel outputs, 2 f's outputs (TP);
+   and what SP splits: 2 LayerNorms (1 + 2/h: the output, mean and rstd), 2 g's outputs (TP),
+   2 Dropouts (output and mask, 2 each), 2 ResidualAdds. FULL keeps the adds only. Returns
+   PDP_ERR_STATE when they disagree. */
+static pdp_status print_block(const pdp_model *m, int64_t b)
 {
     static const char *modes[3] = {"none", "selective", "full"};
     double s = (double)g.context, h = (double)g.dim, a = g.heads, t = tp, sbh = s * (double)b * h;
@@ -171,6 +177,10 @@ static void print_block(const pdp_model *m, int64_t b)
         if (!strcmp(name, "ResidualAdd") && ++adds == 2) hi = i + 1;
     }
     int64_t kept = pdp_model_activation_bytes(m, lo, hi, b);
+    double shard = sp ? 1 / t : 1, d = g.dropout > 0, inner = 12 / t + 2 + 2 * (tp > 1);
+    double outer = 2 * (1 + 2 / h) + 2 * (tp > 1) + 4 * d + 2, as = a * s / (h * t);
+    double by_hand = 4 * (g.recompute == PDP_RECOMPUTE_FULL ? 2 * shard
+                          : inner + outer * shard + (g.recompute ? 0 : as));
     printf("one block's activations (layers %d-%d of rank 0), s %g b %lld h %g a %g, TP %d%s: "
            "bytes per sbh, MB\n  recompute  Megatron: 16-bit, 1-byte masks      its tensors in "
            "fp32, p %s 0\n", lo, hi - 1, s, (long long)b, h, a, tp, sp ? " + SP" : "",
@@ -198,6 +208,10 @@ static void print_block(const pdp_model *m, int64_t b)
                      "gathered sequence (Megatron: a slice)"
                    : "the row-parallel partial sums and g's sums (no backward reads them), f's "
                      "copies of LayerNorm's outputs", sp ? "/t" : "");
+    if (fabs((double)kept - by_hand * sbh) <= 1e-6 * (double)kept) return PDP_OK;
+    fprintf(stderr, "one block's activations: %lld bytes measured, %.0f by hand\n",
+            (long long)kept, by_hand * sbh);
+    return PDP_ERR_STATE;
 }
 
 /* This rank's memory beside the formula: ZeRO's as allocated, a whole replica's (single,
@@ -291,7 +305,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     if (cuda) PDP_TRY(pdp_tensor_create(&dx, ctx->device, 1, (int64_t[]){b * T}));
     for (i = 0; i < np; i++) gpus[i] = pdp_cuda((int)i);
     PDP_TRY(pdp_model_reserve(m, b)); /* activations for b sequences: steps allocate nothing */
-    if (ctx->rank == 0) print_block(m, b);
+    if (ctx->rank == 0) PDP_TRY(print_block(m, b)); /* fails if the count by hand differs */
     pdp_optim_desc od = {.kind = PDP_OPTIM_ADAMW, .lr = lr, .beta1 = 0.9, .beta2 = 0.95,
                          .weight_decay = 0.1};
     if (!strcmp(strategy, "dp"))
