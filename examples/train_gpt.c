@@ -16,7 +16,8 @@
    one block's activations on rank 0, layer by layer from pdp's layer table, beside Megatron-LM's
    formulas for the run's TP size and SP (each recomputation mode, at 16 bits and in fp32), the
    losses, each rank's memory beside the formulas (and, on several ranks, which ZeRO stage
-   saves what), and text.
+   saves what), and text. It fails when the layer table's count of a block differs from
+   pdp's count by hand (print_block).
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt.c -o train_gpt -lm -lpthread
            nvcc -O2 -arch=sm_90 -DPDP_CUDA -I. examples/train_gpt.c pdp_cuda.cu -o train_gpt_cuda \
