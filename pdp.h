@@ -442,7 +442,10 @@
    gather for the head and one for the embedding). Each LayerNorm's gradients are summed
    over TP in backward (grad_allreduces); dropout masks are keyed by the global position,
    so it trains as one device does (tests/test_gpt_sp.c: TP 2 and 3, each recomputation
-   mode, with and without dropout, within 1e-5).
+   mode, with and without dropout, within 1e-5; DP 2 x TP 2 under DDP and ZeRO stages 1-3,
+   each mode but FULL at stage 3, which pdp_zero_create refuses; tests/test_mpi.c: TP and
+   TP + SP over MPI at up to 4 ranks). bench/gpt's tp table puts TP 2 beside DDP 2 at the
+   same global batch: bytes sent per step beside the formulas, what a rank holds.
 
    Pipeline parallel (pp.h)
    ------------------------
@@ -2632,8 +2635,9 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
    parallel: split a world of D x T ranks into TP groups (pdp_comm_split(world, rank / T,
    rank, &tp)) and DP groups (pdp_comm_split(world, rank % T, rank, &dp)), build the TP
    model on tp and wrap it in pdp_ddp_create(..., dp, ...): DDP averages each slice's
-   gradient over the ranks holding the same slice. ZeRO (pdp_zero_create on dp) works
-   the same way.
+   gradient over the ranks holding the same slice. ZeRO (pdp_zero_create on dp, stages
+   1-3, with or without sequence parallelism) works the same way: each DP group shards
+   its TP rank's block (zero.c, "Tensor parallelism").
 
    Same model on every rank: the first forward (f's, the first TP layer of every block)
    runs one check over the TP group, as DDP checks its parameters: every TP layer's
@@ -26915,6 +26919,26 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
    already queued on the compute stream (a slice copied into a gather slot, a
    layer still reading the slot being refilled), and its wait makes the compute
    stream wait for it (a buffer added to the shard, cleared or read by a layer).
+
+   Tensor parallelism (DP x TP: pdp_zero_create on the DP group of a model built on a
+   TP group, tp.h). Nothing here knows of TP: a TP rank's model is an ordinary model
+   whose flat block holds its own slices (the column- and row-parallel weights, its
+   heads' q, k and v) and the replicated tensors (LayerNorms, the row-parallel bias,
+   the embeddings), and the ranks of one DP group hold the same slices. So each DP
+   group shards its TP rank's block as any block: units of whole layers, and DP rank d
+   owns slice d of every unit; the world's ranks (d, t) together hold each TP slice
+   once per TP rank t and each replicated tensor once per TP rank (TP size copies, as
+   Megatron's distributed optimizer). Under sequence parallelism a LayerNorm's weight
+   and bias gradients are computed on a rank's positions only; layers_tp.c sums them
+   over TP inside the LayerNorm's backward, into the buffer m->layer_dw points at (the
+   unit's, or at stages 2-3 the bucket buffer it holds), before the grad hook fires,
+   so the reduce-scatter over DP averages the full sequence's gradient, the same on
+   every TP rank. Stage 3's all-gathers run over the DP group only, between the TP
+   group's activation collectives, in the same order on every rank. Clipping counts the
+   slices over TP (pdp_zero_clip_grad_norm). Tested equal to one device at stages 1-3,
+   DP 2 x TP 2: the GPT with sequence parallelism under each recomputation mode
+   (tests/test_gpt_sp.c; FULL under stage 3 is refused by model.c: the region's forward,
+   run again inside backward, fires no gather) and Megatron's MLP blocks (tests/test_tp.c).
 
    The checkpoints of this executor are zero_ckpt.c's. */
 

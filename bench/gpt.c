@@ -53,11 +53,22 @@
    No allocation in the step: PDP_MALLOC counts (as tests/counting_alloc.h does); the
    timed steps after the warm-up must allocate nothing, and the table says how many they did.
 
+   TP 2 beside DDP 2 (issue 25): the machine-sized model's global batch (8 x 256 tokens),
+   fp32, on thread ranks of the local backend with one intra-op thread a rank: one device
+   (1 thread, and 2 threads: both cores, no communication), DDP 2 (4 sequences a rank), TP 2
+   (every rank the 8 sequences on half of each block: pdp_gpt_desc.tp) and TP 2 + SP
+   (.sequence_parallel). Per configuration: ms and tokens/s of a step (rank 0's step, the
+   median of the timed steps, then the median over the rounds), the bytes rank 0 sent a step
+   (pdp_comm_get_stats) beside the formula, and what a rank holds (its parameters, their
+   state at 16 bytes each, its activations); then what the table teaches, with the figures
+   of the formulas (printed by the bench, not typed here).
+
    Pinning is the caller's: nice -n -10 taskset -c 1 ./build/bench_gpt 1 for one core,
    taskset -c 0,1 for two.
-   make build/bench_gpt && PDP_LLMC=/path/to/llm.c ./build/bench_gpt [quick] [1 | 2] [small | gpt2]
-   quick: 1 round, at most 3 timed steps; 1 or 2: only the rows of that many threads; small
-   or gpt2: only that shape. A full run takes about half an hour on 2 cores with llm.c. */
+   make build/bench_gpt && PDP_LLMC=/path/to/llm.c ./build/bench_gpt [quick] [1 | 2] [WHAT]
+   quick: 1 round, at most 3 timed steps; 1 or 2: only the rows of that many threads (no TP
+   table); WHAT small or gpt2: only that shape; tp: only the TP 2 beside DDP 2 table. A full
+   run takes about half an hour on 2 cores with llm.c. */
 
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
@@ -76,6 +87,7 @@ static void *bench_malloc(size_t bytes)
 #include "bench.h"
 
 #define ROUNDS 3
+#define PAR_ROUNDS 5 /* the TP 2 beside DDP 2 table's */
 #define MAX_REPS 8
 #define NSHAPE 2
 #define NPREC 4 /* per shape: fp32 1, fp32 2, bf16 1, bf16 2 threads */
@@ -373,11 +385,188 @@ static void print_shape(config *cs, int rounds, int only, double peak32, double 
     }
 }
 
+/* ---- TP 2 beside DDP 2, the same global batch ---- */
+
+/* The machine-sized model's global batch (B x T tokens) trained five ways on thread ranks of
+   the local backend, one intra-op thread a rank unless said: one device on 1 thread and on 2
+   (the peer that uses both cores without communicating), DDP 2 (B / 2 sequences a rank, the
+   gradients all-reduced in buckets while backward runs), TP 2 (every rank the whole batch on
+   its half of each block: 3 heads, half of c_fc and c_proj) and TP 2 + SP. */
+enum { P_ONE, P_ONE2, P_DDP, P_TP, P_TPSP, NPAR };
+static const char *par_name[NPAR] = {"1 device", "1 device 2T", "DDP 2", "TP 2", "TP 2 + SP"};
+
+typedef struct par_job {
+    const shape *s;
+    int kind, reps;
+    int32_t *ids, *targets;       /* the global batch */
+    double ms[MAX_REPS];          /* rank 0's step times */
+    double cpu_s;                 /* the process's CPU seconds over the timed steps (rank 0) */
+    int64_t sent;                 /* rank 0's bytes sent over the timed steps */
+    int64_t params, act;          /* rank 0's parameters and activation bytes */
+} par_job;
+
+static pdp_status par_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    par_job *j = (par_job *)user;
+    const shape *s = j->s;
+    bool tp = j->kind == P_TP || j->kind == P_TPSP, ddp = j->kind == P_DDP;
+    int64_t b = ddp ? s->batch / ctx->world_size : s->batch, shape2[2];
+    int64_t off = ddp ? ctx->rank * b * s->seq : 0;
+    pdp_gpt_desc gd;
+    pdp_optim_desc od;
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_ddp *d = NULL;
+    pdp_comm_stats c0, c1;
+    pdp_tensor x;
+    float loss;
+    double cpu0 = 0.0;
+    int k;
+    CHECK(pdp_set_num_threads(j->kind == P_ONE2 ? 2 : 1));
+    memset(&gd, 0, sizeof gd);
+    gd.vocab = s->vocab, gd.context = s->context, gd.sequence = s->seq;
+    gd.layers = s->layers, gd.heads = s->heads, gd.dim = s->dim, gd.seed = 1;
+    gd.tp = tp ? ctx->world : NULL;
+    gd.sequence_parallel = j->kind == P_TPSP;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW, od.lr = 6e-4, od.beta1 = 0.9, od.beta2 = 0.95, od.eps = 1e-8;
+    od.weight_decay = 0.1;
+    CHECK(pdp_gpt_create(&m, &gd));
+    CHECK(pdp_model_reserve(m, b));
+    if (ddp) CHECK(pdp_ddp_create(&d, m, ctx->world, NULL));
+    CHECK(pdp_optim_create(&o, m, &od));
+    shape2[0] = b, shape2[1] = s->seq;
+    CHECK(pdp_tensor_wrap_ids(j->ids + off, pdp_cpu(), 2, shape2, &x));
+    for (k = -2; k < j->reps; k++) { /* 2 warm-up steps */
+        double t;
+        if (k == 0) { /* every rank past its warm-up */
+            CHECK(pdp_comm_barrier(ctx->world, NULL));
+            pdp_comm_get_stats(ctx->world, &c0);
+            cpu0 = bench_process_cpu();
+        }
+        t = bench_now();
+        if (d) {
+            CHECK(pdp_ddp_forward_backward(d, &x, j->targets + off, &loss));
+            CHECK(pdp_ddp_finish(d));
+        } else
+            CHECK(pdp_model_forward_backward(m, &x, j->targets + off, &loss));
+        CHECK(pdp_optim_step(o));
+        pdp_optim_zero_grad(o);
+        if (k >= 0 && ctx->rank == 0) j->ms[k] = 1e3 * (bench_now() - t);
+    }
+    pdp_comm_get_stats(ctx->world, &c1); /* this rank's sends are done */
+    CHECK(pdp_comm_barrier(ctx->world, NULL));
+    if (ctx->rank == 0) {
+        j->cpu_s = bench_process_cpu() - cpu0;
+        j->sent = c1.bytes_sent - c0.bytes_sent;
+        j->params = pdp_model_param_count(m);
+        j->act = pdp_model_activation_bytes(m, 0, pdp_model_num_layers(m), b);
+    }
+    pdp_optim_free(o);
+    pdp_ddp_free(d);
+    pdp_model_free(m);
+    return PDP_OK;
+}
+
+/* Bytes rank 0 sends a step by the formulas (ring figures, N = 2): DDP all-reduces the
+   gradients, 2(N-1)/N x 4 Psi; TP all-reduces every block's f and g, forward and backward,
+   4L x 2(N-1)/N x 4 bsh; SP moves each as a reduce-scatter and an all-gather, (N-1)/N each,
+   adds the gather before the head and the one after the embedding (backward), and sums each
+   LayerNorm's 2h gradients, (2L + 1) x 2(N-1)/N x 8h. */
+static double par_formula(const shape *s, int kind, int64_t psi)
+{
+    double n = 2.0, bsh = 4.0 * (double)(s->batch * s->seq * s->dim), L = s->layers;
+    switch (kind) {
+    case P_DDP: return 2.0 * (n - 1) / n * 4.0 * (double)psi;
+    case P_TP: return 4.0 * L * 2.0 * (n - 1) / n * bsh;
+    case P_TPSP:
+        return (8.0 * L + 2.0) * (n - 1) / n * bsh +
+               (2.0 * L + 1.0) * 2.0 * (n - 1) / n * 8.0 * (double)s->dim;
+    default: return 0.0;
+    }
+}
+
+static void bench_parallel(const shape *s, int rounds, int reps)
+{
+    static par_job js[NPAR];
+    static double med[NPAR][PAR_ROUNDS], cpu[NPAR][PAR_ROUNDS];
+    int64_t n = s->batch * s->seq, i, psi;
+    int32_t *ids = malloc((size_t)n * sizeof *ids), *targets = malloc((size_t)n * sizeof *targets);
+    double tokens = (double)n, ms[NPAR], cms[NPAR], bytes[2];
+    pdp_rng r;
+    int p, k;
+    if (!ids || !targets) {
+        fprintf(stderr, "bench_gpt: out of memory\n");
+        exit(1);
+    }
+    pdp_rng_seed(&r, 7, 0);
+    for (i = 0; i < n; i++) {
+        ids[i] = (int32_t)pdp_rng_below(&r, (uint64_t)s->vocab);
+        targets[i] = (int32_t)pdp_rng_below(&r, (uint64_t)s->vocab);
+    }
+    for (k = 0; k < rounds; k++) /* each round every configuration, back to back */
+        for (p = 0; p < NPAR; p++) {
+            par_job *j = &js[p];
+            j->s = s, j->kind = p, j->reps = reps, j->ids = ids, j->targets = targets;
+            CHECK(pdp_launch(p == P_ONE || p == P_ONE2 ? 1 : 2, NULL, par_rank, j));
+            med[p][k] = bench_median(j->ms, reps);
+            cpu[p][k] = 1e3 * j->cpu_s / reps;
+            fprintf(stderr, "  round %d: %s %.0f ms, %.0f CPU ms\n", k + 1, par_name[p],
+                    med[p][k], cpu[p][k]);
+        }
+    for (p = 0; p < NPAR; p++) {
+        ms[p] = bench_median(med[p], rounds);
+        cms[p] = bench_median(cpu[p], rounds);
+    }
+    psi = js[P_ONE].params;
+    printf("\nTP 2 beside DDP 2, %s at the same global batch %lld x %lld, fp32, thread ranks of "
+           "the local backend, 1 thread a rank; per configuration the median over %d rounds of "
+           "the median of %d steps\n", s->name, (long long)s->batch, (long long)s->seq, rounds,
+           reps);
+    printf("%-12s | %8s %8s %7s %7s | %8s %7s | %10s %10s | %9s %9s %9s\n", "", "ms", "tok/s",
+           "/1 dev", "/DDP 2", "CPU ms", "/1 dev", "MB sent", "formula", "params", "state MB",
+           "act MB");
+    for (p = 0; p < NPAR; p++) {
+        const par_job *j = &js[p];
+        printf("%-12s | %8.0f %8.0f %6.2fx %6.2fx | %8.0f %6.2fx | %10.2f %10.2f | %9lld %9.1f "
+               "%9.1f\n", par_name[p], ms[p], tokens / ms[p] * 1e3, ms[P_ONE] / ms[p],
+               ms[P_DDP] / ms[p], cms[p], cms[p] / cms[P_ONE],
+               (double)j->sent / reps / 1e6, par_formula(s, p, psi) / 1e6, (long long)j->params,
+               16.0 * (double)j->params / 1e6, (double)j->act / 1e6);
+    }
+    bytes[0] = par_formula(s, P_DDP, psi), bytes[1] = par_formula(s, P_TP, psi);
+    printf("ms: a step (forward, loss, backward, DDP's wait, AdamW, zero_grad) on rank 0; tok/s: "
+           "the global batch's tokens over it; /1 dev, /DDP 2: their ms over this row's; CPU ms: "
+           "the process's CPU time a step, every rank's threads (waits that spin count), /1 dev: "
+           "over one device's (the work a configuration adds, less sensitive to a loaded box than "
+           "ms); MB sent: "
+           "by rank 0 a step (pdp_comm_get_stats), formula: DDP 2(N-1)/N x 4 Psi, TP 4L x "
+           "2(N-1)/N x 4bsh, SP (8L + 2) x (N-1)/N x 4bsh + (2L + 1) x 2(N-1)/N x 8h; state: "
+           "parameters, gradients, AdamW's m and v, 16 bytes a parameter of the rank; act: "
+           "pdp_model_activation_bytes of the rank's batch\n");
+    printf("what it teaches: TP trades DDP's gradient all-reduce (4 Psi = %.1f MB, set by the "
+           "parameters) for 4 all-reduces of activations a block (4 bsh = %.1f MB each, set by "
+           "the tokens): a block's 12 h^2 weights cost DDP 2(N-1)/N x 48 h^2 bytes and TP "
+           "2(N-1)/N x 16 bsh, so TP sends less only when b s < 3h (here b s = %lld, 3h = %lld: "
+           "TP sends %.2fx DDP's bytes). TP's collectives sit between layers, on the critical "
+           "path, and every rank repeats the replicated work (LayerNorms, embedding, head, loss, "
+           "their AdamW); DDP's all-reduce overlaps backward. What TP buys is memory: a rank "
+           "holds 1/N of the blocks' weights, gradients and AdamW state (state MB), which DDP "
+           "replicates (DDP halves the activations, a rank's half batch; TP those inside the "
+           "blocks, SP also the LayerNorms' and the residual stream's: act MB), so TP pays off "
+           "when the model does not fit one device (and over fast links: Megatron keeps TP "
+           "inside a node)\n", bytes[0] / 1e6,
+           4.0 * (double)(s->batch * s->seq * s->dim) / 1e6, (long long)(s->batch * s->seq),
+           (long long)(3 * s->dim), bytes[1] / bytes[0]);
+    free(ids);
+    free(targets);
+}
+
 int main(int argc, char **argv)
 {
     static config cs[NCONF];
     pdp_bf16_path path = pdp_bf16_best_path();
-    bool quick = false, have_torch, have_llmc, run_shape[NSHAPE] = {true, true};
+    bool quick = false, have_torch, have_llmc, run_shape[NSHAPE] = {true, true}, par = true;
     int rounds, i, r, sh, only = 0; /* only: run just the rows of that many threads */
     double peak32 = 0.0, peak16 = 0.0, t0 = bench_now();
     char cpu[320], buf1[256], buf2[256], llmc_src[1024];
@@ -388,10 +577,11 @@ int main(int argc, char **argv)
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "quick")) quick = true;
         else if (!strcmp(argv[i], "1") || !strcmp(argv[i], "2")) only = atoi(argv[i]);
-        else if (!strcmp(argv[i], shapes[0].word)) run_shape[1] = false;
-        else if (!strcmp(argv[i], shapes[1].word)) run_shape[0] = false;
+        else if (!strcmp(argv[i], shapes[0].word)) run_shape[1] = par = false;
+        else if (!strcmp(argv[i], shapes[1].word)) run_shape[0] = par = false;
+        else if (!strcmp(argv[i], "tp")) run_shape[0] = run_shape[1] = false;
         else {
-            fprintf(stderr, "usage: bench_gpt [quick] [1 | 2] [%s | %s]\n", shapes[0].word,
+            fprintf(stderr, "usage: bench_gpt [quick] [1 | 2] [%s | %s | tp]\n", shapes[0].word,
                     shapes[1].word);
             return 2;
         }
@@ -440,10 +630,15 @@ int main(int argc, char **argv)
     }
     for (i = 0; i < NSHAPE; i++)
         if (run_shape[i]) print_shape(&cs[i * NPREC], rounds, only, peak32, peak16, have_llmc);
-    printf("\nattention: the causal self-attention between c_attn and c_proj (its products, the "
-           "softmax); Linear: the blocks' c_attn, c_proj, c_fc, c_proj (GEMMs and bias); "
-           "resid+emb: residual copies and adds, the embedding; head+CE: the tied head's GEMMs "
-           "and the cross-entropy; AdamW: step and zero_grad; rest: the bench's loop\n");
+    if (par && !only) { /* after the shapes' tables: its own rounds */
+        bench_parallel(&shapes[0], quick ? 1 : PAR_ROUNDS, quick ? 3 : shapes[0].reps);
+        pdp_shutdown_threads();
+    }
+    if (run_shape[0] || run_shape[1])
+        printf("\nattention: the causal self-attention between c_attn and c_proj (its products, "
+               "the softmax); Linear: the blocks' c_attn, c_proj, c_fc, c_proj (GEMMs and bias); "
+               "resid+emb: residual copies and adds, the embedding; head+CE: the tied head's "
+               "GEMMs and the cross-entropy; AdamW: step and zero_grad; rest: the bench's loop\n");
     if (!have_torch)
         printf("PyTorch: /usr/bin/python3 cannot import torch (apt-get install python3-torch); "
                "only pdp's figures are shown\n");

@@ -13,9 +13,11 @@
    selective|full trades compute for activation memory; -device cuda trains on GPUs
    (pdp_cuda.cu's kernels): single on GPU 0, dp on -np GPUs from one thread, ddp and zero
    and -tp on a thread rank per GPU over NCCL (a CPU copy of the model writes the text). It prints
-   one block's activations beside Megatron-LM's formulas (each recomputation mode), the
+   one block's activations on rank 0, layer by layer from pdp's layer table, beside Megatron-LM's
+   formulas for the run's TP size and SP (each recomputation mode, at 16 bits and in fp32), the
    losses, each rank's memory beside the formulas (and, on several ranks, which ZeRO stage
-   saves what), and text.
+   saves what), and text. It fails when the layer table's count of a block differs from
+   pdp's count by hand (print_block).
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt.c -o train_gpt -lm -lpthread
            nvcc -O2 -arch=sm_90 -DPDP_CUDA -I. examples/train_gpt.c pdp_cuda.cu -o train_gpt_cuda \
@@ -30,8 +32,13 @@
    left out, they change with the machine and its load):
            seed 1: /usr/share/games/fortunes (43 files), 2576674 bytes (the last 257668 ...
            GPT 4 layers, 4 heads, dim 96, context 64: 478272 parameters; batch 8, AdamW ...
-           one block's activations (layers 1-12), s 64 b 8 h 96 a 4: sbh x (...) bytes, MB
-             none       34 + 5as/h   2.33   64 + 4as/h   3.67   72 + 4as/h + 16/h   4.07 ...
+           one block's activations (layers 1-12 of rank 0), s 64 b 8 h 96 a 4, TP 1: bytes ...
+             none       34 + 5as/h            47.33   2.33   64 + 4as/h            74.67   3.67
+             ...
+             pdp, recompute none, the layer table:
+               LayerNorm 4.08 Linear 12.00 CausalSelfAttention 14.67 Linear 4.00 ResidualAdd 4.00
+               ...
+               = 82.83, 4.07 MB (pdp_model_activation_bytes)
            step  2000  loss 2.1029  val 2.1019  ...
            rank 0: parameters 1.91 MB (4Psi 1.91), gradients 1.91 (4Psi 1.91), ...
            The garning the the love Spuate mones of never bastion and Sindes pustalliataie ...
@@ -40,6 +47,7 @@
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,54 +111,108 @@ static pdp_status val_loss(pdp_model *m, int64_t b, int batches, int32_t *x, int
     return PDP_OK;
 }
 
-/* One block's activations at b sequences (its layers from the first Residual through the
-   second ResidualAdd) beside Megatron-LM's count for a transformer layer (Korthikanti et al.
-   2022, "Reducing Activation Recomputation in Large Transformer Models", secs. 4.1 and 5):
-   sbh(34 + 5as/h) bytes are 16 [s, b, h] tensors of 2 bytes (LayerNorm inputs, Q, K, V,
-   GELU's input, ...), 2 dropout masks of 1 byte, and a sequence's softmax output, its mask
-   and the dropped output [a, s, s] (2 + 1 + 2 bytes); selective recomputation drops the
-   [a, s, s] tensors (34), full keeps each layer's input only (2). pdp keeps the output of
-   every layer but a view, in fp32: 1 + 3 + 1 + 1 + 1 (ln_1, c_attn, attention, c_proj, add)
-   + 1 + 4 + 4 + 1 + 1 (ln_2, c_fc, GELU, c_proj, add) = 18 [s, b, h], with dropout 2 outputs
-   and 2 masks more; P once (backward redraws its dropout mask); each LayerNorm's mean and
-   rstd. SELECTIVE keeps no P; FULL keeps only what lies outside the residual regions (model.c:
-   pdp__model_recomputed), the two ResidualAdds' outputs: 2 [s, b, h]. Fails (1) if
-   pdp_model_activation_bytes disagrees with the count for the model's mode. */
-static int print_memory(const pdp_model *m, int64_t b, int mode)
+/* Megatron-LM's tensors of one transformer layer (Korthikanti et al. 2022, "Reducing
+   Activation Recomputation in Large Transformer Models", sec. 4): bytes per s b h at 16 bits
+   (masks 1 byte; per a s s b for the attention scores'). TP splits the block's inside
+   (split), sequence parallelism the rest too; selective recomputation drops the scores'; the
+   masks and the dropped scores exist only with dropout (Megatron's count assumes it). */
+static const struct meg_tensor {
+    const char *what;
+    double bytes;
+    bool split, scores, mask, dropped;
+} meg[] = {{"LayerNorms' inputs", 4, 0, 0, 0, 0}, {"inputs of QKV and c_fc", 4, 0, 0, 0, 0},
+           {"2 dropout masks", 2, 0, 0, 1, 0},    {"Q, K, V", 6, 1, 0, 0, 0},
+           {"c_proj's input", 2, 1, 0, 0, 0},     {"GELU's input and output", 16, 1, 0, 0, 0},
+           {"softmax output", 2, 1, 1, 0, 0},     {"its dropout mask", 1, 1, 1, 1, 0},
+           {"dropped scores", 2, 1, 1, 0, 1}};
+
+static void term(char *buf, size_t size, double c, const char *unit)
 {
-    int64_t s = g.context, h = g.dim, a = g.heads, lo = -1;
-    int64_t sbh = s * b * h, ass = a * s * s * b, d = g.dropout > 0, hi = -1, adds = 0, i;
-    int64_t k = 18 + 4 * d, pdp[3] = {4 * (sbh * k + ass + 4 * s * b), 4 * (sbh * k + 4 * s * b),
-                                      8 * sbh};
-    double meg[3] = {34.0 * sbh + 5 * ass, 34.0 * sbh, 2.0 * sbh}, /* fp32: 4 bytes, masks 1 */
-           f32[3] = {(64.0 + 2 * d) * sbh + (4 + 5 * d) * ass, (64.0 + 2 * d) * sbh, 4.0 * sbh};
-    const char *names[3] = {"none", "selective", "full"}, *row[3][3] = { /* Megatron, fp32, pdp */
-        {"34 + 5as/h", d ? "66 + 9as/h" : "64 + 4as/h",
-         d ? "88 + 4as/h + 16/h" : "72 + 4as/h + 16/h"},
-        {"34", d ? "66" : "64", d ? "88 + 16/h" : "72 + 16/h"}, {"2", "4", "8"}};
+    size_t n = strlen(buf);
+    if (c > 0) snprintf(buf + n, size - n, "%s%g%s", n ? " + " : "", c, unit);
+}
+
+/* Megatron's count of a layer in recomputation mode (0 none, 1 selective, 2 full: the
+   layer's input, 2 in the paper's Table 2; under SP a rank holds its slice, 2/t), at 16 bits
+   or (fp32) the same tensors at 4 bytes, masks 1 byte, masks and dropped scores only when
+   g.dropout > 0: its formula in bytes per sbh into buf, its value at s, h, a, t as the
+   result. */
+static double megatron(int mode, bool fp32, bool sp, double s, double h, double a, double t,
+                       char *buf, size_t size)
+{
+    double rep = 0, split = 0, sc = 0;
+    size_t i;
+    for (i = 0; i < sizeof meg / sizeof meg[0] && mode < 2; i++)
+        if (!(fp32 && (meg[i].mask || meg[i].dropped) && g.dropout == 0) &&
+            !(mode == 1 && meg[i].scores))
+            *(meg[i].scores ? &sc : meg[i].split || sp ? &split : &rep) +=
+                meg[i].bytes * (fp32 && !meg[i].mask ? 2 : 1);
+    if (mode == 2) *(sp ? &split : &rep) = fp32 ? 4 : 2;
+    if (t == 1) rep += split, split = 0;
+    buf[0] = '\0';
+    term(buf, size, rep, "");
+    term(buf, size, split, "/t");
+    term(buf, size, sc, t > 1 ? "as/(ht)" : "as/h");
+    return rep + split / t + sc * a * s / (h * t);
+}
+
+/* One block's activations on this rank (its layers from the first Residual through the second
+   ResidualAdd, at b sequences) beside Megatron's formulas for the run's TP size, sequence
+   parallelism and every recomputation mode, in bytes per sbh (s the whole sequence, b this
+   rank's sequences), and pdp's own count: each layer's kept bytes from the layer table
+   (pdp_model_activation_bytes, layer by layer). Checks that count against pdp's by hand, in
+   floats per sbh: what TP splits, 12/t (c_attn 3, the attention's output 1, c_fc 4, GELU 4)
+   and P's as/(ht) (not under SELECTIVE); 2 the row-parallel outputs, 2 f's outputs (TP);
+   and what SP splits: 2 LayerNorms (1 + 2/h: the output, mean and rstd), 2 g's outputs (TP),
+   2 Dropouts (output and mask, 2 each), 2 ResidualAdds. FULL keeps the adds only. Returns
+   PDP_ERR_STATE when they disagree. */
+static pdp_status print_block(const pdp_model *m, int64_t b)
+{
+    static const char *modes[3] = {"none", "selective", "full"};
+    double s = (double)g.context, h = (double)g.dim, a = g.heads, t = tp, sbh = s * (double)b * h;
+    int lo = -1, hi = -1, adds = 0, i, col = 0;
+    char f16[64], f32[64];
     for (i = 0; i < pdp_model_num_layers(m) && hi < 0; i++) {
-        const char *name = pdp_model_layer_name(m, (int)i);
+        const char *name = pdp_model_layer_name(m, i);
         if (lo < 0 && !strcmp(name, "Residual")) lo = i;
         if (!strcmp(name, "ResidualAdd") && ++adds == 2) hi = i + 1;
     }
-    int64_t measured = pdp_model_activation_bytes(m, (int)lo, (int)hi, b);
-    printf("one block's activations (layers %lld-%lld), s %lld b %lld h %lld a %lld: sbh x (...) "
-           "bytes, MB\n  recompute  Megatron, 16-bit, 1-byte masks  the same tensors in fp32, "
-           "p %s0  pdp by hand, fp32\n", (long long)lo, (long long)hi - 1, (long long)s,
-           (long long)b, (long long)h, (long long)a, d ? "> " : "= ");
-    for (i = 0; i < 3; i++)
-        printf("  %-9s  %-20s %6.2f       %-24s %6.2f     %-17s %6.2f\n",
-               names[i], row[i][0], MB(meg[i]), row[i][1], MB(f32[i]), row[i][2], MB(pdp[i]));
-    printf("  pdp_model_activation_bytes, recompute %s: %.2f MB\n"
-           "  pdp also keeps the c_proj outputs that only the residual adds read (8sbh) and "
-           "LayerNorm's\n  mean and rstd (16/h)%s\n  full keeps each residual region's input: "
-           "2 [s, b, h] a block, where Megatron keeps 1 a layer\n", names[mode], MB(measured),
-           d ? "; dropout's outputs and float masks (+14sbh); P alone, its mask redrawn "
-               "(-5as/h)" : "");
-    if (measured == pdp[mode]) return 0;
-    fprintf(stderr, "activation bytes: %lld measured, %lld by hand\n", (long long)measured,
-            (long long)pdp[mode]);
-    return 1;
+    int64_t kept = pdp_model_activation_bytes(m, lo, hi, b);
+    double shard = sp ? 1 / t : 1, d = g.dropout > 0, inner = 12 / t + 2 + 2 * (tp > 1);
+    double outer = 2 * (1 + 2 / h) + 2 * (tp > 1) + 4 * d + 2, as = a * s / (h * t);
+    double by_hand = 4 * (g.recompute == PDP_RECOMPUTE_FULL ? 2 * shard
+                          : inner + outer * shard + (g.recompute ? 0 : as));
+    printf("one block's activations (layers %d-%d of rank 0), s %g b %lld h %g a %g, TP %d%s: "
+           "bytes per sbh, MB\n  recompute  Megatron: 16-bit, 1-byte masks      its tensors in "
+           "fp32, p %s 0\n", lo, hi - 1, s, (long long)b, h, a, tp, sp ? " + SP" : "",
+           g.dropout > 0 ? ">" : "=");
+    for (i = 0; i < 3; i++) {
+        double x16 = megatron(i, false, sp, s, h, a, t, f16, sizeof f16);
+        double x32 = megatron(i, true, sp, s, h, a, t, f32, sizeof f32);
+        printf("  %-9s  %-20s %6.2f %6.2f   %-20s %6.2f %6.2f\n", modes[i], f16, x16,
+               MB(x16 * sbh), f32, x32, MB(x32 * sbh));
+    }
+    printf("  pdp, recompute %s, the layer table:", modes[g.recompute]);
+    for (i = lo; i < hi; i++) {
+        int64_t bytes = pdp_model_activation_bytes(m, i, i + 1, b);
+        if (!bytes) continue;
+        if (col > 80) col = 0;
+        col += printf("%s %s %.2f", col ? "" : "\n   ", pdp_model_layer_name(m, i),
+                      (double)bytes / sbh);
+    }
+    printf("\n    = %.2f, %.2f MB (pdp_model_activation_bytes)\n  pdp keeps every layer's "
+           "output in fp32, Megatron what backward reads at 16 bits, so pdp also keeps\n  %s;\n"
+           "  LayerNorm's mean and rstd (16/h a block), no mask for P (it is redrawn); full: "
+           "both regions' inputs, 8%s\n", (double)kept / sbh, MB(kept),
+           tp == 1 ? "c_proj's outputs (no backward reads them)"
+           : sp    ? "the row-parallel partial sums and g's slices (no backward reads them), f's "
+                     "gathered sequence (Megatron: a slice)"
+                   : "the row-parallel partial sums and g's sums (no backward reads them), f's "
+                     "copies of LayerNorm's outputs", sp ? "/t" : "");
+    if (fabs((double)kept - by_hand * sbh) <= 1e-6 * (double)kept) return PDP_OK;
+    fprintf(stderr, "one block's activations: %lld bytes measured, %.0f by hand\n",
+            (long long)kept, by_hand * sbh);
+    return PDP_ERR_STATE;
 }
 
 /* This rank's memory beside the formula: ZeRO's as allocated, a whole replica's (single,
@@ -244,6 +306,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     if (cuda) PDP_TRY(pdp_tensor_create(&dx, ctx->device, 1, (int64_t[]){b * T}));
     for (i = 0; i < np; i++) gpus[i] = pdp_cuda((int)i);
     PDP_TRY(pdp_model_reserve(m, b)); /* activations for b sequences: steps allocate nothing */
+    if (ctx->rank == 0) PDP_TRY(print_block(m, b)); /* fails if the count by hand differs */
     pdp_optim_desc od = {.kind = PDP_OPTIM_ADAMW, .lr = lr, .beta1 = 0.9, .beta2 = 0.95,
                          .weight_decay = 0.1};
     if (!strcmp(strategy, "dp"))
@@ -399,7 +462,6 @@ int main(int argc, char **argv)
            (long long)B, lr, threads, strategy, np, cuda ? " on CUDA" : "", tp, sp ? " + SP" : "",
            recompute, g.precision ? ", bf16 " : "",
            g.precision ? pdp_bf16_path_name(pdp_bf16_best_path()) : "");
-    if (print_memory(m, B / ranks, (int)g.recompute)) return 1;
     pdp_model_free(m);
     fflush(stdout);
     PDP_CHECK(pdp_launch(ranks * tp, &ld, train_rank, NULL)); /* single and DP: one rank */

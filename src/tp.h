@@ -74,8 +74,9 @@
    parallel: split a world of D x T ranks into TP groups (pdp_comm_split(world, rank / T,
    rank, &tp)) and DP groups (pdp_comm_split(world, rank % T, rank, &dp)), build the TP
    model on tp and wrap it in pdp_ddp_create(..., dp, ...): DDP averages each slice's
-   gradient over the ranks holding the same slice. ZeRO (pdp_zero_create on dp) works
-   the same way.
+   gradient over the ranks holding the same slice. ZeRO (pdp_zero_create on dp, stages
+   1-3, with or without sequence parallelism) works the same way: each DP group shards
+   its TP rank's block (zero.c, "Tensor parallelism").
 
    Same model on every rank: the first forward (f's, the first TP layer of every block)
    runs one check over the TP group, as DDP checks its parameters: every TP layer's

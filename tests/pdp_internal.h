@@ -7655,6 +7655,26 @@ PDP__PRIVATE int32_t pdp__gpt_pick(const float *z, int64_t V, float temperature,
    layer still reading the slot being refilled), and its wait makes the compute
    stream wait for it (a buffer added to the shard, cleared or read by a layer).
 
+   Tensor parallelism (DP x TP: pdp_zero_create on the DP group of a model built on a
+   TP group, tp.h). Nothing here knows of TP: a TP rank's model is an ordinary model
+   whose flat block holds its own slices (the column- and row-parallel weights, its
+   heads' q, k and v) and the replicated tensors (LayerNorms, the row-parallel bias,
+   the embeddings), and the ranks of one DP group hold the same slices. So each DP
+   group shards its TP rank's block as any block: units of whole layers, and DP rank d
+   owns slice d of every unit; the world's ranks (d, t) together hold each TP slice
+   once per TP rank t and each replicated tensor once per TP rank (TP size copies, as
+   Megatron's distributed optimizer). Under sequence parallelism a LayerNorm's weight
+   and bias gradients are computed on a rank's positions only; layers_tp.c sums them
+   over TP inside the LayerNorm's backward, into the buffer m->layer_dw points at (the
+   unit's, or at stages 2-3 the bucket buffer it holds), before the grad hook fires,
+   so the reduce-scatter over DP averages the full sequence's gradient, the same on
+   every TP rank. Stage 3's all-gathers run over the DP group only, between the TP
+   group's activation collectives, in the same order on every rank. Clipping counts the
+   slices over TP (pdp_zero_clip_grad_norm). Tested equal to one device at stages 1-3,
+   DP 2 x TP 2: the GPT with sequence parallelism under each recomputation mode
+   (tests/test_gpt_sp.c; FULL under stage 3 is refused by model.c: the region's forward,
+   run again inside backward, fires no gather) and Megatron's MLP blocks (tests/test_tp.c).
+
    The checkpoints of this executor are zero_ckpt.c's. */
 
 /* #include "internal.h" (above) */

@@ -23,6 +23,9 @@
    without SP, and the whole model's activations are the TP model's less the formula
    (per sequence, in floats) (1 - 1/N)(R + 2 L T C) + T C / N... written out below.
 
+   Under DP x TP = 2 x 2 + SP: DDP and ZeRO stages 1-3 on the DP group, each recomputation
+   mode (but FULL under stage 3, refused), equal to one device.
+
    Errors: T that the TP size does not divide, and sequence_parallel without desc.tp.
 
    cc -std=c99 -O2 -Itests -I. tests/test_gpt_sp.c -lm -lpthread (or make) */
@@ -260,13 +263,18 @@ TEST gpt_sp_equals_one_device(void)
 }
 
 /* DP x TP = 2 x 2 on 4 thread ranks (TP pairs, DP across them), sequence parallel,
-   dropout 0.1, selective recomputation: the GPT wrapped in DDP or ZeRO stage 1 on the DP
-   group, each copy on one of the 2 sequences (a batch of 1: the collectives need no
-   permutation), clipping after the DP average: equal to one device on both. The ignored
-   targets are alike in both sequences, so the mean of the copies' losses is the batch's. */
+   dropout 0.1, each recomputation mode: the GPT wrapped in DDP or ZeRO stage 1, 2 or 3 on
+   the DP group (zero.c, "Tensor parallelism": each DP group shards its TP rank's block;
+   the LayerNorms' gradients reach ZeRO's buffers already summed over TP; stage 3's
+   parameters are gathered into the block to be compared; FULL under stage 3 is refused,
+   PDP_ERR_UNSUPPORTED, by model.c), each copy on one of the 2 sequences (a batch of 1: the
+   collectives need no permutation), clipping after the DP average: equal to one device in
+   every case. The ignored targets are alike in both sequences, so the mean of the copies'
+   losses is the batch's. */
 typedef struct sp_dptp_case {
     sp_case data;
-    int zero; /* 0: DDP, 1: ZeRO stage 1 */
+    int zero; /* 0: DDP, 1-3: ZeRO stage 1-3 */
+    pdp_recompute recompute;
     double worst[4];
 } sp_dptp_case;
 
@@ -290,13 +298,13 @@ static pdp_status sp_dptp_rank(const pdp_launch_ctx *ctx, void *user)
     memset(&od, 0, sizeof od);
     od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-3, od.weight_decay = 0.1;
     memset(&zd, 0, sizeof zd);
-    zd.stage = 1;
+    zd.stage = c->zero;
     if ((st = pdp_comm_split(ctx->world, dp, tpr, &tp)) != PDP_OK ||
         (st = pdp_comm_split(ctx->world, tpr, dp, &dc)) != PDP_OK)
         goto out;
     d.tp = tp;
     d.sequence_parallel = true;
-    d.recompute = PDP_RECOMPUTE_SELECTIVE;
+    d.recompute = c->recompute;
     if ((st = pdp_gpt_create(&m, &d)) != PDP_OK) goto out;
     if ((st = c->zero ? pdp_zero_create(&z, m, dc, &zd) : pdp_ddp_create(&ddp, m, dc, NULL)) !=
             PDP_OK ||
@@ -319,6 +327,7 @@ static pdp_status sp_dptp_rank(const pdp_launch_ctx *ctx, void *user)
         }
         if (st == PDP_OK && ctx->rank == 0) c->data.norms[s] = norm;
     }
+    if (st == PDP_OK && c->zero == 3) st = pdp_zero_gather_params(z, NULL); /* the block */
     if (st == PDP_OK) st = fixture_worst_by_name(m, c->data.ref, &c->worst[ctx->rank]);
 out:
     pdp_optim_free(o);
@@ -330,7 +339,7 @@ out:
     return st;
 }
 
-TEST gpt_sp_under_ddp_and_zero1_equals_one_device(void)
+TEST gpt_sp_under_ddp_and_zero_equals_one_device(void)
 {
     static sp_dptp_case c;
     sp_case one;
@@ -342,16 +351,26 @@ TEST gpt_sp_under_ddp_and_zero1_equals_one_device(void)
     for (i = 0; i < SB * ST; i++) one.tg[i] = i % ST == 5 ? -1 : one.tg[i] < 0 ? 0 : one.tg[i];
     ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&ref, &d), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, sp_train(ref, &one, true), pdp_status_name);
-    for (c.zero = 0; c.zero <= 1; c.zero++) {
-        const char *what = c.zero ? "ZeRO-1 x TP 2 + SP" : "DDP x TP 2 + SP";
-        c.data = one;
-        c.data.ref = ref;
-        memset(c.worst, 0, sizeof c.worst);
-        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(4, NULL, sp_dptp_rank, &c),
-                        pdp_status_name);
-        for (r = 0; r < 4; r++) ASSERTm(what, c.worst[r] <= 1e-5);
-        for (s = 0; s < STEPS; s++) ASSERTm(what, fabs(c.data.norms[s] - one.norms[s]) <= 1e-5);
-    }
+    for (c.zero = 0; c.zero <= 3; c.zero++)
+        for (c.recompute = PDP_RECOMPUTE_NONE; c.recompute <= PDP_RECOMPUTE_FULL;
+             c.recompute = (pdp_recompute)(c.recompute + 1)) {
+            char what[64];
+            pdp_status st;
+            snprintf(what, sizeof what, "%s%d x TP 2 + SP, recompute %d",
+                     c.zero ? "ZeRO-" : "DDP ", c.zero ? c.zero : 2, (int)c.recompute);
+            c.data = one;
+            c.data.ref = ref;
+            memset(c.worst, 0, sizeof c.worst);
+            st = pdp_launch(4, NULL, sp_dptp_rank, &c);
+            if (c.zero == 3 && c.recompute == PDP_RECOMPUTE_FULL) { /* model.c refuses it */
+                ASSERT_ENUM_EQm(what, PDP_ERR_UNSUPPORTED, st, pdp_status_name);
+                continue;
+            }
+            ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, st, pdp_status_name);
+            for (r = 0; r < 4; r++) ASSERTm(what, c.worst[r] <= 1e-5);
+            for (s = 0; s < STEPS; s++)
+                ASSERTm(what, fabs(c.data.norms[s] - one.norms[s]) <= 1e-5);
+        }
     pdp_model_free(ref);
     PASS();
 }
@@ -416,7 +435,7 @@ TEST gpt_sp_errors(void)
 SUITE(gpt_sp)
 {
     RUN_TEST(gpt_sp_equals_one_device);
-    RUN_TEST(gpt_sp_under_ddp_and_zero1_equals_one_device);
+    RUN_TEST(gpt_sp_under_ddp_and_zero_equals_one_device);
     RUN_TEST(gpt_sp_errors);
 }
 

@@ -564,17 +564,24 @@ MPI_TEST(mpi_p2p_timed_out_sends_cancel_together)
 
 /* ---- MPI: the GPT under DDP, ZeRO-3 and a pipeline equals one device ---- */
 
-/* A GPT of 2 blocks (vocab 13, T 8, dim 24, 6 heads, dropout 0.1), 12 sequences a step,
-   each with one -1 target (every rank's share holds as many, so the mean of the ranks'
-   means is the batch's), 2 AdamW steps with clipping at 0.5 */
-enum { MG_B = 12, MG_T = 8, MG_STEPS = 2 };
+/* A GPT of 2 blocks (vocab 13, T 8, dim 24, 12 heads of 2 features: TP over 1, 2, 3, 4 and
+   6 ranks; dropout 0.1), 12 sequences a step, each with one -1 target (every rank's share
+   holds as many, so the mean of the ranks' means is the batch's), 2 AdamW steps with
+   clipping at 0.5 */
+enum { MG_B = 12, MG_T = 8, MG_HEADS = 12, MG_STEPS = 2 };
 
-static pdp_status mg_model(pdp_model **out)
+static pdp_gpt_desc mg_desc(void)
 {
     pdp_gpt_desc d;
     memset(&d, 0, sizeof d);
-    d.vocab = 13, d.context = MG_T, d.layers = 2, d.heads = 6, d.dim = 24, d.seed = 5;
+    d.vocab = 13, d.context = MG_T, d.layers = 2, d.heads = MG_HEADS, d.dim = 24, d.seed = 5;
     d.dropout = 0.1f;
+    return d;
+}
+
+static pdp_status mg_model(pdp_model **out)
+{
+    pdp_gpt_desc d = mg_desc();
     return pdp_gpt_create(out, &d);
 }
 
@@ -714,10 +721,11 @@ MPI_TEST(mpi_gpt_under_ddp_zero3_and_a_pipeline_equals_one_device)
     PASS();
 }
 
-/* The same GPT, its blocks tensor parallel over every rank (the 6 heads split), with and
-   without sequence parallelism (the 8 positions split): the whole batch on every rank, the
-   same 2 AdamW steps with clipping; the full-tensor checkpoint the TP ranks write together
-   (pdp_tp_checkpoint_save) loads into one device's GPT and equals the reference. */
+/* The same GPT, its blocks tensor parallel over every rank (the 12 heads split: 1-4 ranks),
+   with and without sequence parallelism (the 8 positions split: 1, 2 and 4 ranks): the
+   whole batch on every rank, the same 2 AdamW steps with clipping; the full-tensor
+   checkpoint the TP ranks write together (pdp_tp_checkpoint_save) loads into one device's
+   GPT and equals the reference. */
 MPI_TEST(mpi_gpt_tensor_and_sequence_parallel_equal_one_device)
 {
     pdp_model *ref = NULL;
@@ -726,7 +734,7 @@ MPI_TEST(mpi_gpt_tensor_and_sequence_parallel_equal_one_device)
     int64_t whole[2] = {MG_B, MG_T}, i;
     char path[300];
     int sp, s;
-    if (6 % world_size) SKIPm("6 heads do not split over this many ranks");
+    if (MG_HEADS % world_size) SKIPm("12 heads do not split over this many ranks");
     ASSERT_ENUM_EQ(PDP_OK, mg_reference(&ref), pdp_status_name);
     pdp_model_flat(ref, &pr, NULL);
     for (sp = 0; sp < 2; sp++) {
@@ -738,9 +746,8 @@ MPI_TEST(mpi_gpt_tensor_and_sequence_parallel_equal_one_device)
         float loss, norm;
         double worst = 0.0;
         if (sp && MG_T % world_size) continue; /* 8 positions: SP at 1, 2 and 4 ranks */
-        memset(&d, 0, sizeof d);
-        d.vocab = 13, d.context = MG_T, d.layers = 2, d.heads = 6, d.dim = 24, d.seed = 5;
-        d.dropout = 0.1f, d.tp = cm, d.sequence_parallel = sp != 0;
+        d = mg_desc();
+        d.tp = cm, d.sequence_parallel = sp != 0;
         ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&m, &d), pdp_status_name);
         ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
         for (s = 0; s < MG_STEPS; s++) {
