@@ -92,8 +92,11 @@
    of the largest region (pdp_model_activation_bytes counts what stays). Dropout masks are
    keyed, not streamed, so the recomputed masks are the first ones. It is the model's, so
    every executor that runs the model's forward and backward uses it; tests hold one
-   device, tensor parallelism and pipelines (FULL) to the same results, DP, DDP and ZeRO
-   1-2 are not tested with it yet, and ZeRO-3 refuses FULL.
+   device, DP, DDP, ZeRO stages 1-3, tensor parallelism (with sequence parallelism, alone
+   and under DDP and ZeRO 1-3) and pipelines (FULL) to the same results. ZeRO-3 gathers a
+   FULL region's parameters again for its recompute, into its fixed gather slots (zero.c,
+   "FULL activation recomputation": no more memory; more all-gathers only when the slots
+   cannot hold a region's units).
 
    Checked against a PyTorch GPT (tools/gpt_reference.py, tests/test_gpt.c): logits,
    loss and every gradient within 1e-5 (measured 1.7e-7 and 6.3e-8), 5 AdamW steps with
@@ -443,7 +446,7 @@
    over TP in backward (grad_allreduces); dropout masks are keyed by the global position,
    so it trains as one device does (tests/test_gpt_sp.c: TP 2 and 3, each recomputation
    mode, with and without dropout, within 1e-5; DP 2 x TP 2 under DDP and ZeRO stages 1-3,
-   each mode but FULL at stage 3, which pdp_zero_create refuses; tests/test_mpi.c: TP and
+   each mode; tests/test_mpi.c: TP and
    TP + SP over MPI at up to 4 ranks). bench/gpt's tp table puts TP 2 beside DDP 2 at the
    same global batch: bytes sent per step beside the formulas, what a rank holds.
 
@@ -567,7 +570,8 @@
                     pdp__zero_reduce (a unit's reduce-scatter), pdp__zero_bucket_done
                     (the slice added to the shard), pdp_zero_step (the shard step, then
                     pdp__zero_gather_full at stages 1-2); stage 3: pdp__zero_need (a
-                    unit's all-gather and the next one's prefetch),
+                    unit's all-gather and the next one's prefetch, also for FULL
+                    recomputation's forward inside backward: pdp__zero_plan_layers),
                     pdp__zero_gather_launch, pdp__zero_release_params (FSDP's reshard);
                     pdp_zero_get_memory, pdp__zero_plan (the memory and its formulas)
    TP               layers_tp.c: pdp_tp_split (the split), pdp__tp_column_init and
@@ -4609,12 +4613,15 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
    of each layer with parameters, its own or another layer's (PDP__LAYER_TIED)
    (FORWARD_LAYER), when pdp_model_backward starts (BACKWARD_BEGIN: a failure refuses
    the backward, its message stands), before the backward of each such layer
-   (BACKWARD_LAYER), and after the last layer
-   or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
+   (BACKWARD_LAYER), before the forward of each such layer of a region that FULL
+   recomputation runs again inside backward (RECOMPUTE_LAYER: the region's, in forward
+   order, before the BACKWARD_LAYER of its ResidualAdd and of its layers), and after the
+   last layer or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
 typedef enum pdp__model_event {
     PDP__EV_FORWARD_LAYER,
     PDP__EV_BACKWARD_BEGIN,
     PDP__EV_BACKWARD_LAYER,
+    PDP__EV_RECOMPUTE_LAYER,
     PDP__EV_BACKWARD_END
 } pdp__model_event;
 typedef pdp_status (*pdp__model_event_fn)(void *user, pdp_model *m, pdp__model_event ev,
@@ -17954,11 +17961,12 @@ PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__laye
    allocate nothing.
 
    The executor seam (internal.h): an executor may listen to the pass's events
-   (m->event: before each layer that computes with parameters, its own or a tied
-   one, forward and backward, and at the start and end of every backward: DDP and
-   ZeRO synchronise any backward this way) and point a layer's weight/bias and their gradients at buffers of
-   its own (m->layer_w, m->layer_dw: ZeRO's per-unit buffers). Both are off
-   (NULL) by default: one pointer test per layer. */
+   (m->event: before each layer that computes with parameters, its own or a tied one,
+   forward, backward and in a region FULL recomputation runs again inside backward, and
+   at the start and end of every backward: DDP and ZeRO synchronise any backward this
+   way, ZeRO-3 gathers each layer's parameters) and point a layer's weight/bias and
+   their gradients at buffers of its own (m->layer_w, m->layer_dw: ZeRO's per-unit
+   buffers). Both are off (NULL) by default: one pointer test per layer. */
 
 /* #include "internal.h" (already above) */
 
@@ -18098,12 +18106,6 @@ PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage,
         return pdp__err(PDP_ERR_STATE, "%s: the model is already wrapped by %s; one executor "
                         "holds a model at a time: %s it before wrapping the model in %s", fn,
                         pdp__model_wrapper(m), frees[m->wrapped], pdp__wrap_name(kind, stage));
-    /* ZeRO-3 gathers a unit's parameters at each layer's forward and backward event; a
-       region run again inside backward would read parameters it has let go */
-    if (kind == PDP__WRAP_ZERO && stage == 3 && m->recompute == PDP_RECOMPUTE_FULL)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: FULL activation recomputation under %s is not "
-                        "supported yet (SELECTIVE is, and FULL under stages 1-2)", fn,
-                        pdp__wrap_name(kind, stage));
     m->wrapped = kind;
     m->wrap_stage = stage;
     return PDP_OK;
@@ -18552,6 +18554,14 @@ PDP__PRIVATE bool pdp__model_recomputed(const pdp_model *m, int i)
     return false;
 }
 
+/* FULL: the first layer of the region whose forward backward runs again before layer i's
+   backward (i its ResidualAdd; the region is layers [that, i)), or -1. */
+PDP__PRIVATE int pdp__model_recompute_from(const pdp_model *m, int i)
+{
+    if (i == 0 || !pdp__model_recomputed(m, i - 1) || pdp__model_recomputed(m, i)) return -1;
+    return m->layers[i].residual_from + 1;
+}
+
 PDP__PRIVATE pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off)
 {
     pdp__model_plan p;
@@ -18726,11 +18736,11 @@ PDP__PRIVATE void pdp__model_profile(const pdp__layer *l, double t0)
     else pdp__prof.other_layers_s += dt;
 }
 
-/* Forward through layers [lo, hi) from in (layer lo's input). events: fire the executor's
-   forward events (not when FULL recomputation runs a region again inside backward, where
-   the executor has its backward's events). */
+/* Forward through layers [lo, hi) from in (layer lo's input), firing ev before each layer
+   with parameters: FORWARD_LAYER in a forward, RECOMPUTE_LAYER when FULL recomputation runs
+   a region again inside backward. */
 PDP__PRIVATE pdp_status pdp__model_forward_layers(pdp_model *m, int lo, int hi, const float *in,
-                                                  bool events)
+                                                  pdp__model_event ev)
 {
     double t0;
     int i;
@@ -18746,8 +18756,8 @@ PDP__PRIVATE pdp_status pdp__model_forward_layers(pdp_model *m, int lo, int hi, 
             in = m->act[i];
             continue;
         }
-        if (events && m->event && pdp__model_uses_params(m, i) &&
-            (st = m->event(m->event_user, m, PDP__EV_FORWARD_LAYER, i, PDP_OK)) != PDP_OK)
+        if (m->event && pdp__model_uses_params(m, i) &&
+            (st = m->event(m->event_user, m, ev, i, PDP_OK)) != PDP_OK)
             return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
                                  pdp__layer_kind_name(l->kind));
         pdp__model_io(m, i, &io);
@@ -18757,7 +18767,8 @@ PDP__PRIVATE pdp_status pdp__model_forward_layers(pdp_model *m, int lo, int hi, 
         if ((st = pdp__layer_forward(l, &io)) != PDP_OK)
             return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
                                  pdp__layer_kind_name(l->kind));
-        if (m->trace_tid) pdp__model_trace(m, events ? "forward" : "recompute", i, t0);
+        if (m->trace_tid)
+            pdp__model_trace(m, ev == PDP__EV_FORWARD_LAYER ? "forward" : "recompute", i, t0);
         if (m->layer_s) m->layer_s[i] += pdp__now() - t0;
         if (pdp__prof.on) pdp__model_profile(l, t0);
         in = io.y;
@@ -18797,7 +18808,9 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     if ((st = pdp_model_reserve(m, batch)) != PDP_OK) return pdp__err_wrap(st, "pdp_model_forward");
     m->batch = batch;
     if (m->training) m->step++;
-    if ((st = pdp__model_forward_layers(m, 0, m->nlayers, x->data, true)) != PDP_OK) return st;
+    if ((st = pdp__model_forward_layers(m, 0, m->nlayers, x->data, PDP__EV_FORWARD_LAYER)) !=
+        PDP_OK)
+        return st;
     m->act[m->nlayers] = (float *)x->data; /* remembered for backward */
     shape[0] = batch;
     for (d = 0; d < m->layers[m->nlayers - 1].out_ndim; d++)
@@ -18842,18 +18855,18 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
     for (i = m->nlayers - 1; i >= 0; i--) {
         const pdp__layer *l = &m->layers[i];
         pdp__layer_io io;
+        int from = pdp__model_recompute_from(m, i);
+        if (from >= 0 && (st = pdp__model_forward_layers(m, from, i, m->act[from - 1],
+                                                         PDP__EV_RECOMPUTE_LAYER)) != PDP_OK) {
+            /* FULL: the region's forward again, from its kept input, before layer i's event
+               (an executor's event readies what layer i's backward reads) */
+            st = pdp__err_wrap(st, "pdp_model_backward: recomputing layers %d..%d", from, i - 1);
+            break;
+        }
         if (m->event && pdp__model_uses_params(m, i) &&
             (st = m->event(m->event_user, m, PDP__EV_BACKWARD_LAYER, i, PDP_OK)) != PDP_OK) {
             st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
                                pdp__layer_kind_name(l->kind));
-            break;
-        }
-        if (i > 0 && pdp__model_recomputed(m, i - 1) && !pdp__model_recomputed(m, i) &&
-            (st = pdp__model_forward_layers(m, m->layers[i].residual_from + 1, i,
-                                            m->act[m->layers[i].residual_from], false)) !=
-                PDP_OK) { /* FULL: the region's forward again, from its kept input */
-            st = pdp__err_wrap(st, "pdp_model_backward: recomputing layers %d..%d",
-                               m->layers[i].residual_from + 1, i - 1);
             break;
         }
         if (pdp__model_runs_backward(m, i)) {
@@ -26911,6 +26924,22 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
    buffer and reduced once. So a pinned unit owns a buffer of its own (the last ones)
    and the other units share the rest round-robin (gslot).
 
+   FULL activation recomputation (model.h). Backward runs a residual region's forward
+   again, from its kept input, just before the backward of its ResidualAdd, and model.c
+   fires RECOMPUTE_LAYER before each of the region's layers with parameters. Stage 3
+   gathers the layer's unit for it as for a forward, and its prefetch follows the
+   backward pass's own order of needs, recompute included (next_bwd, next_rec: the layer
+   before a region in backward prefetches the unit the recompute needs first). Of the
+   parameters, what is resident during a recomputed block's backward is what stage 3
+   ever holds: this rank's shard and the param_buffers gather slots (N s_max floats
+   each), no more. The region's units stay in their slots from the recompute through the
+   region's backward when param_buffers holds them all: then the backward's gathers are
+   the recompute's, as many as without recomputation (and pdp__zero_formula holds). With
+   fewer slots the recompute pushes the region's first units out and the backward
+   gathers them again: more traffic, not in the formula, and the same memory. Stages 1-2
+   hold every parameter and do nothing here. Tested equal to one device at stages 1-3
+   with dropout, and the all-gathers counted (tests/test_gpt.c, tests/test_gpt_sp.c).
+
    Devices. Every buffer lives on the model's device and is moved with
    cuda_host.c's pdp__dev_* helpers (memcpy, memset and += on the CPU; copies and
    kernels on a CUDA device's compute stream), so one code path serves CPU models
@@ -26937,8 +26966,7 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
    group's activation collectives, in the same order on every rank. Clipping counts the
    slices over TP (pdp_zero_clip_grad_norm). Tested equal to one device at stages 1-3,
    DP 2 x TP 2: the GPT with sequence parallelism under each recomputation mode
-   (tests/test_gpt_sp.c; FULL under stage 3 is refused by model.c: the region's forward,
-   run again inside backward, fires no gather) and Megatron's MLP blocks (tests/test_tp.c).
+   (tests/test_gpt_sp.c) and Megatron's MLP blocks (tests/test_tp.c).
 
    The checkpoints of this executor are zero_ckpt.c's. */
 
@@ -26971,8 +26999,9 @@ struct pdp_zero {
     pdp__zero_unit *units;
     int *unit_of_layer;  /* the unit whose parameters layer l computes with (a tied layer:
                             its owner's); -1 for layers without parameters */
-    int *next_fwd, *next_bwd; /* per layer: the next other unit forward (backward) needs
-                                 after it, -1 for none (stage 3's prefetch) */
+    int *next_fwd, *next_bwd, *next_rec; /* per layer: the next other unit forward
+                                 (backward, FULL recomputation's forward inside backward)
+                                 needs after it, -1 for none (stage 3's prefetch) */
     int *gslot;          /* stages 2-3: per unit, its gradient bucket buffer */
     int64_t pinned_s;    /* slice floats per rank of the pinned units (pdp__zero_pinned):
                             stage 3's byte formula */
@@ -27234,6 +27263,8 @@ PDP__PRIVATE pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_eve
                     z->gbuf_unit[i] = -1;
                 }
         return z->stage == 3 ? pdp__zero_release_params(z) : PDP_OK;
+    case PDP__EV_RECOMPUTE_LAYER: /* a region's forward again: its units, before its backward */
+        return z->stage == 3 ? pdp__zero_need(z, u, z->next_rec[layer]) : PDP_OK;
     case PDP__EV_BACKWARD_LAYER: /* backward runs them from 0 up (a tied head first) */
         if (z->stage >= 2 && !z->units[u].gbuf && (st = pdp__zero_take_gbuf(z, u)) != PDP_OK)
             return st;
@@ -27301,6 +27332,7 @@ PDP_API void pdp_zero_free(pdp_zero *z)
     pdp__dealloc(z->unit_of_layer);
     pdp__dealloc(z->next_fwd);
     pdp__dealloc(z->next_bwd);
+    pdp__dealloc(z->next_rec);
     pdp__dealloc(z->gslot);
     pdp__dealloc(z->layer_w);
     pdp__dealloc(z->layer_dw);
@@ -27438,10 +27470,16 @@ PDP__PRIVATE pdp_status pdp__zero_plan_layers(pdp_zero *z, int asked, const char
         z->next_fwd[l] = u < 0 ? -1 : a != u ? a : b;
         if (u >= 0 && u != a) b = a, a = u;
     }
+    /* backward's needs read last first: layer l's backward, then (before it in the pass)
+       FULL recomputation's forward of the region that ends at l, layers [from, l) */
     for (a = b = -1, l = 0; l < m->nlayers; l++) {
-        u = z->unit_of_layer[l];
-        z->next_bwd[l] = u < 0 ? -1 : a != u ? a : b;
-        if (u >= 0 && u != a) b = a, a = u;
+        int from = pdp__model_recompute_from(m, l), k;
+        for (k = l; k >= (from >= 0 ? from : l); k--) {
+            int *next = k == l ? z->next_bwd : z->next_rec;
+            u = z->unit_of_layer[k];
+            next[k] = u < 0 ? -1 : a != u ? a : b;
+            if (u >= 0 && u != a) b = a, a = u;
+        }
     }
     if (z->stage == 1) return PDP_OK;
     g = z->desc.grad_buffers;
@@ -27524,11 +27562,12 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     z->layer_dw = (float **)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(float *));
     z->next_fwd = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(int));
     z->next_bwd = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(int));
+    z->next_rec = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(int));
     z->gslot = (int *)pdp__calloc((size_t)PDP__MAX(1, z->nunits) * sizeof(int));
     if (!z->units || !z->unit_of_layer || !z->layer_w || !z->layer_dw || !z->next_fwd ||
-        !z->next_bwd || !z->gslot)
+        !z->next_bwd || !z->next_rec || !z->gslot)
         goto oom;
-    for (l = 0; l < m->nlayers; l++) z->unit_of_layer[l] = -1;
+    for (l = 0; l < m->nlayers; l++) z->unit_of_layer[l] = z->next_rec[l] = -1;
     acc = 0;
     for (b = z->nunits - 1; b >= 0; b--) {
         pdp__zero_unit *k = &z->units[b];

@@ -525,12 +525,15 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
    of each layer with parameters, its own or another layer's (PDP__LAYER_TIED)
    (FORWARD_LAYER), when pdp_model_backward starts (BACKWARD_BEGIN: a failure refuses
    the backward, its message stands), before the backward of each such layer
-   (BACKWARD_LAYER), and after the last layer
-   or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
+   (BACKWARD_LAYER), before the forward of each such layer of a region that FULL
+   recomputation runs again inside backward (RECOMPUTE_LAYER: the region's, in forward
+   order, before the BACKWARD_LAYER of its ResidualAdd and of its layers), and after the
+   last layer or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
 typedef enum pdp__model_event {
     PDP__EV_FORWARD_LAYER,
     PDP__EV_BACKWARD_BEGIN,
     PDP__EV_BACKWARD_LAYER,
+    PDP__EV_RECOMPUTE_LAYER,
     PDP__EV_BACKWARD_END
 } pdp__model_event;
 typedef pdp_status (*pdp__model_event_fn)(void *user, pdp_model *m, pdp__model_event ev,

@@ -19,11 +19,12 @@
    allocate nothing.
 
    The executor seam (internal.h): an executor may listen to the pass's events
-   (m->event: before each layer that computes with parameters, its own or a tied
-   one, forward and backward, and at the start and end of every backward: DDP and
-   ZeRO synchronise any backward this way) and point a layer's weight/bias and their gradients at buffers of
-   its own (m->layer_w, m->layer_dw: ZeRO's per-unit buffers). Both are off
-   (NULL) by default: one pointer test per layer. */
+   (m->event: before each layer that computes with parameters, its own or a tied one,
+   forward, backward and in a region FULL recomputation runs again inside backward, and
+   at the start and end of every backward: DDP and ZeRO synchronise any backward this
+   way, ZeRO-3 gathers each layer's parameters) and point a layer's weight/bias and
+   their gradients at buffers of its own (m->layer_w, m->layer_dw: ZeRO's per-unit
+   buffers). Both are off (NULL) by default: one pointer test per layer. */
 
 #include "internal.h"
 
@@ -163,12 +164,6 @@ PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage,
         return pdp__err(PDP_ERR_STATE, "%s: the model is already wrapped by %s; one executor "
                         "holds a model at a time: %s it before wrapping the model in %s", fn,
                         pdp__model_wrapper(m), frees[m->wrapped], pdp__wrap_name(kind, stage));
-    /* ZeRO-3 gathers a unit's parameters at each layer's forward and backward event; a
-       region run again inside backward would read parameters it has let go */
-    if (kind == PDP__WRAP_ZERO && stage == 3 && m->recompute == PDP_RECOMPUTE_FULL)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: FULL activation recomputation under %s is not "
-                        "supported yet (SELECTIVE is, and FULL under stages 1-2)", fn,
-                        pdp__wrap_name(kind, stage));
     m->wrapped = kind;
     m->wrap_stage = stage;
     return PDP_OK;
@@ -617,6 +612,14 @@ PDP__PRIVATE bool pdp__model_recomputed(const pdp_model *m, int i)
     return false;
 }
 
+/* FULL: the first layer of the region whose forward backward runs again before layer i's
+   backward (i its ResidualAdd; the region is layers [that, i)), or -1. */
+PDP__PRIVATE int pdp__model_recompute_from(const pdp_model *m, int i)
+{
+    if (i == 0 || !pdp__model_recomputed(m, i - 1) || pdp__model_recomputed(m, i)) return -1;
+    return m->layers[i].residual_from + 1;
+}
+
 PDP__PRIVATE pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off)
 {
     pdp__model_plan p;
@@ -791,11 +794,11 @@ PDP__PRIVATE void pdp__model_profile(const pdp__layer *l, double t0)
     else pdp__prof.other_layers_s += dt;
 }
 
-/* Forward through layers [lo, hi) from in (layer lo's input). events: fire the executor's
-   forward events (not when FULL recomputation runs a region again inside backward, where
-   the executor has its backward's events). */
+/* Forward through layers [lo, hi) from in (layer lo's input), firing ev before each layer
+   with parameters: FORWARD_LAYER in a forward, RECOMPUTE_LAYER when FULL recomputation runs
+   a region again inside backward. */
 PDP__PRIVATE pdp_status pdp__model_forward_layers(pdp_model *m, int lo, int hi, const float *in,
-                                                  bool events)
+                                                  pdp__model_event ev)
 {
     double t0;
     int i;
@@ -811,8 +814,8 @@ PDP__PRIVATE pdp_status pdp__model_forward_layers(pdp_model *m, int lo, int hi, 
             in = m->act[i];
             continue;
         }
-        if (events && m->event && pdp__model_uses_params(m, i) &&
-            (st = m->event(m->event_user, m, PDP__EV_FORWARD_LAYER, i, PDP_OK)) != PDP_OK)
+        if (m->event && pdp__model_uses_params(m, i) &&
+            (st = m->event(m->event_user, m, ev, i, PDP_OK)) != PDP_OK)
             return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
                                  pdp__layer_kind_name(l->kind));
         pdp__model_io(m, i, &io);
@@ -822,7 +825,8 @@ PDP__PRIVATE pdp_status pdp__model_forward_layers(pdp_model *m, int lo, int hi, 
         if ((st = pdp__layer_forward(l, &io)) != PDP_OK)
             return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
                                  pdp__layer_kind_name(l->kind));
-        if (m->trace_tid) pdp__model_trace(m, events ? "forward" : "recompute", i, t0);
+        if (m->trace_tid)
+            pdp__model_trace(m, ev == PDP__EV_FORWARD_LAYER ? "forward" : "recompute", i, t0);
         if (m->layer_s) m->layer_s[i] += pdp__now() - t0;
         if (pdp__prof.on) pdp__model_profile(l, t0);
         in = io.y;
@@ -862,7 +866,9 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     if ((st = pdp_model_reserve(m, batch)) != PDP_OK) return pdp__err_wrap(st, "pdp_model_forward");
     m->batch = batch;
     if (m->training) m->step++;
-    if ((st = pdp__model_forward_layers(m, 0, m->nlayers, x->data, true)) != PDP_OK) return st;
+    if ((st = pdp__model_forward_layers(m, 0, m->nlayers, x->data, PDP__EV_FORWARD_LAYER)) !=
+        PDP_OK)
+        return st;
     m->act[m->nlayers] = (float *)x->data; /* remembered for backward */
     shape[0] = batch;
     for (d = 0; d < m->layers[m->nlayers - 1].out_ndim; d++)
@@ -907,18 +913,18 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
     for (i = m->nlayers - 1; i >= 0; i--) {
         const pdp__layer *l = &m->layers[i];
         pdp__layer_io io;
+        int from = pdp__model_recompute_from(m, i);
+        if (from >= 0 && (st = pdp__model_forward_layers(m, from, i, m->act[from - 1],
+                                                         PDP__EV_RECOMPUTE_LAYER)) != PDP_OK) {
+            /* FULL: the region's forward again, from its kept input, before layer i's event
+               (an executor's event readies what layer i's backward reads) */
+            st = pdp__err_wrap(st, "pdp_model_backward: recomputing layers %d..%d", from, i - 1);
+            break;
+        }
         if (m->event && pdp__model_uses_params(m, i) &&
             (st = m->event(m->event_user, m, PDP__EV_BACKWARD_LAYER, i, PDP_OK)) != PDP_OK) {
             st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
                                pdp__layer_kind_name(l->kind));
-            break;
-        }
-        if (i > 0 && pdp__model_recomputed(m, i - 1) && !pdp__model_recomputed(m, i) &&
-            (st = pdp__model_forward_layers(m, m->layers[i].residual_from + 1, i,
-                                            m->act[m->layers[i].residual_from], false)) !=
-                PDP_OK) { /* FULL: the region's forward again, from its kept input */
-            st = pdp__err_wrap(st, "pdp_model_backward: recomputing layers %d..%d",
-                               m->layers[i].residual_from + 1, i - 1);
             break;
         }
         if (pdp__model_runs_backward(m, i)) {

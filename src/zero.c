@@ -29,6 +29,22 @@
    buffer and reduced once. So a pinned unit owns a buffer of its own (the last ones)
    and the other units share the rest round-robin (gslot).
 
+   FULL activation recomputation (model.h). Backward runs a residual region's forward
+   again, from its kept input, just before the backward of its ResidualAdd, and model.c
+   fires RECOMPUTE_LAYER before each of the region's layers with parameters. Stage 3
+   gathers the layer's unit for it as for a forward, and its prefetch follows the
+   backward pass's own order of needs, recompute included (next_bwd, next_rec: the layer
+   before a region in backward prefetches the unit the recompute needs first). Of the
+   parameters, what is resident during a recomputed block's backward is what stage 3
+   ever holds: this rank's shard and the param_buffers gather slots (N s_max floats
+   each), no more. The region's units stay in their slots from the recompute through the
+   region's backward when param_buffers holds them all: then the backward's gathers are
+   the recompute's, as many as without recomputation (and pdp__zero_formula holds). With
+   fewer slots the recompute pushes the region's first units out and the backward
+   gathers them again: more traffic, not in the formula, and the same memory. Stages 1-2
+   hold every parameter and do nothing here. Tested equal to one device at stages 1-3
+   with dropout, and the all-gathers counted (tests/test_gpt.c, tests/test_gpt_sp.c).
+
    Devices. Every buffer lives on the model's device and is moved with
    cuda_host.c's pdp__dev_* helpers (memcpy, memset and += on the CPU; copies and
    kernels on a CUDA device's compute stream), so one code path serves CPU models
@@ -55,8 +71,7 @@
    group's activation collectives, in the same order on every rank. Clipping counts the
    slices over TP (pdp_zero_clip_grad_norm). Tested equal to one device at stages 1-3,
    DP 2 x TP 2: the GPT with sequence parallelism under each recomputation mode
-   (tests/test_gpt_sp.c; FULL under stage 3 is refused by model.c: the region's forward,
-   run again inside backward, fires no gather) and Megatron's MLP blocks (tests/test_tp.c).
+   (tests/test_gpt_sp.c) and Megatron's MLP blocks (tests/test_tp.c).
 
    The checkpoints of this executor are zero_ckpt.c's. */
 
@@ -89,8 +104,9 @@ struct pdp_zero {
     pdp__zero_unit *units;
     int *unit_of_layer;  /* the unit whose parameters layer l computes with (a tied layer:
                             its owner's); -1 for layers without parameters */
-    int *next_fwd, *next_bwd; /* per layer: the next other unit forward (backward) needs
-                                 after it, -1 for none (stage 3's prefetch) */
+    int *next_fwd, *next_bwd, *next_rec; /* per layer: the next other unit forward
+                                 (backward, FULL recomputation's forward inside backward)
+                                 needs after it, -1 for none (stage 3's prefetch) */
     int *gslot;          /* stages 2-3: per unit, its gradient bucket buffer */
     int64_t pinned_s;    /* slice floats per rank of the pinned units (pdp__zero_pinned):
                             stage 3's byte formula */
@@ -352,6 +368,8 @@ PDP__PRIVATE pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_eve
                     z->gbuf_unit[i] = -1;
                 }
         return z->stage == 3 ? pdp__zero_release_params(z) : PDP_OK;
+    case PDP__EV_RECOMPUTE_LAYER: /* a region's forward again: its units, before its backward */
+        return z->stage == 3 ? pdp__zero_need(z, u, z->next_rec[layer]) : PDP_OK;
     case PDP__EV_BACKWARD_LAYER: /* backward runs them from 0 up (a tied head first) */
         if (z->stage >= 2 && !z->units[u].gbuf && (st = pdp__zero_take_gbuf(z, u)) != PDP_OK)
             return st;
@@ -419,6 +437,7 @@ PDP_API void pdp_zero_free(pdp_zero *z)
     pdp__dealloc(z->unit_of_layer);
     pdp__dealloc(z->next_fwd);
     pdp__dealloc(z->next_bwd);
+    pdp__dealloc(z->next_rec);
     pdp__dealloc(z->gslot);
     pdp__dealloc(z->layer_w);
     pdp__dealloc(z->layer_dw);
@@ -556,10 +575,16 @@ PDP__PRIVATE pdp_status pdp__zero_plan_layers(pdp_zero *z, int asked, const char
         z->next_fwd[l] = u < 0 ? -1 : a != u ? a : b;
         if (u >= 0 && u != a) b = a, a = u;
     }
+    /* backward's needs read last first: layer l's backward, then (before it in the pass)
+       FULL recomputation's forward of the region that ends at l, layers [from, l) */
     for (a = b = -1, l = 0; l < m->nlayers; l++) {
-        u = z->unit_of_layer[l];
-        z->next_bwd[l] = u < 0 ? -1 : a != u ? a : b;
-        if (u >= 0 && u != a) b = a, a = u;
+        int from = pdp__model_recompute_from(m, l), k;
+        for (k = l; k >= (from >= 0 ? from : l); k--) {
+            int *next = k == l ? z->next_bwd : z->next_rec;
+            u = z->unit_of_layer[k];
+            next[k] = u < 0 ? -1 : a != u ? a : b;
+            if (u >= 0 && u != a) b = a, a = u;
+        }
     }
     if (z->stage == 1) return PDP_OK;
     g = z->desc.grad_buffers;
@@ -642,11 +667,12 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     z->layer_dw = (float **)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(float *));
     z->next_fwd = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(int));
     z->next_bwd = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(int));
+    z->next_rec = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(int));
     z->gslot = (int *)pdp__calloc((size_t)PDP__MAX(1, z->nunits) * sizeof(int));
     if (!z->units || !z->unit_of_layer || !z->layer_w || !z->layer_dw || !z->next_fwd ||
-        !z->next_bwd || !z->gslot)
+        !z->next_bwd || !z->next_rec || !z->gslot)
         goto oom;
-    for (l = 0; l < m->nlayers; l++) z->unit_of_layer[l] = -1;
+    for (l = 0; l < m->nlayers; l++) z->unit_of_layer[l] = z->next_rec[l] = -1;
     acc = 0;
     for (b = z->nunits - 1; b >= 0; b--) {
         pdp__zero_unit *k = &z->units[b];

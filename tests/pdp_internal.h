@@ -512,12 +512,15 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
    of each layer with parameters, its own or another layer's (PDP__LAYER_TIED)
    (FORWARD_LAYER), when pdp_model_backward starts (BACKWARD_BEGIN: a failure refuses
    the backward, its message stands), before the backward of each such layer
-   (BACKWARD_LAYER), and after the last layer
-   or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
+   (BACKWARD_LAYER), before the forward of each such layer of a region that FULL
+   recomputation runs again inside backward (RECOMPUTE_LAYER: the region's, in forward
+   order, before the BACKWARD_LAYER of its ResidualAdd and of its layers), and after the
+   last layer or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
 typedef enum pdp__model_event {
     PDP__EV_FORWARD_LAYER,
     PDP__EV_BACKWARD_BEGIN,
     PDP__EV_BACKWARD_LAYER,
+    PDP__EV_RECOMPUTE_LAYER,
     PDP__EV_BACKWARD_END
 } pdp__model_event;
 typedef pdp_status (*pdp__model_event_fn)(void *user, pdp_model *m, pdp__model_event ev,
@@ -5410,11 +5413,12 @@ PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__laye
    allocate nothing.
 
    The executor seam (internal.h): an executor may listen to the pass's events
-   (m->event: before each layer that computes with parameters, its own or a tied
-   one, forward and backward, and at the start and end of every backward: DDP and
-   ZeRO synchronise any backward this way) and point a layer's weight/bias and their gradients at buffers of
-   its own (m->layer_w, m->layer_dw: ZeRO's per-unit buffers). Both are off
-   (NULL) by default: one pointer test per layer. */
+   (m->event: before each layer that computes with parameters, its own or a tied one,
+   forward, backward and in a region FULL recomputation runs again inside backward, and
+   at the start and end of every backward: DDP and ZeRO synchronise any backward this
+   way, ZeRO-3 gathers each layer's parameters) and point a layer's weight/bias and
+   their gradients at buffers of its own (m->layer_w, m->layer_dw: ZeRO's per-unit
+   buffers). Both are off (NULL) by default: one pointer test per layer. */
 
 /* #include "internal.h" (above) */
 
@@ -5562,6 +5566,10 @@ PDP__PRIVATE void pdp__model_plan_add(int64_t *acc, int64_t v);
    after its Residual, before its ResidualAdd. */
 PDP__PRIVATE bool pdp__model_recomputed(const pdp_model *m, int i);
 
+/* FULL: the first layer of the region whose forward backward runs again before layer i's
+   backward (i its ResidualAdd; the region is layers [that, i)), or -1. */
+PDP__PRIVATE int pdp__model_recompute_from(const pdp_model *m, int i);
+
 PDP__PRIVATE pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off);
 
 /* Points the outputs of the layers that are not views at activation set m->slot. */
@@ -5587,11 +5595,11 @@ PDP__PRIVATE void pdp__model_trace(const pdp_model *m, const char *what, int i, 
 /* The profile's split (pdp_profile): a layer with weights counts as GEMM work. */
 PDP__PRIVATE void pdp__model_profile(const pdp__layer *l, double t0);
 
-/* Forward through layers [lo, hi) from in (layer lo's input). events: fire the executor's
-   forward events (not when FULL recomputation runs a region again inside backward, where
-   the executor has its backward's events). */
+/* Forward through layers [lo, hi) from in (layer lo's input), firing ev before each layer
+   with parameters: FORWARD_LAYER in a forward, RECOMPUTE_LAYER when FULL recomputation runs
+   a region again inside backward. */
 PDP__PRIVATE pdp_status pdp__model_forward_layers(pdp_model *m, int lo, int hi, const float *in,
-                                                  bool events);
+                                                  pdp__model_event ev);
 
 /* PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y) */
 
@@ -7646,6 +7654,22 @@ PDP__PRIVATE int32_t pdp__gpt_pick(const float *z, int64_t V, float temperature,
    buffer and reduced once. So a pinned unit owns a buffer of its own (the last ones)
    and the other units share the rest round-robin (gslot).
 
+   FULL activation recomputation (model.h). Backward runs a residual region's forward
+   again, from its kept input, just before the backward of its ResidualAdd, and model.c
+   fires RECOMPUTE_LAYER before each of the region's layers with parameters. Stage 3
+   gathers the layer's unit for it as for a forward, and its prefetch follows the
+   backward pass's own order of needs, recompute included (next_bwd, next_rec: the layer
+   before a region in backward prefetches the unit the recompute needs first). Of the
+   parameters, what is resident during a recomputed block's backward is what stage 3
+   ever holds: this rank's shard and the param_buffers gather slots (N s_max floats
+   each), no more. The region's units stay in their slots from the recompute through the
+   region's backward when param_buffers holds them all: then the backward's gathers are
+   the recompute's, as many as without recomputation (and pdp__zero_formula holds). With
+   fewer slots the recompute pushes the region's first units out and the backward
+   gathers them again: more traffic, not in the formula, and the same memory. Stages 1-2
+   hold every parameter and do nothing here. Tested equal to one device at stages 1-3
+   with dropout, and the all-gathers counted (tests/test_gpt.c, tests/test_gpt_sp.c).
+
    Devices. Every buffer lives on the model's device and is moved with
    cuda_host.c's pdp__dev_* helpers (memcpy, memset and += on the CPU; copies and
    kernels on a CUDA device's compute stream), so one code path serves CPU models
@@ -7672,8 +7696,7 @@ PDP__PRIVATE int32_t pdp__gpt_pick(const float *z, int64_t V, float temperature,
    group's activation collectives, in the same order on every rank. Clipping counts the
    slices over TP (pdp_zero_clip_grad_norm). Tested equal to one device at stages 1-3,
    DP 2 x TP 2: the GPT with sequence parallelism under each recomputation mode
-   (tests/test_gpt_sp.c; FULL under stage 3 is refused by model.c: the region's forward,
-   run again inside backward, fires no gather) and Megatron's MLP blocks (tests/test_tp.c).
+   (tests/test_gpt_sp.c) and Megatron's MLP blocks (tests/test_tp.c).
 
    The checkpoints of this executor are zero_ckpt.c's. */
 
@@ -7706,8 +7729,9 @@ struct pdp_zero {
     pdp__zero_unit *units;
     int *unit_of_layer;  /* the unit whose parameters layer l computes with (a tied layer:
                             its owner's); -1 for layers without parameters */
-    int *next_fwd, *next_bwd; /* per layer: the next other unit forward (backward) needs
-                                 after it, -1 for none (stage 3's prefetch) */
+    int *next_fwd, *next_bwd, *next_rec; /* per layer: the next other unit forward
+                                 (backward, FULL recomputation's forward inside backward)
+                                 needs after it, -1 for none (stage 3's prefetch) */
     int *gslot;          /* stages 2-3: per unit, its gradient bucket buffer */
     int64_t pinned_s;    /* slice floats per rank of the pinned units (pdp__zero_pinned):
                             stage 3's byte formula */

@@ -832,8 +832,8 @@ TEST gpt_pipeline_of_blocks_equals_one_device(void)
 /* Activation recomputation gives the same bits as none (the same operations in the same
    order; dropout masks are keyed, so drawn again alike) and keeps less: SELECTIVE drops
    each attention's B x H x T x T probabilities, FULL everything inside the residual
-   regions; FULL also trains in a pipeline stage (equal to one device) and ZeRO-3 refuses
-   it by name. */
+   regions; FULL also trains in a pipeline stage (equal to one device) and under every
+   ZeRO stage (gpt_recomputation_under_ddp_and_zero_equals_one_device). */
 TEST gpt_recomputation_is_exact_and_keeps_less(void)
 {
     pdp_gpt_desc d = tp_desc();
@@ -867,20 +867,6 @@ TEST gpt_recomputation_is_exact_and_keeps_less(void)
     /* selective: exactly the probabilities, 6 heads x T x T floats a sample and layer */
     ASSERT_EQ(bytes[0] - (int64_t)TP_L * TP_B * 6 * TP_T * TP_T * 4, bytes[1]);
     ASSERT(bytes[2] < bytes[1]);
-    {   /* ZeRO-3 lets parameters go between a layer's events: FULL is refused by name */
-        pdp_local_group *grp = NULL;
-        pdp_comm *one = NULL;
-        pdp_zero *z = NULL;
-        pdp_zero_desc zd;
-        memset(&zd, 0, sizeof zd);
-        zd.stage = 3;
-        ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&grp, 1, NULL), pdp_status_name);
-        ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&one, grp, 0), pdp_status_name);
-        ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_zero_create(&z, m[2], one, &zd), pdp_status_name);
-        ASSERT(strstr(pdp_last_error(), "FULL activation recomputation under ZeRO stage 3"));
-        pdp_comm_free(one);
-        pdp_local_group_free(grp);
-    }
     for (k = 0; k < 3; k++) pdp_model_free(m[k]);
     PASS();
 }
@@ -1063,8 +1049,11 @@ typedef struct dptp_case {
     int zero;                /* 0: DDP, else the ZeRO stage */
     int tp;                  /* TP ranks a copy: 2 on 4 thread ranks, 1 on 2 */
     pdp_recompute recompute; /* of the copies (the reference recomputes nothing) */
+    double unit_mb;          /* ZeRO's bucket_cap_mb (0: the default) */
+    int param_buffers;       /* ZeRO-3's (0: the default, 2) */
     const pdp_model *ref;
     double worst[4];
+    int64_t gathers;         /* ZeRO-3: rank 0's all-gathers of the last step */
 } dptp_case;
 
 static pdp_status dptp_rank(const pdp_launch_ctx *ctx, void *user)
@@ -1087,6 +1076,8 @@ static pdp_status dptp_rank(const pdp_launch_ctx *ctx, void *user)
     od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-3, od.weight_decay = 0.1;
     memset(&zd, 0, sizeof zd);
     zd.stage = c->zero;
+    zd.bucket_cap_mb = c->unit_mb;
+    zd.param_buffers = c->zero == 3 ? c->param_buffers : 0;
     d.recompute = c->recompute;
     if ((st = pdp_comm_split(ctx->world, dp, tpr, &tp)) != PDP_OK ||
         (st = pdp_comm_split(ctx->world, tpr, dp, &dc)) != PDP_OK)
@@ -1113,6 +1104,12 @@ static pdp_status dptp_rank(const pdp_launch_ctx *ctx, void *user)
                 (st = pdp_optim_step(o)) == PDP_OK)
                 pdp_optim_zero_grad(o);
         }
+    }
+    if (st == PDP_OK && c->zero == 3) { /* the block, to compare */
+        pdp_zero_stats zs;
+        pdp_zero_get_stats(z, &zs);
+        if (ctx->rank == 0) c->gathers = zs.gathers;
+        st = pdp_zero_gather_params(z, NULL);
     }
     if (st == PDP_OK) st = fixture_worst_by_name(m, c->ref, &c->worst[ctx->rank]);
 out:
@@ -1149,18 +1146,22 @@ TEST gpt_dp_x_tp_under_ddp_and_zero1_equals_one_device(void)
     PASS();
 }
 
-/* Recomputation under the data-parallel executors: DDP and ZeRO stages 1 and 2 on 2 thread
-   ranks (the dptp runs with TP 1), each recomputing SELECTIVE or FULL, with dropout (a
-   recomputed mask must be the one forward drew) and clipping, 3 AdamW steps: the
-   parameters of one device that recomputes nothing, within 1e-5. (DataParallel:
+/* Recomputation under the data-parallel executors: DDP and ZeRO stages 1, 2 and 3 on 2
+   thread ranks (the dptp runs with TP 1), each recomputing SELECTIVE or FULL, with dropout
+   (a recomputed mask must be the one forward drew) and clipping, 3 AdamW steps: the
+   parameters of one device that recomputes nothing, within 1e-5. Stage 3 runs with a unit
+   per layer, so a FULL region (3 layers with parameters) spans 3 units, under 2 gather
+   slots (the recompute pushes the region's first units out and backward gathers them
+   again: more all-gathers than SELECTIVE's) and under 3 (the region stays gathered from
+   its recompute through its backward: SELECTIVE's all-gathers, no more). (DataParallel:
    gpt_under_dataparallel_equals_one_device; TP and pipelines: their own tests.) */
 TEST gpt_recomputation_under_ddp_and_zero_equals_one_device(void)
 {
     static dptp_case c;
-    static const char *name[] = {"DDP", "ZeRO-1", "ZeRO-2"};
+    static const char *name[] = {"DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"};
     pdp_model *ref = NULL;
-    char msg[64];
-    int64_t i;
+    char msg[96];
+    int64_t i, gathers[2][2]; /* ZeRO-3's, [FULL][param_buffers 3] */
     int r, rc;
     memset(&c, 0, sizeof c);
     for (i = 0; i < PP_B * TP_T; i++) {
@@ -1172,15 +1173,22 @@ TEST gpt_recomputation_under_ddp_and_zero_equals_one_device(void)
     c.tp = 1;
     for (rc = PDP_RECOMPUTE_SELECTIVE; rc <= PDP_RECOMPUTE_FULL; rc++) {
         c.recompute = (pdp_recompute)rc;
-        for (c.zero = 0; c.zero <= 2; c.zero++) {
-            memset(c.worst, 0, sizeof c.worst);
-            ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(2, NULL, dptp_rank, &c),
-                            pdp_status_name);
-            snprintf(msg, sizeof msg, "%s, recompute %s", name[c.zero],
-                     rc == PDP_RECOMPUTE_FULL ? "full" : "selective");
-            for (r = 0; r < 2; r++) ASSERTm(msg, c.worst[r] <= 1e-5);
-        }
+        for (c.zero = 0; c.zero <= 3; c.zero++)
+            for (c.param_buffers = 2; c.param_buffers <= (c.zero == 3 ? 3 : 2);
+                 c.param_buffers++) {
+                c.unit_mb = c.zero == 3 ? 1e-9 : 0.0; /* a unit per layer */
+                memset(c.worst, 0, sizeof c.worst);
+                ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(2, NULL, dptp_rank, &c),
+                                pdp_status_name);
+                snprintf(msg, sizeof msg, "%s, recompute %s, param_buffers %d", name[c.zero],
+                         rc == PDP_RECOMPUTE_FULL ? "full" : "selective", c.param_buffers);
+                for (r = 0; r < 2; r++) ASSERTm(msg, c.worst[r] <= 1e-5);
+                if (c.zero == 3)
+                    gathers[rc == PDP_RECOMPUTE_FULL][c.param_buffers - 2] = c.gathers;
+            }
     }
+    ASSERT(gathers[1][0] > gathers[0][0]);
+    ASSERT_EQ(gathers[0][1], gathers[1][1]);
     pdp_model_free(ref);
     PASS();
 }

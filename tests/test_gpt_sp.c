@@ -265,9 +265,10 @@ TEST gpt_sp_equals_one_device(void)
 /* DP x TP = 2 x 2 on 4 thread ranks (TP pairs, DP across them), sequence parallel,
    dropout 0.1, each recomputation mode: the GPT wrapped in DDP or ZeRO stage 1, 2 or 3 on
    the DP group (zero.c, "Tensor parallelism": each DP group shards its TP rank's block;
-   the LayerNorms' gradients reach ZeRO's buffers already summed over TP; stage 3's
-   parameters are gathered into the block to be compared; FULL under stage 3 is refused,
-   PDP_ERR_UNSUPPORTED, by model.c), each copy on one of the 2 sequences (a batch of 1: the
+   the LayerNorms' gradients reach ZeRO's buffers already summed over TP; stage 3 runs
+   with a unit per layer and 2 gather slots, so FULL recomputation gathers a region's
+   units again inside backward, and its parameters are gathered into the block to be
+   compared), each copy on one of the 2 sequences (a batch of 1: the
    collectives need no permutation), clipping after the DP average: equal to one device in
    every case. The ignored targets are alike in both sequences, so the mean of the copies'
    losses is the batch's. */
@@ -299,6 +300,7 @@ static pdp_status sp_dptp_rank(const pdp_launch_ctx *ctx, void *user)
     od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-3, od.weight_decay = 0.1;
     memset(&zd, 0, sizeof zd);
     zd.stage = c->zero;
+    zd.bucket_cap_mb = c->zero == 3 ? 1e-9 : 0.0; /* stage 3: a unit per layer */
     if ((st = pdp_comm_split(ctx->world, dp, tpr, &tp)) != PDP_OK ||
         (st = pdp_comm_split(ctx->world, tpr, dp, &dc)) != PDP_OK)
         goto out;
@@ -362,10 +364,6 @@ TEST gpt_sp_under_ddp_and_zero_equals_one_device(void)
             c.data.ref = ref;
             memset(c.worst, 0, sizeof c.worst);
             st = pdp_launch(4, NULL, sp_dptp_rank, &c);
-            if (c.zero == 3 && c.recompute == PDP_RECOMPUTE_FULL) { /* model.c refuses it */
-                ASSERT_ENUM_EQm(what, PDP_ERR_UNSUPPORTED, st, pdp_status_name);
-                continue;
-            }
             ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, st, pdp_status_name);
             for (r = 0; r < 4; r++) ASSERTm(what, c.worst[r] <= 1e-5);
             for (s = 0; s < STEPS; s++)
