@@ -4120,13 +4120,19 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
    into io->work (the ReLU's backward), db's column sums taken on the way, and the
    GEMMs read that. The ReLU's element code, and db's sums sample by sample as
    unfused: the bits of the two layers run apart (test_layers:
-   layers_linear_relu_fused_matches_unfused). Large batches split the columns
-   into ranges of 16 over the intra-op threads: each column's sum keeps its order. */
-typedef struct pdp__linear_relu_job {
+   layers_linear_relu_fused_matches_unfused).
+
+   Column passes (pdp__linear_cols_run): the ReLU's, the bias copied into every row
+   before the GEMM, db's sums without a ReLU. Large batches split the columns into
+   ranges of 16 over the intra-op threads: each column's sum keeps its order, so the
+   bits do not depend on the thread count. On one thread these passes, memory-bound,
+   were 2-3% of a GPT step (bench/gpt small, fp32): left there, they would cap two
+   threads' speed-up at about 1.95x on their own. */
+typedef struct pdp__linear_cols_job {
     const pdp__layer_io *io;
     int64_t out;
     void (*cols)(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1);
-} pdp__linear_relu_job;
+} pdp__linear_cols_job;
 
 PDP__PRIVATE void pdp__layers_relu_inplace(float *PDP__RESTRICT y, int64_t n);
 
@@ -4148,9 +4154,15 @@ PDP__PRIVATE void pdp__linear_bias_relu_forward_cols(const pdp__layer_io *io, in
 PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
                                                  int64_t c1);
 
-PDP__PRIVATE void pdp__linear_relu_part(void *arg, int i, int parts);
+/* y's rows = b (the GEMM adds x W^T next, beta 1) */
+PDP__PRIVATE void pdp__linear_bias_cols(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1);
 
-PDP__PRIVATE void pdp__linear_relu_run(const pdp__layer *l, const pdp__layer_io *io,
+/* db += column sums of dY, sample by sample */
+PDP__PRIVATE void pdp__linear_db_cols(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1);
+
+PDP__PRIVATE void pdp__linear_cols_part(void *arg, int i, int parts);
+
+PDP__PRIVATE void pdp__linear_cols_run(const pdp__layer *l, const pdp__layer_io *io,
                                        void (*cols)(const pdp__layer_io *, int64_t, int64_t,
                                                     int64_t));
 
@@ -4994,6 +5006,18 @@ PDP__PRIVATE pdp_status pdp__attention_layer_forward(const pdp__layer *l, const 
 
 PDP__PRIVATE pdp_status pdp__attention_layer_backward(const pdp__layer *l, const pdp__layer_io *io);
 
+/* Residual and ResidualAdd: element passes split over the intra-op threads as
+   layers.c's activations are (pdp__elem_run: ranges of 16, each element alone, so the
+   bits never depend on the split). */
+PDP__PRIVATE void pdp__residual_backward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                               int64_t lo, int64_t hi);
+
+PDP__PRIVATE void pdp__residual_add_forward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                                  int64_t lo, int64_t hi);
+
+PDP__PRIVATE void pdp__residual_add_backward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                                   int64_t lo, int64_t hi);
+
 /* Residual: a forward view (model.c never calls its forward); backward dx = dy + dskip */
 PDP__PRIVATE pdp_status pdp__residual_forward(const pdp__layer *l, const pdp__layer_io *io);
 
@@ -5671,11 +5695,55 @@ PDP__PRIVATE void pdp__model_use_slot(pdp_model *m, int slot, const float *x, in
    PDP_ERR_INVALID and a non-finite loss PDP_ERR_NUMERIC, both naming the sample,
    so a diverging run stops where it diverged instead of training on NaN. On a
    CUDA device the same formulas run in pdp_cuda.cu (cuda_host.c dispatches);
-   the per-sample losses come back and are summed here in sample order. */
+   the per-sample losses come back and are summed here in sample order.
+
+   Threads: the rows split over the intra-op threads (contiguous ranges), each row's
+   loss kept in the caller's scratch (pdp__thread_scratch, grown once) and summed
+   afterwards in row order; each part keeps its row's exp(z - m) there too, so that
+   exp runs once per logit, not twice. Every row is computed alone and the sum's order
+   is fixed, so the bits do not depend on the thread count, and they are those of the
+   one-row-at-a-time loop (a double's exp is the same whether kept or recomputed). At
+   GPT-2's vocabulary (50257) this pass took about a third of the tied head's time on
+   one thread, all of it on one thread before. */
 
 /* #include "internal.h" (above) */
 
+/* Logits below which the cross-entropy stays on one thread: each costs an exp (double),
+   several times an element pass's work per float, so a sixteenth of layers.c's
+   PDP__ELEMWISE_PAR_MIN. */
+#ifndef PDP__CE_PAR_MIN
+#  define PDP__CE_PAR_MIN 16384
+#endif
+
 /* ---- loss: cross-entropy ---- */
+
+/* One row: returns logsumexp(z) - z[label] and, dlogits not NULL, writes d = (softmax(z) -
+   onehot(label)) * grad_scale. e: room for V doubles (exp(z - m), computed once), or NULL
+   (computed twice: the same values). */
+PDP__PRIVATE double pdp__cross_entropy_row(const float *z, int32_t label, int64_t V,
+                                           float grad_scale, float *d, double *e);
+
+typedef struct pdp__ce_job {
+    const float *logits;
+    const int32_t *labels;
+    int64_t rows, V;
+    float grad_scale;
+    float *dlogits;  /* or NULL */
+    double *loss;    /* [rows]: each row's loss (0 for an ignored row) */
+    double *e;       /* [parts, V]: each part's exp(z - m), or NULL */
+} pdp__ce_job;
+
+/* Part i of n: rows [rows i / n, rows (i + 1) / n). Label -1: an ignored row (loss 0,
+   dlogits 0; the caller checked every other label). */
+PDP__PRIVATE void pdp__ce_part(void *arg, int i, int n);
+
+/* Rows [0, rows) (labels checked by the caller, -1 ignored) over the intra-op threads;
+   *loss_sum the sum of the rows' losses in row order. A non-finite loss: *bad its row,
+   *loss_sum that loss, and PDP_ERR_NUMERIC (the caller names it); else *bad = -1. Out
+   of memory for the losses: one row at a time, as before there were threads. */
+PDP__PRIVATE pdp_status pdp__cross_entropy_run(const float *logits, const int32_t *labels,
+                                               int64_t rows, int64_t V, float grad_scale,
+                                               double *loss_sum, float *dlogits, int64_t *bad);
 
 PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
                                            int64_t batch, int64_t classes, float grad_scale,
