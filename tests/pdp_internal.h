@@ -5855,6 +5855,10 @@ PDP__PRIVATE pdp_status pdp__model_check_logits(pdp_model *m, const pdp_tensor *
 #  include <immintrin.h>
 #endif
 
+/* Below this many elements per thread (a step's or zero_grad's), one thread is faster
+   than waking more. */
+#define PDP__OPTIM_MIN_PER_THREAD 32768
+
 struct pdp_optim {
     pdp_model *model;
     pdp_optim_desc desc;   /* defaults filled in, validated */
@@ -5914,6 +5918,16 @@ PDP__PRIVATE bool pdp__optim_is_full(const pdp_optim *o);
 
 /* PDP_API void pdp_optim_free(pdp_optim *o) */
 
+/* pdp_optim_zero_grad on the CPU: the gradient block's memset split over the intra-op
+   threads (ranges of 16 floats) once each thread has PDP__OPTIM_MIN_PER_THREAD floats;
+   a serial memset of GPT-2 124M's 497 MB was a pass the second thread did not share. */
+typedef struct pdp__zero_job {
+    float *g;
+    int64_t n;
+} pdp__zero_job;
+
+PDP__PRIVATE void pdp__optim_zero_part(void *arg, int part, int nparts);
+
 /* PDP_API void pdp_optim_zero_grad(pdp_optim *o) */
 
 /* PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, double lr) */
@@ -5961,9 +5975,6 @@ typedef struct pdp__optim_job {
 
 /* Elements [lo, hi) of the job, part i of n (ranges aligned to 16 floats). */
 PDP__PRIVATE void pdp__optim_part(void *arg, int part, int nparts);
-
-/* Below this many elements per thread, one thread is faster than waking more. */
-#define PDP__OPTIM_MIN_PER_THREAD 32768
 
 /* The job of n elements, params[i] from grads[i] with state element state_off + i of
    o's buffers, by the update scalars s. */
