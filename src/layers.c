@@ -536,9 +536,9 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
    Column passes (pdp__linear_cols_run): the ReLU's, the bias copied into every row
    before the GEMM, db's sums without a ReLU. Large batches split the columns into
    ranges of 16 over the intra-op threads: each column's sum keeps its order, so the
-   bits do not depend on the thread count. On one thread these passes, memory-bound,
-   were 2-3% of a GPT step (bench/gpt small, fp32): left there, they would cap two
-   threads' speed-up at about 1.95x on their own. */
+   bits do not depend on the thread count. The bias and db passes write and read
+   batch x out floats each (28 MB a block at bench/gpt's machine-sized model), which
+   one thread alone would have to stream while the other waits. */
 typedef struct pdp__linear_cols_job {
     const pdp__layer_io *io;
     int64_t out;

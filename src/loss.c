@@ -16,9 +16,9 @@
    afterwards in row order; each part keeps its row's exp(z - m) there too, so that
    exp runs once per logit, not twice. Every row is computed alone and the sum's order
    is fixed, so the bits do not depend on the thread count, and they are those of the
-   one-row-at-a-time loop (a double's exp is the same whether kept or recomputed). At
-   GPT-2's vocabulary (50257) this pass took about a third of the tied head's time on
-   one thread, all of it on one thread before. */
+   one-row-at-a-time loop (a double's exp is the same whether kept or recomputed).
+   GPT-2's 256 rows of 50257 logits: 101 ms on one thread before, 61 ms on one thread
+   and 31 ms on two after (Sapphire Rapids, 2 cores). */
 
 #include "internal.h"
 
