@@ -8345,13 +8345,21 @@ PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n
     blocks = (k + PDP__GEMM_KC - 1) / PDP__GEMM_KC;
     g.kb = (k + blocks - 1) / blocks; /* equal blocks, depends on k only */
 
-    /* Threads: one part per thread, along the dimension with more panels. */
+    /* Threads: one part per thread, along C's longer side (rows or columns, counted in
+       whole panels) unless it has fewer panels than threads and the other more. A
+       column split has every thread pack all of op(A) (m x k) and its share of op(B), a
+       row split the reverse: the longer side's split reads the larger operand once
+       (the per-thread copy is of the smaller one). GPT's activations (m = 2048 tokens)
+       against 384-wide weights, on 2 threads, went from 1.80-1.85x one thread's speed
+       split by columns to 1.97-2.0x split by rows (Sapphire Rapids, 2 cores). */
     threads = pdp__threads_for_caller();
     if (2.0 * (double)m * (double)n * (double)k < PDP__GEMM_PAR_FLOPS) threads = 1;
     {
         int64_t npan = (n + PDP__GEMM_NR - 1) / PDP__GEMM_NR;
         int64_t mpan = (m + PDP__GEMM_MR - 1) / PDP__GEMM_MR;
-        g.split_n = npan >= 2 * (int64_t)threads || npan * PDP__GEMM_NR >= mpan * PDP__GEMM_MR;
+        g.split_n = npan * PDP__GEMM_NR >= mpan * PDP__GEMM_MR
+                        ? npan >= (int64_t)threads || npan >= mpan
+                        : mpan < (int64_t)threads && npan > mpan;
         parts = (int)PDP__MIN((int64_t)threads, g.split_n ? npan : mpan);
     }
     pdp__parallel_for(parts, pdp__gemm_part, &g);
@@ -10599,7 +10607,12 @@ PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate)
     if (2.0 * (double)g->m * (double)g->n * (double)g->k < PDP__BF16_PAR_FLOPS) threads = 1;
     cols = (g->n + 16 * x.nb - 1) / (16 * x.nb);
     rows = (g->m + 16 * x.mb - 1) / (16 * x.mb);
-    x.split_n = cols >= 2 * (int64_t)threads || cols * x.nb >= rows * x.mb;
+    /* along C's longer side unless it has fewer units than threads and the other more:
+       gemm.c's rule and reason (a part packs all of the operand along the side it does
+       not split). Packing is most of an AMX product's time: GPT's 2048 x 384 x 1152
+       went from 1.37x one thread's speed on 2 threads split by columns to 1.87x by rows. */
+    x.split_n = cols * x.nb >= rows * x.mb ? cols >= (int64_t)threads || cols >= rows
+                                           : rows < (int64_t)threads && cols > rows;
     pdp__parallel_for((int)PDP__MIN((int64_t)threads, x.split_n ? cols : rows), pdp__amx_part, &x);
 }
 
@@ -14635,13 +14648,19 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
    into io->work (the ReLU's backward), db's column sums taken on the way, and the
    GEMMs read that. The ReLU's element code, and db's sums sample by sample as
    unfused: the bits of the two layers run apart (test_layers:
-   layers_linear_relu_fused_matches_unfused). Large batches split the columns
-   into ranges of 16 over the intra-op threads: each column's sum keeps its order. */
-typedef struct pdp__linear_relu_job {
+   layers_linear_relu_fused_matches_unfused).
+
+   Column passes (pdp__linear_cols_run): the ReLU's, the bias copied into every row
+   before the GEMM, db's sums without a ReLU. Large batches split the columns into
+   ranges of 16 over the intra-op threads: each column's sum keeps its order, so the
+   bits do not depend on the thread count. The bias and db passes write and read
+   batch x out floats each (28 MB a block at bench/gpt's machine-sized model), which
+   one thread alone would have to stream while the other waits. */
+typedef struct pdp__linear_cols_job {
     const pdp__layer_io *io;
     int64_t out;
     void (*cols)(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1);
-} pdp__linear_relu_job;
+} pdp__linear_cols_job;
 
 PDP__PRIVATE void pdp__layers_relu_inplace(float *PDP__RESTRICT y, int64_t n)
 {
@@ -14695,27 +14714,42 @@ PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_
     }
 }
 
-PDP__PRIVATE void pdp__linear_relu_part(void *arg, int i, int parts)
+/* y's rows = b (the GEMM adds x W^T next, beta 1) */
+PDP__PRIVATE void pdp__linear_bias_cols(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1)
 {
-    const pdp__linear_relu_job *job = (const pdp__linear_relu_job *)arg;
+    int64_t i;
+    for (i = 0; i < io->batch; i++)
+        memcpy(io->y + i * out + c0, io->b + c0, (size_t)(c1 - c0) * sizeof(float));
+}
+
+/* db += column sums of dY, sample by sample */
+PDP__PRIVATE void pdp__linear_db_cols(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1)
+{
+    int64_t i;
+    for (i = 0; i < io->batch; i++) pdp__layers_add(io->db + c0, io->dy + i * out + c0, c1 - c0);
+}
+
+PDP__PRIVATE void pdp__linear_cols_part(void *arg, int i, int parts)
+{
+    const pdp__linear_cols_job *job = (const pdp__linear_cols_job *)arg;
     int64_t blocks = (job->out + 15) / 16;
     int64_t c0 = PDP__MIN(job->out, blocks * i / parts * 16);
     int64_t c1 = PDP__MIN(job->out, blocks * (i + 1) / parts * 16);
     if (c0 < c1) job->cols(job->io, job->out, c0, c1);
 }
 
-PDP__PRIVATE void pdp__linear_relu_run(const pdp__layer *l, const pdp__layer_io *io,
+PDP__PRIVATE void pdp__linear_cols_run(const pdp__layer *l, const pdp__layer_io *io,
                                        void (*cols)(const pdp__layer_io *, int64_t, int64_t,
                                                     int64_t))
 {
-    pdp__linear_relu_job job;
+    pdp__linear_cols_job job;
     int parts = pdp__threads_for_caller();
     job.io = io;
     job.out = l->out_features;
     job.cols = cols;
     if (io->batch * job.out < PDP__ELEMWISE_PAR_MIN) parts = 1;
     parts = (int)PDP__MIN((int64_t)parts, (job.out + 15) / 16);
-    pdp__parallel_for(parts, pdp__linear_relu_part, &job);
+    pdp__parallel_for(parts, pdp__linear_cols_part, &job);
 }
 
 /* io for the GEMMs: a [T, C] sample's T rows as rows of the batch */
@@ -14733,7 +14767,7 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
     pdp__layer_io rows;
     const pdp__layer_io *io = pdp__linear_rows_io(l, io_in, &rows);
     int64_t B = io->batch, in = pdp__layer_in_features(l);
-    int64_t out = l->out_features, i;
+    int64_t out = l->out_features;
     float beta = 0.0f;
     /* The bias: y = b, then the GEMM adds x W^T (beta 1), no pass of its own. With a
        fused ReLU after a bf16 product on a chain path (gemm.h: C = alpha acc + beta C
@@ -14744,13 +14778,13 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
         io->b && io->fused_relu && io->bf16 &&
         pdp_bf16_path_for(PDP_NO_TRANS, PDP_TRANS, B, out, in) != PDP_BF16_PATH_SGEMM;
     if (io->b && !bias_in_relu) {
-        for (i = 0; i < B; i++) memcpy(io->y + i * out, io->b, (size_t)out * sizeof(float));
+        pdp__linear_cols_run(l, io, pdp__linear_bias_cols);
         beta = 1.0f;
     }
     (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in,
                                             io->w, in, beta, io->y, out);
     if (io->fused_relu)
-        pdp__linear_relu_run(l, io, bias_in_relu ? pdp__linear_bias_relu_forward_cols
+        pdp__linear_cols_run(l, io, bias_in_relu ? pdp__linear_bias_relu_forward_cols
                                                  : pdp__linear_relu_forward_cols);
     return PDP_OK;
 }
@@ -14760,13 +14794,13 @@ PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__lay
     pdp__layer_io rows;
     const pdp__layer_io *io = pdp__linear_rows_io(l, io_in, &rows);
     int64_t B = io->batch, in = pdp__layer_in_features(l);
-    int64_t out = l->out_features, i;
+    int64_t out = l->out_features;
     const float *dy = io->dy;
     if (io->fused_relu) { /* dy masked into work, db's sums on the way */
-        pdp__linear_relu_run(l, io, pdp__linear_relu_backward_cols);
+        pdp__linear_cols_run(l, io, pdp__linear_relu_backward_cols);
         dy = io->work;
-    } else if (io->db) { /* db += column sums of dY, sample by sample */
-        for (i = 0; i < B; i++) pdp__layers_add(io->db, dy + i * out, out);
+    } else if (io->db) {
+        pdp__linear_cols_run(l, io, pdp__linear_db_cols);
     }
     /* dW += dY^T X */
     (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, dy, out,
@@ -16918,6 +16952,32 @@ PDP__PRIVATE pdp_status pdp__attention_layer_backward(const pdp__layer *l, const
     return PDP_OK;
 }
 
+/* Residual and ResidualAdd: element passes split over the intra-op threads as
+   layers.c's activations are (pdp__elem_run: ranges of 16, each element alone, so the
+   bits never depend on the split). */
+PDP__PRIVATE void pdp__residual_backward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                               int64_t lo, int64_t hi)
+{
+    (void)l;
+    pdp__layers_add2(io->dy + lo, io->dskip + lo, io->dx + lo, hi - lo);
+}
+
+PDP__PRIVATE void pdp__residual_add_forward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                                  int64_t lo, int64_t hi)
+{
+    (void)l;
+    pdp__layers_add2(io->x + lo, io->skip + lo, io->y + lo, hi - lo);
+}
+
+PDP__PRIVATE void pdp__residual_add_backward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                                   int64_t lo, int64_t hi)
+{
+    size_t bytes = (size_t)(hi - lo) * sizeof(float);
+    (void)l;
+    memcpy(io->dskip + lo, io->dy + lo, bytes);
+    if (io->dx) memcpy(io->dx + lo, io->dy + lo, bytes);
+}
+
 /* Residual: a forward view (model.c never calls its forward); backward dx = dy + dskip */
 PDP__PRIVATE pdp_status pdp__residual_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
@@ -16927,9 +16987,7 @@ PDP__PRIVATE pdp_status pdp__residual_forward(const pdp__layer *l, const pdp__la
 
 PDP__PRIVATE pdp_status pdp__residual_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t n = io->batch * l->in_count;
-    if (!io->dx) return PDP_OK;
-    pdp__layers_add2(io->dy, io->dskip, io->dx, n);
+    if (io->dx) pdp__elem_run(l, io, pdp__residual_backward_range);
     return PDP_OK;
 }
 
@@ -16937,15 +16995,13 @@ PDP__PRIVATE pdp_status pdp__residual_backward(const pdp__layer *l, const pdp__l
    not ask, it lets dy itself go on into the branch) */
 PDP__PRIVATE pdp_status pdp__residual_add_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    pdp__layers_add2(io->x, io->skip, io->y, io->batch * l->in_count);
+    pdp__elem_run(l, io, pdp__residual_add_forward_range);
     return PDP_OK;
 }
 
 PDP__PRIVATE pdp_status pdp__residual_add_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    size_t bytes = (size_t)(io->batch * l->in_count) * sizeof(float);
-    memcpy(io->dskip, io->dy, bytes);
-    if (io->dx) memcpy(io->dx, io->dy, bytes);
+    pdp__elem_run(l, io, pdp__residual_add_backward_range);
     return PDP_OK;
 }
 
@@ -19352,44 +19408,149 @@ PDP__PRIVATE void pdp__model_use_slot(pdp_model *m, int slot, const float *x, in
    PDP_ERR_INVALID and a non-finite loss PDP_ERR_NUMERIC, both naming the sample,
    so a diverging run stops where it diverged instead of training on NaN. On a
    CUDA device the same formulas run in pdp_cuda.cu (cuda_host.c dispatches);
-   the per-sample losses come back and are summed here in sample order. */
+   the per-sample losses come back and are summed here in sample order.
+
+   Threads: the rows split over the intra-op threads (contiguous ranges), each row's
+   loss kept in the caller's scratch (pdp__thread_scratch, grown once) and summed
+   afterwards in row order; each part keeps its row's exp(z - m) there too, so that
+   exp runs once per logit, not twice. Every row is computed alone and the sum's order
+   is fixed, so the bits do not depend on the thread count, and they are those of the
+   one-row-at-a-time loop (a double's exp is the same whether kept or recomputed).
+   GPT-2's 256 rows of 50257 logits: 101 ms on one thread before, 61 ms on one thread
+   and 31 ms on two after (Sapphire Rapids, 2 cores). */
 
 /* #include "internal.h" (already above) */
 
+/* Logits below which the cross-entropy stays on one thread: each costs an exp (double),
+   several times an element pass's work per float, so a sixteenth of layers.c's
+   PDP__ELEMWISE_PAR_MIN. */
+#ifndef PDP__CE_PAR_MIN
+#  define PDP__CE_PAR_MIN 16384
+#endif
+
 /* ---- loss: cross-entropy ---- */
+
+/* One row: returns logsumexp(z) - z[label] and, dlogits not NULL, writes d = (softmax(z) -
+   onehot(label)) * grad_scale. e: room for V doubles (exp(z - m), computed once), or NULL
+   (computed twice: the same values). */
+PDP__PRIVATE double pdp__cross_entropy_row(const float *z, int32_t label, int64_t V,
+                                           float grad_scale, float *d, double *e)
+{
+    float mx = z[0];
+    double sum = 0.0, inv;
+    int64_t j;
+    for (j = 1; j < V; j++) mx = z[j] > mx ? z[j] : mx;
+    if (e)
+        for (j = 0; j < V; j++) sum += e[j] = exp((double)z[j] - (double)mx);
+    else
+        for (j = 0; j < V; j++) sum += exp((double)z[j] - (double)mx);
+    if (d) {
+        inv = 1.0 / sum;
+        if (e)
+            for (j = 0; j < V; j++) d[j] = (float)(e[j] * inv) * grad_scale;
+        else
+            for (j = 0; j < V; j++) d[j] = (float)(exp((double)z[j] - (double)mx) * inv) * grad_scale;
+        d[label] -= grad_scale;
+    }
+    return (double)mx + log(sum) - (double)z[label];
+}
+
+typedef struct pdp__ce_job {
+    const float *logits;
+    const int32_t *labels;
+    int64_t rows, V;
+    float grad_scale;
+    float *dlogits;  /* or NULL */
+    double *loss;    /* [rows]: each row's loss (0 for an ignored row) */
+    double *e;       /* [parts, V]: each part's exp(z - m), or NULL */
+} pdp__ce_job;
+
+/* Part i of n: rows [rows i / n, rows (i + 1) / n). Label -1: an ignored row (loss 0,
+   dlogits 0; the caller checked every other label). */
+PDP__PRIVATE void pdp__ce_part(void *arg, int i, int n)
+{
+    const pdp__ce_job *j = (const pdp__ce_job *)arg;
+    int64_t r, lo = j->rows * i / n, hi = j->rows * (i + 1) / n, V = j->V;
+    for (r = lo; r < hi; r++) {
+        float *d = j->dlogits ? j->dlogits + r * V : NULL;
+        if (j->labels[r] == -1) {
+            j->loss[r] = 0.0;
+            if (d) memset(d, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        j->loss[r] = pdp__cross_entropy_row(j->logits + r * V, j->labels[r], V, j->grad_scale, d,
+                                            j->e ? j->e + (int64_t)i * V : NULL);
+    }
+}
+
+/* Rows [0, rows) (labels checked by the caller, -1 ignored) over the intra-op threads;
+   *loss_sum the sum of the rows' losses in row order. A non-finite loss: *bad its row,
+   *loss_sum that loss, and PDP_ERR_NUMERIC (the caller names it); else *bad = -1. Out
+   of memory for the losses: one row at a time, as before there were threads. */
+PDP__PRIVATE pdp_status pdp__cross_entropy_run(const float *logits, const int32_t *labels,
+                                               int64_t rows, int64_t V, float grad_scale,
+                                               double *loss_sum, float *dlogits, int64_t *bad)
+{
+    pdp__ce_job j;
+    int parts = (int)PDP__MIN((int64_t)pdp__threads_for_caller(), rows);
+    double total = 0.0, one;
+    int64_t r;
+    *bad = -1;
+    if (rows * V < PDP__CE_PAR_MIN) parts = 1;
+    if (parts < 1) parts = 1;
+    j.logits = logits;
+    j.labels = labels;
+    j.rows = rows;
+    j.V = V;
+    j.grad_scale = grad_scale;
+    j.dlogits = dlogits;
+    j.loss = (double *)pdp__thread_scratch(((size_t)rows + (size_t)parts * (size_t)V) *
+                                           sizeof(double));
+    j.e = j.loss ? j.loss + rows : NULL;
+    if (j.loss) pdp__parallel_for(parts, pdp__ce_part, &j);
+    for (r = 0; r < rows; r++) {
+        if (labels[r] == -1) continue;
+        if (j.loss) {
+            one = j.loss[r];
+        } else {
+            one = pdp__cross_entropy_row(logits + r * V, labels[r], V, grad_scale,
+                                         dlogits ? dlogits + r * V : NULL, NULL);
+        }
+        if (one != one || one == HUGE_VAL || one == -HUGE_VAL) {
+            *bad = r;
+            *loss_sum = one;
+            return PDP_ERR_NUMERIC;
+        }
+        total += one;
+    }
+    if (!j.loss && dlogits) /* the ignored rows' zeros */
+        for (r = 0; r < rows; r++)
+            if (labels[r] == -1) memset(dlogits + r * V, 0, (size_t)V * sizeof(float));
+    *loss_sum = total;
+    return PDP_OK;
+}
 
 PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
                                            int64_t batch, int64_t classes, float grad_scale,
                                            double *loss_sum, float *dlogits, const char *fn)
 {
-    double total = 0.0;
-    int64_t i, j;
-    for (i = 0; i < batch; i++) {
-        const float *z = logits + i * classes;
-        int32_t label = labels[i];
-        float mx = z[0];
-        double sum = 0.0, loss;
-        if (label < 0 || label >= classes)
-            return pdp__err(PDP_ERR_INVALID, "%s: label %ld at sample %lld is outside [0, %lld)",
-                            fn, (long)label, (long long)i, (long long)classes);
-        for (j = 1; j < classes; j++) mx = z[j] > mx ? z[j] : mx;
-        for (j = 0; j < classes; j++) sum += exp((double)z[j] - (double)mx);
-        loss = (double)mx + log(sum) - (double)z[label];
-        if (loss != loss || loss == HUGE_VAL || loss == -HUGE_VAL) {
-            *loss_sum = loss;
-            return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s at sample %lld", fn,
-                            loss != loss ? "NaN" : "Inf", (long long)i);
-        }
-        total += loss;
-        if (dlogits) {
-            float *d = dlogits + i * classes;
-            double inv = 1.0 / sum;
-            for (j = 0; j < classes; j++)
-                d[j] = (float)(exp((double)z[j] - (double)mx) * inv) * grad_scale;
-            d[label] -= grad_scale;
-        }
+    int64_t i, first = batch, bad;
+    double sum = 0.0;
+    /* the first label outside [0, classes); the rows before it are computed, and a
+       non-finite loss among them is the error, as a loop that stops at the first
+       failing sample reports */
+    for (i = 0; i < batch && first == batch; i++)
+        if (labels[i] < 0 || labels[i] >= classes) first = i;
+    if (pdp__cross_entropy_run(logits, labels, first, classes, grad_scale, &sum, dlogits, &bad) !=
+        PDP_OK) {
+        *loss_sum = sum;
+        return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s at sample %lld", fn,
+                        sum != sum ? "NaN" : "Inf", (long long)bad);
     }
-    *loss_sum = total;
+    if (first < batch)
+        return pdp__err(PDP_ERR_INVALID, "%s: label %ld at sample %lld is outside [0, %lld)",
+                        fn, (long)labels[first], (long long)first, (long long)classes);
+    *loss_sum = sum;
     return PDP_OK;
 }
 
@@ -19443,25 +19604,15 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_rows(const float *logits, const int32
                                                 int64_t N, int64_t V, float grad_scale,
                                                 double *loss_sum, float *dlogits, const char *fn)
 {
-    int64_t i, j, n = 0;
+    int64_t n = 0, bad;
     double total = 0.0;
     pdp_status st;
     *loss_sum = 0.0;
     if ((st = pdp__cross_entropy_count(labels, N, V, &n, fn)) != PDP_OK) return st;
-    for (i = 0; i < N; i++) {
-        double row = 0.0;
-        if (labels[i] == -1) {
-            if (dlogits)
-                for (j = 0; j < V; j++) dlogits[i * V + j] = 0.0f;
-            continue;
-        }
-        /* loss.c's row: m + log(sum exp(z - m)) - z[label], in double */
-        if (pdp__cross_entropy(logits + i * V, labels + i, 1, V, grad_scale, &row,
-                               dlogits ? dlogits + i * V : NULL, fn) != PDP_OK)
-            return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s at row %lld", fn,
-                            row != row ? "NaN" : "Inf", (long long)i);
-        total += row;
-    }
+    /* loss.c's row: m + log(sum exp(z - m)) - z[label], in double */
+    if (pdp__cross_entropy_run(logits, labels, N, V, grad_scale, &total, dlogits, &bad) != PDP_OK)
+        return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s at row %lld", fn,
+                        total != total ? "NaN" : "Inf", (long long)bad);
     *loss_sum = total;
     return PDP_OK;
 }
@@ -19763,6 +19914,10 @@ PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *la
 #  include <immintrin.h>
 #endif
 
+/* Below this many elements per thread (a step's or zero_grad's), one thread is faster
+   than waking more. */
+#define PDP__OPTIM_MIN_PER_THREAD 32768
+
 struct pdp_optim {
     pdp_model *model;
     pdp_optim_desc desc;   /* defaults filled in, validated */
@@ -19939,10 +20094,37 @@ PDP_API void pdp_optim_free(pdp_optim *o)
     pdp__dealloc(o);
 }
 
+/* pdp_optim_zero_grad on the CPU: the gradient block's memset split over the intra-op
+   threads (ranges of 16 floats) once each thread has PDP__OPTIM_MIN_PER_THREAD floats;
+   a serial memset of GPT-2 124M's 497 MB was a pass the second thread did not share. */
+typedef struct pdp__zero_job {
+    float *g;
+    int64_t n;
+} pdp__zero_job;
+
+PDP__PRIVATE void pdp__optim_zero_part(void *arg, int part, int nparts)
+{
+    const pdp__zero_job *j = (const pdp__zero_job *)arg;
+    int64_t blocks = (j->n + 15) / 16;
+    int64_t lo = PDP__MIN(j->n, blocks * part / nparts * 16);
+    int64_t hi = PDP__MIN(j->n, blocks * (part + 1) / nparts * 16);
+    if (lo < hi) memset(j->g + lo, 0, (size_t)(hi - lo) * sizeof(float));
+}
+
 PDP_API void pdp_optim_zero_grad(pdp_optim *o)
 {
     double t0 = pdp__prof.on ? pdp__now() : 0.0;
-    if (o) pdp_model_zero_grad(o->model);
+    pdp_model *m = o ? o->model : NULL;
+    if (m && m->device.kind == PDP_DEVICE_CPU && m->param_count && m->grad_block) {
+        pdp__zero_job j;
+        int threads = pdp__threads_for_caller();
+        j.g = m->grad_block;
+        j.n = m->param_count;
+        threads = (int)PDP__MAX(1, PDP__MIN((int64_t)threads, j.n / PDP__OPTIM_MIN_PER_THREAD));
+        pdp__parallel_for(threads, pdp__optim_zero_part, &j);
+    } else if (m) {
+        pdp_model_zero_grad(m);
+    }
     if (pdp__prof.on) pdp__prof.optim_s += pdp__now() - t0;
 }
 
@@ -20096,9 +20278,6 @@ PDP__PRIVATE void pdp__optim_part(void *arg, int part, int nparts)
         pdp__adam_loop(j->params + a, j->grads + a, j->state[0] + sa, j->state[1] + sa, b - a,
                        j->s);
 }
-
-/* Below this many elements per thread, one thread is faster than waking more. */
-#define PDP__OPTIM_MIN_PER_THREAD 32768
 
 /* The job of n elements, params[i] from grads[i] with state element state_off + i of
    o's buffers, by the update scalars s. */

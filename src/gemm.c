@@ -702,13 +702,21 @@ PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n
     blocks = (k + PDP__GEMM_KC - 1) / PDP__GEMM_KC;
     g.kb = (k + blocks - 1) / blocks; /* equal blocks, depends on k only */
 
-    /* Threads: one part per thread, along the dimension with more panels. */
+    /* Threads: one part per thread, along C's longer side (rows or columns, counted in
+       whole panels) unless it has fewer panels than threads and the other more. A
+       column split has every thread pack all of op(A) (m x k) and its share of op(B), a
+       row split the reverse: the longer side's split reads the larger operand once
+       (the per-thread copy is of the smaller one). GPT's activations (m = 2048 tokens)
+       against 384-wide weights, on 2 threads, went from 1.80-1.85x one thread's speed
+       split by columns to 1.97-2.0x split by rows (Sapphire Rapids, 2 cores). */
     threads = pdp__threads_for_caller();
     if (2.0 * (double)m * (double)n * (double)k < PDP__GEMM_PAR_FLOPS) threads = 1;
     {
         int64_t npan = (n + PDP__GEMM_NR - 1) / PDP__GEMM_NR;
         int64_t mpan = (m + PDP__GEMM_MR - 1) / PDP__GEMM_MR;
-        g.split_n = npan >= 2 * (int64_t)threads || npan * PDP__GEMM_NR >= mpan * PDP__GEMM_MR;
+        g.split_n = npan * PDP__GEMM_NR >= mpan * PDP__GEMM_MR
+                        ? npan >= (int64_t)threads || npan >= mpan
+                        : mpan < (int64_t)threads && npan > mpan;
         parts = (int)PDP__MIN((int64_t)threads, g.split_n ? npan : mpan);
     }
     pdp__parallel_for(parts, pdp__gemm_part, &g);

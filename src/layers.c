@@ -531,13 +531,19 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
    into io->work (the ReLU's backward), db's column sums taken on the way, and the
    GEMMs read that. The ReLU's element code, and db's sums sample by sample as
    unfused: the bits of the two layers run apart (test_layers:
-   layers_linear_relu_fused_matches_unfused). Large batches split the columns
-   into ranges of 16 over the intra-op threads: each column's sum keeps its order. */
-typedef struct pdp__linear_relu_job {
+   layers_linear_relu_fused_matches_unfused).
+
+   Column passes (pdp__linear_cols_run): the ReLU's, the bias copied into every row
+   before the GEMM, db's sums without a ReLU. Large batches split the columns into
+   ranges of 16 over the intra-op threads: each column's sum keeps its order, so the
+   bits do not depend on the thread count. The bias and db passes write and read
+   batch x out floats each (28 MB a block at bench/gpt's machine-sized model), which
+   one thread alone would have to stream while the other waits. */
+typedef struct pdp__linear_cols_job {
     const pdp__layer_io *io;
     int64_t out;
     void (*cols)(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1);
-} pdp__linear_relu_job;
+} pdp__linear_cols_job;
 
 PDP__PRIVATE void pdp__layers_relu_inplace(float *PDP__RESTRICT y, int64_t n)
 {
@@ -591,27 +597,42 @@ PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_
     }
 }
 
-PDP__PRIVATE void pdp__linear_relu_part(void *arg, int i, int parts)
+/* y's rows = b (the GEMM adds x W^T next, beta 1) */
+PDP__PRIVATE void pdp__linear_bias_cols(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1)
 {
-    const pdp__linear_relu_job *job = (const pdp__linear_relu_job *)arg;
+    int64_t i;
+    for (i = 0; i < io->batch; i++)
+        memcpy(io->y + i * out + c0, io->b + c0, (size_t)(c1 - c0) * sizeof(float));
+}
+
+/* db += column sums of dY, sample by sample */
+PDP__PRIVATE void pdp__linear_db_cols(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1)
+{
+    int64_t i;
+    for (i = 0; i < io->batch; i++) pdp__layers_add(io->db + c0, io->dy + i * out + c0, c1 - c0);
+}
+
+PDP__PRIVATE void pdp__linear_cols_part(void *arg, int i, int parts)
+{
+    const pdp__linear_cols_job *job = (const pdp__linear_cols_job *)arg;
     int64_t blocks = (job->out + 15) / 16;
     int64_t c0 = PDP__MIN(job->out, blocks * i / parts * 16);
     int64_t c1 = PDP__MIN(job->out, blocks * (i + 1) / parts * 16);
     if (c0 < c1) job->cols(job->io, job->out, c0, c1);
 }
 
-PDP__PRIVATE void pdp__linear_relu_run(const pdp__layer *l, const pdp__layer_io *io,
+PDP__PRIVATE void pdp__linear_cols_run(const pdp__layer *l, const pdp__layer_io *io,
                                        void (*cols)(const pdp__layer_io *, int64_t, int64_t,
                                                     int64_t))
 {
-    pdp__linear_relu_job job;
+    pdp__linear_cols_job job;
     int parts = pdp__threads_for_caller();
     job.io = io;
     job.out = l->out_features;
     job.cols = cols;
     if (io->batch * job.out < PDP__ELEMWISE_PAR_MIN) parts = 1;
     parts = (int)PDP__MIN((int64_t)parts, (job.out + 15) / 16);
-    pdp__parallel_for(parts, pdp__linear_relu_part, &job);
+    pdp__parallel_for(parts, pdp__linear_cols_part, &job);
 }
 
 /* io for the GEMMs: a [T, C] sample's T rows as rows of the batch */
@@ -629,7 +650,7 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
     pdp__layer_io rows;
     const pdp__layer_io *io = pdp__linear_rows_io(l, io_in, &rows);
     int64_t B = io->batch, in = pdp__layer_in_features(l);
-    int64_t out = l->out_features, i;
+    int64_t out = l->out_features;
     float beta = 0.0f;
     /* The bias: y = b, then the GEMM adds x W^T (beta 1), no pass of its own. With a
        fused ReLU after a bf16 product on a chain path (gemm.h: C = alpha acc + beta C
@@ -640,13 +661,13 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
         io->b && io->fused_relu && io->bf16 &&
         pdp_bf16_path_for(PDP_NO_TRANS, PDP_TRANS, B, out, in) != PDP_BF16_PATH_SGEMM;
     if (io->b && !bias_in_relu) {
-        for (i = 0; i < B; i++) memcpy(io->y + i * out, io->b, (size_t)out * sizeof(float));
+        pdp__linear_cols_run(l, io, pdp__linear_bias_cols);
         beta = 1.0f;
     }
     (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in,
                                             io->w, in, beta, io->y, out);
     if (io->fused_relu)
-        pdp__linear_relu_run(l, io, bias_in_relu ? pdp__linear_bias_relu_forward_cols
+        pdp__linear_cols_run(l, io, bias_in_relu ? pdp__linear_bias_relu_forward_cols
                                                  : pdp__linear_relu_forward_cols);
     return PDP_OK;
 }
@@ -656,13 +677,13 @@ PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__lay
     pdp__layer_io rows;
     const pdp__layer_io *io = pdp__linear_rows_io(l, io_in, &rows);
     int64_t B = io->batch, in = pdp__layer_in_features(l);
-    int64_t out = l->out_features, i;
+    int64_t out = l->out_features;
     const float *dy = io->dy;
     if (io->fused_relu) { /* dy masked into work, db's sums on the way */
-        pdp__linear_relu_run(l, io, pdp__linear_relu_backward_cols);
+        pdp__linear_cols_run(l, io, pdp__linear_relu_backward_cols);
         dy = io->work;
-    } else if (io->db) { /* db += column sums of dY, sample by sample */
-        for (i = 0; i < B; i++) pdp__layers_add(io->db, dy + i * out, out);
+    } else if (io->db) {
+        pdp__linear_cols_run(l, io, pdp__linear_db_cols);
     }
     /* dW += dY^T X */
     (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, dy, out,

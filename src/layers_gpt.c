@@ -500,6 +500,32 @@ PDP__PRIVATE pdp_status pdp__attention_layer_backward(const pdp__layer *l, const
     return PDP_OK;
 }
 
+/* Residual and ResidualAdd: element passes split over the intra-op threads as
+   layers.c's activations are (pdp__elem_run: ranges of 16, each element alone, so the
+   bits never depend on the split). */
+PDP__PRIVATE void pdp__residual_backward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                               int64_t lo, int64_t hi)
+{
+    (void)l;
+    pdp__layers_add2(io->dy + lo, io->dskip + lo, io->dx + lo, hi - lo);
+}
+
+PDP__PRIVATE void pdp__residual_add_forward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                                  int64_t lo, int64_t hi)
+{
+    (void)l;
+    pdp__layers_add2(io->x + lo, io->skip + lo, io->y + lo, hi - lo);
+}
+
+PDP__PRIVATE void pdp__residual_add_backward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                                   int64_t lo, int64_t hi)
+{
+    size_t bytes = (size_t)(hi - lo) * sizeof(float);
+    (void)l;
+    memcpy(io->dskip + lo, io->dy + lo, bytes);
+    if (io->dx) memcpy(io->dx + lo, io->dy + lo, bytes);
+}
+
 /* Residual: a forward view (model.c never calls its forward); backward dx = dy + dskip */
 PDP__PRIVATE pdp_status pdp__residual_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
@@ -509,9 +535,7 @@ PDP__PRIVATE pdp_status pdp__residual_forward(const pdp__layer *l, const pdp__la
 
 PDP__PRIVATE pdp_status pdp__residual_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t n = io->batch * l->in_count;
-    if (!io->dx) return PDP_OK;
-    pdp__layers_add2(io->dy, io->dskip, io->dx, n);
+    if (io->dx) pdp__elem_run(l, io, pdp__residual_backward_range);
     return PDP_OK;
 }
 
@@ -519,15 +543,13 @@ PDP__PRIVATE pdp_status pdp__residual_backward(const pdp__layer *l, const pdp__l
    not ask, it lets dy itself go on into the branch) */
 PDP__PRIVATE pdp_status pdp__residual_add_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    pdp__layers_add2(io->x, io->skip, io->y, io->batch * l->in_count);
+    pdp__elem_run(l, io, pdp__residual_add_forward_range);
     return PDP_OK;
 }
 
 PDP__PRIVATE pdp_status pdp__residual_add_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    size_t bytes = (size_t)(io->batch * l->in_count) * sizeof(float);
-    memcpy(io->dskip, io->dy, bytes);
-    if (io->dx) memcpy(io->dx, io->dy, bytes);
+    pdp__elem_run(l, io, pdp__residual_add_backward_range);
     return PDP_OK;
 }
 

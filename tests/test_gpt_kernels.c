@@ -863,6 +863,149 @@ TEST gpt_cross_entropy_ignore_edge_cases_and_errors(void)
     PASS();
 }
 
+/* The one-row-at-a-time loop the cross-entropy was before its rows were split over
+   threads (and still is, row by row): max in float, exp(z - max) in double twice, the
+   loss in double, the sum in row order; -1 ignored. */
+static double ce_row_loop(const float *z, const int32_t *lab, int64_t N, int64_t V, float scale,
+                          float *dz)
+{
+    double total = 0.0;
+    int64_t i, j;
+    for (i = 0; i < N; i++) {
+        const float *zi = z + i * V;
+        float mx = zi[0];
+        double sum = 0.0;
+        if (lab[i] == -1) {
+            for (j = 0; j < V; j++) dz[i * V + j] = 0.0f;
+            continue;
+        }
+        for (j = 1; j < V; j++) mx = zi[j] > mx ? zi[j] : mx;
+        for (j = 0; j < V; j++) sum += exp((double)zi[j] - (double)mx);
+        for (j = 0; j < V; j++)
+            dz[i * V + j] = (float)(exp((double)zi[j] - (double)mx) * (1.0 / sum)) * scale;
+        dz[i * V + lab[i]] -= scale;
+        total += (double)mx + log(sum) - (double)zi[lab[i]];
+    }
+    return total;
+}
+
+/* Rows x vocabulary 61 x 509 (past loss.c's PDP__CE_PAR_MIN, 16384: the rows split over
+   the threads, a part's exp kept in scratch): 1, 2 and 3 threads give the loss sum and
+   dlogits of ce_row_loop bit for bit, with ignored rows and without (pdp__cross_entropy),
+   and the errors are the ones a loop that stops at the first failing row reports. */
+TEST gpt_cross_entropy_threads_bit_identical_to_the_row_loop(void)
+{
+    enum { N = 61, V = 509 };
+    float *z = (float *)malloc(N * V * sizeof(float)), *dz = (float *)malloc(N * V * sizeof(float));
+    float *ref = (float *)malloc(N * V * sizeof(float)), scale = 1.0f / 50.0f, keep;
+    int32_t lab[N], all[N];
+    double sum, want;
+    int64_t i;
+    int th;
+    fill(z, N * V, -6.0f, 6.0f);
+    for (i = 0; i < N; i++) {
+        all[i] = (int32_t)pdp_rng_below(&rng, V);
+        lab[i] = i % 5 == 2 ? -1 : all[i];
+    }
+    want = ce_row_loop(z, lab, N, V, scale, ref);
+    for (th = 1; th <= 3; th++) {
+        pdp_set_num_threads(th);
+        memset(dz, 0x7f, N * V * sizeof(float));
+        sum = -1.0;
+        ASSERT_EQ(PDP_OK, pdp__cross_entropy_rows(z, lab, N, V, scale, &sum, dz, "ce"));
+        ASSERT_MEM_EQ(&want, &sum, sizeof sum);
+        ASSERT_MEM_EQ(ref, dz, N * V * sizeof(float));
+        sum = -1.0;
+        ASSERT_EQ(PDP_OK, pdp__cross_entropy_rows(z, lab, N, V, scale, &sum, NULL, "ce"));
+        ASSERT_MEM_EQ(&want, &sum, sizeof sum);
+    }
+    want = ce_row_loop(z, all, N, V, scale, ref);
+    for (th = 1; th <= 2; th++) {
+        pdp_set_num_threads(th);
+        ASSERT_EQ(PDP_OK, pdp__cross_entropy(z, all, N, V, scale, &sum, dz, "ce"));
+        ASSERT_MEM_EQ(&want, &sum, sizeof sum);
+        ASSERT_MEM_EQ(ref, dz, N * V * sizeof(float));
+        /* a NaN at row 40 before a bad label at row 50: the NaN; after it: the label */
+        keep = z[40 * V + 3];
+        z[40 * V + 3] = NAN;
+        all[50] = V;
+        ASSERT_EQ(PDP_ERR_NUMERIC, pdp__cross_entropy(z, all, N, V, scale, &sum, dz, "ce"));
+        ASSERT_STR_EQ("ce: loss is NaN at sample 40", pdp_last_error());
+        all[30] = -1;
+        ASSERT_EQ(PDP_ERR_INVALID, pdp__cross_entropy(z, all, N, V, scale, &sum, dz, "ce"));
+        ASSERT_STR_EQ("ce: label -1 at sample 30 is outside [0, 509)", pdp_last_error());
+        ASSERT_EQ(PDP_ERR_NUMERIC, pdp__cross_entropy_rows(z, all, 50, V, scale, &sum, dz, "ce"));
+        ASSERT_STR_EQ("ce: loss is NaN at row 40", pdp_last_error());
+        z[40 * V + 3] = keep;
+        all[50] = lab[50];
+        all[30] = lab[30];
+    }
+    pdp_set_num_threads(1);
+    free(z);
+    free(dz);
+    free(ref);
+    PASS();
+}
+
+/* Residual's backward (dx = dy + dskip) and ResidualAdd's forward (y = x + skip) and
+   backward (dskip = dy, dx = dy) on 700 x 390 floats (past PDP__ELEMWISE_PAR_MIN: split
+   over the threads in ranges of 16, the last short): 1, 2 and 3 threads give a plain
+   loop's bits. */
+TEST gpt_residual_threads_match_a_plain_loop(void)
+{
+    enum { B = 700, C = 390, NN = B * C };
+    float *a = (float *)malloc(NN * sizeof(float)), *b = (float *)malloc(NN * sizeof(float));
+    float *out = (float *)malloc(NN * sizeof(float)), *out2 = (float *)malloc(NN * sizeof(float));
+    float *ref = (float *)malloc(NN * sizeof(float));
+    pdp__layer l;
+    pdp__layer_io io;
+    int64_t i;
+    int th;
+    fill(a, NN, -3.0f, 3.0f);
+    fill(b, NN, -3.0f, 3.0f);
+    for (i = 0; i < NN; i++) ref[i] = a[i] + b[i];
+    memset(&l, 0, sizeof l);
+    l.in_ndim = l.out_ndim = 1;
+    l.in_shape[0] = l.out_shape[0] = C;
+    l.in_count = l.out_count = C;
+    for (th = 1; th <= 3; th++) {
+        pdp_set_num_threads(th);
+        memset(&io, 0, sizeof io);
+        io.batch = B;
+        io.x = a;
+        io.skip = b;
+        io.y = out;
+        memset(out, 0x7f, NN * sizeof(float));
+        ASSERT_EQ(PDP_OK, pdp__residual_add_forward(&l, &io));
+        ASSERT_MEM_EQ(ref, out, NN * sizeof(float));
+        memset(&io, 0, sizeof io);
+        io.batch = B;
+        io.dy = a;
+        io.dskip = b;
+        io.dx = out;
+        memset(out, 0x7f, NN * sizeof(float));
+        ASSERT_EQ(PDP_OK, pdp__residual_backward(&l, &io));
+        ASSERT_MEM_EQ(ref, out, NN * sizeof(float));
+        memset(&io, 0, sizeof io);
+        io.batch = B;
+        io.dy = a;
+        io.dskip = out;
+        io.dx = out2;
+        memset(out, 0x7f, NN * sizeof(float));
+        memset(out2, 0x7f, NN * sizeof(float));
+        ASSERT_EQ(PDP_OK, pdp__residual_add_backward(&l, &io));
+        ASSERT_MEM_EQ(a, out, NN * sizeof(float));
+        ASSERT_MEM_EQ(a, out2, NN * sizeof(float));
+    }
+    pdp_set_num_threads(1);
+    free(a);
+    free(b);
+    free(out);
+    free(out2);
+    free(ref);
+    PASS();
+}
+
 SUITE(gpt_kernels)
 {
     pdp_rng_seed(&rng, 23, 0);
@@ -883,6 +1026,8 @@ SUITE(gpt_kernels)
     RUN_TEST(gpt_gelu_kernels_bits_independent_of_split_and_width);
     RUN_TEST(gpt_cross_entropy_ignore_matches_naive_and_finite_differences);
     RUN_TEST(gpt_cross_entropy_ignore_edge_cases_and_errors);
+    RUN_TEST(gpt_cross_entropy_threads_bit_identical_to_the_row_loop);
+    RUN_TEST(gpt_residual_threads_match_a_plain_loop);
 }
 
 GREATEST_MAIN_DEFS();

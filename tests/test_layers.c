@@ -1151,6 +1151,74 @@ TEST layers_results_do_not_depend_on_the_thread_count(void)
     PASS();
 }
 
+/* The Linear's bias (copied into each row before the GEMM) and db (column sums of dy)
+   are column passes split over the intra-op threads once batch x out reaches
+   PDP__ELEMWISE_PAR_MIN (262144): here 650 x 419 (not a multiple of 16) with 37 inputs.
+   1, 2 and 3 threads give the same bits for y, dx and the gradients; db equals a plain
+   loop that adds dy's rows in order (the same float sums, so bit for bit), and y a
+   double-precision x W^T + b. */
+TEST layers_linear_bias_and_db_split_over_threads(void)
+{
+    enum { B = 650, IN = 37, OUT = 419 };
+    float *xd = (float *)malloc(B * IN * sizeof(float)), *dyd = (float *)malloc(B * OUT * sizeof(float));
+    float *y[3], *dx[3], *g[3], *dbn = (float *)calloc(OUT, sizeof(float));
+    pdp_model *m[3];
+    pdp_param w, bias;
+    pdp_tensor x, gr;
+    const pdp_tensor *yt;
+    pdp_rng r;
+    int64_t i, j, p, n = 0;
+    int k;
+    ASSERT(xd && dyd && dbn);
+    pdp_rng_seed(&r, 31, 0);
+    fill_uniform(xd, B * IN, &r, -1.0f, 1.0f);
+    fill_uniform(dyd, B * OUT, &r, -1.0f, 1.0f);
+    for (k = 0; k < 3; k++) {
+        m[k] = new_model(1, IN, 0, 0, 31);
+        ASSERT(m[k] != NULL);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], OUT), pdp_status_name);
+        n = pdp_model_param_count(m[k]);
+        y[k] = (float *)malloc(B * OUT * sizeof(float));
+        dx[k] = (float *)malloc(B * IN * sizeof(float));
+        g[k] = (float *)malloc((size_t)n * sizeof(float));
+        ASSERT(y[k] && dx[k] && g[k]);
+        wrap_input(m[k], xd, B, &x);
+        pdp_set_num_threads(k + 1);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m[k], &x, &yt), pdp_status_name);
+        memcpy(y[k], yt->data, B * OUT * sizeof(float));
+        ASSERT_ENUM_EQ(PDP_OK, fixture_backward_with_dx(m[k], dyd, dx[k]), pdp_status_name);
+        pdp_set_num_threads(1);
+        pdp_model_flat(m[k], NULL, &gr);
+        memcpy(g[k], gr.data, (size_t)n * sizeof(float));
+    }
+    for (k = 1; k < 3; k++) {
+        ASSERT_MEM_EQ(y[0], y[k], B * OUT * sizeof(float));
+        ASSERT_MEM_EQ(dx[0], dx[k], B * IN * sizeof(float));
+        ASSERT_MEM_EQ(g[0], g[k], (size_t)n * sizeof(float));
+    }
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m[1], "0.weight", &w), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m[1], "0.bias", &bias), pdp_status_name);
+    for (i = 0; i < B; i++)
+        for (j = 0; j < OUT; j++) dbn[j] += dyd[i * OUT + j];
+    ASSERT_MEM_EQ(dbn, bias.grad.data, OUT * sizeof(float));
+    for (i = 0; i < B; i++)
+        for (j = 0; j < OUT; j++) {
+            double z = bias.value.data[j];
+            for (p = 0; p < IN; p++) z += (double)xd[i * IN + p] * w.value.data[j * IN + p];
+            ASSERT_IN_RANGE(z, y[1][i * OUT + j], 1e-5 * (1.0 + fabs(z)));
+        }
+    for (k = 0; k < 3; k++) {
+        free(y[k]);
+        free(dx[k]);
+        free(g[k]);
+        pdp_model_free(m[k]);
+    }
+    free(xd);
+    free(dyd);
+    free(dbn);
+    PASS();
+}
+
 /* ---- the table of kinds, names and devices ---- */
 
 /* The table's PDP__LAYER_ELEMENTWISE is what tp.c accepts between a ColumnParallelLinear
@@ -1417,6 +1485,7 @@ SUITE(layers)
     RUN_TEST(layers_training_step_allocates_nothing_after_the_first);
     RUN_TEST(layers_gradients_accumulate_across_backwards);
     RUN_TEST(layers_results_do_not_depend_on_the_thread_count);
+    RUN_TEST(layers_linear_bias_and_db_split_over_threads);
     RUN_TEST(layers_table_has_an_entry_for_every_kind);
     RUN_TEST(layers_elementwise_kinds_are_elementwise_and_fit_a_tp_block);
     RUN_TEST(layers_a_layer_status_reaches_the_caller_naming_the_layer);

@@ -433,6 +433,45 @@ TEST optim_zero_grad_zeros_the_gradient_block(void)
     PASS();
 }
 
+/* Past 2 x PDP__OPTIM_MIN_PER_THREAD (32768) gradients the CPU memset splits over the
+   threads: 300 -> 301 (90601 floats, not a multiple of 16), 1, 2 and 3 threads, every
+   element zeroed, the parameters untouched. */
+TEST optim_zero_grad_split_over_threads_zeros_every_element(void)
+{
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_tensor p, g;
+    pdp_rng r;
+    float *keep;
+    int64_t i;
+    int th;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 300;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&m, &md), status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 301), status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, NULL), status_name);
+    pdp_model_flat(m, &p, &g);
+    ASSERT_EQ(300 * 301 + 301, g.count);
+    keep = (float *)malloc((size_t)p.count * sizeof(float));
+    ASSERT(keep != NULL);
+    memcpy(keep, p.data, (size_t)p.count * sizeof(float));
+    pdp_rng_seed(&r, 2, 0);
+    for (th = 1; th <= 3; th++) {
+        fill_normal(g.data, g.count, &r, 1.0f);
+        for (i = 0; i < g.count; i++) g.data[i] += 2.0f; /* none already zero */
+        ASSERT_ENUM_EQ(PDP_OK, pdp_set_num_threads(th), status_name);
+        pdp_optim_zero_grad(o);
+        pdp_set_num_threads(1);
+        for (i = 0; i < g.count; i++) ASSERT_EQ(0.0f, g.data[i]);
+        ASSERT_MEM_EQ(keep, p.data, (size_t)p.count * sizeof(float));
+    }
+    free(keep);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    PASS();
+}
+
 TEST optim_step_fails_after_layers_added(void)
 {
     pdp_model *m = small_model();
@@ -1190,6 +1229,7 @@ SUITE(optim)
     RUN_TEST(optim_range_state_steps_like_the_full_optimizer);
     RUN_TEST(optim_step_allocates_nothing);
     RUN_TEST(optim_zero_grad_zeros_the_gradient_block);
+    RUN_TEST(optim_zero_grad_split_over_threads_zeros_every_element);
     RUN_TEST(optim_step_fails_after_layers_added);
     RUN_TEST(optim_create_null_arguments_and_failing_allocations);
     RUN_TEST(optim_desc_defaults);
