@@ -9829,7 +9829,10 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
     if (2.0 * (double)m * (double)n * (double)k < PDP__BF16_PAR_FLOPS) threads = 1;
     npan = (n + PDP__BF16_NR - 1) / PDP__BF16_NR;
     mpan = (m + PDP__BF16_MR - 1) / PDP__BF16_MR;
-    g.split_n = npan >= 2 * (int64_t)threads || npan * PDP__BF16_NR >= mpan * PDP__BF16_MR;
+    /* along C's longer side, as pdp_sgemm splits (gemm.c says why) */
+    g.split_n = npan * PDP__BF16_NR >= mpan * PDP__BF16_MR
+                    ? npan >= (int64_t)threads || npan >= mpan
+                    : mpan < (int64_t)threads && npan > mpan;
     parts = (int)PDP__MIN((int64_t)threads, g.split_n ? npan : mpan);
     pdp__parallel_for(parts, pdp__bf16_part, &g);
 }
