@@ -384,7 +384,7 @@ TEST store_get_blocks_until_set(void)
         g[i].key = "late";
         ASSERT_EQ(0, pthread_create(&th[i], NULL, getter_main, &g[i]));
     }
-    pdp__store_sleep(0.15);
+    pdp__sleep_s(0.15);
     ASSERT_OK(pdp_store_set(s, "late", "here", 4));
     for (i = 0; i < 2; i++) {
         pthread_join(th[i], NULL);
@@ -538,7 +538,7 @@ TEST store_processes_loopback(void)
     for (i = 1; i < WORLD; i++) {
         pid_t w;
         while ((w = waitpid(pid[i], &status, WNOHANG)) == 0 && pdp__now() < deadline)
-            pdp__store_sleep(0.01);
+            pdp__sleep_s(0.01);
         if (w == 0) {
             kill(pid[i], SIGKILL);
             waitpid(pid[i], &status, 0);
@@ -644,7 +644,7 @@ TEST store_client_before_server(void)
     l.port = free_port();
     ASSERT(l.port > 0);
     ASSERT_EQ(0, pthread_create(&th, NULL, late_client_main, &l));
-    pdp__store_sleep(0.2); /* the client is retrying by now */
+    pdp__sleep_s(0.2); /* the client is retrying by now */
     memset(&d, 0, sizeof d);
     d.is_server = true;
     d.port = l.port;
@@ -761,7 +761,7 @@ TEST store_free_with_clients_connected(void)
     g.port = pdp_store_port(s);
     g.key = "never";
     ASSERT_EQ(0, pthread_create(&th, NULL, getter_main, &g));
-    pdp__store_sleep(0.1); /* the getter is parked on the server with a 30 s timeout */
+    pdp__sleep_s(0.1); /* the getter is parked on the server with a 30 s timeout */
     t0 = pdp__now();
     pdp_store_free(s);
     pthread_join(th, NULL);
