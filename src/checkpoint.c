@@ -920,8 +920,12 @@ PDP__PRIVATE pdp_status pdp__ckpt_load_open(pdp__ckpt_loader *L)
     uint64_t hlen = 0;
     pdp_status st;
     int k;
-    if (!(L->f = fopen(path, "rb")))
-        return pdp__err(PDP_ERR_IO, "%s: %s: %s", fn, path, strerror(errno));
+    if (!(L->f = fopen(path, "rb"))) {
+        int err = errno;
+        if (pdp__path_kind(path, true) == PDP__PATH_DIR) /* Windows opens no directory */
+            return pdp__err(PDP_ERR_IO, "%s: %s: not a regular file", fn, path);
+        return pdp__err(PDP_ERR_IO, "%s: %s: %s", fn, path, strerror(err));
+    }
     if (pdp__file_size(L->f, &L->file_bytes) != 0)
         return pdp__err(PDP_ERR_IO, "%s: %s: not a regular file", fn, path);
     if (L->file_bytes < 8 || fread(len8, 1, 8, L->f) != 8)
