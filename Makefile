@@ -86,7 +86,7 @@ IMPL_LINKED    = -DPDP__IMPLEMENTATION_INCLUDED -DPDP_TEST_SHARED_IMPL
 TEST_LINKED    = $(IMPL_LINKED) -DPDP__INTERNAL_API
 IMPL_OBJ       = $(B)/pdp_impl.o
 TEST_HEADERS   = pdp.h tests/pdp_test.h tests/counting_alloc.h tests/pdp_linked.h \
-                 tests/pdp_internal.h
+                 tests/pdp_internal.h tests/child_process.h
 
 $(IMPL_OBJ): tests/pdp_impl.c tests/counting_alloc.h pdp.h
 	@mkdir -p $(@D)
@@ -478,10 +478,11 @@ emu-cuda-test: $(EMU_PROGRAMS) $(EB)/bench_gpu $(EMU_STACK_CHECK)
 #                   $(WINE) (Debian's wine64) with WINEDEBUG=-all in a private WINEPREFIX, into
 #                   $(WB)/run/ (Wine's CRLF line ends taken out for tests/run_all.sh). The parts named by issue 27: single device (tensor, optim, loss,
 #                   fixtures), threads, DP, DDP and the local communicator, checkpoints (atomic
-#                   replace, a writer killed mid-save, a resume in a fresh process). Not yet:
-#                   test_store (fork and raw POSIX sockets in the test itself; the store is
-#                   built on Winsock but only its compile is checked), test_zero, test_data,
-#                   test_trace, test_launch (setenv, mkdtemp, fork in the tests).
+#                   replace, a writer killed mid-save, a resume in a fresh process), the TCP
+#                   store on Winsock. Child processes go through tests/child_process.h
+#                   (CreateProcess). Not run there yet: test_zero, test_data, test_trace,
+#                   test_launch, test_alloc_fail (fork, mkdtemp, POSIX mkdir in the tests
+#                   themselves), the GPT, TP, PP and kernel suites (not the parts named).
 #                   Each part prints "skipped: ..." and succeeds when its compiler or QEMU is
 #                   missing. Not part of make test.
 CROSS_CC       ?= aarch64-linux-gnu-gcc
@@ -496,7 +497,8 @@ CROSS_TESTS     = $(addprefix $(AB)/test_,alloc_fail bf16 checkpoint comm data d
 MINGW_CC       ?= x86_64-w64-mingw32-gcc
 WINE           ?= wine
 WB              = $(B)/win
-WIN_TESTS       = $(addprefix $(WB)/test_,tensor optim loss fixtures threads comm dp ddp checkpoint)
+WIN_TESTS       = $(addprefix $(WB)/test_,tensor optim loss fixtures threads comm dp ddp checkpoint \
+                  store)
 WIN_LIBS        = -static -lws2_32 -lpthread -lm
 TCC            ?= tcc
 TB              = $(B)/tcc

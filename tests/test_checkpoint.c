@@ -29,6 +29,7 @@
 #include "pdp.h"
 #include "pdp_test.h"
 #include "fixture.h"
+#include "child_process.h"
 
 static char tmpdir[64];
 
@@ -1262,113 +1263,6 @@ TEST checkpoint_failed_save_keeps_previous_file(void)
 
 static int exists(const char *path) { return access(path, F_OK) == 0; }
 
-/* ---- child processes: this binary again, in a mode main() reads from argv[1] ----
-   child_spawn starts it with argv (argv[0] its name): fork + exec on POSIX (under a
-   user-mode emulator the kernel cannot run the binary itself: $PDP_TEST_EXEC names the
-   emulator, make cross-test sets qemu-aarch64, which then runs the path /proc/self/exe
-   reads as), CreateProcess on Windows. child_wait reaps it and gives its exit status (-1
-   for a signal); child_kill kills it (SIGKILL, TerminateProcess) and reaps it. */
-#ifdef _WIN32
-typedef struct child {
-    HANDLE h;
-    long pid;
-} child;
-
-static int child_spawn(child *c, char *const argv[])
-{
-    char self[MAX_PATH], cmd[4096];
-    size_t n;
-    int i;
-    STARTUPINFOA si;
-    PROCESS_INFORMATION pi;
-    if (!GetModuleFileNameA(NULL, self, sizeof self)) return -1;
-    n = (size_t)snprintf(cmd, sizeof cmd, "\"%s\"", self);
-    for (i = 1; argv[i] && n < sizeof cmd; i++)
-        n += (size_t)snprintf(cmd + n, sizeof cmd - n, " \"%s\"", argv[i]);
-    memset(&si, 0, sizeof si);
-    si.cb = sizeof si;
-    if (n >= sizeof cmd || !CreateProcessA(self, cmd, NULL, NULL, FALSE, 0, NULL, NULL, &si, &pi))
-        return -1;
-    CloseHandle(pi.hThread);
-    c->h = pi.hProcess;
-    c->pid = (long)pi.dwProcessId;
-    return 0;
-}
-
-static int child_wait(child *c)
-{
-    DWORD code = 1;
-    WaitForSingleObject(c->h, INFINITE);
-    GetExitCodeProcess(c->h, &code);
-    CloseHandle(c->h);
-    return (int)code;
-}
-
-static void child_kill(child *c)
-{
-    TerminateProcess(c->h, 137);
-    (void)child_wait(c);
-}
-
-static void child_nap(void) { Sleep(1); }
-#else
-typedef struct child {
-    pid_t pid_;
-    long pid;
-} child;
-
-static void exec_self(char *const argv[])
-{
-    const char *emu = getenv("PDP_TEST_EXEC");
-    char self[4096], *args[8];
-    ssize_t len;
-    int i;
-    if (!emu || !*emu) {
-        execv("/proc/self/exe", argv);
-        _exit(127);
-    }
-    len = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (len <= 0) _exit(127);
-    self[len] = '\0';
-    args[0] = (char *)emu;
-    args[1] = self;
-    for (i = 1; argv[i] && i < 7; i++) args[i + 1] = argv[i];
-    args[i + 1] = NULL;
-    execvp(emu, args);
-    _exit(127);
-}
-
-static int child_spawn(child *c, char *const argv[])
-{
-    fflush(stdout);
-    fflush(stderr);
-    c->pid_ = fork();
-    if (c->pid_ < 0) return -1;
-    if (c->pid_ == 0) exec_self(argv);
-    c->pid = (long)c->pid_;
-    return 0;
-}
-
-static int child_wait(child *c)
-{
-    int status = -1;
-    if (waitpid(c->pid_, &status, 0) != c->pid_) return -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-static void child_kill(child *c)
-{
-    kill(c->pid_, SIGKILL);
-    (void)child_wait(c);
-}
-
-static void child_nap(void)
-{
-    struct timespec pause_ = {0, 100000}; /* 0.1 ms */
-    nanosleep(&pause_, NULL);
-}
-#endif
-
 static int touch(const char *path) { return write_all(path, "x", 1); }
 
 /* A pid that was a process and is no more (reaped). */
@@ -2308,11 +2202,16 @@ int main(int argc, char **argv)
         return 0;
     }
 #ifdef _WIN32
-    { /* no mkdtemp: a directory named by this process's id, in %TEMP% */
+    { /* no mkdtemp: a new directory named by this process's id, in %TEMP% */
         const char *t = getenv("TEMP");
-        snprintf(tmpdir, sizeof tmpdir, "%s\\pdp_ckpt_%lu", t ? t : ".",
-                 (unsigned long)GetCurrentProcessId());
-        if (_mkdir(tmpdir) != 0) {
+        int k, made = 0;
+        for (k = 0; k < 1000 && !made; k++) {
+            snprintf(tmpdir, sizeof tmpdir, "%s\\pdp_ckpt_%lu_%d", t ? t : ".",
+                     (unsigned long)GetCurrentProcessId(), k);
+            if (_mkdir(tmpdir) == 0) made = 1;
+            else if (errno != EEXIST) break;
+        }
+        if (!made) {
             perror("mkdir");
             return 1;
         }
