@@ -25,7 +25,7 @@
        pdp_optim_free(opt);  pdp_model_free(m);  pdp_batcher_free(batches);  pdp_dataset_free(data);
        pdp_shutdown_threads();   // optional: joins the GEMM thread pool
 
-   Link with -lm -lpthread. C++ and .cu files have no compound literals: declare the
+   Link with -lm -lpthread (Windows: -lws2_32, BUILD). C++ and .cu files have no compound literals: declare the
    desc zeroed with {} (pdp_optim_desc od{};), not = {0}, which C++ refuses where the
    first field is an enum; set its fields, pass &od. A shape is a named array
    (const int64_t s[] = {64, 10};). The implementation compiles as C++ and under nvcc
@@ -120,17 +120,40 @@
        nvcc -O2 -arch=sm_90 -DPDP_CUDA app.c pdp_cuda.cu -lcublas -lnccl
        aarch64-linux-gnu-gcc -O2 app.c -lm -lpthread    ARM64 (Linux)
        tcc app.c -lm -lpthread                          Tiny C Compiler
+       x86_64-w64-mingw32-gcc -O2 app.c -static -lws2_32    Windows (MinGW-w64)
+       cl /std:c11 /O2 app.c ws2_32.lib                 Windows (MSVC: not compiled here)
+       cc -O2 app.c                                     macOS (not tested here)
    Platforms built and tested here (make test, make cross-test): Linux x86-64 with gcc,
    clang and tcc; Linux ARM64 with gcc, run under QEMU user mode (qemu-aarch64), not on
-   ARM hardware. On ARM64 the GEMM is the portable C kernel ("portable 4x16"; gcc 12 at
+   ARM hardware; Windows x86-64 with MinGW-w64 (Debian's gcc-mingw-w64-x86-64), linked
+   statically and run under Wine, not on Windows itself: the single-device, threads, DP,
+   DDP (local), checkpoint and TCP-store suites.
+   The system is reached through one layer (platform.h, platform.c): POSIX threads,
+   clocks, fsync and rename, sockets; or Win32 threads (CreateThread), SRW locks and
+   condition variables, InitOnceExecuteOnce, fiber-local storage for the per-thread
+   scratch, QueryPerformanceCounter, GetActiveProcessorCount, FlushFileBuffers and
+   MoveFileExA(MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH), Winsock 2 (WSAPoll;
+   WSAStartup once, never undone), Windows 7 or later. The compiler's builtins (atomics,
+   overflow checks, always_inline, target attributes, CPUID, XGETBV, pause) are macros
+   there with MSVC forms (_ReadWriteBarrier, __forceinline, __cpuidex, _xgetbv,
+   _mm_pause), which have not been compiled here: under MSVC the SIMD GEMM needs
+   /arch:AVX2 or /arch:AVX512 and the bf16 path is the emulation (no target attributes).
+   macOS is POSIX there but not tested here; what differs: no pthread_condattr_setclock
+   (timed waits use pthread_cond_timedwait_relative_np), clock_gettime since 10.12,
+   fsync does not flush the drive's cache (F_FULLFSYNC does; pdp calls fsync),
+   MSG_NOSIGNAL missing (SO_NOSIGPIPE is set instead), sysconf(_SC_NPROCESSORS_ONLN) as
+   on Linux, no AMX permission call (AMX is compiled for Linux only). On ARM64 the GEMM is the portable C kernel ("portable 4x16"; gcc 12 at
    -O2 vectorises its inner loop four floats wide, NEON fmul and fadd: there is no NEON
    micro-kernel), and bf16 takes the emulated and sgemm-rounded paths (AMX and
    AVX512-BF16 are x86-64 only). tcc 0.9.27 has no
    thread-local storage and no atomic builtins: pdp keeps the per-thread state (the error
    message, the thread count, the profile counters) in one struct a thread under a
-   pthread key (allocated with PDP_MALLOC on the thread's first call that needs it), and
+   thread-local key (platform.h; allocated with PDP_MALLOC on the thread's first call that needs it), and
    orders the thread pool's flags with a process-wide mutex; tcc does not optimise, so it
    is for building, not for speed.
+   On Windows the implementation includes <winsock2.h> and <windows.h> (with
+   WIN32_LEAN_AND_MEAN, NOMINMAX and _WIN32_WINNT 0x0601 unless defined), which define
+   macros such as IN, OUT, near and far.
    Strict C99 on glibc needs _POSIX_C_SOURCE before the first system header; pdp.h
    defines it when it comes first. When a system header came first (say <stdlib.h> for
    PDP_MALLOC), it stops with one error that says what to do: #define _POSIX_C_SOURCE
@@ -232,13 +255,14 @@
 
    Process-wide state: pdp's state hangs off the objects you create, or off the calling
    thread (the error message, the intra-op thread count, the profile counters; with tcc
-   under a pthread key, and the pool's flags ordered by a process-wide mutex: BUILD), with
+   under a thread-local key, and the pool's flags ordered by a process-wide mutex: BUILD), with
    these exceptions, each created on first use and guarded by a lock or a once: the
    intra-op pool and the key of the per-thread scratch (threads.c;
    pdp_shutdown_threads joins the pool); the trace sink while PDP_TRACE is on
    (trace.c); the bf16 path, from the CPU's features read once and Linux's AMX tile
    permission asked once (gemm_bf16.c); MPI's ownership record, the live MPI
-   communicators and whether pdp initialised MPI (comm_mpi.c); and per CUDA device a
+   communicators and whether pdp initialised MPI (comm_mpi.c); on Windows, Winsock's
+   start-up and the performance counter's frequency (platform.c); and per CUDA device a
    stream, a cuBLAS handle, the caching allocator's free blocks, scratch and bf16
    workspace, and the TF32 switch (pdp_cuda.cu), kept for the life of the process.
    With PDP_STATIC each copy of pdp in a program has its own, but for pdp_cuda.cu's.
@@ -257,8 +281,10 @@
    ("crc32c.<name>") and of the header ("crc32c.header"); a load verifies them and
    fails with PDP_ERR_FORMAT naming the tensor or the header, leaving the model and
    optimizer untouched. Files without checksums (other tools) load unverified. A
-   save writes <path>.tmp.<pid>, fsyncs and renames, so a crash loses nothing, and
-   removes temporaries left by writers that were killed. Every load error starts
+   save writes <path>.tmp.<pid>, syncs it (fsync; FlushFileBuffers on Windows), renames
+   it over <path> (rename; MoveFileExA with MOVEFILE_REPLACE_EXISTING and
+   MOVEFILE_WRITE_THROUGH on Windows) and syncs the directory (POSIX), so a crash loses
+   nothing, and removes temporaries left by writers that were killed. Every load error starts
    with "pdp_checkpoint_load: <path>: ". ZeRO's and TP's checkpoints: DISTRIBUTED.
 
    DISTRIBUTED
@@ -590,8 +616,12 @@
    No autograd graph: models are sequential, with residual regions for skips (A GPT). Parameters, gradients and optimizer
    state stay fp32 (bf16 is mixed precision on the GEMM inputs only, PRECISION): no
    16-bit parameters (so no fp32 master copy), no loss scaling; 16-bit types appear
-   only in GEMM inputs and in compressed gradient communication (DDP's hooks). No
-   Windows threads yet.
+   only in GEMM inputs and in compressed gradient communication (DDP's hooks).
+   Platforms: on Windows, DDP across processes would need an MPI there (MS-MPI), which
+   is not built or tested: Windows has DP and DDP over the local (thread-rank)
+   communicator (tested under Wine), and the TCP store; ZeRO, TP and PP on that
+   communicator compile there, but their suites are not run under Wine. MSVC and macOS are written for but not built
+   here (BUILD). No NEON micro-kernel on ARM64.
 
    VERSION HISTORY
    ===============
