@@ -262,7 +262,7 @@
    (trace.c); the bf16 path, from the CPU's features read once and Linux's AMX tile
    permission asked once (gemm_bf16.c); MPI's ownership record, the live MPI
    communicators and whether pdp initialised MPI (comm_mpi.c); on Windows, Winsock's
-   start-up and the performance counter's frequency (platform.c); and per CUDA device a
+   start-up (platform.c); and per CUDA device a
    stream, a cuBLAS handle, the caching allocator's free blocks, scratch and bf16
    workspace, and the TF32 switch (pdp_cuda.cu), kept for the life of the process.
    With PDP_STATIC each copy of pdp in a program has its own, but for pdp_cuda.cu's.
@@ -5565,9 +5565,8 @@ PDP__PRIVATE const char *pdp__errstr(int e, char *buf, size_t cap)
 #else
 PDP__PRIVATE double pdp__now(void)
 {
-    static LARGE_INTEGER freq; /* constant since boot; a benign race writes the same value */
-    LARGE_INTEGER t;
-    if (!freq.QuadPart) QueryPerformanceFrequency(&freq);
+    LARGE_INTEGER freq, t; /* the frequency is fixed at boot and read from user memory */
+    QueryPerformanceFrequency(&freq);
     QueryPerformanceCounter(&t);
     return (double)(t.QuadPart / freq.QuadPart) +
            (double)(t.QuadPart % freq.QuadPart) / (double)freq.QuadPart;

@@ -218,9 +218,8 @@ PDP__PRIVATE const char *pdp__errstr(int e, char *buf, size_t cap)
 #else
 PDP__PRIVATE double pdp__now(void)
 {
-    static LARGE_INTEGER freq; /* constant since boot; a benign race writes the same value */
-    LARGE_INTEGER t;
-    if (!freq.QuadPart) QueryPerformanceFrequency(&freq);
+    LARGE_INTEGER freq, t; /* the frequency is fixed at boot and read from user memory */
+    QueryPerformanceFrequency(&freq);
     QueryPerformanceCounter(&t);
     return (double)(t.QuadPart / freq.QuadPart) +
            (double)(t.QuadPart % freq.QuadPart) / (double)freq.QuadPart;
