@@ -8685,7 +8685,7 @@ PDP_API pdp_status pdp_tensor_xavier_uniform(pdp_tensor *t, pdp_rng *r, int64_t 
 /* #include "internal.h" (already above) */
 
 #if defined(__cplusplus)
-#  define PDP__GEMM_RESTRICT __restrict__
+#  define PDP__GEMM_RESTRICT PDP__RESTRICT
 #else
 #  define PDP__GEMM_RESTRICT restrict
 #endif

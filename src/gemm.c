@@ -38,7 +38,7 @@
 #include "internal.h"
 
 #if defined(__cplusplus)
-#  define PDP__GEMM_RESTRICT __restrict__
+#  define PDP__GEMM_RESTRICT PDP__RESTRICT
 #else
 #  define PDP__GEMM_RESTRICT restrict
 #endif

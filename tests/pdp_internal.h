@@ -2243,7 +2243,7 @@ PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, 
 /* #include "internal.h" (above) */
 
 #if defined(__cplusplus)
-#  define PDP__GEMM_RESTRICT __restrict__
+#  define PDP__GEMM_RESTRICT PDP__RESTRICT
 #else
 #  define PDP__GEMM_RESTRICT restrict
 #endif
