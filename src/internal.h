@@ -1,6 +1,8 @@
 /* internal: what the implementation modules share and the API does not show.
 
-   System includes, the allocation and assert overrides, the error helper
+   The platform layer first (platform.h: the system headers, threads, clocks, files,
+   sockets and the compiler's macros), then the C library's headers, the allocation and
+   assert overrides, the error helper
    pdp__err() that formats the thread-local message and returns the status, the
    aligned allocator, timers and small utilities; then, in sections, the private
    structs and prototypes that cross modules: devices, the model and its layer

@@ -23,7 +23,14 @@
 
    This header is the implementation's first module (amalgamate.py lists it before
    internal.h): it picks the feature macros, includes the system headers and
-   defines PDP__PRIVATE, the linkage of every private function. */
+   defines PDP__PRIVATE, the linkage of every private function.
+
+   References: POSIX.1-2008 (pthreads, clock_gettime, fsync, rename, poll, sockets);
+   Microsoft's Win32 documentation of the calls named above ("Slim Reader/Writer
+   Locks", "Condition Variables", "InitOnceExecuteOnce", "FlsAlloc", "MoveFileExA",
+   "FlushFileBuffers", "WSAPoll"); the GCC manual's "__atomic Builtins" and "Integer
+   Overflow Builtins"; Intel's SDM for CPUID and XGETBV; Linux's
+   Documentation/arch/x86/xstate.rst for ARCH_REQ_XCOMP_PERM. */
 
 /* ---- platform: which system ---- */
 

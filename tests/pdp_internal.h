@@ -40,7 +40,14 @@
 
    This header is the implementation's first module (amalgamate.py lists it before
    internal.h): it picks the feature macros, includes the system headers and
-   defines PDP__PRIVATE, the linkage of every private function. */
+   defines PDP__PRIVATE, the linkage of every private function.
+
+   References: POSIX.1-2008 (pthreads, clock_gettime, fsync, rename, poll, sockets);
+   Microsoft's Win32 documentation of the calls named above ("Slim Reader/Writer
+   Locks", "Condition Variables", "InitOnceExecuteOnce", "FlsAlloc", "MoveFileExA",
+   "FlushFileBuffers", "WSAPoll"); the GCC manual's "__atomic Builtins" and "Integer
+   Overflow Builtins"; Intel's SDM for CPUID and XGETBV; Linux's
+   Documentation/arch/x86/xstate.rst for ARCH_REQ_XCOMP_PERM. */
 
 /* ---- platform: which system ---- */
 
@@ -387,7 +394,9 @@ PDP__PRIVATE bool pdp__amx_permit(void);
 /* ---- src/internal.h ---- */
 /* internal: what the implementation modules share and the API does not show.
 
-   System includes, the allocation and assert overrides, the error helper
+   The platform layer first (platform.h: the system headers, threads, clocks, files,
+   sockets and the compiler's macros), then the C library's headers, the allocation and
+   assert overrides, the error helper
    pdp__err() that formats the thread-local message and returns the status, the
    aligned allocator, timers and small utilities; then, in sections, the private
    structs and prototypes that cross modules: devices, the model and its layer
