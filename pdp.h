@@ -12226,7 +12226,7 @@ PDP__PRIVATE void pdp__workq_p2p_block(pdp__workq *q, pdp__workq_item *w)
         }
         nap = now > deadline ? 100e-6 : deadline - now + 1e-4; /* past it: a withdrawal's grace */
         if (q->p2p_poll && nap > 100e-6) nap = 100e-6;
-        pdp__cond_timedwait(&q->done, &q->mu, now + nap);
+        pdp__cond_timedwait(&q->done, &q->mu, pdp__now() + nap);
     }
 }
 
