@@ -56,7 +56,9 @@ API = [
 SHARED = ["math.h"]
 # The implementation, in dependency order (`--check` holds it to that; see check_order).
 IMPL = [
+    "platform.h",
     "internal.h",
+    "platform.c",
     "base.c",
     "threads.c",
     "trace.c",

@@ -25,7 +25,7 @@
        pdp_optim_free(opt);  pdp_model_free(m);  pdp_batcher_free(batches);  pdp_dataset_free(data);
        pdp_shutdown_threads();   // optional: joins the GEMM thread pool
 
-   Link with -lm -lpthread. C++ and .cu files have no compound literals: declare the
+   Link with -lm -lpthread (Windows: -lws2_32, BUILD). C++ and .cu files have no compound literals: declare the
    desc zeroed with {} (pdp_optim_desc od{};), not = {0}, which C++ refuses where the
    first field is an enum; set its fields, pass &od. A shape is a named array
    (const int64_t s[] = {64, 10};). The implementation compiles as C++ and under nvcc
@@ -123,17 +123,40 @@
        nvcc -O2 -arch=sm_90 -DPDP_CUDA app.c pdp_cuda.cu -lcublas -lnccl
        aarch64-linux-gnu-gcc -O2 app.c -lm -lpthread    ARM64 (Linux)
        tcc app.c -lm -lpthread                          Tiny C Compiler
+       x86_64-w64-mingw32-gcc -O2 app.c -static -lws2_32    Windows (MinGW-w64)
+       cl /std:c11 /O2 app.c ws2_32.lib                 Windows (MSVC: not compiled here)
+       cc -O2 app.c                                     macOS (not tested here)
    Platforms built and tested here (make test, make cross-test): Linux x86-64 with gcc,
    clang and tcc; Linux ARM64 with gcc, run under QEMU user mode (qemu-aarch64), not on
-   ARM hardware. On ARM64 the GEMM is the portable C kernel ("portable 4x16"; gcc 12 at
+   ARM hardware; Windows x86-64 with MinGW-w64 (Debian's gcc-mingw-w64-x86-64), linked
+   statically and run under Wine, not on Windows itself: the single-device, threads, DP,
+   DDP (local), checkpoint and TCP-store suites.
+   The system is reached through one layer (platform.h, platform.c): POSIX threads,
+   clocks, fsync and rename, sockets; or Win32 threads (CreateThread), SRW locks and
+   condition variables, InitOnceExecuteOnce, fiber-local storage for the per-thread
+   scratch, QueryPerformanceCounter, GetActiveProcessorCount, FlushFileBuffers and
+   MoveFileExA(MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH), Winsock 2 (WSAPoll;
+   WSAStartup once, never undone), Windows 7 or later. The compiler's builtins (atomics,
+   overflow checks, always_inline, target attributes, CPUID, XGETBV, pause) are macros
+   there with MSVC forms (_ReadWriteBarrier, __forceinline, __cpuidex, _xgetbv,
+   _mm_pause), which have not been compiled here: under MSVC the SIMD GEMM needs
+   /arch:AVX2 or /arch:AVX512 and the bf16 path is the emulation (no target attributes).
+   macOS is POSIX there but not tested here; what differs: no pthread_condattr_setclock
+   (timed waits use pthread_cond_timedwait_relative_np), clock_gettime since 10.12,
+   fsync does not flush the drive's cache (F_FULLFSYNC does; pdp calls fsync),
+   MSG_NOSIGNAL missing (SO_NOSIGPIPE is set instead), sysconf(_SC_NPROCESSORS_ONLN) as
+   on Linux, no AMX permission call (AMX is compiled for Linux only). On ARM64 the GEMM is the portable C kernel ("portable 4x16"; gcc 12 at
    -O2 vectorises its inner loop four floats wide, NEON fmul and fadd: there is no NEON
    micro-kernel), and bf16 takes the emulated and sgemm-rounded paths (AMX and
    AVX512-BF16 are x86-64 only). tcc 0.9.27 has no
    thread-local storage and no atomic builtins: pdp keeps the per-thread state (the error
    message, the thread count, the profile counters) in one struct a thread under a
-   pthread key (allocated with PDP_MALLOC on the thread's first call that needs it), and
+   thread-local key (platform.h; allocated with PDP_MALLOC on the thread's first call that needs it), and
    orders the thread pool's flags with a process-wide mutex; tcc does not optimise, so it
    is for building, not for speed.
+   On Windows the implementation includes <winsock2.h> and <windows.h> (with
+   WIN32_LEAN_AND_MEAN, NOMINMAX and _WIN32_WINNT 0x0601 unless defined), which define
+   macros such as IN, OUT, near and far.
    Strict C99 on glibc needs _POSIX_C_SOURCE before the first system header; pdp.h
    defines it when it comes first. When a system header came first (say <stdlib.h> for
    PDP_MALLOC), it stops with one error that says what to do: #define _POSIX_C_SOURCE
@@ -235,13 +258,14 @@
 
    Process-wide state: pdp's state hangs off the objects you create, or off the calling
    thread (the error message, the intra-op thread count, the profile counters; with tcc
-   under a pthread key, and the pool's flags ordered by a process-wide mutex: BUILD), with
+   under a thread-local key, and the pool's flags ordered by a process-wide mutex: BUILD), with
    these exceptions, each created on first use and guarded by a lock or a once: the
    intra-op pool and the key of the per-thread scratch (threads.c;
    pdp_shutdown_threads joins the pool); the trace sink while PDP_TRACE is on
    (trace.c); the bf16 path, from the CPU's features read once and Linux's AMX tile
    permission asked once (gemm_bf16.c); MPI's ownership record, the live MPI
-   communicators and whether pdp initialised MPI (comm_mpi.c); and per CUDA device a
+   communicators and whether pdp initialised MPI (comm_mpi.c); on Windows, Winsock's
+   start-up (platform.c); and per CUDA device a
    stream, a cuBLAS handle, the caching allocator's free blocks, scratch and bf16
    workspace, and the TF32 switch (pdp_cuda.cu), kept for the life of the process.
    With PDP_STATIC each copy of pdp in a program has its own, but for pdp_cuda.cu's.
@@ -260,8 +284,10 @@
    ("crc32c.<name>") and of the header ("crc32c.header"); a load verifies them and
    fails with PDP_ERR_FORMAT naming the tensor or the header, leaving the model and
    optimizer untouched. Files without checksums (other tools) load unverified. A
-   save writes <path>.tmp.<pid>, fsyncs and renames, so a crash loses nothing, and
-   removes temporaries left by writers that were killed. Every load error starts
+   save writes <path>.tmp.<pid>, syncs it (fsync; FlushFileBuffers on Windows), renames
+   it over <path> (rename; MoveFileExA with MOVEFILE_REPLACE_EXISTING and
+   MOVEFILE_WRITE_THROUGH on Windows) and syncs the directory (POSIX), so a crash loses
+   nothing, and removes temporaries left by writers that were killed. Every load error starts
    with "pdp_checkpoint_load: <path>: ". ZeRO's and TP's checkpoints: DISTRIBUTED.
 
    DISTRIBUTED
@@ -597,8 +623,12 @@
    No autograd graph: models are sequential, with residual regions for skips (A GPT). Parameters, gradients and optimizer
    state stay fp32 (bf16 is mixed precision on the GEMM inputs only, PRECISION): no
    16-bit parameters (so no fp32 master copy), no loss scaling; 16-bit types appear
-   only in GEMM inputs and in compressed gradient communication (DDP's hooks). No
-   Windows threads yet.
+   only in GEMM inputs and in compressed gradient communication (DDP's hooks).
+   Platforms: on Windows, DDP across processes would need an MPI there (MS-MPI), which
+   is not built or tested: Windows has DP and DDP over the local (thread-rank)
+   communicator (tested under Wine), and the TCP store; ZeRO, TP and PP on that
+   communicator compile there, but their suites are not run under Wine. MSVC and macOS are written for but not built
+   here (BUILD). No NEON micro-kernel on ARM64.
 
    VERSION HISTORY
    ===============
@@ -3735,6 +3765,8 @@ PDP_API pdp_status pdp_backend_from_name(const char *name, pdp_backend *out);
     } while (0)
 #if defined(__GNUC__) || defined(__clang__)
 #  define PDP__NORETURN __attribute__((noreturn)) /* callers' flow analysis knows it exits */
+#elif defined(_MSC_VER)
+#  define PDP__NORETURN __declspec(noreturn)
 #else
 #  define PDP__NORETURN
 #endif
@@ -3746,7 +3778,7 @@ PDP_API PDP__NORETURN void pdp_check_fail(pdp_status status, const char *file, i
         pdp_status pdp_try_st_ = (call);                                                  \
         if (pdp_try_st_ != PDP_OK) return pdp_try_st_;                                    \
     } while (0)
-/* Monotonic seconds (clock_gettime(CLOCK_MONOTONIC)), for timing a step. */
+/* Monotonic seconds (CLOCK_MONOTONIC; QueryPerformanceCounter on Windows), for timing a step. */
 PDP_API double pdp_seconds(void);
 /* Each rank's line, in rank order: collective over c (every rank calls it, with its own
    printf-style text); rank 0 prints the texts to stdout in rank order and flushes, so the
@@ -4085,39 +4117,70 @@ static inline PDP__HOSTDEV float pdp__f16_round(float x)
 #pragma GCC diagnostic ignored "-Wunused-function"
 #endif
 
-/* ---- begin src/internal.h ---- */
-/* internal: what the implementation modules share and the API does not show.
+/* ---- begin src/platform.h ---- */
+/* platform: the operating system and the compiler, in one place.
 
-   System includes, the allocation and assert overrides, the error helper
-   pdp__err() that formats the thread-local message and returns the status, the
-   aligned allocator, timers and small utilities; then, in sections, the private
-   structs and prototypes that cross modules: devices, the model and its layer
-   kinds (with the executor seam), tensor parallelism's state, losses, CUDA
-   dispatch, gradient norms, optimizer internals, checkpoint ranges, the
-   communicator contract every backend fills, and the trace sink. Nothing here is
-   public. */
+   Every other module reaches the system only through the names below: threads,
+   mutexes, condition variables, once, thread-local storage, the clocks, the CPU
+   count, durable files (flush and sync, the replace-existing rename, the directory
+   sync), process ids, directory listing, sockets (platform.c: the store's
+   deadline-bounded helpers), CPU features, and the compiler's builtins (atomics,
+   overflow checks, attributes, the pause instruction). Two implementations:
+   - POSIX (PDP__POSIX): Linux, tested on x86-64 and, under QEMU, aarch64; macOS and
+     the BSDs by the calls POSIX.1-2008 has (the manual, PLATFORMS, names the ones
+     that differ on macOS, which is not tested here).
+   - Win32 (PDP__WIN32): Windows 7 and later (_WIN32_WINNT 0x0601: SRW locks,
+     condition variables, InitOnceExecuteOnce, fiber-local storage with a destructor,
+     QueryPerformanceCounter, GetActiveProcessorCount, MoveFileExA, Winsock 2 with
+     WSAPoll). Built with MinGW-w64 and tested under Wine (make cross-test); the
+     MSVC forms of the compiler macros are written but not compiled here.
+   The calls on hot paths (lock, unlock, wait, signal, the atomics, the pause) are
+   static inline wrappers or macros over the system's own, so on POSIX with gcc or
+   clang they compile to exactly the calls the modules made before this layer.
 
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <math.h>
-#include <float.h>
+   Error codes are errno values on both systems (Win32's are mapped), so callers
+   keep one vocabulary: 0 success, ETIMEDOUT for a timed wait that expired.
+
+   This header is the implementation's first module (amalgamate.py lists it before
+   internal.h): it picks the feature macros, includes the system headers and
+   defines PDP__PRIVATE, the linkage of every private function.
+
+   References: POSIX.1-2008 (pthreads, clock_gettime, fsync, rename, poll, sockets);
+   Microsoft's Win32 documentation of the calls named above ("Slim Reader/Writer
+   Locks", "Condition Variables", "InitOnceExecuteOnce", "FlsAlloc", "MoveFileExA",
+   "FlushFileBuffers", "WSAPoll"); the GCC manual's "__atomic Builtins" and "Integer
+   Overflow Builtins"; Intel's SDM for CPUID and XGETBV; Linux's
+   Documentation/arch/x86/xstate.rst for ARCH_REQ_XCOMP_PERM. */
+
+/* ---- platform: which system ---- */
+
+#if defined(_WIN32)
+#  define PDP__WIN32 1
+#  ifndef _WIN32_WINNT
+#    define _WIN32_WINNT 0x0601 /* Windows 7: SRW locks, InitOnce, GetActiveProcessorCount */
+#  elif _WIN32_WINNT < 0x0601
+#    error "pdp.h: needs _WIN32_WINNT >= 0x0601 (Windows 7); define it so before including <windows.h>"
+#  endif
+#  ifndef WIN32_LEAN_AND_MEAN
+#    define WIN32_LEAN_AND_MEAN
+#  endif
+#  ifndef NOMINMAX
+#    define NOMINMAX
+#  endif
+#  include <winsock2.h> /* before <windows.h>, which would bring the old winsock.h */
+#  include <ws2tcpip.h>
+#  include <windows.h>
+#  include <io.h>
+#else
+#  define PDP__POSIX 1
+#  include <pthread.h>
+#  include <unistd.h>
+#  include <sys/types.h>
+#endif
 #include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <time.h>
-#include <pthread.h>
-
-#if defined(PDP_MALLOC) != defined(PDP_FREE)
-#  error "pdp.h: define both PDP_MALLOC and PDP_FREE, or neither"
-#endif
-#ifndef PDP_MALLOC
-#  define PDP_MALLOC(bytes) malloc(bytes)
-#  define PDP_FREE(ptr) free(ptr)
-#endif
-#ifndef PDP_ASSERT
-#  include <assert.h>
-#  define PDP_ASSERT(c) assert(c)
-#endif
 
 /* Linkage of the private functions (pdp__*), SQLite's SQLITE_PRIVATE pattern: static in every
    user's build, so they stay out of the program's symbols and unused ones are dropped; empty
@@ -4132,19 +4195,340 @@ static inline PDP__HOSTDEV float pdp__f16_round(float x)
 #  define PDP__PRIVATE static
 #endif
 
+/* ---- platform: the compiler ----
+   PDP__THREAD_LOCAL    a thread-local variable (absent with PDP__TLS_KEY: tcc)
+   PDP__UNUSED          no warning when a private helper is unused
+   PDP__ALWAYS_INLINE   a kernel helper inlined even at -Og (the register tiles need it)
+   PDP__TARGET(s)       a function compiled for instruction set s ("avx512f"); defined
+                        only where the compiler has it (gcc, clang), with PDP__HAVE_TARGET
+   PDP__PAUSE()         the spin-wait hint (x86 pause, ARM yield), or nothing
+   PDP__LOAD_ACQ(p)     an integer load with acquire order
+   PDP__STORE_REL(p, v) an integer store with release order
+   PDP__HAVE_OVERFLOW_BUILTINS  __builtin_mul_overflow and _add_overflow exist
+   PDP__STDCALL         the calling convention of a function the system calls back */
 #if defined(__GNUC__) || defined(__clang__)
 #  define PDP__THREAD_LOCAL __thread
 #  define PDP__UNUSED __attribute__((unused))
+#  define PDP__ALWAYS_INLINE __attribute__((always_inline))
+#  define PDP__TARGET(s) __attribute__((target(s)))
+#  define PDP__HAVE_TARGET 1
 #elif defined(_MSC_VER)
 #  define PDP__THREAD_LOCAL __declspec(thread)
 #  define PDP__UNUSED
+#  define PDP__ALWAYS_INLINE __forceinline
 #elif defined(__TINYC__)
 /* tcc has no thread-local storage: the per-thread state (error message, thread count,
-   profile counters) lives in one struct a thread, under a pthread key (base.c, pdp__tls) */
+   profile counters) lives in one struct a thread, under a key (base.c, pdp__tls) */
 #  define PDP__TLS_KEY 1
 #  define PDP__UNUSED
+#  define PDP__ALWAYS_INLINE
 #else
 #  error "pdp.h: needs a thread-local storage keyword (__thread or __declspec(thread))"
+#endif
+
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+#  define PDP__PAUSE() __builtin_ia32_pause()
+#elif (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
+#  define PDP__PAUSE() __asm__ __volatile__("yield")
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+#  include <intrin.h>
+#  define PDP__PAUSE() _mm_pause()
+#elif defined(_MSC_VER) && defined(_M_ARM64)
+#  include <intrin.h>
+#  define PDP__PAUSE() __yield()
+#else
+#  define PDP__PAUSE() ((void)0)
+#endif
+
+/* GCC/Clang atomics: valid C99 and C++, so a flag read outside a lock needs no
+   <stdatomic.h> (the trace's enabled flag, the pool's generation while a worker spins).
+   MSVC: a volatile access between compiler barriers is acquire/release on x86 and x64
+   (their loads and stores are ordered, /volatile:iso or not); on ARM64 a full barrier
+   (__dmb) orders it. tcc has neither: there a process-wide mutex's lock and unlock order
+   memory (POSIX.1 section 4.12), after the load and before the store (base.c,
+   pdp__fence); tcc keeps no value in a register across a call. The values are integers. */
+#if defined(__GNUC__) || defined(__clang__)
+#  define PDP__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#  define PDP__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#elif defined(_MSC_VER)
+#  include <intrin.h>
+#  if defined(_M_ARM64)
+#    define PDP__MSVC_FENCE() __dmb(0xB) /* ISH */
+#  else
+#    define PDP__MSVC_FENCE() _ReadWriteBarrier()
+#  endif
+static __forceinline long long pdp__msvc_acquire(long long v)
+{
+    PDP__MSVC_FENCE();
+    return v;
+}
+/* the load is the argument, so it happens before the barrier; the barrier in a loop
+   forces the next iteration to load again */
+#  define PDP__LOAD_ACQ(p) pdp__msvc_acquire((long long)*(p))
+#  define PDP__STORE_REL(p, v) (PDP__MSVC_FENCE(), *(p) = (v), PDP__MSVC_FENCE())
+#else
+#  define PDP__FENCE_BY_LOCK 1
+PDP__PRIVATE long long pdp__fence(long long loaded);
+#  define PDP__LOAD_ACQ(p) pdp__fence((long long)*(p))
+#  define PDP__STORE_REL(p, v) ((void)pdp__fence(0), *(p) = (v))
+#endif
+
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 5)
+#  define PDP__HAVE_OVERFLOW_BUILTINS 1
+#endif
+
+#ifdef PDP__WIN32
+#  define PDP__STDCALL WINAPI
+#else
+#  define PDP__STDCALL
+#endif
+
+/* ---- platform: mutexes and condition variables ----
+   Plain (not recursive) mutexes; PDP__MUTEX_INIT initialises a static one. Every
+   condition variable measures timed waits on the monotonic clock (pdp__now()), so a
+   deadline is a pdp__now() value; pdp__cond_timedwait returns 0, or ETIMEDOUT once it
+   has passed. init returns 0 or an errno value; destroy on an initialised object. */
+#ifdef PDP__POSIX
+typedef pthread_mutex_t pdp__mutex;
+typedef pthread_cond_t pdp__cond;
+#  define PDP__MUTEX_INIT PTHREAD_MUTEX_INITIALIZER
+static inline int pdp__mutex_init(pdp__mutex *m) { return pthread_mutex_init(m, NULL); }
+static inline void pdp__mutex_destroy(pdp__mutex *m) { pthread_mutex_destroy(m); }
+static inline void pdp__mutex_lock(pdp__mutex *m) { pthread_mutex_lock(m); }
+static inline void pdp__mutex_unlock(pdp__mutex *m) { pthread_mutex_unlock(m); }
+/* true when it took the lock */
+static inline bool pdp__mutex_trylock(pdp__mutex *m) { return pthread_mutex_trylock(m) == 0; }
+static inline void pdp__cond_destroy(pdp__cond *c) { pthread_cond_destroy(c); }
+static inline void pdp__cond_wait(pdp__cond *c, pdp__mutex *m) { pthread_cond_wait(c, m); }
+static inline void pdp__cond_signal(pdp__cond *c) { pthread_cond_signal(c); }
+static inline void pdp__cond_broadcast(pdp__cond *c) { pthread_cond_broadcast(c); }
+#else
+typedef SRWLOCK pdp__mutex;
+typedef CONDITION_VARIABLE pdp__cond;
+#  define PDP__MUTEX_INIT SRWLOCK_INIT
+static inline int pdp__mutex_init(pdp__mutex *m)
+{
+    InitializeSRWLock(m);
+    return 0;
+}
+static inline void pdp__mutex_destroy(pdp__mutex *m) { (void)m; }
+static inline void pdp__mutex_lock(pdp__mutex *m) { AcquireSRWLockExclusive(m); }
+static inline void pdp__mutex_unlock(pdp__mutex *m) { ReleaseSRWLockExclusive(m); }
+static inline bool pdp__mutex_trylock(pdp__mutex *m) { return TryAcquireSRWLockExclusive(m) != 0; }
+static inline void pdp__cond_destroy(pdp__cond *c) { (void)c; }
+static inline void pdp__cond_wait(pdp__cond *c, pdp__mutex *m)
+{
+    SleepConditionVariableSRW(c, m, INFINITE, 0);
+}
+static inline void pdp__cond_signal(pdp__cond *c) { WakeConditionVariable(c); }
+static inline void pdp__cond_broadcast(pdp__cond *c) { WakeAllConditionVariable(c); }
+#endif
+/* (platform.c) */
+PDP__PRIVATE int pdp__cond_init(pdp__cond *c);
+PDP__PRIVATE int pdp__cond_timedwait(pdp__cond *c, pdp__mutex *m, double deadline);
+
+/* ---- platform: threads, once, thread-local keys ----
+   pdp__thread_create starts fn(arg) and returns 0 or an errno value; the pdp__thread
+   must stay where it is until pdp__thread_join (Win32 keeps fn and arg in it for the
+   thread's start). pdp__once_run runs fn exactly once per PDP__ONCE_INIT object, the
+   other callers waiting for it. A key holds one pointer per thread; the destructor
+   given at its creation runs on a thread's non-NULL value when that thread exits
+   (Win32: fiber-local storage, whose callback runs at thread exit; PDP__STDCALL). */
+#ifdef PDP__POSIX
+typedef pthread_t pdp__thread;
+typedef pthread_once_t pdp__once;
+typedef pthread_key_t pdp__tls_key;
+#  define PDP__ONCE_INIT PTHREAD_ONCE_INIT
+static inline void pdp__once_run(pdp__once *o, void (*fn)(void)) { pthread_once(o, fn); }
+static inline void *pdp__tls_get_value(pdp__tls_key k) { return pthread_getspecific(k); }
+static inline int pdp__tls_set_value(pdp__tls_key k, void *v) { return pthread_setspecific(k, v); }
+#else
+typedef struct pdp__thread {
+    HANDLE handle;
+    void *(*fn)(void *);
+    void *arg;
+} pdp__thread;
+typedef INIT_ONCE pdp__once;
+typedef DWORD pdp__tls_key;
+#  define PDP__ONCE_INIT INIT_ONCE_STATIC_INIT
+PDP__PRIVATE void pdp__once_run(pdp__once *o, void (*fn)(void));
+static inline void *pdp__tls_get_value(pdp__tls_key k) { return FlsGetValue(k); }
+static inline int pdp__tls_set_value(pdp__tls_key k, void *v)
+{
+    return FlsSetValue(k, v) ? 0 : ENOMEM;
+}
+#endif
+/* (platform.c) */
+PDP__PRIVATE int pdp__thread_create(pdp__thread *t, void *(*fn)(void *), void *arg);
+PDP__PRIVATE void pdp__thread_join(pdp__thread *t);
+PDP__PRIVATE int pdp__tls_key_create(pdp__tls_key *k, void (PDP__STDCALL *dtor)(void *));
+
+/* ---- platform: time, CPUs, processes (platform.c) ---- */
+
+/* Monotonic seconds. */
+PDP__PRIVATE double pdp__now(void);
+/* Wall-clock nanoseconds since 1970 (for seeds; 0 when unknown). */
+PDP__PRIVATE uint64_t pdp__wall_ns(void);
+/* CPU seconds the calling thread has used (0 when unknown). */
+PDP__PRIVATE double pdp__thread_cpu_s(void);
+/* Sleeps at least `seconds`; gives the core to another ready thread. */
+PDP__PRIVATE void pdp__sleep_s(double seconds);
+PDP__PRIVATE void pdp__yield(void);
+/* Online logical CPUs (at least 1). */
+PDP__PRIVATE int pdp__cpu_count(void);
+/* This process's id; whether a process with id pid exists (true when it cannot tell). */
+PDP__PRIVATE long pdp__pid(void);
+PDP__PRIVATE bool pdp__pid_alive(long pid);
+/* strerror(e) into buf, without strerror's shared buffer; returns buf. */
+PDP__PRIVATE const char *pdp__errstr(int e, char *buf, size_t cap);
+
+/* ---- platform: files (platform.c) ----
+   Durable replacement (checkpoint.c, zero_ckpt.c): write a temporary, pdp__file_sync it,
+   fclose, pdp__file_replace it over the target, pdp__dir_sync the directory. Each
+   returns 0, or -1 with errno set. */
+/* fflush, then the data to the device: fsync (POSIX; macOS's fsync leaves the drive's
+   cache, see the manual) or FlushFileBuffers (Win32). */
+PDP__PRIVATE int pdp__file_sync(FILE *f);
+/* Renames from over to, atomically replacing to when it exists: rename (POSIX),
+   MoveFileExA with MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH (Win32, which
+   returns once the rename is on disk). */
+PDP__PRIVATE int pdp__file_replace(const char *from, const char *to);
+/* Makes the directory's entries durable (a rename in it): open + fsync on POSIX (0 where
+   the filesystem cannot sync a directory); nothing to do on Win32 (above). */
+PDP__PRIVATE int pdp__dir_sync(const char *dir);
+/* The size of the regular file f is open on: 0, or -1 when f is not one (a pipe, a
+   device, a directory) or its size cannot be read. */
+PDP__PRIVATE int pdp__file_size(FILE *f, uint64_t *bytes);
+/* A path separator: '/' (and '\\' on Win32). */
+static inline bool pdp__is_sep(char c)
+{
+#ifdef PDP__WIN32
+    return c == '/' || c == '\\';
+#else
+    return c == '/';
+#endif
+}
+/* The names in a directory, "." and ".." included: pdp__dir_open gives NULL (errno set)
+   when it cannot be opened; pdp__dir_next NULL at the end (errno 0) or on an error. */
+struct pdp__dir; /* platform.c */
+typedef struct pdp__dir pdp__dir;
+PDP__PRIVATE pdp__dir *pdp__dir_open(const char *path);
+PDP__PRIVATE const char *pdp__dir_next(pdp__dir *d);
+PDP__PRIVATE void pdp__dir_close(pdp__dir *d);
+/* What path names: PDP__PATH_FILE (a regular file), PDP__PATH_DIR, PDP__PATH_OTHER (a
+   device, or a symbolic link when follow is false), or -1 with errno set (ENOENT: none). */
+#define PDP__PATH_FILE 1
+#define PDP__PATH_DIR 2
+#define PDP__PATH_OTHER 3
+PDP__PRIVATE int pdp__path_kind(const char *path, bool follow);
+
+/* ---- platform: sockets (platform.c) ----
+   Stream sockets for the TCP store (store.c) and any later backend: non-blocking,
+   close-on-exec, no SIGPIPE, every wait bounded by a deadline (pdp__now() seconds).
+   Errors are errno values (pdp__sock_error(): Win32's WSA codes mapped). */
+#ifdef PDP__POSIX
+typedef int pdp__sock;
+#  define PDP__SOCK_NONE (-1)
+#else
+typedef SOCKET pdp__sock;
+#  define PDP__SOCK_NONE INVALID_SOCKET
+#endif
+struct addrinfo;
+/* Winsock's WSAStartup, once per process (nothing on POSIX); 0 or an errno value. */
+PDP__PRIVATE int pdp__sock_startup(void);
+/* The last socket call's error as an errno value. */
+PDP__PRIVATE int pdp__sock_error(void);
+/* A would-block, in-progress or interrupted error: the call may be retried. */
+PDP__PRIVATE bool pdp__sock_retry(int err);
+/* socket() tuned as above (TCP_NODELAY with tcp); PDP__SOCK_NONE on failure. */
+PDP__PRIVATE pdp__sock pdp__sock_open(int family, int type, int protocol, bool tcp);
+PDP__PRIVATE void pdp__sock_tune(pdp__sock s, bool tcp);
+PDP__PRIVATE void pdp__sock_close(pdp__sock s);
+/* send/recv of up to bytes: the count, 0 for EOF (recv), -1 (pdp__sock_error()). */
+PDP__PRIVATE long pdp__sock_send(pdp__sock s, const void *buf, size_t bytes);
+PDP__PRIVATE long pdp__sock_recv(pdp__sock s, void *buf, size_t bytes);
+/* Waits until s is readable (out false) or writable (out true), or deadline: 1 ready,
+   0 timed out, -1 error (pdp__sock_error()). */
+PDP__PRIVATE int pdp__sock_wait(pdp__sock s, bool out, double deadline);
+/* One non-blocking connect to ai bounded by deadline: the socket, or PDP__SOCK_NONE with
+   the reason in why. */
+PDP__PRIVATE pdp__sock pdp__sock_connect(const struct addrinfo *ai, double deadline, char *why,
+                                         size_t cap);
+/* The local port s is bound to, or -1. */
+PDP__PRIVATE int pdp__sock_port(pdp__sock s);
+/* poll() over n sockets (WSAPoll on Win32), timeout_ms < 0 forever: as poll. */
+struct pollfd;
+PDP__PRIVATE int pdp__sock_poll(struct pollfd *fds, int n, int timeout_ms);
+/* A wake-up channel a poll loop watches beside its sockets: pdp__wake_fd(w) is what to
+   poll for reading; pdp__wake_signal makes it readable (from any thread). A pipe on POSIX,
+   a loopback UDP socket sending to itself on Win32. */
+typedef struct pdp__wake {
+    pdp__sock rd;
+#ifdef PDP__POSIX
+    int wr;
+#endif
+} pdp__wake;
+PDP__PRIVATE int pdp__wake_open(pdp__wake *w); /* 0 or an errno value */
+PDP__PRIVATE void pdp__wake_signal(pdp__wake *w);
+PDP__PRIVATE void pdp__wake_close(pdp__wake *w);
+
+/* ---- platform: CPU features (platform.c) ----
+   x86 only (PDP__X86_CPUID): CPUID leaf/subleaf into r[0..3] = eax, ebx, ecx, edx
+   (false when the leaf is beyond the maximum), XCR0 (call only when CPUID says
+   OSXSAVE), and the operating system's permission for the AMX tile data: Linux asks
+   arch_prctl(ARCH_REQ_XCOMP_PERM) once; elsewhere no AMX path is compiled (false). */
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#  define PDP__X86_CPUID 1
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+#  define PDP__X86_CPUID 1
+#endif
+#ifdef PDP__X86_CPUID
+PDP__PRIVATE bool pdp__cpuid(unsigned leaf, unsigned subleaf, unsigned r[4]);
+PDP__PRIVATE uint64_t pdp__xgetbv0(void);
+#endif
+/* AMX: x86-64 Linux (the permission is an arch_prctl) and a compiler with the AMX
+   intrinsics (gcc 11, clang 12) */
+#if defined(__x86_64__) && defined(__linux__) && \
+    (__GNUC__ >= 11 || (defined(__clang__) && __clang_major__ >= 12))
+#  define PDP__HAVE_AMX_PERMIT 1
+PDP__PRIVATE bool pdp__amx_permit(void);
+#endif
+/* ---- end src/platform.h ---- */
+
+/* ---- begin src/internal.h ---- */
+/* internal: what the implementation modules share and the API does not show.
+
+   The platform layer first (platform.h: the system headers, threads, clocks, files,
+   sockets and the compiler's macros), then the C library's headers, the allocation and
+   assert overrides, the error helper
+   pdp__err() that formats the thread-local message and returns the status, the
+   aligned allocator, timers and small utilities; then, in sections, the private
+   structs and prototypes that cross modules: devices, the model and its layer
+   kinds (with the executor seam), tensor parallelism's state, losses, CUDA
+   dispatch, gradient norms, optimizer internals, checkpoint ranges, the
+   communicator contract every backend fills, and the trace sink. Nothing here is
+   public. */
+
+/* #include "platform.h" (already above) */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <float.h>
+#include <errno.h>
+#include <time.h>
+
+#if defined(PDP_MALLOC) != defined(PDP_FREE)
+#  error "pdp.h: define both PDP_MALLOC and PDP_FREE, or neither"
+#endif
+#ifndef PDP_MALLOC
+#  define PDP_MALLOC(bytes) malloc(bytes)
+#  define PDP_FREE(ptr) free(ptr)
+#endif
+#ifndef PDP_ASSERT
+#  include <assert.h>
+#  define PDP_ASSERT(c) assert(c)
 #endif
 
 /* Hot element loops. gcc -O2 (its "very cheap" vectoriser) skips a loop of unknown
@@ -4152,7 +4536,9 @@ static inline PDP__HOSTDEV float pdp__f16_round(float x)
    hot loops take PDP__RESTRICT pointers and run in blocks of PDP__VEC floats with a
    constant trip count, then the rest one by one. PDP__FOR_BLOCKED(i, n, body)
    writes that shape: body sees int64_t i. */
-#if defined(__cplusplus)
+#if defined(__cplusplus) && defined(_MSC_VER)
+#  define PDP__RESTRICT __restrict
+#elif defined(__cplusplus)
 #  define PDP__RESTRICT __restrict__
 #else
 #  define PDP__RESTRICT restrict
@@ -4173,20 +4559,6 @@ static inline PDP__HOSTDEV float pdp__f16_round(float x)
         }                                                                                      \
     } while (0)
 
-/* GCC/Clang atomics: valid C99 and C++, so a flag read outside a lock needs no
-   <stdatomic.h> (the trace's enabled flag, the pool's generation while a worker spins).
-   tcc has neither: there a process-wide mutex's lock and unlock order memory (POSIX.1
-   section 4.12), after the load and before the store (base.c, pdp__fence); tcc keeps no
-   value in a register across a call. The values are integers. */
-#ifndef PDP__TLS_KEY
-#  define PDP__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#  define PDP__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-#else
-PDP__PRIVATE long long pdp__fence(long long loaded);
-#  define PDP__LOAD_ACQ(p) pdp__fence((long long)*(p))
-#  define PDP__STORE_REL(p, v) ((void)pdp__fence(0), *(p) = (v))
-#endif
-
 #define PDP__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define PDP__MAX(a, b) ((a) > (b) ? (a) : (b))
 #define PDP__DEF(val, def) ((val) != 0 ? (val) : (def)) /* != 0: a double is no truth value */
@@ -4202,9 +4574,6 @@ PDP__PRIVATE long long pdp__fence(long long loaded);
 #define PDP__COUNT_MAX                                                                         \
     ((int64_t)(((uint64_t)INT64_MAX < (uint64_t)SIZE_MAX ? (uint64_t)INT64_MAX                 \
                                                          : (uint64_t)SIZE_MAX) / 8u))
-#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 5)
-#  define PDP__HAVE_OVERFLOW_BUILTINS 1
-#endif
 PDP__PRIVATE PDP__UNUSED int pdp__mul_ok(int64_t a, int64_t b, int64_t *out)
 {
     int64_t r;
@@ -4252,8 +4621,6 @@ PDP__PRIVATE void *pdp__alloc(size_t bytes);
 PDP__PRIVATE void *pdp__calloc(size_t bytes);
 PDP__PRIVATE void pdp__dealloc(void *p);
 
-/* Monotonic seconds. */
-PDP__PRIVATE double pdp__now(void);
 
 /* Waking a sleeping thread costs tens of microseconds on a VM, more than a small
    GEMM's share, so a thread that hands work off (the intra-op pool, DataParallel's
@@ -4283,8 +4650,8 @@ typedef struct pdp__team_member {
     unsigned long start_gen; /* the generation when the thread was made */
 } pdp__team_member;
 struct pdp__team {
-    pthread_mutex_t lock;
-    pthread_cond_t wake, done; /* wake: a new generation (or stop); done: pending hit 0 */
+    pdp__mutex lock;
+    pdp__cond wake, done; /* wake: a new generation (or stop); done: pending hit 0 */
     bool ok;                   /* lock, wake and done are initialised */
     int nworkers;              /* threads started: members 1..nworkers */
     unsigned long generation;  /* bumped once per job; atomic stores only */
@@ -4293,13 +4660,13 @@ struct pdp__team {
     void (*fn)(void *arg, int i, int n); /* the current job */
     void *arg;
     int n;
-    pthread_t tid[PDP__TEAM_MAX - 1];
+    pdp__thread tid[PDP__TEAM_MAX - 1];
     pdp__team_member member[PDP__TEAM_MAX - 1];
 };
-/* Initialises a zeroed team with no threads; 0, or pthread's error code. */
+/* Initialises a zeroed team with no threads; 0, or an errno value. */
 PDP__PRIVATE int pdp__team_init(pdp__team *t);
 /* Starts threads until the team has `workers` (at most PDP__TEAM_MAX - 1); no job may
-   be running. 0, or the first pthread_create error (the threads made so far stay). */
+   be running. 0, or the first pdp__thread_create error (the threads made so far stay). */
 PDP__PRIVATE int pdp__team_grow(pdp__team *t, int workers);
 /* Runs fn(arg, i, n) for i in [0, n) as described above; n may exceed the members. */
 PDP__PRIVATE void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n),
@@ -4997,9 +5364,775 @@ PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char
                                    double t0, double t1, const char *args);
 /* ---- end src/internal.h ---- */
 
+/* ---- begin src/platform.c ---- */
+/* platform: the system calls behind platform.h's declarations, POSIX then Win32 in
+   each section. Nothing here is on a hot path (the lock and wait wrappers are inline
+   in platform.h); each function is a few lines over the system's own. */
+
+/* #include "internal.h" (already above) */
+#ifdef PDP__POSIX
+#  include <dirent.h>
+#  include <sched.h>
+#  include <sys/stat.h>
+#  include <fcntl.h>
+#  include <signal.h>
+#  include <sys/stat.h>
+#  include <netdb.h>
+#  include <poll.h>
+#  include <sys/socket.h>
+#  include <netinet/in.h>
+#  include <netinet/tcp.h>
+#  include <arpa/inet.h>
+#  ifndef MSG_NOSIGNAL
+#    define MSG_NOSIGNAL 0 /* BSD and macOS: SO_NOSIGPIPE is set on every socket instead */
+#  endif
+#endif
+#if defined(PDP__X86_CPUID) && !defined(_MSC_VER)
+#  include <cpuid.h>
+#endif
+
+/* ---- platform: condition variables, threads, once, keys ---- */
+
+#ifdef PDP__POSIX
+PDP__PRIVATE int pdp__cond_init(pdp__cond *c)
+{
+#  if defined(__APPLE__)
+    return pthread_cond_init(c, NULL); /* no pthread_condattr_setclock: a relative wait below */
+#  else
+    pthread_condattr_t ca;
+    int rc;
+    if ((rc = pthread_condattr_init(&ca)) != 0) return rc;
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    rc = pthread_cond_init(c, &ca);
+    pthread_condattr_destroy(&ca);
+    return rc;
+#  endif
+}
+
+PDP__PRIVATE int pdp__cond_timedwait(pdp__cond *c, pdp__mutex *m, double deadline)
+{
+    struct timespec ts;
+    double whole;
+#  if defined(__APPLE__)
+    double left = deadline - pdp__now();
+    if (left <= 0) return ETIMEDOUT;
+    whole = floor(left);
+    ts.tv_sec = (time_t)whole;
+    ts.tv_nsec = (long)((left - whole) * 1e9);
+    return pthread_cond_timedwait_relative_np(c, m, &ts);
+#  else
+    whole = floor(deadline);
+    ts.tv_sec = (time_t)whole;
+    ts.tv_nsec = (long)((deadline - whole) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+    return pthread_cond_timedwait(c, m, &ts);
+#  endif
+}
+
+PDP__PRIVATE int pdp__thread_create(pdp__thread *t, void *(*fn)(void *), void *arg)
+{
+    return pthread_create(t, NULL, fn, arg);
+}
+
+PDP__PRIVATE void pdp__thread_join(pdp__thread *t) { pthread_join(*t, NULL); }
+
+PDP__PRIVATE int pdp__tls_key_create(pdp__tls_key *k, void (*dtor)(void *))
+{
+    return pthread_key_create(k, dtor);
+}
+#else
+PDP__PRIVATE int pdp__cond_init(pdp__cond *c)
+{
+    InitializeConditionVariable(c);
+    return 0;
+}
+
+PDP__PRIVATE int pdp__cond_timedwait(pdp__cond *c, pdp__mutex *m, double deadline)
+{
+    double left = deadline - pdp__now();
+    DWORD ms;
+    if (left <= 0) return ETIMEDOUT;
+    ms = left >= 4e6 ? (DWORD)4000000000u : (DWORD)ceil(left * 1000.0);
+    if (SleepConditionVariableSRW(c, m, ms, 0)) return 0;
+    return GetLastError() == ERROR_TIMEOUT ? ETIMEDOUT : EINVAL;
+}
+
+PDP__PRIVATE DWORD WINAPI pdp__thread_entry(LPVOID p)
+{
+    pdp__thread *t = (pdp__thread *)p;
+    t->fn(t->arg);
+    return 0;
+}
+
+PDP__PRIVATE int pdp__thread_create(pdp__thread *t, void *(*fn)(void *), void *arg)
+{
+    t->fn = fn;
+    t->arg = arg;
+    t->handle = CreateThread(NULL, 0, pdp__thread_entry, t, 0, NULL);
+    return t->handle ? 0 : EAGAIN;
+}
+
+PDP__PRIVATE void pdp__thread_join(pdp__thread *t)
+{
+    WaitForSingleObject(t->handle, INFINITE);
+    CloseHandle(t->handle);
+    t->handle = NULL;
+}
+
+typedef struct pdp__once_box {
+    void (*fn)(void);
+} pdp__once_box;
+
+PDP__PRIVATE BOOL CALLBACK pdp__once_entry(PINIT_ONCE once, PVOID box, PVOID *ctx)
+{
+    (void)once;
+    (void)ctx;
+    ((pdp__once_box *)box)->fn();
+    return TRUE;
+}
+
+PDP__PRIVATE void pdp__once_run(pdp__once *o, void (*fn)(void))
+{
+    pdp__once_box box;
+    box.fn = fn;
+    InitOnceExecuteOnce(o, pdp__once_entry, &box, NULL);
+}
+
+PDP__PRIVATE int pdp__tls_key_create(pdp__tls_key *k, void (WINAPI *dtor)(void *))
+{
+    *k = FlsAlloc(dtor);
+    return *k == FLS_OUT_OF_INDEXES ? EAGAIN : 0;
+}
+#endif
+
+#ifdef PDP__FENCE_BY_LOCK
+/* PDP__LOAD_ACQ and PDP__STORE_REL without atomic builtins (platform.h) */
+static pdp__mutex pdp__fence_lock = PDP__MUTEX_INIT;
+
+PDP__PRIVATE long long pdp__fence(long long loaded)
+{
+    pdp__mutex_lock(&pdp__fence_lock);
+    pdp__mutex_unlock(&pdp__fence_lock);
+    return loaded;
+}
+#endif
+
+/* ---- platform: time, CPUs, processes ---- */
+
+#ifdef PDP__POSIX
+PDP__PRIVATE double pdp__now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+PDP__PRIVATE uint64_t pdp__wall_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_REALTIME, &ts) != 0) return 0;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+PDP__PRIVATE double pdp__thread_cpu_s(void)
+{
+#  if defined(CLOCK_THREAD_CPUTIME_ID)
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0.0;
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+#  else
+    return 0.0;
+#  endif
+}
+
+PDP__PRIVATE void pdp__sleep_s(double seconds)
+{
+    struct timespec ts;
+    if (seconds <= 0) return;
+    ts.tv_sec = (time_t)seconds;
+    ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+PDP__PRIVATE void pdp__yield(void) { sched_yield(); }
+
+PDP__PRIVATE int pdp__cpu_count(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)PDP__MIN(n, (long)INT32_MAX) : 1;
+}
+
+PDP__PRIVATE long pdp__pid(void) { return (long)getpid(); }
+
+PDP__PRIVATE bool pdp__pid_alive(long pid)
+{
+    if (pid <= 0 || (long)(pid_t)pid != pid) return true;
+    return kill((pid_t)pid, 0) == 0 || errno != ESRCH; /* EPERM: alive, someone else's */
+}
+
+/* strerror without its shared buffer: glibc's strerror_r is the GNU variant under
+   _GNU_SOURCE (as seen when <string.h> was first included) and XSI otherwise. */
+PDP__PRIVATE const char *pdp__errstr(int e, char *buf, size_t cap)
+{
+#  if defined(__GLIBC__) && defined(__USE_GNU) /* what <features.h> saw, not what is defined now */
+    return strerror_r(e, buf, cap);
+#  else
+    if (strerror_r(e, buf, cap) != 0) snprintf(buf, cap, "errno %d", e);
+    return buf;
+#  endif
+}
+#else
+PDP__PRIVATE double pdp__now(void)
+{
+    LARGE_INTEGER freq, t; /* the frequency is fixed at boot and read from user memory */
+    QueryPerformanceFrequency(&freq);
+    QueryPerformanceCounter(&t);
+    return (double)(t.QuadPart / freq.QuadPart) +
+           (double)(t.QuadPart % freq.QuadPart) / (double)freq.QuadPart;
+}
+
+PDP__PRIVATE uint64_t pdp__wall_ns(void)
+{
+    FILETIME ft; /* 100 ns ticks since 1601 */
+    uint64_t t;
+    GetSystemTimeAsFileTime(&ft);
+    t = ((uint64_t)ft.dwHighDateTime << 32) | ft.dwLowDateTime;
+    return (t - UINT64_C(116444736000000000)) * 100u;
+}
+
+PDP__PRIVATE double pdp__thread_cpu_s(void)
+{
+    FILETIME c, e, k, u;
+    if (!GetThreadTimes(GetCurrentThread(), &c, &e, &k, &u)) return 0.0;
+    return 1e-7 * (double)((((uint64_t)k.dwHighDateTime << 32) | k.dwLowDateTime) +
+                           (((uint64_t)u.dwHighDateTime << 32) | u.dwLowDateTime));
+}
+
+PDP__PRIVATE void pdp__sleep_s(double seconds)
+{
+    if (seconds > 0) Sleep(seconds >= 4e6 ? 4000000000u : (DWORD)ceil(seconds * 1000.0));
+}
+
+PDP__PRIVATE void pdp__yield(void) { SwitchToThread(); }
+
+PDP__PRIVATE int pdp__cpu_count(void)
+{
+    DWORD n = GetActiveProcessorCount(ALL_PROCESSOR_GROUPS);
+    return n > 0 ? (int)PDP__MIN(n, (DWORD)INT32_MAX) : 1;
+}
+
+PDP__PRIVATE long pdp__pid(void) { return (long)GetCurrentProcessId(); }
+
+PDP__PRIVATE bool pdp__pid_alive(long pid)
+{
+    HANDLE h;
+    DWORD code = 0;
+    bool alive;
+    if (pid <= 0) return true;
+    h = OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION, FALSE, (DWORD)pid);
+    if (!h) return GetLastError() != ERROR_INVALID_PARAMETER; /* no such process */
+    alive = !GetExitCodeProcess(h, &code) || code == STILL_ACTIVE;
+    CloseHandle(h);
+    return alive;
+}
+
+PDP__PRIVATE const char *pdp__errstr(int e, char *buf, size_t cap)
+{
+    if (!cap) return buf;
+    if (strerror_s(buf, cap, e) != 0 || strncmp(buf, "Unknown error", 13) == 0)
+        snprintf(buf, cap, "errno %d", e);
+    return buf;
+}
+#endif
+
+/* ---- platform: files ---- */
+
+#ifdef PDP__POSIX
+PDP__PRIVATE int pdp__file_sync(FILE *f)
+{
+    if (fflush(f) != 0) return -1;
+    return fsync(fileno(f));
+}
+
+PDP__PRIVATE int pdp__file_replace(const char *from, const char *to) { return rename(from, to); }
+
+PDP__PRIVATE int pdp__file_size(FILE *f, uint64_t *bytes)
+{
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) return -1;
+    *bytes = (uint64_t)sb.st_size;
+    return 0;
+}
+
+PDP__PRIVATE int pdp__dir_sync(const char *dir)
+{
+    int fd = open(dir, O_RDONLY), rc;
+    if (fd < 0) return -1;
+    rc = fsync(fd);
+    if (rc != 0 && (errno == EINVAL || errno == EROFS)) rc = 0; /* not supported there */
+    close(fd);
+    return rc;
+}
+
+struct pdp__dir {
+    DIR *d;
+};
+
+PDP__PRIVATE pdp__dir *pdp__dir_open(const char *path)
+{
+    pdp__dir *d = (pdp__dir *)PDP_MALLOC(sizeof *d);
+    if (!d) return NULL;
+    if (!(d->d = opendir(path))) {
+        PDP_FREE(d);
+        return NULL;
+    }
+    return d;
+}
+
+PDP__PRIVATE const char *pdp__dir_next(pdp__dir *d)
+{
+    struct dirent *e;
+    errno = 0;
+    e = readdir(d->d);
+    return e ? e->d_name : NULL;
+}
+
+PDP__PRIVATE void pdp__dir_close(pdp__dir *d)
+{
+    if (!d) return;
+    closedir(d->d);
+    PDP_FREE(d);
+}
+
+PDP__PRIVATE int pdp__path_kind(const char *path, bool follow)
+{
+    struct stat sb;
+    if ((follow ? stat(path, &sb) : lstat(path, &sb)) != 0) return -1;
+    return S_ISREG(sb.st_mode) ? PDP__PATH_FILE : S_ISDIR(sb.st_mode) ? PDP__PATH_DIR
+                                                                      : PDP__PATH_OTHER;
+}
+#else
+/* errno for the Win32 errors a file operation meets */
+PDP__PRIVATE int pdp__win_errno(DWORD e)
+{
+    switch (e) {
+    case ERROR_FILE_NOT_FOUND:
+    case ERROR_PATH_NOT_FOUND: return ENOENT;
+    case ERROR_ACCESS_DENIED:
+    case ERROR_SHARING_VIOLATION:
+    case ERROR_LOCK_VIOLATION: return EACCES;
+    case ERROR_NOT_ENOUGH_MEMORY:
+    case ERROR_OUTOFMEMORY: return ENOMEM;
+    case ERROR_DISK_FULL:
+    case ERROR_HANDLE_DISK_FULL: return ENOSPC;
+    case ERROR_INVALID_NAME:
+    case ERROR_INVALID_PARAMETER: return EINVAL;
+    default: return EIO;
+    }
+}
+
+PDP__PRIVATE int pdp__file_sync(FILE *f)
+{
+    HANDLE h;
+    if (fflush(f) != 0) return -1;
+    h = (HANDLE)_get_osfhandle(_fileno(f));
+    if (h == INVALID_HANDLE_VALUE) {
+        errno = EBADF;
+        return -1;
+    }
+    if (!FlushFileBuffers(h)) {
+        errno = pdp__win_errno(GetLastError());
+        return -1;
+    }
+    return 0;
+}
+
+PDP__PRIVATE int pdp__file_replace(const char *from, const char *to)
+{
+    /* the A form reads paths in the ANSI code page, as fopen does */
+    if (MoveFileExA(from, to, MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) return 0;
+    errno = pdp__win_errno(GetLastError());
+    return -1;
+}
+
+PDP__PRIVATE int pdp__dir_sync(const char *dir)
+{
+    (void)dir;
+    return 0;
+}
+
+PDP__PRIVATE int pdp__file_size(FILE *f, uint64_t *bytes)
+{
+    HANDLE h = (HANDLE)_get_osfhandle(_fileno(f));
+    LARGE_INTEGER size;
+    if (h == INVALID_HANDLE_VALUE || GetFileType(h) != FILE_TYPE_DISK ||
+        !GetFileSizeEx(h, &size) || size.QuadPart < 0)
+        return -1;
+    *bytes = (uint64_t)size.QuadPart;
+    return 0;
+}
+
+struct pdp__dir {
+    HANDLE h;
+    WIN32_FIND_DATAA data;
+    bool first; /* data holds an entry not yet returned */
+};
+
+PDP__PRIVATE pdp__dir *pdp__dir_open(const char *path)
+{
+    char pattern[MAX_PATH + 8];
+    size_t n = strlen(path);
+    pdp__dir *d;
+    if (n + 3 > sizeof pattern) return NULL;
+    memcpy(pattern, path, n);
+    if (n && !pdp__is_sep(path[n - 1])) pattern[n++] = '\\';
+    memcpy(pattern + n, "*", 2);
+    if (!(d = (pdp__dir *)PDP_MALLOC(sizeof *d))) return NULL;
+    d->h = FindFirstFileA(pattern, &d->data);
+    if (d->h == INVALID_HANDLE_VALUE) {
+        errno = pdp__win_errno(GetLastError());
+        PDP_FREE(d);
+        return NULL;
+    }
+    d->first = true;
+    return d;
+}
+
+PDP__PRIVATE const char *pdp__dir_next(pdp__dir *d)
+{
+    DWORD e;
+    errno = 0;
+    if (d->first) {
+        d->first = false;
+        return d->data.cFileName;
+    }
+    if (FindNextFileA(d->h, &d->data)) return d->data.cFileName;
+    if ((e = GetLastError()) != ERROR_NO_MORE_FILES) errno = pdp__win_errno(e);
+    return NULL;
+}
+
+PDP__PRIVATE void pdp__dir_close(pdp__dir *d)
+{
+    if (!d) return;
+    FindClose(d->h);
+    PDP_FREE(d);
+}
+
+PDP__PRIVATE int pdp__path_kind(const char *path, bool follow)
+{
+    DWORD a = GetFileAttributesA(path);
+    if (a == INVALID_FILE_ATTRIBUTES) {
+        errno = pdp__win_errno(GetLastError());
+        return -1;
+    }
+    if (!follow && (a & FILE_ATTRIBUTE_REPARSE_POINT)) return PDP__PATH_OTHER;
+    if (a & FILE_ATTRIBUTE_DIRECTORY) return PDP__PATH_DIR;
+    return (a & FILE_ATTRIBUTE_DEVICE) ? PDP__PATH_OTHER : PDP__PATH_FILE;
+}
+#endif
+
+/* ---- platform: sockets ---- */
+
+#ifdef PDP__POSIX
+PDP__PRIVATE int pdp__sock_startup(void) { return 0; }
+PDP__PRIVATE int pdp__sock_error(void) { return errno; }
+PDP__PRIVATE void pdp__sock_close(pdp__sock s) { close(s); }
+
+PDP__PRIVATE void pdp__sock_tune(pdp__sock s, bool tcp)
+{
+    int one = 1;
+    fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK);
+    fcntl(s, F_SETFD, fcntl(s, F_GETFD) | FD_CLOEXEC);
+#  ifdef SO_NOSIGPIPE
+    setsockopt(s, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
+#  endif
+    if (tcp) setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+PDP__PRIVATE long pdp__sock_send(pdp__sock s, const void *buf, size_t bytes)
+{
+    return (long)send(s, buf, bytes, MSG_NOSIGNAL);
+}
+
+PDP__PRIVATE long pdp__sock_recv(pdp__sock s, void *buf, size_t bytes)
+{
+    return (long)recv(s, buf, bytes, 0);
+}
+
+PDP__PRIVATE int pdp__sock_poll(struct pollfd *fds, int n, int timeout_ms)
+{
+    return poll(fds, (nfds_t)n, timeout_ms);
+}
+
+PDP__PRIVATE int pdp__wake_open(pdp__wake *w)
+{
+    int p[2];
+    if (pipe(p) != 0) {
+        w->rd = w->wr = -1;
+        return errno;
+    }
+    w->rd = p[0];
+    w->wr = p[1];
+    pdp__sock_tune(w->rd, false);
+    pdp__sock_tune(w->wr, false);
+    return 0;
+}
+
+PDP__PRIVATE void pdp__wake_signal(pdp__wake *w)
+{
+    char byte = 1;
+    while (write(w->wr, &byte, 1) < 0 && errno == EINTR) {
+    }
+}
+
+PDP__PRIVATE void pdp__wake_close(pdp__wake *w)
+{
+    if (w->rd >= 0) close(w->rd);
+    if (w->wr >= 0) close(w->wr);
+    w->rd = w->wr = -1;
+}
+#else
+static pdp__once pdp__wsa_once = PDP__ONCE_INIT;
+static int pdp__wsa_status = -1;
+
+PDP__PRIVATE void pdp__wsa_start(void)
+{
+    WSADATA data;
+    pdp__wsa_status = WSAStartup(MAKEWORD(2, 2), &data);
+}
+
+/* WSACleanup is left to process exit: a library cannot know the program's last socket */
+PDP__PRIVATE int pdp__sock_startup(void)
+{
+    pdp__once_run(&pdp__wsa_once, pdp__wsa_start);
+    return pdp__wsa_status == 0 ? 0 : EIO;
+}
+
+PDP__PRIVATE int pdp__sock_error(void)
+{
+    switch (WSAGetLastError()) {
+    case WSAEWOULDBLOCK: return EWOULDBLOCK;
+    case WSAEINPROGRESS: return EINPROGRESS;
+    case WSAEINTR: return EINTR;
+    case WSAECONNABORTED: return ECONNABORTED;
+    case WSAECONNRESET: return ECONNRESET;
+    case WSAECONNREFUSED: return ECONNREFUSED;
+    case WSAETIMEDOUT: return ETIMEDOUT;
+    case WSAEADDRINUSE: return EADDRINUSE;
+    case WSAEADDRNOTAVAIL: return EADDRNOTAVAIL;
+    case WSAENETUNREACH: return ENETUNREACH;
+    case WSAEHOSTUNREACH: return EHOSTUNREACH;
+    case WSAEMFILE: return EMFILE;
+    case WSAENOBUFS: return ENOBUFS;
+    case WSAENOTCONN: return ENOTCONN;
+    case WSAEAFNOSUPPORT: return EAFNOSUPPORT;
+    case WSAEACCES: return EACCES;
+    case WSAEINVAL: return EINVAL;
+    default: return EIO;
+    }
+}
+
+PDP__PRIVATE void pdp__sock_close(pdp__sock s) { closesocket(s); }
+
+PDP__PRIVATE void pdp__sock_tune(pdp__sock s, bool tcp)
+{
+    u_long on = 1;
+    int one = 1;
+    ioctlsocket(s, FIONBIO, &on);
+    SetHandleInformation((HANDLE)s, HANDLE_FLAG_INHERIT, 0); /* close-on-exec */
+    if (tcp) setsockopt(s, IPPROTO_TCP, TCP_NODELAY, (const char *)&one, sizeof one);
+}
+
+PDP__PRIVATE long pdp__sock_send(pdp__sock s, const void *buf, size_t bytes)
+{
+    return (long)send(s, (const char *)buf, (int)PDP__MIN(bytes, (size_t)INT32_MAX), 0);
+}
+
+PDP__PRIVATE long pdp__sock_recv(pdp__sock s, void *buf, size_t bytes)
+{
+    return (long)recv(s, (char *)buf, (int)PDP__MIN(bytes, (size_t)INT32_MAX), 0);
+}
+
+PDP__PRIVATE int pdp__sock_poll(struct pollfd *fds, int n, int timeout_ms)
+{
+    return WSAPoll(fds, (ULONG)n, timeout_ms);
+}
+
+PDP__PRIVATE int pdp__wake_open(pdp__wake *w)
+{
+    struct sockaddr_in a;
+    int len = sizeof a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    w->rd = socket(AF_INET, SOCK_DGRAM, IPPROTO_UDP);
+    if (w->rd == INVALID_SOCKET) return pdp__sock_error();
+    if (bind(w->rd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(w->rd, (struct sockaddr *)&a, &len) != 0 ||
+        connect(w->rd, (struct sockaddr *)&a, sizeof a) != 0) { /* to itself */
+        int e = pdp__sock_error();
+        pdp__wake_close(w);
+        return e;
+    }
+    pdp__sock_tune(w->rd, false);
+    return 0;
+}
+
+PDP__PRIVATE void pdp__wake_signal(pdp__wake *w)
+{
+    char byte = 1;
+    send(w->rd, &byte, 1, 0);
+}
+
+PDP__PRIVATE void pdp__wake_close(pdp__wake *w)
+{
+    if (w->rd != INVALID_SOCKET) closesocket(w->rd);
+    w->rd = INVALID_SOCKET;
+}
+#endif
+
+PDP__PRIVATE bool pdp__sock_retry(int err)
+{
+    return err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == EINPROGRESS;
+}
+
+PDP__PRIVATE pdp__sock pdp__sock_open(int family, int type, int protocol, bool tcp)
+{
+    pdp__sock s;
+    if (pdp__sock_startup() != 0) return PDP__SOCK_NONE;
+    s = socket(family, type, protocol);
+    if (s != PDP__SOCK_NONE) pdp__sock_tune(s, tcp);
+    return s;
+}
+
+PDP__PRIVATE int pdp__sock_wait(pdp__sock s, bool out, double deadline)
+{
+    for (;;) {
+        double left = deadline - pdp__now();
+        int r;
+#ifdef PDP__POSIX
+        struct pollfd p;
+        if (left <= 0) return 0;
+        p.fd = s;
+        p.events = out ? POLLOUT : POLLIN;
+        p.revents = 0;
+        r = poll(&p, 1, left > 1e6 ? 1000000000 : (int)ceil(left * 1000.0));
+#else
+        /* select, not WSAPoll: WSAPoll does not report a failed connect on Windows
+           before 10 2004; a failed connect shows in the exception set */
+        fd_set rw, ex;
+        struct timeval tv;
+        if (left <= 0) return 0;
+        FD_ZERO(&rw);
+        FD_ZERO(&ex);
+        FD_SET(s, &rw);
+        FD_SET(s, &ex);
+        tv.tv_sec = left > 1e6 ? 1000000 : (long)left;
+        tv.tv_usec = left > 1e6 ? 0 : (long)((left - (double)tv.tv_sec) * 1e6) + 1;
+        if (tv.tv_usec >= 1000000) {
+            tv.tv_sec++;
+            tv.tv_usec -= 1000000;
+        }
+        r = select(0, out ? NULL : &rw, out ? &rw : NULL, &ex, &tv);
+#endif
+        if (r > 0) return 1;
+        if (r < 0 && pdp__sock_error() != EINTR) return -1;
+    }
+}
+
+PDP__PRIVATE pdp__sock pdp__sock_connect(const struct addrinfo *ai, double deadline, char *why,
+                                         size_t cap)
+{
+    pdp__sock s = pdp__sock_open(ai->ai_family, ai->ai_socktype, ai->ai_protocol, true);
+    int err = 0, r, e;
+    socklen_t len = sizeof err;
+    if (s == PDP__SOCK_NONE) {
+        pdp__errstr(pdp__sock_error(), why, cap);
+        return PDP__SOCK_NONE;
+    }
+    if (connect(s, ai->ai_addr, (socklen_t)ai->ai_addrlen) == 0) return s;
+    e = pdp__sock_error();
+    if (!pdp__sock_retry(e)) {
+        pdp__errstr(e, why, cap);
+        pdp__sock_close(s);
+        return PDP__SOCK_NONE;
+    }
+    r = pdp__sock_wait(s, true, deadline);
+    if (r == 1 && getsockopt(s, SOL_SOCKET, SO_ERROR, (char *)&err, &len) == 0 && err == 0)
+        return s;
+#ifdef PDP__WIN32
+    if (r == 1 && err) {
+        WSASetLastError(err);
+        err = pdp__sock_error();
+    }
+#endif
+    pdp__errstr(r == 0 ? ETIMEDOUT : r < 0 ? pdp__sock_error() : err, why, cap);
+    pdp__sock_close(s);
+    return PDP__SOCK_NONE;
+}
+
+PDP__PRIVATE int pdp__sock_port(pdp__sock s)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (getsockname(s, (struct sockaddr *)&ss, &len) != 0) return -1;
+    if (ss.ss_family == AF_INET) return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    if (ss.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    return -1;
+}
+
+/* ---- platform: CPU features ---- */
+
+#ifdef PDP__X86_CPUID
+PDP__PRIVATE bool pdp__cpuid(unsigned leaf, unsigned subleaf, unsigned r[4])
+{
+#  if defined(_MSC_VER)
+    int max[4], v[4];
+    __cpuid(max, (int)(leaf & 0x80000000u));
+    if ((unsigned)max[0] < leaf) return false;
+    __cpuidex(v, (int)leaf, (int)subleaf);
+    r[0] = (unsigned)v[0];
+    r[1] = (unsigned)v[1];
+    r[2] = (unsigned)v[2];
+    r[3] = (unsigned)v[3];
+    return true;
+#  else
+    return __get_cpuid_count(leaf, subleaf, &r[0], &r[1], &r[2], &r[3]) != 0;
+#  endif
+}
+
+PDP__PRIVATE uint64_t pdp__xgetbv0(void)
+{
+#  if defined(_MSC_VER)
+    return (uint64_t)_xgetbv(0);
+#  else
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+#  endif
+}
+#endif
+
+#ifdef PDP__HAVE_AMX_PERMIT
+/* Linux's arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18): lets this
+   process use the AMX tile data (Linux 5.16 and later; before, or refused: an error).
+   The raw syscall (158 on x86-64): syscall(2) is not declared under strict C99's
+   _POSIX_C_SOURCE. */
+PDP__PRIVATE bool pdp__amx_permit(void)
+{
+    long ret;
+    __asm__ volatile("syscall"
+                     : "=a"(ret)
+                     : "0"(158L), "D"(0x1023L), "S"(18L)
+                     : "rcx", "r11", "memory");
+    return ret == 0;
+}
+#endif
+/* ---- end src/platform.c ---- */
+
 /* ---- begin src/base.c ---- */
-/* base: status names, the thread-local error message, aligned allocation, the clock
-   (pdp__now). */
+/* base: status names, the thread-local error message, aligned allocation. */
 
 /* #include "internal.h" (already above) */
 
@@ -5007,7 +6140,7 @@ PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char
 static PDP__THREAD_LOCAL char pdp__errbuf[1024];
 #else
 /* ---- base: per-thread state without a TLS keyword (tcc) ----
-   One struct a thread under a pthread key, allocated on the thread's first use and freed
+   One struct a thread under a key (platform.h), allocated on the thread's first use and freed
    when it exits; a thread whose struct cannot be allocated shares the static one. The
    thread-local variables of base.c and threads.c name its fields. */
 typedef struct pdp__tls {
@@ -5016,36 +6149,27 @@ typedef struct pdp__tls {
     pdp__profile_state prof;
 } pdp__tls;
 
-static pthread_once_t pdp__tls_once = PTHREAD_ONCE_INIT;
-static pthread_key_t pdp__tls_key;
-static pthread_mutex_t pdp__fence_lock = PTHREAD_MUTEX_INITIALIZER;
+static pdp__once pdp__tls_once = PDP__ONCE_INIT;
+static pdp__tls_key pdp__tls_key_;
 
-PDP__PRIVATE void pdp__tls_free(void *p) { PDP_FREE(p); }
-PDP__PRIVATE void pdp__tls_init(void) { (void)pthread_key_create(&pdp__tls_key, pdp__tls_free); }
+PDP__PRIVATE void PDP__STDCALL pdp__tls_free(void *p) { PDP_FREE(p); }
+PDP__PRIVATE void pdp__tls_init(void) { (void)pdp__tls_key_create(&pdp__tls_key_, pdp__tls_free); }
 
 PDP__PRIVATE pdp__tls *pdp__tls_get(void)
 {
     static pdp__tls shared;
     pdp__tls *t;
-    pthread_once(&pdp__tls_once, pdp__tls_init);
-    t = (pdp__tls *)pthread_getspecific(pdp__tls_key);
+    pdp__once_run(&pdp__tls_once, pdp__tls_init);
+    t = (pdp__tls *)pdp__tls_get_value(pdp__tls_key_);
     if (t) return t;
     t = (pdp__tls *)PDP_MALLOC(sizeof *t);
     if (!t) return &shared;
     memset(t, 0, sizeof *t);
-    if (pthread_setspecific(pdp__tls_key, t) != 0) {
+    if (pdp__tls_set_value(pdp__tls_key_, t) != 0) {
         PDP_FREE(t);
         return &shared;
     }
     return t;
-}
-
-/* PDP__LOAD_ACQ and PDP__STORE_REL without atomic builtins (internal.h) */
-PDP__PRIVATE long long pdp__fence(long long loaded)
-{
-    pthread_mutex_lock(&pdp__fence_lock);
-    pthread_mutex_unlock(&pdp__fence_lock);
-    return loaded;
 }
 
 #  define pdp__errbuf (pdp__tls_get()->errbuf)
@@ -5114,13 +6238,6 @@ PDP__PRIVATE void pdp__dealloc(void *p)
 {
     if (p) PDP_FREE(((void **)p)[-1]);
 }
-
-PDP__PRIVATE double pdp__now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 /* ---- end src/base.c ---- */
 
 /* ---- begin src/threads.c ---- */
@@ -5145,14 +6262,14 @@ PDP__PRIVATE double pdp__now(void)
    The thread count is a per-thread setting (a thread-local int, default 1): each
    DP worker or thread-rank chooses its own, and nothing a thread sets is seen by
    another. The pool's workers themselves are shared: one process-wide team of
-   persistent POSIX threads (OpenBLAS and every OpenMP runtime keep the same kind of
+   persistent threads (platform.h: POSIX or Win32) (OpenBLAS and every OpenMP runtime keep the same kind of
    pool). The pool and the scratch key below are two of pdp's few pieces of
    process-wide state; the manual lists them all (THREADS AND DETERMINISM: also the
    trace sink, the bf16 path's CPU features and AMX permission, MPI's ownership record
    and each CUDA device's stream, handle and caches). It is started lazily by the first
    pdp__parallel_for that needs it, grows when a caller asks for more threads than it has, is reused
    by every later call, and is joined by pdp_shutdown_threads (after which the next
-   call starts it again). A caller that wins pool.busy (pthread_mutex_trylock) owns
+   call starts it again). A caller that wins pool.busy (pdp__mutex_trylock) owns
    the team for one job; a caller that loses it (another thread is using the pool,
    e.g. two DP workers in GEMM at once, or a nested call from inside a job) runs
    every index itself, in order. Which thread runs an index never changes what the
@@ -5164,11 +6281,10 @@ PDP__PRIVATE double pdp__now(void)
    of its own indices) to join_wait_s.
 
    Scratch: pdp__thread_scratch() gives each thread one growing 64-byte aligned
-   buffer (GEMM packs its panels there), kept in a pthread key whose destructor
+   buffer (GEMM packs its panels there), kept in a thread-local key (platform.h) whose destructor
    frees it when the thread exits; pdp_shutdown_threads frees the caller's. */
 
 /* #include "internal.h" (already above) */
-#include <unistd.h>
 
 #define PDP__MAX_THREADS 256
 #ifndef PDP__SPIN_S
@@ -5186,8 +6302,7 @@ static PDP__THREAD_LOCAL int pdp__num_threads; /* 0: never set, which means 1 */
 PDP_API pdp_status pdp_set_num_threads(int n)
 {
     if (n <= 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        n = cores > 0 ? (int)PDP__MIN(cores, (long)PDP__MAX_THREADS) : 1;
+        n = PDP__MIN(pdp__cpu_count(), PDP__MAX_THREADS);
     }
     if (n > PDP__MAX_THREADS)
         return pdp__err(PDP_ERR_INVALID, "pdp_set_num_threads: n = %d exceeds the maximum of %d",
@@ -5249,15 +6364,15 @@ typedef struct pdp__scratch_hdr {
     size_t bytes; /* usable bytes after the header */
 } pdp__scratch_hdr;
 
-static pthread_once_t pdp__scratch_once = PTHREAD_ONCE_INIT;
-static pthread_key_t pdp__scratch_key;
+static pdp__once pdp__scratch_once = PDP__ONCE_INIT;
+static pdp__tls_key pdp__scratch_key;
 static int pdp__scratch_key_ok;
 
-PDP__PRIVATE void pdp__scratch_free(void *p) { pdp__dealloc(p); }
+PDP__PRIVATE void PDP__STDCALL pdp__scratch_free(void *p) { pdp__dealloc(p); }
 
 PDP__PRIVATE void pdp__scratch_init(void)
 {
-    pdp__scratch_key_ok = pthread_key_create(&pdp__scratch_key, pdp__scratch_free) == 0;
+    pdp__scratch_key_ok = pdp__tls_key_create(&pdp__scratch_key, pdp__scratch_free) == 0;
 }
 
 /* This thread's scratch buffer of at least `bytes` bytes (64-byte aligned), or NULL
@@ -5266,17 +6381,17 @@ PDP__PRIVATE void pdp__scratch_init(void)
 PDP__PRIVATE void *pdp__thread_scratch(size_t bytes)
 {
     pdp__scratch_hdr *h;
-    pthread_once(&pdp__scratch_once, pdp__scratch_init);
+    pdp__once_run(&pdp__scratch_once, pdp__scratch_init);
     if (!pdp__scratch_key_ok) return NULL;
-    h = (pdp__scratch_hdr *)pthread_getspecific(pdp__scratch_key);
+    h = (pdp__scratch_hdr *)pdp__tls_get_value(pdp__scratch_key);
     if (!h || h->bytes < bytes) {
         size_t grown = bytes + bytes / 4 + 4096;
         pdp__dealloc(h);
-        pthread_setspecific(pdp__scratch_key, NULL);
+        pdp__tls_set_value(pdp__scratch_key, NULL);
         h = (pdp__scratch_hdr *)pdp__alloc(PDP__ALIGN + grown);
         if (!h) return NULL;
         h->bytes = grown;
-        pthread_setspecific(pdp__scratch_key, h);
+        pdp__tls_set_value(pdp__scratch_key, h);
     }
     return (unsigned char *)h + PDP__ALIGN;
 }
@@ -5288,11 +6403,7 @@ PDP__PRIVATE void pdp__spin_while(bool (*still)(const void *ctx), const void *ct
     double t0 = pdp__now();
     int i;
     while (still(ctx) && pdp__now() - t0 <= PDP__SPIN_S)
-        for (i = 0; i < 16; i++) {
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-            __builtin_ia32_pause();
-#endif
-        }
+        for (i = 0; i < 16; i++) PDP__PAUSE();
 }
 
 /* ---- threads: the worker team ---- */
@@ -5321,31 +6432,31 @@ PDP__PRIVATE void *pdp__team_main(void *p)
     pdp__team *t = me->team;
     pdp__team_wait c;
     c.team = t;
-    pthread_mutex_lock(&t->lock);
+    pdp__mutex_lock(&t->lock);
     c.seen = me->start_gen;
     for (;;) {
         void (*fn)(void *, int, int);
         void *arg;
         int n;
         if (t->generation == c.seen && !t->stop) { /* spin a while, then sleep */
-            pthread_mutex_unlock(&t->lock);
+            pdp__mutex_unlock(&t->lock);
             pdp__spin_while(pdp__team_no_new_job, &c);
-            pthread_mutex_lock(&t->lock);
+            pdp__mutex_lock(&t->lock);
         }
-        while (t->generation == c.seen && !t->stop) pthread_cond_wait(&t->wake, &t->lock);
+        while (t->generation == c.seen && !t->stop) pdp__cond_wait(&t->wake, &t->lock);
         if (t->stop) break;
         c.seen = t->generation;
         fn = t->fn;
         arg = t->arg;
         n = t->n;
         if (me->index >= n) continue; /* not part of this job */
-        pthread_mutex_unlock(&t->lock);
+        pdp__mutex_unlock(&t->lock);
         fn(arg, me->index, n);
-        pthread_mutex_lock(&t->lock);
+        pdp__mutex_lock(&t->lock);
         PDP__STORE_REL(&t->pending, t->pending - 1);
-        if (t->pending == 0) pthread_cond_signal(&t->done);
+        if (t->pending == 0) pdp__cond_signal(&t->done);
     }
-    pthread_mutex_unlock(&t->lock);
+    pdp__mutex_unlock(&t->lock);
     return NULL;
 }
 
@@ -5353,14 +6464,14 @@ PDP__PRIVATE int pdp__team_init(pdp__team *t)
 {
     int rc;
     memset(t, 0, sizeof *t);
-    if ((rc = pthread_mutex_init(&t->lock, NULL)) != 0) return rc;
-    if ((rc = pthread_cond_init(&t->wake, NULL)) != 0) {
-        pthread_mutex_destroy(&t->lock);
+    if ((rc = pdp__mutex_init(&t->lock)) != 0) return rc;
+    if ((rc = pdp__cond_init(&t->wake)) != 0) {
+        pdp__mutex_destroy(&t->lock);
         return rc;
     }
-    if ((rc = pthread_cond_init(&t->done, NULL)) != 0) {
-        pthread_cond_destroy(&t->wake);
-        pthread_mutex_destroy(&t->lock);
+    if ((rc = pdp__cond_init(&t->done)) != 0) {
+        pdp__cond_destroy(&t->wake);
+        pdp__mutex_destroy(&t->lock);
         return rc;
     }
     t->ok = true;
@@ -5375,15 +6486,15 @@ PDP__PRIVATE int pdp__team_grow(pdp__team *t, int workers)
     while (t->nworkers < workers) {
         int w = t->nworkers;
         pdp__team_member *m = &t->member[w];
-        pthread_mutex_lock(&t->lock);
+        pdp__mutex_lock(&t->lock);
         m->team = t;
         m->index = w + 1;
         m->start_gen = t->generation;
-        pthread_mutex_unlock(&t->lock);
-        if ((rc = pthread_create(&t->tid[w], NULL, pdp__team_main, m)) != 0) break;
-        pthread_mutex_lock(&t->lock);
+        pdp__mutex_unlock(&t->lock);
+        if ((rc = pdp__thread_create(&t->tid[w], pdp__team_main, m)) != 0) break;
+        pdp__mutex_lock(&t->lock);
         t->nworkers++;
-        pthread_mutex_unlock(&t->lock);
+        pdp__mutex_unlock(&t->lock);
     }
     return rc;
 }
@@ -5395,38 +6506,38 @@ PDP__PRIVATE void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i
         for (i = 0; i < n; i++) fn(arg, i, n);
         return;
     }
-    pthread_mutex_lock(&t->lock);
+    pdp__mutex_lock(&t->lock);
     helpers = PDP__MIN(n - 1, t->nworkers);
     t->fn = fn;
     t->arg = arg;
     t->n = n;
     PDP__STORE_REL(&t->pending, helpers);
     PDP__STORE_REL(&t->generation, t->generation + 1);
-    pthread_cond_broadcast(&t->wake);
-    pthread_mutex_unlock(&t->lock);
+    pdp__cond_broadcast(&t->wake);
+    pdp__mutex_unlock(&t->lock);
 
     fn(arg, 0, n);
     for (i = helpers + 1; i < n; i++) fn(arg, i, n); /* only if members could not be made */
 
     pdp__spin_while(pdp__team_pending, t); /* a while, then sleep */
-    pthread_mutex_lock(&t->lock);
-    while (t->pending > 0) pthread_cond_wait(&t->done, &t->lock);
-    pthread_mutex_unlock(&t->lock);
+    pdp__mutex_lock(&t->lock);
+    while (t->pending > 0) pdp__cond_wait(&t->done, &t->lock);
+    pdp__mutex_unlock(&t->lock);
 }
 
 PDP__PRIVATE void pdp__team_free(pdp__team *t)
 {
     int w, nworkers;
     if (!t->ok) return;
-    pthread_mutex_lock(&t->lock);
+    pdp__mutex_lock(&t->lock);
     PDP__STORE_REL(&t->stop, 1);
     nworkers = t->nworkers;
-    pthread_cond_broadcast(&t->wake);
-    pthread_mutex_unlock(&t->lock);
-    for (w = 0; w < nworkers; w++) pthread_join(t->tid[w], NULL);
-    pthread_cond_destroy(&t->done);
-    pthread_cond_destroy(&t->wake);
-    pthread_mutex_destroy(&t->lock);
+    pdp__cond_broadcast(&t->wake);
+    pdp__mutex_unlock(&t->lock);
+    for (w = 0; w < nworkers; w++) pdp__thread_join(&t->tid[w]);
+    pdp__cond_destroy(&t->done);
+    pdp__cond_destroy(&t->wake);
+    pdp__mutex_destroy(&t->lock);
     t->ok = false;
     t->nworkers = 0;
 }
@@ -5435,7 +6546,7 @@ PDP__PRIVATE void pdp__team_free(pdp__team *t)
 
 /* The pool: one team, grown on demand. busy is held by the one caller that owns the
    pool for a job (and by pdp_shutdown_threads); it guards every field below. */
-static pthread_mutex_t pdp__pool_busy = PTHREAD_MUTEX_INITIALIZER;
+static pdp__mutex pdp__pool_busy = PDP__MUTEX_INIT;
 
 typedef struct pdp__pool {
     pdp__team team;            /* team.ok false: not started (or shut down) */
@@ -5471,7 +6582,7 @@ PDP__PRIVATE void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), 
         if (n == 1) fn(arg, 0, 1);
         return;
     }
-    if (pthread_mutex_trylock(&pdp__pool_busy) != 0) { /* in use: run it all here */
+    if (!pdp__mutex_trylock(&pdp__pool_busy)) { /* in use: run it all here */
         for (i = 0; i < n; i++) fn(arg, i, n);
         return;
     }
@@ -5488,19 +6599,19 @@ PDP__PRIVATE void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), 
         for (i = 1; i <= pool->helpers; i++) pdp__prof.worker_busy_s += pool->busy_s[i];
         pdp__prof.join_wait_s += pdp__now() - pool->caller_done;
     }
-    pthread_mutex_unlock(&pdp__pool_busy);
+    pdp__mutex_unlock(&pdp__pool_busy);
 }
 
 PDP_API void pdp_shutdown_threads(void)
 {
-    pthread_mutex_lock(&pdp__pool_busy); /* waits for a job in flight to finish */
+    pdp__mutex_lock(&pdp__pool_busy); /* waits for a job in flight to finish */
     pdp__team_free(&pdp__the_pool.team);
-    pthread_mutex_unlock(&pdp__pool_busy);
+    pdp__mutex_unlock(&pdp__pool_busy);
 
-    pthread_once(&pdp__scratch_once, pdp__scratch_init);
+    pdp__once_run(&pdp__scratch_once, pdp__scratch_init);
     if (pdp__scratch_key_ok) {
-        pdp__dealloc(pthread_getspecific(pdp__scratch_key));
-        pthread_setspecific(pdp__scratch_key, NULL);
+        pdp__dealloc(pdp__tls_get_value(pdp__scratch_key));
+        pdp__tls_set_value(pdp__scratch_key, NULL);
     }
 }
 /* ---- end src/threads.c ---- */
@@ -5536,7 +6647,7 @@ PDP_API void pdp_shutdown_threads(void)
    Files: a process that is one rank of several (MPI, torchrun) passes its
    rank to pdp__trace_open and writes path with ".rank<r>" inserted before the
    extension (trace.json -> trace.rank1.json); otherwise path as given.
-   Timestamps are CLOCK_MONOTONIC microseconds, shared by every process of a
+   Timestamps are pdp__now() (monotonic) microseconds, shared by every process of a
    machine, so the per-rank files of one machine line up: merge them with
        python3 -c 'import json,sys; print(json.dumps({"traceEvents": sum(
            (json.load(open(f))["traceEvents"] for f in sys.argv[1:]), [])}))' \
@@ -5587,7 +6698,7 @@ typedef struct pdp__trace_sink {
     unsigned char named_pid[PDP__TRACE_MAX_PIDS / 8];
 } pdp__trace_sink;
 
-static pthread_mutex_t pdp__trace_mu = PTHREAD_MUTEX_INITIALIZER;
+static pdp__mutex pdp__trace_mu = PDP__MUTEX_INIT;
 static pdp__trace_sink pdp__trace_g; /* process-wide, see above */
 
 static const char pdp__trace_trailer[] = "\n],\"displayTimeUnit\":\"ms\"}\n";
@@ -5701,7 +6812,7 @@ PDP__PRIVATE pdp_status pdp__trace_open(int process_rank)
     pdp__trace_sink *s = &pdp__trace_g;
     const char *env;
     pdp_status st = PDP_OK;
-    pthread_mutex_lock(&pdp__trace_mu);
+    pdp__mutex_lock(&pdp__trace_mu);
     s->refs++;
     if (s->f) goto out; /* already tracing: join */
     env = getenv("PDP_TRACE");
@@ -5749,7 +6860,7 @@ fail:
     s->ev = NULL;
     s->refs--;
 out:
-    pthread_mutex_unlock(&pdp__trace_mu);
+    pdp__mutex_unlock(&pdp__trace_mu);
     return st;
 }
 
@@ -5757,7 +6868,7 @@ out:
 PDP__PRIVATE void pdp__trace_close(void)
 {
     pdp__trace_sink *s = &pdp__trace_g;
-    pthread_mutex_lock(&pdp__trace_mu);
+    pdp__mutex_lock(&pdp__trace_mu);
     if (s->refs > 0 && --s->refs == 0 && s->f) {
         PDP__STORE_REL(&s->enabled, 0);
         pdp__trace_write_locked(s);
@@ -5767,7 +6878,7 @@ PDP__PRIVATE void pdp__trace_close(void)
         s->ev = NULL;
         s->cap = s->n = 0;
     }
-    pthread_mutex_unlock(&pdp__trace_mu);
+    pdp__mutex_unlock(&pdp__trace_mu);
 }
 
 /* Cheap enough for every event site: one atomic load. */
@@ -5780,7 +6891,7 @@ PDP__PRIVATE int pdp__trace_track(int pid, const char *name)
     pdp__trace_sink *s = &pdp__trace_g;
     int tid = 0;
     if (!pdp__trace_enabled()) return 0;
-    pthread_mutex_lock(&pdp__trace_mu);
+    pdp__mutex_lock(&pdp__trace_mu);
     if (s->f) {
         tid = s->next_tid++;
         if (pid >= 0 && pid < PDP__TRACE_MAX_PIDS && !(s->named_pid[pid / 8] & (1u << (pid % 8)))) {
@@ -5791,7 +6902,7 @@ PDP__PRIVATE int pdp__trace_track(int pid, const char *name)
         }
         pdp__trace_meta_locked(s, pid, tid, "thread", name, tid);
     }
-    pthread_mutex_unlock(&pdp__trace_mu);
+    pdp__mutex_unlock(&pdp__trace_mu);
     return tid;
 }
 
@@ -5801,7 +6912,7 @@ PDP__PRIVATE void pdp__trace_record(char ph, int pid, int tid, const char *cat, 
     pdp__trace_sink *s = &pdp__trace_g;
     pdp__trace_ev *e;
     if (!pdp__trace_enabled()) return;
-    pthread_mutex_lock(&pdp__trace_mu);
+    pdp__mutex_lock(&pdp__trace_mu);
     if (s->f) {
         e = pdp__trace_slot_locked(s);
         e->ph = ph;
@@ -5814,7 +6925,7 @@ PDP__PRIVATE void pdp__trace_record(char ph, int pid, int tid, const char *cat, 
         pdp__trace_copy(e->name, sizeof e->name, name);
         pdp__trace_copy(e->args, sizeof e->args, args);
     }
-    pthread_mutex_unlock(&pdp__trace_mu);
+    pdp__mutex_unlock(&pdp__trace_mu);
 }
 
 /* A complete event: name ran on track tid of rank pid from t0 to t1 (pdp__now()
@@ -5840,13 +6951,13 @@ PDP_API pdp_status pdp_trace_flush(void)
 {
     pdp__trace_sink *s = &pdp__trace_g;
     pdp_status st = PDP_OK;
-    pthread_mutex_lock(&pdp__trace_mu);
+    pdp__mutex_lock(&pdp__trace_mu);
     if (s->f) {
         pdp__trace_write_locked(s);
         if (s->io_status != PDP_OK)
             st = pdp__err(s->io_status, "pdp_trace_flush: writing '%s' failed", s->path);
     }
-    pthread_mutex_unlock(&pdp__trace_mu);
+    pdp__mutex_unlock(&pdp__trace_mu);
     return st;
 }
 /* ---- end src/trace.c ---- */
@@ -5855,7 +6966,7 @@ PDP_API pdp_status pdp_trace_flush(void)
 /* store: a TCP key-value store, PyTorch's TCPStore in miniature (rendezvous.c reads
    who the ranks are and hands a unique id out through it).
 
-   Server. One thread in the rank-0 process runs a poll() loop over a wake pipe,
+   Server. One thread in the rank-0 process runs a poll() loop over a wake channel,
    the listening socket and every client connection; all sockets are non-blocking
    and only that thread touches the table of keys, so the server needs no lock and
    a slow, stuck or hostile peer cannot stall the others. Each connection carries
@@ -5864,9 +6975,9 @@ PDP_API pdp_status pdp_trace_flush(void)
    otherwise the loop answers TIMEOUT when the deadline passes (poll sleeps until
    the nearest one). Timeouts are therefore decided by the server and the stream
    never falls out of step; a client only adds a grace period so that a server
-   that vanished silently cannot hang it. pdp_store_free writes one byte into the
-   wake pipe, joins the thread and closes what is left: clients still connected
-   see EOF.
+   that vanished silently cannot hang it. pdp_store_free signals the wake channel
+   (a pipe; a loopback datagram on Windows), joins the thread and closes what is
+   left: clients still connected see EOF.
 
    Client. A blocking request/response on a non-blocking socket, every wait
    bounded by poll() against a deadline. Connecting retries (10 ms doubling to
@@ -5890,23 +7001,16 @@ PDP_API pdp_status pdp_trace_flush(void)
    a flat array searched linearly: a rendezvous store holds tens of keys, and
    every barrier generation adds one.
 
-   SIGPIPE: every send uses MSG_NOSIGNAL (SO_NOSIGPIPE where that is missing), so
-   process-wide signal handling is never touched. */
+   Sockets go through platform.h (POSIX sockets, or Winsock 2 with WSAPoll): every
+   send there uses MSG_NOSIGNAL (SO_NOSIGPIPE where that is missing), so process-wide
+   signal handling is never touched. */
 
 /* #include "internal.h" (already above) */
 #include <limits.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <poll.h>
-#include <unistd.h>
-#include <sys/types.h>
-#include <sys/socket.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <arpa/inet.h>
-
-#ifndef MSG_NOSIGNAL
-#  define MSG_NOSIGNAL 0 /* BSD and macOS: SO_NOSIGPIPE is set on every socket instead */
+#ifdef PDP__POSIX
+#  include <netdb.h>
+#  include <poll.h>
+#  include <sys/socket.h>
 #endif
 
 #define PDP__STORE_DEFAULT_HOST "127.0.0.1"
@@ -5978,71 +7082,6 @@ PDP__PRIVATE uint64_t pdp__store_ms(double seconds)
     return ms >= (double)PDP__STORE_MAX_TIMEOUT_MS ? PDP__STORE_MAX_TIMEOUT_MS : (uint64_t)ms;
 }
 
-/* ---- sockets ---- */
-
-/* strerror without its shared buffer: glibc's strerror_r is the GNU variant under
-   _GNU_SOURCE (as seen when <string.h> was first included) and XSI otherwise. */
-PDP__PRIVATE const char *pdp__store_errstr(int e, char *buf, size_t cap)
-{
-#if defined(__GLIBC__) && defined(__USE_GNU) /* what <features.h> saw, not what is defined now */
-    return strerror_r(e, buf, cap);
-#else
-    if (strerror_r(e, buf, cap) != 0) snprintf(buf, cap, "errno %d", e);
-    return buf;
-#endif
-}
-
-/* Non-blocking, close-on-exec, no SIGPIPE, no Nagle (requests are small and
-   latency-bound). */
-PDP__PRIVATE void pdp__store_tune(int fd, bool tcp)
-{
-    int one = 1;
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    fcntl(fd, F_SETFD, fcntl(fd, F_GETFD) | FD_CLOEXEC);
-#ifdef SO_NOSIGPIPE
-    setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
-#endif
-    if (tcp) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-PDP__PRIVATE void pdp__store_sleep(double seconds)
-{
-    struct timespec ts;
-    if (seconds <= 0) return;
-    ts.tv_sec = (time_t)seconds;
-    ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
-/* poll() one fd for events until deadline (pdp__now() seconds): 1 ready, 0 timed
-   out, -1 error (errno). */
-PDP__PRIVATE int pdp__store_poll1(int fd, short events, double deadline)
-{
-    for (;;) {
-        struct pollfd p;
-        double left = deadline - pdp__now();
-        int r;
-        if (left <= 0) return 0;
-        p.fd = fd;
-        p.events = events;
-        p.revents = 0;
-        r = poll(&p, 1, left > 1e6 ? 1000000000 : (int)ceil(left * 1000.0));
-        if (r > 0) return 1;
-        if (r < 0 && errno != EINTR) return -1;
-    }
-}
-
-PDP__PRIVATE int pdp__store_port_of(int fd)
-{
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof ss;
-    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0) return -1;
-    if (ss.ss_family == AF_INET) return ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    if (ss.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    return -1;
-}
-
 /* ---- server: key table ---- */
 
 typedef struct pdp__store_entry {
@@ -6051,7 +7090,7 @@ typedef struct pdp__store_entry {
 } pdp__store_entry;
 
 typedef struct pdp__store_conn {
-    int fd;
+    pdp__sock fd;
     unsigned char hdr[PDP__STORE_HDR];
     size_t hdr_got;
     pdp__store_hdr req;       /* valid once hdr_got == PDP__STORE_HDR */
@@ -6066,9 +7105,9 @@ typedef struct pdp__store_conn {
 } pdp__store_conn;
 
 typedef struct pdp__store_server {
-    int listen_fd;
-    int wake[2];              /* pipe: pdp_store_free writes, the loop reads and stops */
-    pthread_t thread;
+    pdp__sock listen_fd;
+    pdp__wake wake;           /* pdp_store_free signals it, the loop wakes and stops */
+    pdp__thread thread;
     pdp__store_conn **conns;
     int n_conns, cap_conns;
     struct pollfd *pfds;      /* wake, listen, then one per connection */
@@ -6150,13 +7189,14 @@ PDP__PRIVATE bool pdp__store_put_entry(pdp__store_server *srv, const unsigned ch
 PDP__PRIVATE void pdp__store_flush(pdp__store_conn *c)
 {
     while (c->out_sent < c->out_len) {
-        ssize_t r = send(c->fd, c->out + c->out_sent, c->out_len - c->out_sent, MSG_NOSIGNAL);
+        long r = pdp__sock_send(c->fd, c->out + c->out_sent, c->out_len - c->out_sent);
+        int e = r < 0 ? pdp__sock_error() : 0;
         if (r > 0) {
             c->out_sent += (size_t)r;
-        } else if (r < 0 && errno == EINTR) {
+        } else if (r < 0 && e == EINTR) {
             continue;
         } else {
-            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+            if (r < 0 && pdp__sock_retry(e)) return;
             c->dead = true;
             return;
         }
@@ -6330,7 +7370,7 @@ PDP__PRIVATE void pdp__store_read(pdp__store_server *srv, pdp__store_conn *c)
 {
     unsigned char *dst;
     size_t want;
-    ssize_t r;
+    long r;
     if (c->hdr_got < PDP__STORE_HDR) {
         dst = c->hdr + c->hdr_got;
         want = PDP__STORE_HDR - c->hdr_got;
@@ -6338,8 +7378,8 @@ PDP__PRIVATE void pdp__store_read(pdp__store_server *srv, pdp__store_conn *c)
         dst = c->body + c->body_got;
         want = (size_t)c->req.key_bytes + c->req.value_bytes - c->body_got;
     }
-    r = recv(c->fd, dst, want, 0);
-    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    r = pdp__sock_recv(c->fd, dst, want);
+    if (r == 0 || (r < 0 && !pdp__sock_retry(pdp__sock_error()))) {
         c->dead = true; /* EOF or reset: the client left */
         return;
     }
@@ -6358,7 +7398,7 @@ PDP__PRIVATE void pdp__store_read(pdp__store_server *srv, pdp__store_conn *c)
 PDP__PRIVATE void pdp__store_conn_free(pdp__store_conn *c)
 {
     if (!c) return;
-    if (c->fd >= 0) close(c->fd);
+    if (c->fd != PDP__SOCK_NONE) pdp__sock_close(c->fd);
     pdp__dealloc(c->body);
     pdp__dealloc(c->out);
     pdp__dealloc(c);
@@ -6369,14 +7409,15 @@ PDP__PRIVATE void pdp__store_accept(pdp__store_server *srv)
     for (;;) {
         pdp__store_conn **conns, *c = NULL;
         struct pollfd *pfds;
-        int fd = accept(srv->listen_fd, NULL, NULL);
-        if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED) continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
-                pdp__store_sleep(0.01); /* EMFILE and the like: retry soon, without spinning */
+        pdp__sock fd = accept(srv->listen_fd, NULL, NULL);
+        if (fd == PDP__SOCK_NONE) {
+            int e = pdp__sock_error();
+            if (e == EINTR || e == ECONNABORTED) continue;
+            if (!pdp__sock_retry(e))
+                pdp__sleep_s(0.01); /* EMFILE and the like: retry soon, without spinning */
             return;
         }
-        pdp__store_tune(fd, true);
+        pdp__sock_tune(fd, true);
         if (srv->n_conns < PDP__STORE_MAX_CONNS) {
             conns = (pdp__store_conn **)pdp__store_grow(srv->conns, &srv->cap_conns,
                                                         srv->n_conns + 1, sizeof *conns);
@@ -6387,7 +7428,7 @@ PDP__PRIVATE void pdp__store_accept(pdp__store_server *srv)
             if (conns && pfds) c = (pdp__store_conn *)pdp__calloc(sizeof *c);
         }
         if (!c) {
-            close(fd); /* too many connections, or out of memory */
+            pdp__sock_close(fd); /* too many connections, or out of memory */
             continue;
         }
         c->fd = fd;
@@ -6404,7 +7445,7 @@ PDP__PRIVATE void *pdp__store_serve(void *arg)
         int i, n, r, timeout_ms = -1, polled;
         double now = pdp__now();
         polled = srv->n_conns;
-        srv->pfds[0].fd = srv->wake[0];
+        srv->pfds[0].fd = srv->wake.rd;
         srv->pfds[0].events = POLLIN;
         srv->pfds[1].fd = srv->listen_fd;
         srv->pfds[1].events = POLLIN;
@@ -6419,8 +7460,8 @@ PDP__PRIVATE void *pdp__store_serve(void *arg)
             }
         }
         for (i = 0; i < polled + 2; i++) srv->pfds[i].revents = 0;
-        r = poll(srv->pfds, (nfds_t)(polled + 2), timeout_ms);
-        if (r < 0 && errno != EINTR) pdp__store_sleep(0.001); /* ENOMEM: try again */
+        r = pdp__sock_poll(srv->pfds, polled + 2, timeout_ms);
+        if (r < 0 && pdp__sock_error() != EINTR) pdp__sleep_s(0.001); /* ENOMEM: try again */
         if (srv->pfds[0].revents) break;
         for (i = 0; i < polled; i++) {
             pdp__store_conn *c = srv->conns[i];
@@ -6458,9 +7499,8 @@ PDP__PRIVATE void pdp__store_server_free(pdp__store_server *srv)
     if (!srv) return;
     for (i = 0; i < srv->n_conns; i++) pdp__store_conn_free(srv->conns[i]);
     for (i = 0; i < srv->n_entries; i++) pdp__dealloc(srv->entries[i].data);
-    if (srv->listen_fd >= 0) close(srv->listen_fd);
-    if (srv->wake[0] >= 0) close(srv->wake[0]);
-    if (srv->wake[1] >= 0) close(srv->wake[1]);
+    if (srv->listen_fd != PDP__SOCK_NONE) pdp__sock_close(srv->listen_fd);
+    pdp__wake_close(&srv->wake);
     pdp__dealloc(srv->conns);
     pdp__dealloc(srv->pfds);
     pdp__dealloc(srv->entries);
@@ -6479,7 +7519,11 @@ PDP__PRIVATE pdp_status pdp__store_server_start(pdp__store_server **out, const c
     *out = NULL;
     srv = (pdp__store_server *)pdp__calloc(sizeof *srv);
     if (!srv) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: out of memory");
-    srv->listen_fd = srv->wake[0] = srv->wake[1] = -1;
+    srv->listen_fd = PDP__SOCK_NONE;
+    srv->wake.rd = PDP__SOCK_NONE;
+#ifdef PDP__POSIX
+    srv->wake.wr = -1;
+#endif
     srv->pfds = (struct pollfd *)pdp__store_grow(NULL, &srv->cap_pfds, 2, sizeof *srv->pfds);
     if (!srv->pfds) {
         pdp__store_server_free(srv);
@@ -6498,39 +7542,39 @@ PDP__PRIVATE pdp_status pdp__store_server_start(pdp__store_server **out, const c
                         host, gai_strerror(rc));
     }
     for (ai = res; ai; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
-        if (fd < 0) {
-            pdp__store_errstr(errno, why, sizeof why);
+        pdp__sock fd = pdp__sock_open(ai->ai_family, ai->ai_socktype, ai->ai_protocol, false);
+        if (fd == PDP__SOCK_NONE) {
+            pdp__errstr(pdp__sock_error(), why, sizeof why);
             continue;
         }
+#ifdef PDP__POSIX /* Winsock's SO_REUSEADDR would let another process bind the same port */
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 128) == 0) {
+#else
+        (void)one;
+#endif
+        if (bind(fd, ai->ai_addr, (socklen_t)ai->ai_addrlen) == 0 && listen(fd, 128) == 0) {
             srv->listen_fd = fd;
             break;
         }
-        pdp__store_errstr(errno, why, sizeof why);
-        close(fd);
+        pdp__errstr(pdp__sock_error(), why, sizeof why);
+        pdp__sock_close(fd);
     }
     freeaddrinfo(res);
-    if (srv->listen_fd < 0) {
+    if (srv->listen_fd == PDP__SOCK_NONE) {
         pdp__store_server_free(srv);
         return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot listen on %s:%d: %s", host, *port,
                         why);
     }
-    pdp__store_tune(srv->listen_fd, false);
-    *port = pdp__store_port_of(srv->listen_fd);
-    if (pipe(srv->wake) != 0) {
-        srv->wake[0] = srv->wake[1] = -1;
+    *port = pdp__sock_port(srv->listen_fd);
+    if ((rc = pdp__wake_open(&srv->wake)) != 0) {
         pdp__store_server_free(srv);
-        return pdp__err(PDP_ERR_COMM, "pdp_store_create: pipe failed: %s",
-                        pdp__store_errstr(errno, why, sizeof why));
+        return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot open the wake channel: %s",
+                        pdp__errstr(rc, why, sizeof why));
     }
-    pdp__store_tune(srv->wake[0], false);
-    pdp__store_tune(srv->wake[1], false);
-    if ((rc = pthread_create(&srv->thread, NULL, pdp__store_serve, srv)) != 0) {
+    if ((rc = pdp__thread_create(&srv->thread, pdp__store_serve, srv)) != 0) {
         pdp__store_server_free(srv);
         return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot start the server thread: %s",
-                        pdp__store_errstr(rc, why, sizeof why));
+                        pdp__errstr(rc, why, sizeof why));
     }
     *out = srv;
     return PDP_OK;
@@ -6538,49 +7582,23 @@ PDP__PRIVATE pdp_status pdp__store_server_start(pdp__store_server **out, const c
 
 PDP__PRIVATE void pdp__store_server_stop(pdp__store_server *srv)
 {
-    char byte = 1;
     if (!srv) return;
-    while (write(srv->wake[1], &byte, 1) < 0 && errno == EINTR) {
-    }
-    pthread_join(srv->thread, NULL);
+    pdp__wake_signal(&srv->wake);
+    pdp__thread_join(&srv->thread);
     pdp__store_server_free(srv);
 }
 
 /* ---- client ---- */
 
 struct pdp_store {
-    int fd;                     /* connection to the server; -1 once it broke */
-    pthread_mutex_t lock;       /* one request at a time on this handle */
+    pdp__sock fd;               /* connection to the server; PDP__SOCK_NONE once it broke */
+    pdp__mutex lock;       /* one request at a time on this handle */
     char host[256];             /* as given (the server's own client may use loopback) */
     int port;
     int world_size;
     double timeout_s;
     pdp__store_server *server;  /* on the serving rank only */
 };
-
-/* One non-blocking connect to ai, bounded by deadline; the fd, or -1 with why. */
-PDP__PRIVATE int pdp__store_try_connect(const struct addrinfo *ai, double deadline, char *why,
-                                        size_t cap)
-{
-    int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol), err = 0, r;
-    socklen_t len = sizeof err;
-    if (fd < 0) {
-        pdp__store_errstr(errno, why, cap);
-        return -1;
-    }
-    pdp__store_tune(fd, true);
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) return fd;
-    if (errno != EINPROGRESS && errno != EINTR) {
-        pdp__store_errstr(errno, why, cap);
-        close(fd);
-        return -1;
-    }
-    r = pdp__store_poll1(fd, POLLOUT, deadline);
-    if (r == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) return fd;
-    pdp__store_errstr(r == 0 ? ETIMEDOUT : r < 0 ? errno : err, why, cap);
-    close(fd);
-    return -1;
-}
 
 /* Connects s->fd to host:s->port, retrying until timeout_s has passed. */
 PDP__PRIVATE pdp_status pdp__store_connect(pdp_store *s, const char *host)
@@ -6598,10 +7616,10 @@ PDP__PRIVATE pdp_status pdp__store_connect(pdp_store *s, const char *host)
         hints.ai_flags = AI_NUMERICSERV;
         rc = getaddrinfo(host, service, &hints, &res);
         if (rc == 0) {
-            for (ai = res; ai && s->fd < 0; ai = ai->ai_next)
-                s->fd = pdp__store_try_connect(ai, deadline, why, sizeof why);
+            for (ai = res; ai && s->fd == PDP__SOCK_NONE; ai = ai->ai_next)
+                s->fd = pdp__sock_connect(ai, deadline, why, sizeof why);
             freeaddrinfo(res);
-            if (s->fd >= 0) return PDP_OK;
+            if (s->fd != PDP__SOCK_NONE) return PDP_OK;
         } else if (rc == EAI_AGAIN) {
             snprintf(why, sizeof why, "%s", gai_strerror(rc)); /* DNS not ready yet */
         } else {
@@ -6612,57 +7630,58 @@ PDP__PRIVATE pdp_status pdp__store_connect(pdp_store *s, const char *host)
         if (left <= 0)
             return pdp__err(PDP_ERR_TIMEOUT, "pdp_store_create: no store server at %s:%d within "
                             "%g s (last error: %s)", host, s->port, s->timeout_s, why);
-        pdp__store_sleep(PDP__MIN(backoff, left));
+        pdp__sleep_s(PDP__MIN(backoff, left));
         backoff = PDP__MIN(backoff * 2, 0.25);
     }
 }
 
 /* Sends out[0..bytes) or, with out NULL, receives into in[0..bytes), all of it by
    deadline: 0, or -1 with why filled. */
-PDP__PRIVATE int pdp__store_io(int fd, const unsigned char *out, unsigned char *in, size_t bytes,
+PDP__PRIVATE int pdp__store_io(pdp__sock fd, const unsigned char *out, unsigned char *in, size_t bytes,
                                double deadline, char *why, size_t cap)
 {
     size_t done = 0;
     while (done < bytes) {
-        ssize_t r = out ? send(fd, out + done, bytes - done, MSG_NOSIGNAL)
-                        : recv(fd, in + done, bytes - done, 0);
+        long r = out ? pdp__sock_send(fd, out + done, bytes - done)
+                     : pdp__sock_recv(fd, in + done, bytes - done);
+        int e = r < 0 ? pdp__sock_error() : 0;
         if (r > 0) {
             done += (size_t)r;
         } else if (r == 0) {
             snprintf(why, cap, "the server closed the connection");
             return -1;
-        } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-            int ready = pdp__store_poll1(fd, out ? POLLOUT : POLLIN, deadline);
+        } else if (pdp__sock_retry(e)) {
+            int ready = pdp__sock_wait(fd, out != NULL, deadline);
             if (ready == 0) {
                 snprintf(why, cap, "no answer from the server in time");
                 return -1;
             }
             if (ready < 0) {
-                pdp__store_errstr(errno, why, cap);
+                pdp__errstr(pdp__sock_error(), why, cap);
                 return -1;
             }
         } else {
-            pdp__store_errstr(errno, why, cap);
+            pdp__errstr(e, why, cap);
             return -1;
         }
     }
     return 0;
 }
 
-PDP__PRIVATE int pdp__store_send_all(int fd, const void *buf, size_t bytes, double deadline,
+PDP__PRIVATE int pdp__store_send_all(pdp__sock fd, const void *buf, size_t bytes, double deadline,
                                      char *why, size_t cap)
 {
     return pdp__store_io(fd, (const unsigned char *)buf, NULL, bytes, deadline, why, cap);
 }
 
-PDP__PRIVATE int pdp__store_recv_all(int fd, void *buf, size_t bytes, double deadline, char *why,
+PDP__PRIVATE int pdp__store_recv_all(pdp__sock fd, void *buf, size_t bytes, double deadline, char *why,
                                      size_t cap)
 {
     return pdp__store_io(fd, NULL, (unsigned char *)buf, bytes, deadline, why, cap);
 }
 
 /* Reads bytes from the connection into buf[0..cap) and throws away the rest. */
-PDP__PRIVATE int pdp__store_recv_into(int fd, void *buf, size_t cap, size_t bytes, double deadline,
+PDP__PRIVATE int pdp__store_recv_into(pdp__sock fd, void *buf, size_t cap, size_t bytes, double deadline,
                                       char *why, size_t why_cap)
 {
     unsigned char sink[4096];
@@ -6691,7 +7710,7 @@ PDP__PRIVATE pdp_status pdp__store_call(pdp_store *s, const char *fn, int op, co
     char why[160];
     pdp__store_hdr h;
 
-    if (s->fd < 0)
+    if (s->fd == PDP__SOCK_NONE)
         return pdp__err(PDP_ERR_COMM, "%s: the connection to the store at %s:%d was lost "
                         "by an earlier call", fn, s->host, s->port);
     pdp__store_pack(head, op, (uint32_t)key_bytes, (uint32_t)value_bytes, arg);
@@ -6723,8 +7742,8 @@ PDP__PRIVATE pdp_status pdp__store_call(pdp_store *s, const char *fn, int op, co
     if (reply_arg) *reply_arg = h.arg;
     return h.code == PDP__STORE_TIMEOUT ? PDP_ERR_TIMEOUT : PDP_OK;
 broken:
-    close(s->fd);
-    s->fd = -1;
+    pdp__sock_close(s->fd);
+    s->fd = PDP__SOCK_NONE;
     return pdp__err(PDP_ERR_COMM, "%s: key '%s': connection to the store at %s:%d failed: %s",
                     fn, key, s->host, s->port, why);
 }
@@ -6771,14 +7790,19 @@ PDP_API pdp_status pdp_store_create(pdp_store **out, const pdp_store_desc *desc)
 
     s = (pdp_store *)pdp__calloc(sizeof *s);
     if (!s) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: out of memory");
-    s->fd = -1;
+    s->fd = PDP__SOCK_NONE;
     strcpy(s->host, d.host);
     s->port = d.port;
     s->world_size = d.world_size;
     s->timeout_s = d.timeout_s;
-    if (pthread_mutex_init(&s->lock, NULL) != 0) {
+    if (pdp__mutex_init(&s->lock) != 0) {
         pdp__dealloc(s);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: pthread_mutex_init failed");
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: cannot create its lock");
+    }
+    if (pdp__sock_startup() != 0) {
+        pdp__mutex_destroy(&s->lock);
+        pdp__dealloc(s);
+        return pdp__err(PDP_ERR_COMM, "pdp_store_create: WSAStartup failed");
     }
     self = d.host;
     if (d.is_server) {
@@ -6803,9 +7827,9 @@ PDP_API pdp_status pdp_store_create(pdp_store **out, const pdp_store_desc *desc)
 PDP_API void pdp_store_free(pdp_store *s)
 {
     if (!s) return;
-    if (s->fd >= 0) close(s->fd);
+    if (s->fd != PDP__SOCK_NONE) pdp__sock_close(s->fd);
     pdp__store_server_stop(s->server);
-    pthread_mutex_destroy(&s->lock);
+    pdp__mutex_destroy(&s->lock);
     pdp__dealloc(s);
 }
 
@@ -6821,10 +7845,10 @@ PDP_API pdp_status pdp_store_set(pdp_store *s, const char *key, const void *valu
                         (unsigned long)PDP_STORE_MAX_VALUE);
     if (bytes && !value)
         return pdp__err(PDP_ERR_INVALID, "pdp_store_set: key '%s': value is NULL", key);
-    pthread_mutex_lock(&s->lock);
+    pdp__mutex_lock(&s->lock);
     st = pdp__store_call(s, "pdp_store_set", PDP__STORE_SET, key, value, bytes, 0, s->timeout_s,
                          NULL, 0, NULL, NULL);
-    pthread_mutex_unlock(&s->lock);
+    pdp__mutex_unlock(&s->lock);
     return st;
 }
 
@@ -6835,10 +7859,10 @@ PDP_API pdp_status pdp_store_get(pdp_store *s, const char *key, void *buf, size_
     pdp_status st = pdp__store_check(s, "pdp_store_get", key);
     if (st != PDP_OK) return st;
     if (cap && !buf) return pdp__err(PDP_ERR_INVALID, "pdp_store_get: key '%s': buf is NULL", key);
-    pthread_mutex_lock(&s->lock);
+    pdp__mutex_lock(&s->lock);
     st = pdp__store_call(s, "pdp_store_get", PDP__STORE_GET, key, NULL, 0,
                          pdp__store_ms(s->timeout_s), s->timeout_s, buf, cap, &got, NULL);
-    pthread_mutex_unlock(&s->lock);
+    pdp__mutex_unlock(&s->lock);
     if (bytes) *bytes = got;
     if (st == PDP_ERR_TIMEOUT)
         return pdp__err(st, "pdp_store_get: key '%s' was not set within %g s (store %s:%d)", key,
@@ -6863,13 +7887,13 @@ PDP_API pdp_status pdp_store_wait(pdp_store *s, const char **keys, int n, double
         if ((st = pdp__store_check(s, "pdp_store_wait", keys[i])) != PDP_OK) return st;
     t = PDP__DEF(timeout_s, s->timeout_s);
     deadline = pdp__now() + t;
-    pthread_mutex_lock(&s->lock);
+    pdp__mutex_lock(&s->lock);
     for (i = 0; i < n && st == PDP_OK; i++) {
         double left = PDP__MAX(deadline - pdp__now(), 0.0);
         st = pdp__store_call(s, "pdp_store_wait", PDP__STORE_WAIT, keys[i], NULL, 0,
                              pdp__store_ms(left), left, NULL, 0, NULL, NULL);
     }
-    pthread_mutex_unlock(&s->lock);
+    pdp__mutex_unlock(&s->lock);
     if (st == PDP_ERR_TIMEOUT)
         return pdp__err(st, "pdp_store_wait: key '%s' (%d of %d) was not set within %g s "
                         "(store %s:%d)", keys[i - 1], i, n, t, s->host, s->port);
@@ -6881,10 +7905,10 @@ PDP_API pdp_status pdp_store_add(pdp_store *s, const char *key, int64_t delta, i
     uint64_t r = 0;
     pdp_status st = pdp__store_check(s, "pdp_store_add", key);
     if (st != PDP_OK) return st;
-    pthread_mutex_lock(&s->lock);
+    pdp__mutex_lock(&s->lock);
     st = pdp__store_call(s, "pdp_store_add", PDP__STORE_ADD, key, NULL, 0, (uint64_t)delta,
                          s->timeout_s, NULL, 0, NULL, &r);
-    pthread_mutex_unlock(&s->lock);
+    pdp__mutex_unlock(&s->lock);
     if (st == PDP_OK && result) *result = (int64_t)r;
     return st;
 }
@@ -7681,7 +8705,7 @@ PDP_API pdp_status pdp_tensor_xavier_uniform(pdp_tensor *t, pdp_rng *r, int64_t 
 /* #include "internal.h" (already above) */
 
 #if defined(__cplusplus)
-#  define PDP__GEMM_RESTRICT __restrict__
+#  define PDP__GEMM_RESTRICT PDP__RESTRICT
 #else
 #  define PDP__GEMM_RESTRICT restrict
 #endif
@@ -7759,7 +8783,7 @@ PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k
 #  define PDP__GEMM_VL 16
 
 /* Lane masks of a tile's nr valid columns, one per vector of a B row (nv of them). */
-static inline __attribute__((always_inline)) void pdp__gemm_col_masks(int nr, int nv,
+static inline PDP__ALWAYS_INLINE void pdp__gemm_col_masks(int nr, int nv,
                                                                       __mmask16 *mask)
 {
     int v;
@@ -7774,7 +8798,7 @@ static inline __attribute__((always_inline)) void pdp__gemm_col_masks(int nr, in
    as alpha * acc + beta * c, reading c only when beta != 0; a full tile unmasked.
    Always inlined: a call would take acc's address and keep the accumulators in
    memory. */
-static inline __attribute__((always_inline)) void pdp__gemm_store_acc(
+static inline PDP__ALWAYS_INLINE void pdp__gemm_store_acc(
     const __m512 *acc, int nv, float *c, int64_t ldc, int mr, int nr, float alpha, float beta)
 {
     __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
@@ -7799,7 +8823,7 @@ static inline __attribute__((always_inline)) void pdp__gemm_store_acc(
 }
 
 /* The MR x NR tile of the packed kernels. */
-static inline __attribute__((always_inline)) void pdp__gemm_store_tile(
+static inline PDP__ALWAYS_INLINE void pdp__gemm_store_tile(
     __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV], float *c, int64_t ldc, int mr, int nr, float alpha,
     float beta)
 {
@@ -8441,7 +9465,7 @@ PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k
 
 /* segs: the masked loads per vector (a constant after inlining, the rest of the
    masks zero when a vector has fewer), or 0: each vector's own count, nseg[v]. */
-static inline __attribute__((always_inline)) void pdp__gemm_kernel_runs_n(
+static inline PDP__ALWAYS_INLINE void pdp__gemm_kernel_runs_n(
     int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *b, const int64_t *brow,
     const int64_t *soff, const __mmask16 *smask, const int *nseg, float *c, int64_t ldc, int mr,
     int nr, float beta, const int segs)
@@ -8724,7 +9748,7 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
      depend on the thread count or on how the parts are cut. The emulation's AVX-512F
      and AVX2 kernels (FMAs under MXCSR DAZ/FTZ) gave the AVX512 path's bits on every
      input tried; its portable kernel gives them except for products below 2^-126.
-   - Paths are chosen by CPUID (checked once, pthread_once) and the OS's XCR0: the
+   - Paths are chosen by CPUID (checked once, pdp__once_run) and the OS's XCR0: the
      AVX512 kernel needs AVX512F, AVX512BW (the packing's vpermw), AVX512DQ (its
      vfpclassps), AVX512-BF16 and the zmm state enabled; the AMX
      kernel AMX-TILE, AMX-BF16, the tile state in XCR0 (bits 17, 18) and Linux's
@@ -8753,18 +9777,15 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
 #  define PDP__BF16_PAR_FLOPS 1.0e6
 #endif
 
-#if !defined(PDP_NO_SIMD) && (defined(__x86_64__) || defined(__i386__)) && \
-    (defined(__GNUC__) || defined(__clang__))
+#if !defined(PDP_NO_SIMD) && defined(PDP__X86_CPUID) && defined(PDP__HAVE_TARGET)
 #  define PDP__BF16_X86 1
-#  include <cpuid.h>
 #  include <immintrin.h>
 #else
 #  define PDP__BF16_X86 0
 #endif
-/* AMX: x86-64 Linux (the permission is an arch_prctl) and a compiler with the AMX
-   intrinsics (gcc 11, clang 12) */
-#if PDP__BF16_X86 && defined(__x86_64__) && defined(__linux__) && \
-    (__GNUC__ >= 11 || (defined(__clang__) && __clang_major__ >= 12))
+/* AMX: where platform.h can ask the OS's permission (x86-64 Linux's arch_prctl) and
+   the compiler has the AMX intrinsics (gcc 11, clang 12) */
+#if PDP__BF16_X86 && defined(PDP__HAVE_AMX_PERMIT)
 #  define PDP__BF16_AMX 1
 #else
 #  define PDP__BF16_AMX 0
@@ -8814,47 +9835,34 @@ typedef struct pdp__bf16_cpu {
 #define PDP__BF16_INTEL 1
 #define PDP__BF16_AMD 2
 
-static pthread_once_t pdp__bf16_once = PTHREAD_ONCE_INIT;
+static pdp__once pdp__bf16_once = PDP__ONCE_INIT;
 static pdp__bf16_cpu pdp__bf16_this; /* written once under pdp__bf16_once */
-
-#if PDP__BF16_AMX
-/* Linux's arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18): lets this
-   process use the AMX tile data (Linux 5.16 and later; before, or refused: an error).
-   The raw syscall (158 on x86-64): syscall(2) is not declared under strict C99's
-   _POSIX_C_SOURCE. 0 on success, else -errno. */
-PDP__PRIVATE long pdp__bf16_amx_permit(void)
-{
-    long ret;
-    __asm__ volatile("syscall"
-                     : "=a"(ret)
-                     : "0"(158L), "D"(0x1023L), "S"(18L)
-                     : "rcx", "r11", "memory");
-    return ret;
-}
-#endif
 
 PDP__PRIVATE void pdp__bf16_detect(void)
 {
 #if PDP__BF16_X86
     pdp__bf16_cpu *cpu = &pdp__bf16_this;
-    unsigned a, b, c, d, xcr0_lo = 0, xcr0_hi = 0;
-    unsigned b7 = 0, c7 = 0, d7 = 0, a71 = 0;
+    unsigned r[4], a, b, c, d;
+    unsigned b7 = 0, d7 = 0, a71 = 0;
     int fma;
     uint64_t xcr0;
-    if (!__get_cpuid(0, &a, &b, &c, &d)) return;
+    if (!pdp__cpuid(0, 0, r)) return;
+    b = r[1], c = r[2], d = r[3];
     if (b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu) cpu->vendor = PDP__BF16_INTEL;
     if (b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u) cpu->vendor = PDP__BF16_AMD;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    if (!pdp__cpuid(1, 0, r)) return;
+    a = r[0], c = r[2];
     cpu->family = (int)((a >> 8) & 0xfu);
     cpu->model = (int)((a >> 4) & 0xfu);
     if (cpu->family == 6 || cpu->family == 15) cpu->model += (int)((a >> 12) & 0xf0u);
     if (cpu->family == 15) cpu->family += (int)((a >> 20) & 0xffu);
     if (!(c & (1u << 27))) return; /* OSXSAVE */
     fma = (c & (1u << 12)) != 0;
-    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-    xcr0 = ((uint64_t)xcr0_hi << 32) | xcr0_lo;
-    if (__get_cpuid_count(7, 0, &a, &b7, &c7, &d7) && a >= 1)
-        __get_cpuid_count(7, 1, &a71, &b, &c, &d);
+    xcr0 = pdp__xgetbv0();
+    if (pdp__cpuid(7, 0, r)) {
+        b7 = r[1], d7 = r[3];
+        if (r[0] >= 1 && pdp__cpuid(7, 1, r)) a71 = r[0];
+    }
     /* XCR0: SSE, AVX state; AVX2 */
     cpu->emul256 = (xcr0 & 0x6u) == 0x6u && (b7 & (1u << 5)) && fma;
     /* XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM enabled by the OS; AVX512F */
@@ -8865,7 +9873,9 @@ PDP__PRIVATE void pdp__bf16_detect(void)
     /* CPUID.7.0 EDX: AMX-BF16 (bit 22), AMX-TILE (24); XCR0: XTILECFG (17), XTILEDATA
        (18); then the kernel's permission, asked once for the process */
     cpu->amx = (d7 & (1u << 22)) && (d7 & (1u << 24)) && (xcr0 & 0x60000u) == 0x60000u &&
-               pdp__bf16_amx_permit() == 0;
+               pdp__amx_permit();
+#  else
+    (void)d7;
 #  endif
 #endif
 }
@@ -8892,7 +9902,7 @@ PDP__PRIVATE bool pdp__bf16_cpu_has(const pdp__bf16_cpu *cpu, pdp_bf16_path path
 
 PDP_API bool pdp_bf16_path_available(pdp_bf16_path path)
 {
-    pthread_once(&pdp__bf16_once, pdp__bf16_detect);
+    pdp__once_run(&pdp__bf16_once, pdp__bf16_detect);
     return pdp__bf16_cpu_has(&pdp__bf16_this, path);
 }
 
@@ -9001,7 +10011,7 @@ PDP__PRIVATE pdp_bf16_path pdp__bf16_choose(const pdp__bf16_cpu *cpu, pdp_trans 
 PDP_API pdp_bf16_path pdp_bf16_path_for(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
                                         int64_t k)
 {
-    pthread_once(&pdp__bf16_once, pdp__bf16_detect);
+    pdp__once_run(&pdp__bf16_once, pdp__bf16_detect);
     return pdp__bf16_choose(&pdp__bf16_this, ta, tb, m, n, k);
 }
 
@@ -9100,7 +10110,7 @@ PDP__PRIVATE void pdp__bf16_convert_emul(const float *x, uint16_t *h, int64_t n)
 }
 
 #if PDP__BF16_X86
-#  define PDP__BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16")))
+#  define PDP__BF16_TARGET PDP__TARGET("avx512f,avx512bw,avx512dq,avx512bf16")
 /* The zero-masking forms, with every lane kept, of the unpacks and extracts the packing
    uses: GCC's headers write the plain forms with _mm*_undefined_*() as the merge source
    (`__m512i __Y = __Y;`), which g++ and nvcc's host pass (not gcc) report as
@@ -9148,7 +10158,7 @@ PDP__BF16_TARGET static inline __m512i pdp__bf16_cvt2(__m512 lo, __m512 hi)
    pair p, as pair words to d + p width (wide: width >= 16; else width 8, rows 8-15 to
    d + panel + p width when two: both halves are in the padded rows); inlined with wide
    and two constant, so that the loop has no branch but the subnormal one. */
-PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pack_rows16(
+PDP__BF16_TARGET static inline PDP__ALWAYS_INLINE void pdp__bf16_pack_rows16(
     const float *x, int64_t ld, int64_t at, __mmask16 m, int64_t k, int width, int64_t panel,
     const int wide, const int two, uint32_t *d)
 {
@@ -9240,7 +10250,7 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_rows(const float *x, int64_t l
    adjacent words) and transposed in registers. A block of 16 whole pairs in a panel of
    width 8 is stored as 8 zmm of two pair rows each; the others lane by lane. Inlined
    with x or h NULL: x's rows at x + r ld, h's at h + off[r]. */
-PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pack_k_core(
+PDP__BF16_TARGET static inline PDP__ALWAYS_INLINE void pdp__bf16_pack_k_core(
     const float *x, const uint16_t *h, int64_t ld, const int64_t *off, int64_t r0, int rows,
     int64_t k, int width, uint32_t *dst)
 {
@@ -9434,7 +10444,7 @@ PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const
    kernel's corner). MXCSR is restored before C is written, so alpha and beta see the
    caller's modes as on the other paths. The bits equal the AVX512 path's on every input
    test_bf16 tries, subnormal-heavy ones included. */
-#  define PDP__BF16_EMUL_TARGET __attribute__((target("avx512f")))
+#  define PDP__BF16_EMUL_TARGET PDP__TARGET("avx512f")
 #  define PDP__BF16_EROW(i)                                                                   \
     do {                                                                                       \
         __m512i w = _mm512_set1_epi32((int)a[i]);                                             \
@@ -9448,7 +10458,7 @@ PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const
 
 /* The AVX-512 kernels' epilogue: C = alpha acc + beta C for the MR x NR tile in acc
    (pdp__bf16_out's rule, 16 columns at a time, masked at nr; C not read when beta == 0). */
-PDP__BF16_EMUL_TARGET static inline __attribute__((always_inline)) void pdp__bf16_store_tile512(
+PDP__BF16_EMUL_TARGET static inline PDP__ALWAYS_INLINE void pdp__bf16_store_tile512(
     __m512 acc[PDP__BF16_MR][2], float *c, int64_t ldc, int mr, int nr, float alpha, float beta)
 {
     __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
@@ -9513,7 +10523,7 @@ PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul512(int64_t pairs, 
    accumulators, B's 4 widened vectors, A's two halves), so the tile is four passes over
    the pairs, each element's chain the same. MXCSR as above; the results go through acc
    to pdp__bf16_out (alpha acc + beta c, as the portable kernel writes them). */
-#  define PDP__BF16_EMUL2_TARGET __attribute__((target("avx2,fma")))
+#  define PDP__BF16_EMUL2_TARGET PDP__TARGET("avx2,fma")
 #  define PDP__BF16_EROW2(i)                                                                  \
     do {                                                                                       \
         __m256i w = _mm256_set1_epi32((int)a[i]);                                             \
@@ -10121,7 +11131,7 @@ PDP__PRIVATE void pdp__amx_emu_dp(pdp__amx_tiles *e, int c, int a, int b)
 #    define PDP__AMX_OP(e, emu, hw) emu
 #  endif
 #  if PDP__BF16_AMX
-#    define PDP__AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#    define PDP__AMX_TARGET PDP__TARGET("amx-tile,amx-bf16")
 #  else
 #    define PDP__AMX_TARGET
 #  endif
@@ -10854,20 +11864,6 @@ PDP__PRIVATE pdp_status pdp__rendezvous_share(pdp_store *store, const pdp_env_in
 
 /* #include "internal.h" (already above) */
 
-/* *ts = CLOCK_MONOTONIC now + seconds, for pthread_cond_timedwait on a condition
-   variable created with a monotonic clock. */
-PDP__PRIVATE void pdp__deadline(struct timespec *ts, double seconds)
-{
-    double whole = floor(seconds);
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += (time_t)whole;
-    ts->tv_nsec += (long)((seconds - whole) * 1e9);
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
 #define PDP__MSG_CAP 512 /* bytes of a collective's failure message */
 
 #define PDP__COMM_TIMEOUT_DEFAULT 300.0 /* seconds, when a desc's timeout_s is 0 */
@@ -10947,10 +11943,10 @@ struct pdp__workq {
     int trace_pid;                 /* the trace's process lane (MPI: the world rank) */
     const char *limit_macro;       /* "PDP_LOCAL_MAX_INFLIGHT": how to raise capacity */
     int capacity;
-    pthread_mutex_t mu;
-    pthread_cond_t wake;           /* queue not empty, or stopping */
-    pthread_cond_t done;           /* a handle completed */
-    pthread_t thread;
+    pdp__mutex mu;
+    pdp__cond wake;           /* queue not empty, or stopping */
+    pdp__cond done;           /* a handle completed */
+    pdp__thread thread;
     bool threaded;
     bool stopping;
     double stop_time;
@@ -10989,12 +11985,12 @@ PDP__PRIVATE void pdp__workq_run(pdp__workq *q, pdp__workq_item *w)
         snprintf(w->msg, sizeof w->msg, "%s #%lld not run: %.300s", w->head.op_name,
                  (long long)w->head.seq, q->broken_msg);
     } else {
-        pthread_mutex_unlock(&q->mu);
+        pdp__mutex_unlock(&q->mu);
         msg[0] = '\0';
         st = q->exec(q, w, msg, sizeof msg);
         t_done = pdp__now();
         pdp__workq_trace(q, w, t_start, t_done, st);
-        pthread_mutex_lock(&q->mu);
+        pdp__mutex_lock(&q->mu);
         if (st != PDP_OK && q->sticky && !q->broken) {
             q->broken = true;
             q->broken_status = st;
@@ -11005,24 +12001,24 @@ PDP__PRIVATE void pdp__workq_run(pdp__workq *q, pdp__workq_item *w)
         if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
     }
     w->done = true;
-    pthread_cond_broadcast(&q->done);
+    pdp__cond_broadcast(&q->done);
 }
 
 PDP__PRIVATE void *pdp__workq_progress(void *arg)
 {
     pdp__workq *q = (pdp__workq *)arg;
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     for (;;) {
         pdp__workq_item *w;
         while (!q->q_head && !q->stopping)
-            if (!q->idle || !q->idle(q)) pthread_cond_wait(&q->wake, &q->mu);
+            if (!q->idle || !q->idle(q)) pdp__cond_wait(&q->wake, &q->mu);
         if (!q->q_head) break; /* stopping with nothing queued */
         w = q->q_head;
         q->q_head = w->next;
         if (!q->q_head) q->q_tail = NULL;
         pdp__workq_run(q, w);
     }
-    pthread_mutex_unlock(&q->mu);
+    pdp__mutex_unlock(&q->mu);
     return NULL;
 }
 
@@ -11032,7 +12028,6 @@ PDP__PRIVATE void *pdp__workq_progress(void *arg)
 PDP__PRIVATE pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capacity,
                                         const char *limit_macro, bool threaded, const char *fn)
 {
-    pthread_condattr_t ca;
     int i;
     q->capacity = capacity;
     q->limit_macro = limit_macro;
@@ -11040,17 +12035,14 @@ PDP__PRIVATE pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, in
         pool[i].next = q->free_list;
         q->free_list = &pool[i];
     }
-    pthread_mutex_init(&q->mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* pdp__workq_nap's timed wait */
-    pthread_cond_init(&q->wake, &ca);
-    pthread_cond_init(&q->done, &ca); /* a message's wait times out */
-    pthread_condattr_destroy(&ca);
+    pdp__mutex_init(&q->mu);
+    pdp__cond_init(&q->wake); /* pdp__workq_nap's timed wait */
+    pdp__cond_init(&q->done); /* a message's wait times out */
     q->threaded = threaded;
-    if (threaded && pthread_create(&q->thread, NULL, pdp__workq_progress, q) != 0) {
-        pthread_mutex_destroy(&q->mu);
-        pthread_cond_destroy(&q->wake);
-        pthread_cond_destroy(&q->done);
+    if (threaded && pdp__thread_create(&q->thread, pdp__workq_progress, q) != 0) {
+        pdp__mutex_destroy(&q->mu);
+        pdp__cond_destroy(&q->wake);
+        pdp__cond_destroy(&q->done);
         return pdp__err(PDP_ERR_WORKER, "%s: cannot start the progress thread of rank %d", fn,
                         q->comm->rank);
     }
@@ -11061,10 +12053,10 @@ PDP__PRIVATE pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, in
 PDP__PRIVATE bool pdp__workq_stopping(pdp__workq *q, double *since)
 {
     bool s;
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     s = q->stopping;
     *since = q->stop_time;
-    pthread_mutex_unlock(&q->mu);
+    pdp__mutex_unlock(&q->mu);
     return s;
 }
 
@@ -11076,15 +12068,14 @@ PDP__PRIVATE bool pdp__workq_stopping(pdp__workq *q, double *since)
    collective's completion at once. */
 PDP__PRIVATE bool pdp__workq_nap(pdp__workq *q, double seconds, bool eager)
 {
-    struct timespec deadline;
+    double deadline = pdp__now() + seconds;
     bool slept = false;
-    pdp__deadline(&deadline, seconds);
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     if (!eager || !q->waiters) {
-        pthread_cond_timedwait(&q->wake, &q->mu, &deadline);
+        pdp__cond_timedwait(&q->wake, &q->mu, deadline);
         slept = true;
     }
-    pthread_mutex_unlock(&q->mu);
+    pdp__mutex_unlock(&q->mu);
     return slept;
 }
 
@@ -11092,16 +12083,16 @@ PDP__PRIVATE bool pdp__workq_nap(pdp__workq *q, double seconds, bool eager)
 PDP__PRIVATE void pdp__workq_shutdown(pdp__workq *q)
 {
     if (q->threaded) {
-        pthread_mutex_lock(&q->mu);
+        pdp__mutex_lock(&q->mu);
         q->stopping = true;
         q->stop_time = pdp__now();
-        pthread_cond_signal(&q->wake);
-        pthread_mutex_unlock(&q->mu);
-        pthread_join(q->thread, NULL);
+        pdp__cond_signal(&q->wake);
+        pdp__mutex_unlock(&q->mu);
+        pdp__thread_join(&q->thread);
     }
-    pthread_mutex_destroy(&q->mu);
-    pthread_cond_destroy(&q->wake);
-    pthread_cond_destroy(&q->done);
+    pdp__mutex_destroy(&q->mu);
+    pdp__cond_destroy(&q->wake);
+    pdp__cond_destroy(&q->done);
 }
 
 /* Takes a handle, fills it and queues it (or runs it inline without a thread). */
@@ -11109,17 +12100,17 @@ PDP__PRIVATE pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *arg
 {
     pdp__workq *q = (pdp__workq *)c->impl;
     pdp__workq_item *w;
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     if (q->broken) {
         pdp_status st = q->broken_status;
         pdp__err(st, "%s on comm '%s' (rank %d of %d): the communicator is broken: %s",
                  pdp__op_names[args->kind], c->name, c->rank, c->size, q->broken_msg);
-        pthread_mutex_unlock(&q->mu);
+        pdp__mutex_unlock(&q->mu);
         return st;
     }
     w = q->free_list;
     if (!w) {
-        pthread_mutex_unlock(&q->mu);
+        pdp__mutex_unlock(&q->mu);
         return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait for "
                         "some (%s)", q->capacity, c->name, c->rank, q->limit_macro);
     }
@@ -11140,11 +12131,11 @@ PDP__PRIVATE pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *arg
         if (q->q_tail) q->q_tail->next = w;
         else q->q_head = w;
         q->q_tail = w;
-        pthread_cond_signal(&q->wake);
+        pdp__cond_signal(&q->wake);
     } else {
         pdp__workq_run(q, w);
     }
-    pthread_mutex_unlock(&q->mu);
+    pdp__mutex_unlock(&q->mu);
     *out = &w->head;
     return PDP_OK;
 }
@@ -11164,16 +12155,16 @@ PDP__PRIVATE pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args,
 {
     pdp__workq *q = (pdp__workq *)c->impl;
     pdp__workq_item *w;
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     if (q->broken) {
         pdp_status st = q->broken_status;
         pdp__err(st, "%s on comm '%s' (rank %d of %d): the communicator is broken: %s",
                  pdp__op_names[args->kind], c->name, c->rank, c->size, q->broken_msg);
-        pthread_mutex_unlock(&q->mu);
+        pdp__mutex_unlock(&q->mu);
         return st;
     }
     if (!(w = q->free_list)) {
-        pthread_mutex_unlock(&q->mu);
+        pdp__mutex_unlock(&q->mu);
         return pdp__err(PDP_ERR_STATE, "%d collectives and messages in flight on comm '%s' "
                         "(rank %d): wait for some (%s)", q->capacity, c->name, c->rank,
                         q->limit_macro);
@@ -11192,7 +12183,7 @@ PDP__PRIVATE pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args,
     w->done = false;
     w->status = PDP_OK;
     w->msg[0] = '\0';
-    pthread_mutex_unlock(&q->mu);
+    pdp__mutex_unlock(&q->mu);
     *out = w;
     return PDP_OK;
 }
@@ -11200,11 +12191,11 @@ PDP__PRIVATE pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args,
 /* Returns a handle that was never handed out (its launch failed). */
 PDP__PRIVATE void pdp__workq_untake(pdp__workq *q, pdp__workq_item *w)
 {
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     q->p2p_live--;
     w->next = q->free_list;
     q->free_list = w;
-    pthread_mutex_unlock(&q->mu);
+    pdp__mutex_unlock(&q->mu);
 }
 
 /* Completes a message's handle (q->mu not held); msg without a function-name prefix. */
@@ -11213,14 +12204,14 @@ PDP__PRIVATE void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_statu
 {
     double t = pdp__now();
     pdp__workq_trace(q, w, w->head.t_start, t, st);
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     w->head.t_done = t;
     w->status = st;
     if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
     w->done = true;
     q->p2p_live--;
-    pthread_cond_broadcast(&q->done);
-    pthread_mutex_unlock(&q->mu);
+    pdp__cond_broadcast(&q->done);
+    pdp__mutex_unlock(&q->mu);
 }
 
 /* "recv #4 (count 7) from rank 1 with tag 5 on comm 'comm', rank 0 of 2" */
@@ -11247,24 +12238,22 @@ PDP__PRIVATE void pdp__workq_p2p_block(pdp__workq *q, pdp__workq_item *w)
 {
     double deadline = w->head.t_start + w->head.comm->timeout_s;
     while (!w->done) {
-        struct timespec ts;
         double now = pdp__now(), nap;
         if (q->p2p_poll) {
-            pthread_mutex_unlock(&q->mu);
+            pdp__mutex_unlock(&q->mu);
             q->p2p_poll(q);
-            pthread_mutex_lock(&q->mu);
+            pdp__mutex_lock(&q->mu);
             if (w->done) break;
         }
         if (now > deadline) {
-            pthread_mutex_unlock(&q->mu);
+            pdp__mutex_unlock(&q->mu);
             q->p2p_expire(q, w);
-            pthread_mutex_lock(&q->mu);
+            pdp__mutex_lock(&q->mu);
             if (w->done) break;
         }
         nap = now > deadline ? 100e-6 : deadline - now + 1e-4; /* past it: a withdrawal's grace */
         if (q->p2p_poll && nap > 100e-6) nap = 100e-6;
-        pdp__deadline(&ts, nap);
-        pthread_cond_timedwait(&q->done, &q->mu, &ts);
+        pdp__cond_timedwait(&q->done, &q->mu, pdp__now() + nap);
     }
 }
 
@@ -11273,17 +12262,17 @@ PDP__PRIVATE pdp_status pdp__workq_wait(pdp_work *work)
     pdp__workq_item *w = (pdp__workq_item *)work;
     pdp__workq *q = (pdp__workq *)work->comm->impl;
     pdp_status st;
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     q->waiters++;
-    pthread_cond_signal(&q->wake); /* ends a pdp__workq_nap: poll hard from now on */
+    pdp__cond_signal(&q->wake); /* ends a pdp__workq_nap: poll hard from now on */
     if (w->p2p) pdp__workq_p2p_block(q, w);
-    while (!w->done) pthread_cond_wait(&q->done, &q->mu); /* exec times out */
+    while (!w->done) pdp__cond_wait(&q->done, &q->mu); /* exec times out */
     q->waiters--;
     st = w->status;
     if (st != PDP_OK) pdp__err(st, "%s", w->msg);
     w->next = q->free_list; /* recycled; the head stays readable until the next launch */
     q->free_list = w;
-    pthread_mutex_unlock(&q->mu);
+    pdp__mutex_unlock(&q->mu);
     return st;
 }
 
@@ -11293,9 +12282,9 @@ PDP__PRIVATE bool pdp__workq_done(pdp_work *work)
     pdp__workq *q = (pdp__workq *)work->comm->impl;
     bool d;
     if (w->p2p && q->p2p_poll) q->p2p_poll(q);
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     d = w->done;
-    pthread_mutex_unlock(&q->mu);
+    pdp__mutex_unlock(&q->mu);
     return d;
 }
 
@@ -11393,8 +12382,8 @@ PDP__PRIVATE pdp_status pdp__workq_broadcast_bytes(pdp_comm *c, void *buf, size_
    about 2(N-1)/N of the buffer for an all-reduce, the ring figure), and a
    rank's buffers are only written by progress threads between A and B.
 
-   Faults never hang: every wait in a barrier is a pthread_cond_timedwait on
-   CLOCK_MONOTONIC against the group's timeout_s. A rank that does not arrive
+   Faults never hang: every wait in a barrier is a pdp__cond_timedwait on
+   the monotonic clock against the group's timeout_s. A rank that does not arrive
    makes the others fail with PDP_ERR_TIMEOUT naming the collective, its
    sequence number and the missing rank; a rank whose communicator is freed
    marks itself as gone, and a rank waiting for it fails at once with
@@ -11423,8 +12412,8 @@ struct pdp_local_group {
     double timeout_s;
     pdp_device device;
     char name[32];
-    pthread_mutex_t mu;
-    pthread_cond_t cv;        /* barrier progress, departures, breakage */
+    pdp__mutex mu;
+    pdp__cond cv;        /* barrier progress, departures, breakage */
     int arrived;              /* ranks in the current barrier */
     uint64_t gen;             /* barriers completed */
     int64_t *phase;           /* per rank: barriers entered */
@@ -11444,7 +12433,6 @@ PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
 {
     static const char *fn = "pdp_local_group_create";
     pdp_local_group *g;
-    pthread_condattr_t ca;
     double timeout;
     pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
@@ -11478,11 +12466,8 @@ PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
         pdp__dealloc(g);
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d ranks", fn, world_size);
     }
-    pthread_mutex_init(&g->mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&g->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    pdp__mutex_init(&g->mu);
+    pdp__cond_init(&g->cv);
     *out = g;
     return PDP_OK;
 }
@@ -11490,8 +12475,8 @@ PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
 PDP_API void pdp_local_group_free(pdp_local_group *g)
 {
     if (!g) return;
-    pthread_mutex_destroy(&g->mu);
-    pthread_cond_destroy(&g->cv);
+    pdp__mutex_destroy(&g->mu);
+    pdp__cond_destroy(&g->cv);
     pdp__dealloc(g->phase);
     pdp__dealloc(g->slot);
     pdp__dealloc(g->joined);
@@ -11506,7 +12491,7 @@ PDP__PRIVATE void pdp__group_break(pdp_local_group *g, pdp_status st, const char
     g->broken = true;
     g->broken_status = st;
     snprintf(g->broken_msg, sizeof g->broken_msg, "%s", msg);
-    pthread_cond_broadcast(&g->cv);
+    pdp__cond_broadcast(&g->cv);
 }
 
 /* "allreduce #7 (count 1024) on comm 'comm', rank 0 of 2" */
@@ -11549,14 +12534,14 @@ PDP__PRIVATE bool pdp__group_validate(pdp_local_group *g)
 PDP__PRIVATE pdp_status pdp__group_barrier(pdp_local_group *g, int rank, const pdp__coll_args *args,
                                            bool publish, char *msg, size_t cap)
 {
-    struct timespec deadline;
+    double deadline;
     uint64_t gen;
     int64_t my_phase;
     char what[160];
     pdp_status st = PDP_OK;
     pdp__coll_describe(g, rank, args, what, sizeof what);
-    pdp__deadline(&deadline, g->timeout_s);
-    pthread_mutex_lock(&g->mu);
+    deadline = pdp__now() + g->timeout_s;
+    pdp__mutex_lock(&g->mu);
     if (g->broken) {
         snprintf(msg, cap, "%.150s: the group is broken: %.300s", what, g->broken_msg);
         st = g->broken_status;
@@ -11569,7 +12554,7 @@ PDP__PRIVATE pdp_status pdp__group_barrier(pdp_local_group *g, int rank, const p
         g->arrived = 0;
         if (!publish || pdp__group_validate(g)) {
             g->gen++;
-            pthread_cond_broadcast(&g->cv);
+            pdp__cond_broadcast(&g->cv);
         }
     }
     while (g->gen == gen) {
@@ -11595,7 +12580,7 @@ PDP__PRIVATE pdp_status pdp__group_barrier(pdp_local_group *g, int rank, const p
                 pdp__group_break(g, st, msg);
                 goto out;
             }
-        rc = pthread_cond_timedwait(&g->cv, &g->mu, &deadline);
+        rc = pdp__cond_timedwait(&g->cv, &g->mu, deadline);
         if (rc == ETIMEDOUT && g->gen == gen && !g->broken) {
             size_t n;
             n = (size_t)snprintf(msg, cap, "%s: no arrival within %.3g s from rank", what,
@@ -11611,7 +12596,7 @@ PDP__PRIVATE pdp_status pdp__group_barrier(pdp_local_group *g, int rank, const p
         }
     }
 out:
-    pthread_mutex_unlock(&g->mu);
+    pdp__mutex_unlock(&g->mu);
     return st;
 }
 
@@ -11834,14 +12819,14 @@ PDP__PRIVATE pdp_status pdp__local_p2p(pdp_comm *c, pdp__coll_kind kind, float *
     if (kind == PDP__COLL_SEND) a.send = buf;
     else a.recv = buf;
     if ((st = pdp__workq_take(c, &a, &w)) != PDP_OK) return st;
-    pthread_mutex_lock(&g->mu);
+    pdp__mutex_lock(&g->mu);
     if (g->broken || g->gone[peer]) {
         char what[200];
         pdp__p2p_describe(w, what, sizeof what);
         st = g->broken ? g->broken_status : PDP_ERR_COMM;
         if (g->broken) pdp__err(st, "%.200s: the group is broken: %.250s", what, g->broken_msg);
         else pdp__err(st, "%s: rank %d left the group (freed its communicator)", what, peer);
-        pthread_mutex_unlock(&g->mu);
+        pdp__mutex_unlock(&g->mu);
         pdp__workq_untake(q, w);
         return st;
     }
@@ -11858,7 +12843,7 @@ PDP__PRIVATE pdp_status pdp__local_p2p(pdp_comm *c, pdp__coll_kind kind, float *
         else g->p2p_head = w;
         g->p2p_tail = w;
     }
-    pthread_mutex_unlock(&g->mu);
+    pdp__mutex_unlock(&g->mu);
     *out = &w->head;
     return PDP_OK;
 }
@@ -11880,9 +12865,9 @@ PDP__PRIVATE void pdp__local_p2p_expire(pdp__workq *q, pdp__workq_item *w)
     pdp_local_group *g = ((pdp__local_comm *)q->comm)->g;
     char msg[PDP__MSG_CAP];
     bool withdrawn;
-    pthread_mutex_lock(&g->mu);
+    pdp__mutex_lock(&g->mu);
     withdrawn = pdp__mailbox_remove(g, w);
-    pthread_mutex_unlock(&g->mu);
+    pdp__mutex_unlock(&g->mu);
     if (!withdrawn) return; /* matched meanwhile: completed */
     pdp__workq_p2p_timeout_msg(w, msg, sizeof msg);
     pdp__workq_finish(q, w, PDP_ERR_TIMEOUT, msg);
@@ -11934,16 +12919,16 @@ PDP__PRIVATE void pdp__local_destroy(pdp_comm *c)
     /* gone first: a progress thread blocked in a barrier on our behalf, or a peer
        waiting for us, wakes up and fails instead of waiting out the timeout */
     bool last;
-    pthread_mutex_lock(&g->mu);
+    pdp__mutex_lock(&g->mu);
     g->gone[c->rank] = true;
     pdp__mailbox_depart(g, c->rank);
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
+    pdp__cond_broadcast(&g->cv);
+    pdp__mutex_unlock(&g->mu);
     pdp__workq_shutdown(&lc->q);
     pdp__dealloc(lc);
-    pthread_mutex_lock(&g->mu);
+    pdp__mutex_lock(&g->mu);
     last = g->refs > 0 && --g->refs == 0;
-    pthread_mutex_unlock(&g->mu);
+    pdp__mutex_unlock(&g->mu);
     if (last) pdp_local_group_free(g); /* a split's group goes with its last communicator */
 }
 
@@ -11982,11 +12967,11 @@ PDP__PRIVATE pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int n
                                                  c->rank, colour, leader);
     if ((st = pdp_comm_create_local(out, g, new_rank)) != PDP_OK) {
         bool last;
-        pthread_mutex_lock(&g->mu);
+        pdp__mutex_lock(&g->mu);
         g->gone[new_rank] = true;
         last = --g->refs == 0;
-        pthread_cond_broadcast(&g->cv);
-        pthread_mutex_unlock(&g->mu);
+        pdp__cond_broadcast(&g->cv);
+        pdp__mutex_unlock(&g->mu);
         if (last) pdp_local_group_free(g);
     }
     return st;
@@ -12011,15 +12996,15 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
         return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, rank, g->size - 1);
     lc = (pdp__local_comm *)pdp__calloc(sizeof *lc);
     if (!lc) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory (rank %d)", fn, rank);
-    pthread_mutex_lock(&g->mu);
+    pdp__mutex_lock(&g->mu);
     if (g->joined[rank]) {
-        pthread_mutex_unlock(&g->mu);
+        pdp__mutex_unlock(&g->mu);
         pdp__dealloc(lc);
         return pdp__err(PDP_ERR_INVALID, "%s: rank %d of group '%s' already has a communicator",
                         fn, rank, g->name);
     }
     g->joined[rank] = true;
-    pthread_mutex_unlock(&g->mu);
+    pdp__mutex_unlock(&g->mu);
     lc->head.ops = &pdp__local_ops;
     lc->head.backend = PDP_BACKEND_LOCAL;
     lc->head.rank = rank;
@@ -12035,9 +13020,9 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
     /* world size 1: every collective is local and immediate, no thread */
     if ((st = pdp__workq_init(&lc->q, lc->pool, PDP_LOCAL_MAX_INFLIGHT, "PDP_LOCAL_MAX_INFLIGHT",
                               g->size > 1, fn)) != PDP_OK) {
-        pthread_mutex_lock(&g->mu);
+        pdp__mutex_lock(&g->mu);
         g->joined[rank] = false;
-        pthread_mutex_unlock(&g->mu);
+        pdp__mutex_unlock(&g->mu);
         pdp__dealloc(lc);
         return st;
     }
@@ -12118,7 +13103,6 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
 
 #ifdef PDP_MPI
 #include <mpi.h>
-#include <sched.h>
 
 #ifndef PDP_MPI_MAX_INFLIGHT
 #  define PDP_MPI_MAX_INFLIGHT 256 /* handles per MPI communicator */
@@ -12130,7 +13114,7 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
 
 /* ---- comm_mpi: process-wide MPI ownership ---- */
 
-static pthread_mutex_t pdp__mpi_mu = PTHREAD_MUTEX_INITIALIZER;
+static pdp__mutex pdp__mpi_mu = PDP__MUTEX_INIT;
 static int pdp__mpi_live;          /* MPI communicators alive */
 static bool pdp__mpi_we_init;      /* pdp called MPI_Init_thread, so it finalises */
 static bool pdp__mpi_unclean;      /* a request was abandoned: never call MPI_Finalize */
@@ -12157,7 +13141,7 @@ typedef struct pdp__mpi_comm {
     bool orphan;                 /* a timed-out request is still pending (q.mu) */
     MPI_Request orphan_req;
     bool traced;                 /* pdp__trace_open succeeded: close at free */
-    pthread_mutex_t p2p_mu;      /* guards p2p[] and every MPI call on its requests */
+    pdp__mutex p2p_mu;      /* guards p2p[] and every MPI call on its requests */
     int p2p_active;              /* messages in flight */
     int n_abandoned;             /* timed-out requests MPI did not cancel (p2p_mu) */
     MPI_Request abandoned[PDP_MPI_MAX_INFLIGHT];
@@ -12218,9 +13202,9 @@ PDP__PRIVATE void pdp__mpi_abandon(pdp__mpi_comm *mc, MPI_Request *req)
         return;
     }
     MPI_Request_free(req); /* no room: MPI may still need it, so never finalise */
-    pthread_mutex_lock(&pdp__mpi_mu);
+    pdp__mutex_lock(&pdp__mpi_mu);
     pdp__mpi_unclean = true;
-    pthread_mutex_unlock(&pdp__mpi_mu);
+    pdp__mutex_unlock(&pdp__mpi_mu);
 }
 
 /* Advances one message at time now (p2p_mu held): matches, completes, or expires it. */
@@ -12297,7 +13281,7 @@ PDP__PRIVATE void pdp__mpi_p2p_poll(pdp__workq *q)
     pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
     double now = pdp__now();
     int i;
-    pthread_mutex_lock(&mc->p2p_mu);
+    pdp__mutex_lock(&mc->p2p_mu);
     for (i = 0; i < PDP_MPI_MAX_INFLIGHT && mc->p2p_active; i++)
         if (mc->p2p[i].active) pdp__mpi_p2p_step(mc, &mc->pool[i], now);
     for (i = mc->n_abandoned - 1; i >= 0; i--) {
@@ -12305,7 +13289,7 @@ PDP__PRIVATE void pdp__mpi_p2p_poll(pdp__workq *q)
         if (MPI_Test(&mc->abandoned[i], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag)
             mc->abandoned[i] = mc->abandoned[--mc->n_abandoned];
     }
-    pthread_mutex_unlock(&mc->p2p_mu);
+    pdp__mutex_unlock(&mc->p2p_mu);
 }
 
 /* The queue's p2p_expire: a poll past w's deadline cancels it (and every other overdue
@@ -12335,7 +13319,7 @@ PDP__PRIVATE pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, fl
     else a.recv = buf;
     if ((st = pdp__workq_take(c, &a, &w)) != PDP_OK) return st;
     p = &mc->p2p[w - mc->pool];
-    pthread_mutex_lock(&mc->p2p_mu);
+    pdp__mutex_lock(&mc->p2p_mu);
     p->posted = kind == PDP__COLL_SEND;
     p->cancel_by = 0.0;
     if (kind == PDP__COLL_SEND) /* synchronous: complete once received (see above) */
@@ -12345,7 +13329,7 @@ PDP__PRIVATE pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, fl
         mc->p2p_active++;
         pdp__mpi_p2p_step(mc, w, w->head.t_start); /* a receive whose message is here matches */
     }
-    pthread_mutex_unlock(&mc->p2p_mu);
+    pdp__mutex_unlock(&mc->p2p_mu);
     if (rc != MPI_SUCCESS) {
         char e[256];
         pdp__mpi_errstr(rc, e, sizeof e);
@@ -12410,7 +13394,7 @@ PDP__PRIVATE pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item 
            200 us (500 us once a peer has kept us 20 ms), since a yielding poller would
            take a share of a core from backward or from whatever keeps the peer busy */
         if (!pdp__workq_nap(&mc->q, now - t0 < 20e-3 ? 200e-6 : 500e-6, now - t0 < 2e-3))
-            sched_yield();
+            pdp__yield();
     }
 }
 
@@ -12547,10 +13531,10 @@ PDP__PRIVATE pdp_status pdp__mpi_exec(pdp__workq *q, pdp__workq_item *w, char *m
     MPI_Request req;
     pdp_status st = pdp__mpi_run(mc, w, &req, msg, cap);
     if (st != PDP_OK && req != MPI_REQUEST_NULL) {
-        pthread_mutex_lock(&q->mu);
+        pdp__mutex_lock(&q->mu);
         mc->orphan = true;
         mc->orphan_req = req;
-        pthread_mutex_unlock(&q->mu);
+        pdp__mutex_unlock(&q->mu);
     }
     return st;
 }
@@ -12559,8 +13543,7 @@ PDP__PRIVATE pdp_status pdp__mpi_exec(pdp__workq *q, pdp__workq_item *w, char *m
 PDP__PRIVATE bool pdp__mpi_orphan_test(MPI_Request *req)
 {
     int flag = 0;
-    struct timespec ts = {0, 1000000}; /* 1 ms */
-    nanosleep(&ts, NULL);
+    pdp__sleep_s(1e-3);
     if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 0;
     return flag != 0;
 }
@@ -12572,17 +13555,16 @@ PDP__PRIVATE bool pdp__mpi_idle(pdp__workq *q)
     pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
     bool done;
     if (q->p2p_live) { /* keep messages moving while the rank computes */
-        struct timespec ts = {0, 200000}; /* 200 us */
-        pthread_mutex_unlock(&q->mu);
+        pdp__mutex_unlock(&q->mu);
         pdp__mpi_p2p_poll(q);
-        nanosleep(&ts, NULL);
-        pthread_mutex_lock(&q->mu);
+        pdp__sleep_s(200e-6);
+        pdp__mutex_lock(&q->mu);
         return true;
     }
     if (!mc->orphan) return false;
-    pthread_mutex_unlock(&q->mu);
+    pdp__mutex_unlock(&q->mu);
     done = pdp__mpi_orphan_test(&mc->orphan_req);
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     if (done) mc->orphan = false;
     return true;
 }
@@ -12594,11 +13576,10 @@ PDP__PRIVATE bool pdp__mpi_poll_until(MPI_Request *req, double deadline)
 {
     for (;;) {
         int flag = 0;
-        struct timespec ts = {0, 100000}; /* 100 us: creation and shutdown only */
         if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
         if (flag) return true;
         if (pdp__now() > deadline) return false;
-        nanosleep(&ts, NULL);
+        pdp__sleep_s(100e-6); /* creation and shutdown only */
     }
 }
 
@@ -12606,7 +13587,7 @@ PDP__PRIVATE bool pdp__mpi_poll_until(MPI_Request *req, double deadline)
    (after completing a timed-out duplication, if its late rank came after all). */
 PDP__PRIVATE void pdp__mpi_release(void)
 {
-    pthread_mutex_lock(&pdp__mpi_mu);
+    pdp__mutex_lock(&pdp__mpi_mu);
     if (--pdp__mpi_live == 0 && pdp__mpi_init_orphan) {
         if (pdp__mpi_poll_until(&pdp__mpi_init_req, pdp__now() + PDP__MPI_FREE_GRACE_S)) {
             MPI_Comm_free(&pdp__mpi_init_comm);
@@ -12621,7 +13602,7 @@ PDP__PRIVATE void pdp__mpi_release(void)
         if (!finalized) MPI_Finalize();
         pdp__mpi_we_init = false;
     }
-    pthread_mutex_unlock(&pdp__mpi_mu);
+    pdp__mutex_unlock(&pdp__mpi_mu);
 }
 
 PDP__PRIVATE void pdp__mpi_destroy(pdp_comm *c)
@@ -12633,7 +13614,7 @@ PDP__PRIVATE void pdp__mpi_destroy(pdp_comm *c)
     pdp__workq_shutdown(&mc->q);
     /* messages never waited: an unmatched receive is dropped, the rest cancelled, all at
        once, then given one shared grace with the abandoned requests */
-    pthread_mutex_lock(&mc->p2p_mu);
+    pdp__mutex_lock(&mc->p2p_mu);
     for (i = 0; i < PDP_MPI_MAX_INFLIGHT; i++)
         if (mc->p2p[i].active && mc->p2p[i].posted) {
             int flag = 0;
@@ -12648,15 +13629,15 @@ PDP__PRIVATE void pdp__mpi_destroy(pdp_comm *c)
             stuck = true; /* leave mcomm alone and never finalise */
     for (i = 0; i < mc->n_abandoned; i++)
         if (!pdp__mpi_poll_until(&mc->abandoned[i], give_up)) stuck = true;
-    pthread_mutex_unlock(&mc->p2p_mu);
-    pthread_mutex_destroy(&mc->p2p_mu);
+    pdp__mutex_unlock(&mc->p2p_mu);
+    pdp__mutex_destroy(&mc->p2p_mu);
     /* give a timed-out request a last chance to complete */
     while (mc->orphan && pdp__now() < mc->q.stop_time + PDP__MPI_FREE_GRACE_S)
         if (pdp__mpi_orphan_test(&mc->orphan_req)) mc->orphan = false;
     if (mc->orphan || stuck) { /* a request that never completed still references mcomm */
-        pthread_mutex_lock(&pdp__mpi_mu);
+        pdp__mutex_lock(&pdp__mpi_mu);
         pdp__mpi_unclean = true;
-        pthread_mutex_unlock(&pdp__mpi_mu);
+        pdp__mutex_unlock(&pdp__mpi_mu);
     } else {
         MPI_Comm_free(&mc->mcomm);
     }
@@ -12699,8 +13680,8 @@ static const pdp__comm_ops pdp__mpi_ops = {
                          launcher ends the job. */
 
 typedef struct pdp__mpi_watch {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;      /* CLOCK_MONOTONIC */
+    pdp__mutex mu;
+    pdp__cond cv;
     bool done;              /* MPI_Init_thread returned */
     double timeout_s;
     pdp_log_fn log;
@@ -12711,13 +13692,12 @@ typedef struct pdp__mpi_watch {
 PDP__PRIVATE void *pdp__mpi_watchdog(void *arg)
 {
     pdp__mpi_watch *w = (pdp__mpi_watch *)arg;
-    struct timespec deadline;
+    double deadline = pdp__now() + w->timeout_s;
     bool fired = false;
-    pdp__deadline(&deadline, w->timeout_s);
-    pthread_mutex_lock(&w->mu);
+    pdp__mutex_lock(&w->mu);
     while (!w->done && !fired)
-        fired = pthread_cond_timedwait(&w->cv, &w->mu, &deadline) == ETIMEDOUT && !w->done;
-    pthread_mutex_unlock(&w->mu);
+        fired = pdp__cond_timedwait(&w->cv, &w->mu, deadline) == ETIMEDOUT && !w->done;
+    pdp__mutex_unlock(&w->mu);
     if (fired && w->log) w->log(PDP_LOG_ERROR, w->msg, w->log_user);
     return NULL;
 }
@@ -12796,8 +13776,7 @@ PDP__PRIVATE int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout
                                        pdp_status *st, const char *fn)
 {
     pdp__mpi_watch w;
-    pthread_condattr_t ca;
-    pthread_t tid;
+    pdp__thread tid;
     pdp_env_info env;
     pdp_store *store = NULL;
     bool checked = false, watching;
@@ -12819,22 +13798,19 @@ PDP__PRIVATE int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout
                        "inside MPI's start-up (MPI cannot say which)"
                      : "a rank did not start or is stuck before pdp_comm_init_env (MPI cannot "
                        "say which; set PDP_STORE_PORT for a start-up check that names it)");
-    pthread_mutex_init(&w.mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&w.cv, &ca);
-    pthread_condattr_destroy(&ca);
-    watching = w.log && pthread_create(&tid, NULL, pdp__mpi_watchdog, &w) == 0;
+    pdp__mutex_init(&w.mu);
+    pdp__cond_init(&w.cv);
+    watching = w.log && pdp__thread_create(&tid, pdp__mpi_watchdog, &w) == 0;
     rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, provided);
     if (watching) {
-        pthread_mutex_lock(&w.mu);
+        pdp__mutex_lock(&w.mu);
         w.done = true;
-        pthread_cond_signal(&w.cv);
-        pthread_mutex_unlock(&w.mu);
-        pthread_join(tid, NULL);
+        pdp__cond_signal(&w.cv);
+        pdp__mutex_unlock(&w.mu);
+        pdp__thread_join(&tid);
     }
-    pthread_mutex_destroy(&w.mu);
-    pthread_cond_destroy(&w.cv);
+    pdp__mutex_destroy(&w.mu);
+    pdp__cond_destroy(&w.cv);
     pdp_store_free(store); /* every rank is past MPI's start-up: nobody needs it now */
     return rc;
 }
@@ -12847,7 +13823,7 @@ PDP__PRIVATE pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeo
 {
     int inited = 0, finalized = 0, provided = 0, rc;
     pdp_status st = PDP_OK;
-    pthread_mutex_lock(&pdp__mpi_mu);
+    pdp__mutex_lock(&pdp__mpi_mu);
     MPI_Finalized(&finalized);
     if (finalized) {
         st = pdp__err(PDP_ERR_STATE, "%s: MPI is already finalized and cannot start again (pdp "
@@ -12883,7 +13859,7 @@ PDP__PRIVATE pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeo
     }
     pdp__mpi_live++;
 out:
-    pthread_mutex_unlock(&pdp__mpi_mu);
+    pdp__mutex_unlock(&pdp__mpi_mu);
     return st;
 }
 
@@ -12902,17 +13878,17 @@ PDP__PRIVATE pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *des
         return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the MPI backend moves CPU buffers; device "
                         "CUDA %d needs PDP_BACKEND_NCCL", fn, desc->device.ordinal);
     if ((st = pdp__mpi_acquire(desc, timeout_s, fn)) != PDP_OK) return st;
-    pthread_mutex_lock(&pdp__mpi_mu);
+    pdp__mutex_lock(&pdp__mpi_mu);
     if (pdp__mpi_init_orphan && pdp__mpi_poll_until(&pdp__mpi_init_req, 0.0)) {
         MPI_Comm_free(&pdp__mpi_init_comm); /* an earlier timed-out duplication completed */
         pdp__mpi_init_orphan = false;
     }
-    pthread_mutex_unlock(&pdp__mpi_mu);
+    pdp__mutex_unlock(&pdp__mpi_mu);
     rc = MPI_Comm_idup(MPI_COMM_WORLD, &mcomm, &req);
     if (rc == MPI_SUCCESS && !pdp__mpi_poll_until(&req, pdp__now() + timeout_s)) {
         int world_rank = -1;
         MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-        pthread_mutex_lock(&pdp__mpi_mu);
+        pdp__mutex_lock(&pdp__mpi_mu);
         if (pdp__mpi_init_orphan) {
             pdp__mpi_unclean = true; /* a second orphan: no slot to keep it */
         } else {
@@ -12920,7 +13896,7 @@ PDP__PRIVATE pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *des
             pdp__mpi_init_req = req;
             pdp__mpi_init_comm = mcomm;
         }
-        pthread_mutex_unlock(&pdp__mpi_mu);
+        pdp__mutex_unlock(&pdp__mpi_mu);
         pdp__mpi_release();
         return pdp__err(PDP_ERR_TIMEOUT, "%s: rank %d: duplicating MPI_COMM_WORLD did not "
                         "complete within %g s: at least one rank did not call "
@@ -12959,7 +13935,7 @@ PDP__PRIVATE pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for the MPI communicator (rank %d)",
                         fn, rank);
     }
-    pthread_mutex_init(&mc->p2p_mu, NULL);
+    pdp__mutex_init(&mc->p2p_mu);
     mc->head.ops = &pdp__mpi_ops;
     mc->head.backend = PDP_BACKEND_MPI;
     mc->head.rank = rank;
@@ -13002,7 +13978,7 @@ fail:
     if (mc->op16[0] != MPI_OP_NULL) MPI_Op_free(&mc->op16[0]);
     if (mc->op16[1] != MPI_OP_NULL) MPI_Op_free(&mc->op16[1]);
     if (mc->traced) pdp__trace_close();
-    pthread_mutex_destroy(&mc->p2p_mu);
+    pdp__mutex_destroy(&mc->p2p_mu);
     pdp__dealloc(mc);
     MPI_Comm_free(&mcomm);
     pdp__mpi_release();
@@ -13028,9 +14004,9 @@ PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new
     a.op = colour;
     a.count = key;
     a.out = &nc;
-    pthread_mutex_lock(&pdp__mpi_mu);
+    pdp__mutex_lock(&pdp__mpi_mu);
     pdp__mpi_live++; /* the new communicator's reference, taken before anything can finalise */
-    pthread_mutex_unlock(&pdp__mpi_mu);
+    pdp__mutex_unlock(&pdp__mpi_mu);
     if ((st = pdp__workq_submit(c, &a, &w)) == PDP_OK) st = pdp__workq_wait(w);
     if (st != PDP_OK || colour < 0 || nc == MPI_COMM_NULL) {
         if (nc != MPI_COMM_NULL) MPI_Comm_free(&nc);
@@ -14297,8 +15273,8 @@ PDP__PRIVATE void pdp__layers_mul(const float *PDP__RESTRICT a, const float *PDP
    width is chosen at run time from gemm_bf16.c's CPUID check (compiled under target
    attributes, so a plain x86-64 build has both); without them, math.h's helpers. */
 #if PDP__BF16_X86
-#  define PDP__GELU_512 __attribute__((target("avx512f")))
-#  define PDP__GELU_256 __attribute__((target("avx2,fma")))
+#  define PDP__GELU_512 PDP__TARGET("avx512f")
+#  define PDP__GELU_256 PDP__TARGET("avx2,fma")
 #  define PDP__GELU_EXP_CONSTANTS                                                            \
     const float lo = -87.0f, hi = 88.0f, log2e = 1.44269504088896341f;                     \
     const float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;                            \
@@ -14485,7 +15461,7 @@ PDP__GELU_256 PDP__PRIVATE void pdp__exp_shift_avx2(const float *x, float shift,
 PDP__PRIVATE int pdp__layers_simd(void)
 {
 #if PDP__BF16_X86
-    pthread_once(&pdp__bf16_once, pdp__bf16_detect);
+    pdp__once_run(&pdp__bf16_once, pdp__bf16_detect);
     return pdp__bf16_this.emul512 ? 512 : pdp__bf16_this.emul256 ? 256 : 0;
 #else
     return 0;
@@ -21111,8 +22087,6 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
    bytes. A dataset keeps pixels as floats, [count, features]. */
 
 /* #include "internal.h" (already above) */
-#include <dirent.h>
-#include <sys/stat.h>
 
 /* ---- files ---- */
 
@@ -21133,7 +22107,7 @@ PDP__PRIVATE pdp_status pdp__read_file(const char *path, uint8_t **data, size_t 
         fclose(f);
         return pdp__err(PDP_ERR_IO, "%s: cannot size %s: %s", fn, path, strerror(errno));
     }
-    if ((unsigned long)size > PDP_MAX_FILE_BYTES) {
+    if ((uint64_t)size > PDP_MAX_FILE_BYTES) {
         fclose(f);
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: %ld bytes is larger than PDP_MAX_FILE_BYTES", fn,
                         path, size);
@@ -21969,33 +22943,31 @@ PDP__PRIVATE void pdp__free_paths(char **paths, int64_t n)
     pdp__dealloc(paths);
 }
 
-/* The paths of dir's regular files (lstat: links are skipped) whose names do not end in
+/* The paths of dir's regular files (links are skipped) whose names do not end in
    ".dat", sorted bytewise: *n of them in *paths (each and the list PDP_MALLOC'd). */
 PDP__PRIVATE pdp_status pdp__text_dir(const char *dir, char ***paths, int64_t *n, const char *fn)
 {
     size_t dlen = strlen(dir);
-    const char *sep = dlen && dir[dlen - 1] == '/' ? "" : "/";
+    const char *sep = dlen && pdp__is_sep(dir[dlen - 1]) ? "" : "/", *name;
     char **list = NULL;
     int64_t len = 0, cap = 0;
     pdp_status st = PDP_OK;
-    struct dirent *e;
-    DIR *d;
+    pdp__dir *d;
     *paths = NULL;
     *n = 0;
-    if (!(d = opendir(dir)))
+    if (!(d = pdp__dir_open(dir)))
         return pdp__err(PDP_ERR_IO, "%s: cannot list %s: %s", fn, dir, strerror(errno));
     for (;;) {
-        struct stat sb;
         size_t nlen, bytes;
+        int kind;
         char *p;
-        errno = 0;
-        if (!(e = readdir(d))) {
+        if (!(name = pdp__dir_next(d))) {
             if (errno)
                 st = pdp__err(PDP_ERR_IO, "%s: cannot list %s: %s", fn, dir, strerror(errno));
             break;
         }
-        nlen = strlen(e->d_name);
-        if (nlen >= 4 && strcmp(e->d_name + nlen - 4, ".dat") == 0) continue;
+        nlen = strlen(name);
+        if (nlen >= 4 && strcmp(name + nlen - 4, ".dat") == 0) continue;
         if (len == cap) { /* the list doubles */
             char **grown;
             cap = cap ? 2 * cap : 64;
@@ -22012,19 +22984,19 @@ PDP__PRIVATE pdp_status pdp__text_dir(const char *dir, char ***paths, int64_t *n
             st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory to list %s", fn, dir);
             break;
         }
-        snprintf(p, bytes, "%s%s%s", dir, sep, e->d_name);
-        if (lstat(p, &sb) != 0) {
+        snprintf(p, bytes, "%s%s%s", dir, sep, name);
+        if ((kind = pdp__path_kind(p, false)) < 0) {
             st = pdp__err(PDP_ERR_IO, "%s: cannot stat %s: %s", fn, p, strerror(errno));
             pdp__dealloc(p);
             break;
         }
-        if (!S_ISREG(sb.st_mode)) { /* ".", "..", subdirectories, links, devices */
+        if (kind != PDP__PATH_FILE) { /* ".", "..", subdirectories, links, devices */
             pdp__dealloc(p);
             continue;
         }
         list[len++] = p;
     }
-    closedir(d);
+    pdp__dir_close(d);
     if (st != PDP_OK) {
         pdp__free_paths(list, len);
         return st;
@@ -22092,17 +23064,17 @@ PDP_API pdp_status pdp_token_dataset_load(pdp_token_dataset **out, const char *p
     static const char fn[] = "pdp_token_dataset_load";
     pdp_token_dataset *ds;
     pdp_token_dataset_desc d;
-    struct stat sb;
     char **paths = NULL;
     const char *one = path;
     int64_t n = 0;
+    int kind;
     bool dir;
     pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!path) return pdp__err(PDP_ERR_INVALID, "%s: path is NULL", fn);
     if ((st = pdp__token_desc_defaults(desc, &d, fn)) != PDP_OK) return st;
-    if (stat(path, &sb) != 0) {
+    if ((kind = pdp__path_kind(path, true)) < 0) {
         int err = errno;
         bool missing = err == ENOENT || err == ENOTDIR;
         if (missing && d.synthetic_fallback) {
@@ -22117,8 +23089,8 @@ PDP_API pdp_status pdp_token_dataset_load(pdp_token_dataset **out, const char *p
                         missing ? " (name a text file or a directory of them; apt-get install "
                                   "fortunes gives " PDP_FORTUNES_DIR ")" : "");
     }
-    dir = S_ISDIR(sb.st_mode);
-    if (!dir && !S_ISREG(sb.st_mode))
+    dir = kind == PDP__PATH_DIR;
+    if (!dir && kind != PDP__PATH_FILE)
         return pdp__err(PDP_ERR_IO, "%s: %s is neither a regular file nor a directory", fn, path);
     if (!(ds = (pdp_token_dataset *)pdp__calloc(sizeof *ds)))
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
@@ -22769,7 +23741,9 @@ PDP__PRIVATE const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int
    JSON and the tiling of the data section).
 
    Invariants. Save never exposes a half-written file: it writes
-   "<path>.tmp.<pid>", fflush + fsync, rename over path, fsync the directory;
+   "<path>.tmp.<pid>", flush and sync it, rename it over path, sync the directory
+   (platform.h: fsync and rename on POSIX; FlushFileBuffers and MoveFileExA with
+   MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH on Win32);
    first it removes the temporaries of path whose pid is no live process (a
    writer killed mid-save), never a live writer's.
    Load never half-applies a file: it reads the header (at most
@@ -22807,13 +23781,7 @@ PDP__PRIVATE const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int
    optimizer. */
 
 /* #include "internal.h" (already above) */
-#include <dirent.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <signal.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <unistd.h>
 
 #ifndef PDP__CKPT_MAX_HEADER
 #  define PDP__CKPT_MAX_HEADER ((uint64_t)100 * 1000 * 1000) /* bytes */
@@ -23131,10 +24099,19 @@ PDP__PRIVATE bool pdp__ckpt_write_floats(FILE *f, pdp_device dev, const float *d
     return fwrite(host, 4, (size_t)count, f) == (size_t)count;
 }
 
+/* The last separator in path, or NULL. */
+PDP__PRIVATE const char *pdp__ckpt_last_sep(const char *path)
+{
+    const char *p, *sep = NULL;
+    for (p = path; *p; p++)
+        if (pdp__is_sep(*p)) sep = p;
+    return sep;
+}
+
 /* The directory part of path ("." for none); false when it does not fit. */
 PDP__PRIVATE bool pdp__ckpt_dirname(const char *path, char *dir, size_t cap)
 {
-    const char *slash = strrchr(path, '/');
+    const char *slash = pdp__ckpt_last_sep(path);
     size_t n;
     if (!slash) {
         strcpy(dir, ".");
@@ -23148,49 +24125,41 @@ PDP__PRIVATE bool pdp__ckpt_dirname(const char *path, char *dir, size_t cap)
     return true;
 }
 
-/* fsyncs the directory holding path, so the rename itself is durable. */
+/* Syncs the directory holding path, so the rename itself is durable. */
 PDP__PRIVATE int pdp__ckpt_sync_dir(const char *path)
 {
     char dir[4096];
-    int fd, rc;
     if (!pdp__ckpt_dirname(path, dir, sizeof dir)) return 0;
-    fd = open(dir, O_RDONLY);
-    if (fd < 0) return -1;
-    rc = fsync(fd);
-    if (rc != 0 && (errno == EINVAL || errno == EROFS)) rc = 0; /* not supported there */
-    close(fd);
-    return rc;
+    return pdp__dir_sync(dir);
 }
 
 /* Removes the temporaries "<path>.tmp.<pid>" that writers of path killed
    mid-save left behind: only those whose pid names no live process
-   (kill(pid, 0) fails with ESRCH), never another live writer's, nor ours.
+   (pdp__pid_alive), never another live writer's, nor ours.
    Best effort: what cannot be listed or removed stays. (A pid is a local
    name: on a filesystem shared between machines, writers of one path on two
    machines are not told apart; ranks write their own paths.) */
 PDP__PRIVATE void pdp__ckpt_remove_stale(const char *path)
 {
-    char dir[4096];
-    const char *base = strrchr(path, '/'), *s;
-    struct dirent *e;
+    char dir[4096], victim[4096 + 300];
+    const char *base = pdp__ckpt_last_sep(path), *name, *s;
     size_t blen;
-    DIR *d;
+    pdp__dir *d;
     base = base ? base + 1 : path;
     blen = strlen(base);
-    if (!blen || !pdp__ckpt_dirname(path, dir, sizeof dir) || !(d = opendir(dir))) return;
-    while ((e = readdir(d)) != NULL) {
+    if (!blen || !pdp__ckpt_dirname(path, dir, sizeof dir) || !(d = pdp__dir_open(dir))) return;
+    while ((name = pdp__dir_next(d)) != NULL) {
         long pid = 0;
-        if (strncmp(e->d_name, base, blen) != 0 || strncmp(e->d_name + blen, ".tmp.", 5) != 0)
-            continue;
-        for (s = e->d_name + blen + 5; *s >= '0' && *s <= '9' && pid <= INT_MAX / 10; s++)
+        if (strncmp(name, base, blen) != 0 || strncmp(name + blen, ".tmp.", 5) != 0) continue;
+        for (s = name + blen + 5; *s >= '0' && *s <= '9' && pid <= INT_MAX / 10; s++)
             pid = pid * 10 + (*s - '0');
-        if (*s || s == e->d_name + blen + 5 || pid <= 0 || pid > INT_MAX ||
-            (pid_t)pid == getpid())
+        if (*s || s == name + blen + 5 || pid <= 0 || pid > INT_MAX || pid == pdp__pid() ||
+            pdp__pid_alive(pid))
             continue;
-        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive (or EPERM: alive) */
-        unlinkat(dirfd(d), e->d_name, 0);
+        if ((size_t)snprintf(victim, sizeof victim, "%s/%s", dir, name) < sizeof victim)
+            remove(victim);
     }
-    closedir(d);
+    pdp__dir_close(d);
 }
 
 /* Writes the parameters [lo, hi) (params holds them; skipped unless
@@ -23233,7 +24202,7 @@ PDP__PRIVATE pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, con
     }
     pdp__crc32c_init(crc);
     pdp__ckpt_remove_stale(path);
-    snprintf(tmp, tmp_bytes, "%s.tmp.%ld", path, (long)getpid());
+    snprintf(tmp, tmp_bytes, "%s.tmp.%ld", path, pdp__pid());
     for (k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)hlen >> (8 * k));
 
     if (!(f = fopen(tmp, "wb"))) {
@@ -23264,12 +24233,8 @@ PDP__PRIVATE pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, con
         failed = "write";
         goto io_error;
     }
-    if (fflush(f) != 0) {
-        failed = "fflush";
-        goto io_error;
-    }
-    if (fsync(fileno(f)) != 0) {
-        failed = "fsync";
+    if (pdp__file_sync(f) != 0) {
+        failed = "flush and sync";
         goto io_error;
     }
     k = fclose(f);
@@ -23278,13 +24243,13 @@ PDP__PRIVATE pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, con
         failed = "fclose";
         goto io_error;
     }
-    if (rename(tmp, path) != 0) {
+    if (pdp__file_replace(tmp, path) != 0) {
         failed = "rename";
         goto io_error;
     }
     st = PDP_OK;
     if (pdp__ckpt_sync_dir(path) != 0)
-        st = pdp__err(PDP_ERR_IO, "%s: %s: written, but fsync of its directory failed: %s", fn,
+        st = pdp__err(PDP_ERR_IO, "%s: %s: written, but syncing its directory failed: %s", fn,
                       path, strerror(errno));
     goto done;
 io_error:
@@ -23688,14 +24653,16 @@ PDP__PRIVATE pdp_status pdp__ckpt_load_open(pdp__ckpt_loader *L)
     const char *fn = L->fn, *path = L->path;
     unsigned char len8[8];
     uint64_t hlen = 0;
-    struct stat sb;
     pdp_status st;
     int k;
-    if (!(L->f = fopen(path, "rb")))
-        return pdp__err(PDP_ERR_IO, "%s: %s: %s", fn, path, strerror(errno));
-    if (fstat(fileno(L->f), &sb) != 0 || !S_ISREG(sb.st_mode))
+    if (!(L->f = fopen(path, "rb"))) {
+        int err = errno;
+        if (pdp__path_kind(path, true) == PDP__PATH_DIR) /* Windows opens no directory */
+            return pdp__err(PDP_ERR_IO, "%s: %s: not a regular file", fn, path);
+        return pdp__err(PDP_ERR_IO, "%s: %s: %s", fn, path, strerror(err));
+    }
+    if (pdp__file_size(L->f, &L->file_bytes) != 0)
         return pdp__err(PDP_ERR_IO, "%s: %s: not a regular file", fn, path);
-    L->file_bytes = (uint64_t)sb.st_size;
     if (L->file_bytes < 8 || fread(len8, 1, 8, L->f) != 8)
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: %llu bytes, shorter than the 8-byte header "
                         "length", fn, path, (unsigned long long)L->file_bytes);
@@ -24207,7 +25174,6 @@ PDP__PRIVATE pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *
    PDP_CUDA, CUDA devices fail with PDP_ERR_UNSUPPORTED naming the macro. */
 
 /* #include "internal.h" (already above) */
-#include <unistd.h>
 
 /* ---- dp: the object ---- */
 
@@ -24312,12 +25278,7 @@ PDP__PRIVATE void pdp__dp_memory(pdp_dp *dp)
 
 /* CPU seconds used by the calling thread: unlike wall time, it does not count
    the time a busy machine keeps the thread waiting for a core. */
-PDP__PRIVATE double pdp__dp_thread_cpu(void)
-{
-    struct timespec ts;
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0.0;
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+PDP__PRIVATE double pdp__dp_thread_cpu(void) { return pdp__thread_cpu_s(); }
 
 /* Parallel apply, one replica: forward, loss against its labels, backward. */
 PDP__PRIVATE void pdp__dp_apply_one(pdp__dp_worker *w)
@@ -24470,10 +25431,7 @@ PDP__PRIVATE pdp_status pdp__dp_desc_defaults(const pdp_dp_desc *in, pdp_dp_desc
     if (d.num_workers == 0 && d.devices)
         return pdp__err(PDP_ERR_INVALID,
                         "pdp_dp_create: num_workers 0 with a devices list (give its length)");
-    if (d.num_workers == 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        d.num_workers = cores > 0 ? (int)PDP__MIN(cores, (long)PDP_DP_MAX_WORKERS) : 1;
-    }
+    if (d.num_workers == 0) d.num_workers = PDP__MIN(pdp__cpu_count(), PDP_DP_MAX_WORKERS);
     if (d.threads_per_worker < 0)
         return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: threads_per_worker %d is negative",
                         d.threads_per_worker);
@@ -24595,7 +25553,7 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
         if (rc != 0) {
             int made = dp->team.nworkers + 1;
             pdp__dp_destroy(dp);
-            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: worker %d: pthread_create: %s",
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: worker %d: cannot start its thread: %s",
                             made, strerror(rc));
         }
     }
@@ -28337,7 +29295,7 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out)
      rank inside the save's first agreement; every shard file ("shard.run") and the
      marker carry them, and a load accepts only shards whose id is the marker's.
    - The marker is atomic and last: rank 0 removes the old marker before any shard
-     is written, and writes the new one (a temporary, fsync, rename, fsync of the
+     is written, and writes the new one (a temporary, sync, rename, sync of the
      directory) only after every rank has agreed that its shard file is on disk, so
      a set with a marker is complete.
    - Agreement before anything is changed: a load reads and validates into staging
@@ -28367,8 +29325,6 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out)
    (https://github.com/huggingface/safetensors). */
 
 /* #include "internal.h" (already above) */
-#include <errno.h>
-#include <unistd.h>
 
 /* ---- zero_ckpt: the set, the run id, the agreements ----
    A set under prefix P: rank r's shard file "P.rank<r>.safetensors" and the
@@ -28427,19 +29383,16 @@ PDP__PRIVATE pdp_status pdp__zero_agree(pdp_zero *z, bool ok, bool *bad, uint64_
 /* A new run id (see above); rank 0 draws it once per save. */
 PDP__PRIVATE uint64_t pdp__zero_run_id(pdp_zero *z)
 {
-    struct timespec wall, mono;
     uint64_t id = 0, h;
     FILE *f = fopen("/dev/urandom", "rb");
     if (f) {
         if (fread(&id, sizeof id, 1, f) != 1) id = 0;
         fclose(f);
     }
-    if (clock_gettime(CLOCK_REALTIME, &wall) != 0) memset(&wall, 0, sizeof wall);
-    if (clock_gettime(CLOCK_MONOTONIC, &mono) != 0) memset(&mono, 0, sizeof mono);
     h = pdp__mix64(id ^ UINT64_C(0x9e3779b97f4a7c15));
-    h = pdp__mix64(h ^ ((uint64_t)wall.tv_sec * 1000000000u + (uint64_t)wall.tv_nsec));
-    h = pdp__mix64(h ^ ((uint64_t)mono.tv_sec * 1000000000u + (uint64_t)mono.tv_nsec));
-    h = pdp__mix64(h ^ (uint64_t)getpid());
+    h = pdp__mix64(h ^ pdp__wall_ns());
+    h = pdp__mix64(h ^ (uint64_t)(pdp__now() * 1e9));
+    h = pdp__mix64(h ^ (uint64_t)pdp__pid());
     h = pdp__mix64(h ^ (uint64_t)(uintptr_t)z);
     return pdp__mix64(h ^ ++z->saves);
 }
@@ -28537,7 +29490,7 @@ PDP__PRIVATE void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const 
                               (long long)z->units[u].s);
 }
 
-/* Writes the marker atomically (temporary, fsync, rename, fsync of the directory), removing
+/* Writes the marker atomically (temporary, sync, rename, sync of the directory), removing
    first the temporaries of writers killed mid-write as checkpoint.c's save does. */
 PDP__PRIVATE pdp_status pdp__zero_write_marker(const char *path, const char *text, const char *fn)
 {
@@ -28546,12 +29499,12 @@ PDP__PRIVATE pdp_status pdp__zero_write_marker(const char *path, const char *tex
     size_t len = strlen(text);
     int ok;
     pdp__ckpt_remove_stale(path);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, pdp__pid());
     if (!(f = fopen(tmp, "wb")))
         return pdp__err(PDP_ERR_IO, "%s: %s: fopen failed: %s", fn, tmp, strerror(errno));
-    ok = fwrite(text, 1, len, f) == len && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fwrite(text, 1, len, f) == len && pdp__file_sync(f) == 0;
     ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
+    if (!ok || pdp__file_replace(tmp, path) != 0) {
         pdp_status st = pdp__err(PDP_ERR_IO, "%s: %s: writing the marker failed: %s", fn, path,
                                  strerror(errno));
         remove(tmp);
@@ -28560,7 +29513,7 @@ PDP__PRIVATE pdp_status pdp__zero_write_marker(const char *path, const char *tex
     /* the rename is durable only once its directory is: a crash must not lose the marker
        of a set whose shards are on disk */
     if (pdp__ckpt_sync_dir(path) != 0)
-        return pdp__err(PDP_ERR_IO, "%s: %s: written, but fsync of its directory failed: %s", fn,
+        return pdp__err(PDP_ERR_IO, "%s: %s: written, but syncing its directory failed: %s", fn,
                         path, strerror(errno));
     return PDP_OK;
 }
@@ -30403,7 +31356,7 @@ typedef struct pdp__launch_rank {
     pdp__launch *L;
     int rank;
     bool started;      /* its thread was created (ranks >= 1) */
-    pthread_t thread;
+    pdp__thread thread;
     pdp_status st;
     int order;         /* 0 = first to fail */
     char msg[1024];
@@ -30417,7 +31370,7 @@ struct pdp__launch {
     const pdp_device *devices;
     pdp_launch_fn fn;
     void *user;
-    pthread_mutex_t mu;
+    pdp__mutex mu;
     int failures;
     pdp__launch_rank *ranks;
 };
@@ -30425,11 +31378,11 @@ struct pdp__launch {
 PDP__PRIVATE void pdp__launch_fail(pdp__launch_rank *r, pdp_status st)
 {
     const char *m = pdp_last_error();
-    pthread_mutex_lock(&r->L->mu);
+    pdp__mutex_lock(&r->L->mu);
     r->st = st;
     r->order = r->L->failures++;
     snprintf(r->msg, sizeof r->msg, "%s", m[0] ? m : "(no message)");
-    pthread_mutex_unlock(&r->L->mu);
+    pdp__mutex_unlock(&r->L->mu);
 }
 
 PDP__PRIVATE void pdp__launch_run(pdp__launch_rank *r)
@@ -30500,13 +31453,13 @@ PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d,
         pdp_nccl_group_free(L.ngroup);
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d ranks", fn_name, np);
     }
-    pthread_mutex_init(&L.mu, NULL);
+    pdp__mutex_init(&L.mu);
     for (i = 0; i < np; i++) {
         L.ranks[i].L = &L;
         L.ranks[i].rank = i;
     }
     for (i = 1; i < np; i++) {
-        int err = pthread_create(&L.ranks[i].thread, NULL, pdp__launch_thread, &L.ranks[i]);
+        int err = pdp__thread_create(&L.ranks[i].thread, pdp__launch_thread, &L.ranks[i]);
         if (err) { /* this rank joins and leaves at once: its peers fail instead of waiting */
             pdp_comm *c = NULL;
             pdp__err(PDP_ERR_WORKER, "%s: could not start the thread of rank %d: %s", fn_name,
@@ -30519,9 +31472,9 @@ PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d,
     }
     pdp__launch_run(&L.ranks[0]);
     for (i = 1; i < np; i++)
-        if (L.ranks[i].started) pthread_join(L.ranks[i].thread, NULL);
+        if (L.ranks[i].started) pdp__thread_join(&L.ranks[i].thread);
     st = pdp__launch_result(L.ranks, np);
-    pthread_mutex_destroy(&L.mu);
+    pdp__mutex_destroy(&L.mu);
     pdp__dealloc(L.ranks);
     pdp_local_group_free(L.group);
     pdp_nccl_group_free(L.ngroup);

@@ -1,5 +1,4 @@
-/* base: status names, the thread-local error message, aligned allocation, the clock
-   (pdp__now). */
+/* base: status names, the thread-local error message, aligned allocation. */
 
 #include "internal.h"
 
@@ -7,7 +6,7 @@
 static PDP__THREAD_LOCAL char pdp__errbuf[1024];
 #else
 /* ---- base: per-thread state without a TLS keyword (tcc) ----
-   One struct a thread under a pthread key, allocated on the thread's first use and freed
+   One struct a thread under a key (platform.h), allocated on the thread's first use and freed
    when it exits; a thread whose struct cannot be allocated shares the static one. The
    thread-local variables of base.c and threads.c name its fields. */
 typedef struct pdp__tls {
@@ -16,36 +15,27 @@ typedef struct pdp__tls {
     pdp__profile_state prof;
 } pdp__tls;
 
-static pthread_once_t pdp__tls_once = PTHREAD_ONCE_INIT;
-static pthread_key_t pdp__tls_key;
-static pthread_mutex_t pdp__fence_lock = PTHREAD_MUTEX_INITIALIZER;
+static pdp__once pdp__tls_once = PDP__ONCE_INIT;
+static pdp__tls_key pdp__tls_key_;
 
-PDP__PRIVATE void pdp__tls_free(void *p) { PDP_FREE(p); }
-PDP__PRIVATE void pdp__tls_init(void) { (void)pthread_key_create(&pdp__tls_key, pdp__tls_free); }
+PDP__PRIVATE void PDP__STDCALL pdp__tls_free(void *p) { PDP_FREE(p); }
+PDP__PRIVATE void pdp__tls_init(void) { (void)pdp__tls_key_create(&pdp__tls_key_, pdp__tls_free); }
 
 PDP__PRIVATE pdp__tls *pdp__tls_get(void)
 {
     static pdp__tls shared;
     pdp__tls *t;
-    pthread_once(&pdp__tls_once, pdp__tls_init);
-    t = (pdp__tls *)pthread_getspecific(pdp__tls_key);
+    pdp__once_run(&pdp__tls_once, pdp__tls_init);
+    t = (pdp__tls *)pdp__tls_get_value(pdp__tls_key_);
     if (t) return t;
     t = (pdp__tls *)PDP_MALLOC(sizeof *t);
     if (!t) return &shared;
     memset(t, 0, sizeof *t);
-    if (pthread_setspecific(pdp__tls_key, t) != 0) {
+    if (pdp__tls_set_value(pdp__tls_key_, t) != 0) {
         PDP_FREE(t);
         return &shared;
     }
     return t;
-}
-
-/* PDP__LOAD_ACQ and PDP__STORE_REL without atomic builtins (internal.h) */
-PDP__PRIVATE long long pdp__fence(long long loaded)
-{
-    pthread_mutex_lock(&pdp__fence_lock);
-    pthread_mutex_unlock(&pdp__fence_lock);
-    return loaded;
 }
 
 #  define pdp__errbuf (pdp__tls_get()->errbuf)
@@ -113,11 +103,4 @@ PDP__PRIVATE void *pdp__calloc(size_t bytes)
 PDP__PRIVATE void pdp__dealloc(void *p)
 {
     if (p) PDP_FREE(((void **)p)[-1]);
-}
-
-PDP__PRIVATE double pdp__now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }

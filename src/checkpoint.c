@@ -6,7 +6,9 @@
    JSON and the tiling of the data section).
 
    Invariants. Save never exposes a half-written file: it writes
-   "<path>.tmp.<pid>", fflush + fsync, rename over path, fsync the directory;
+   "<path>.tmp.<pid>", flush and sync it, rename it over path, sync the directory
+   (platform.h: fsync and rename on POSIX; FlushFileBuffers and MoveFileExA with
+   MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH on Win32);
    first it removes the temporaries of path whose pid is no live process (a
    writer killed mid-save), never a live writer's.
    Load never half-applies a file: it reads the header (at most
@@ -44,13 +46,7 @@
    optimizer. */
 
 #include "internal.h"
-#include <dirent.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <signal.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <unistd.h>
 
 #ifndef PDP__CKPT_MAX_HEADER
 #  define PDP__CKPT_MAX_HEADER ((uint64_t)100 * 1000 * 1000) /* bytes */
@@ -368,10 +364,19 @@ PDP__PRIVATE bool pdp__ckpt_write_floats(FILE *f, pdp_device dev, const float *d
     return fwrite(host, 4, (size_t)count, f) == (size_t)count;
 }
 
+/* The last separator in path, or NULL. */
+PDP__PRIVATE const char *pdp__ckpt_last_sep(const char *path)
+{
+    const char *p, *sep = NULL;
+    for (p = path; *p; p++)
+        if (pdp__is_sep(*p)) sep = p;
+    return sep;
+}
+
 /* The directory part of path ("." for none); false when it does not fit. */
 PDP__PRIVATE bool pdp__ckpt_dirname(const char *path, char *dir, size_t cap)
 {
-    const char *slash = strrchr(path, '/');
+    const char *slash = pdp__ckpt_last_sep(path);
     size_t n;
     if (!slash) {
         strcpy(dir, ".");
@@ -385,49 +390,41 @@ PDP__PRIVATE bool pdp__ckpt_dirname(const char *path, char *dir, size_t cap)
     return true;
 }
 
-/* fsyncs the directory holding path, so the rename itself is durable. */
+/* Syncs the directory holding path, so the rename itself is durable. */
 PDP__PRIVATE int pdp__ckpt_sync_dir(const char *path)
 {
     char dir[4096];
-    int fd, rc;
     if (!pdp__ckpt_dirname(path, dir, sizeof dir)) return 0;
-    fd = open(dir, O_RDONLY);
-    if (fd < 0) return -1;
-    rc = fsync(fd);
-    if (rc != 0 && (errno == EINVAL || errno == EROFS)) rc = 0; /* not supported there */
-    close(fd);
-    return rc;
+    return pdp__dir_sync(dir);
 }
 
 /* Removes the temporaries "<path>.tmp.<pid>" that writers of path killed
    mid-save left behind: only those whose pid names no live process
-   (kill(pid, 0) fails with ESRCH), never another live writer's, nor ours.
+   (pdp__pid_alive), never another live writer's, nor ours.
    Best effort: what cannot be listed or removed stays. (A pid is a local
    name: on a filesystem shared between machines, writers of one path on two
    machines are not told apart; ranks write their own paths.) */
 PDP__PRIVATE void pdp__ckpt_remove_stale(const char *path)
 {
-    char dir[4096];
-    const char *base = strrchr(path, '/'), *s;
-    struct dirent *e;
+    char dir[4096], victim[4096 + 300];
+    const char *base = pdp__ckpt_last_sep(path), *name, *s;
     size_t blen;
-    DIR *d;
+    pdp__dir *d;
     base = base ? base + 1 : path;
     blen = strlen(base);
-    if (!blen || !pdp__ckpt_dirname(path, dir, sizeof dir) || !(d = opendir(dir))) return;
-    while ((e = readdir(d)) != NULL) {
+    if (!blen || !pdp__ckpt_dirname(path, dir, sizeof dir) || !(d = pdp__dir_open(dir))) return;
+    while ((name = pdp__dir_next(d)) != NULL) {
         long pid = 0;
-        if (strncmp(e->d_name, base, blen) != 0 || strncmp(e->d_name + blen, ".tmp.", 5) != 0)
-            continue;
-        for (s = e->d_name + blen + 5; *s >= '0' && *s <= '9' && pid <= INT_MAX / 10; s++)
+        if (strncmp(name, base, blen) != 0 || strncmp(name + blen, ".tmp.", 5) != 0) continue;
+        for (s = name + blen + 5; *s >= '0' && *s <= '9' && pid <= INT_MAX / 10; s++)
             pid = pid * 10 + (*s - '0');
-        if (*s || s == e->d_name + blen + 5 || pid <= 0 || pid > INT_MAX ||
-            (pid_t)pid == getpid())
+        if (*s || s == name + blen + 5 || pid <= 0 || pid > INT_MAX || pid == pdp__pid() ||
+            pdp__pid_alive(pid))
             continue;
-        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive (or EPERM: alive) */
-        unlinkat(dirfd(d), e->d_name, 0);
+        if ((size_t)snprintf(victim, sizeof victim, "%s/%s", dir, name) < sizeof victim)
+            remove(victim);
     }
-    closedir(d);
+    pdp__dir_close(d);
 }
 
 /* Writes the parameters [lo, hi) (params holds them; skipped unless
@@ -470,7 +467,7 @@ PDP__PRIVATE pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, con
     }
     pdp__crc32c_init(crc);
     pdp__ckpt_remove_stale(path);
-    snprintf(tmp, tmp_bytes, "%s.tmp.%ld", path, (long)getpid());
+    snprintf(tmp, tmp_bytes, "%s.tmp.%ld", path, pdp__pid());
     for (k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)hlen >> (8 * k));
 
     if (!(f = fopen(tmp, "wb"))) {
@@ -501,12 +498,8 @@ PDP__PRIVATE pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, con
         failed = "write";
         goto io_error;
     }
-    if (fflush(f) != 0) {
-        failed = "fflush";
-        goto io_error;
-    }
-    if (fsync(fileno(f)) != 0) {
-        failed = "fsync";
+    if (pdp__file_sync(f) != 0) {
+        failed = "flush and sync";
         goto io_error;
     }
     k = fclose(f);
@@ -515,13 +508,13 @@ PDP__PRIVATE pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, con
         failed = "fclose";
         goto io_error;
     }
-    if (rename(tmp, path) != 0) {
+    if (pdp__file_replace(tmp, path) != 0) {
         failed = "rename";
         goto io_error;
     }
     st = PDP_OK;
     if (pdp__ckpt_sync_dir(path) != 0)
-        st = pdp__err(PDP_ERR_IO, "%s: %s: written, but fsync of its directory failed: %s", fn,
+        st = pdp__err(PDP_ERR_IO, "%s: %s: written, but syncing its directory failed: %s", fn,
                       path, strerror(errno));
     goto done;
 io_error:
@@ -925,14 +918,16 @@ PDP__PRIVATE pdp_status pdp__ckpt_load_open(pdp__ckpt_loader *L)
     const char *fn = L->fn, *path = L->path;
     unsigned char len8[8];
     uint64_t hlen = 0;
-    struct stat sb;
     pdp_status st;
     int k;
-    if (!(L->f = fopen(path, "rb")))
-        return pdp__err(PDP_ERR_IO, "%s: %s: %s", fn, path, strerror(errno));
-    if (fstat(fileno(L->f), &sb) != 0 || !S_ISREG(sb.st_mode))
+    if (!(L->f = fopen(path, "rb"))) {
+        int err = errno;
+        if (pdp__path_kind(path, true) == PDP__PATH_DIR) /* Windows opens no directory */
+            return pdp__err(PDP_ERR_IO, "%s: %s: not a regular file", fn, path);
+        return pdp__err(PDP_ERR_IO, "%s: %s: %s", fn, path, strerror(err));
+    }
+    if (pdp__file_size(L->f, &L->file_bytes) != 0)
         return pdp__err(PDP_ERR_IO, "%s: %s: not a regular file", fn, path);
-    L->file_bytes = (uint64_t)sb.st_size;
     if (L->file_bytes < 8 || fread(len8, 1, 8, L->f) != 8)
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: %llu bytes, shorter than the 8-byte header "
                         "length", fn, path, (unsigned long long)L->file_bytes);

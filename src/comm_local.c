@@ -23,8 +23,8 @@
    about 2(N-1)/N of the buffer for an all-reduce, the ring figure), and a
    rank's buffers are only written by progress threads between A and B.
 
-   Faults never hang: every wait in a barrier is a pthread_cond_timedwait on
-   CLOCK_MONOTONIC against the group's timeout_s. A rank that does not arrive
+   Faults never hang: every wait in a barrier is a pdp__cond_timedwait on
+   the monotonic clock against the group's timeout_s. A rank that does not arrive
    makes the others fail with PDP_ERR_TIMEOUT naming the collective, its
    sequence number and the missing rank; a rank whose communicator is freed
    marks itself as gone, and a rank waiting for it fails at once with
@@ -53,8 +53,8 @@ struct pdp_local_group {
     double timeout_s;
     pdp_device device;
     char name[32];
-    pthread_mutex_t mu;
-    pthread_cond_t cv;        /* barrier progress, departures, breakage */
+    pdp__mutex mu;
+    pdp__cond cv;        /* barrier progress, departures, breakage */
     int arrived;              /* ranks in the current barrier */
     uint64_t gen;             /* barriers completed */
     int64_t *phase;           /* per rank: barriers entered */
@@ -74,7 +74,6 @@ PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
 {
     static const char *fn = "pdp_local_group_create";
     pdp_local_group *g;
-    pthread_condattr_t ca;
     double timeout;
     pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
@@ -108,11 +107,8 @@ PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
         pdp__dealloc(g);
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d ranks", fn, world_size);
     }
-    pthread_mutex_init(&g->mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&g->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    pdp__mutex_init(&g->mu);
+    pdp__cond_init(&g->cv);
     *out = g;
     return PDP_OK;
 }
@@ -120,8 +116,8 @@ PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
 PDP_API void pdp_local_group_free(pdp_local_group *g)
 {
     if (!g) return;
-    pthread_mutex_destroy(&g->mu);
-    pthread_cond_destroy(&g->cv);
+    pdp__mutex_destroy(&g->mu);
+    pdp__cond_destroy(&g->cv);
     pdp__dealloc(g->phase);
     pdp__dealloc(g->slot);
     pdp__dealloc(g->joined);
@@ -136,7 +132,7 @@ PDP__PRIVATE void pdp__group_break(pdp_local_group *g, pdp_status st, const char
     g->broken = true;
     g->broken_status = st;
     snprintf(g->broken_msg, sizeof g->broken_msg, "%s", msg);
-    pthread_cond_broadcast(&g->cv);
+    pdp__cond_broadcast(&g->cv);
 }
 
 /* "allreduce #7 (count 1024) on comm 'comm', rank 0 of 2" */
@@ -179,14 +175,14 @@ PDP__PRIVATE bool pdp__group_validate(pdp_local_group *g)
 PDP__PRIVATE pdp_status pdp__group_barrier(pdp_local_group *g, int rank, const pdp__coll_args *args,
                                            bool publish, char *msg, size_t cap)
 {
-    struct timespec deadline;
+    double deadline;
     uint64_t gen;
     int64_t my_phase;
     char what[160];
     pdp_status st = PDP_OK;
     pdp__coll_describe(g, rank, args, what, sizeof what);
-    pdp__deadline(&deadline, g->timeout_s);
-    pthread_mutex_lock(&g->mu);
+    deadline = pdp__now() + g->timeout_s;
+    pdp__mutex_lock(&g->mu);
     if (g->broken) {
         snprintf(msg, cap, "%.150s: the group is broken: %.300s", what, g->broken_msg);
         st = g->broken_status;
@@ -199,7 +195,7 @@ PDP__PRIVATE pdp_status pdp__group_barrier(pdp_local_group *g, int rank, const p
         g->arrived = 0;
         if (!publish || pdp__group_validate(g)) {
             g->gen++;
-            pthread_cond_broadcast(&g->cv);
+            pdp__cond_broadcast(&g->cv);
         }
     }
     while (g->gen == gen) {
@@ -225,7 +221,7 @@ PDP__PRIVATE pdp_status pdp__group_barrier(pdp_local_group *g, int rank, const p
                 pdp__group_break(g, st, msg);
                 goto out;
             }
-        rc = pthread_cond_timedwait(&g->cv, &g->mu, &deadline);
+        rc = pdp__cond_timedwait(&g->cv, &g->mu, deadline);
         if (rc == ETIMEDOUT && g->gen == gen && !g->broken) {
             size_t n;
             n = (size_t)snprintf(msg, cap, "%s: no arrival within %.3g s from rank", what,
@@ -241,7 +237,7 @@ PDP__PRIVATE pdp_status pdp__group_barrier(pdp_local_group *g, int rank, const p
         }
     }
 out:
-    pthread_mutex_unlock(&g->mu);
+    pdp__mutex_unlock(&g->mu);
     return st;
 }
 
@@ -464,14 +460,14 @@ PDP__PRIVATE pdp_status pdp__local_p2p(pdp_comm *c, pdp__coll_kind kind, float *
     if (kind == PDP__COLL_SEND) a.send = buf;
     else a.recv = buf;
     if ((st = pdp__workq_take(c, &a, &w)) != PDP_OK) return st;
-    pthread_mutex_lock(&g->mu);
+    pdp__mutex_lock(&g->mu);
     if (g->broken || g->gone[peer]) {
         char what[200];
         pdp__p2p_describe(w, what, sizeof what);
         st = g->broken ? g->broken_status : PDP_ERR_COMM;
         if (g->broken) pdp__err(st, "%.200s: the group is broken: %.250s", what, g->broken_msg);
         else pdp__err(st, "%s: rank %d left the group (freed its communicator)", what, peer);
-        pthread_mutex_unlock(&g->mu);
+        pdp__mutex_unlock(&g->mu);
         pdp__workq_untake(q, w);
         return st;
     }
@@ -488,7 +484,7 @@ PDP__PRIVATE pdp_status pdp__local_p2p(pdp_comm *c, pdp__coll_kind kind, float *
         else g->p2p_head = w;
         g->p2p_tail = w;
     }
-    pthread_mutex_unlock(&g->mu);
+    pdp__mutex_unlock(&g->mu);
     *out = &w->head;
     return PDP_OK;
 }
@@ -510,9 +506,9 @@ PDP__PRIVATE void pdp__local_p2p_expire(pdp__workq *q, pdp__workq_item *w)
     pdp_local_group *g = ((pdp__local_comm *)q->comm)->g;
     char msg[PDP__MSG_CAP];
     bool withdrawn;
-    pthread_mutex_lock(&g->mu);
+    pdp__mutex_lock(&g->mu);
     withdrawn = pdp__mailbox_remove(g, w);
-    pthread_mutex_unlock(&g->mu);
+    pdp__mutex_unlock(&g->mu);
     if (!withdrawn) return; /* matched meanwhile: completed */
     pdp__workq_p2p_timeout_msg(w, msg, sizeof msg);
     pdp__workq_finish(q, w, PDP_ERR_TIMEOUT, msg);
@@ -564,16 +560,16 @@ PDP__PRIVATE void pdp__local_destroy(pdp_comm *c)
     /* gone first: a progress thread blocked in a barrier on our behalf, or a peer
        waiting for us, wakes up and fails instead of waiting out the timeout */
     bool last;
-    pthread_mutex_lock(&g->mu);
+    pdp__mutex_lock(&g->mu);
     g->gone[c->rank] = true;
     pdp__mailbox_depart(g, c->rank);
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
+    pdp__cond_broadcast(&g->cv);
+    pdp__mutex_unlock(&g->mu);
     pdp__workq_shutdown(&lc->q);
     pdp__dealloc(lc);
-    pthread_mutex_lock(&g->mu);
+    pdp__mutex_lock(&g->mu);
     last = g->refs > 0 && --g->refs == 0;
-    pthread_mutex_unlock(&g->mu);
+    pdp__mutex_unlock(&g->mu);
     if (last) pdp_local_group_free(g); /* a split's group goes with its last communicator */
 }
 
@@ -612,11 +608,11 @@ PDP__PRIVATE pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int n
                                                  c->rank, colour, leader);
     if ((st = pdp_comm_create_local(out, g, new_rank)) != PDP_OK) {
         bool last;
-        pthread_mutex_lock(&g->mu);
+        pdp__mutex_lock(&g->mu);
         g->gone[new_rank] = true;
         last = --g->refs == 0;
-        pthread_cond_broadcast(&g->cv);
-        pthread_mutex_unlock(&g->mu);
+        pdp__cond_broadcast(&g->cv);
+        pdp__mutex_unlock(&g->mu);
         if (last) pdp_local_group_free(g);
     }
     return st;
@@ -641,15 +637,15 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
         return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, rank, g->size - 1);
     lc = (pdp__local_comm *)pdp__calloc(sizeof *lc);
     if (!lc) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory (rank %d)", fn, rank);
-    pthread_mutex_lock(&g->mu);
+    pdp__mutex_lock(&g->mu);
     if (g->joined[rank]) {
-        pthread_mutex_unlock(&g->mu);
+        pdp__mutex_unlock(&g->mu);
         pdp__dealloc(lc);
         return pdp__err(PDP_ERR_INVALID, "%s: rank %d of group '%s' already has a communicator",
                         fn, rank, g->name);
     }
     g->joined[rank] = true;
-    pthread_mutex_unlock(&g->mu);
+    pdp__mutex_unlock(&g->mu);
     lc->head.ops = &pdp__local_ops;
     lc->head.backend = PDP_BACKEND_LOCAL;
     lc->head.rank = rank;
@@ -665,9 +661,9 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
     /* world size 1: every collective is local and immediate, no thread */
     if ((st = pdp__workq_init(&lc->q, lc->pool, PDP_LOCAL_MAX_INFLIGHT, "PDP_LOCAL_MAX_INFLIGHT",
                               g->size > 1, fn)) != PDP_OK) {
-        pthread_mutex_lock(&g->mu);
+        pdp__mutex_lock(&g->mu);
         g->joined[rank] = false;
-        pthread_mutex_unlock(&g->mu);
+        pdp__mutex_unlock(&g->mu);
         pdp__dealloc(lc);
         return st;
     }

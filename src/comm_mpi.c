@@ -69,7 +69,6 @@
 
 #ifdef PDP_MPI
 #include <mpi.h>
-#include <sched.h>
 
 #ifndef PDP_MPI_MAX_INFLIGHT
 #  define PDP_MPI_MAX_INFLIGHT 256 /* handles per MPI communicator */
@@ -81,7 +80,7 @@
 
 /* ---- comm_mpi: process-wide MPI ownership ---- */
 
-static pthread_mutex_t pdp__mpi_mu = PTHREAD_MUTEX_INITIALIZER;
+static pdp__mutex pdp__mpi_mu = PDP__MUTEX_INIT;
 static int pdp__mpi_live;          /* MPI communicators alive */
 static bool pdp__mpi_we_init;      /* pdp called MPI_Init_thread, so it finalises */
 static bool pdp__mpi_unclean;      /* a request was abandoned: never call MPI_Finalize */
@@ -108,7 +107,7 @@ typedef struct pdp__mpi_comm {
     bool orphan;                 /* a timed-out request is still pending (q.mu) */
     MPI_Request orphan_req;
     bool traced;                 /* pdp__trace_open succeeded: close at free */
-    pthread_mutex_t p2p_mu;      /* guards p2p[] and every MPI call on its requests */
+    pdp__mutex p2p_mu;      /* guards p2p[] and every MPI call on its requests */
     int p2p_active;              /* messages in flight */
     int n_abandoned;             /* timed-out requests MPI did not cancel (p2p_mu) */
     MPI_Request abandoned[PDP_MPI_MAX_INFLIGHT];
@@ -169,9 +168,9 @@ PDP__PRIVATE void pdp__mpi_abandon(pdp__mpi_comm *mc, MPI_Request *req)
         return;
     }
     MPI_Request_free(req); /* no room: MPI may still need it, so never finalise */
-    pthread_mutex_lock(&pdp__mpi_mu);
+    pdp__mutex_lock(&pdp__mpi_mu);
     pdp__mpi_unclean = true;
-    pthread_mutex_unlock(&pdp__mpi_mu);
+    pdp__mutex_unlock(&pdp__mpi_mu);
 }
 
 /* Advances one message at time now (p2p_mu held): matches, completes, or expires it. */
@@ -248,7 +247,7 @@ PDP__PRIVATE void pdp__mpi_p2p_poll(pdp__workq *q)
     pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
     double now = pdp__now();
     int i;
-    pthread_mutex_lock(&mc->p2p_mu);
+    pdp__mutex_lock(&mc->p2p_mu);
     for (i = 0; i < PDP_MPI_MAX_INFLIGHT && mc->p2p_active; i++)
         if (mc->p2p[i].active) pdp__mpi_p2p_step(mc, &mc->pool[i], now);
     for (i = mc->n_abandoned - 1; i >= 0; i--) {
@@ -256,7 +255,7 @@ PDP__PRIVATE void pdp__mpi_p2p_poll(pdp__workq *q)
         if (MPI_Test(&mc->abandoned[i], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag)
             mc->abandoned[i] = mc->abandoned[--mc->n_abandoned];
     }
-    pthread_mutex_unlock(&mc->p2p_mu);
+    pdp__mutex_unlock(&mc->p2p_mu);
 }
 
 /* The queue's p2p_expire: a poll past w's deadline cancels it (and every other overdue
@@ -286,7 +285,7 @@ PDP__PRIVATE pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, fl
     else a.recv = buf;
     if ((st = pdp__workq_take(c, &a, &w)) != PDP_OK) return st;
     p = &mc->p2p[w - mc->pool];
-    pthread_mutex_lock(&mc->p2p_mu);
+    pdp__mutex_lock(&mc->p2p_mu);
     p->posted = kind == PDP__COLL_SEND;
     p->cancel_by = 0.0;
     if (kind == PDP__COLL_SEND) /* synchronous: complete once received (see above) */
@@ -296,7 +295,7 @@ PDP__PRIVATE pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, fl
         mc->p2p_active++;
         pdp__mpi_p2p_step(mc, w, w->head.t_start); /* a receive whose message is here matches */
     }
-    pthread_mutex_unlock(&mc->p2p_mu);
+    pdp__mutex_unlock(&mc->p2p_mu);
     if (rc != MPI_SUCCESS) {
         char e[256];
         pdp__mpi_errstr(rc, e, sizeof e);
@@ -361,7 +360,7 @@ PDP__PRIVATE pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item 
            200 us (500 us once a peer has kept us 20 ms), since a yielding poller would
            take a share of a core from backward or from whatever keeps the peer busy */
         if (!pdp__workq_nap(&mc->q, now - t0 < 20e-3 ? 200e-6 : 500e-6, now - t0 < 2e-3))
-            sched_yield();
+            pdp__yield();
     }
 }
 
@@ -498,10 +497,10 @@ PDP__PRIVATE pdp_status pdp__mpi_exec(pdp__workq *q, pdp__workq_item *w, char *m
     MPI_Request req;
     pdp_status st = pdp__mpi_run(mc, w, &req, msg, cap);
     if (st != PDP_OK && req != MPI_REQUEST_NULL) {
-        pthread_mutex_lock(&q->mu);
+        pdp__mutex_lock(&q->mu);
         mc->orphan = true;
         mc->orphan_req = req;
-        pthread_mutex_unlock(&q->mu);
+        pdp__mutex_unlock(&q->mu);
     }
     return st;
 }
@@ -510,8 +509,7 @@ PDP__PRIVATE pdp_status pdp__mpi_exec(pdp__workq *q, pdp__workq_item *w, char *m
 PDP__PRIVATE bool pdp__mpi_orphan_test(MPI_Request *req)
 {
     int flag = 0;
-    struct timespec ts = {0, 1000000}; /* 1 ms */
-    nanosleep(&ts, NULL);
+    pdp__sleep_s(1e-3);
     if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 0;
     return flag != 0;
 }
@@ -523,17 +521,16 @@ PDP__PRIVATE bool pdp__mpi_idle(pdp__workq *q)
     pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
     bool done;
     if (q->p2p_live) { /* keep messages moving while the rank computes */
-        struct timespec ts = {0, 200000}; /* 200 us */
-        pthread_mutex_unlock(&q->mu);
+        pdp__mutex_unlock(&q->mu);
         pdp__mpi_p2p_poll(q);
-        nanosleep(&ts, NULL);
-        pthread_mutex_lock(&q->mu);
+        pdp__sleep_s(200e-6);
+        pdp__mutex_lock(&q->mu);
         return true;
     }
     if (!mc->orphan) return false;
-    pthread_mutex_unlock(&q->mu);
+    pdp__mutex_unlock(&q->mu);
     done = pdp__mpi_orphan_test(&mc->orphan_req);
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     if (done) mc->orphan = false;
     return true;
 }
@@ -545,11 +542,10 @@ PDP__PRIVATE bool pdp__mpi_poll_until(MPI_Request *req, double deadline)
 {
     for (;;) {
         int flag = 0;
-        struct timespec ts = {0, 100000}; /* 100 us: creation and shutdown only */
         if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
         if (flag) return true;
         if (pdp__now() > deadline) return false;
-        nanosleep(&ts, NULL);
+        pdp__sleep_s(100e-6); /* creation and shutdown only */
     }
 }
 
@@ -557,7 +553,7 @@ PDP__PRIVATE bool pdp__mpi_poll_until(MPI_Request *req, double deadline)
    (after completing a timed-out duplication, if its late rank came after all). */
 PDP__PRIVATE void pdp__mpi_release(void)
 {
-    pthread_mutex_lock(&pdp__mpi_mu);
+    pdp__mutex_lock(&pdp__mpi_mu);
     if (--pdp__mpi_live == 0 && pdp__mpi_init_orphan) {
         if (pdp__mpi_poll_until(&pdp__mpi_init_req, pdp__now() + PDP__MPI_FREE_GRACE_S)) {
             MPI_Comm_free(&pdp__mpi_init_comm);
@@ -572,7 +568,7 @@ PDP__PRIVATE void pdp__mpi_release(void)
         if (!finalized) MPI_Finalize();
         pdp__mpi_we_init = false;
     }
-    pthread_mutex_unlock(&pdp__mpi_mu);
+    pdp__mutex_unlock(&pdp__mpi_mu);
 }
 
 PDP__PRIVATE void pdp__mpi_destroy(pdp_comm *c)
@@ -584,7 +580,7 @@ PDP__PRIVATE void pdp__mpi_destroy(pdp_comm *c)
     pdp__workq_shutdown(&mc->q);
     /* messages never waited: an unmatched receive is dropped, the rest cancelled, all at
        once, then given one shared grace with the abandoned requests */
-    pthread_mutex_lock(&mc->p2p_mu);
+    pdp__mutex_lock(&mc->p2p_mu);
     for (i = 0; i < PDP_MPI_MAX_INFLIGHT; i++)
         if (mc->p2p[i].active && mc->p2p[i].posted) {
             int flag = 0;
@@ -599,15 +595,15 @@ PDP__PRIVATE void pdp__mpi_destroy(pdp_comm *c)
             stuck = true; /* leave mcomm alone and never finalise */
     for (i = 0; i < mc->n_abandoned; i++)
         if (!pdp__mpi_poll_until(&mc->abandoned[i], give_up)) stuck = true;
-    pthread_mutex_unlock(&mc->p2p_mu);
-    pthread_mutex_destroy(&mc->p2p_mu);
+    pdp__mutex_unlock(&mc->p2p_mu);
+    pdp__mutex_destroy(&mc->p2p_mu);
     /* give a timed-out request a last chance to complete */
     while (mc->orphan && pdp__now() < mc->q.stop_time + PDP__MPI_FREE_GRACE_S)
         if (pdp__mpi_orphan_test(&mc->orphan_req)) mc->orphan = false;
     if (mc->orphan || stuck) { /* a request that never completed still references mcomm */
-        pthread_mutex_lock(&pdp__mpi_mu);
+        pdp__mutex_lock(&pdp__mpi_mu);
         pdp__mpi_unclean = true;
-        pthread_mutex_unlock(&pdp__mpi_mu);
+        pdp__mutex_unlock(&pdp__mpi_mu);
     } else {
         MPI_Comm_free(&mc->mcomm);
     }
@@ -650,8 +646,8 @@ static const pdp__comm_ops pdp__mpi_ops = {
                          launcher ends the job. */
 
 typedef struct pdp__mpi_watch {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;      /* CLOCK_MONOTONIC */
+    pdp__mutex mu;
+    pdp__cond cv;
     bool done;              /* MPI_Init_thread returned */
     double timeout_s;
     pdp_log_fn log;
@@ -662,13 +658,12 @@ typedef struct pdp__mpi_watch {
 PDP__PRIVATE void *pdp__mpi_watchdog(void *arg)
 {
     pdp__mpi_watch *w = (pdp__mpi_watch *)arg;
-    struct timespec deadline;
+    double deadline = pdp__now() + w->timeout_s;
     bool fired = false;
-    pdp__deadline(&deadline, w->timeout_s);
-    pthread_mutex_lock(&w->mu);
+    pdp__mutex_lock(&w->mu);
     while (!w->done && !fired)
-        fired = pthread_cond_timedwait(&w->cv, &w->mu, &deadline) == ETIMEDOUT && !w->done;
-    pthread_mutex_unlock(&w->mu);
+        fired = pdp__cond_timedwait(&w->cv, &w->mu, deadline) == ETIMEDOUT && !w->done;
+    pdp__mutex_unlock(&w->mu);
     if (fired && w->log) w->log(PDP_LOG_ERROR, w->msg, w->log_user);
     return NULL;
 }
@@ -747,8 +742,7 @@ PDP__PRIVATE int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout
                                        pdp_status *st, const char *fn)
 {
     pdp__mpi_watch w;
-    pthread_condattr_t ca;
-    pthread_t tid;
+    pdp__thread tid;
     pdp_env_info env;
     pdp_store *store = NULL;
     bool checked = false, watching;
@@ -770,22 +764,19 @@ PDP__PRIVATE int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout
                        "inside MPI's start-up (MPI cannot say which)"
                      : "a rank did not start or is stuck before pdp_comm_init_env (MPI cannot "
                        "say which; set PDP_STORE_PORT for a start-up check that names it)");
-    pthread_mutex_init(&w.mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&w.cv, &ca);
-    pthread_condattr_destroy(&ca);
-    watching = w.log && pthread_create(&tid, NULL, pdp__mpi_watchdog, &w) == 0;
+    pdp__mutex_init(&w.mu);
+    pdp__cond_init(&w.cv);
+    watching = w.log && pdp__thread_create(&tid, pdp__mpi_watchdog, &w) == 0;
     rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, provided);
     if (watching) {
-        pthread_mutex_lock(&w.mu);
+        pdp__mutex_lock(&w.mu);
         w.done = true;
-        pthread_cond_signal(&w.cv);
-        pthread_mutex_unlock(&w.mu);
-        pthread_join(tid, NULL);
+        pdp__cond_signal(&w.cv);
+        pdp__mutex_unlock(&w.mu);
+        pdp__thread_join(&tid);
     }
-    pthread_mutex_destroy(&w.mu);
-    pthread_cond_destroy(&w.cv);
+    pdp__mutex_destroy(&w.mu);
+    pdp__cond_destroy(&w.cv);
     pdp_store_free(store); /* every rank is past MPI's start-up: nobody needs it now */
     return rc;
 }
@@ -798,7 +789,7 @@ PDP__PRIVATE pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeo
 {
     int inited = 0, finalized = 0, provided = 0, rc;
     pdp_status st = PDP_OK;
-    pthread_mutex_lock(&pdp__mpi_mu);
+    pdp__mutex_lock(&pdp__mpi_mu);
     MPI_Finalized(&finalized);
     if (finalized) {
         st = pdp__err(PDP_ERR_STATE, "%s: MPI is already finalized and cannot start again (pdp "
@@ -834,7 +825,7 @@ PDP__PRIVATE pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeo
     }
     pdp__mpi_live++;
 out:
-    pthread_mutex_unlock(&pdp__mpi_mu);
+    pdp__mutex_unlock(&pdp__mpi_mu);
     return st;
 }
 
@@ -853,17 +844,17 @@ PDP__PRIVATE pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *des
         return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the MPI backend moves CPU buffers; device "
                         "CUDA %d needs PDP_BACKEND_NCCL", fn, desc->device.ordinal);
     if ((st = pdp__mpi_acquire(desc, timeout_s, fn)) != PDP_OK) return st;
-    pthread_mutex_lock(&pdp__mpi_mu);
+    pdp__mutex_lock(&pdp__mpi_mu);
     if (pdp__mpi_init_orphan && pdp__mpi_poll_until(&pdp__mpi_init_req, 0.0)) {
         MPI_Comm_free(&pdp__mpi_init_comm); /* an earlier timed-out duplication completed */
         pdp__mpi_init_orphan = false;
     }
-    pthread_mutex_unlock(&pdp__mpi_mu);
+    pdp__mutex_unlock(&pdp__mpi_mu);
     rc = MPI_Comm_idup(MPI_COMM_WORLD, &mcomm, &req);
     if (rc == MPI_SUCCESS && !pdp__mpi_poll_until(&req, pdp__now() + timeout_s)) {
         int world_rank = -1;
         MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-        pthread_mutex_lock(&pdp__mpi_mu);
+        pdp__mutex_lock(&pdp__mpi_mu);
         if (pdp__mpi_init_orphan) {
             pdp__mpi_unclean = true; /* a second orphan: no slot to keep it */
         } else {
@@ -871,7 +862,7 @@ PDP__PRIVATE pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *des
             pdp__mpi_init_req = req;
             pdp__mpi_init_comm = mcomm;
         }
-        pthread_mutex_unlock(&pdp__mpi_mu);
+        pdp__mutex_unlock(&pdp__mpi_mu);
         pdp__mpi_release();
         return pdp__err(PDP_ERR_TIMEOUT, "%s: rank %d: duplicating MPI_COMM_WORLD did not "
                         "complete within %g s: at least one rank did not call "
@@ -910,7 +901,7 @@ PDP__PRIVATE pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for the MPI communicator (rank %d)",
                         fn, rank);
     }
-    pthread_mutex_init(&mc->p2p_mu, NULL);
+    pdp__mutex_init(&mc->p2p_mu);
     mc->head.ops = &pdp__mpi_ops;
     mc->head.backend = PDP_BACKEND_MPI;
     mc->head.rank = rank;
@@ -953,7 +944,7 @@ fail:
     if (mc->op16[0] != MPI_OP_NULL) MPI_Op_free(&mc->op16[0]);
     if (mc->op16[1] != MPI_OP_NULL) MPI_Op_free(&mc->op16[1]);
     if (mc->traced) pdp__trace_close();
-    pthread_mutex_destroy(&mc->p2p_mu);
+    pdp__mutex_destroy(&mc->p2p_mu);
     pdp__dealloc(mc);
     MPI_Comm_free(&mcomm);
     pdp__mpi_release();
@@ -979,9 +970,9 @@ PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new
     a.op = colour;
     a.count = key;
     a.out = &nc;
-    pthread_mutex_lock(&pdp__mpi_mu);
+    pdp__mutex_lock(&pdp__mpi_mu);
     pdp__mpi_live++; /* the new communicator's reference, taken before anything can finalise */
-    pthread_mutex_unlock(&pdp__mpi_mu);
+    pdp__mutex_unlock(&pdp__mpi_mu);
     if ((st = pdp__workq_submit(c, &a, &w)) == PDP_OK) st = pdp__workq_wait(w);
     if (st != PDP_OK || colour < 0 || nc == MPI_COMM_NULL) {
         if (nc != MPI_COMM_NULL) MPI_Comm_free(&nc);

@@ -34,20 +34,6 @@
 
 #include "internal.h"
 
-/* *ts = CLOCK_MONOTONIC now + seconds, for pthread_cond_timedwait on a condition
-   variable created with a monotonic clock. */
-PDP__PRIVATE void pdp__deadline(struct timespec *ts, double seconds)
-{
-    double whole = floor(seconds);
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += (time_t)whole;
-    ts->tv_nsec += (long)((seconds - whole) * 1e9);
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
 #define PDP__MSG_CAP 512 /* bytes of a collective's failure message */
 
 #define PDP__COMM_TIMEOUT_DEFAULT 300.0 /* seconds, when a desc's timeout_s is 0 */
@@ -127,10 +113,10 @@ struct pdp__workq {
     int trace_pid;                 /* the trace's process lane (MPI: the world rank) */
     const char *limit_macro;       /* "PDP_LOCAL_MAX_INFLIGHT": how to raise capacity */
     int capacity;
-    pthread_mutex_t mu;
-    pthread_cond_t wake;           /* queue not empty, or stopping */
-    pthread_cond_t done;           /* a handle completed */
-    pthread_t thread;
+    pdp__mutex mu;
+    pdp__cond wake;           /* queue not empty, or stopping */
+    pdp__cond done;           /* a handle completed */
+    pdp__thread thread;
     bool threaded;
     bool stopping;
     double stop_time;
@@ -169,12 +155,12 @@ PDP__PRIVATE void pdp__workq_run(pdp__workq *q, pdp__workq_item *w)
         snprintf(w->msg, sizeof w->msg, "%s #%lld not run: %.300s", w->head.op_name,
                  (long long)w->head.seq, q->broken_msg);
     } else {
-        pthread_mutex_unlock(&q->mu);
+        pdp__mutex_unlock(&q->mu);
         msg[0] = '\0';
         st = q->exec(q, w, msg, sizeof msg);
         t_done = pdp__now();
         pdp__workq_trace(q, w, t_start, t_done, st);
-        pthread_mutex_lock(&q->mu);
+        pdp__mutex_lock(&q->mu);
         if (st != PDP_OK && q->sticky && !q->broken) {
             q->broken = true;
             q->broken_status = st;
@@ -185,24 +171,24 @@ PDP__PRIVATE void pdp__workq_run(pdp__workq *q, pdp__workq_item *w)
         if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
     }
     w->done = true;
-    pthread_cond_broadcast(&q->done);
+    pdp__cond_broadcast(&q->done);
 }
 
 PDP__PRIVATE void *pdp__workq_progress(void *arg)
 {
     pdp__workq *q = (pdp__workq *)arg;
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     for (;;) {
         pdp__workq_item *w;
         while (!q->q_head && !q->stopping)
-            if (!q->idle || !q->idle(q)) pthread_cond_wait(&q->wake, &q->mu);
+            if (!q->idle || !q->idle(q)) pdp__cond_wait(&q->wake, &q->mu);
         if (!q->q_head) break; /* stopping with nothing queued */
         w = q->q_head;
         q->q_head = w->next;
         if (!q->q_head) q->q_tail = NULL;
         pdp__workq_run(q, w);
     }
-    pthread_mutex_unlock(&q->mu);
+    pdp__mutex_unlock(&q->mu);
     return NULL;
 }
 
@@ -212,7 +198,6 @@ PDP__PRIVATE void *pdp__workq_progress(void *arg)
 PDP__PRIVATE pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capacity,
                                         const char *limit_macro, bool threaded, const char *fn)
 {
-    pthread_condattr_t ca;
     int i;
     q->capacity = capacity;
     q->limit_macro = limit_macro;
@@ -220,17 +205,14 @@ PDP__PRIVATE pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, in
         pool[i].next = q->free_list;
         q->free_list = &pool[i];
     }
-    pthread_mutex_init(&q->mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* pdp__workq_nap's timed wait */
-    pthread_cond_init(&q->wake, &ca);
-    pthread_cond_init(&q->done, &ca); /* a message's wait times out */
-    pthread_condattr_destroy(&ca);
+    pdp__mutex_init(&q->mu);
+    pdp__cond_init(&q->wake); /* pdp__workq_nap's timed wait */
+    pdp__cond_init(&q->done); /* a message's wait times out */
     q->threaded = threaded;
-    if (threaded && pthread_create(&q->thread, NULL, pdp__workq_progress, q) != 0) {
-        pthread_mutex_destroy(&q->mu);
-        pthread_cond_destroy(&q->wake);
-        pthread_cond_destroy(&q->done);
+    if (threaded && pdp__thread_create(&q->thread, pdp__workq_progress, q) != 0) {
+        pdp__mutex_destroy(&q->mu);
+        pdp__cond_destroy(&q->wake);
+        pdp__cond_destroy(&q->done);
         return pdp__err(PDP_ERR_WORKER, "%s: cannot start the progress thread of rank %d", fn,
                         q->comm->rank);
     }
@@ -241,10 +223,10 @@ PDP__PRIVATE pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, in
 PDP__PRIVATE bool pdp__workq_stopping(pdp__workq *q, double *since)
 {
     bool s;
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     s = q->stopping;
     *since = q->stop_time;
-    pthread_mutex_unlock(&q->mu);
+    pdp__mutex_unlock(&q->mu);
     return s;
 }
 
@@ -256,15 +238,14 @@ PDP__PRIVATE bool pdp__workq_stopping(pdp__workq *q, double *since)
    collective's completion at once. */
 PDP__PRIVATE bool pdp__workq_nap(pdp__workq *q, double seconds, bool eager)
 {
-    struct timespec deadline;
+    double deadline = pdp__now() + seconds;
     bool slept = false;
-    pdp__deadline(&deadline, seconds);
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     if (!eager || !q->waiters) {
-        pthread_cond_timedwait(&q->wake, &q->mu, &deadline);
+        pdp__cond_timedwait(&q->wake, &q->mu, deadline);
         slept = true;
     }
-    pthread_mutex_unlock(&q->mu);
+    pdp__mutex_unlock(&q->mu);
     return slept;
 }
 
@@ -272,16 +253,16 @@ PDP__PRIVATE bool pdp__workq_nap(pdp__workq *q, double seconds, bool eager)
 PDP__PRIVATE void pdp__workq_shutdown(pdp__workq *q)
 {
     if (q->threaded) {
-        pthread_mutex_lock(&q->mu);
+        pdp__mutex_lock(&q->mu);
         q->stopping = true;
         q->stop_time = pdp__now();
-        pthread_cond_signal(&q->wake);
-        pthread_mutex_unlock(&q->mu);
-        pthread_join(q->thread, NULL);
+        pdp__cond_signal(&q->wake);
+        pdp__mutex_unlock(&q->mu);
+        pdp__thread_join(&q->thread);
     }
-    pthread_mutex_destroy(&q->mu);
-    pthread_cond_destroy(&q->wake);
-    pthread_cond_destroy(&q->done);
+    pdp__mutex_destroy(&q->mu);
+    pdp__cond_destroy(&q->wake);
+    pdp__cond_destroy(&q->done);
 }
 
 /* Takes a handle, fills it and queues it (or runs it inline without a thread). */
@@ -289,17 +270,17 @@ PDP__PRIVATE pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *arg
 {
     pdp__workq *q = (pdp__workq *)c->impl;
     pdp__workq_item *w;
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     if (q->broken) {
         pdp_status st = q->broken_status;
         pdp__err(st, "%s on comm '%s' (rank %d of %d): the communicator is broken: %s",
                  pdp__op_names[args->kind], c->name, c->rank, c->size, q->broken_msg);
-        pthread_mutex_unlock(&q->mu);
+        pdp__mutex_unlock(&q->mu);
         return st;
     }
     w = q->free_list;
     if (!w) {
-        pthread_mutex_unlock(&q->mu);
+        pdp__mutex_unlock(&q->mu);
         return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait for "
                         "some (%s)", q->capacity, c->name, c->rank, q->limit_macro);
     }
@@ -320,11 +301,11 @@ PDP__PRIVATE pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *arg
         if (q->q_tail) q->q_tail->next = w;
         else q->q_head = w;
         q->q_tail = w;
-        pthread_cond_signal(&q->wake);
+        pdp__cond_signal(&q->wake);
     } else {
         pdp__workq_run(q, w);
     }
-    pthread_mutex_unlock(&q->mu);
+    pdp__mutex_unlock(&q->mu);
     *out = &w->head;
     return PDP_OK;
 }
@@ -344,16 +325,16 @@ PDP__PRIVATE pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args,
 {
     pdp__workq *q = (pdp__workq *)c->impl;
     pdp__workq_item *w;
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     if (q->broken) {
         pdp_status st = q->broken_status;
         pdp__err(st, "%s on comm '%s' (rank %d of %d): the communicator is broken: %s",
                  pdp__op_names[args->kind], c->name, c->rank, c->size, q->broken_msg);
-        pthread_mutex_unlock(&q->mu);
+        pdp__mutex_unlock(&q->mu);
         return st;
     }
     if (!(w = q->free_list)) {
-        pthread_mutex_unlock(&q->mu);
+        pdp__mutex_unlock(&q->mu);
         return pdp__err(PDP_ERR_STATE, "%d collectives and messages in flight on comm '%s' "
                         "(rank %d): wait for some (%s)", q->capacity, c->name, c->rank,
                         q->limit_macro);
@@ -372,7 +353,7 @@ PDP__PRIVATE pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args,
     w->done = false;
     w->status = PDP_OK;
     w->msg[0] = '\0';
-    pthread_mutex_unlock(&q->mu);
+    pdp__mutex_unlock(&q->mu);
     *out = w;
     return PDP_OK;
 }
@@ -380,11 +361,11 @@ PDP__PRIVATE pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args,
 /* Returns a handle that was never handed out (its launch failed). */
 PDP__PRIVATE void pdp__workq_untake(pdp__workq *q, pdp__workq_item *w)
 {
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     q->p2p_live--;
     w->next = q->free_list;
     q->free_list = w;
-    pthread_mutex_unlock(&q->mu);
+    pdp__mutex_unlock(&q->mu);
 }
 
 /* Completes a message's handle (q->mu not held); msg without a function-name prefix. */
@@ -393,14 +374,14 @@ PDP__PRIVATE void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_statu
 {
     double t = pdp__now();
     pdp__workq_trace(q, w, w->head.t_start, t, st);
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     w->head.t_done = t;
     w->status = st;
     if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
     w->done = true;
     q->p2p_live--;
-    pthread_cond_broadcast(&q->done);
-    pthread_mutex_unlock(&q->mu);
+    pdp__cond_broadcast(&q->done);
+    pdp__mutex_unlock(&q->mu);
 }
 
 /* "recv #4 (count 7) from rank 1 with tag 5 on comm 'comm', rank 0 of 2" */
@@ -427,24 +408,22 @@ PDP__PRIVATE void pdp__workq_p2p_block(pdp__workq *q, pdp__workq_item *w)
 {
     double deadline = w->head.t_start + w->head.comm->timeout_s;
     while (!w->done) {
-        struct timespec ts;
         double now = pdp__now(), nap;
         if (q->p2p_poll) {
-            pthread_mutex_unlock(&q->mu);
+            pdp__mutex_unlock(&q->mu);
             q->p2p_poll(q);
-            pthread_mutex_lock(&q->mu);
+            pdp__mutex_lock(&q->mu);
             if (w->done) break;
         }
         if (now > deadline) {
-            pthread_mutex_unlock(&q->mu);
+            pdp__mutex_unlock(&q->mu);
             q->p2p_expire(q, w);
-            pthread_mutex_lock(&q->mu);
+            pdp__mutex_lock(&q->mu);
             if (w->done) break;
         }
         nap = now > deadline ? 100e-6 : deadline - now + 1e-4; /* past it: a withdrawal's grace */
         if (q->p2p_poll && nap > 100e-6) nap = 100e-6;
-        pdp__deadline(&ts, nap);
-        pthread_cond_timedwait(&q->done, &q->mu, &ts);
+        pdp__cond_timedwait(&q->done, &q->mu, pdp__now() + nap);
     }
 }
 
@@ -453,17 +432,17 @@ PDP__PRIVATE pdp_status pdp__workq_wait(pdp_work *work)
     pdp__workq_item *w = (pdp__workq_item *)work;
     pdp__workq *q = (pdp__workq *)work->comm->impl;
     pdp_status st;
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     q->waiters++;
-    pthread_cond_signal(&q->wake); /* ends a pdp__workq_nap: poll hard from now on */
+    pdp__cond_signal(&q->wake); /* ends a pdp__workq_nap: poll hard from now on */
     if (w->p2p) pdp__workq_p2p_block(q, w);
-    while (!w->done) pthread_cond_wait(&q->done, &q->mu); /* exec times out */
+    while (!w->done) pdp__cond_wait(&q->done, &q->mu); /* exec times out */
     q->waiters--;
     st = w->status;
     if (st != PDP_OK) pdp__err(st, "%s", w->msg);
     w->next = q->free_list; /* recycled; the head stays readable until the next launch */
     q->free_list = w;
-    pthread_mutex_unlock(&q->mu);
+    pdp__mutex_unlock(&q->mu);
     return st;
 }
 
@@ -473,9 +452,9 @@ PDP__PRIVATE bool pdp__workq_done(pdp_work *work)
     pdp__workq *q = (pdp__workq *)work->comm->impl;
     bool d;
     if (w->p2p && q->p2p_poll) q->p2p_poll(q);
-    pthread_mutex_lock(&q->mu);
+    pdp__mutex_lock(&q->mu);
     d = w->done;
-    pthread_mutex_unlock(&q->mu);
+    pdp__mutex_unlock(&q->mu);
     return d;
 }
 

@@ -11,8 +11,6 @@
    bytes. A dataset keeps pixels as floats, [count, features]. */
 
 #include "internal.h"
-#include <dirent.h>
-#include <sys/stat.h>
 
 /* ---- files ---- */
 
@@ -33,7 +31,7 @@ PDP__PRIVATE pdp_status pdp__read_file(const char *path, uint8_t **data, size_t 
         fclose(f);
         return pdp__err(PDP_ERR_IO, "%s: cannot size %s: %s", fn, path, strerror(errno));
     }
-    if ((unsigned long)size > PDP_MAX_FILE_BYTES) {
+    if ((uint64_t)size > PDP_MAX_FILE_BYTES) {
         fclose(f);
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: %ld bytes is larger than PDP_MAX_FILE_BYTES", fn,
                         path, size);
@@ -869,33 +867,31 @@ PDP__PRIVATE void pdp__free_paths(char **paths, int64_t n)
     pdp__dealloc(paths);
 }
 
-/* The paths of dir's regular files (lstat: links are skipped) whose names do not end in
+/* The paths of dir's regular files (links are skipped) whose names do not end in
    ".dat", sorted bytewise: *n of them in *paths (each and the list PDP_MALLOC'd). */
 PDP__PRIVATE pdp_status pdp__text_dir(const char *dir, char ***paths, int64_t *n, const char *fn)
 {
     size_t dlen = strlen(dir);
-    const char *sep = dlen && dir[dlen - 1] == '/' ? "" : "/";
+    const char *sep = dlen && pdp__is_sep(dir[dlen - 1]) ? "" : "/", *name;
     char **list = NULL;
     int64_t len = 0, cap = 0;
     pdp_status st = PDP_OK;
-    struct dirent *e;
-    DIR *d;
+    pdp__dir *d;
     *paths = NULL;
     *n = 0;
-    if (!(d = opendir(dir)))
+    if (!(d = pdp__dir_open(dir)))
         return pdp__err(PDP_ERR_IO, "%s: cannot list %s: %s", fn, dir, strerror(errno));
     for (;;) {
-        struct stat sb;
         size_t nlen, bytes;
+        int kind;
         char *p;
-        errno = 0;
-        if (!(e = readdir(d))) {
+        if (!(name = pdp__dir_next(d))) {
             if (errno)
                 st = pdp__err(PDP_ERR_IO, "%s: cannot list %s: %s", fn, dir, strerror(errno));
             break;
         }
-        nlen = strlen(e->d_name);
-        if (nlen >= 4 && strcmp(e->d_name + nlen - 4, ".dat") == 0) continue;
+        nlen = strlen(name);
+        if (nlen >= 4 && strcmp(name + nlen - 4, ".dat") == 0) continue;
         if (len == cap) { /* the list doubles */
             char **grown;
             cap = cap ? 2 * cap : 64;
@@ -912,19 +908,19 @@ PDP__PRIVATE pdp_status pdp__text_dir(const char *dir, char ***paths, int64_t *n
             st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory to list %s", fn, dir);
             break;
         }
-        snprintf(p, bytes, "%s%s%s", dir, sep, e->d_name);
-        if (lstat(p, &sb) != 0) {
+        snprintf(p, bytes, "%s%s%s", dir, sep, name);
+        if ((kind = pdp__path_kind(p, false)) < 0) {
             st = pdp__err(PDP_ERR_IO, "%s: cannot stat %s: %s", fn, p, strerror(errno));
             pdp__dealloc(p);
             break;
         }
-        if (!S_ISREG(sb.st_mode)) { /* ".", "..", subdirectories, links, devices */
+        if (kind != PDP__PATH_FILE) { /* ".", "..", subdirectories, links, devices */
             pdp__dealloc(p);
             continue;
         }
         list[len++] = p;
     }
-    closedir(d);
+    pdp__dir_close(d);
     if (st != PDP_OK) {
         pdp__free_paths(list, len);
         return st;
@@ -992,17 +988,17 @@ PDP_API pdp_status pdp_token_dataset_load(pdp_token_dataset **out, const char *p
     static const char fn[] = "pdp_token_dataset_load";
     pdp_token_dataset *ds;
     pdp_token_dataset_desc d;
-    struct stat sb;
     char **paths = NULL;
     const char *one = path;
     int64_t n = 0;
+    int kind;
     bool dir;
     pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!path) return pdp__err(PDP_ERR_INVALID, "%s: path is NULL", fn);
     if ((st = pdp__token_desc_defaults(desc, &d, fn)) != PDP_OK) return st;
-    if (stat(path, &sb) != 0) {
+    if ((kind = pdp__path_kind(path, true)) < 0) {
         int err = errno;
         bool missing = err == ENOENT || err == ENOTDIR;
         if (missing && d.synthetic_fallback) {
@@ -1017,8 +1013,8 @@ PDP_API pdp_status pdp_token_dataset_load(pdp_token_dataset **out, const char *p
                         missing ? " (name a text file or a directory of them; apt-get install "
                                   "fortunes gives " PDP_FORTUNES_DIR ")" : "");
     }
-    dir = S_ISDIR(sb.st_mode);
-    if (!dir && !S_ISREG(sb.st_mode))
+    dir = kind == PDP__PATH_DIR;
+    if (!dir && kind != PDP__PATH_FILE)
         return pdp__err(PDP_ERR_IO, "%s: %s is neither a regular file nor a directory", fn, path);
     if (!(ds = (pdp_token_dataset *)pdp__calloc(sizeof *ds)))
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);

@@ -70,7 +70,6 @@
    PDP_CUDA, CUDA devices fail with PDP_ERR_UNSUPPORTED naming the macro. */
 
 #include "internal.h"
-#include <unistd.h>
 
 /* ---- dp: the object ---- */
 
@@ -175,12 +174,7 @@ PDP__PRIVATE void pdp__dp_memory(pdp_dp *dp)
 
 /* CPU seconds used by the calling thread: unlike wall time, it does not count
    the time a busy machine keeps the thread waiting for a core. */
-PDP__PRIVATE double pdp__dp_thread_cpu(void)
-{
-    struct timespec ts;
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0.0;
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+PDP__PRIVATE double pdp__dp_thread_cpu(void) { return pdp__thread_cpu_s(); }
 
 /* Parallel apply, one replica: forward, loss against its labels, backward. */
 PDP__PRIVATE void pdp__dp_apply_one(pdp__dp_worker *w)
@@ -333,10 +327,7 @@ PDP__PRIVATE pdp_status pdp__dp_desc_defaults(const pdp_dp_desc *in, pdp_dp_desc
     if (d.num_workers == 0 && d.devices)
         return pdp__err(PDP_ERR_INVALID,
                         "pdp_dp_create: num_workers 0 with a devices list (give its length)");
-    if (d.num_workers == 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        d.num_workers = cores > 0 ? (int)PDP__MIN(cores, (long)PDP_DP_MAX_WORKERS) : 1;
-    }
+    if (d.num_workers == 0) d.num_workers = PDP__MIN(pdp__cpu_count(), PDP_DP_MAX_WORKERS);
     if (d.threads_per_worker < 0)
         return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: threads_per_worker %d is negative",
                         d.threads_per_worker);
@@ -458,7 +449,7 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
         if (rc != 0) {
             int made = dp->team.nworkers + 1;
             pdp__dp_destroy(dp);
-            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: worker %d: pthread_create: %s",
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: worker %d: cannot start its thread: %s",
                             made, strerror(rc));
         }
     }

@@ -188,7 +188,7 @@ PDP__PRIVATE void pdp__amx_emu_dp(pdp__amx_tiles *e, int c, int a, int b)
 #    define PDP__AMX_OP(e, emu, hw) emu
 #  endif
 #  if PDP__BF16_AMX
-#    define PDP__AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#    define PDP__AMX_TARGET PDP__TARGET("amx-tile,amx-bf16")
 #  else
 #    define PDP__AMX_TARGET
 #  endif

@@ -41,7 +41,7 @@
      depend on the thread count or on how the parts are cut. The emulation's AVX-512F
      and AVX2 kernels (FMAs under MXCSR DAZ/FTZ) gave the AVX512 path's bits on every
      input tried; its portable kernel gives them except for products below 2^-126.
-   - Paths are chosen by CPUID (checked once, pthread_once) and the OS's XCR0: the
+   - Paths are chosen by CPUID (checked once, pdp__once_run) and the OS's XCR0: the
      AVX512 kernel needs AVX512F, AVX512BW (the packing's vpermw), AVX512DQ (its
      vfpclassps), AVX512-BF16 and the zmm state enabled; the AMX
      kernel AMX-TILE, AMX-BF16, the tile state in XCR0 (bits 17, 18) and Linux's
@@ -70,18 +70,15 @@
 #  define PDP__BF16_PAR_FLOPS 1.0e6
 #endif
 
-#if !defined(PDP_NO_SIMD) && (defined(__x86_64__) || defined(__i386__)) && \
-    (defined(__GNUC__) || defined(__clang__))
+#if !defined(PDP_NO_SIMD) && defined(PDP__X86_CPUID) && defined(PDP__HAVE_TARGET)
 #  define PDP__BF16_X86 1
-#  include <cpuid.h>
 #  include <immintrin.h>
 #else
 #  define PDP__BF16_X86 0
 #endif
-/* AMX: x86-64 Linux (the permission is an arch_prctl) and a compiler with the AMX
-   intrinsics (gcc 11, clang 12) */
-#if PDP__BF16_X86 && defined(__x86_64__) && defined(__linux__) && \
-    (__GNUC__ >= 11 || (defined(__clang__) && __clang_major__ >= 12))
+/* AMX: where platform.h can ask the OS's permission (x86-64 Linux's arch_prctl) and
+   the compiler has the AMX intrinsics (gcc 11, clang 12) */
+#if PDP__BF16_X86 && defined(PDP__HAVE_AMX_PERMIT)
 #  define PDP__BF16_AMX 1
 #else
 #  define PDP__BF16_AMX 0
@@ -131,47 +128,34 @@ typedef struct pdp__bf16_cpu {
 #define PDP__BF16_INTEL 1
 #define PDP__BF16_AMD 2
 
-static pthread_once_t pdp__bf16_once = PTHREAD_ONCE_INIT;
+static pdp__once pdp__bf16_once = PDP__ONCE_INIT;
 static pdp__bf16_cpu pdp__bf16_this; /* written once under pdp__bf16_once */
-
-#if PDP__BF16_AMX
-/* Linux's arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18): lets this
-   process use the AMX tile data (Linux 5.16 and later; before, or refused: an error).
-   The raw syscall (158 on x86-64): syscall(2) is not declared under strict C99's
-   _POSIX_C_SOURCE. 0 on success, else -errno. */
-PDP__PRIVATE long pdp__bf16_amx_permit(void)
-{
-    long ret;
-    __asm__ volatile("syscall"
-                     : "=a"(ret)
-                     : "0"(158L), "D"(0x1023L), "S"(18L)
-                     : "rcx", "r11", "memory");
-    return ret;
-}
-#endif
 
 PDP__PRIVATE void pdp__bf16_detect(void)
 {
 #if PDP__BF16_X86
     pdp__bf16_cpu *cpu = &pdp__bf16_this;
-    unsigned a, b, c, d, xcr0_lo = 0, xcr0_hi = 0;
-    unsigned b7 = 0, c7 = 0, d7 = 0, a71 = 0;
+    unsigned r[4], a, b, c, d;
+    unsigned b7 = 0, d7 = 0, a71 = 0;
     int fma;
     uint64_t xcr0;
-    if (!__get_cpuid(0, &a, &b, &c, &d)) return;
+    if (!pdp__cpuid(0, 0, r)) return;
+    b = r[1], c = r[2], d = r[3];
     if (b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu) cpu->vendor = PDP__BF16_INTEL;
     if (b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u) cpu->vendor = PDP__BF16_AMD;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    if (!pdp__cpuid(1, 0, r)) return;
+    a = r[0], c = r[2];
     cpu->family = (int)((a >> 8) & 0xfu);
     cpu->model = (int)((a >> 4) & 0xfu);
     if (cpu->family == 6 || cpu->family == 15) cpu->model += (int)((a >> 12) & 0xf0u);
     if (cpu->family == 15) cpu->family += (int)((a >> 20) & 0xffu);
     if (!(c & (1u << 27))) return; /* OSXSAVE */
     fma = (c & (1u << 12)) != 0;
-    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-    xcr0 = ((uint64_t)xcr0_hi << 32) | xcr0_lo;
-    if (__get_cpuid_count(7, 0, &a, &b7, &c7, &d7) && a >= 1)
-        __get_cpuid_count(7, 1, &a71, &b, &c, &d);
+    xcr0 = pdp__xgetbv0();
+    if (pdp__cpuid(7, 0, r)) {
+        b7 = r[1], d7 = r[3];
+        if (r[0] >= 1 && pdp__cpuid(7, 1, r)) a71 = r[0];
+    }
     /* XCR0: SSE, AVX state; AVX2 */
     cpu->emul256 = (xcr0 & 0x6u) == 0x6u && (b7 & (1u << 5)) && fma;
     /* XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM enabled by the OS; AVX512F */
@@ -182,7 +166,9 @@ PDP__PRIVATE void pdp__bf16_detect(void)
     /* CPUID.7.0 EDX: AMX-BF16 (bit 22), AMX-TILE (24); XCR0: XTILECFG (17), XTILEDATA
        (18); then the kernel's permission, asked once for the process */
     cpu->amx = (d7 & (1u << 22)) && (d7 & (1u << 24)) && (xcr0 & 0x60000u) == 0x60000u &&
-               pdp__bf16_amx_permit() == 0;
+               pdp__amx_permit();
+#  else
+    (void)d7;
 #  endif
 #endif
 }
@@ -209,7 +195,7 @@ PDP__PRIVATE bool pdp__bf16_cpu_has(const pdp__bf16_cpu *cpu, pdp_bf16_path path
 
 PDP_API bool pdp_bf16_path_available(pdp_bf16_path path)
 {
-    pthread_once(&pdp__bf16_once, pdp__bf16_detect);
+    pdp__once_run(&pdp__bf16_once, pdp__bf16_detect);
     return pdp__bf16_cpu_has(&pdp__bf16_this, path);
 }
 
@@ -318,7 +304,7 @@ PDP__PRIVATE pdp_bf16_path pdp__bf16_choose(const pdp__bf16_cpu *cpu, pdp_trans 
 PDP_API pdp_bf16_path pdp_bf16_path_for(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
                                         int64_t k)
 {
-    pthread_once(&pdp__bf16_once, pdp__bf16_detect);
+    pdp__once_run(&pdp__bf16_once, pdp__bf16_detect);
     return pdp__bf16_choose(&pdp__bf16_this, ta, tb, m, n, k);
 }
 
@@ -417,7 +403,7 @@ PDP__PRIVATE void pdp__bf16_convert_emul(const float *x, uint16_t *h, int64_t n)
 }
 
 #if PDP__BF16_X86
-#  define PDP__BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16")))
+#  define PDP__BF16_TARGET PDP__TARGET("avx512f,avx512bw,avx512dq,avx512bf16")
 /* The zero-masking forms, with every lane kept, of the unpacks and extracts the packing
    uses: GCC's headers write the plain forms with _mm*_undefined_*() as the merge source
    (`__m512i __Y = __Y;`), which g++ and nvcc's host pass (not gcc) report as
@@ -465,7 +451,7 @@ PDP__BF16_TARGET static inline __m512i pdp__bf16_cvt2(__m512 lo, __m512 hi)
    pair p, as pair words to d + p width (wide: width >= 16; else width 8, rows 8-15 to
    d + panel + p width when two: both halves are in the padded rows); inlined with wide
    and two constant, so that the loop has no branch but the subnormal one. */
-PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pack_rows16(
+PDP__BF16_TARGET static inline PDP__ALWAYS_INLINE void pdp__bf16_pack_rows16(
     const float *x, int64_t ld, int64_t at, __mmask16 m, int64_t k, int width, int64_t panel,
     const int wide, const int two, uint32_t *d)
 {
@@ -557,7 +543,7 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_rows(const float *x, int64_t l
    adjacent words) and transposed in registers. A block of 16 whole pairs in a panel of
    width 8 is stored as 8 zmm of two pair rows each; the others lane by lane. Inlined
    with x or h NULL: x's rows at x + r ld, h's at h + off[r]. */
-PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pack_k_core(
+PDP__BF16_TARGET static inline PDP__ALWAYS_INLINE void pdp__bf16_pack_k_core(
     const float *x, const uint16_t *h, int64_t ld, const int64_t *off, int64_t r0, int rows,
     int64_t k, int width, uint32_t *dst)
 {
@@ -751,7 +737,7 @@ PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const
    kernel's corner). MXCSR is restored before C is written, so alpha and beta see the
    caller's modes as on the other paths. The bits equal the AVX512 path's on every input
    test_bf16 tries, subnormal-heavy ones included. */
-#  define PDP__BF16_EMUL_TARGET __attribute__((target("avx512f")))
+#  define PDP__BF16_EMUL_TARGET PDP__TARGET("avx512f")
 #  define PDP__BF16_EROW(i)                                                                   \
     do {                                                                                       \
         __m512i w = _mm512_set1_epi32((int)a[i]);                                             \
@@ -765,7 +751,7 @@ PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const
 
 /* The AVX-512 kernels' epilogue: C = alpha acc + beta C for the MR x NR tile in acc
    (pdp__bf16_out's rule, 16 columns at a time, masked at nr; C not read when beta == 0). */
-PDP__BF16_EMUL_TARGET static inline __attribute__((always_inline)) void pdp__bf16_store_tile512(
+PDP__BF16_EMUL_TARGET static inline PDP__ALWAYS_INLINE void pdp__bf16_store_tile512(
     __m512 acc[PDP__BF16_MR][2], float *c, int64_t ldc, int mr, int nr, float alpha, float beta)
 {
     __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
@@ -830,7 +816,7 @@ PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul512(int64_t pairs, 
    accumulators, B's 4 widened vectors, A's two halves), so the tile is four passes over
    the pairs, each element's chain the same. MXCSR as above; the results go through acc
    to pdp__bf16_out (alpha acc + beta c, as the portable kernel writes them). */
-#  define PDP__BF16_EMUL2_TARGET __attribute__((target("avx2,fma")))
+#  define PDP__BF16_EMUL2_TARGET PDP__TARGET("avx2,fma")
 #  define PDP__BF16_EROW2(i)                                                                  \
     do {                                                                                       \
         __m256i w = _mm256_set1_epi32((int)a[i]);                                             \

@@ -1,6 +1,8 @@
 /* internal: what the implementation modules share and the API does not show.
 
-   System includes, the allocation and assert overrides, the error helper
+   The platform layer first (platform.h: the system headers, threads, clocks, files,
+   sockets and the compiler's macros), then the C library's headers, the allocation and
+   assert overrides, the error helper
    pdp__err() that formats the thread-local message and returns the status, the
    aligned allocator, timers and small utilities; then, in sections, the private
    structs and prototypes that cross modules: devices, the model and its layer
@@ -9,6 +11,7 @@
    communicator contract every backend fills, and the trace sink. Nothing here is
    public. */
 
+#include "platform.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +20,6 @@
 #include <float.h>
 #include <errno.h>
 #include <time.h>
-#include <pthread.h>
 
 #if defined(PDP_MALLOC) != defined(PDP_FREE)
 #  error "pdp.h: define both PDP_MALLOC and PDP_FREE, or neither"
@@ -31,40 +33,14 @@
 #  define PDP_ASSERT(c) assert(c)
 #endif
 
-/* Linkage of the private functions (pdp__*), SQLite's SQLITE_PRIVATE pattern: static in every
-   user's build, so they stay out of the program's symbols and unused ones are dropped; empty
-   when pdp's own tests compile the implementation once with PDP__TEST_LINKAGE
-   (tests/pdp_impl.c) and link their internal tests against that object (the Makefile).
-   tools/privatize.py writes it for `static` on every file-scope function of the .c modules
-   and this file but `static inline` ones; its --check (run by amalgamate.py --check) fails
-   on one it missed. */
-#ifdef PDP__TEST_LINKAGE
-#  define PDP__PRIVATE
-#else
-#  define PDP__PRIVATE static
-#endif
-
-#if defined(__GNUC__) || defined(__clang__)
-#  define PDP__THREAD_LOCAL __thread
-#  define PDP__UNUSED __attribute__((unused))
-#elif defined(_MSC_VER)
-#  define PDP__THREAD_LOCAL __declspec(thread)
-#  define PDP__UNUSED
-#elif defined(__TINYC__)
-/* tcc has no thread-local storage: the per-thread state (error message, thread count,
-   profile counters) lives in one struct a thread, under a pthread key (base.c, pdp__tls) */
-#  define PDP__TLS_KEY 1
-#  define PDP__UNUSED
-#else
-#  error "pdp.h: needs a thread-local storage keyword (__thread or __declspec(thread))"
-#endif
-
 /* Hot element loops. gcc -O2 (its "very cheap" vectoriser) skips a loop of unknown
    length, which would need an epilogue, and any loop whose pointers may alias; so
    hot loops take PDP__RESTRICT pointers and run in blocks of PDP__VEC floats with a
    constant trip count, then the rest one by one. PDP__FOR_BLOCKED(i, n, body)
    writes that shape: body sees int64_t i. */
-#if defined(__cplusplus)
+#if defined(__cplusplus) && defined(_MSC_VER)
+#  define PDP__RESTRICT __restrict
+#elif defined(__cplusplus)
 #  define PDP__RESTRICT __restrict__
 #else
 #  define PDP__RESTRICT restrict
@@ -85,20 +61,6 @@
         }                                                                                      \
     } while (0)
 
-/* GCC/Clang atomics: valid C99 and C++, so a flag read outside a lock needs no
-   <stdatomic.h> (the trace's enabled flag, the pool's generation while a worker spins).
-   tcc has neither: there a process-wide mutex's lock and unlock order memory (POSIX.1
-   section 4.12), after the load and before the store (base.c, pdp__fence); tcc keeps no
-   value in a register across a call. The values are integers. */
-#ifndef PDP__TLS_KEY
-#  define PDP__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#  define PDP__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-#else
-PDP__PRIVATE long long pdp__fence(long long loaded);
-#  define PDP__LOAD_ACQ(p) pdp__fence((long long)*(p))
-#  define PDP__STORE_REL(p, v) ((void)pdp__fence(0), *(p) = (v))
-#endif
-
 #define PDP__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define PDP__MAX(a, b) ((a) > (b) ? (a) : (b))
 #define PDP__DEF(val, def) ((val) != 0 ? (val) : (def)) /* != 0: a double is no truth value */
@@ -114,9 +76,6 @@ PDP__PRIVATE long long pdp__fence(long long loaded);
 #define PDP__COUNT_MAX                                                                         \
     ((int64_t)(((uint64_t)INT64_MAX < (uint64_t)SIZE_MAX ? (uint64_t)INT64_MAX                 \
                                                          : (uint64_t)SIZE_MAX) / 8u))
-#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 5)
-#  define PDP__HAVE_OVERFLOW_BUILTINS 1
-#endif
 PDP__PRIVATE PDP__UNUSED int pdp__mul_ok(int64_t a, int64_t b, int64_t *out)
 {
     int64_t r;
@@ -164,8 +123,6 @@ PDP__PRIVATE void *pdp__alloc(size_t bytes);
 PDP__PRIVATE void *pdp__calloc(size_t bytes);
 PDP__PRIVATE void pdp__dealloc(void *p);
 
-/* Monotonic seconds. */
-PDP__PRIVATE double pdp__now(void);
 
 /* Waking a sleeping thread costs tens of microseconds on a VM, more than a small
    GEMM's share, so a thread that hands work off (the intra-op pool, DataParallel's
@@ -195,8 +152,8 @@ typedef struct pdp__team_member {
     unsigned long start_gen; /* the generation when the thread was made */
 } pdp__team_member;
 struct pdp__team {
-    pthread_mutex_t lock;
-    pthread_cond_t wake, done; /* wake: a new generation (or stop); done: pending hit 0 */
+    pdp__mutex lock;
+    pdp__cond wake, done; /* wake: a new generation (or stop); done: pending hit 0 */
     bool ok;                   /* lock, wake and done are initialised */
     int nworkers;              /* threads started: members 1..nworkers */
     unsigned long generation;  /* bumped once per job; atomic stores only */
@@ -205,13 +162,13 @@ struct pdp__team {
     void (*fn)(void *arg, int i, int n); /* the current job */
     void *arg;
     int n;
-    pthread_t tid[PDP__TEAM_MAX - 1];
+    pdp__thread tid[PDP__TEAM_MAX - 1];
     pdp__team_member member[PDP__TEAM_MAX - 1];
 };
-/* Initialises a zeroed team with no threads; 0, or pthread's error code. */
+/* Initialises a zeroed team with no threads; 0, or an errno value. */
 PDP__PRIVATE int pdp__team_init(pdp__team *t);
 /* Starts threads until the team has `workers` (at most PDP__TEAM_MAX - 1); no job may
-   be running. 0, or the first pthread_create error (the threads made so far stay). */
+   be running. 0, or the first pdp__thread_create error (the threads made so far stay). */
 PDP__PRIVATE int pdp__team_grow(pdp__team *t, int workers);
 /* Runs fn(arg, i, n) for i in [0, n) as described above; n may exceed the members. */
 PDP__PRIVATE void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n),

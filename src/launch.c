@@ -17,7 +17,7 @@ typedef struct pdp__launch_rank {
     pdp__launch *L;
     int rank;
     bool started;      /* its thread was created (ranks >= 1) */
-    pthread_t thread;
+    pdp__thread thread;
     pdp_status st;
     int order;         /* 0 = first to fail */
     char msg[1024];
@@ -31,7 +31,7 @@ struct pdp__launch {
     const pdp_device *devices;
     pdp_launch_fn fn;
     void *user;
-    pthread_mutex_t mu;
+    pdp__mutex mu;
     int failures;
     pdp__launch_rank *ranks;
 };
@@ -39,11 +39,11 @@ struct pdp__launch {
 PDP__PRIVATE void pdp__launch_fail(pdp__launch_rank *r, pdp_status st)
 {
     const char *m = pdp_last_error();
-    pthread_mutex_lock(&r->L->mu);
+    pdp__mutex_lock(&r->L->mu);
     r->st = st;
     r->order = r->L->failures++;
     snprintf(r->msg, sizeof r->msg, "%s", m[0] ? m : "(no message)");
-    pthread_mutex_unlock(&r->L->mu);
+    pdp__mutex_unlock(&r->L->mu);
 }
 
 PDP__PRIVATE void pdp__launch_run(pdp__launch_rank *r)
@@ -114,13 +114,13 @@ PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d,
         pdp_nccl_group_free(L.ngroup);
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d ranks", fn_name, np);
     }
-    pthread_mutex_init(&L.mu, NULL);
+    pdp__mutex_init(&L.mu);
     for (i = 0; i < np; i++) {
         L.ranks[i].L = &L;
         L.ranks[i].rank = i;
     }
     for (i = 1; i < np; i++) {
-        int err = pthread_create(&L.ranks[i].thread, NULL, pdp__launch_thread, &L.ranks[i]);
+        int err = pdp__thread_create(&L.ranks[i].thread, pdp__launch_thread, &L.ranks[i]);
         if (err) { /* this rank joins and leaves at once: its peers fail instead of waiting */
             pdp_comm *c = NULL;
             pdp__err(PDP_ERR_WORKER, "%s: could not start the thread of rank %d: %s", fn_name,
@@ -133,9 +133,9 @@ PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d,
     }
     pdp__launch_run(&L.ranks[0]);
     for (i = 1; i < np; i++)
-        if (L.ranks[i].started) pthread_join(L.ranks[i].thread, NULL);
+        if (L.ranks[i].started) pdp__thread_join(&L.ranks[i].thread);
     st = pdp__launch_result(L.ranks, np);
-    pthread_mutex_destroy(&L.mu);
+    pdp__mutex_destroy(&L.mu);
     pdp__dealloc(L.ranks);
     pdp_local_group_free(L.group);
     pdp_nccl_group_free(L.ngroup);

@@ -68,6 +68,8 @@ PDP_API pdp_status pdp_backend_from_name(const char *name, pdp_backend *out);
     } while (0)
 #if defined(__GNUC__) || defined(__clang__)
 #  define PDP__NORETURN __attribute__((noreturn)) /* callers' flow analysis knows it exits */
+#elif defined(_MSC_VER)
+#  define PDP__NORETURN __declspec(noreturn)
 #else
 #  define PDP__NORETURN
 #endif
@@ -79,7 +81,7 @@ PDP_API PDP__NORETURN void pdp_check_fail(pdp_status status, const char *file, i
         pdp_status pdp_try_st_ = (call);                                                  \
         if (pdp_try_st_ != PDP_OK) return pdp_try_st_;                                    \
     } while (0)
-/* Monotonic seconds (clock_gettime(CLOCK_MONOTONIC)), for timing a step. */
+/* Monotonic seconds (CLOCK_MONOTONIC; QueryPerformanceCounter on Windows), for timing a step. */
 PDP_API double pdp_seconds(void);
 /* Each rank's line, in rank order: collective over c (every rank calls it, with its own
    printf-style text); rank 0 prints the texts to stdout in rank order and flushes, so the

@@ -177,8 +177,8 @@ PDP__PRIVATE void pdp__layers_mul(const float *PDP__RESTRICT a, const float *PDP
    width is chosen at run time from gemm_bf16.c's CPUID check (compiled under target
    attributes, so a plain x86-64 build has both); without them, math.h's helpers. */
 #if PDP__BF16_X86
-#  define PDP__GELU_512 __attribute__((target("avx512f")))
-#  define PDP__GELU_256 __attribute__((target("avx2,fma")))
+#  define PDP__GELU_512 PDP__TARGET("avx512f")
+#  define PDP__GELU_256 PDP__TARGET("avx2,fma")
 #  define PDP__GELU_EXP_CONSTANTS                                                            \
     const float lo = -87.0f, hi = 88.0f, log2e = 1.44269504088896341f;                     \
     const float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;                            \
@@ -365,7 +365,7 @@ PDP__GELU_256 PDP__PRIVATE void pdp__exp_shift_avx2(const float *x, float shift,
 PDP__PRIVATE int pdp__layers_simd(void)
 {
 #if PDP__BF16_X86
-    pthread_once(&pdp__bf16_once, pdp__bf16_detect);
+    pdp__once_run(&pdp__bf16_once, pdp__bf16_detect);
     return pdp__bf16_this.emul512 ? 512 : pdp__bf16_this.emul256 ? 256 : 0;
 #else
     return 0;

@@ -1,7 +1,7 @@
 /* store: a TCP key-value store, PyTorch's TCPStore in miniature (rendezvous.c reads
    who the ranks are and hands a unique id out through it).
 
-   Server. One thread in the rank-0 process runs a poll() loop over a wake pipe,
+   Server. One thread in the rank-0 process runs a poll() loop over a wake channel,
    the listening socket and every client connection; all sockets are non-blocking
    and only that thread touches the table of keys, so the server needs no lock and
    a slow, stuck or hostile peer cannot stall the others. Each connection carries
@@ -10,9 +10,9 @@
    otherwise the loop answers TIMEOUT when the deadline passes (poll sleeps until
    the nearest one). Timeouts are therefore decided by the server and the stream
    never falls out of step; a client only adds a grace period so that a server
-   that vanished silently cannot hang it. pdp_store_free writes one byte into the
-   wake pipe, joins the thread and closes what is left: clients still connected
-   see EOF.
+   that vanished silently cannot hang it. pdp_store_free signals the wake channel
+   (a pipe; a loopback datagram on Windows), joins the thread and closes what is
+   left: clients still connected see EOF.
 
    Client. A blocking request/response on a non-blocking socket, every wait
    bounded by poll() against a deadline. Connecting retries (10 ms doubling to
@@ -36,23 +36,16 @@
    a flat array searched linearly: a rendezvous store holds tens of keys, and
    every barrier generation adds one.
 
-   SIGPIPE: every send uses MSG_NOSIGNAL (SO_NOSIGPIPE where that is missing), so
-   process-wide signal handling is never touched. */
+   Sockets go through platform.h (POSIX sockets, or Winsock 2 with WSAPoll): every
+   send there uses MSG_NOSIGNAL (SO_NOSIGPIPE where that is missing), so process-wide
+   signal handling is never touched. */
 
 #include "internal.h"
 #include <limits.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <poll.h>
-#include <unistd.h>
-#include <sys/types.h>
-#include <sys/socket.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <arpa/inet.h>
-
-#ifndef MSG_NOSIGNAL
-#  define MSG_NOSIGNAL 0 /* BSD and macOS: SO_NOSIGPIPE is set on every socket instead */
+#ifdef PDP__POSIX
+#  include <netdb.h>
+#  include <poll.h>
+#  include <sys/socket.h>
 #endif
 
 #define PDP__STORE_DEFAULT_HOST "127.0.0.1"
@@ -124,71 +117,6 @@ PDP__PRIVATE uint64_t pdp__store_ms(double seconds)
     return ms >= (double)PDP__STORE_MAX_TIMEOUT_MS ? PDP__STORE_MAX_TIMEOUT_MS : (uint64_t)ms;
 }
 
-/* ---- sockets ---- */
-
-/* strerror without its shared buffer: glibc's strerror_r is the GNU variant under
-   _GNU_SOURCE (as seen when <string.h> was first included) and XSI otherwise. */
-PDP__PRIVATE const char *pdp__store_errstr(int e, char *buf, size_t cap)
-{
-#if defined(__GLIBC__) && defined(__USE_GNU) /* what <features.h> saw, not what is defined now */
-    return strerror_r(e, buf, cap);
-#else
-    if (strerror_r(e, buf, cap) != 0) snprintf(buf, cap, "errno %d", e);
-    return buf;
-#endif
-}
-
-/* Non-blocking, close-on-exec, no SIGPIPE, no Nagle (requests are small and
-   latency-bound). */
-PDP__PRIVATE void pdp__store_tune(int fd, bool tcp)
-{
-    int one = 1;
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    fcntl(fd, F_SETFD, fcntl(fd, F_GETFD) | FD_CLOEXEC);
-#ifdef SO_NOSIGPIPE
-    setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
-#endif
-    if (tcp) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-PDP__PRIVATE void pdp__store_sleep(double seconds)
-{
-    struct timespec ts;
-    if (seconds <= 0) return;
-    ts.tv_sec = (time_t)seconds;
-    ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
-/* poll() one fd for events until deadline (pdp__now() seconds): 1 ready, 0 timed
-   out, -1 error (errno). */
-PDP__PRIVATE int pdp__store_poll1(int fd, short events, double deadline)
-{
-    for (;;) {
-        struct pollfd p;
-        double left = deadline - pdp__now();
-        int r;
-        if (left <= 0) return 0;
-        p.fd = fd;
-        p.events = events;
-        p.revents = 0;
-        r = poll(&p, 1, left > 1e6 ? 1000000000 : (int)ceil(left * 1000.0));
-        if (r > 0) return 1;
-        if (r < 0 && errno != EINTR) return -1;
-    }
-}
-
-PDP__PRIVATE int pdp__store_port_of(int fd)
-{
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof ss;
-    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0) return -1;
-    if (ss.ss_family == AF_INET) return ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    if (ss.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    return -1;
-}
-
 /* ---- server: key table ---- */
 
 typedef struct pdp__store_entry {
@@ -197,7 +125,7 @@ typedef struct pdp__store_entry {
 } pdp__store_entry;
 
 typedef struct pdp__store_conn {
-    int fd;
+    pdp__sock fd;
     unsigned char hdr[PDP__STORE_HDR];
     size_t hdr_got;
     pdp__store_hdr req;       /* valid once hdr_got == PDP__STORE_HDR */
@@ -212,9 +140,9 @@ typedef struct pdp__store_conn {
 } pdp__store_conn;
 
 typedef struct pdp__store_server {
-    int listen_fd;
-    int wake[2];              /* pipe: pdp_store_free writes, the loop reads and stops */
-    pthread_t thread;
+    pdp__sock listen_fd;
+    pdp__wake wake;           /* pdp_store_free signals it, the loop wakes and stops */
+    pdp__thread thread;
     pdp__store_conn **conns;
     int n_conns, cap_conns;
     struct pollfd *pfds;      /* wake, listen, then one per connection */
@@ -296,13 +224,14 @@ PDP__PRIVATE bool pdp__store_put_entry(pdp__store_server *srv, const unsigned ch
 PDP__PRIVATE void pdp__store_flush(pdp__store_conn *c)
 {
     while (c->out_sent < c->out_len) {
-        ssize_t r = send(c->fd, c->out + c->out_sent, c->out_len - c->out_sent, MSG_NOSIGNAL);
+        long r = pdp__sock_send(c->fd, c->out + c->out_sent, c->out_len - c->out_sent);
+        int e = r < 0 ? pdp__sock_error() : 0;
         if (r > 0) {
             c->out_sent += (size_t)r;
-        } else if (r < 0 && errno == EINTR) {
+        } else if (r < 0 && e == EINTR) {
             continue;
         } else {
-            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+            if (r < 0 && pdp__sock_retry(e)) return;
             c->dead = true;
             return;
         }
@@ -476,7 +405,7 @@ PDP__PRIVATE void pdp__store_read(pdp__store_server *srv, pdp__store_conn *c)
 {
     unsigned char *dst;
     size_t want;
-    ssize_t r;
+    long r;
     if (c->hdr_got < PDP__STORE_HDR) {
         dst = c->hdr + c->hdr_got;
         want = PDP__STORE_HDR - c->hdr_got;
@@ -484,8 +413,8 @@ PDP__PRIVATE void pdp__store_read(pdp__store_server *srv, pdp__store_conn *c)
         dst = c->body + c->body_got;
         want = (size_t)c->req.key_bytes + c->req.value_bytes - c->body_got;
     }
-    r = recv(c->fd, dst, want, 0);
-    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    r = pdp__sock_recv(c->fd, dst, want);
+    if (r == 0 || (r < 0 && !pdp__sock_retry(pdp__sock_error()))) {
         c->dead = true; /* EOF or reset: the client left */
         return;
     }
@@ -504,7 +433,7 @@ PDP__PRIVATE void pdp__store_read(pdp__store_server *srv, pdp__store_conn *c)
 PDP__PRIVATE void pdp__store_conn_free(pdp__store_conn *c)
 {
     if (!c) return;
-    if (c->fd >= 0) close(c->fd);
+    if (c->fd != PDP__SOCK_NONE) pdp__sock_close(c->fd);
     pdp__dealloc(c->body);
     pdp__dealloc(c->out);
     pdp__dealloc(c);
@@ -515,14 +444,15 @@ PDP__PRIVATE void pdp__store_accept(pdp__store_server *srv)
     for (;;) {
         pdp__store_conn **conns, *c = NULL;
         struct pollfd *pfds;
-        int fd = accept(srv->listen_fd, NULL, NULL);
-        if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED) continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
-                pdp__store_sleep(0.01); /* EMFILE and the like: retry soon, without spinning */
+        pdp__sock fd = accept(srv->listen_fd, NULL, NULL);
+        if (fd == PDP__SOCK_NONE) {
+            int e = pdp__sock_error();
+            if (e == EINTR || e == ECONNABORTED) continue;
+            if (!pdp__sock_retry(e))
+                pdp__sleep_s(0.01); /* EMFILE and the like: retry soon, without spinning */
             return;
         }
-        pdp__store_tune(fd, true);
+        pdp__sock_tune(fd, true);
         if (srv->n_conns < PDP__STORE_MAX_CONNS) {
             conns = (pdp__store_conn **)pdp__store_grow(srv->conns, &srv->cap_conns,
                                                         srv->n_conns + 1, sizeof *conns);
@@ -533,7 +463,7 @@ PDP__PRIVATE void pdp__store_accept(pdp__store_server *srv)
             if (conns && pfds) c = (pdp__store_conn *)pdp__calloc(sizeof *c);
         }
         if (!c) {
-            close(fd); /* too many connections, or out of memory */
+            pdp__sock_close(fd); /* too many connections, or out of memory */
             continue;
         }
         c->fd = fd;
@@ -550,7 +480,7 @@ PDP__PRIVATE void *pdp__store_serve(void *arg)
         int i, n, r, timeout_ms = -1, polled;
         double now = pdp__now();
         polled = srv->n_conns;
-        srv->pfds[0].fd = srv->wake[0];
+        srv->pfds[0].fd = srv->wake.rd;
         srv->pfds[0].events = POLLIN;
         srv->pfds[1].fd = srv->listen_fd;
         srv->pfds[1].events = POLLIN;
@@ -565,8 +495,8 @@ PDP__PRIVATE void *pdp__store_serve(void *arg)
             }
         }
         for (i = 0; i < polled + 2; i++) srv->pfds[i].revents = 0;
-        r = poll(srv->pfds, (nfds_t)(polled + 2), timeout_ms);
-        if (r < 0 && errno != EINTR) pdp__store_sleep(0.001); /* ENOMEM: try again */
+        r = pdp__sock_poll(srv->pfds, polled + 2, timeout_ms);
+        if (r < 0 && pdp__sock_error() != EINTR) pdp__sleep_s(0.001); /* ENOMEM: try again */
         if (srv->pfds[0].revents) break;
         for (i = 0; i < polled; i++) {
             pdp__store_conn *c = srv->conns[i];
@@ -604,9 +534,8 @@ PDP__PRIVATE void pdp__store_server_free(pdp__store_server *srv)
     if (!srv) return;
     for (i = 0; i < srv->n_conns; i++) pdp__store_conn_free(srv->conns[i]);
     for (i = 0; i < srv->n_entries; i++) pdp__dealloc(srv->entries[i].data);
-    if (srv->listen_fd >= 0) close(srv->listen_fd);
-    if (srv->wake[0] >= 0) close(srv->wake[0]);
-    if (srv->wake[1] >= 0) close(srv->wake[1]);
+    if (srv->listen_fd != PDP__SOCK_NONE) pdp__sock_close(srv->listen_fd);
+    pdp__wake_close(&srv->wake);
     pdp__dealloc(srv->conns);
     pdp__dealloc(srv->pfds);
     pdp__dealloc(srv->entries);
@@ -625,7 +554,11 @@ PDP__PRIVATE pdp_status pdp__store_server_start(pdp__store_server **out, const c
     *out = NULL;
     srv = (pdp__store_server *)pdp__calloc(sizeof *srv);
     if (!srv) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: out of memory");
-    srv->listen_fd = srv->wake[0] = srv->wake[1] = -1;
+    srv->listen_fd = PDP__SOCK_NONE;
+    srv->wake.rd = PDP__SOCK_NONE;
+#ifdef PDP__POSIX
+    srv->wake.wr = -1;
+#endif
     srv->pfds = (struct pollfd *)pdp__store_grow(NULL, &srv->cap_pfds, 2, sizeof *srv->pfds);
     if (!srv->pfds) {
         pdp__store_server_free(srv);
@@ -644,39 +577,39 @@ PDP__PRIVATE pdp_status pdp__store_server_start(pdp__store_server **out, const c
                         host, gai_strerror(rc));
     }
     for (ai = res; ai; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
-        if (fd < 0) {
-            pdp__store_errstr(errno, why, sizeof why);
+        pdp__sock fd = pdp__sock_open(ai->ai_family, ai->ai_socktype, ai->ai_protocol, false);
+        if (fd == PDP__SOCK_NONE) {
+            pdp__errstr(pdp__sock_error(), why, sizeof why);
             continue;
         }
+#ifdef PDP__POSIX /* Winsock's SO_REUSEADDR would let another process bind the same port */
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 128) == 0) {
+#else
+        (void)one;
+#endif
+        if (bind(fd, ai->ai_addr, (socklen_t)ai->ai_addrlen) == 0 && listen(fd, 128) == 0) {
             srv->listen_fd = fd;
             break;
         }
-        pdp__store_errstr(errno, why, sizeof why);
-        close(fd);
+        pdp__errstr(pdp__sock_error(), why, sizeof why);
+        pdp__sock_close(fd);
     }
     freeaddrinfo(res);
-    if (srv->listen_fd < 0) {
+    if (srv->listen_fd == PDP__SOCK_NONE) {
         pdp__store_server_free(srv);
         return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot listen on %s:%d: %s", host, *port,
                         why);
     }
-    pdp__store_tune(srv->listen_fd, false);
-    *port = pdp__store_port_of(srv->listen_fd);
-    if (pipe(srv->wake) != 0) {
-        srv->wake[0] = srv->wake[1] = -1;
+    *port = pdp__sock_port(srv->listen_fd);
+    if ((rc = pdp__wake_open(&srv->wake)) != 0) {
         pdp__store_server_free(srv);
-        return pdp__err(PDP_ERR_COMM, "pdp_store_create: pipe failed: %s",
-                        pdp__store_errstr(errno, why, sizeof why));
+        return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot open the wake channel: %s",
+                        pdp__errstr(rc, why, sizeof why));
     }
-    pdp__store_tune(srv->wake[0], false);
-    pdp__store_tune(srv->wake[1], false);
-    if ((rc = pthread_create(&srv->thread, NULL, pdp__store_serve, srv)) != 0) {
+    if ((rc = pdp__thread_create(&srv->thread, pdp__store_serve, srv)) != 0) {
         pdp__store_server_free(srv);
         return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot start the server thread: %s",
-                        pdp__store_errstr(rc, why, sizeof why));
+                        pdp__errstr(rc, why, sizeof why));
     }
     *out = srv;
     return PDP_OK;
@@ -684,49 +617,23 @@ PDP__PRIVATE pdp_status pdp__store_server_start(pdp__store_server **out, const c
 
 PDP__PRIVATE void pdp__store_server_stop(pdp__store_server *srv)
 {
-    char byte = 1;
     if (!srv) return;
-    while (write(srv->wake[1], &byte, 1) < 0 && errno == EINTR) {
-    }
-    pthread_join(srv->thread, NULL);
+    pdp__wake_signal(&srv->wake);
+    pdp__thread_join(&srv->thread);
     pdp__store_server_free(srv);
 }
 
 /* ---- client ---- */
 
 struct pdp_store {
-    int fd;                     /* connection to the server; -1 once it broke */
-    pthread_mutex_t lock;       /* one request at a time on this handle */
+    pdp__sock fd;               /* connection to the server; PDP__SOCK_NONE once it broke */
+    pdp__mutex lock;       /* one request at a time on this handle */
     char host[256];             /* as given (the server's own client may use loopback) */
     int port;
     int world_size;
     double timeout_s;
     pdp__store_server *server;  /* on the serving rank only */
 };
-
-/* One non-blocking connect to ai, bounded by deadline; the fd, or -1 with why. */
-PDP__PRIVATE int pdp__store_try_connect(const struct addrinfo *ai, double deadline, char *why,
-                                        size_t cap)
-{
-    int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol), err = 0, r;
-    socklen_t len = sizeof err;
-    if (fd < 0) {
-        pdp__store_errstr(errno, why, cap);
-        return -1;
-    }
-    pdp__store_tune(fd, true);
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) return fd;
-    if (errno != EINPROGRESS && errno != EINTR) {
-        pdp__store_errstr(errno, why, cap);
-        close(fd);
-        return -1;
-    }
-    r = pdp__store_poll1(fd, POLLOUT, deadline);
-    if (r == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) return fd;
-    pdp__store_errstr(r == 0 ? ETIMEDOUT : r < 0 ? errno : err, why, cap);
-    close(fd);
-    return -1;
-}
 
 /* Connects s->fd to host:s->port, retrying until timeout_s has passed. */
 PDP__PRIVATE pdp_status pdp__store_connect(pdp_store *s, const char *host)
@@ -744,10 +651,10 @@ PDP__PRIVATE pdp_status pdp__store_connect(pdp_store *s, const char *host)
         hints.ai_flags = AI_NUMERICSERV;
         rc = getaddrinfo(host, service, &hints, &res);
         if (rc == 0) {
-            for (ai = res; ai && s->fd < 0; ai = ai->ai_next)
-                s->fd = pdp__store_try_connect(ai, deadline, why, sizeof why);
+            for (ai = res; ai && s->fd == PDP__SOCK_NONE; ai = ai->ai_next)
+                s->fd = pdp__sock_connect(ai, deadline, why, sizeof why);
             freeaddrinfo(res);
-            if (s->fd >= 0) return PDP_OK;
+            if (s->fd != PDP__SOCK_NONE) return PDP_OK;
         } else if (rc == EAI_AGAIN) {
             snprintf(why, sizeof why, "%s", gai_strerror(rc)); /* DNS not ready yet */
         } else {
@@ -758,57 +665,58 @@ PDP__PRIVATE pdp_status pdp__store_connect(pdp_store *s, const char *host)
         if (left <= 0)
             return pdp__err(PDP_ERR_TIMEOUT, "pdp_store_create: no store server at %s:%d within "
                             "%g s (last error: %s)", host, s->port, s->timeout_s, why);
-        pdp__store_sleep(PDP__MIN(backoff, left));
+        pdp__sleep_s(PDP__MIN(backoff, left));
         backoff = PDP__MIN(backoff * 2, 0.25);
     }
 }
 
 /* Sends out[0..bytes) or, with out NULL, receives into in[0..bytes), all of it by
    deadline: 0, or -1 with why filled. */
-PDP__PRIVATE int pdp__store_io(int fd, const unsigned char *out, unsigned char *in, size_t bytes,
+PDP__PRIVATE int pdp__store_io(pdp__sock fd, const unsigned char *out, unsigned char *in, size_t bytes,
                                double deadline, char *why, size_t cap)
 {
     size_t done = 0;
     while (done < bytes) {
-        ssize_t r = out ? send(fd, out + done, bytes - done, MSG_NOSIGNAL)
-                        : recv(fd, in + done, bytes - done, 0);
+        long r = out ? pdp__sock_send(fd, out + done, bytes - done)
+                     : pdp__sock_recv(fd, in + done, bytes - done);
+        int e = r < 0 ? pdp__sock_error() : 0;
         if (r > 0) {
             done += (size_t)r;
         } else if (r == 0) {
             snprintf(why, cap, "the server closed the connection");
             return -1;
-        } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-            int ready = pdp__store_poll1(fd, out ? POLLOUT : POLLIN, deadline);
+        } else if (pdp__sock_retry(e)) {
+            int ready = pdp__sock_wait(fd, out != NULL, deadline);
             if (ready == 0) {
                 snprintf(why, cap, "no answer from the server in time");
                 return -1;
             }
             if (ready < 0) {
-                pdp__store_errstr(errno, why, cap);
+                pdp__errstr(pdp__sock_error(), why, cap);
                 return -1;
             }
         } else {
-            pdp__store_errstr(errno, why, cap);
+            pdp__errstr(e, why, cap);
             return -1;
         }
     }
     return 0;
 }
 
-PDP__PRIVATE int pdp__store_send_all(int fd, const void *buf, size_t bytes, double deadline,
+PDP__PRIVATE int pdp__store_send_all(pdp__sock fd, const void *buf, size_t bytes, double deadline,
                                      char *why, size_t cap)
 {
     return pdp__store_io(fd, (const unsigned char *)buf, NULL, bytes, deadline, why, cap);
 }
 
-PDP__PRIVATE int pdp__store_recv_all(int fd, void *buf, size_t bytes, double deadline, char *why,
+PDP__PRIVATE int pdp__store_recv_all(pdp__sock fd, void *buf, size_t bytes, double deadline, char *why,
                                      size_t cap)
 {
     return pdp__store_io(fd, NULL, (unsigned char *)buf, bytes, deadline, why, cap);
 }
 
 /* Reads bytes from the connection into buf[0..cap) and throws away the rest. */
-PDP__PRIVATE int pdp__store_recv_into(int fd, void *buf, size_t cap, size_t bytes, double deadline,
+PDP__PRIVATE int pdp__store_recv_into(pdp__sock fd, void *buf, size_t cap, size_t bytes, double deadline,
                                       char *why, size_t why_cap)
 {
     unsigned char sink[4096];
@@ -837,7 +745,7 @@ PDP__PRIVATE pdp_status pdp__store_call(pdp_store *s, const char *fn, int op, co
     char why[160];
     pdp__store_hdr h;
 
-    if (s->fd < 0)
+    if (s->fd == PDP__SOCK_NONE)
         return pdp__err(PDP_ERR_COMM, "%s: the connection to the store at %s:%d was lost "
                         "by an earlier call", fn, s->host, s->port);
     pdp__store_pack(head, op, (uint32_t)key_bytes, (uint32_t)value_bytes, arg);
@@ -869,8 +777,8 @@ PDP__PRIVATE pdp_status pdp__store_call(pdp_store *s, const char *fn, int op, co
     if (reply_arg) *reply_arg = h.arg;
     return h.code == PDP__STORE_TIMEOUT ? PDP_ERR_TIMEOUT : PDP_OK;
 broken:
-    close(s->fd);
-    s->fd = -1;
+    pdp__sock_close(s->fd);
+    s->fd = PDP__SOCK_NONE;
     return pdp__err(PDP_ERR_COMM, "%s: key '%s': connection to the store at %s:%d failed: %s",
                     fn, key, s->host, s->port, why);
 }
@@ -917,14 +825,19 @@ PDP_API pdp_status pdp_store_create(pdp_store **out, const pdp_store_desc *desc)
 
     s = (pdp_store *)pdp__calloc(sizeof *s);
     if (!s) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: out of memory");
-    s->fd = -1;
+    s->fd = PDP__SOCK_NONE;
     strcpy(s->host, d.host);
     s->port = d.port;
     s->world_size = d.world_size;
     s->timeout_s = d.timeout_s;
-    if (pthread_mutex_init(&s->lock, NULL) != 0) {
+    if (pdp__mutex_init(&s->lock) != 0) {
         pdp__dealloc(s);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: pthread_mutex_init failed");
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: cannot create its lock");
+    }
+    if (pdp__sock_startup() != 0) {
+        pdp__mutex_destroy(&s->lock);
+        pdp__dealloc(s);
+        return pdp__err(PDP_ERR_COMM, "pdp_store_create: WSAStartup failed");
     }
     self = d.host;
     if (d.is_server) {
@@ -949,9 +862,9 @@ PDP_API pdp_status pdp_store_create(pdp_store **out, const pdp_store_desc *desc)
 PDP_API void pdp_store_free(pdp_store *s)
 {
     if (!s) return;
-    if (s->fd >= 0) close(s->fd);
+    if (s->fd != PDP__SOCK_NONE) pdp__sock_close(s->fd);
     pdp__store_server_stop(s->server);
-    pthread_mutex_destroy(&s->lock);
+    pdp__mutex_destroy(&s->lock);
     pdp__dealloc(s);
 }
 
@@ -967,10 +880,10 @@ PDP_API pdp_status pdp_store_set(pdp_store *s, const char *key, const void *valu
                         (unsigned long)PDP_STORE_MAX_VALUE);
     if (bytes && !value)
         return pdp__err(PDP_ERR_INVALID, "pdp_store_set: key '%s': value is NULL", key);
-    pthread_mutex_lock(&s->lock);
+    pdp__mutex_lock(&s->lock);
     st = pdp__store_call(s, "pdp_store_set", PDP__STORE_SET, key, value, bytes, 0, s->timeout_s,
                          NULL, 0, NULL, NULL);
-    pthread_mutex_unlock(&s->lock);
+    pdp__mutex_unlock(&s->lock);
     return st;
 }
 
@@ -981,10 +894,10 @@ PDP_API pdp_status pdp_store_get(pdp_store *s, const char *key, void *buf, size_
     pdp_status st = pdp__store_check(s, "pdp_store_get", key);
     if (st != PDP_OK) return st;
     if (cap && !buf) return pdp__err(PDP_ERR_INVALID, "pdp_store_get: key '%s': buf is NULL", key);
-    pthread_mutex_lock(&s->lock);
+    pdp__mutex_lock(&s->lock);
     st = pdp__store_call(s, "pdp_store_get", PDP__STORE_GET, key, NULL, 0,
                          pdp__store_ms(s->timeout_s), s->timeout_s, buf, cap, &got, NULL);
-    pthread_mutex_unlock(&s->lock);
+    pdp__mutex_unlock(&s->lock);
     if (bytes) *bytes = got;
     if (st == PDP_ERR_TIMEOUT)
         return pdp__err(st, "pdp_store_get: key '%s' was not set within %g s (store %s:%d)", key,
@@ -1009,13 +922,13 @@ PDP_API pdp_status pdp_store_wait(pdp_store *s, const char **keys, int n, double
         if ((st = pdp__store_check(s, "pdp_store_wait", keys[i])) != PDP_OK) return st;
     t = PDP__DEF(timeout_s, s->timeout_s);
     deadline = pdp__now() + t;
-    pthread_mutex_lock(&s->lock);
+    pdp__mutex_lock(&s->lock);
     for (i = 0; i < n && st == PDP_OK; i++) {
         double left = PDP__MAX(deadline - pdp__now(), 0.0);
         st = pdp__store_call(s, "pdp_store_wait", PDP__STORE_WAIT, keys[i], NULL, 0,
                              pdp__store_ms(left), left, NULL, 0, NULL, NULL);
     }
-    pthread_mutex_unlock(&s->lock);
+    pdp__mutex_unlock(&s->lock);
     if (st == PDP_ERR_TIMEOUT)
         return pdp__err(st, "pdp_store_wait: key '%s' (%d of %d) was not set within %g s "
                         "(store %s:%d)", keys[i - 1], i, n, t, s->host, s->port);
@@ -1027,10 +940,10 @@ PDP_API pdp_status pdp_store_add(pdp_store *s, const char *key, int64_t delta, i
     uint64_t r = 0;
     pdp_status st = pdp__store_check(s, "pdp_store_add", key);
     if (st != PDP_OK) return st;
-    pthread_mutex_lock(&s->lock);
+    pdp__mutex_lock(&s->lock);
     st = pdp__store_call(s, "pdp_store_add", PDP__STORE_ADD, key, NULL, 0, (uint64_t)delta,
                          s->timeout_s, NULL, 0, NULL, &r);
-    pthread_mutex_unlock(&s->lock);
+    pdp__mutex_unlock(&s->lock);
     if (st == PDP_OK && result) *result = (int64_t)r;
     return st;
 }

@@ -19,14 +19,14 @@
    The thread count is a per-thread setting (a thread-local int, default 1): each
    DP worker or thread-rank chooses its own, and nothing a thread sets is seen by
    another. The pool's workers themselves are shared: one process-wide team of
-   persistent POSIX threads (OpenBLAS and every OpenMP runtime keep the same kind of
+   persistent threads (platform.h: POSIX or Win32) (OpenBLAS and every OpenMP runtime keep the same kind of
    pool). The pool and the scratch key below are two of pdp's few pieces of
    process-wide state; the manual lists them all (THREADS AND DETERMINISM: also the
    trace sink, the bf16 path's CPU features and AMX permission, MPI's ownership record
    and each CUDA device's stream, handle and caches). It is started lazily by the first
    pdp__parallel_for that needs it, grows when a caller asks for more threads than it has, is reused
    by every later call, and is joined by pdp_shutdown_threads (after which the next
-   call starts it again). A caller that wins pool.busy (pthread_mutex_trylock) owns
+   call starts it again). A caller that wins pool.busy (pdp__mutex_trylock) owns
    the team for one job; a caller that loses it (another thread is using the pool,
    e.g. two DP workers in GEMM at once, or a nested call from inside a job) runs
    every index itself, in order. Which thread runs an index never changes what the
@@ -38,11 +38,10 @@
    of its own indices) to join_wait_s.
 
    Scratch: pdp__thread_scratch() gives each thread one growing 64-byte aligned
-   buffer (GEMM packs its panels there), kept in a pthread key whose destructor
+   buffer (GEMM packs its panels there), kept in a thread-local key (platform.h) whose destructor
    frees it when the thread exits; pdp_shutdown_threads frees the caller's. */
 
 #include "internal.h"
-#include <unistd.h>
 
 #define PDP__MAX_THREADS 256
 #ifndef PDP__SPIN_S
@@ -60,8 +59,7 @@ static PDP__THREAD_LOCAL int pdp__num_threads; /* 0: never set, which means 1 */
 PDP_API pdp_status pdp_set_num_threads(int n)
 {
     if (n <= 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        n = cores > 0 ? (int)PDP__MIN(cores, (long)PDP__MAX_THREADS) : 1;
+        n = PDP__MIN(pdp__cpu_count(), PDP__MAX_THREADS);
     }
     if (n > PDP__MAX_THREADS)
         return pdp__err(PDP_ERR_INVALID, "pdp_set_num_threads: n = %d exceeds the maximum of %d",
@@ -123,15 +121,15 @@ typedef struct pdp__scratch_hdr {
     size_t bytes; /* usable bytes after the header */
 } pdp__scratch_hdr;
 
-static pthread_once_t pdp__scratch_once = PTHREAD_ONCE_INIT;
-static pthread_key_t pdp__scratch_key;
+static pdp__once pdp__scratch_once = PDP__ONCE_INIT;
+static pdp__tls_key pdp__scratch_key;
 static int pdp__scratch_key_ok;
 
-PDP__PRIVATE void pdp__scratch_free(void *p) { pdp__dealloc(p); }
+PDP__PRIVATE void PDP__STDCALL pdp__scratch_free(void *p) { pdp__dealloc(p); }
 
 PDP__PRIVATE void pdp__scratch_init(void)
 {
-    pdp__scratch_key_ok = pthread_key_create(&pdp__scratch_key, pdp__scratch_free) == 0;
+    pdp__scratch_key_ok = pdp__tls_key_create(&pdp__scratch_key, pdp__scratch_free) == 0;
 }
 
 /* This thread's scratch buffer of at least `bytes` bytes (64-byte aligned), or NULL
@@ -140,17 +138,17 @@ PDP__PRIVATE void pdp__scratch_init(void)
 PDP__PRIVATE void *pdp__thread_scratch(size_t bytes)
 {
     pdp__scratch_hdr *h;
-    pthread_once(&pdp__scratch_once, pdp__scratch_init);
+    pdp__once_run(&pdp__scratch_once, pdp__scratch_init);
     if (!pdp__scratch_key_ok) return NULL;
-    h = (pdp__scratch_hdr *)pthread_getspecific(pdp__scratch_key);
+    h = (pdp__scratch_hdr *)pdp__tls_get_value(pdp__scratch_key);
     if (!h || h->bytes < bytes) {
         size_t grown = bytes + bytes / 4 + 4096;
         pdp__dealloc(h);
-        pthread_setspecific(pdp__scratch_key, NULL);
+        pdp__tls_set_value(pdp__scratch_key, NULL);
         h = (pdp__scratch_hdr *)pdp__alloc(PDP__ALIGN + grown);
         if (!h) return NULL;
         h->bytes = grown;
-        pthread_setspecific(pdp__scratch_key, h);
+        pdp__tls_set_value(pdp__scratch_key, h);
     }
     return (unsigned char *)h + PDP__ALIGN;
 }
@@ -162,11 +160,7 @@ PDP__PRIVATE void pdp__spin_while(bool (*still)(const void *ctx), const void *ct
     double t0 = pdp__now();
     int i;
     while (still(ctx) && pdp__now() - t0 <= PDP__SPIN_S)
-        for (i = 0; i < 16; i++) {
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-            __builtin_ia32_pause();
-#endif
-        }
+        for (i = 0; i < 16; i++) PDP__PAUSE();
 }
 
 /* ---- threads: the worker team ---- */
@@ -195,31 +189,31 @@ PDP__PRIVATE void *pdp__team_main(void *p)
     pdp__team *t = me->team;
     pdp__team_wait c;
     c.team = t;
-    pthread_mutex_lock(&t->lock);
+    pdp__mutex_lock(&t->lock);
     c.seen = me->start_gen;
     for (;;) {
         void (*fn)(void *, int, int);
         void *arg;
         int n;
         if (t->generation == c.seen && !t->stop) { /* spin a while, then sleep */
-            pthread_mutex_unlock(&t->lock);
+            pdp__mutex_unlock(&t->lock);
             pdp__spin_while(pdp__team_no_new_job, &c);
-            pthread_mutex_lock(&t->lock);
+            pdp__mutex_lock(&t->lock);
         }
-        while (t->generation == c.seen && !t->stop) pthread_cond_wait(&t->wake, &t->lock);
+        while (t->generation == c.seen && !t->stop) pdp__cond_wait(&t->wake, &t->lock);
         if (t->stop) break;
         c.seen = t->generation;
         fn = t->fn;
         arg = t->arg;
         n = t->n;
         if (me->index >= n) continue; /* not part of this job */
-        pthread_mutex_unlock(&t->lock);
+        pdp__mutex_unlock(&t->lock);
         fn(arg, me->index, n);
-        pthread_mutex_lock(&t->lock);
+        pdp__mutex_lock(&t->lock);
         PDP__STORE_REL(&t->pending, t->pending - 1);
-        if (t->pending == 0) pthread_cond_signal(&t->done);
+        if (t->pending == 0) pdp__cond_signal(&t->done);
     }
-    pthread_mutex_unlock(&t->lock);
+    pdp__mutex_unlock(&t->lock);
     return NULL;
 }
 
@@ -227,14 +221,14 @@ PDP__PRIVATE int pdp__team_init(pdp__team *t)
 {
     int rc;
     memset(t, 0, sizeof *t);
-    if ((rc = pthread_mutex_init(&t->lock, NULL)) != 0) return rc;
-    if ((rc = pthread_cond_init(&t->wake, NULL)) != 0) {
-        pthread_mutex_destroy(&t->lock);
+    if ((rc = pdp__mutex_init(&t->lock)) != 0) return rc;
+    if ((rc = pdp__cond_init(&t->wake)) != 0) {
+        pdp__mutex_destroy(&t->lock);
         return rc;
     }
-    if ((rc = pthread_cond_init(&t->done, NULL)) != 0) {
-        pthread_cond_destroy(&t->wake);
-        pthread_mutex_destroy(&t->lock);
+    if ((rc = pdp__cond_init(&t->done)) != 0) {
+        pdp__cond_destroy(&t->wake);
+        pdp__mutex_destroy(&t->lock);
         return rc;
     }
     t->ok = true;
@@ -249,15 +243,15 @@ PDP__PRIVATE int pdp__team_grow(pdp__team *t, int workers)
     while (t->nworkers < workers) {
         int w = t->nworkers;
         pdp__team_member *m = &t->member[w];
-        pthread_mutex_lock(&t->lock);
+        pdp__mutex_lock(&t->lock);
         m->team = t;
         m->index = w + 1;
         m->start_gen = t->generation;
-        pthread_mutex_unlock(&t->lock);
-        if ((rc = pthread_create(&t->tid[w], NULL, pdp__team_main, m)) != 0) break;
-        pthread_mutex_lock(&t->lock);
+        pdp__mutex_unlock(&t->lock);
+        if ((rc = pdp__thread_create(&t->tid[w], pdp__team_main, m)) != 0) break;
+        pdp__mutex_lock(&t->lock);
         t->nworkers++;
-        pthread_mutex_unlock(&t->lock);
+        pdp__mutex_unlock(&t->lock);
     }
     return rc;
 }
@@ -269,38 +263,38 @@ PDP__PRIVATE void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i
         for (i = 0; i < n; i++) fn(arg, i, n);
         return;
     }
-    pthread_mutex_lock(&t->lock);
+    pdp__mutex_lock(&t->lock);
     helpers = PDP__MIN(n - 1, t->nworkers);
     t->fn = fn;
     t->arg = arg;
     t->n = n;
     PDP__STORE_REL(&t->pending, helpers);
     PDP__STORE_REL(&t->generation, t->generation + 1);
-    pthread_cond_broadcast(&t->wake);
-    pthread_mutex_unlock(&t->lock);
+    pdp__cond_broadcast(&t->wake);
+    pdp__mutex_unlock(&t->lock);
 
     fn(arg, 0, n);
     for (i = helpers + 1; i < n; i++) fn(arg, i, n); /* only if members could not be made */
 
     pdp__spin_while(pdp__team_pending, t); /* a while, then sleep */
-    pthread_mutex_lock(&t->lock);
-    while (t->pending > 0) pthread_cond_wait(&t->done, &t->lock);
-    pthread_mutex_unlock(&t->lock);
+    pdp__mutex_lock(&t->lock);
+    while (t->pending > 0) pdp__cond_wait(&t->done, &t->lock);
+    pdp__mutex_unlock(&t->lock);
 }
 
 PDP__PRIVATE void pdp__team_free(pdp__team *t)
 {
     int w, nworkers;
     if (!t->ok) return;
-    pthread_mutex_lock(&t->lock);
+    pdp__mutex_lock(&t->lock);
     PDP__STORE_REL(&t->stop, 1);
     nworkers = t->nworkers;
-    pthread_cond_broadcast(&t->wake);
-    pthread_mutex_unlock(&t->lock);
-    for (w = 0; w < nworkers; w++) pthread_join(t->tid[w], NULL);
-    pthread_cond_destroy(&t->done);
-    pthread_cond_destroy(&t->wake);
-    pthread_mutex_destroy(&t->lock);
+    pdp__cond_broadcast(&t->wake);
+    pdp__mutex_unlock(&t->lock);
+    for (w = 0; w < nworkers; w++) pdp__thread_join(&t->tid[w]);
+    pdp__cond_destroy(&t->done);
+    pdp__cond_destroy(&t->wake);
+    pdp__mutex_destroy(&t->lock);
     t->ok = false;
     t->nworkers = 0;
 }
@@ -309,7 +303,7 @@ PDP__PRIVATE void pdp__team_free(pdp__team *t)
 
 /* The pool: one team, grown on demand. busy is held by the one caller that owns the
    pool for a job (and by pdp_shutdown_threads); it guards every field below. */
-static pthread_mutex_t pdp__pool_busy = PTHREAD_MUTEX_INITIALIZER;
+static pdp__mutex pdp__pool_busy = PDP__MUTEX_INIT;
 
 typedef struct pdp__pool {
     pdp__team team;            /* team.ok false: not started (or shut down) */
@@ -345,7 +339,7 @@ PDP__PRIVATE void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), 
         if (n == 1) fn(arg, 0, 1);
         return;
     }
-    if (pthread_mutex_trylock(&pdp__pool_busy) != 0) { /* in use: run it all here */
+    if (!pdp__mutex_trylock(&pdp__pool_busy)) { /* in use: run it all here */
         for (i = 0; i < n; i++) fn(arg, i, n);
         return;
     }
@@ -362,18 +356,18 @@ PDP__PRIVATE void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), 
         for (i = 1; i <= pool->helpers; i++) pdp__prof.worker_busy_s += pool->busy_s[i];
         pdp__prof.join_wait_s += pdp__now() - pool->caller_done;
     }
-    pthread_mutex_unlock(&pdp__pool_busy);
+    pdp__mutex_unlock(&pdp__pool_busy);
 }
 
 PDP_API void pdp_shutdown_threads(void)
 {
-    pthread_mutex_lock(&pdp__pool_busy); /* waits for a job in flight to finish */
+    pdp__mutex_lock(&pdp__pool_busy); /* waits for a job in flight to finish */
     pdp__team_free(&pdp__the_pool.team);
-    pthread_mutex_unlock(&pdp__pool_busy);
+    pdp__mutex_unlock(&pdp__pool_busy);
 
-    pthread_once(&pdp__scratch_once, pdp__scratch_init);
+    pdp__once_run(&pdp__scratch_once, pdp__scratch_init);
     if (pdp__scratch_key_ok) {
-        pdp__dealloc(pthread_getspecific(pdp__scratch_key));
-        pthread_setspecific(pdp__scratch_key, NULL);
+        pdp__dealloc(pdp__tls_get_value(pdp__scratch_key));
+        pdp__tls_set_value(pdp__scratch_key, NULL);
     }
 }

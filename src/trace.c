@@ -28,7 +28,7 @@
    Files: a process that is one rank of several (MPI, torchrun) passes its
    rank to pdp__trace_open and writes path with ".rank<r>" inserted before the
    extension (trace.json -> trace.rank1.json); otherwise path as given.
-   Timestamps are CLOCK_MONOTONIC microseconds, shared by every process of a
+   Timestamps are pdp__now() (monotonic) microseconds, shared by every process of a
    machine, so the per-rank files of one machine line up: merge them with
        python3 -c 'import json,sys; print(json.dumps({"traceEvents": sum(
            (json.load(open(f))["traceEvents"] for f in sys.argv[1:]), [])}))' \
@@ -79,7 +79,7 @@ typedef struct pdp__trace_sink {
     unsigned char named_pid[PDP__TRACE_MAX_PIDS / 8];
 } pdp__trace_sink;
 
-static pthread_mutex_t pdp__trace_mu = PTHREAD_MUTEX_INITIALIZER;
+static pdp__mutex pdp__trace_mu = PDP__MUTEX_INIT;
 static pdp__trace_sink pdp__trace_g; /* process-wide, see above */
 
 static const char pdp__trace_trailer[] = "\n],\"displayTimeUnit\":\"ms\"}\n";
@@ -193,7 +193,7 @@ PDP__PRIVATE pdp_status pdp__trace_open(int process_rank)
     pdp__trace_sink *s = &pdp__trace_g;
     const char *env;
     pdp_status st = PDP_OK;
-    pthread_mutex_lock(&pdp__trace_mu);
+    pdp__mutex_lock(&pdp__trace_mu);
     s->refs++;
     if (s->f) goto out; /* already tracing: join */
     env = getenv("PDP_TRACE");
@@ -241,7 +241,7 @@ fail:
     s->ev = NULL;
     s->refs--;
 out:
-    pthread_mutex_unlock(&pdp__trace_mu);
+    pdp__mutex_unlock(&pdp__trace_mu);
     return st;
 }
 
@@ -249,7 +249,7 @@ out:
 PDP__PRIVATE void pdp__trace_close(void)
 {
     pdp__trace_sink *s = &pdp__trace_g;
-    pthread_mutex_lock(&pdp__trace_mu);
+    pdp__mutex_lock(&pdp__trace_mu);
     if (s->refs > 0 && --s->refs == 0 && s->f) {
         PDP__STORE_REL(&s->enabled, 0);
         pdp__trace_write_locked(s);
@@ -259,7 +259,7 @@ PDP__PRIVATE void pdp__trace_close(void)
         s->ev = NULL;
         s->cap = s->n = 0;
     }
-    pthread_mutex_unlock(&pdp__trace_mu);
+    pdp__mutex_unlock(&pdp__trace_mu);
 }
 
 /* Cheap enough for every event site: one atomic load. */
@@ -272,7 +272,7 @@ PDP__PRIVATE int pdp__trace_track(int pid, const char *name)
     pdp__trace_sink *s = &pdp__trace_g;
     int tid = 0;
     if (!pdp__trace_enabled()) return 0;
-    pthread_mutex_lock(&pdp__trace_mu);
+    pdp__mutex_lock(&pdp__trace_mu);
     if (s->f) {
         tid = s->next_tid++;
         if (pid >= 0 && pid < PDP__TRACE_MAX_PIDS && !(s->named_pid[pid / 8] & (1u << (pid % 8)))) {
@@ -283,7 +283,7 @@ PDP__PRIVATE int pdp__trace_track(int pid, const char *name)
         }
         pdp__trace_meta_locked(s, pid, tid, "thread", name, tid);
     }
-    pthread_mutex_unlock(&pdp__trace_mu);
+    pdp__mutex_unlock(&pdp__trace_mu);
     return tid;
 }
 
@@ -293,7 +293,7 @@ PDP__PRIVATE void pdp__trace_record(char ph, int pid, int tid, const char *cat, 
     pdp__trace_sink *s = &pdp__trace_g;
     pdp__trace_ev *e;
     if (!pdp__trace_enabled()) return;
-    pthread_mutex_lock(&pdp__trace_mu);
+    pdp__mutex_lock(&pdp__trace_mu);
     if (s->f) {
         e = pdp__trace_slot_locked(s);
         e->ph = ph;
@@ -306,7 +306,7 @@ PDP__PRIVATE void pdp__trace_record(char ph, int pid, int tid, const char *cat, 
         pdp__trace_copy(e->name, sizeof e->name, name);
         pdp__trace_copy(e->args, sizeof e->args, args);
     }
-    pthread_mutex_unlock(&pdp__trace_mu);
+    pdp__mutex_unlock(&pdp__trace_mu);
 }
 
 /* A complete event: name ran on track tid of rank pid from t0 to t1 (pdp__now()
@@ -332,12 +332,12 @@ PDP_API pdp_status pdp_trace_flush(void)
 {
     pdp__trace_sink *s = &pdp__trace_g;
     pdp_status st = PDP_OK;
-    pthread_mutex_lock(&pdp__trace_mu);
+    pdp__mutex_lock(&pdp__trace_mu);
     if (s->f) {
         pdp__trace_write_locked(s);
         if (s->io_status != PDP_OK)
             st = pdp__err(s->io_status, "pdp_trace_flush: writing '%s' failed", s->path);
     }
-    pthread_mutex_unlock(&pdp__trace_mu);
+    pdp__mutex_unlock(&pdp__trace_mu);
     return st;
 }

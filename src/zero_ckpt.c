@@ -8,7 +8,7 @@
      rank inside the save's first agreement; every shard file ("shard.run") and the
      marker carry them, and a load accepts only shards whose id is the marker's.
    - The marker is atomic and last: rank 0 removes the old marker before any shard
-     is written, and writes the new one (a temporary, fsync, rename, fsync of the
+     is written, and writes the new one (a temporary, sync, rename, sync of the
      directory) only after every rank has agreed that its shard file is on disk, so
      a set with a marker is complete.
    - Agreement before anything is changed: a load reads and validates into staging
@@ -38,8 +38,6 @@
    (https://github.com/huggingface/safetensors). */
 
 #include "internal.h"
-#include <errno.h>
-#include <unistd.h>
 
 /* ---- zero_ckpt: the set, the run id, the agreements ----
    A set under prefix P: rank r's shard file "P.rank<r>.safetensors" and the
@@ -98,19 +96,16 @@ PDP__PRIVATE pdp_status pdp__zero_agree(pdp_zero *z, bool ok, bool *bad, uint64_
 /* A new run id (see above); rank 0 draws it once per save. */
 PDP__PRIVATE uint64_t pdp__zero_run_id(pdp_zero *z)
 {
-    struct timespec wall, mono;
     uint64_t id = 0, h;
     FILE *f = fopen("/dev/urandom", "rb");
     if (f) {
         if (fread(&id, sizeof id, 1, f) != 1) id = 0;
         fclose(f);
     }
-    if (clock_gettime(CLOCK_REALTIME, &wall) != 0) memset(&wall, 0, sizeof wall);
-    if (clock_gettime(CLOCK_MONOTONIC, &mono) != 0) memset(&mono, 0, sizeof mono);
     h = pdp__mix64(id ^ UINT64_C(0x9e3779b97f4a7c15));
-    h = pdp__mix64(h ^ ((uint64_t)wall.tv_sec * 1000000000u + (uint64_t)wall.tv_nsec));
-    h = pdp__mix64(h ^ ((uint64_t)mono.tv_sec * 1000000000u + (uint64_t)mono.tv_nsec));
-    h = pdp__mix64(h ^ (uint64_t)getpid());
+    h = pdp__mix64(h ^ pdp__wall_ns());
+    h = pdp__mix64(h ^ (uint64_t)(pdp__now() * 1e9));
+    h = pdp__mix64(h ^ (uint64_t)pdp__pid());
     h = pdp__mix64(h ^ (uint64_t)(uintptr_t)z);
     return pdp__mix64(h ^ ++z->saves);
 }
@@ -208,7 +203,7 @@ PDP__PRIVATE void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const 
                               (long long)z->units[u].s);
 }
 
-/* Writes the marker atomically (temporary, fsync, rename, fsync of the directory), removing
+/* Writes the marker atomically (temporary, sync, rename, sync of the directory), removing
    first the temporaries of writers killed mid-write as checkpoint.c's save does. */
 PDP__PRIVATE pdp_status pdp__zero_write_marker(const char *path, const char *text, const char *fn)
 {
@@ -217,12 +212,12 @@ PDP__PRIVATE pdp_status pdp__zero_write_marker(const char *path, const char *tex
     size_t len = strlen(text);
     int ok;
     pdp__ckpt_remove_stale(path);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, pdp__pid());
     if (!(f = fopen(tmp, "wb")))
         return pdp__err(PDP_ERR_IO, "%s: %s: fopen failed: %s", fn, tmp, strerror(errno));
-    ok = fwrite(text, 1, len, f) == len && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fwrite(text, 1, len, f) == len && pdp__file_sync(f) == 0;
     ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
+    if (!ok || pdp__file_replace(tmp, path) != 0) {
         pdp_status st = pdp__err(PDP_ERR_IO, "%s: %s: writing the marker failed: %s", fn, path,
                                  strerror(errno));
         remove(tmp);
@@ -231,7 +226,7 @@ PDP__PRIVATE pdp_status pdp__zero_write_marker(const char *path, const char *tex
     /* the rename is durable only once its directory is: a crash must not lose the marker
        of a set whose shards are on disk */
     if (pdp__ckpt_sync_dir(path) != 0)
-        return pdp__err(PDP_ERR_IO, "%s: %s: written, but fsync of its directory failed: %s", fn,
+        return pdp__err(PDP_ERR_IO, "%s: %s: written, but syncing its directory failed: %s", fn,
                         path, strerror(errno));
     return PDP_OK;
 }

@@ -14,39 +14,70 @@
 #pragma GCC diagnostic ignored "-Wunused-function"
 #pragma GCC diagnostic ignored "-Wunused-variable"
 #endif
-/* ---- src/internal.h ---- */
-/* internal: what the implementation modules share and the API does not show.
+/* ---- src/platform.h ---- */
+/* platform: the operating system and the compiler, in one place.
 
-   System includes, the allocation and assert overrides, the error helper
-   pdp__err() that formats the thread-local message and returns the status, the
-   aligned allocator, timers and small utilities; then, in sections, the private
-   structs and prototypes that cross modules: devices, the model and its layer
-   kinds (with the executor seam), tensor parallelism's state, losses, CUDA
-   dispatch, gradient norms, optimizer internals, checkpoint ranges, the
-   communicator contract every backend fills, and the trace sink. Nothing here is
-   public. */
+   Every other module reaches the system only through the names below: threads,
+   mutexes, condition variables, once, thread-local storage, the clocks, the CPU
+   count, durable files (flush and sync, the replace-existing rename, the directory
+   sync), process ids, directory listing, sockets (platform.c: the store's
+   deadline-bounded helpers), CPU features, and the compiler's builtins (atomics,
+   overflow checks, attributes, the pause instruction). Two implementations:
+   - POSIX (PDP__POSIX): Linux, tested on x86-64 and, under QEMU, aarch64; macOS and
+     the BSDs by the calls POSIX.1-2008 has (the manual, PLATFORMS, names the ones
+     that differ on macOS, which is not tested here).
+   - Win32 (PDP__WIN32): Windows 7 and later (_WIN32_WINNT 0x0601: SRW locks,
+     condition variables, InitOnceExecuteOnce, fiber-local storage with a destructor,
+     QueryPerformanceCounter, GetActiveProcessorCount, MoveFileExA, Winsock 2 with
+     WSAPoll). Built with MinGW-w64 and tested under Wine (make cross-test); the
+     MSVC forms of the compiler macros are written but not compiled here.
+   The calls on hot paths (lock, unlock, wait, signal, the atomics, the pause) are
+   static inline wrappers or macros over the system's own, so on POSIX with gcc or
+   clang they compile to exactly the calls the modules made before this layer.
 
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <math.h>
-#include <float.h>
+   Error codes are errno values on both systems (Win32's are mapped), so callers
+   keep one vocabulary: 0 success, ETIMEDOUT for a timed wait that expired.
+
+   This header is the implementation's first module (amalgamate.py lists it before
+   internal.h): it picks the feature macros, includes the system headers and
+   defines PDP__PRIVATE, the linkage of every private function.
+
+   References: POSIX.1-2008 (pthreads, clock_gettime, fsync, rename, poll, sockets);
+   Microsoft's Win32 documentation of the calls named above ("Slim Reader/Writer
+   Locks", "Condition Variables", "InitOnceExecuteOnce", "FlsAlloc", "MoveFileExA",
+   "FlushFileBuffers", "WSAPoll"); the GCC manual's "__atomic Builtins" and "Integer
+   Overflow Builtins"; Intel's SDM for CPUID and XGETBV; Linux's
+   Documentation/arch/x86/xstate.rst for ARCH_REQ_XCOMP_PERM. */
+
+/* ---- platform: which system ---- */
+
+#if defined(_WIN32)
+#  define PDP__WIN32 1
+#  ifndef _WIN32_WINNT
+#    define _WIN32_WINNT 0x0601 /* Windows 7: SRW locks, InitOnce, GetActiveProcessorCount */
+#  elif _WIN32_WINNT < 0x0601
+#    error "pdp.h: needs _WIN32_WINNT >= 0x0601 (Windows 7); define it so before including <windows.h>"
+#  endif
+#  ifndef WIN32_LEAN_AND_MEAN
+#    define WIN32_LEAN_AND_MEAN
+#  endif
+#  ifndef NOMINMAX
+#    define NOMINMAX
+#  endif
+#  include <winsock2.h> /* before <windows.h>, which would bring the old winsock.h */
+#  include <ws2tcpip.h>
+#  include <windows.h>
+#  include <io.h>
+#else
+#  define PDP__POSIX 1
+#  include <pthread.h>
+#  include <unistd.h>
+#  include <sys/types.h>
+#endif
 #include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <time.h>
-#include <pthread.h>
-
-#if defined(PDP_MALLOC) != defined(PDP_FREE)
-#  error "pdp.h: define both PDP_MALLOC and PDP_FREE, or neither"
-#endif
-#ifndef PDP_MALLOC
-#  define PDP_MALLOC(bytes) malloc(bytes)
-#  define PDP_FREE(ptr) free(ptr)
-#endif
-#ifndef PDP_ASSERT
-#  include <assert.h>
-#  define PDP_ASSERT(c) assert(c)
-#endif
 
 /* Linkage of the private functions (pdp__*), SQLite's SQLITE_PRIVATE pattern: static in every
    user's build, so they stay out of the program's symbols and unused ones are dropped; empty
@@ -61,19 +92,339 @@
 #  define PDP__PRIVATE static
 #endif
 
+/* ---- platform: the compiler ----
+   PDP__THREAD_LOCAL    a thread-local variable (absent with PDP__TLS_KEY: tcc)
+   PDP__UNUSED          no warning when a private helper is unused
+   PDP__ALWAYS_INLINE   a kernel helper inlined even at -Og (the register tiles need it)
+   PDP__TARGET(s)       a function compiled for instruction set s ("avx512f"); defined
+                        only where the compiler has it (gcc, clang), with PDP__HAVE_TARGET
+   PDP__PAUSE()         the spin-wait hint (x86 pause, ARM yield), or nothing
+   PDP__LOAD_ACQ(p)     an integer load with acquire order
+   PDP__STORE_REL(p, v) an integer store with release order
+   PDP__HAVE_OVERFLOW_BUILTINS  __builtin_mul_overflow and _add_overflow exist
+   PDP__STDCALL         the calling convention of a function the system calls back */
 #if defined(__GNUC__) || defined(__clang__)
 #  define PDP__THREAD_LOCAL __thread
 #  define PDP__UNUSED __attribute__((unused))
+#  define PDP__ALWAYS_INLINE __attribute__((always_inline))
+#  define PDP__TARGET(s) __attribute__((target(s)))
+#  define PDP__HAVE_TARGET 1
 #elif defined(_MSC_VER)
 #  define PDP__THREAD_LOCAL __declspec(thread)
 #  define PDP__UNUSED
+#  define PDP__ALWAYS_INLINE __forceinline
 #elif defined(__TINYC__)
 /* tcc has no thread-local storage: the per-thread state (error message, thread count,
-   profile counters) lives in one struct a thread, under a pthread key (base.c, pdp__tls) */
+   profile counters) lives in one struct a thread, under a key (base.c, pdp__tls) */
 #  define PDP__TLS_KEY 1
 #  define PDP__UNUSED
+#  define PDP__ALWAYS_INLINE
 #else
 #  error "pdp.h: needs a thread-local storage keyword (__thread or __declspec(thread))"
+#endif
+
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+#  define PDP__PAUSE() __builtin_ia32_pause()
+#elif (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
+#  define PDP__PAUSE() __asm__ __volatile__("yield")
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+#  include <intrin.h>
+#  define PDP__PAUSE() _mm_pause()
+#elif defined(_MSC_VER) && defined(_M_ARM64)
+#  include <intrin.h>
+#  define PDP__PAUSE() __yield()
+#else
+#  define PDP__PAUSE() ((void)0)
+#endif
+
+/* GCC/Clang atomics: valid C99 and C++, so a flag read outside a lock needs no
+   <stdatomic.h> (the trace's enabled flag, the pool's generation while a worker spins).
+   MSVC: a volatile access between compiler barriers is acquire/release on x86 and x64
+   (their loads and stores are ordered, /volatile:iso or not); on ARM64 a full barrier
+   (__dmb) orders it. tcc has neither: there a process-wide mutex's lock and unlock order
+   memory (POSIX.1 section 4.12), after the load and before the store (base.c,
+   pdp__fence); tcc keeps no value in a register across a call. The values are integers. */
+#if defined(__GNUC__) || defined(__clang__)
+#  define PDP__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#  define PDP__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#elif defined(_MSC_VER)
+#  include <intrin.h>
+#  if defined(_M_ARM64)
+#    define PDP__MSVC_FENCE() __dmb(0xB) /* ISH */
+#  else
+#    define PDP__MSVC_FENCE() _ReadWriteBarrier()
+#  endif
+static __forceinline long long pdp__msvc_acquire(long long v)
+{
+    PDP__MSVC_FENCE();
+    return v;
+}
+/* the load is the argument, so it happens before the barrier; the barrier in a loop
+   forces the next iteration to load again */
+#  define PDP__LOAD_ACQ(p) pdp__msvc_acquire((long long)*(p))
+#  define PDP__STORE_REL(p, v) (PDP__MSVC_FENCE(), *(p) = (v), PDP__MSVC_FENCE())
+#else
+#  define PDP__FENCE_BY_LOCK 1
+PDP__PRIVATE long long pdp__fence(long long loaded);
+#  define PDP__LOAD_ACQ(p) pdp__fence((long long)*(p))
+#  define PDP__STORE_REL(p, v) ((void)pdp__fence(0), *(p) = (v))
+#endif
+
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 5)
+#  define PDP__HAVE_OVERFLOW_BUILTINS 1
+#endif
+
+#ifdef PDP__WIN32
+#  define PDP__STDCALL WINAPI
+#else
+#  define PDP__STDCALL
+#endif
+
+/* ---- platform: mutexes and condition variables ----
+   Plain (not recursive) mutexes; PDP__MUTEX_INIT initialises a static one. Every
+   condition variable measures timed waits on the monotonic clock (pdp__now()), so a
+   deadline is a pdp__now() value; pdp__cond_timedwait returns 0, or ETIMEDOUT once it
+   has passed. init returns 0 or an errno value; destroy on an initialised object. */
+#ifdef PDP__POSIX
+typedef pthread_mutex_t pdp__mutex;
+typedef pthread_cond_t pdp__cond;
+#  define PDP__MUTEX_INIT PTHREAD_MUTEX_INITIALIZER
+static inline int pdp__mutex_init(pdp__mutex *m) { return pthread_mutex_init(m, NULL); }
+static inline void pdp__mutex_destroy(pdp__mutex *m) { pthread_mutex_destroy(m); }
+static inline void pdp__mutex_lock(pdp__mutex *m) { pthread_mutex_lock(m); }
+static inline void pdp__mutex_unlock(pdp__mutex *m) { pthread_mutex_unlock(m); }
+/* true when it took the lock */
+static inline bool pdp__mutex_trylock(pdp__mutex *m) { return pthread_mutex_trylock(m) == 0; }
+static inline void pdp__cond_destroy(pdp__cond *c) { pthread_cond_destroy(c); }
+static inline void pdp__cond_wait(pdp__cond *c, pdp__mutex *m) { pthread_cond_wait(c, m); }
+static inline void pdp__cond_signal(pdp__cond *c) { pthread_cond_signal(c); }
+static inline void pdp__cond_broadcast(pdp__cond *c) { pthread_cond_broadcast(c); }
+#else
+typedef SRWLOCK pdp__mutex;
+typedef CONDITION_VARIABLE pdp__cond;
+#  define PDP__MUTEX_INIT SRWLOCK_INIT
+static inline int pdp__mutex_init(pdp__mutex *m)
+{
+    InitializeSRWLock(m);
+    return 0;
+}
+static inline void pdp__mutex_destroy(pdp__mutex *m) { (void)m; }
+static inline void pdp__mutex_lock(pdp__mutex *m) { AcquireSRWLockExclusive(m); }
+static inline void pdp__mutex_unlock(pdp__mutex *m) { ReleaseSRWLockExclusive(m); }
+static inline bool pdp__mutex_trylock(pdp__mutex *m) { return TryAcquireSRWLockExclusive(m) != 0; }
+static inline void pdp__cond_destroy(pdp__cond *c) { (void)c; }
+static inline void pdp__cond_wait(pdp__cond *c, pdp__mutex *m)
+{
+    SleepConditionVariableSRW(c, m, INFINITE, 0);
+}
+static inline void pdp__cond_signal(pdp__cond *c) { WakeConditionVariable(c); }
+static inline void pdp__cond_broadcast(pdp__cond *c) { WakeAllConditionVariable(c); }
+#endif
+/* (platform.c) */
+PDP__PRIVATE int pdp__cond_init(pdp__cond *c);
+PDP__PRIVATE int pdp__cond_timedwait(pdp__cond *c, pdp__mutex *m, double deadline);
+
+/* ---- platform: threads, once, thread-local keys ----
+   pdp__thread_create starts fn(arg) and returns 0 or an errno value; the pdp__thread
+   must stay where it is until pdp__thread_join (Win32 keeps fn and arg in it for the
+   thread's start). pdp__once_run runs fn exactly once per PDP__ONCE_INIT object, the
+   other callers waiting for it. A key holds one pointer per thread; the destructor
+   given at its creation runs on a thread's non-NULL value when that thread exits
+   (Win32: fiber-local storage, whose callback runs at thread exit; PDP__STDCALL). */
+#ifdef PDP__POSIX
+typedef pthread_t pdp__thread;
+typedef pthread_once_t pdp__once;
+typedef pthread_key_t pdp__tls_key;
+#  define PDP__ONCE_INIT PTHREAD_ONCE_INIT
+static inline void pdp__once_run(pdp__once *o, void (*fn)(void)) { pthread_once(o, fn); }
+static inline void *pdp__tls_get_value(pdp__tls_key k) { return pthread_getspecific(k); }
+static inline int pdp__tls_set_value(pdp__tls_key k, void *v) { return pthread_setspecific(k, v); }
+#else
+typedef struct pdp__thread {
+    HANDLE handle;
+    void *(*fn)(void *);
+    void *arg;
+} pdp__thread;
+typedef INIT_ONCE pdp__once;
+typedef DWORD pdp__tls_key;
+#  define PDP__ONCE_INIT INIT_ONCE_STATIC_INIT
+PDP__PRIVATE void pdp__once_run(pdp__once *o, void (*fn)(void));
+static inline void *pdp__tls_get_value(pdp__tls_key k) { return FlsGetValue(k); }
+static inline int pdp__tls_set_value(pdp__tls_key k, void *v)
+{
+    return FlsSetValue(k, v) ? 0 : ENOMEM;
+}
+#endif
+/* (platform.c) */
+PDP__PRIVATE int pdp__thread_create(pdp__thread *t, void *(*fn)(void *), void *arg);
+PDP__PRIVATE void pdp__thread_join(pdp__thread *t);
+PDP__PRIVATE int pdp__tls_key_create(pdp__tls_key *k, void (PDP__STDCALL *dtor)(void *));
+
+/* ---- platform: time, CPUs, processes (platform.c) ---- */
+
+/* Monotonic seconds. */
+PDP__PRIVATE double pdp__now(void);
+/* Wall-clock nanoseconds since 1970 (for seeds; 0 when unknown). */
+PDP__PRIVATE uint64_t pdp__wall_ns(void);
+/* CPU seconds the calling thread has used (0 when unknown). */
+PDP__PRIVATE double pdp__thread_cpu_s(void);
+/* Sleeps at least `seconds`; gives the core to another ready thread. */
+PDP__PRIVATE void pdp__sleep_s(double seconds);
+PDP__PRIVATE void pdp__yield(void);
+/* Online logical CPUs (at least 1). */
+PDP__PRIVATE int pdp__cpu_count(void);
+/* This process's id; whether a process with id pid exists (true when it cannot tell). */
+PDP__PRIVATE long pdp__pid(void);
+PDP__PRIVATE bool pdp__pid_alive(long pid);
+/* strerror(e) into buf, without strerror's shared buffer; returns buf. */
+PDP__PRIVATE const char *pdp__errstr(int e, char *buf, size_t cap);
+
+/* ---- platform: files (platform.c) ----
+   Durable replacement (checkpoint.c, zero_ckpt.c): write a temporary, pdp__file_sync it,
+   fclose, pdp__file_replace it over the target, pdp__dir_sync the directory. Each
+   returns 0, or -1 with errno set. */
+/* fflush, then the data to the device: fsync (POSIX; macOS's fsync leaves the drive's
+   cache, see the manual) or FlushFileBuffers (Win32). */
+PDP__PRIVATE int pdp__file_sync(FILE *f);
+/* Renames from over to, atomically replacing to when it exists: rename (POSIX),
+   MoveFileExA with MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH (Win32, which
+   returns once the rename is on disk). */
+PDP__PRIVATE int pdp__file_replace(const char *from, const char *to);
+/* Makes the directory's entries durable (a rename in it): open + fsync on POSIX (0 where
+   the filesystem cannot sync a directory); nothing to do on Win32 (above). */
+PDP__PRIVATE int pdp__dir_sync(const char *dir);
+/* The size of the regular file f is open on: 0, or -1 when f is not one (a pipe, a
+   device, a directory) or its size cannot be read. */
+PDP__PRIVATE int pdp__file_size(FILE *f, uint64_t *bytes);
+/* A path separator: '/' (and '\\' on Win32). */
+static inline bool pdp__is_sep(char c)
+{
+#ifdef PDP__WIN32
+    return c == '/' || c == '\\';
+#else
+    return c == '/';
+#endif
+}
+/* The names in a directory, "." and ".." included: pdp__dir_open gives NULL (errno set)
+   when it cannot be opened; pdp__dir_next NULL at the end (errno 0) or on an error. */
+struct pdp__dir; /* platform.c */
+typedef struct pdp__dir pdp__dir;
+PDP__PRIVATE pdp__dir *pdp__dir_open(const char *path);
+PDP__PRIVATE const char *pdp__dir_next(pdp__dir *d);
+PDP__PRIVATE void pdp__dir_close(pdp__dir *d);
+/* What path names: PDP__PATH_FILE (a regular file), PDP__PATH_DIR, PDP__PATH_OTHER (a
+   device, or a symbolic link when follow is false), or -1 with errno set (ENOENT: none). */
+#define PDP__PATH_FILE 1
+#define PDP__PATH_DIR 2
+#define PDP__PATH_OTHER 3
+PDP__PRIVATE int pdp__path_kind(const char *path, bool follow);
+
+/* ---- platform: sockets (platform.c) ----
+   Stream sockets for the TCP store (store.c) and any later backend: non-blocking,
+   close-on-exec, no SIGPIPE, every wait bounded by a deadline (pdp__now() seconds).
+   Errors are errno values (pdp__sock_error(): Win32's WSA codes mapped). */
+#ifdef PDP__POSIX
+typedef int pdp__sock;
+#  define PDP__SOCK_NONE (-1)
+#else
+typedef SOCKET pdp__sock;
+#  define PDP__SOCK_NONE INVALID_SOCKET
+#endif
+struct addrinfo;
+/* Winsock's WSAStartup, once per process (nothing on POSIX); 0 or an errno value. */
+PDP__PRIVATE int pdp__sock_startup(void);
+/* The last socket call's error as an errno value. */
+PDP__PRIVATE int pdp__sock_error(void);
+/* A would-block, in-progress or interrupted error: the call may be retried. */
+PDP__PRIVATE bool pdp__sock_retry(int err);
+/* socket() tuned as above (TCP_NODELAY with tcp); PDP__SOCK_NONE on failure. */
+PDP__PRIVATE pdp__sock pdp__sock_open(int family, int type, int protocol, bool tcp);
+PDP__PRIVATE void pdp__sock_tune(pdp__sock s, bool tcp);
+PDP__PRIVATE void pdp__sock_close(pdp__sock s);
+/* send/recv of up to bytes: the count, 0 for EOF (recv), -1 (pdp__sock_error()). */
+PDP__PRIVATE long pdp__sock_send(pdp__sock s, const void *buf, size_t bytes);
+PDP__PRIVATE long pdp__sock_recv(pdp__sock s, void *buf, size_t bytes);
+/* Waits until s is readable (out false) or writable (out true), or deadline: 1 ready,
+   0 timed out, -1 error (pdp__sock_error()). */
+PDP__PRIVATE int pdp__sock_wait(pdp__sock s, bool out, double deadline);
+/* One non-blocking connect to ai bounded by deadline: the socket, or PDP__SOCK_NONE with
+   the reason in why. */
+PDP__PRIVATE pdp__sock pdp__sock_connect(const struct addrinfo *ai, double deadline, char *why,
+                                         size_t cap);
+/* The local port s is bound to, or -1. */
+PDP__PRIVATE int pdp__sock_port(pdp__sock s);
+/* poll() over n sockets (WSAPoll on Win32), timeout_ms < 0 forever: as poll. */
+struct pollfd;
+PDP__PRIVATE int pdp__sock_poll(struct pollfd *fds, int n, int timeout_ms);
+/* A wake-up channel a poll loop watches beside its sockets: pdp__wake_fd(w) is what to
+   poll for reading; pdp__wake_signal makes it readable (from any thread). A pipe on POSIX,
+   a loopback UDP socket sending to itself on Win32. */
+typedef struct pdp__wake {
+    pdp__sock rd;
+#ifdef PDP__POSIX
+    int wr;
+#endif
+} pdp__wake;
+PDP__PRIVATE int pdp__wake_open(pdp__wake *w); /* 0 or an errno value */
+PDP__PRIVATE void pdp__wake_signal(pdp__wake *w);
+PDP__PRIVATE void pdp__wake_close(pdp__wake *w);
+
+/* ---- platform: CPU features (platform.c) ----
+   x86 only (PDP__X86_CPUID): CPUID leaf/subleaf into r[0..3] = eax, ebx, ecx, edx
+   (false when the leaf is beyond the maximum), XCR0 (call only when CPUID says
+   OSXSAVE), and the operating system's permission for the AMX tile data: Linux asks
+   arch_prctl(ARCH_REQ_XCOMP_PERM) once; elsewhere no AMX path is compiled (false). */
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#  define PDP__X86_CPUID 1
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+#  define PDP__X86_CPUID 1
+#endif
+#ifdef PDP__X86_CPUID
+PDP__PRIVATE bool pdp__cpuid(unsigned leaf, unsigned subleaf, unsigned r[4]);
+PDP__PRIVATE uint64_t pdp__xgetbv0(void);
+#endif
+/* AMX: x86-64 Linux (the permission is an arch_prctl) and a compiler with the AMX
+   intrinsics (gcc 11, clang 12) */
+#if defined(__x86_64__) && defined(__linux__) && \
+    (__GNUC__ >= 11 || (defined(__clang__) && __clang_major__ >= 12))
+#  define PDP__HAVE_AMX_PERMIT 1
+PDP__PRIVATE bool pdp__amx_permit(void);
+#endif
+
+/* ---- src/internal.h ---- */
+/* internal: what the implementation modules share and the API does not show.
+
+   The platform layer first (platform.h: the system headers, threads, clocks, files,
+   sockets and the compiler's macros), then the C library's headers, the allocation and
+   assert overrides, the error helper
+   pdp__err() that formats the thread-local message and returns the status, the
+   aligned allocator, timers and small utilities; then, in sections, the private
+   structs and prototypes that cross modules: devices, the model and its layer
+   kinds (with the executor seam), tensor parallelism's state, losses, CUDA
+   dispatch, gradient norms, optimizer internals, checkpoint ranges, the
+   communicator contract every backend fills, and the trace sink. Nothing here is
+   public. */
+
+/* #include "platform.h" (above) */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <float.h>
+#include <errno.h>
+#include <time.h>
+
+#if defined(PDP_MALLOC) != defined(PDP_FREE)
+#  error "pdp.h: define both PDP_MALLOC and PDP_FREE, or neither"
+#endif
+#ifndef PDP_MALLOC
+#  define PDP_MALLOC(bytes) malloc(bytes)
+#  define PDP_FREE(ptr) free(ptr)
+#endif
+#ifndef PDP_ASSERT
+#  include <assert.h>
+#  define PDP_ASSERT(c) assert(c)
 #endif
 
 /* Hot element loops. gcc -O2 (its "very cheap" vectoriser) skips a loop of unknown
@@ -81,7 +432,9 @@
    hot loops take PDP__RESTRICT pointers and run in blocks of PDP__VEC floats with a
    constant trip count, then the rest one by one. PDP__FOR_BLOCKED(i, n, body)
    writes that shape: body sees int64_t i. */
-#if defined(__cplusplus)
+#if defined(__cplusplus) && defined(_MSC_VER)
+#  define PDP__RESTRICT __restrict
+#elif defined(__cplusplus)
 #  define PDP__RESTRICT __restrict__
 #else
 #  define PDP__RESTRICT restrict
@@ -102,20 +455,6 @@
         }                                                                                      \
     } while (0)
 
-/* GCC/Clang atomics: valid C99 and C++, so a flag read outside a lock needs no
-   <stdatomic.h> (the trace's enabled flag, the pool's generation while a worker spins).
-   tcc has neither: there a process-wide mutex's lock and unlock order memory (POSIX.1
-   section 4.12), after the load and before the store (base.c, pdp__fence); tcc keeps no
-   value in a register across a call. The values are integers. */
-#ifndef PDP__TLS_KEY
-#  define PDP__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#  define PDP__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-#else
-PDP__PRIVATE long long pdp__fence(long long loaded);
-#  define PDP__LOAD_ACQ(p) pdp__fence((long long)*(p))
-#  define PDP__STORE_REL(p, v) ((void)pdp__fence(0), *(p) = (v))
-#endif
-
 #define PDP__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define PDP__MAX(a, b) ((a) > (b) ? (a) : (b))
 #define PDP__DEF(val, def) ((val) != 0 ? (val) : (def)) /* != 0: a double is no truth value */
@@ -131,9 +470,6 @@ PDP__PRIVATE long long pdp__fence(long long loaded);
 #define PDP__COUNT_MAX                                                                         \
     ((int64_t)(((uint64_t)INT64_MAX < (uint64_t)SIZE_MAX ? (uint64_t)INT64_MAX                 \
                                                          : (uint64_t)SIZE_MAX) / 8u))
-#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 5)
-#  define PDP__HAVE_OVERFLOW_BUILTINS 1
-#endif
 PDP__PRIVATE PDP__UNUSED int pdp__mul_ok(int64_t a, int64_t b, int64_t *out);
 PDP__PRIVATE PDP__UNUSED int pdp__add_ok(int64_t a, int64_t b, int64_t *out);
 /* a * b * c, checked as above (a convolution's C * k * k, a batch's n * h * w). */
@@ -150,9 +486,6 @@ PDP__PRIVATE pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...);
 PDP__PRIVATE void *pdp__alloc(size_t bytes);
 PDP__PRIVATE void *pdp__calloc(size_t bytes);
 PDP__PRIVATE void pdp__dealloc(void *p);
-
-/* Monotonic seconds. */
-PDP__PRIVATE double pdp__now(void);
 
 /* Waking a sleeping thread costs tens of microseconds on a VM, more than a small
    GEMM's share, so a thread that hands work off (the intra-op pool, DataParallel's
@@ -182,8 +515,8 @@ typedef struct pdp__team_member {
     unsigned long start_gen; /* the generation when the thread was made */
 } pdp__team_member;
 struct pdp__team {
-    pthread_mutex_t lock;
-    pthread_cond_t wake, done; /* wake: a new generation (or stop); done: pending hit 0 */
+    pdp__mutex lock;
+    pdp__cond wake, done; /* wake: a new generation (or stop); done: pending hit 0 */
     bool ok;                   /* lock, wake and done are initialised */
     int nworkers;              /* threads started: members 1..nworkers */
     unsigned long generation;  /* bumped once per job; atomic stores only */
@@ -192,13 +525,13 @@ struct pdp__team {
     void (*fn)(void *arg, int i, int n); /* the current job */
     void *arg;
     int n;
-    pthread_t tid[PDP__TEAM_MAX - 1];
+    pdp__thread tid[PDP__TEAM_MAX - 1];
     pdp__team_member member[PDP__TEAM_MAX - 1];
 };
-/* Initialises a zeroed team with no threads; 0, or pthread's error code. */
+/* Initialises a zeroed team with no threads; 0, or an errno value. */
 PDP__PRIVATE int pdp__team_init(pdp__team *t);
 /* Starts threads until the team has `workers` (at most PDP__TEAM_MAX - 1); no job may
-   be running. 0, or the first pthread_create error (the threads made so far stay). */
+   be running. 0, or the first pdp__thread_create error (the threads made so far stay). */
 PDP__PRIVATE int pdp__team_grow(pdp__team *t, int workers);
 /* Runs fn(arg, i, n) for i in [0, n) as described above; n may exceed the members. */
 PDP__PRIVATE void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n),
@@ -895,9 +1228,239 @@ PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const c
 PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
                                    double t0, double t1, const char *args);
 
+/* ---- src/platform.c ---- */
+/* platform: the system calls behind platform.h's declarations, POSIX then Win32 in
+   each section. Nothing here is on a hot path (the lock and wait wrappers are inline
+   in platform.h); each function is a few lines over the system's own. */
+
+/* #include "internal.h" (above) */
+#ifdef PDP__POSIX
+#  include <dirent.h>
+#  include <sched.h>
+#  include <sys/stat.h>
+#  include <fcntl.h>
+#  include <signal.h>
+#  include <sys/stat.h>
+#  include <netdb.h>
+#  include <poll.h>
+#  include <sys/socket.h>
+#  include <netinet/in.h>
+#  include <netinet/tcp.h>
+#  include <arpa/inet.h>
+#  ifndef MSG_NOSIGNAL
+#    define MSG_NOSIGNAL 0 /* BSD and macOS: SO_NOSIGPIPE is set on every socket instead */
+#  endif
+#endif
+#if defined(PDP__X86_CPUID) && !defined(_MSC_VER)
+#  include <cpuid.h>
+#endif
+
+/* ---- platform: condition variables, threads, once, keys ---- */
+
+#ifdef PDP__POSIX
+PDP__PRIVATE int pdp__cond_init(pdp__cond *c);
+
+PDP__PRIVATE int pdp__cond_timedwait(pdp__cond *c, pdp__mutex *m, double deadline);
+
+PDP__PRIVATE int pdp__thread_create(pdp__thread *t, void *(*fn)(void *), void *arg);
+
+PDP__PRIVATE void pdp__thread_join(pdp__thread *t);
+
+PDP__PRIVATE int pdp__tls_key_create(pdp__tls_key *k, void (*dtor)(void *));
+#else
+PDP__PRIVATE int pdp__cond_init(pdp__cond *c);
+
+PDP__PRIVATE int pdp__cond_timedwait(pdp__cond *c, pdp__mutex *m, double deadline);
+
+PDP__PRIVATE DWORD WINAPI pdp__thread_entry(LPVOID p);
+
+PDP__PRIVATE int pdp__thread_create(pdp__thread *t, void *(*fn)(void *), void *arg);
+
+PDP__PRIVATE void pdp__thread_join(pdp__thread *t);
+
+typedef struct pdp__once_box {
+    void (*fn)(void);
+} pdp__once_box;
+
+PDP__PRIVATE BOOL CALLBACK pdp__once_entry(PINIT_ONCE once, PVOID box, PVOID *ctx);
+
+PDP__PRIVATE void pdp__once_run(pdp__once *o, void (*fn)(void));
+
+PDP__PRIVATE int pdp__tls_key_create(pdp__tls_key *k, void (WINAPI *dtor)(void *));
+#endif
+
+#ifdef PDP__FENCE_BY_LOCK
+/* PDP__LOAD_ACQ and PDP__STORE_REL without atomic builtins (platform.h) */
+
+PDP__PRIVATE long long pdp__fence(long long loaded);
+#endif
+
+/* ---- platform: time, CPUs, processes ---- */
+
+#ifdef PDP__POSIX
+PDP__PRIVATE double pdp__now(void);
+
+PDP__PRIVATE uint64_t pdp__wall_ns(void);
+
+PDP__PRIVATE double pdp__thread_cpu_s(void);
+
+PDP__PRIVATE void pdp__sleep_s(double seconds);
+
+PDP__PRIVATE void pdp__yield(void);
+
+PDP__PRIVATE int pdp__cpu_count(void);
+
+PDP__PRIVATE long pdp__pid(void);
+
+PDP__PRIVATE bool pdp__pid_alive(long pid);
+
+/* strerror without its shared buffer: glibc's strerror_r is the GNU variant under
+   _GNU_SOURCE (as seen when <string.h> was first included) and XSI otherwise. */
+PDP__PRIVATE const char *pdp__errstr(int e, char *buf, size_t cap);
+#else
+PDP__PRIVATE double pdp__now(void);
+
+PDP__PRIVATE uint64_t pdp__wall_ns(void);
+
+PDP__PRIVATE double pdp__thread_cpu_s(void);
+
+PDP__PRIVATE void pdp__sleep_s(double seconds);
+
+PDP__PRIVATE void pdp__yield(void);
+
+PDP__PRIVATE int pdp__cpu_count(void);
+
+PDP__PRIVATE long pdp__pid(void);
+
+PDP__PRIVATE bool pdp__pid_alive(long pid);
+
+PDP__PRIVATE const char *pdp__errstr(int e, char *buf, size_t cap);
+#endif
+
+/* ---- platform: files ---- */
+
+#ifdef PDP__POSIX
+PDP__PRIVATE int pdp__file_sync(FILE *f);
+
+PDP__PRIVATE int pdp__file_replace(const char *from, const char *to);
+
+PDP__PRIVATE int pdp__file_size(FILE *f, uint64_t *bytes);
+
+PDP__PRIVATE int pdp__dir_sync(const char *dir);
+
+struct pdp__dir {
+    DIR *d;
+};
+
+PDP__PRIVATE pdp__dir *pdp__dir_open(const char *path);
+
+PDP__PRIVATE const char *pdp__dir_next(pdp__dir *d);
+
+PDP__PRIVATE void pdp__dir_close(pdp__dir *d);
+
+PDP__PRIVATE int pdp__path_kind(const char *path, bool follow);
+#else
+/* errno for the Win32 errors a file operation meets */
+PDP__PRIVATE int pdp__win_errno(DWORD e);
+
+PDP__PRIVATE int pdp__file_sync(FILE *f);
+
+PDP__PRIVATE int pdp__file_replace(const char *from, const char *to);
+
+PDP__PRIVATE int pdp__dir_sync(const char *dir);
+
+PDP__PRIVATE int pdp__file_size(FILE *f, uint64_t *bytes);
+
+struct pdp__dir {
+    HANDLE h;
+    WIN32_FIND_DATAA data;
+    bool first; /* data holds an entry not yet returned */
+};
+
+PDP__PRIVATE pdp__dir *pdp__dir_open(const char *path);
+
+PDP__PRIVATE const char *pdp__dir_next(pdp__dir *d);
+
+PDP__PRIVATE void pdp__dir_close(pdp__dir *d);
+
+PDP__PRIVATE int pdp__path_kind(const char *path, bool follow);
+#endif
+
+/* ---- platform: sockets ---- */
+
+#ifdef PDP__POSIX
+PDP__PRIVATE int pdp__sock_startup(void);
+PDP__PRIVATE int pdp__sock_error(void);
+PDP__PRIVATE void pdp__sock_close(pdp__sock s);
+
+PDP__PRIVATE void pdp__sock_tune(pdp__sock s, bool tcp);
+
+PDP__PRIVATE long pdp__sock_send(pdp__sock s, const void *buf, size_t bytes);
+
+PDP__PRIVATE long pdp__sock_recv(pdp__sock s, void *buf, size_t bytes);
+
+PDP__PRIVATE int pdp__sock_poll(struct pollfd *fds, int n, int timeout_ms);
+
+PDP__PRIVATE int pdp__wake_open(pdp__wake *w);
+
+PDP__PRIVATE void pdp__wake_signal(pdp__wake *w);
+
+PDP__PRIVATE void pdp__wake_close(pdp__wake *w);
+#else
+
+PDP__PRIVATE void pdp__wsa_start(void);
+
+/* WSACleanup is left to process exit: a library cannot know the program's last socket */
+PDP__PRIVATE int pdp__sock_startup(void);
+
+PDP__PRIVATE int pdp__sock_error(void);
+
+PDP__PRIVATE void pdp__sock_close(pdp__sock s);
+
+PDP__PRIVATE void pdp__sock_tune(pdp__sock s, bool tcp);
+
+PDP__PRIVATE long pdp__sock_send(pdp__sock s, const void *buf, size_t bytes);
+
+PDP__PRIVATE long pdp__sock_recv(pdp__sock s, void *buf, size_t bytes);
+
+PDP__PRIVATE int pdp__sock_poll(struct pollfd *fds, int n, int timeout_ms);
+
+PDP__PRIVATE int pdp__wake_open(pdp__wake *w);
+
+PDP__PRIVATE void pdp__wake_signal(pdp__wake *w);
+
+PDP__PRIVATE void pdp__wake_close(pdp__wake *w);
+#endif
+
+PDP__PRIVATE bool pdp__sock_retry(int err);
+
+PDP__PRIVATE pdp__sock pdp__sock_open(int family, int type, int protocol, bool tcp);
+
+PDP__PRIVATE int pdp__sock_wait(pdp__sock s, bool out, double deadline);
+
+PDP__PRIVATE pdp__sock pdp__sock_connect(const struct addrinfo *ai, double deadline, char *why,
+                                         size_t cap);
+
+PDP__PRIVATE int pdp__sock_port(pdp__sock s);
+
+/* ---- platform: CPU features ---- */
+
+#ifdef PDP__X86_CPUID
+PDP__PRIVATE bool pdp__cpuid(unsigned leaf, unsigned subleaf, unsigned r[4]);
+
+PDP__PRIVATE uint64_t pdp__xgetbv0(void);
+#endif
+
+#ifdef PDP__HAVE_AMX_PERMIT
+/* Linux's arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18): lets this
+   process use the AMX tile data (Linux 5.16 and later; before, or refused: an error).
+   The raw syscall (158 on x86-64): syscall(2) is not declared under strict C99's
+   _POSIX_C_SOURCE. */
+PDP__PRIVATE bool pdp__amx_permit(void);
+#endif
+
 /* ---- src/base.c ---- */
-/* base: status names, the thread-local error message, aligned allocation, the clock
-   (pdp__now). */
+/* base: status names, the thread-local error message, aligned allocation. */
 
 /* #include "internal.h" (above) */
 
@@ -905,7 +1468,7 @@ PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char
 
 #else
 /* ---- base: per-thread state without a TLS keyword (tcc) ----
-   One struct a thread under a pthread key, allocated on the thread's first use and freed
+   One struct a thread under a key (platform.h), allocated on the thread's first use and freed
    when it exits; a thread whose struct cannot be allocated shares the static one. The
    thread-local variables of base.c and threads.c name its fields. */
 typedef struct pdp__tls {
@@ -914,13 +1477,10 @@ typedef struct pdp__tls {
     pdp__profile_state prof;
 } pdp__tls;
 
-PDP__PRIVATE void pdp__tls_free(void *p);
+PDP__PRIVATE void PDP__STDCALL pdp__tls_free(void *p);
 PDP__PRIVATE void pdp__tls_init(void);
 
 PDP__PRIVATE pdp__tls *pdp__tls_get(void);
-
-/* PDP__LOAD_ACQ and PDP__STORE_REL without atomic builtins (internal.h) */
-PDP__PRIVATE long long pdp__fence(long long loaded);
 
 #  define pdp__errbuf (pdp__tls_get()->errbuf)
 #endif
@@ -940,8 +1500,6 @@ PDP__PRIVATE void *pdp__alloc(size_t bytes);
 PDP__PRIVATE void *pdp__calloc(size_t bytes);
 
 PDP__PRIVATE void pdp__dealloc(void *p);
-
-PDP__PRIVATE double pdp__now(void);
 
 /* ---- src/threads.c ---- */
 /* threads: the worker team, the intra-op thread pool behind pdp_set_num_threads, and
@@ -965,14 +1523,14 @@ PDP__PRIVATE double pdp__now(void);
    The thread count is a per-thread setting (a thread-local int, default 1): each
    DP worker or thread-rank chooses its own, and nothing a thread sets is seen by
    another. The pool's workers themselves are shared: one process-wide team of
-   persistent POSIX threads (OpenBLAS and every OpenMP runtime keep the same kind of
+   persistent threads (platform.h: POSIX or Win32) (OpenBLAS and every OpenMP runtime keep the same kind of
    pool). The pool and the scratch key below are two of pdp's few pieces of
    process-wide state; the manual lists them all (THREADS AND DETERMINISM: also the
    trace sink, the bf16 path's CPU features and AMX permission, MPI's ownership record
    and each CUDA device's stream, handle and caches). It is started lazily by the first
    pdp__parallel_for that needs it, grows when a caller asks for more threads than it has, is reused
    by every later call, and is joined by pdp_shutdown_threads (after which the next
-   call starts it again). A caller that wins pool.busy (pthread_mutex_trylock) owns
+   call starts it again). A caller that wins pool.busy (pdp__mutex_trylock) owns
    the team for one job; a caller that loses it (another thread is using the pool,
    e.g. two DP workers in GEMM at once, or a nested call from inside a job) runs
    every index itself, in order. Which thread runs an index never changes what the
@@ -984,11 +1542,10 @@ PDP__PRIVATE double pdp__now(void);
    of its own indices) to join_wait_s.
 
    Scratch: pdp__thread_scratch() gives each thread one growing 64-byte aligned
-   buffer (GEMM packs its panels there), kept in a pthread key whose destructor
+   buffer (GEMM packs its panels there), kept in a thread-local key (platform.h) whose destructor
    frees it when the thread exits; pdp_shutdown_threads frees the caller's. */
 
 /* #include "internal.h" (above) */
-#include <unistd.h>
 
 #define PDP__MAX_THREADS 256
 #ifndef PDP__SPIN_S
@@ -1029,7 +1586,7 @@ typedef struct pdp__scratch_hdr {
     size_t bytes; /* usable bytes after the header */
 } pdp__scratch_hdr;
 
-PDP__PRIVATE void pdp__scratch_free(void *p);
+PDP__PRIVATE void PDP__STDCALL pdp__scratch_free(void *p);
 
 PDP__PRIVATE void pdp__scratch_init(void);
 
@@ -1120,7 +1677,7 @@ PDP__PRIVATE void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), 
    Files: a process that is one rank of several (MPI, torchrun) passes its
    rank to pdp__trace_open and writes path with ".rank<r>" inserted before the
    extension (trace.json -> trace.rank1.json); otherwise path as given.
-   Timestamps are CLOCK_MONOTONIC microseconds, shared by every process of a
+   Timestamps are pdp__now() (monotonic) microseconds, shared by every process of a
    machine, so the per-rank files of one machine line up: merge them with
        python3 -c 'import json,sys; print(json.dumps({"traceEvents": sum(
            (json.load(open(f))["traceEvents"] for f in sys.argv[1:]), [])}))' \
@@ -1234,7 +1791,7 @@ PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char
 /* store: a TCP key-value store, PyTorch's TCPStore in miniature (rendezvous.c reads
    who the ranks are and hands a unique id out through it).
 
-   Server. One thread in the rank-0 process runs a poll() loop over a wake pipe,
+   Server. One thread in the rank-0 process runs a poll() loop over a wake channel,
    the listening socket and every client connection; all sockets are non-blocking
    and only that thread touches the table of keys, so the server needs no lock and
    a slow, stuck or hostile peer cannot stall the others. Each connection carries
@@ -1243,9 +1800,9 @@ PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char
    otherwise the loop answers TIMEOUT when the deadline passes (poll sleeps until
    the nearest one). Timeouts are therefore decided by the server and the stream
    never falls out of step; a client only adds a grace period so that a server
-   that vanished silently cannot hang it. pdp_store_free writes one byte into the
-   wake pipe, joins the thread and closes what is left: clients still connected
-   see EOF.
+   that vanished silently cannot hang it. pdp_store_free signals the wake channel
+   (a pipe; a loopback datagram on Windows), joins the thread and closes what is
+   left: clients still connected see EOF.
 
    Client. A blocking request/response on a non-blocking socket, every wait
    bounded by poll() against a deadline. Connecting retries (10 ms doubling to
@@ -1269,23 +1826,16 @@ PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char
    a flat array searched linearly: a rendezvous store holds tens of keys, and
    every barrier generation adds one.
 
-   SIGPIPE: every send uses MSG_NOSIGNAL (SO_NOSIGPIPE where that is missing), so
-   process-wide signal handling is never touched. */
+   Sockets go through platform.h (POSIX sockets, or Winsock 2 with WSAPoll): every
+   send there uses MSG_NOSIGNAL (SO_NOSIGPIPE where that is missing), so process-wide
+   signal handling is never touched. */
 
 /* #include "internal.h" (above) */
 #include <limits.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <poll.h>
-#include <unistd.h>
-#include <sys/types.h>
-#include <sys/socket.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <arpa/inet.h>
-
-#ifndef MSG_NOSIGNAL
-#  define MSG_NOSIGNAL 0 /* BSD and macOS: SO_NOSIGPIPE is set on every socket instead */
+#ifdef PDP__POSIX
+#  include <netdb.h>
+#  include <poll.h>
+#  include <sys/socket.h>
 #endif
 
 #define PDP__STORE_DEFAULT_HOST "127.0.0.1"
@@ -1323,24 +1873,6 @@ PDP__PRIVATE pdp__store_hdr pdp__store_unpack(const unsigned char *p);
 
 PDP__PRIVATE uint64_t pdp__store_ms(double seconds);
 
-/* ---- sockets ---- */
-
-/* strerror without its shared buffer: glibc's strerror_r is the GNU variant under
-   _GNU_SOURCE (as seen when <string.h> was first included) and XSI otherwise. */
-PDP__PRIVATE const char *pdp__store_errstr(int e, char *buf, size_t cap);
-
-/* Non-blocking, close-on-exec, no SIGPIPE, no Nagle (requests are small and
-   latency-bound). */
-PDP__PRIVATE void pdp__store_tune(int fd, bool tcp);
-
-PDP__PRIVATE void pdp__store_sleep(double seconds);
-
-/* poll() one fd for events until deadline (pdp__now() seconds): 1 ready, 0 timed
-   out, -1 error (errno). */
-PDP__PRIVATE int pdp__store_poll1(int fd, short events, double deadline);
-
-PDP__PRIVATE int pdp__store_port_of(int fd);
-
 /* ---- server: key table ---- */
 
 typedef struct pdp__store_entry {
@@ -1349,7 +1881,7 @@ typedef struct pdp__store_entry {
 } pdp__store_entry;
 
 typedef struct pdp__store_conn {
-    int fd;
+    pdp__sock fd;
     unsigned char hdr[PDP__STORE_HDR];
     size_t hdr_got;
     pdp__store_hdr req;       /* valid once hdr_got == PDP__STORE_HDR */
@@ -1364,9 +1896,9 @@ typedef struct pdp__store_conn {
 } pdp__store_conn;
 
 typedef struct pdp__store_server {
-    int listen_fd;
-    int wake[2];              /* pipe: pdp_store_free writes, the loop reads and stops */
-    pthread_t thread;
+    pdp__sock listen_fd;
+    pdp__wake wake;           /* pdp_store_free signals it, the loop wakes and stops */
+    pdp__thread thread;
     pdp__store_conn **conns;
     int n_conns, cap_conns;
     struct pollfd *pfds;      /* wake, listen, then one per connection */
@@ -1437,8 +1969,8 @@ PDP__PRIVATE void pdp__store_server_stop(pdp__store_server *srv);
 /* ---- client ---- */
 
 struct pdp_store {
-    int fd;                     /* connection to the server; -1 once it broke */
-    pthread_mutex_t lock;       /* one request at a time on this handle */
+    pdp__sock fd;               /* connection to the server; PDP__SOCK_NONE once it broke */
+    pdp__mutex lock;       /* one request at a time on this handle */
     char host[256];             /* as given (the server's own client may use loopback) */
     int port;
     int world_size;
@@ -1446,26 +1978,22 @@ struct pdp_store {
     pdp__store_server *server;  /* on the serving rank only */
 };
 
-/* One non-blocking connect to ai, bounded by deadline; the fd, or -1 with why. */
-PDP__PRIVATE int pdp__store_try_connect(const struct addrinfo *ai, double deadline, char *why,
-                                        size_t cap);
-
 /* Connects s->fd to host:s->port, retrying until timeout_s has passed. */
 PDP__PRIVATE pdp_status pdp__store_connect(pdp_store *s, const char *host);
 
 /* Sends out[0..bytes) or, with out NULL, receives into in[0..bytes), all of it by
    deadline: 0, or -1 with why filled. */
-PDP__PRIVATE int pdp__store_io(int fd, const unsigned char *out, unsigned char *in, size_t bytes,
+PDP__PRIVATE int pdp__store_io(pdp__sock fd, const unsigned char *out, unsigned char *in, size_t bytes,
                                double deadline, char *why, size_t cap);
 
-PDP__PRIVATE int pdp__store_send_all(int fd, const void *buf, size_t bytes, double deadline,
+PDP__PRIVATE int pdp__store_send_all(pdp__sock fd, const void *buf, size_t bytes, double deadline,
                                      char *why, size_t cap);
 
-PDP__PRIVATE int pdp__store_recv_all(int fd, void *buf, size_t bytes, double deadline, char *why,
+PDP__PRIVATE int pdp__store_recv_all(pdp__sock fd, void *buf, size_t bytes, double deadline, char *why,
                                      size_t cap);
 
 /* Reads bytes from the connection into buf[0..cap) and throws away the rest. */
-PDP__PRIVATE int pdp__store_recv_into(int fd, void *buf, size_t cap, size_t bytes, double deadline,
+PDP__PRIVATE int pdp__store_recv_into(pdp__sock fd, void *buf, size_t cap, size_t bytes, double deadline,
                                       char *why, size_t why_cap);
 
 /* One request and its reply (caller holds s->lock). wait_s is the server-side
@@ -1727,7 +2255,7 @@ PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, 
 /* #include "internal.h" (above) */
 
 #if defined(__cplusplus)
-#  define PDP__GEMM_RESTRICT __restrict__
+#  define PDP__GEMM_RESTRICT PDP__RESTRICT
 #else
 #  define PDP__GEMM_RESTRICT restrict
 #endif
@@ -2093,7 +2621,7 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
      depend on the thread count or on how the parts are cut. The emulation's AVX-512F
      and AVX2 kernels (FMAs under MXCSR DAZ/FTZ) gave the AVX512 path's bits on every
      input tried; its portable kernel gives them except for products below 2^-126.
-   - Paths are chosen by CPUID (checked once, pthread_once) and the OS's XCR0: the
+   - Paths are chosen by CPUID (checked once, pdp__once_run) and the OS's XCR0: the
      AVX512 kernel needs AVX512F, AVX512BW (the packing's vpermw), AVX512DQ (its
      vfpclassps), AVX512-BF16 and the zmm state enabled; the AMX
      kernel AMX-TILE, AMX-BF16, the tile state in XCR0 (bits 17, 18) and Linux's
@@ -2122,18 +2650,15 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
 #  define PDP__BF16_PAR_FLOPS 1.0e6
 #endif
 
-#if !defined(PDP_NO_SIMD) && (defined(__x86_64__) || defined(__i386__)) && \
-    (defined(__GNUC__) || defined(__clang__))
+#if !defined(PDP_NO_SIMD) && defined(PDP__X86_CPUID) && defined(PDP__HAVE_TARGET)
 #  define PDP__BF16_X86 1
-#  include <cpuid.h>
 #  include <immintrin.h>
 #else
 #  define PDP__BF16_X86 0
 #endif
-/* AMX: x86-64 Linux (the permission is an arch_prctl) and a compiler with the AMX
-   intrinsics (gcc 11, clang 12) */
-#if PDP__BF16_X86 && defined(__x86_64__) && defined(__linux__) && \
-    (__GNUC__ >= 11 || (defined(__clang__) && __clang_major__ >= 12))
+/* AMX: where platform.h can ask the OS's permission (x86-64 Linux's arch_prctl) and
+   the compiler has the AMX intrinsics (gcc 11, clang 12) */
+#if PDP__BF16_X86 && defined(PDP__HAVE_AMX_PERMIT)
 #  define PDP__BF16_AMX 1
 #else
 #  define PDP__BF16_AMX 0
@@ -2166,14 +2691,6 @@ typedef struct pdp__bf16_cpu {
 #define PDP__BF16_AMD 2
 
  /* written once under pdp__bf16_once */
-
-#if PDP__BF16_AMX
-/* Linux's arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18): lets this
-   process use the AMX tile data (Linux 5.16 and later; before, or refused: an error).
-   The raw syscall (158 on x86-64): syscall(2) is not declared under strict C99's
-   _POSIX_C_SOURCE. 0 on success, else -errno. */
-PDP__PRIVATE long pdp__bf16_amx_permit(void);
-#endif
 
 PDP__PRIVATE void pdp__bf16_detect(void);
 
@@ -2260,7 +2777,7 @@ PDP__PRIVATE void pdp__bf16_pack_h(const uint16_t *h, const int64_t *off, pdp_tr
 PDP__PRIVATE void pdp__bf16_convert_emul(const float *x, uint16_t *h, int64_t n);
 
 #if PDP__BF16_X86
-#  define PDP__BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16")))
+#  define PDP__BF16_TARGET PDP__TARGET("avx512f,avx512bw,avx512dq,avx512bf16")
 /* The zero-masking forms, with every lane kept, of the unpacks and extracts the packing
    uses: GCC's headers write the plain forms with _mm*_undefined_*() as the merge source
    (`__m512i __Y = __Y;`), which g++ and nvcc's host pass (not gcc) report as
@@ -2402,7 +2919,7 @@ PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const
    kernel's corner). MXCSR is restored before C is written, so alpha and beta see the
    caller's modes as on the other paths. The bits equal the AVX512 path's on every input
    test_bf16 tries, subnormal-heavy ones included. */
-#  define PDP__BF16_EMUL_TARGET __attribute__((target("avx512f")))
+#  define PDP__BF16_EMUL_TARGET PDP__TARGET("avx512f")
 #  define PDP__BF16_EROW(i)                                                                   \
     do {                                                                                       \
         __m512i w = _mm512_set1_epi32((int)a[i]);                                             \
@@ -2428,7 +2945,7 @@ PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul512(int64_t pairs, 
    accumulators, B's 4 widened vectors, A's two halves), so the tile is four passes over
    the pairs, each element's chain the same. MXCSR as above; the results go through acc
    to pdp__bf16_out (alpha acc + beta c, as the portable kernel writes them). */
-#  define PDP__BF16_EMUL2_TARGET __attribute__((target("avx2,fma")))
+#  define PDP__BF16_EMUL2_TARGET PDP__TARGET("avx2,fma")
 #  define PDP__BF16_EROW2(i)                                                                  \
     do {                                                                                       \
         __m256i w = _mm256_set1_epi32((int)a[i]);                                             \
@@ -2729,7 +3246,7 @@ PDP__PRIVATE void pdp__amx_emu_dp(pdp__amx_tiles *e, int c, int a, int b);
 #    define PDP__AMX_OP(e, emu, hw) emu
 #  endif
 #  if PDP__BF16_AMX
-#    define PDP__AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#    define PDP__AMX_TARGET PDP__TARGET("amx-tile,amx-bf16")
 #  else
 #    define PDP__AMX_TARGET
 #  endif
@@ -2965,10 +3482,6 @@ PDP__PRIVATE pdp_status pdp__rendezvous_share(pdp_store *store, const pdp_env_in
 
 /* #include "internal.h" (above) */
 
-/* *ts = CLOCK_MONOTONIC now + seconds, for pthread_cond_timedwait on a condition
-   variable created with a monotonic clock. */
-PDP__PRIVATE void pdp__deadline(struct timespec *ts, double seconds);
-
 #define PDP__MSG_CAP 512 /* bytes of a collective's failure message */
 
 #define PDP__COMM_TIMEOUT_DEFAULT 300.0 /* seconds, when a desc's timeout_s is 0 */
@@ -3034,10 +3547,10 @@ struct pdp__workq {
     int trace_pid;                 /* the trace's process lane (MPI: the world rank) */
     const char *limit_macro;       /* "PDP_LOCAL_MAX_INFLIGHT": how to raise capacity */
     int capacity;
-    pthread_mutex_t mu;
-    pthread_cond_t wake;           /* queue not empty, or stopping */
-    pthread_cond_t done;           /* a handle completed */
-    pthread_t thread;
+    pdp__mutex mu;
+    pdp__cond wake;           /* queue not empty, or stopping */
+    pdp__cond done;           /* a handle completed */
+    pdp__thread thread;
     bool threaded;
     bool stopping;
     double stop_time;
@@ -3163,8 +3676,8 @@ PDP__PRIVATE pdp_status pdp__workq_broadcast_bytes(pdp_comm *c, void *buf, size_
    about 2(N-1)/N of the buffer for an all-reduce, the ring figure), and a
    rank's buffers are only written by progress threads between A and B.
 
-   Faults never hang: every wait in a barrier is a pthread_cond_timedwait on
-   CLOCK_MONOTONIC against the group's timeout_s. A rank that does not arrive
+   Faults never hang: every wait in a barrier is a pdp__cond_timedwait on
+   the monotonic clock against the group's timeout_s. A rank that does not arrive
    makes the others fail with PDP_ERR_TIMEOUT naming the collective, its
    sequence number and the missing rank; a rank whose communicator is freed
    marks itself as gone, and a rank waiting for it fails at once with
@@ -3193,8 +3706,8 @@ struct pdp_local_group {
     double timeout_s;
     pdp_device device;
     char name[32];
-    pthread_mutex_t mu;
-    pthread_cond_t cv;        /* barrier progress, departures, breakage */
+    pdp__mutex mu;
+    pdp__cond cv;        /* barrier progress, departures, breakage */
     int arrived;              /* ranks in the current barrier */
     uint64_t gen;             /* barriers completed */
     int64_t *phase;           /* per rank: barriers entered */
@@ -3384,7 +3897,6 @@ PDP__PRIVATE pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int n
 
 #ifdef PDP_MPI
 #include <mpi.h>
-#include <sched.h>
 
 #ifndef PDP_MPI_MAX_INFLIGHT
 #  define PDP_MPI_MAX_INFLIGHT 256 /* handles per MPI communicator */
@@ -3420,7 +3932,7 @@ typedef struct pdp__mpi_comm {
     bool orphan;                 /* a timed-out request is still pending (q.mu) */
     MPI_Request orphan_req;
     bool traced;                 /* pdp__trace_open succeeded: close at free */
-    pthread_mutex_t p2p_mu;      /* guards p2p[] and every MPI call on its requests */
+    pdp__mutex p2p_mu;      /* guards p2p[] and every MPI call on its requests */
     int p2p_active;              /* messages in flight */
     int n_abandoned;             /* timed-out requests MPI did not cancel (p2p_mu) */
     MPI_Request abandoned[PDP_MPI_MAX_INFLIGHT];
@@ -3551,8 +4063,8 @@ PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new
                          launcher ends the job. */
 
 typedef struct pdp__mpi_watch {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;      /* CLOCK_MONOTONIC */
+    pdp__mutex mu;
+    pdp__cond cv;
     bool done;              /* MPI_Init_thread returned */
     double timeout_s;
     pdp_log_fn log;
@@ -4019,8 +4531,8 @@ PDP__PRIVATE void pdp__layers_mul(const float *PDP__RESTRICT a, const float *PDP
    width is chosen at run time from gemm_bf16.c's CPUID check (compiled under target
    attributes, so a plain x86-64 build has both); without them, math.h's helpers. */
 #if PDP__BF16_X86
-#  define PDP__GELU_512 __attribute__((target("avx512f")))
-#  define PDP__GELU_256 __attribute__((target("avx2,fma")))
+#  define PDP__GELU_512 PDP__TARGET("avx512f")
+#  define PDP__GELU_256 PDP__TARGET("avx2,fma")
 #  define PDP__GELU_EXP_CONSTANTS                                                            \
     const float lo = -87.0f, hi = 88.0f, log2e = 1.44269504088896341f;                     \
     const float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;                            \
@@ -6200,8 +6712,6 @@ struct pdp_dist_sampler {
    bytes. A dataset keeps pixels as floats, [count, features]. */
 
 /* #include "internal.h" (above) */
-#include <dirent.h>
-#include <sys/stat.h>
 
 /* ---- files ---- */
 
@@ -6340,7 +6850,7 @@ PDP__PRIVATE int pdp__by_path(const void *a, const void *b);
 
 PDP__PRIVATE void pdp__free_paths(char **paths, int64_t n);
 
-/* The paths of dir's regular files (lstat: links are skipped) whose names do not end in
+/* The paths of dir's regular files (links are skipped) whose names do not end in
    ".dat", sorted bytewise: *n of them in *paths (each and the list PDP_MALLOC'd). */
 PDP__PRIVATE pdp_status pdp__text_dir(const char *dir, char ***paths, int64_t *n, const char *fn);
 
@@ -6497,7 +7007,9 @@ PDP__PRIVATE const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int
    JSON and the tiling of the data section).
 
    Invariants. Save never exposes a half-written file: it writes
-   "<path>.tmp.<pid>", fflush + fsync, rename over path, fsync the directory;
+   "<path>.tmp.<pid>", flush and sync it, rename it over path, sync the directory
+   (platform.h: fsync and rename on POSIX; FlushFileBuffers and MoveFileExA with
+   MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH on Win32);
    first it removes the temporaries of path whose pid is no live process (a
    writer killed mid-save), never a live writer's.
    Load never half-applies a file: it reads the header (at most
@@ -6535,13 +7047,7 @@ PDP__PRIVATE const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int
    optimizer. */
 
 /* #include "internal.h" (above) */
-#include <dirent.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <signal.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <unistd.h>
 
 #ifndef PDP__CKPT_MAX_HEADER
 #  define PDP__CKPT_MAX_HEADER ((uint64_t)100 * 1000 * 1000) /* bytes */
@@ -6629,15 +7135,18 @@ PDP__PRIVATE pdp_status pdp__ckpt_header_seal(char *h, size_t len, const size_t 
 PDP__PRIVATE bool pdp__ckpt_write_floats(FILE *f, pdp_device dev, const float *data, int64_t count,
                                          float *host, const pdp__crc32c *c, uint32_t *crc);
 
+/* The last separator in path, or NULL. */
+PDP__PRIVATE const char *pdp__ckpt_last_sep(const char *path);
+
 /* The directory part of path ("." for none); false when it does not fit. */
 PDP__PRIVATE bool pdp__ckpt_dirname(const char *path, char *dir, size_t cap);
 
-/* fsyncs the directory holding path, so the rename itself is durable. */
+/* Syncs the directory holding path, so the rename itself is durable. */
 PDP__PRIVATE int pdp__ckpt_sync_dir(const char *path);
 
 /* Removes the temporaries "<path>.tmp.<pid>" that writers of path killed
    mid-save left behind: only those whose pid names no live process
-   (kill(pid, 0) fails with ESRCH), never another live writer's, nor ours.
+   (pdp__pid_alive), never another live writer's, nor ours.
    Best effort: what cannot be listed or removed stays. (A pid is a local
    name: on a filesystem shared between machines, writers of one path on two
    machines are not told apart; ranks write their own paths.) */
@@ -6929,7 +7438,6 @@ PDP__PRIVATE pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *
    PDP_CUDA, CUDA devices fail with PDP_ERR_UNSUPPORTED naming the macro. */
 
 /* #include "internal.h" (above) */
-#include <unistd.h>
 
 /* ---- dp: the object ---- */
 
@@ -8017,7 +8525,7 @@ PDP__PRIVATE int pdp__zero_put(char *buf, size_t bytes, int len, const char *fmt
      rank inside the save's first agreement; every shard file ("shard.run") and the
      marker carry them, and a load accepts only shards whose id is the marker's.
    - The marker is atomic and last: rank 0 removes the old marker before any shard
-     is written, and writes the new one (a temporary, fsync, rename, fsync of the
+     is written, and writes the new one (a temporary, sync, rename, sync of the
      directory) only after every rank has agreed that its shard file is on disk, so
      a set with a marker is complete.
    - Agreement before anything is changed: a load reads and validates into staging
@@ -8047,8 +8555,6 @@ PDP__PRIVATE int pdp__zero_put(char *buf, size_t bytes, int len, const char *fmt
    (https://github.com/huggingface/safetensors). */
 
 /* #include "internal.h" (above) */
-#include <errno.h>
-#include <unistd.h>
 
 /* ---- zero_ckpt: the set, the run id, the agreements ----
    A set under prefix P: rank r's shard file "P.rank<r>.safetensors" and the
@@ -8109,7 +8615,7 @@ PDP__PRIVATE void pdp__zero_run_text(uint64_t run, char out[17]);
 PDP__PRIVATE void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *run,
                                         char *out, size_t cap);
 
-/* Writes the marker atomically (temporary, fsync, rename, fsync of the directory), removing
+/* Writes the marker atomically (temporary, sync, rename, sync of the directory), removing
    first the temporaries of writers killed mid-write as checkpoint.c's save does. */
 PDP__PRIVATE pdp_status pdp__zero_write_marker(const char *path, const char *text, const char *fn);
 
@@ -8466,7 +8972,7 @@ typedef struct pdp__launch_rank {
     pdp__launch *L;
     int rank;
     bool started;      /* its thread was created (ranks >= 1) */
-    pthread_t thread;
+    pdp__thread thread;
     pdp_status st;
     int order;         /* 0 = first to fail */
     char msg[1024];
@@ -8480,7 +8986,7 @@ struct pdp__launch {
     const pdp_device *devices;
     pdp_launch_fn fn;
     void *user;
-    pthread_mutex_t mu;
+    pdp__mutex mu;
     int failures;
     pdp__launch_rank *ranks;
 };

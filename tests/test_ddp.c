@@ -39,8 +39,10 @@ static void *test_malloc(size_t n)
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 #include "pdp_test.h"
+#include <pthread.h>
 
 #define MAXR 4
+#undef IN /* <windows.h> defines it */
 #define IN 20
 #define CLASSES 3
 #define B 12 /* global batch: divisible by 1, 2, 3 and 4 */

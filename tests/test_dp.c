@@ -521,7 +521,11 @@ TEST dp_stats_count_bytes_and_master_memory(void)
     ASSERT(st.last.apply > 0.0 && st.last.reduce > 0.0 && st.last.step == 0.0);
     ASSERT_EQ(1, pdp_optim_steps(o));
     ASSERT(st.last.total >= st.last.apply + st.last.reduce);
+#ifdef _WIN32 /* GetThreadTimes counts scheduler ticks (10-16 ms): a short part may read 0 */
+    ASSERT(st.last.apply_cpu >= 0.0 && st.last.reduce_cpu >= 0.0);
+#else
     ASSERT(st.last.apply_cpu > 0.0 && st.last.reduce_cpu > 0.0);
+#endif
     ASSERT(st.last.critical_cpu >= st.last.apply_cpu + st.last.reduce_cpu);
     ASSERT(st.apply_worker_max >= st.apply_worker_min && st.apply_worker_max <= st.last.apply);
     /* master: parameters, gradients, Adam's two moments, a 4-sample shard, the
@@ -684,7 +688,7 @@ TEST dp_bad_arguments_are_reported(void)
     /* N = 0 means one worker per online core */
     dd.num_workers = 0;
     CHECK_OK(pdp_dp_create(&dp, master, &dd));
-    ASSERT_EQ((int)sysconf(_SC_NPROCESSORS_ONLN), pdp_dp_num_workers(dp));
+    ASSERT_EQ(pdp__cpu_count(), pdp_dp_num_workers(dp));
     data_make(&dt, NET_MLP, 4, 2);
     data_batch(&dt, NET_MLP, 0, 4, &x);
     CHECK_OK(pdp_optim_create(&o, other, NULL));
@@ -748,7 +752,11 @@ TEST dp_allocates_nothing_after_the_first_step(void)
 /* Threads of this process, from /proc (Linux); -1 elsewhere. */
 static int thread_count(void)
 {
+#ifdef _WIN32 /* Wine's /proc/self/status counts Wine's own threads too */
+    FILE *f = NULL;
+#else
     FILE *f = fopen("/proc/self/status", "r");
+#endif
     char line[256];
     int n = -1;
     if (!f) return -1;

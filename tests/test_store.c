@@ -3,10 +3,12 @@
  * Environment parsing against hand-set variables (torchrun's, OpenMPI's, bad ones
  * with their messages); the store with a server and client threads in one process
  * (set/get/add, a get that blocks until another thread sets, barriers that really
- * hold ranks back); several processes on loopback (fork, ranks 1..3 against rank 0);
+ * hold ranks back); several processes on loopback (ranks 1..3, this binary started again
+ * by tests/child_process.h, against rank 0);
  * timeouts that end in time and name the key or host:port; a foreign peer sending
  * garbage; freeing a server while clients are still connected. Only 127.0.0.1 is
- * used, and only ephemeral ports.
+ * used, and only ephemeral ports. The raw sockets of the foreign peer go through
+ * platform.h's helpers, so the test runs on Winsock too (make cross-test, under Wine).
  *
  *     make build/test_store && ./build/test_store
  */
@@ -14,9 +16,23 @@
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 #include "pdp_test.h"
+#include "child_process.h"
+#include <pthread.h>
+#ifdef PDP__POSIX
+#  include <poll.h>
+#  include <arpa/inet.h>
+#  include <netinet/in.h>
+#  include <sys/socket.h>
+#endif
 
-#include <signal.h>
-#include <sys/wait.h>
+#ifdef _WIN32 /* the environment tests' setenv and unsetenv */
+static int setenv(const char *name, const char *value, int overwrite)
+{
+    (void)overwrite;
+    return _putenv_s(name, value);
+}
+static int unsetenv(const char *name) { return _putenv_s(name, ""); }
+#endif
 
 static const char *status_name(int s) { return pdp_status_name((pdp_status)s); }
 
@@ -55,52 +71,60 @@ static int free_port(void)
 {
     struct sockaddr_in a;
     socklen_t len = sizeof a;
-    int port, fd = socket(AF_INET, SOCK_STREAM, 0);
+    int port;
+    pdp__sock fd;
+    pdp__sock_startup();
+    fd = socket(AF_INET, SOCK_STREAM, 0);
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+    if (fd == PDP__SOCK_NONE || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
         getsockname(fd, (struct sockaddr *)&a, &len) != 0)
         port = -1;
     else
         port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
+    if (fd != PDP__SOCK_NONE) pdp__sock_close(fd);
     return port;
 }
 
 /* A raw TCP connection to 127.0.0.1:port (a foreign peer), blocking. */
-static int raw_connect(int port)
+static pdp__sock raw_connect(int port)
 {
     struct sockaddr_in a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    pdp__sock fd;
+    pdp__sock_startup();
+    fd = socket(AF_INET, SOCK_STREAM, 0);
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
     a.sin_port = htons((uint16_t)port);
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        fd = -1;
+    if (fd != PDP__SOCK_NONE && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        pdp__sock_close(fd);
+        fd = PDP__SOCK_NONE;
     }
     return fd;
 }
 
+/* send all of buf: true when it went */
+static bool raw_send(pdp__sock fd, const void *buf, size_t bytes)
+{
+    return pdp__sock_send(fd, buf, bytes) == (long)bytes;
+}
+
 /* Reads until EOF or timeout_s: bytes read (>= 0) on EOF, -1 on timeout or error. */
-static long read_until_eof(int fd, unsigned char *buf, size_t cap, double timeout_s)
+static long read_until_eof(pdp__sock fd, unsigned char *buf, size_t cap, double timeout_s)
 {
     double deadline = pdp__now() + timeout_s;
     size_t got = 0;
     for (;;) {
-        struct pollfd p;
         unsigned char sink[256];
-        ssize_t r;
+        long r;
         double left = deadline - pdp__now();
         if (left <= 0) return -1;
-        p.fd = fd;
-        p.events = POLLIN;
-        if (poll(&p, 1, (int)(left * 1000) + 1) <= 0) continue;
-        r = recv(fd, got < cap ? buf + got : sink, got < cap ? cap - got : sizeof sink, 0);
+        if (pdp__sock_wait(fd, false, deadline) <= 0) continue;
+        r = pdp__sock_recv(fd, got < cap ? buf + got : sink, got < cap ? cap - got : sizeof sink);
         if (r == 0) return (long)got;
-        if (r < 0) return errno == ECONNRESET ? (long)got : -1;
+        if (r < 0) return pdp__sock_error() == ECONNRESET ? (long)got : -1;
         if (got < cap) got += (size_t)r;
     }
 }
@@ -384,7 +408,7 @@ TEST store_get_blocks_until_set(void)
         g[i].key = "late";
         ASSERT_EQ(0, pthread_create(&th[i], NULL, getter_main, &g[i]));
     }
-    pdp__store_sleep(0.15);
+    pdp__sleep_s(0.15);
     ASSERT_OK(pdp_store_set(s, "late", "here", 4));
     for (i = 0; i < 2; i++) {
         pthread_join(th[i], NULL);
@@ -467,19 +491,19 @@ TEST store_threads_barrier(void)
 
 /* ---- several processes on loopback ---- */
 
-/* Child: wait for the port from the parent, then behave as rank `rank`. The exit
-   status says which step failed (0 = all good). */
-static int child_rank(int rank, int port_pipe, int world)
+/* Child: behave as rank `rank` against the server at port. The exit status says which
+   step failed (0 = all good). */
+static int child_rank(int rank, int port, int world)
 {
     pdp_store *c = NULL;
     char key[32], want[64], got[64];
-    int port = 0, r;
+    int r;
     size_t n;
     int64_t total = 0;
-    if (read(port_pipe, &port, sizeof port) != (ssize_t)sizeof port) return 10;
+    if (port <= 0) return 10;
     if (connect_client(&c, port, world, 5.0) != PDP_OK) return 11;
     snprintf(key, sizeof key, "rank%d", rank);
-    snprintf(want, sizeof want, "pid %ld says %d", (long)getpid(), rank * rank);
+    snprintf(want, sizeof want, "pid %ld says %d", pdp__pid(), rank * rank);
     if (pdp_store_set(c, key, want, strlen(want)) != PDP_OK) return 12;
     for (r = 0; r < world; r++) {
         snprintf(key, sizeof key, "rank%d", r);
@@ -498,33 +522,29 @@ static int child_rank(int rank, int port_pipe, int world)
 TEST store_processes_loopback(void)
 {
     enum { WORLD = 4 };
-    pid_t pid[WORLD] = {0};
-    int pipes[WORLD][2], i, status, port;
+    child kids[WORLD];
+    int i, code, started = 0;
     pdp_store *s;
-    char key[32], got[64];
+    char key[32], got[64], rank[16], port[16], world[16];
     size_t n;
     double deadline;
 
-    /* Fork before any thread exists in this process (the server's thread included);
-       the children learn the ephemeral port through a pipe. */
-    fflush(stdout);
-    for (i = 1; i < WORLD; i++) {
-        ASSERT_EQ(0, pipe(pipes[i]));
-        pid[i] = fork();
-        ASSERT(pid[i] >= 0);
-        if (pid[i] == 0) {
-            close(pipes[i][1]);
-            _exit(child_rank(i, pipes[i][0], WORLD));
-        }
-        close(pipes[i][0]);
-    }
+    /* The children are this binary again (child_process.h), told the ephemeral port. */
     s = start_server(WORLD, 5.0);
-    port = s ? pdp_store_port(s) : -1;
-    for (i = 1; i < WORLD; i++) {
-        if (write(pipes[i][1], &port, sizeof port) != (ssize_t)sizeof port) port = -1;
-        close(pipes[i][1]);
-    }
     ASSERTm(pdp_last_error(), s != NULL);
+    snprintf(port, sizeof port, "%d", pdp_store_port(s));
+    snprintf(world, sizeof world, "%d", (int)WORLD);
+    for (i = 1; i < WORLD; i++) {
+        char *argv[] = {"test_store", "rank", rank, port, world, NULL};
+        snprintf(rank, sizeof rank, "%d", i);
+        if (child_spawn(&kids[i], argv) != 0) break;
+        started = i;
+    }
+    if (started != WORLD - 1) {
+        for (i = 1; i <= started; i++) child_kill(&kids[i]);
+        pdp_store_free(s);
+        FAILm("cannot start a child rank");
+    }
     ASSERT_OK(pdp_store_set(s, "rank0", "pid 0 says 0", 12));
     for (i = 1; i < WORLD; i++) {
         snprintf(key, sizeof key, "rank%d", i);
@@ -536,17 +556,12 @@ TEST store_processes_loopback(void)
 
     deadline = pdp__now() + 8.0;
     for (i = 1; i < WORLD; i++) {
-        pid_t w;
-        while ((w = waitpid(pid[i], &status, WNOHANG)) == 0 && pdp__now() < deadline)
-            pdp__store_sleep(0.01);
-        if (w == 0) {
-            kill(pid[i], SIGKILL);
-            waitpid(pid[i], &status, 0);
+        if (!child_wait_until(&kids[i], deadline - pdp__now(), &code)) {
+            int k;
+            for (k = i; k < WORLD; k++) child_kill(&kids[k]);
             FAILm("a child rank hung");
         }
-        ASSERT_EQ(pid[i], w);
-        ASSERTm("child rank did not exit normally", WIFEXITED(status));
-        ASSERT_EQm("child rank failed (exit status = failing step)", 0, WEXITSTATUS(status));
+        ASSERT_EQm("child rank failed (exit status = failing step; -1: killed)", 0, code);
     }
     pdp_store_free(s);
     PASS();
@@ -644,7 +659,7 @@ TEST store_client_before_server(void)
     l.port = free_port();
     ASSERT(l.port > 0);
     ASSERT_EQ(0, pthread_create(&th, NULL, late_client_main, &l));
-    pdp__store_sleep(0.2); /* the client is retrying by now */
+    pdp__sleep_s(0.2); /* the client is retrying by now */
     memset(&d, 0, sizeof d);
     d.is_server = true;
     d.port = l.port;
@@ -668,25 +683,26 @@ TEST store_garbage_peer(void)
     char buf[16];
     size_t n;
     long got;
-    int fd, port;
+    pdp__sock fd;
+    int port;
     ASSERTm(pdp_last_error(), s != NULL);
     port = pdp_store_port(s);
 
     /* Not our protocol at all: hung up on without a reply. */
     fd = raw_connect(port);
-    ASSERT(fd >= 0);
-    ASSERT(send(fd, "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27, MSG_NOSIGNAL) == 27);
+    ASSERT(fd != PDP__SOCK_NONE);
+    ASSERT(raw_send(fd, "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27));
     ASSERT_EQ(0, read_until_eof(fd, reply, sizeof reply, 2.0));
-    close(fd);
+    pdp__sock_close(fd);
 
     /* Our magic with absurd lengths: an ERROR reply, then the hang-up; nothing is
        allocated for the 4 GiB key or value. */
     pdp__store_pack(hdr, PDP__STORE_SET, 0xffffffffu, 5, 0);
     fd = raw_connect(port);
-    ASSERT(fd >= 0);
-    ASSERT(send(fd, hdr, sizeof hdr, MSG_NOSIGNAL) == (ssize_t)sizeof hdr);
+    ASSERT(fd != PDP__SOCK_NONE);
+    ASSERT(raw_send(fd, hdr, sizeof hdr));
     got = read_until_eof(fd, reply, sizeof reply, 2.0);
-    close(fd);
+    pdp__sock_close(fd);
     ASSERT(got > 24);
     ASSERT_EQ(PDP__STORE_ERROR, reply[4]);
     reply[got < (long)sizeof reply ? got : (long)sizeof reply - 1] = '\0';
@@ -694,28 +710,28 @@ TEST store_garbage_peer(void)
 
     pdp__store_pack(hdr, PDP__STORE_SET, 3, 0x7fffffffu, 0);
     fd = raw_connect(port);
-    ASSERT(fd >= 0);
-    ASSERT(send(fd, hdr, sizeof hdr, MSG_NOSIGNAL) == (ssize_t)sizeof hdr);
+    ASSERT(fd != PDP__SOCK_NONE);
+    ASSERT(raw_send(fd, hdr, sizeof hdr));
     got = read_until_eof(fd, reply, sizeof reply, 2.0);
-    close(fd);
+    pdp__sock_close(fd);
     ASSERT(got > 24);
     ASSERT_EQ(PDP__STORE_ERROR, reply[4]);
 
     /* Unknown op; half a header then silence; a parked GET whose peer vanishes. */
     pdp__store_pack(hdr, 99, 1, 0, 0);
     fd = raw_connect(port);
-    ASSERT(send(fd, hdr, sizeof hdr, MSG_NOSIGNAL) == (ssize_t)sizeof hdr);
+    ASSERT(raw_send(fd, hdr, sizeof hdr));
     ASSERT(read_until_eof(fd, reply, sizeof reply, 2.0) > 24);
-    close(fd);
+    pdp__sock_close(fd);
     fd = raw_connect(port);
-    ASSERT(send(fd, hdr, 10, MSG_NOSIGNAL) == 10);
-    close(fd);
+    ASSERT(raw_send(fd, hdr, 10));
+    pdp__sock_close(fd);
     pdp__store_pack(hdr, PDP__STORE_GET, 4, 0, 60000);
     memcpy(reply, hdr, 24);
     memcpy(reply + 24, "void", 4);
     fd = raw_connect(port);
-    ASSERT(send(fd, reply, 28, MSG_NOSIGNAL) == 28);
-    close(fd);
+    ASSERT(raw_send(fd, reply, 28));
+    pdp__sock_close(fd);
     /* Random bytes, many of them. */
     {
         pdp_rng rng;
@@ -728,11 +744,11 @@ TEST store_garbage_peer(void)
             if (k % 2) pdp__store_pack(junk, 1 + k % 4, pdp_rng_u32(&rng), pdp_rng_u32(&rng),
                                        pdp_rng_u32(&rng));
             fd = raw_connect(port);
-            ASSERT(fd >= 0);
-            if (send(fd, junk, sizeof junk, MSG_NOSIGNAL) < 0) {
+            ASSERT(fd != PDP__SOCK_NONE);
+            if (!raw_send(fd, junk, sizeof junk)) {
                 /* the server may already have hung up: fine */
             }
-            close(fd);
+            pdp__sock_close(fd);
         }
     }
 
@@ -761,7 +777,7 @@ TEST store_free_with_clients_connected(void)
     g.port = pdp_store_port(s);
     g.key = "never";
     ASSERT_EQ(0, pthread_create(&th, NULL, getter_main, &g));
-    pdp__store_sleep(0.1); /* the getter is parked on the server with a 30 s timeout */
+    pdp__sleep_s(0.1); /* the getter is parked on the server with a 30 s timeout */
     t0 = pdp__now();
     pdp_store_free(s);
     pthread_join(th, NULL);
@@ -782,7 +798,7 @@ SUITE(store)
     RUN_TEST(store_env_torchrun);
     RUN_TEST(store_env_openmpi);
     RUN_TEST(store_env_bad_values);
-    RUN_TEST(store_processes_loopback); /* first: no thread exists yet when it forks */
+    RUN_TEST(store_processes_loopback);
     RUN_TEST(store_set_get_add);
     RUN_TEST(store_create_invalid);
     RUN_TEST(store_get_blocks_until_set);
@@ -798,6 +814,8 @@ GREATEST_MAIN_DEFS();
 
 int main(int argc, char **argv)
 {
+    if (argc == 5 && strcmp(argv[1], "rank") == 0) /* a child of store_processes_loopback */
+        return child_rank(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
     GREATEST_MAIN_BEGIN();
     RUN_SUITE(store);
     GREATEST_MAIN_END();

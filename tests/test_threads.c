@@ -14,7 +14,7 @@
 #include "pdp.h"
 #include "pdp_test.h"
 
-#include <unistd.h>
+#include <pthread.h>
 
 /* ---- helpers ---- */
 
@@ -47,7 +47,7 @@ static void nested(void *arg, int i, int n)
 
 TEST threads_setting_is_per_thread(void)
 {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long cores = pdp__cpu_count();
     ASSERT_EQ(1, pdp_get_num_threads());
     ASSERT_ENUM_EQ(PDP_OK, pdp_set_num_threads(3), pdp_status_name);
     ASSERT_EQ(3, pdp_get_num_threads());
