@@ -4408,11 +4408,20 @@ static inline bool pdp__is_sep(char c)
     return c == '/';
 #endif
 }
-/* The names in a directory, "." and ".." included: pdp__dir_open gives NULL (errno set)
-   when it cannot be opened; pdp__dir_next NULL at the end (errno 0) or on an error. */
-struct pdp__dir; /* platform.c */
-typedef struct pdp__dir pdp__dir;
-PDP__PRIVATE pdp__dir *pdp__dir_open(const char *path);
+/* The names in a directory, "." and ".." included. The caller holds the pdp__dir (no
+   allocation of pdp's: a listing cannot fail for want of memory where a caller's
+   allocator is counted); pdp__dir_open gives 0, or -1 with errno set when the directory
+   cannot be opened; pdp__dir_next NULL at the end (errno 0) or on an error. */
+typedef struct pdp__dir {
+#ifdef PDP__WIN32
+    HANDLE h;
+    WIN32_FIND_DATAA data;
+    bool first; /* data holds an entry not yet returned */
+#else
+    void *d; /* the DIR * */
+#endif
+} pdp__dir;
+PDP__PRIVATE int pdp__dir_open(pdp__dir *d, const char *path);
 PDP__PRIVATE const char *pdp__dir_next(pdp__dir *d);
 PDP__PRIVATE void pdp__dir_close(pdp__dir *d);
 /* What path names: PDP__PATH_FILE (a regular file), PDP__PATH_DIR, PDP__PATH_OTHER (a
@@ -5675,34 +5684,24 @@ PDP__PRIVATE int pdp__dir_sync(const char *dir)
     return rc;
 }
 
-struct pdp__dir {
-    DIR *d;
-};
-
-PDP__PRIVATE pdp__dir *pdp__dir_open(const char *path)
+PDP__PRIVATE int pdp__dir_open(pdp__dir *d, const char *path)
 {
-    pdp__dir *d = (pdp__dir *)PDP_MALLOC(sizeof *d);
-    if (!d) return NULL;
-    if (!(d->d = opendir(path))) {
-        PDP_FREE(d);
-        return NULL;
-    }
-    return d;
+    d->d = opendir(path);
+    return d->d ? 0 : -1;
 }
 
 PDP__PRIVATE const char *pdp__dir_next(pdp__dir *d)
 {
     struct dirent *e;
     errno = 0;
-    e = readdir(d->d);
+    e = readdir((DIR *)d->d);
     return e ? e->d_name : NULL;
 }
 
 PDP__PRIVATE void pdp__dir_close(pdp__dir *d)
 {
-    if (!d) return;
-    closedir(d->d);
-    PDP_FREE(d);
+    if (d->d) closedir((DIR *)d->d);
+    d->d = NULL;
 }
 
 PDP__PRIVATE int pdp__path_kind(const char *path, bool follow)
@@ -5773,30 +5772,25 @@ PDP__PRIVATE int pdp__file_size(FILE *f, uint64_t *bytes)
     return 0;
 }
 
-struct pdp__dir {
-    HANDLE h;
-    WIN32_FIND_DATAA data;
-    bool first; /* data holds an entry not yet returned */
-};
-
-PDP__PRIVATE pdp__dir *pdp__dir_open(const char *path)
+PDP__PRIVATE int pdp__dir_open(pdp__dir *d, const char *path)
 {
     char pattern[MAX_PATH + 8];
     size_t n = strlen(path);
-    pdp__dir *d;
-    if (n + 3 > sizeof pattern) return NULL;
+    d->h = INVALID_HANDLE_VALUE;
+    if (n + 3 > sizeof pattern) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
     memcpy(pattern, path, n);
     if (n && !pdp__is_sep(path[n - 1])) pattern[n++] = '\\';
     memcpy(pattern + n, "*", 2);
-    if (!(d = (pdp__dir *)PDP_MALLOC(sizeof *d))) return NULL;
     d->h = FindFirstFileA(pattern, &d->data);
     if (d->h == INVALID_HANDLE_VALUE) {
         errno = pdp__win_errno(GetLastError());
-        PDP_FREE(d);
-        return NULL;
+        return -1;
     }
     d->first = true;
-    return d;
+    return 0;
 }
 
 PDP__PRIVATE const char *pdp__dir_next(pdp__dir *d)
@@ -5814,9 +5808,8 @@ PDP__PRIVATE const char *pdp__dir_next(pdp__dir *d)
 
 PDP__PRIVATE void pdp__dir_close(pdp__dir *d)
 {
-    if (!d) return;
-    FindClose(d->h);
-    PDP_FREE(d);
+    if (d->h != INVALID_HANDLE_VALUE) FindClose(d->h);
+    d->h = INVALID_HANDLE_VALUE;
 }
 
 PDP__PRIVATE int pdp__path_kind(const char *path, bool follow)
@@ -22952,16 +22945,16 @@ PDP__PRIVATE pdp_status pdp__text_dir(const char *dir, char ***paths, int64_t *n
     char **list = NULL;
     int64_t len = 0, cap = 0;
     pdp_status st = PDP_OK;
-    pdp__dir *d;
+    pdp__dir d;
     *paths = NULL;
     *n = 0;
-    if (!(d = pdp__dir_open(dir)))
+    if (pdp__dir_open(&d, dir) != 0)
         return pdp__err(PDP_ERR_IO, "%s: cannot list %s: %s", fn, dir, strerror(errno));
     for (;;) {
         size_t nlen, bytes;
         int kind;
         char *p;
-        if (!(name = pdp__dir_next(d))) {
+        if (!(name = pdp__dir_next(&d))) {
             if (errno)
                 st = pdp__err(PDP_ERR_IO, "%s: cannot list %s: %s", fn, dir, strerror(errno));
             break;
@@ -22996,7 +22989,7 @@ PDP__PRIVATE pdp_status pdp__text_dir(const char *dir, char ***paths, int64_t *n
         }
         list[len++] = p;
     }
-    pdp__dir_close(d);
+    pdp__dir_close(&d);
     if (st != PDP_OK) {
         pdp__free_paths(list, len);
         return st;
@@ -24144,11 +24137,11 @@ PDP__PRIVATE void pdp__ckpt_remove_stale(const char *path)
     char dir[4096], victim[4096 + 300];
     const char *base = pdp__ckpt_last_sep(path), *name, *s;
     size_t blen;
-    pdp__dir *d;
+    pdp__dir d;
     base = base ? base + 1 : path;
     blen = strlen(base);
-    if (!blen || !pdp__ckpt_dirname(path, dir, sizeof dir) || !(d = pdp__dir_open(dir))) return;
-    while ((name = pdp__dir_next(d)) != NULL) {
+    if (!blen || !pdp__ckpt_dirname(path, dir, sizeof dir) || pdp__dir_open(&d, dir) != 0) return;
+    while ((name = pdp__dir_next(&d)) != NULL) {
         long pid = 0;
         if (strncmp(name, base, blen) != 0 || strncmp(name + blen, ".tmp.", 5) != 0) continue;
         for (s = name + blen + 5; *s >= '0' && *s <= '9' && pid <= INT_MAX / 10; s++)
@@ -24159,7 +24152,7 @@ PDP__PRIVATE void pdp__ckpt_remove_stale(const char *path)
         if ((size_t)snprintf(victim, sizeof victim, "%s/%s", dir, name) < sizeof victim)
             remove(victim);
     }
-    pdp__dir_close(d);
+    pdp__dir_close(&d);
 }
 
 /* Writes the parameters [lo, hi) (params holds them; skipped unless

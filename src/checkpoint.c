@@ -409,11 +409,11 @@ PDP__PRIVATE void pdp__ckpt_remove_stale(const char *path)
     char dir[4096], victim[4096 + 300];
     const char *base = pdp__ckpt_last_sep(path), *name, *s;
     size_t blen;
-    pdp__dir *d;
+    pdp__dir d;
     base = base ? base + 1 : path;
     blen = strlen(base);
-    if (!blen || !pdp__ckpt_dirname(path, dir, sizeof dir) || !(d = pdp__dir_open(dir))) return;
-    while ((name = pdp__dir_next(d)) != NULL) {
+    if (!blen || !pdp__ckpt_dirname(path, dir, sizeof dir) || pdp__dir_open(&d, dir) != 0) return;
+    while ((name = pdp__dir_next(&d)) != NULL) {
         long pid = 0;
         if (strncmp(name, base, blen) != 0 || strncmp(name + blen, ".tmp.", 5) != 0) continue;
         for (s = name + blen + 5; *s >= '0' && *s <= '9' && pid <= INT_MAX / 10; s++)
@@ -424,7 +424,7 @@ PDP__PRIVATE void pdp__ckpt_remove_stale(const char *path)
         if ((size_t)snprintf(victim, sizeof victim, "%s/%s", dir, name) < sizeof victim)
             remove(victim);
     }
-    pdp__dir_close(d);
+    pdp__dir_close(&d);
 }
 
 /* Writes the parameters [lo, hi) (params holds them; skipped unless

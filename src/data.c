@@ -876,16 +876,16 @@ PDP__PRIVATE pdp_status pdp__text_dir(const char *dir, char ***paths, int64_t *n
     char **list = NULL;
     int64_t len = 0, cap = 0;
     pdp_status st = PDP_OK;
-    pdp__dir *d;
+    pdp__dir d;
     *paths = NULL;
     *n = 0;
-    if (!(d = pdp__dir_open(dir)))
+    if (pdp__dir_open(&d, dir) != 0)
         return pdp__err(PDP_ERR_IO, "%s: cannot list %s: %s", fn, dir, strerror(errno));
     for (;;) {
         size_t nlen, bytes;
         int kind;
         char *p;
-        if (!(name = pdp__dir_next(d))) {
+        if (!(name = pdp__dir_next(&d))) {
             if (errno)
                 st = pdp__err(PDP_ERR_IO, "%s: cannot list %s: %s", fn, dir, strerror(errno));
             break;
@@ -920,7 +920,7 @@ PDP__PRIVATE pdp_status pdp__text_dir(const char *dir, char ***paths, int64_t *n
         }
         list[len++] = p;
     }
-    pdp__dir_close(d);
+    pdp__dir_close(&d);
     if (st != PDP_OK) {
         pdp__free_paths(list, len);
         return st;

@@ -308,34 +308,24 @@ PDP__PRIVATE int pdp__dir_sync(const char *dir)
     return rc;
 }
 
-struct pdp__dir {
-    DIR *d;
-};
-
-PDP__PRIVATE pdp__dir *pdp__dir_open(const char *path)
+PDP__PRIVATE int pdp__dir_open(pdp__dir *d, const char *path)
 {
-    pdp__dir *d = (pdp__dir *)PDP_MALLOC(sizeof *d);
-    if (!d) return NULL;
-    if (!(d->d = opendir(path))) {
-        PDP_FREE(d);
-        return NULL;
-    }
-    return d;
+    d->d = opendir(path);
+    return d->d ? 0 : -1;
 }
 
 PDP__PRIVATE const char *pdp__dir_next(pdp__dir *d)
 {
     struct dirent *e;
     errno = 0;
-    e = readdir(d->d);
+    e = readdir((DIR *)d->d);
     return e ? e->d_name : NULL;
 }
 
 PDP__PRIVATE void pdp__dir_close(pdp__dir *d)
 {
-    if (!d) return;
-    closedir(d->d);
-    PDP_FREE(d);
+    if (d->d) closedir((DIR *)d->d);
+    d->d = NULL;
 }
 
 PDP__PRIVATE int pdp__path_kind(const char *path, bool follow)
@@ -406,30 +396,25 @@ PDP__PRIVATE int pdp__file_size(FILE *f, uint64_t *bytes)
     return 0;
 }
 
-struct pdp__dir {
-    HANDLE h;
-    WIN32_FIND_DATAA data;
-    bool first; /* data holds an entry not yet returned */
-};
-
-PDP__PRIVATE pdp__dir *pdp__dir_open(const char *path)
+PDP__PRIVATE int pdp__dir_open(pdp__dir *d, const char *path)
 {
     char pattern[MAX_PATH + 8];
     size_t n = strlen(path);
-    pdp__dir *d;
-    if (n + 3 > sizeof pattern) return NULL;
+    d->h = INVALID_HANDLE_VALUE;
+    if (n + 3 > sizeof pattern) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
     memcpy(pattern, path, n);
     if (n && !pdp__is_sep(path[n - 1])) pattern[n++] = '\\';
     memcpy(pattern + n, "*", 2);
-    if (!(d = (pdp__dir *)PDP_MALLOC(sizeof *d))) return NULL;
     d->h = FindFirstFileA(pattern, &d->data);
     if (d->h == INVALID_HANDLE_VALUE) {
         errno = pdp__win_errno(GetLastError());
-        PDP_FREE(d);
-        return NULL;
+        return -1;
     }
     d->first = true;
-    return d;
+    return 0;
 }
 
 PDP__PRIVATE const char *pdp__dir_next(pdp__dir *d)
@@ -447,9 +432,8 @@ PDP__PRIVATE const char *pdp__dir_next(pdp__dir *d)
 
 PDP__PRIVATE void pdp__dir_close(pdp__dir *d)
 {
-    if (!d) return;
-    FindClose(d->h);
-    PDP_FREE(d);
+    if (d->h != INVALID_HANDLE_VALUE) FindClose(d->h);
+    d->h = INVALID_HANDLE_VALUE;
 }
 
 PDP__PRIVATE int pdp__path_kind(const char *path, bool follow)

@@ -288,11 +288,20 @@ static inline bool pdp__is_sep(char c)
     return c == '/';
 #endif
 }
-/* The names in a directory, "." and ".." included: pdp__dir_open gives NULL (errno set)
-   when it cannot be opened; pdp__dir_next NULL at the end (errno 0) or on an error. */
-struct pdp__dir; /* platform.c */
-typedef struct pdp__dir pdp__dir;
-PDP__PRIVATE pdp__dir *pdp__dir_open(const char *path);
+/* The names in a directory, "." and ".." included. The caller holds the pdp__dir (no
+   allocation of pdp's: a listing cannot fail for want of memory where a caller's
+   allocator is counted); pdp__dir_open gives 0, or -1 with errno set when the directory
+   cannot be opened; pdp__dir_next NULL at the end (errno 0) or on an error. */
+typedef struct pdp__dir {
+#ifdef PDP__WIN32
+    HANDLE h;
+    WIN32_FIND_DATAA data;
+    bool first; /* data holds an entry not yet returned */
+#else
+    void *d; /* the DIR * */
+#endif
+} pdp__dir;
+PDP__PRIVATE int pdp__dir_open(pdp__dir *d, const char *path);
 PDP__PRIVATE const char *pdp__dir_next(pdp__dir *d);
 PDP__PRIVATE void pdp__dir_close(pdp__dir *d);
 /* What path names: PDP__PATH_FILE (a regular file), PDP__PATH_DIR, PDP__PATH_OTHER (a
