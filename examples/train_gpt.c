@@ -1,18 +1,16 @@
 /* train_gpt.c - train a small GPT on text, byte by byte, on one core or on several ranks.
 
-   The model is nanoGPT's GPT (gpt.h) over the 256 byte values; the text Debian's fortunes
-   (apt-get install fortunes), -text FILE|DIR, or pdp's synthetic text (the first line says
-   which). Training is nanoGPT's: windows of T + 1 bytes drawn at random, AdamW (betas 0.9,
-   0.95, weight decay 0.1), warm-up then cosine decay, gradients clipped to norm 1, lr 3e-3
-   (at dim 128, 2e-3 and 4e-3 each reached a lower validation loss than nanoGPT's 1e-3 in
-   1200 steps). -strategy dp|ddp|zero1|zero2|zero3 trains the same global batches on -np DP
-   workers or thread ranks; -tp N splits each block over N more ranks (by heads, tp.h), -sp 1
-   adds sequence parallelism; -recompute selective|full trades compute for activation
-   memory; -device cuda trains on GPUs: single on GPU 0, dp on -np GPUs from one thread, ddp,
-   zero and -tp on a thread rank per GPU over NCCL. It prints one block's activations beside
-   Megatron-LM's formulas (pdp_gpt_activation_report), the losses, each rank's memory beside
-   ZeRO's formulas (and on several ranks which stage saves what), TP's traffic beside its
-   formula (pdp_gpt_tp_report), and text.
+   nanoGPT's GPT (gpt.h) over the 256 byte values, trained as nanoGPT does: windows of T + 1
+   bytes drawn at random, AdamW (betas 0.9, 0.95, weight decay 0.1), warm-up then cosine
+   decay, gradients clipped to norm 1, lr 3e-3 (at dim 128, 2e-3 and 4e-3 each reached a
+   lower validation loss than nanoGPT's 1e-3 in 1200 steps). The text: Debian's fortunes
+   (apt-get install fortunes), -text FILE|DIR, or pdp's synthetic text. -strategy
+   dp|ddp|zero1|zero2|zero3 trains the same global batches on -np DP workers or thread
+   ranks; -tp N splits each block over N more ranks (by heads), -sp 1 adds sequence
+   parallelism, -recompute selective|full trades compute for activation memory, -device
+   cuda trains on GPUs (dp from one thread, the others a thread rank per GPU over NCCL). It
+   prints one block's activations beside Megatron-LM's formulas, the losses, each rank's
+   memory beside ZeRO's (and which stage saves what), TP's traffic beside its formula, text.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt.c -o train_gpt -lm -lpthread
            nvcc -O2 -arch=sm_90 -DPDP_CUDA -I. examples/train_gpt.c pdp_cuda.cu -o train_gpt_cuda \
@@ -209,6 +207,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_comm_free(tpc);
     return PDP_OK;
 }
+
 int main(int argc, char **argv)
 {
     const pdp_arg args[] = { /* option, type, variable (its default), min, max, choices */
@@ -261,7 +260,7 @@ int main(int argc, char **argv)
     pdp_token_dataset_desc td = {.context = g.context, .seed = (uint64_t)seed,
                                  .synthetic_fallback = !strcmp(path, PDP_FORTUNES_DIR)};
     PDP_CHECK(pdp_token_dataset_load(&ds, path, &td));
-    PDP_CHECK(pdp_gpt_create(&m, &g)); /* to print the memory: each rank builds its own */
+    PDP_CHECK(pdp_gpt_create(&m, &g)); /* to print its size: each rank builds its own */
     printf("seed %lld: %s, %lld bytes (the last %lld validate)\n", (long long)seed, ds->source,
            (long long)ds->count, (long long)(ds->count - ds->split_at));
     printf("GPT %d layers, %d heads, dim %lld, context %lld: %lld parameters; batch %lld, AdamW "

@@ -281,7 +281,7 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
     p = (float *)pdp__alloc((size_t)V * sizeof *p);
     if (!cpu) z = (float *)pdp__alloc((size_t)(T * V) * sizeof *z);
     if (!window || !p || (!cpu && !z)) st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-    if (st == PDP_OK && !cpu) st = pdp_tensor_create(&dx, m->device, 1, (int64_t[]){T});
+    if (st == PDP_OK && !cpu) st = pdp_tensor_create(&dx, m->device, 1, &T);
     training = m->training;
     m->training = false;
     shape[0] = 1;
@@ -312,7 +312,7 @@ PDP_API pdp_status pdp_gpt_evaluate(pdp_model *m, const pdp_token_dataset *ds, p
                                     int64_t batch, int batches, uint64_t seed, float *loss)
 {
     const char *fn = "pdp_gpt_evaluate";
-    int64_t T, V, shape[2];
+    int64_t T, V, count, shape[2], rows[2]; /* rows: the logits as [batch T, V] */
     int32_t *x = NULL, *y;
     float *host = NULL; /* off the CPU: the logits, back */
     pdp_tensor *dx = NULL;
@@ -329,12 +329,12 @@ PDP_API pdp_status pdp_gpt_evaluate(pdp_model *m, const pdp_token_dataset *ds, p
         return pdp__err(PDP_ERR_INVALID, "%s: batch %lld and batches %d (>= 1)", fn,
                         (long long)batch, batches);
     T = ds->context, V = m->layers[m->nlayers - 1].out_shape[1];
-    shape[0] = batch, shape[1] = T;
+    shape[0] = batch, shape[1] = T, count = batch * T, rows[0] = count, rows[1] = V;
     cpu = m->device.kind == PDP_DEVICE_CPU;
     x = (int32_t *)pdp__alloc((size_t)(2 * batch * T) * sizeof *x);
     if (!cpu) host = (float *)pdp__alloc((size_t)(batch * T * V) * sizeof *host);
     if (!x || (!cpu && !host)) st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-    if (st == PDP_OK && !cpu) st = pdp_tensor_create(&dx, m->device, 1, (int64_t[]){batch * T});
+    if (st == PDP_OK && !cpu) st = pdp_tensor_create(&dx, m->device, 1, &count);
     y = x ? x + batch * T : NULL;
     training = m->training;
     pdp_model_set_training(m, false);
@@ -355,7 +355,7 @@ PDP_API pdp_status pdp_gpt_evaluate(pdp_model *m, const pdp_token_dataset *ds, p
             pdp_tensor_wrap(host, pdp_cpu(), logits->ndim, logits->shape, &back);
             logits = &back;
         }
-        pdp_tensor_reshape_view(logits, 2, (int64_t[]){batch * T, V}, &logits2d);
+        pdp_tensor_reshape_view(logits, 2, rows, &logits2d);
         if ((st = pdp_loss_cross_entropy(&logits2d, y, &l, NULL)) != PDP_OK) break;
         sum += l;
     }
@@ -408,7 +408,8 @@ PDP__PRIVATE double pdp__gpt_megatron(int mode, bool fp32, bool dropout, bool sp
     for (i = 0; i < sizeof pdp__gpt_meg / sizeof pdp__gpt_meg[0] && mode < 2; i++) {
         const struct pdp__gpt_meg *e = &pdp__gpt_meg[i];
         if ((fp32 && (e->mask || e->dropped) && !dropout) || (mode == 1 && e->scores)) continue;
-        *(e->scores ? &sc : e->split || sp ? &split : &rep) += e->bytes * (fp32 && !e->mask ? 2 : 1);
+        *(e->scores ? &sc : e->split || sp ? &split : &rep) +=
+            e->bytes * (fp32 && !e->mask ? 2 : 1); /* fp32: 4 bytes, masks 1 */
     }
     if (mode == 2) *(sp ? &split : &rep) = fp32 ? 4 : 2;
     if (t == 1) rep += split, split = 0;
