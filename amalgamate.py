@@ -37,7 +37,6 @@ API = [
     "tensor.h",
     "gemm.h",
     "model.h",
-    "gpt.h",
     "optim.h",
     "data.h",
     "checkpoint.h",
@@ -47,6 +46,7 @@ API = [
     "dp.h",
     "ddp.h",
     "tp.h",
+    "gpt.h",  # after data.h and tp.h: pdp_gpt_evaluate, pdp_gpt_tp_report take their types
     "zero.h",
     "pp.h",
     "cuda.h",

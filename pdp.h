@@ -73,7 +73,13 @@
        CHECK(pdp_model_forward_backward(gpt, &ids, y, &loss));   // y: a label per position
        CHECK(pdp_gpt_generate(gpt, out, 3, 200, 0.8f, 40, &rng)); // "The" and 200 more bytes
 
-   examples/train_gpt.c is the whole loop (AdamW, validation loss, generation).
+   examples/train_gpt.c is the whole loop (AdamW, validation loss, generation), with
+   three helpers a training script wants: pdp_gpt_evaluate (the mean loss over the same
+   windows every call, no dropout, the model on any device and split by TP or ZeRO-3),
+   pdp_gpt_activation_report (one block's activations from the layer table beside
+   Megatron-LM's formulas for the run's TP, SP and each recomputation mode) and
+   pdp_gpt_tp_report (a step's TP traffic beside the formula). pdp_gpt_generate runs on
+   a GPU too (the window goes up, the logits come back each token).
    The pieces are public layers, so a model of your own can use them: an int32 input
    (pdp_model_desc.input_dtype = PDP_DTYPE_I32, input_shape {T}) taken by
    pdp_model_add_embedding; after it a sample is [T, C], and Linear, LayerNorm (over C),
@@ -570,7 +576,9 @@
    One device       model.c: pdp_model_forward, pdp_model_backward (after each layer it
                     fires the grad hook per parameter: where DDP and ZeRO listen);
                     loss.c: pdp_model_forward_backward; optim.c: pdp_optim_step
-   A GPT            gpt.c: pdp_gpt_create (the blocks: pdp__gpt_block), pdp_gpt_generate;
+   A GPT            gpt.c: pdp_gpt_create (the blocks: pdp__gpt_block), pdp_gpt_generate,
+                    pdp_gpt_evaluate, pdp_gpt_activation_report (Megatron's tensors:
+                    pdp__gpt_megatron), pdp_gpt_tp_report;
                     layers_gpt.c: pdp__embed_forward, pdp__attn_forward_head (the
                     scores, the causal mask, the softmax; pdp__attn_backward_head its
                     gradient), pdp__residual_add_forward (where the residual is added;
@@ -1226,123 +1234,6 @@ PDP_API pdp_status pdp_loss_mse(const pdp_tensor *pred, const pdp_tensor *target
 PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *labels,
                                      int64_t *correct);
 /* ---- end src/model.h ---- */
-
-/* ---- begin src/gpt.h ---- */
-/* gpt: a GPT built from the layer table's kinds, with nanoGPT's architecture and
-   state_dict names, and text generation from it.
-
-   pdp_gpt_create builds, as one sequential model (model.h), GPT-2's architecture as
-   nanoGPT writes it (Radford et al., 2019; nanoGPT's model.py):
-
-       layer                          parameters (nanoGPT's names)
-       Embedding                      transformer.wte.weight [vocab, dim]   tokens
-                                      transformer.wpe.weight [context, dim] positions
-       Dropout (dropout > 0 only)
-       per block i, two residual regions (model.h: pdp_model_residual_begin/end):
-         Residual                     x = x + attn(ln_1(x)), where the residual is added
-           LayerNorm                  transformer.h.i.ln_1.weight, .bias [dim]
-           Linear dim -> 3 dim        transformer.h.i.attn.c_attn.weight [3 dim, dim], .bias
-           CausalSelfAttention        (heads; the causal mask and softmax: layers_gpt.c)
-           Linear dim -> dim          transformer.h.i.attn.c_proj.weight [dim, dim], .bias
-           Dropout (dropout > 0 only)
-         ResidualAdd
-         Residual                     x = x + mlp(ln_2(x))
-           LayerNorm                  transformer.h.i.ln_2.weight, .bias
-           Linear dim -> 4 dim        transformer.h.i.mlp.c_fc.weight [4 dim, dim], .bias
-           GELU (tanh form)
-           Linear 4 dim -> dim        transformer.h.i.mlp.c_proj.weight [dim, 4 dim], .bias
-           Dropout (dropout > 0 only)
-         ResidualAdd
-       LayerNorm                      transformer.ln_f.weight, .bias
-       TiedLinear dim -> vocab        lm_head: transformer.wte.weight itself (tied)
-
-   Its input is int32 ids [batch, T] (T = desc.sequence), its output logits [batch, T,
-   vocab]; pdp_model_forward_backward takes targets [batch, T] (-1 ignored). The
-   parameters are initialised as GPT-2 and nanoGPT do: every Linear weight and both
-   embeddings N(0, 0.02), each c_proj weight N(0, 0.02 / sqrt(2 layers)), biases 0,
-   LayerNorms 1 and 0, drawn from desc.seed.
-
-   Checkpoints: pdp_checkpoint_save writes nanoGPT's names, the tied head once, as
-   transformer.wte.weight (safetensors refuses two names for one tensor; PyTorch loads the
-   file after sd["lm_head.weight"] = sd["transformer.wte.weight"]). A nanoGPT state_dict
-   saved as safetensors loads with no renaming: lm_head.weight, when present, is read as
-   the alias of transformer.wte.weight (and must equal it bit for bit), and the
-   transformer.h.i.attn.bias causal-mask buffers nanoGPT keeps on torch < 2.0 hold no
-   parameter: each is checked to be exactly the mask, then skipped (checkpoint.h). */
-
-typedef struct pdp_gpt_desc {
-    int64_t vocab;           /* tokens; default 256 (bytes: pdp_token_dataset) */
-    int64_t context;         /* positions of wpe (nanoGPT's block_size); required */
-    int64_t sequence;        /* T of every input, <= context; default context */
-    int layers;              /* blocks (n_layer); required */
-    int heads;               /* attention heads (n_head); must divide dim; required */
-    int64_t dim;             /* channels (n_embd); required */
-    float dropout;           /* after the embedding, on the attention probabilities and at
-                                the end of each branch, in [0, 1); default 0 */
-    uint64_t seed;           /* initialisation and dropout masks; default 0 */
-    pdp_device device;       /* default CPU; pdp_cuda(i): every layer runs in pdp_cuda.cu */
-    pdp_precision precision; /* as pdp_model_desc.precision */
-    pdp_recompute recompute; /* as pdp_model_desc.recompute: SELECTIVE keeps no attention
-                                probabilities, FULL keeps each residual region's input only */
-    struct pdp_comm *tp;     /* tensor parallel (Megatron's blocks, tp.h): each block's
-                                c_attn column-parallel with q, k and v split by heads, the
-                                attention of this rank's heads, attn.c_proj row-parallel,
-                                the MLP as tp.h's; LayerNorms, embeddings and the head
-                                replicated. heads must divide by its size. NULL: none */
-    bool sequence_parallel;  /* with tp: sequence parallelism (Korthikanti et al. 2022): the
-                                residual stream, LayerNorms and dropouts between the TP
-                                blocks hold T / N positions a rank (sequence must divide by
-                                the TP size); f and g become an all-gather and a
-                                reduce-scatter of the sequence. Default false */
-} pdp_gpt_desc;
-
-/* Builds the GPT described above into *out (free it with pdp_model_free). A field out of
-   range fails with PDP_ERR_INVALID naming it. With desc.tp, every rank of it calls this
-   with the same desc; each block is then
-
-       Residual, LayerNorm ln_1, f, ColumnParallelLinear c_attn (3 dim: q, k and v each
-       split by heads), CausalSelfAttention (this rank's heads), RowParallelLinear
-       attn.c_proj, g, [Dropout], ResidualAdd,
-       Residual, LayerNorm ln_2, f, ColumnParallelLinear c_fc, GELU, RowParallelLinear
-       mlp.c_proj, g, [Dropout], ResidualAdd
-
-   (4 all-reduces of batch x T x dim floats a block and step: g forward, f backward, twice),
-   and its parameters start as the single-device GPT's slices (the full GPT is built and
-   cut), so it trains as one device does up to float rounding. Its checkpoints are
-   pdp_tp_checkpoint_save/load's, the single-device GPT's file.
-
-   With desc.sequence_parallel (Megatron-LM's sequence parallelism) the model is
-
-       Embedding, ScatterToSequenceParallelRegion (this rank's T / N positions), [Dropout],
-       per block: Residual, LayerNorm ln_1, f = GatherFromSequenceParallelRegion (all-gather
-       of the sequence; backward reduce-scatter), c_attn, attention, attn.c_proj, g =
-       ReduceScatterToSequenceParallelRegion (reduce-scatter; backward all-gather),
-       [Dropout], ResidualAdd, and the same for the MLP;
-       LayerNorm ln_f, GatherFromSequenceParallelRegion (backward: this rank's slice),
-       TiedLinear
-
-   so every layer between the TP blocks (residuals, LayerNorms, Dropouts) holds B x T / N
-   x dim activations, N times fewer. The collectives per block and step move the bytes of
-   TP's 4 all-reduces (an all-reduce is a reduce-scatter and an all-gather): 4 all-gathers
-   and 4 reduce-scatters of batch x T x dim floats, plus one all-gather for the head
-   (forward) and one for the embedding (backward). The replicated head and loss run on the
-   whole sequence on every rank. Each LayerNorm's weight and bias gradients, computed on a
-   rank's positions, are summed over the TP ranks in backward (one small all-reduce a
-   LayerNorm), so every rank steps the same values and clipping counts them once (on TP
-   rank 0, as every replicated tensor). Dropout masks are keyed by the global position:
-   the single device's masks. */
-PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc);
-
-/* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room
-   for n + n_new), each drawn from the model's next-token distribution at the last
-   position: logits / temperature, only the top_k largest kept (top_k 0: all), softmax,
-   one draw from r. The model sees the last T tokens (T = its input length); a shorter
-   prefix is padded after its end, which the causal mask keeps from changing any earlier
-   output. temperature 0 picks the largest logit (greedy). Runs in evaluation mode and
-   restores the mode; the model must be on the CPU. */
-PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64_t n_new,
-                                    float temperature, int top_k, pdp_rng *r);
-/* ---- end src/gpt.h ---- */
 
 /* ---- begin src/optim.h ---- */
 /* optim: optimizers with PyTorch's exact update rules (torch.optim.SGD, Adam,
@@ -2777,6 +2668,165 @@ PDP_API pdp_status pdp_tp_checkpoint_save(const char *path, const pdp_model *m,
                                           const pdp_optim *o);
 PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o);
 /* ---- end src/tp.h ---- */
+
+/* ---- begin src/gpt.h ---- */
+/* gpt: a GPT built from the layer table's kinds, with nanoGPT's architecture and
+   state_dict names, and text generation from it.
+
+   pdp_gpt_create builds, as one sequential model (model.h), GPT-2's architecture as
+   nanoGPT writes it (Radford et al., 2019; nanoGPT's model.py):
+
+       layer                          parameters (nanoGPT's names)
+       Embedding                      transformer.wte.weight [vocab, dim]   tokens
+                                      transformer.wpe.weight [context, dim] positions
+       Dropout (dropout > 0 only)
+       per block i, two residual regions (model.h: pdp_model_residual_begin/end):
+         Residual                     x = x + attn(ln_1(x)), where the residual is added
+           LayerNorm                  transformer.h.i.ln_1.weight, .bias [dim]
+           Linear dim -> 3 dim        transformer.h.i.attn.c_attn.weight [3 dim, dim], .bias
+           CausalSelfAttention        (heads; the causal mask and softmax: layers_gpt.c)
+           Linear dim -> dim          transformer.h.i.attn.c_proj.weight [dim, dim], .bias
+           Dropout (dropout > 0 only)
+         ResidualAdd
+         Residual                     x = x + mlp(ln_2(x))
+           LayerNorm                  transformer.h.i.ln_2.weight, .bias
+           Linear dim -> 4 dim        transformer.h.i.mlp.c_fc.weight [4 dim, dim], .bias
+           GELU (tanh form)
+           Linear 4 dim -> dim        transformer.h.i.mlp.c_proj.weight [dim, 4 dim], .bias
+           Dropout (dropout > 0 only)
+         ResidualAdd
+       LayerNorm                      transformer.ln_f.weight, .bias
+       TiedLinear dim -> vocab        lm_head: transformer.wte.weight itself (tied)
+
+   Its input is int32 ids [batch, T] (T = desc.sequence), its output logits [batch, T,
+   vocab]; pdp_model_forward_backward takes targets [batch, T] (-1 ignored). The
+   parameters are initialised as GPT-2 and nanoGPT do: every Linear weight and both
+   embeddings N(0, 0.02), each c_proj weight N(0, 0.02 / sqrt(2 layers)), biases 0,
+   LayerNorms 1 and 0, drawn from desc.seed.
+
+   Checkpoints: pdp_checkpoint_save writes nanoGPT's names, the tied head once, as
+   transformer.wte.weight (safetensors refuses two names for one tensor; PyTorch loads the
+   file after sd["lm_head.weight"] = sd["transformer.wte.weight"]). A nanoGPT state_dict
+   saved as safetensors loads with no renaming: lm_head.weight, when present, is read as
+   the alias of transformer.wte.weight (and must equal it bit for bit), and the
+   transformer.h.i.attn.bias causal-mask buffers nanoGPT keeps on torch < 2.0 hold no
+   parameter: each is checked to be exactly the mask, then skipped (checkpoint.h). */
+
+typedef struct pdp_gpt_desc {
+    int64_t vocab;           /* tokens; default 256 (bytes: pdp_token_dataset) */
+    int64_t context;         /* positions of wpe (nanoGPT's block_size); required */
+    int64_t sequence;        /* T of every input, <= context; default context */
+    int layers;              /* blocks (n_layer); required */
+    int heads;               /* attention heads (n_head); must divide dim; required */
+    int64_t dim;             /* channels (n_embd); required */
+    float dropout;           /* after the embedding, on the attention probabilities and at
+                                the end of each branch, in [0, 1); default 0 */
+    uint64_t seed;           /* initialisation and dropout masks; default 0 */
+    pdp_device device;       /* default CPU; pdp_cuda(i): every layer runs in pdp_cuda.cu */
+    pdp_precision precision; /* as pdp_model_desc.precision */
+    pdp_recompute recompute; /* as pdp_model_desc.recompute: SELECTIVE keeps no attention
+                                probabilities, FULL keeps each residual region's input only */
+    struct pdp_comm *tp;     /* tensor parallel (Megatron's blocks, tp.h): each block's
+                                c_attn column-parallel with q, k and v split by heads, the
+                                attention of this rank's heads, attn.c_proj row-parallel,
+                                the MLP as tp.h's; LayerNorms, embeddings and the head
+                                replicated. heads must divide by its size. NULL: none */
+    bool sequence_parallel;  /* with tp: sequence parallelism (Korthikanti et al. 2022): the
+                                residual stream, LayerNorms and dropouts between the TP
+                                blocks hold T / N positions a rank (sequence must divide by
+                                the TP size); f and g become an all-gather and a
+                                reduce-scatter of the sequence. Default false */
+} pdp_gpt_desc;
+
+/* Builds the GPT described above into *out (free it with pdp_model_free). A field out of
+   range fails with PDP_ERR_INVALID naming it. With desc.tp, every rank of it calls this
+   with the same desc; each block is then
+
+       Residual, LayerNorm ln_1, f, ColumnParallelLinear c_attn (3 dim: q, k and v each
+       split by heads), CausalSelfAttention (this rank's heads), RowParallelLinear
+       attn.c_proj, g, [Dropout], ResidualAdd,
+       Residual, LayerNorm ln_2, f, ColumnParallelLinear c_fc, GELU, RowParallelLinear
+       mlp.c_proj, g, [Dropout], ResidualAdd
+
+   (4 all-reduces of batch x T x dim floats a block and step: g forward, f backward, twice),
+   and its parameters start as the single-device GPT's slices (the full GPT is built and
+   cut), so it trains as one device does up to float rounding. Its checkpoints are
+   pdp_tp_checkpoint_save/load's, the single-device GPT's file.
+
+   With desc.sequence_parallel (Megatron-LM's sequence parallelism) the model is
+
+       Embedding, ScatterToSequenceParallelRegion (this rank's T / N positions), [Dropout],
+       per block: Residual, LayerNorm ln_1, f = GatherFromSequenceParallelRegion (all-gather
+       of the sequence; backward reduce-scatter), c_attn, attention, attn.c_proj, g =
+       ReduceScatterToSequenceParallelRegion (reduce-scatter; backward all-gather),
+       [Dropout], ResidualAdd, and the same for the MLP;
+       LayerNorm ln_f, GatherFromSequenceParallelRegion (backward: this rank's slice),
+       TiedLinear
+
+   so every layer between the TP blocks (residuals, LayerNorms, Dropouts) holds B x T / N
+   x dim activations, N times fewer. The collectives per block and step move the bytes of
+   TP's 4 all-reduces (an all-reduce is a reduce-scatter and an all-gather): 4 all-gathers
+   and 4 reduce-scatters of batch x T x dim floats, plus one all-gather for the head
+   (forward) and one for the embedding (backward). The replicated head and loss run on the
+   whole sequence on every rank. Each LayerNorm's weight and bias gradients, computed on a
+   rank's positions, are summed over the TP ranks in backward (one small all-reduce a
+   LayerNorm), so every rank steps the same values and clipping counts them once (on TP
+   rank 0, as every replicated tensor). Dropout masks are keyed by the global position:
+   the single device's masks. */
+PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc);
+
+/* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room
+   for n + n_new), each drawn from the model's next-token distribution at the last
+   position: logits / temperature, only the top_k largest kept (top_k 0: all), softmax,
+   one draw from r. The model sees the last T tokens (T = its input length); a shorter
+   prefix is padded after its end, which the causal mask keeps from changing any earlier
+   output. temperature 0 picks the largest logit (greedy). Runs in evaluation mode and
+   restores the mode. On a GPU the window goes there and the logits [1, T, vocab] come back
+   each token; under desc.tp every TP rank calls it with the same r (each forward is
+   collective). */
+PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64_t n_new,
+                                    float temperature, int top_k, pdp_rng *r);
+
+/* ---- gpt: evaluation and the activation report ---- */
+
+/* The mean cross-entropy of m over `batches` batches of `batch` windows of ds's split
+   (ds->context must be m's T), drawn from a pdp_rng seeded (seed, 0), so every call sees
+   the same windows; in evaluation mode (no dropout), the mode restored. m may be on any
+   device (the ids go there, the logits come back) and split by desc.tp or ZeRO-3: every
+   rank of those calls it, each forward being collective. Allocates 2 batch T ids, and off
+   the CPU a device buffer of them and batch T vocab floats, for the call: reserve m for
+   batch sequences (pdp_model_reserve) and its forwards allocate nothing. */
+PDP_API pdp_status pdp_gpt_evaluate(pdp_model *m, const pdp_token_dataset *ds, pdp_split split,
+                                    int64_t batch, int batches, uint64_t seed, float *loss);
+
+/* One block's activations on this rank, its first block's layers (Residual through the
+   second ResidualAdd) at batch sequences, as a table written into buf (bytes long, NUL
+   ended; PDP_ERR_INVALID when it does not fit): Megatron-LM's formulas (Korthikanti et
+   al. 2022, "Reducing Activation Recomputation in Large Transformer Models", sec. 4 and
+   Table 2) for desc's TP size and sequence parallelism and each recomputation mode, in
+   bytes per s b h (s the sequence, b the batch, h dim, a heads, t the TP size) and MB, at
+   16 bits with 1-byte masks and with the same tensors in fp32 (masks and dropped scores
+   only when desc->dropout > 0); then pdp's count in desc->recompute, each layer's kept
+   bytes from the layer table (pdp_model_activation_bytes) and their sum, and what pdp
+   keeps that Megatron does not count. m is pdp_gpt_create(desc)'s model on this rank.
+   *block_bytes (may be NULL): the block's kept bytes. examples/train_gpt.c prints it;
+   tests/test_gpt.c holds the sum to a count by hand. */
+PDP_API pdp_status pdp_gpt_activation_report(const pdp_model *m, const pdp_gpt_desc *desc,
+                                             int64_t batch, char *buf, size_t bytes,
+                                             int64_t *block_bytes);
+
+/* The TP traffic of a step (s: pdp_tp_get_stats of the step alone, from a rank of a
+   pdp_gpt_create(desc) model with desc->tp) beside the formula, one line into buf
+   (PDP_ERR_INVALID when it does not fit): per block f and g, forward and backward, 4
+   all-reduces of batch T dim floats (FULL recomputation: the regions' forwards again, 6);
+   under sequence parallelism each all-reduce moves as a reduce-scatter and an all-gather,
+   with the head's and the embedding's gathers (8L + 2, FULL 12L + 2) and each LayerNorm's
+   2 dim gradients summed. A ring all-reduce sends 2 (t - 1) / t of its payload, a gather or
+   scatter (t - 1) / t. *formula_bytes (may be NULL): the formula's bytes sent a rank. */
+PDP_API pdp_status pdp_gpt_tp_report(const pdp_gpt_desc *desc, int64_t batch,
+                                     const pdp_tp_stats *s, char *buf, size_t bytes,
+                                     double *formula_bytes);
+/* ---- end src/gpt.h ---- */
 
 /* ---- begin src/zero.h ---- */
 /* zero: sharded data parallelism, ZeRO stages 1, 2 and 3 (DeepSpeed's ZeRO,
@@ -27982,16 +28032,14 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
     const char *fn = "pdp_gpt_generate";
     int64_t T, V, k, i, at, shape[2];
     int32_t *window;
-    float *p;
-    bool training;
-    pdp_tensor x;
+    float *p, *z = NULL; /* z: off the CPU, the logits back on the host */
+    bool training, cpu = m && m->device.kind == PDP_DEVICE_CPU;
+    pdp_tensor x, xd, *dx = NULL; /* off the CPU: dx's buffer holds the window as ids */
     const pdp_tensor *y;
     pdp_status st = PDP_OK;
     if (!m || !ids || !r) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     if (m->in_dtype != PDP_DTYPE_I32 || m->nlayers == 0)
         return pdp__err(PDP_ERR_INVALID, "%s: the model does not take token ids", fn);
-    if (m->device.kind != PDP_DEVICE_CPU)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model must be on the CPU", fn);
     if (n < 1 || n_new < 0 || !(temperature >= 0.0f) || top_k < 0)
         return pdp__err(PDP_ERR_INVALID, "%s: n %lld (>= 1), n_new %lld (>= 0), temperature %g "
                         "and top_k %d (>= 0)", fn, (long long)n, (long long)n_new,
@@ -28000,28 +28048,237 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
     V = m->layers[m->nlayers - 1].out_shape[1];
     window = (int32_t *)pdp__calloc((size_t)T * sizeof *window);
     p = (float *)pdp__alloc((size_t)V * sizeof *p);
-    if (!window || !p) {
-        pdp__dealloc(window);
-        pdp__dealloc(p);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-    }
+    if (!cpu) z = (float *)pdp__alloc((size_t)(T * V) * sizeof *z);
+    if (!window || !p || (!cpu && !z)) st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (st == PDP_OK && !cpu) st = pdp_tensor_create(&dx, m->device, 1, &T);
     training = m->training;
     m->training = false;
     shape[0] = 1;
     shape[1] = T;
     pdp_tensor_wrap_ids(window, pdp_cpu(), 2, shape, &x);
+    if (dx) pdp_tensor_wrap_ids((int32_t *)dx->data, dx->device, 2, shape, &xd);
     for (k = 0; k < n_new && st == PDP_OK; k++) {
         int64_t len = n + k, first = len > T ? len - T : 0;
         for (i = 0; i < T; i++) window[i] = first + i < len ? ids[first + i] : 0; /* pad */
-        if ((st = pdp_model_forward(m, &x, &y)) != PDP_OK) break;
+        if (dx && (st = pdp_tensor_copy(&xd, &x)) != PDP_OK) break;
+        if ((st = pdp_model_forward(m, dx ? &xd : &x, &y)) != PDP_OK) break;
+        if (dx && (st = pdp_tensor_download(y, z)) != PDP_OK) break;
         at = len - first - 1; /* the last real position */
-        ids[len] = pdp__gpt_pick(y->data + at * V, V, temperature, top_k, p, r);
+        ids[len] = pdp__gpt_pick((dx ? z : y->data) + at * V, V, temperature, top_k, p, r);
     }
     m->training = training;
     m->have_forward = false;
     pdp__dealloc(window);
     pdp__dealloc(p);
+    pdp__dealloc(z);
+    pdp_tensor_free(dx);
     return st == PDP_OK ? PDP_OK : pdp__err_wrap(st, "%s", fn);
+}
+
+/* ---- gpt: evaluation ---- */
+
+PDP_API pdp_status pdp_gpt_evaluate(pdp_model *m, const pdp_token_dataset *ds, pdp_split split,
+                                    int64_t batch, int batches, uint64_t seed, float *loss)
+{
+    const char *fn = "pdp_gpt_evaluate";
+    int64_t T, V, count, shape[2], rows[2]; /* rows: the logits as [batch T, V] */
+    int32_t *x = NULL, *y;
+    float *host = NULL; /* off the CPU: the logits, back */
+    pdp_tensor *dx = NULL;
+    double sum = 0;
+    bool training, cpu;
+    pdp_status st = PDP_OK;
+    pdp_rng r;
+    int k;
+    if (!m || !ds || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (m->in_dtype != PDP_DTYPE_I32 || m->nlayers == 0 || m->in_shape[0] != ds->context)
+        return pdp__err(PDP_ERR_INVALID, "%s: the model does not take windows of the dataset's "
+                        "%lld tokens", fn, (long long)ds->context);
+    if (batch < 1 || batches < 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: batch %lld and batches %d (>= 1)", fn,
+                        (long long)batch, batches);
+    T = ds->context, V = m->layers[m->nlayers - 1].out_shape[1];
+    shape[0] = batch, shape[1] = T, count = batch * T, rows[0] = count, rows[1] = V;
+    cpu = m->device.kind == PDP_DEVICE_CPU;
+    x = (int32_t *)pdp__alloc((size_t)(2 * batch * T) * sizeof *x);
+    if (!cpu) host = (float *)pdp__alloc((size_t)(batch * T * V) * sizeof *host);
+    if (!x || (!cpu && !host)) st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (st == PDP_OK && !cpu) st = pdp_tensor_create(&dx, m->device, 1, &count);
+    y = x ? x + batch * T : NULL;
+    training = m->training;
+    pdp_model_set_training(m, false);
+    pdp_rng_seed(&r, seed, 0);
+    for (k = 0; k < batches && st == PDP_OK; k++) {
+        pdp_tensor ids, host_ids, back, logits2d;
+        const pdp_tensor *logits;
+        float l;
+        if ((st = pdp_token_dataset_sample(ds, split, &r, batch, x, y)) != PDP_OK) break;
+        pdp_tensor_wrap_ids(x, pdp_cpu(), 2, shape, cpu ? &ids : &host_ids);
+        if (!cpu) { /* the ids to the model's device: dx's buffer as b T ids */
+            pdp_tensor_wrap_ids((int32_t *)dx->data, dx->device, 2, shape, &ids);
+            if ((st = pdp_tensor_copy(&ids, &host_ids)) != PDP_OK) break;
+        }
+        if ((st = pdp_model_forward(m, &ids, &logits)) != PDP_OK) break; /* [b, T, V] */
+        if (!cpu) {
+            if ((st = pdp_tensor_download(logits, host)) != PDP_OK) break;
+            pdp_tensor_wrap(host, pdp_cpu(), logits->ndim, logits->shape, &back);
+            logits = &back;
+        }
+        pdp_tensor_reshape_view(logits, 2, rows, &logits2d);
+        if ((st = pdp_loss_cross_entropy(&logits2d, y, &l, NULL)) != PDP_OK) break;
+        sum += l;
+    }
+    pdp_model_set_training(m, training);
+    pdp__dealloc(x);
+    pdp__dealloc(host);
+    pdp_tensor_free(dx);
+    if (st != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    *loss = (float)(sum / batches);
+    return PDP_OK;
+}
+
+/* ---- gpt: the activation report ---- */
+
+/* Megatron-LM's tensors of one transformer layer (Korthikanti et al. 2022, sec. 4): bytes
+   per s b h at 16 bits (masks 1 byte; per a s s b for the attention scores'). TP splits the
+   block's inside (split), sequence parallelism the rest too; selective recomputation drops
+   the scores'; the masks and the dropped scores exist only with dropout (Megatron's count
+   assumes it). */
+static const struct pdp__gpt_meg {
+    double bytes;
+    bool split, scores, mask, dropped;
+} pdp__gpt_meg[] = {
+    {4, 0, 0, 0, 0},  /* LayerNorms' inputs */
+    {4, 0, 0, 0, 0},  /* inputs of QKV and c_fc */
+    {2, 0, 0, 1, 0},  /* 2 dropout masks */
+    {6, 1, 0, 0, 0},  /* Q, K, V */
+    {2, 1, 0, 0, 0},  /* c_proj's input */
+    {16, 1, 0, 0, 0}, /* GELU's input and output */
+    {2, 1, 1, 0, 0},  /* softmax output */
+    {1, 1, 1, 1, 0},  /* its dropout mask */
+    {2, 1, 1, 0, 1},  /* dropped scores */
+};
+
+PDP__PRIVATE void pdp__gpt_term(char *buf, size_t size, double c, const char *unit)
+{
+    size_t n = strlen(buf);
+    if (c > 0) snprintf(buf + n, size - n, "%s%g%s", n ? " + " : "", c, unit);
+}
+
+/* Megatron's count of a layer in recomputation mode (0 none, 1 selective, 2 full: the
+   layer's input, 2 in the paper's Table 2; under SP a rank holds its slice, 2/t), at 16 bits
+   or (fp32) the same tensors at 4 bytes, masks 1 byte, masks and dropped scores only with
+   dropout: its formula in bytes per sbh into f, its value at s, h, a, t as the result. */
+PDP__PRIVATE double pdp__gpt_megatron(int mode, bool fp32, bool dropout, bool sp, double s,
+                                      double h, double a, double t, char *f, size_t size)
+{
+    double rep = 0, split = 0, sc = 0;
+    size_t i;
+    for (i = 0; i < sizeof pdp__gpt_meg / sizeof pdp__gpt_meg[0] && mode < 2; i++) {
+        const struct pdp__gpt_meg *e = &pdp__gpt_meg[i];
+        if ((fp32 && (e->mask || e->dropped) && !dropout) || (mode == 1 && e->scores)) continue;
+        *(e->scores ? &sc : e->split || sp ? &split : &rep) +=
+            e->bytes * (fp32 && !e->mask ? 2 : 1); /* fp32: 4 bytes, masks 1 */
+    }
+    if (mode == 2) *(sp ? &split : &rep) = fp32 ? 4 : 2;
+    if (t == 1) rep += split, split = 0;
+    f[0] = '\0';
+    pdp__gpt_term(f, size, rep, "");
+    pdp__gpt_term(f, size, split, "/t");
+    pdp__gpt_term(f, size, sc, t > 1 ? "as/(ht)" : "as/h");
+    return rep + split / t + sc * a * s / (h * t);
+}
+
+PDP_API pdp_status pdp_gpt_activation_report(const pdp_model *m, const pdp_gpt_desc *desc,
+                                             int64_t batch, char *buf, size_t bytes,
+                                             int64_t *block_bytes)
+{
+    static const char *modes[3] = {"none", "selective", "full"};
+    const char *fn = "pdp_gpt_activation_report";
+    int tp = desc && desc->tp ? pdp_comm_size(desc->tp) : 1, lo = -1, hi = -1, adds = 0, i, col;
+    bool sp, ok = true;
+    double s, h, a, t = tp, sbh;
+    size_t len = 0;
+    int64_t kept;
+    if (!m || !desc || !buf || batch < 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: NULL argument or batch %lld < 1", fn,
+                        (long long)batch);
+    for (i = 0; i < m->nlayers && hi < 0; i++) { /* the first block */
+        const char *name = pdp_model_layer_name(m, i);
+        if (lo < 0 && !strcmp(name, "Residual")) lo = i;
+        if (!strcmp(name, "ResidualAdd") && ++adds == 2) hi = i + 1;
+    }
+    if (lo < 0 || hi < 0) return pdp__err(PDP_ERR_INVALID, "%s: the model has no GPT block", fn);
+    sp = desc->sequence_parallel && tp > 1;
+    s = (double)m->in_shape[0], h = (double)desc->dim, a = desc->heads;
+    sbh = s * (double)batch * h;
+    kept = pdp_model_activation_bytes(m, lo, hi, batch);
+    pdp__ckpt_put(buf, bytes, &len, &ok, "one block's activations (layers %d-%d), s %g b %lld h "
+                  "%g a %g, TP %d%s: bytes per sbh, MB\n  recompute  Megatron: 16-bit, 1-byte "
+                  "masks      its tensors in fp32, p %s 0\n", lo, hi - 1, s, (long long)batch, h,
+                  a, tp, sp ? " + SP" : "", desc->dropout > 0 ? ">" : "=");
+    for (i = 0; i < 3; i++) {
+        char f16[64], f32[64];
+        double x16 = pdp__gpt_megatron(i, false, desc->dropout > 0, sp, s, h, a, t, f16, 64);
+        double x32 = pdp__gpt_megatron(i, true, desc->dropout > 0, sp, s, h, a, t, f32, 64);
+        pdp__ckpt_put(buf, bytes, &len, &ok, "  %-9s  %-20s %6.2f %6.2f   %-20s %6.2f %6.2f\n",
+                      modes[i], f16, x16, x16 * sbh / 1e6, f32, x32, x32 * sbh / 1e6);
+    }
+    pdp__ckpt_put(buf, bytes, &len, &ok, "  pdp, recompute %s, the layer table:",
+                  modes[desc->recompute]);
+    for (col = 0, i = lo; i < hi; i++) { /* each layer that keeps something, in lines of ~80 */
+        int64_t b = pdp_model_activation_bytes(m, i, i + 1, batch);
+        size_t at = len;
+        if (!b) continue;
+        if (col > 80) col = 0;
+        pdp__ckpt_put(buf, bytes, &len, &ok, "%s %s %.2f", col ? "" : "\n   ",
+                      pdp_model_layer_name(m, i), (double)b / sbh);
+        col += (int)(len - at);
+    }
+    pdp__ckpt_put(buf, bytes, &len, &ok, "\n    = %.2f, %.2f MB (pdp_model_activation_bytes)\n"
+                  "  pdp keeps every layer's output in fp32, Megatron what backward reads at 16 "
+                  "bits, so pdp also keeps\n  %s;\n  LayerNorm's mean and rstd (16/h a block), no "
+                  "mask for P (it is redrawn); full: both regions' inputs, 8%s\n",
+                  (double)kept / sbh, (double)kept / 1e6,
+                  tp == 1 ? "c_proj's outputs (no backward reads them)"
+                  : sp    ? "the row-parallel partial sums and g's slices (no backward reads "
+                            "them), f's gathered sequence (Megatron: a slice)"
+                          : "the row-parallel partial sums and g's sums (no backward reads "
+                            "them), f's copies of LayerNorm's outputs", sp ? "/t" : "");
+    if (!ok) return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
+    if (block_bytes) *block_bytes = kept;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_gpt_tp_report(const pdp_gpt_desc *desc, int64_t batch,
+                                     const pdp_tp_stats *s, char *buf, size_t bytes,
+                                     double *formula_bytes)
+{
+    const char *fn = "pdp_gpt_tp_report";
+    int64_t L, P, re, k;
+    double t, sent;
+    bool sp;
+    int n;
+    if (!desc || !desc->tp || !s || !buf || batch < 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: NULL argument, no desc->tp or batch %lld < 1", fn,
+                        (long long)batch);
+    t = pdp_comm_size(desc->tp), sp = desc->sequence_parallel;
+    L = desc->layers, re = desc->recompute == PDP_RECOMPUTE_FULL;
+    P = batch * (desc->sequence ? desc->sequence : desc->context) * desc->dim * 4;
+    k = sp ? 8 * L + 2 + 4 * L * re : 4 * L + 2 * L * re; /* the collectives of P bytes */
+    sent = (sp ? 1.0 : 2.0) * (t - 1) / t * (double)(k * P) +
+           (sp ? 2.0 * (t - 1) / t * (double)((2 * L + 1) * 2 * desc->dim * 4) : 0);
+    n = snprintf(buf, bytes, "TP %g%s, one step: %lld %s of %.3f MB (%s), %.3f MB sent by this "
+                 "rank (formula %.3f)\n", t, sp ? " + SP" : "",
+                 (long long)(s->forward_allreduces + s->backward_allreduces + s->allgathers +
+                             s->reduce_scatters),
+                 sp ? "all-gathers and reduce-scatters" : "all-reduces", (double)P / 1e6,
+                 sp ? (re ? "12L + 2" : "8L + 2") : (re ? "6L" : "4L"),
+                 (double)s->bytes_sent / 1e6, sent / 1e6);
+    if (n < 0 || (size_t)n >= bytes)
+        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the line", fn, bytes);
+    if (formula_bytes) *formula_bytes = sent;
+    return PDP_OK;
 }
 /* ---- end src/gpt.c ---- */
 

@@ -1,23 +1,16 @@
 /* train_gpt.c - train a small GPT on text, byte by byte, on one core or on several ranks.
 
-   The model is nanoGPT's GPT (gpt.h: pre-LayerNorm blocks of causal self-attention and a 4x
-   GELU MLP, each a residual region; the head tied to the token embedding) over the 256 byte
-   values. The text is Debian's fortunes (apt-get install fortunes), -text FILE|DIR, or pdp's
-   synthetic text (the first line says which). Training is nanoGPT's: windows of T + 1 bytes
-   drawn at random, AdamW (betas 0.9, 0.95, weight decay 0.1), warm-up then cosine decay,
-   gradients clipped to norm 1, lr 3e-3 (at dim 128, 2e-3 and 4e-3 each reached a lower
-   validation loss than nanoGPT's 1e-3 in 1200 steps). -strategy dp|ddp|zero1|zero2|zero3
-   trains the same global batches on -np DP workers or thread ranks; -tp N splits each
-   block over N more ranks (attention by heads, tp.h), -sp 1 adds sequence parallelism
-   (gpt.h: the layers between the blocks hold T / N positions); -recompute
-   selective|full trades compute for activation memory; -device cuda trains on GPUs
-   (pdp_cuda.cu's kernels): single on GPU 0, dp on -np GPUs from one thread, ddp and zero
-   and -tp on a thread rank per GPU over NCCL (a CPU copy of the model writes the text). It prints
-   one block's activations on rank 0, layer by layer from pdp's layer table, beside Megatron-LM's
-   formulas for the run's TP size and SP (each recomputation mode, at 16 bits and in fp32), the
-   losses, each rank's memory beside the formulas (and, on several ranks, which ZeRO stage
-   saves what), and text. It fails when the layer table's count of a block differs from
-   pdp's count by hand (print_block).
+   nanoGPT's GPT (gpt.h) over the 256 byte values, trained as nanoGPT does: windows of T + 1
+   bytes drawn at random, AdamW (betas 0.9, 0.95, weight decay 0.1), warm-up then cosine
+   decay, gradients clipped to norm 1, lr 3e-3 (at dim 128, 2e-3 and 4e-3 each reached a
+   lower validation loss than nanoGPT's 1e-3 in 1200 steps). The text: Debian's fortunes
+   (apt-get install fortunes), -text FILE|DIR, or pdp's synthetic text. -strategy
+   dp|ddp|zero1|zero2|zero3 trains the same global batches on -np DP workers or thread
+   ranks; -tp N splits each block over N more ranks (by heads), -sp 1 adds sequence
+   parallelism, -recompute selective|full trades compute for activation memory, -device
+   cuda trains on GPUs (dp from one thread, the others a thread rank per GPU over NCCL). It
+   prints one block's activations beside Megatron-LM's formulas, the losses, each rank's
+   memory beside ZeRO's (and which stage saves what), TP's traffic beside its formula, text.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt.c -o train_gpt -lm -lpthread
            nvcc -O2 -arch=sm_90 -DPDP_CUDA -I. examples/train_gpt.c pdp_cuda.cu -o train_gpt_cuda \
@@ -32,13 +25,9 @@
    left out, they change with the machine and its load):
            seed 1: /usr/share/games/fortunes (43 files), 2576674 bytes (the last 257668 ...
            GPT 4 layers, 4 heads, dim 96, context 64: 478272 parameters; batch 8, AdamW ...
-           one block's activations (layers 1-12 of rank 0), s 64 b 8 h 96 a 4, TP 1: bytes ...
+           one block's activations (layers 1-12), s 64 b 8 h 96 a 4, TP 1: bytes per sbh, MB
              none       34 + 5as/h            47.33   2.33   64 + 4as/h            74.67   3.67
-             ...
-             pdp, recompute none, the layer table:
-               LayerNorm 4.08 Linear 12.00 CausalSelfAttention 14.67 Linear 4.00 ResidualAdd 4.00
-               ...
-               = 82.83, 4.07 MB (pdp_model_activation_bytes)
+             ...     = 82.83, 4.07 MB (pdp_model_activation_bytes)
            step  2000  loss 2.1029  val 2.1019  ...
            rank 0: parameters 1.91 MB (4Psi 1.91), gradients 1.91 (4Psi 1.91), ...
            The garning the the love Spuate mones of never bastion and Sindes pustalliataie ...
@@ -47,7 +36,6 @@
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,169 +46,19 @@ static pdp_gpt_desc g = {.vocab = 256, .context = 64, .layers = 4, .heads = 4, .
 static int64_t B = 8, steps = 2000, n_new = 500, seed = 1; /* B: the global batch */
 static int np = 1, threads = 1, top_k = 40, stage = -1;    /* stage: ZeRO's, -1 without */
 static int tp = 1, sp = 0;                                 /* TP ranks, sequence parallel */
-static pdp_tp_stats last_step;                             /* rank 0's TP traffic, last step */
 static double lr = 3e-3, dropout = 0, temperature = 0.8;
 static const char *strategy = "single", *recompute = "none", *precision = "fp32",
-                  *path = PDP_FORTUNES_DIR, *prompt = "The ";
-static const char *device = "cpu";
+                  *path = PDP_FORTUNES_DIR, *prompt = "The ", *device = "cpu";
 static bool short_run, cuda; /* cuda: -device cuda */
 static pdp_token_dataset *ds;
-
-/* The ids of the b windows at x as the model's input: a view of x, or on a GPU of dx (its
-   buffer of b T ids, which pdp_tensor_copy fills, dtype and all). */
-static pdp_status input_ids(int32_t *x, int64_t b, pdp_tensor *dx, pdp_tensor *ids)
-{
-    int64_t shape[2] = {b, g.context};
-    pdp_tensor host;
-    PDP_TRY(pdp_tensor_wrap_ids(x, pdp_cpu(), 2, shape, dx ? &host : ids));
-    if (!dx) return PDP_OK;
-    PDP_TRY(pdp_tensor_wrap_ids((int32_t *)(void *)dx->data, dx->device, 2, shape, ids));
-    return pdp_tensor_copy(ids, &host);
-}
-
-/* The mean loss over the same validation windows every time (a fixed seed), batches of b
-   windows, with the model in evaluation mode: no dropout. On a GPU the logits come back to
-   host (b T vocab floats) for the loss. */
-static pdp_status val_loss(pdp_model *m, int64_t b, int batches, int32_t *x, int32_t *y,
-                           pdp_tensor *dx, float *host_logits, float *out)
-{
-    double sum = 0;
-    pdp_rng r;
-    int k;
-    pdp_rng_seed(&r, 1234, 0);
-    pdp_model_set_training(m, false);
-    for (k = 0; k < batches; k++) {
-        pdp_tensor ids, logits2d, back;
-        const pdp_tensor *logits;
-        float loss;
-        PDP_TRY(pdp_token_dataset_sample(ds, PDP_SPLIT_VAL, &r, b, x, y));
-        PDP_TRY(input_ids(x, b, dx, &ids));
-        PDP_TRY(pdp_model_forward(m, &ids, &logits)); /* [b, T, V]; ZeRO-3: collective */
-        if (dx) { /* on a GPU: back to the host */
-            PDP_TRY(pdp_tensor_download(logits, host_logits));
-            PDP_TRY(pdp_tensor_wrap(host_logits, pdp_cpu(), logits->ndim, logits->shape, &back));
-            logits = &back;
-        }
-        PDP_TRY(pdp_tensor_reshape_view(logits, 2, (int64_t[]){b * g.context, g.vocab},
-                                        &logits2d));
-        PDP_TRY(pdp_loss_cross_entropy(&logits2d, y, &loss, NULL)); /* over b T positions */
-        sum += loss;
-    }
-    pdp_model_set_training(m, true);
-    *out = (float)(sum / batches);
-    return PDP_OK;
-}
-
-/* Megatron-LM's tensors of one transformer layer (Korthikanti et al. 2022, "Reducing
-   Activation Recomputation in Large Transformer Models", sec. 4): bytes per s b h at 16 bits
-   (masks 1 byte; per a s s b for the attention scores'). TP splits the block's inside
-   (split), sequence parallelism the rest too; selective recomputation drops the scores'; the
-   masks and the dropped scores exist only with dropout (Megatron's count assumes it). */
-static const struct meg_tensor {
-    const char *what;
-    double bytes;
-    bool split, scores, mask, dropped;
-} meg[] = {{"LayerNorms' inputs", 4, 0, 0, 0, 0}, {"inputs of QKV and c_fc", 4, 0, 0, 0, 0},
-           {"2 dropout masks", 2, 0, 0, 1, 0},    {"Q, K, V", 6, 1, 0, 0, 0},
-           {"c_proj's input", 2, 1, 0, 0, 0},     {"GELU's input and output", 16, 1, 0, 0, 0},
-           {"softmax output", 2, 1, 1, 0, 0},     {"its dropout mask", 1, 1, 1, 1, 0},
-           {"dropped scores", 2, 1, 1, 0, 1}};
-
-static void term(char *buf, size_t size, double c, const char *unit)
-{
-    size_t n = strlen(buf);
-    if (c > 0) snprintf(buf + n, size - n, "%s%g%s", n ? " + " : "", c, unit);
-}
-
-/* Megatron's count of a layer in recomputation mode (0 none, 1 selective, 2 full: the
-   layer's input, 2 in the paper's Table 2; under SP a rank holds its slice, 2/t), at 16 bits
-   or (fp32) the same tensors at 4 bytes, masks 1 byte, masks and dropped scores only when
-   g.dropout > 0: its formula in bytes per sbh into buf, its value at s, h, a, t as the
-   result. */
-static double megatron(int mode, bool fp32, bool sp, double s, double h, double a, double t,
-                       char *buf, size_t size)
-{
-    double rep = 0, split = 0, sc = 0;
-    size_t i;
-    for (i = 0; i < sizeof meg / sizeof meg[0] && mode < 2; i++)
-        if (!(fp32 && (meg[i].mask || meg[i].dropped) && g.dropout == 0) &&
-            !(mode == 1 && meg[i].scores))
-            *(meg[i].scores ? &sc : meg[i].split || sp ? &split : &rep) +=
-                meg[i].bytes * (fp32 && !meg[i].mask ? 2 : 1);
-    if (mode == 2) *(sp ? &split : &rep) = fp32 ? 4 : 2;
-    if (t == 1) rep += split, split = 0;
-    buf[0] = '\0';
-    term(buf, size, rep, "");
-    term(buf, size, split, "/t");
-    term(buf, size, sc, t > 1 ? "as/(ht)" : "as/h");
-    return rep + split / t + sc * a * s / (h * t);
-}
-
-/* One block's activations on this rank (its layers from the first Residual through the second
-   ResidualAdd, at b sequences) beside Megatron's formulas for the run's TP size, sequence
-   parallelism and every recomputation mode, in bytes per sbh (s the whole sequence, b this
-   rank's sequences), and pdp's own count: each layer's kept bytes from the layer table
-   (pdp_model_activation_bytes, layer by layer). Checks that count against pdp's by hand, in
-   floats per sbh: what TP splits, 12/t (c_attn 3, the attention's output 1, c_fc 4, GELU 4)
-   and P's as/(ht) (not under SELECTIVE); 2 the row-parallel outputs, 2 f's outputs (TP);
-   and what SP splits: 2 LayerNorms (1 + 2/h: the output, mean and rstd), 2 g's outputs (TP),
-   2 Dropouts (output and mask, 2 each), 2 ResidualAdds. FULL keeps the adds only. Returns
-   PDP_ERR_STATE when they disagree. */
-static pdp_status print_block(const pdp_model *m, int64_t b)
-{
-    static const char *modes[3] = {"none", "selective", "full"};
-    double s = (double)g.context, h = (double)g.dim, a = g.heads, t = tp, sbh = s * (double)b * h;
-    int lo = -1, hi = -1, adds = 0, i, col = 0;
-    char f16[64], f32[64];
-    for (i = 0; i < pdp_model_num_layers(m) && hi < 0; i++) {
-        const char *name = pdp_model_layer_name(m, i);
-        if (lo < 0 && !strcmp(name, "Residual")) lo = i;
-        if (!strcmp(name, "ResidualAdd") && ++adds == 2) hi = i + 1;
-    }
-    int64_t kept = pdp_model_activation_bytes(m, lo, hi, b);
-    double shard = sp ? 1 / t : 1, d = g.dropout > 0, inner = 12 / t + 2 + 2 * (tp > 1);
-    double outer = 2 * (1 + 2 / h) + 2 * (tp > 1) + 4 * d + 2, as = a * s / (h * t);
-    double by_hand = 4 * (g.recompute == PDP_RECOMPUTE_FULL ? 2 * shard
-                          : inner + outer * shard + (g.recompute ? 0 : as));
-    printf("one block's activations (layers %d-%d of rank 0), s %g b %lld h %g a %g, TP %d%s: "
-           "bytes per sbh, MB\n  recompute  Megatron: 16-bit, 1-byte masks      its tensors in "
-           "fp32, p %s 0\n", lo, hi - 1, s, (long long)b, h, a, tp, sp ? " + SP" : "",
-           g.dropout > 0 ? ">" : "=");
-    for (i = 0; i < 3; i++) {
-        double x16 = megatron(i, false, sp, s, h, a, t, f16, sizeof f16);
-        double x32 = megatron(i, true, sp, s, h, a, t, f32, sizeof f32);
-        printf("  %-9s  %-20s %6.2f %6.2f   %-20s %6.2f %6.2f\n", modes[i], f16, x16,
-               MB(x16 * sbh), f32, x32, MB(x32 * sbh));
-    }
-    printf("  pdp, recompute %s, the layer table:", modes[g.recompute]);
-    for (i = lo; i < hi; i++) {
-        int64_t bytes = pdp_model_activation_bytes(m, i, i + 1, b);
-        if (!bytes) continue;
-        if (col > 80) col = 0;
-        col += printf("%s %s %.2f", col ? "" : "\n   ", pdp_model_layer_name(m, i),
-                      (double)bytes / sbh);
-    }
-    printf("\n    = %.2f, %.2f MB (pdp_model_activation_bytes)\n  pdp keeps every layer's "
-           "output in fp32, Megatron what backward reads at 16 bits, so pdp also keeps\n  %s;\n"
-           "  LayerNorm's mean and rstd (16/h a block), no mask for P (it is redrawn); full: "
-           "both regions' inputs, 8%s\n", (double)kept / sbh, MB(kept),
-           tp == 1 ? "c_proj's outputs (no backward reads them)"
-           : sp    ? "the row-parallel partial sums and g's slices (no backward reads them), f's "
-                     "gathered sequence (Megatron: a slice)"
-                   : "the row-parallel partial sums and g's sums (no backward reads them), f's "
-                     "copies of LayerNorm's outputs", sp ? "/t" : "");
-    if (fabs((double)kept - by_hand * sbh) <= 1e-6 * (double)kept) return PDP_OK;
-    fprintf(stderr, "one block's activations: %lld bytes measured, %.0f by hand\n",
-            (long long)kept, by_hand * sbh);
-    return PDP_ERR_STATE;
-}
+static pdp_tp_stats last_step; /* rank 0's TP traffic, the last step */
 
 /* This rank's memory beside the formula: ZeRO's as allocated, a whole replica's (single,
    DDP) as ZeRO's stage 0 plans it; stage s shards the optimizer state (s >= 1), the gradients
    (s >= 2) and the parameters (s = 3). Then rank 0 prints ZeRO's table: every stage at this
    N, and why it saves or not at this size. DP's workers are threads of one rank. */
-static pdp_status print_rank_memory(const pdp_launch_ctx *ctx, pdp_model *m, pdp_zero *z,
-                                    pdp_dp *dp, pdp_optim *opt, int64_t b)
+static pdp_status print_memory(const pdp_launch_ctx *ctx, pdp_model *m, const pdp_gpt_desc *gd,
+                               pdp_zero *z, pdp_dp *dp, pdp_optim *opt, int64_t b)
 {
     int n = ctx->world_size / tp; /* the data-parallel ranks */
     int64_t act = pdp_model_activation_bytes(m, 0, pdp_model_num_layers(m), b);
@@ -244,23 +82,9 @@ static pdp_status print_rank_memory(const pdp_launch_ctx *ctx, pdp_model *m, pdp
             MB(mm.optim_bytes), stage >= 1 ? "/N" : "", MB(2 * P4 / (stage >= 1 ? n : 1)),
             MB(act), (long long)b, MB(mm.buffer_bytes), MB(mm.buffer_bound),
             MB(mm.total_bytes + act)));
-    if (ctx->rank > 0 || ctx->world_size == 1) return PDP_OK;
-    if (tp > 1) { /* the last step's TP traffic beside the formula: per block f and g, forward
-                     and backward (FULL: the regions' forwards again); SP moves each all-reduce
-                     as a reduce-scatter and an all-gather, adds the head's and embedding's
-                     gathers and sums each LayerNorm's 2h gradients */
-        int64_t L = g.layers, P = b * g.context * g.dim * 4, re = g.recompute == 2;
-        int64_t k = sp ? 8 * L + 2 + 4 * L * re : 4 * L + 2 * L * re;
-        double sent = (sp ? 1.0 : 2.0) * (tp - 1) / tp * (double)(k * P) +
-                      (sp ? 2.0 * (tp - 1) / tp * (double)((2 * L + 1) * 2 * g.dim * 4) : 0);
-        printf("TP %d%s, the last step: %lld %s of %.3f MB (%s), %.3f MB sent by rank 0 "
-               "(formula %.3f)\n", tp, sp ? " + SP" : "",
-               (long long)(last_step.forward_allreduces + last_step.backward_allreduces +
-                           last_step.allgathers + last_step.reduce_scatters),
-               sp ? "all-gathers and reduce-scatters" : "all-reduces", MB(P),
-               sp ? (re ? "12L + 2" : "8L + 2") : (re ? "6L" : "4L"), MB(last_step.bytes_sent),
-               MB(sent));
-    }
+    if (ctx->rank > 0) return PDP_OK;
+    if (tp > 1) PDP_TRY(pdp_gpt_tp_report(gd, b, &last_step, report, sizeof report, NULL));
+    if (tp > 1) printf("%s", report); /* the last step's TP traffic beside the formula */
     if (n == 1) return PDP_OK;
     pdp_zero_memory_format(&mm, report, sizeof report);
     printf("%s(the losses above are rank 0's, over its slice of each global batch; the "
@@ -278,13 +102,12 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 {
     int rank = ctx->rank / tp, n = ctx->world_size / tp; /* the data-parallel rank and size */
     int64_t T = g.context, b = B / n, every = steps >= 20 ? steps / 10 : steps, step, i;
-    int64_t len = (int64_t)strlen(prompt);
+    int64_t len = (int64_t)strlen(prompt), shape[2] = {b, T};
     double t_train = 0, loss_sum = 0;
     int32_t *x = malloc(sizeof *x * (size_t)(2 * B * T + len + n_new)), *y = x + B * T;
-    float *host_logits = cuda ? malloc(sizeof(float) * (size_t)(b * T * g.vocab)) : NULL;
     pdp_tensor *dx = NULL; /* on a GPU: the ids of b windows */
     pdp_device gpus[64];   /* DP's workers on GPUs: 0, 1, ..., np - 1 */
-    pdp_model *m, *mc;     /* mc: the model that writes, on the CPU */
+    pdp_model *m;
     pdp_optim *opt;
     pdp_dp *dp = NULL;
     pdp_ddp *ddp = NULL;
@@ -292,8 +115,9 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_comm *tpc = NULL, *dpc = ctx->world;
     pdp_gpt_desc gd = g;
     pdp_rng r;
+    char report[4096];
     (void)user;
-    if (!x || (cuda && !host_logits)) return PDP_ERR_OUT_OF_MEMORY;
+    if (!x) return PDP_ERR_OUT_OF_MEMORY;
     if (tp > 1) { /* ranks {0..tp-1}, {tp..2tp-1}, ... split each block; across them, DP */
         PDP_TRY(pdp_comm_split(ctx->world, rank, ctx->rank, &tpc));
         PDP_TRY(pdp_comm_split(ctx->world, ctx->rank % tp, ctx->rank, &dpc));
@@ -302,11 +126,11 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     gd.sequence_parallel = sp; /* without -tp: pdp_gpt_create says what is missing */
     gd.device = ctx->device;   /* the CPU, or this rank's GPU */
     PDP_TRY(pdp_gpt_create(&m, &gd));
-    mc = m;
     if (cuda) PDP_TRY(pdp_tensor_create(&dx, ctx->device, 1, (int64_t[]){b * T}));
     for (i = 0; i < np; i++) gpus[i] = pdp_cuda((int)i);
     PDP_TRY(pdp_model_reserve(m, b)); /* activations for b sequences: steps allocate nothing */
-    if (ctx->rank == 0) PDP_TRY(print_block(m, b)); /* fails if the count by hand differs */
+    PDP_TRY(pdp_gpt_activation_report(m, &gd, b, report, sizeof report, NULL));
+    if (ctx->rank == 0) printf("%s", report);
     pdp_optim_desc od = {.kind = PDP_OPTIM_ADAMW, .lr = lr, .beta1 = 0.9, .beta2 = 0.95,
                          .weight_decay = 0.1};
     if (!strcmp(strategy, "dp"))
@@ -320,12 +144,16 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_rng_seed(&r, (uint64_t)seed, 0);
     for (step = 0; step < steps; step++) {
         double t0 = pdp_seconds();
-        pdp_tensor ids;
-        if (step == steps - 1) pdp_tp_reset_stats(m); /* the last step's TP traffic */
+        pdp_tensor ids, host;
         float loss, val;
+        if (step == steps - 1) pdp_tp_reset_stats(m); /* the last step's TP traffic */
         PDP_TRY(pdp_optim_set_lr(opt, pdp_lr_warmup_cosine(step, steps / 20, steps, lr, lr / 10)));
         PDP_TRY(pdp_token_dataset_sample(ds, PDP_SPLIT_TRAIN, &r, B, x, y)); /* the global batch */
-        PDP_TRY(input_ids(x + rank * b * T, b, dx, &ids));
+        PDP_TRY(pdp_tensor_wrap_ids(x + rank * b * T, pdp_cpu(), 2, shape, dx ? &host : &ids));
+        if (dx) { /* on a GPU: the slice's ids into dx's buffer */
+            PDP_TRY(pdp_tensor_wrap_ids((int32_t *)(void *)dx->data, dx->device, 2, shape, &ids));
+            PDP_TRY(pdp_tensor_copy(&ids, &host));
+        }
         const int32_t *yr = y + rank * b * T; /* the slice's targets, a label a position */
         if (dp) PDP_TRY(pdp_dp_forward_backward(dp, &ids, yr, &loss)); /* split over workers */
         else if (ddp) PDP_TRY(pdp_ddp_forward_backward(ddp, &ids, yr, &loss));
@@ -340,8 +168,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         if (step == steps - 1 && ctx->rank == 0) pdp_tp_get_stats(m, &last_step);
         loss_sum += loss;
         if ((step + 1) % every && step + 1 < steps) continue; /* a line every tenth */
-        /* every rank: collective under ZeRO-3 */
-        PDP_TRY(val_loss(m, b, (short_run ? 1 : 8) * n, x, y, dx, host_logits, &val));
+        /* the same validation windows every time; every rank: collective under ZeRO-3 */
+        PDP_TRY(pdp_gpt_evaluate(m, ds, PDP_SPLIT_VAL, b, (short_run ? 1 : 8) * n, 1234, &val));
         if (ctx->rank == 0)
             printf("step %5lld  loss %.4f  val %.4f  %.0f tokens/s  %.1f s\n", (long long)step + 1,
                    loss_sum / (double)(step % every + 1), val,
@@ -350,36 +178,17 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         loss_sum = 0;
     }
 
-    PDP_TRY(print_rank_memory(ctx, m, z, dp, opt, b));
+    PDP_TRY(print_memory(ctx, m, &gd, z, dp, opt, b));
     if (z) PDP_TRY(pdp_zero_gather_params(z, NULL)); /* ZeRO-3: the full parameters back */
     pdp_zero_free(z);
     pdp_ddp_free(ddp);
     pdp_dp_free(dp);
-
-    if (cuda && rank == 0) { /* the trained parameters into a CPU copy, which writes; split
-                                by -tp: the full tensors through the single-device file */
-        pdp_tensor pc, pg;
-        char file[64];
-        gd.device = pdp_cpu();
-        gd.tp = NULL, gd.sequence_parallel = false;
-        PDP_TRY(pdp_gpt_create(&mc, &gd));
-        PDP_TRY(pdp_model_flat(mc, &pc, NULL));
-        PDP_TRY(pdp_model_flat(m, &pg, NULL));
-        if (tp == 1) PDP_TRY(pdp_tensor_copy(&pc, &pg));
-        if (tp > 1) { /* every TP rank: collective */
-            snprintf(file, sizeof file, "/tmp/train_gpt_%lld.safetensors", (long long)seed);
-            PDP_TRY(pdp_tp_checkpoint_save(file, m, NULL));
-            PDP_TRY(pdp_checkpoint_load(file, mc, NULL));
-            PDP_TRY(pdp_comm_barrier(tpc, NULL)); /* all have read it */
-            if (ctx->rank == 0) remove(file);
-        }
-    }
     if (rank == 0) { /* write: the prompt's bytes, then n_new bytes drawn one at a time (by
                         every TP rank of the first copy: each forward is collective) */
         int32_t *text = y + B * T;
         for (i = 0; i < len; i++) text[i] = (unsigned char)prompt[i];
         pdp_rng_seed(&r, (uint64_t)seed, 1);
-        PDP_TRY(pdp_gpt_generate(mc, text, len, n_new, (float)temperature, top_k, &r));
+        PDP_TRY(pdp_gpt_generate(m, text, len, n_new, (float)temperature, top_k, &r));
     }
     if (ctx->rank == 0) {
         int32_t *text = y + B * T;
@@ -391,10 +200,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         putchar('\n');
     }
     free(x);
-    free(host_logits);
     pdp_tensor_free(dx);
     pdp_optim_free(opt);
-    if (mc != m) pdp_model_free(mc);
     pdp_model_free(m);
     if (tpc) pdp_comm_free(dpc);
     pdp_comm_free(tpc);
@@ -453,7 +260,7 @@ int main(int argc, char **argv)
     pdp_token_dataset_desc td = {.context = g.context, .seed = (uint64_t)seed,
                                  .synthetic_fallback = !strcmp(path, PDP_FORTUNES_DIR)};
     PDP_CHECK(pdp_token_dataset_load(&ds, path, &td));
-    PDP_CHECK(pdp_gpt_create(&m, &g)); /* to print the memory: each rank builds its own */
+    PDP_CHECK(pdp_gpt_create(&m, &g)); /* to print its size: each rank builds its own */
     printf("seed %lld: %s, %lld bytes (the last %lld validate)\n", (long long)seed, ds->source,
            (long long)ds->count, (long long)(ds->count - ds->split_at));
     printf("GPT %d layers, %d heads, dim %lld, context %lld: %lld parameters; batch %lld, AdamW "

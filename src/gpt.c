@@ -263,16 +263,14 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
     const char *fn = "pdp_gpt_generate";
     int64_t T, V, k, i, at, shape[2];
     int32_t *window;
-    float *p;
-    bool training;
-    pdp_tensor x;
+    float *p, *z = NULL; /* z: off the CPU, the logits back on the host */
+    bool training, cpu = m && m->device.kind == PDP_DEVICE_CPU;
+    pdp_tensor x, xd, *dx = NULL; /* off the CPU: dx's buffer holds the window as ids */
     const pdp_tensor *y;
     pdp_status st = PDP_OK;
     if (!m || !ids || !r) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     if (m->in_dtype != PDP_DTYPE_I32 || m->nlayers == 0)
         return pdp__err(PDP_ERR_INVALID, "%s: the model does not take token ids", fn);
-    if (m->device.kind != PDP_DEVICE_CPU)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model must be on the CPU", fn);
     if (n < 1 || n_new < 0 || !(temperature >= 0.0f) || top_k < 0)
         return pdp__err(PDP_ERR_INVALID, "%s: n %lld (>= 1), n_new %lld (>= 0), temperature %g "
                         "and top_k %d (>= 0)", fn, (long long)n, (long long)n_new,
@@ -281,26 +279,235 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
     V = m->layers[m->nlayers - 1].out_shape[1];
     window = (int32_t *)pdp__calloc((size_t)T * sizeof *window);
     p = (float *)pdp__alloc((size_t)V * sizeof *p);
-    if (!window || !p) {
-        pdp__dealloc(window);
-        pdp__dealloc(p);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-    }
+    if (!cpu) z = (float *)pdp__alloc((size_t)(T * V) * sizeof *z);
+    if (!window || !p || (!cpu && !z)) st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (st == PDP_OK && !cpu) st = pdp_tensor_create(&dx, m->device, 1, &T);
     training = m->training;
     m->training = false;
     shape[0] = 1;
     shape[1] = T;
     pdp_tensor_wrap_ids(window, pdp_cpu(), 2, shape, &x);
+    if (dx) pdp_tensor_wrap_ids((int32_t *)dx->data, dx->device, 2, shape, &xd);
     for (k = 0; k < n_new && st == PDP_OK; k++) {
         int64_t len = n + k, first = len > T ? len - T : 0;
         for (i = 0; i < T; i++) window[i] = first + i < len ? ids[first + i] : 0; /* pad */
-        if ((st = pdp_model_forward(m, &x, &y)) != PDP_OK) break;
+        if (dx && (st = pdp_tensor_copy(&xd, &x)) != PDP_OK) break;
+        if ((st = pdp_model_forward(m, dx ? &xd : &x, &y)) != PDP_OK) break;
+        if (dx && (st = pdp_tensor_download(y, z)) != PDP_OK) break;
         at = len - first - 1; /* the last real position */
-        ids[len] = pdp__gpt_pick(y->data + at * V, V, temperature, top_k, p, r);
+        ids[len] = pdp__gpt_pick((dx ? z : y->data) + at * V, V, temperature, top_k, p, r);
     }
     m->training = training;
     m->have_forward = false;
     pdp__dealloc(window);
     pdp__dealloc(p);
+    pdp__dealloc(z);
+    pdp_tensor_free(dx);
     return st == PDP_OK ? PDP_OK : pdp__err_wrap(st, "%s", fn);
+}
+
+/* ---- gpt: evaluation ---- */
+
+PDP_API pdp_status pdp_gpt_evaluate(pdp_model *m, const pdp_token_dataset *ds, pdp_split split,
+                                    int64_t batch, int batches, uint64_t seed, float *loss)
+{
+    const char *fn = "pdp_gpt_evaluate";
+    int64_t T, V, count, shape[2], rows[2]; /* rows: the logits as [batch T, V] */
+    int32_t *x = NULL, *y;
+    float *host = NULL; /* off the CPU: the logits, back */
+    pdp_tensor *dx = NULL;
+    double sum = 0;
+    bool training, cpu;
+    pdp_status st = PDP_OK;
+    pdp_rng r;
+    int k;
+    if (!m || !ds || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (m->in_dtype != PDP_DTYPE_I32 || m->nlayers == 0 || m->in_shape[0] != ds->context)
+        return pdp__err(PDP_ERR_INVALID, "%s: the model does not take windows of the dataset's "
+                        "%lld tokens", fn, (long long)ds->context);
+    if (batch < 1 || batches < 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: batch %lld and batches %d (>= 1)", fn,
+                        (long long)batch, batches);
+    T = ds->context, V = m->layers[m->nlayers - 1].out_shape[1];
+    shape[0] = batch, shape[1] = T, count = batch * T, rows[0] = count, rows[1] = V;
+    cpu = m->device.kind == PDP_DEVICE_CPU;
+    x = (int32_t *)pdp__alloc((size_t)(2 * batch * T) * sizeof *x);
+    if (!cpu) host = (float *)pdp__alloc((size_t)(batch * T * V) * sizeof *host);
+    if (!x || (!cpu && !host)) st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (st == PDP_OK && !cpu) st = pdp_tensor_create(&dx, m->device, 1, &count);
+    y = x ? x + batch * T : NULL;
+    training = m->training;
+    pdp_model_set_training(m, false);
+    pdp_rng_seed(&r, seed, 0);
+    for (k = 0; k < batches && st == PDP_OK; k++) {
+        pdp_tensor ids, host_ids, back, logits2d;
+        const pdp_tensor *logits;
+        float l;
+        if ((st = pdp_token_dataset_sample(ds, split, &r, batch, x, y)) != PDP_OK) break;
+        pdp_tensor_wrap_ids(x, pdp_cpu(), 2, shape, cpu ? &ids : &host_ids);
+        if (!cpu) { /* the ids to the model's device: dx's buffer as b T ids */
+            pdp_tensor_wrap_ids((int32_t *)dx->data, dx->device, 2, shape, &ids);
+            if ((st = pdp_tensor_copy(&ids, &host_ids)) != PDP_OK) break;
+        }
+        if ((st = pdp_model_forward(m, &ids, &logits)) != PDP_OK) break; /* [b, T, V] */
+        if (!cpu) {
+            if ((st = pdp_tensor_download(logits, host)) != PDP_OK) break;
+            pdp_tensor_wrap(host, pdp_cpu(), logits->ndim, logits->shape, &back);
+            logits = &back;
+        }
+        pdp_tensor_reshape_view(logits, 2, rows, &logits2d);
+        if ((st = pdp_loss_cross_entropy(&logits2d, y, &l, NULL)) != PDP_OK) break;
+        sum += l;
+    }
+    pdp_model_set_training(m, training);
+    pdp__dealloc(x);
+    pdp__dealloc(host);
+    pdp_tensor_free(dx);
+    if (st != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    *loss = (float)(sum / batches);
+    return PDP_OK;
+}
+
+/* ---- gpt: the activation report ---- */
+
+/* Megatron-LM's tensors of one transformer layer (Korthikanti et al. 2022, sec. 4): bytes
+   per s b h at 16 bits (masks 1 byte; per a s s b for the attention scores'). TP splits the
+   block's inside (split), sequence parallelism the rest too; selective recomputation drops
+   the scores'; the masks and the dropped scores exist only with dropout (Megatron's count
+   assumes it). */
+static const struct pdp__gpt_meg {
+    double bytes;
+    bool split, scores, mask, dropped;
+} pdp__gpt_meg[] = {
+    {4, 0, 0, 0, 0},  /* LayerNorms' inputs */
+    {4, 0, 0, 0, 0},  /* inputs of QKV and c_fc */
+    {2, 0, 0, 1, 0},  /* 2 dropout masks */
+    {6, 1, 0, 0, 0},  /* Q, K, V */
+    {2, 1, 0, 0, 0},  /* c_proj's input */
+    {16, 1, 0, 0, 0}, /* GELU's input and output */
+    {2, 1, 1, 0, 0},  /* softmax output */
+    {1, 1, 1, 1, 0},  /* its dropout mask */
+    {2, 1, 1, 0, 1},  /* dropped scores */
+};
+
+PDP__PRIVATE void pdp__gpt_term(char *buf, size_t size, double c, const char *unit)
+{
+    size_t n = strlen(buf);
+    if (c > 0) snprintf(buf + n, size - n, "%s%g%s", n ? " + " : "", c, unit);
+}
+
+/* Megatron's count of a layer in recomputation mode (0 none, 1 selective, 2 full: the
+   layer's input, 2 in the paper's Table 2; under SP a rank holds its slice, 2/t), at 16 bits
+   or (fp32) the same tensors at 4 bytes, masks 1 byte, masks and dropped scores only with
+   dropout: its formula in bytes per sbh into f, its value at s, h, a, t as the result. */
+PDP__PRIVATE double pdp__gpt_megatron(int mode, bool fp32, bool dropout, bool sp, double s,
+                                      double h, double a, double t, char *f, size_t size)
+{
+    double rep = 0, split = 0, sc = 0;
+    size_t i;
+    for (i = 0; i < sizeof pdp__gpt_meg / sizeof pdp__gpt_meg[0] && mode < 2; i++) {
+        const struct pdp__gpt_meg *e = &pdp__gpt_meg[i];
+        if ((fp32 && (e->mask || e->dropped) && !dropout) || (mode == 1 && e->scores)) continue;
+        *(e->scores ? &sc : e->split || sp ? &split : &rep) +=
+            e->bytes * (fp32 && !e->mask ? 2 : 1); /* fp32: 4 bytes, masks 1 */
+    }
+    if (mode == 2) *(sp ? &split : &rep) = fp32 ? 4 : 2;
+    if (t == 1) rep += split, split = 0;
+    f[0] = '\0';
+    pdp__gpt_term(f, size, rep, "");
+    pdp__gpt_term(f, size, split, "/t");
+    pdp__gpt_term(f, size, sc, t > 1 ? "as/(ht)" : "as/h");
+    return rep + split / t + sc * a * s / (h * t);
+}
+
+PDP_API pdp_status pdp_gpt_activation_report(const pdp_model *m, const pdp_gpt_desc *desc,
+                                             int64_t batch, char *buf, size_t bytes,
+                                             int64_t *block_bytes)
+{
+    static const char *modes[3] = {"none", "selective", "full"};
+    const char *fn = "pdp_gpt_activation_report";
+    int tp = desc && desc->tp ? pdp_comm_size(desc->tp) : 1, lo = -1, hi = -1, adds = 0, i, col;
+    bool sp, ok = true;
+    double s, h, a, t = tp, sbh;
+    size_t len = 0;
+    int64_t kept;
+    if (!m || !desc || !buf || batch < 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: NULL argument or batch %lld < 1", fn,
+                        (long long)batch);
+    for (i = 0; i < m->nlayers && hi < 0; i++) { /* the first block */
+        const char *name = pdp_model_layer_name(m, i);
+        if (lo < 0 && !strcmp(name, "Residual")) lo = i;
+        if (!strcmp(name, "ResidualAdd") && ++adds == 2) hi = i + 1;
+    }
+    if (lo < 0 || hi < 0) return pdp__err(PDP_ERR_INVALID, "%s: the model has no GPT block", fn);
+    sp = desc->sequence_parallel && tp > 1;
+    s = (double)m->in_shape[0], h = (double)desc->dim, a = desc->heads;
+    sbh = s * (double)batch * h;
+    kept = pdp_model_activation_bytes(m, lo, hi, batch);
+    pdp__ckpt_put(buf, bytes, &len, &ok, "one block's activations (layers %d-%d), s %g b %lld h "
+                  "%g a %g, TP %d%s: bytes per sbh, MB\n  recompute  Megatron: 16-bit, 1-byte "
+                  "masks      its tensors in fp32, p %s 0\n", lo, hi - 1, s, (long long)batch, h,
+                  a, tp, sp ? " + SP" : "", desc->dropout > 0 ? ">" : "=");
+    for (i = 0; i < 3; i++) {
+        char f16[64], f32[64];
+        double x16 = pdp__gpt_megatron(i, false, desc->dropout > 0, sp, s, h, a, t, f16, 64);
+        double x32 = pdp__gpt_megatron(i, true, desc->dropout > 0, sp, s, h, a, t, f32, 64);
+        pdp__ckpt_put(buf, bytes, &len, &ok, "  %-9s  %-20s %6.2f %6.2f   %-20s %6.2f %6.2f\n",
+                      modes[i], f16, x16, x16 * sbh / 1e6, f32, x32, x32 * sbh / 1e6);
+    }
+    pdp__ckpt_put(buf, bytes, &len, &ok, "  pdp, recompute %s, the layer table:",
+                  modes[desc->recompute]);
+    for (col = 0, i = lo; i < hi; i++) { /* each layer that keeps something, in lines of ~80 */
+        int64_t b = pdp_model_activation_bytes(m, i, i + 1, batch);
+        size_t at = len;
+        if (!b) continue;
+        if (col > 80) col = 0;
+        pdp__ckpt_put(buf, bytes, &len, &ok, "%s %s %.2f", col ? "" : "\n   ",
+                      pdp_model_layer_name(m, i), (double)b / sbh);
+        col += (int)(len - at);
+    }
+    pdp__ckpt_put(buf, bytes, &len, &ok, "\n    = %.2f, %.2f MB (pdp_model_activation_bytes)\n"
+                  "  pdp keeps every layer's output in fp32, Megatron what backward reads at 16 "
+                  "bits, so pdp also keeps\n  %s;\n  LayerNorm's mean and rstd (16/h a block), no "
+                  "mask for P (it is redrawn); full: both regions' inputs, 8%s\n",
+                  (double)kept / sbh, (double)kept / 1e6,
+                  tp == 1 ? "c_proj's outputs (no backward reads them)"
+                  : sp    ? "the row-parallel partial sums and g's slices (no backward reads "
+                            "them), f's gathered sequence (Megatron: a slice)"
+                          : "the row-parallel partial sums and g's sums (no backward reads "
+                            "them), f's copies of LayerNorm's outputs", sp ? "/t" : "");
+    if (!ok) return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
+    if (block_bytes) *block_bytes = kept;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_gpt_tp_report(const pdp_gpt_desc *desc, int64_t batch,
+                                     const pdp_tp_stats *s, char *buf, size_t bytes,
+                                     double *formula_bytes)
+{
+    const char *fn = "pdp_gpt_tp_report";
+    int64_t L, P, re, k;
+    double t, sent;
+    bool sp;
+    int n;
+    if (!desc || !desc->tp || !s || !buf || batch < 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: NULL argument, no desc->tp or batch %lld < 1", fn,
+                        (long long)batch);
+    t = pdp_comm_size(desc->tp), sp = desc->sequence_parallel;
+    L = desc->layers, re = desc->recompute == PDP_RECOMPUTE_FULL;
+    P = batch * (desc->sequence ? desc->sequence : desc->context) * desc->dim * 4;
+    k = sp ? 8 * L + 2 + 4 * L * re : 4 * L + 2 * L * re; /* the collectives of P bytes */
+    sent = (sp ? 1.0 : 2.0) * (t - 1) / t * (double)(k * P) +
+           (sp ? 2.0 * (t - 1) / t * (double)((2 * L + 1) * 2 * desc->dim * 4) : 0);
+    n = snprintf(buf, bytes, "TP %g%s, one step: %lld %s of %.3f MB (%s), %.3f MB sent by this "
+                 "rank (formula %.3f)\n", t, sp ? " + SP" : "",
+                 (long long)(s->forward_allreduces + s->backward_allreduces + s->allgathers +
+                             s->reduce_scatters),
+                 sp ? "all-gathers and reduce-scatters" : "all-reduces", (double)P / 1e6,
+                 sp ? (re ? "12L + 2" : "8L + 2") : (re ? "6L" : "4L"),
+                 (double)s->bytes_sent / 1e6, sent / 1e6);
+    if (n < 0 || (size_t)n >= bytes)
+        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the line", fn, bytes);
+    if (formula_bytes) *formula_bytes = sent;
+    return PDP_OK;
 }

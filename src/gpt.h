@@ -109,6 +109,48 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc);
    one draw from r. The model sees the last T tokens (T = its input length); a shorter
    prefix is padded after its end, which the causal mask keeps from changing any earlier
    output. temperature 0 picks the largest logit (greedy). Runs in evaluation mode and
-   restores the mode; the model must be on the CPU. */
+   restores the mode. On a GPU the window goes there and the logits [1, T, vocab] come back
+   each token; under desc.tp every TP rank calls it with the same r (each forward is
+   collective). */
 PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64_t n_new,
                                     float temperature, int top_k, pdp_rng *r);
+
+/* ---- gpt: evaluation and the activation report ---- */
+
+/* The mean cross-entropy of m over `batches` batches of `batch` windows of ds's split
+   (ds->context must be m's T), drawn from a pdp_rng seeded (seed, 0), so every call sees
+   the same windows; in evaluation mode (no dropout), the mode restored. m may be on any
+   device (the ids go there, the logits come back) and split by desc.tp or ZeRO-3: every
+   rank of those calls it, each forward being collective. Allocates 2 batch T ids, and off
+   the CPU a device buffer of them and batch T vocab floats, for the call: reserve m for
+   batch sequences (pdp_model_reserve) and its forwards allocate nothing. */
+PDP_API pdp_status pdp_gpt_evaluate(pdp_model *m, const pdp_token_dataset *ds, pdp_split split,
+                                    int64_t batch, int batches, uint64_t seed, float *loss);
+
+/* One block's activations on this rank, its first block's layers (Residual through the
+   second ResidualAdd) at batch sequences, as a table written into buf (bytes long, NUL
+   ended; PDP_ERR_INVALID when it does not fit): Megatron-LM's formulas (Korthikanti et
+   al. 2022, "Reducing Activation Recomputation in Large Transformer Models", sec. 4 and
+   Table 2) for desc's TP size and sequence parallelism and each recomputation mode, in
+   bytes per s b h (s the sequence, b the batch, h dim, a heads, t the TP size) and MB, at
+   16 bits with 1-byte masks and with the same tensors in fp32 (masks and dropped scores
+   only when desc->dropout > 0); then pdp's count in desc->recompute, each layer's kept
+   bytes from the layer table (pdp_model_activation_bytes) and their sum, and what pdp
+   keeps that Megatron does not count. m is pdp_gpt_create(desc)'s model on this rank.
+   *block_bytes (may be NULL): the block's kept bytes. examples/train_gpt.c prints it;
+   tests/test_gpt.c holds the sum to a count by hand. */
+PDP_API pdp_status pdp_gpt_activation_report(const pdp_model *m, const pdp_gpt_desc *desc,
+                                             int64_t batch, char *buf, size_t bytes,
+                                             int64_t *block_bytes);
+
+/* The TP traffic of a step (s: pdp_tp_get_stats of the step alone, from a rank of a
+   pdp_gpt_create(desc) model with desc->tp) beside the formula, one line into buf
+   (PDP_ERR_INVALID when it does not fit): per block f and g, forward and backward, 4
+   all-reduces of batch T dim floats (FULL recomputation: the regions' forwards again, 6);
+   under sequence parallelism each all-reduce moves as a reduce-scatter and an all-gather,
+   with the head's and the embedding's gathers (8L + 2, FULL 12L + 2) and each LayerNorm's
+   2 dim gradients summed. A ring all-reduce sends 2 (t - 1) / t of its payload, a gather or
+   scatter (t - 1) / t. *formula_bytes (may be NULL): the formula's bytes sent a rank. */
+PDP_API pdp_status pdp_gpt_tp_report(const pdp_gpt_desc *desc, int64_t batch,
+                                     const pdp_tp_stats *s, char *buf, size_t bytes,
+                                     double *formula_bytes);

@@ -8208,6 +8208,31 @@ PDP__PRIVATE int32_t pdp__gpt_pick(const float *z, int64_t V, float temperature,
 
 /* PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64_t n_new, float temperature, int top_k, pdp_rng *r) */
 
+/* ---- gpt: evaluation ---- */
+
+/* PDP_API pdp_status pdp_gpt_evaluate(pdp_model *m, const pdp_token_dataset *ds, pdp_split split, int64_t batch, int batches, uint64_t seed, float *loss) */
+
+/* ---- gpt: the activation report ---- */
+
+/* Megatron-LM's tensors of one transformer layer (Korthikanti et al. 2022, sec. 4): bytes
+   per s b h at 16 bits (masks 1 byte; per a s s b for the attention scores'). TP splits the
+   block's inside (split), sequence parallelism the rest too; selective recomputation drops
+   the scores'; the masks and the dropped scores exist only with dropout (Megatron's count
+   assumes it). */
+
+PDP__PRIVATE void pdp__gpt_term(char *buf, size_t size, double c, const char *unit);
+
+/* Megatron's count of a layer in recomputation mode (0 none, 1 selective, 2 full: the
+   layer's input, 2 in the paper's Table 2; under SP a rank holds its slice, 2/t), at 16 bits
+   or (fp32) the same tensors at 4 bytes, masks 1 byte, masks and dropped scores only with
+   dropout: its formula in bytes per sbh into f, its value at s, h, a, t as the result. */
+PDP__PRIVATE double pdp__gpt_megatron(int mode, bool fp32, bool dropout, bool sp, double s,
+                                      double h, double a, double t, char *f, size_t size);
+
+/* PDP_API pdp_status pdp_gpt_activation_report(const pdp_model *m, const pdp_gpt_desc *desc, int64_t batch, char *buf, size_t bytes, int64_t *block_bytes) */
+
+/* PDP_API pdp_status pdp_gpt_tp_report(const pdp_gpt_desc *desc, int64_t batch, const pdp_tp_stats *s, char *buf, size_t bytes, double *formula_bytes) */
+
 /* ---- src/zero.c ---- */
 /* zero: the sharded executor, ZeRO stages 1-3 on reducer.c's bucket reducer
    with a reduce-scatter as its collective (the layout, the formulas and the

@@ -1193,6 +1193,195 @@ TEST gpt_recomputation_under_ddp_and_zero_equals_one_device(void)
     PASS();
 }
 
+/* ---- gpt: evaluation and the reports (pdp_gpt_evaluate, pdp_gpt_activation_report,
+   pdp_gpt_tp_report) ---- */
+
+/* The report on every rank of a TP group (or one device): its text, the block's bytes, and
+   one step's TP traffic beside the formula. */
+typedef struct report_case {
+    pdp_gpt_desc d;
+    int tp;
+    char text[4096], tp_line[256];
+    int64_t block, sent;
+    double formula;
+    pdp_status st;
+} report_case;
+
+static pdp_status report_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    report_case *c = (report_case *)user;
+    pdp_gpt_desc d = c->d;
+    pdp_model *m = NULL;
+    int32_t ids[TP_B * TP_T], tg[TP_B * TP_T];
+    int64_t shape[2] = {TP_B, TP_T}, i;
+    pdp_tensor x;
+    pdp_tp_stats ts;
+    float loss;
+    pdp_status st;
+    char text[4096];
+    int64_t block;
+    if (c->tp > 1) d.tp = ctx->world;
+    for (i = 0; i < TP_B * TP_T; i++) ids[i] = (int32_t)((i * 5 + 1) % 13), tg[i] = ids[i];
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
+    if ((st = pdp_gpt_create(&m, &d)) != PDP_OK) return st;
+    st = pdp_gpt_activation_report(m, &d, TP_B, text, sizeof text, &block);
+    if (st == PDP_OK && c->tp > 1) { /* one step's traffic */
+        pdp_tp_reset_stats(m);
+        st = pdp_model_forward_backward(m, &x, tg, &loss);
+        pdp_tp_get_stats(m, &ts);
+        if (st == PDP_OK && ctx->rank == 0)
+            st = pdp_gpt_tp_report(&d, TP_B, &ts, c->tp_line, sizeof c->tp_line, &c->formula);
+        if (ctx->rank == 0) c->sent = ts.bytes_sent;
+    }
+    if (ctx->rank == 0) memcpy(c->text, text, sizeof text), c->block = block;
+    pdp_model_free(m);
+    return st;
+}
+
+/* One block's activations against a count by hand, in floats per s b h (s T, b the batch,
+   h dim, a heads, t the TP size): what TP splits, 12/t (c_attn 3, the attention's output 1,
+   c_fc 4, GELU 4) and P's as/(ht) (not under SELECTIVE); 2 the row-parallel outputs, 2 f's
+   outputs (TP); and what SP splits: 2 LayerNorms (1 + 2/h: the output, mean and rstd), 2
+   g's outputs (TP), 2 Dropouts (output and mask, 2 each), 2 ResidualAdds. FULL keeps the
+   adds only. Megatron's rows against the paper's Table 2 (16 bits, dropout on): 34 +
+   5as/h, 34 and 2 on one device; 10 + 24/t + 5as/(ht), 10 + 24/t and 2 under TP; 34/t +
+   5as/(ht), 34/t and 2/t under TP + SP; and with p = 0 in fp32 (no masks: 64 + 4as/h). */
+TEST gpt_activation_report_matches_megatron_and_a_count_by_hand(void)
+{
+    static const char *table2[3][3] = {{"34 + 5as/h", "34", "2"},
+                                       {"10 + 24/t + 5as/(ht)", "10 + 24/t", "2"},
+                                       {"34/t + 5as/(ht)", "34/t", "2/t"}};
+    static const double c16[3][3][2] = {{{34, 5}, {34, 0}, {2, 0}}, /* constant, as/h's */
+                                        {{10 + 12, 5}, {10 + 12, 0}, {2, 0}},
+                                        {{17, 5}, {17, 0}, {1, 0}}}; /* at t = 2 */
+    int cfg, mode, drop, k;
+    char msg[160], want[64];
+    for (cfg = 0; cfg < 3; cfg++) /* one device, TP 2, TP 2 + SP */
+        for (drop = 0; drop < 2; drop++)
+            for (mode = 0; mode < 3; mode++) {
+                static report_case c;
+                double t = cfg ? 2 : 1, s = TP_T, h = TP_C, a = 6, b = TP_B, sbh = s * b * h;
+                double shard, inner, outer, as, by_hand;
+                memset(&c, 0, sizeof c);
+                c.d = tp_desc();
+                c.d.dropout = drop ? 0.1f : 0.0f;
+                c.d.recompute = (pdp_recompute)mode;
+                c.d.sequence_parallel = cfg == 2;
+                c.tp = cfg ? 2 : 1;
+                snprintf(msg, sizeof msg, "TP %d%s, dropout %d, recompute %d", c.tp,
+                         cfg == 2 ? " + SP" : "", drop, mode);
+                ASSERT_ENUM_EQm(msg, PDP_OK, pdp_launch(c.tp, NULL, report_rank, &c),
+                                pdp_status_name);
+                shard = cfg == 2 ? 1 / t : 1, as = a * s / (h * t);
+                inner = 12 / t + 2 + 2 * (cfg > 0);
+                outer = 2 * (1 + 2 / h) + 2 * (cfg > 0) + 4 * drop + 2;
+                by_hand = 4 * (mode == 2 ? 2 * shard : inner + outer * shard + (mode ? 0 : as));
+                ASSERTm(msg, fabs((double)c.block - by_hand * sbh) <= 1e-6 * by_hand * sbh);
+                snprintf(want, sizeof want, "= %.2f, %.2f MB", (double)c.block / sbh,
+                         (double)c.block / 1e6);
+                ASSERTm(msg, strstr(c.text, want) != NULL);
+                for (k = 0; k < 3 && drop; k++) { /* the paper's formulas and their values */
+                    double v = c16[cfg][k][0] + c16[cfg][k][1] * as;
+                    snprintf(want, sizeof want, "%-20s %6.2f", table2[cfg][k], v);
+                    ASSERTm(msg, strstr(c.text, want) != NULL);
+                }
+                if (!drop && cfg == 0) {
+                    snprintf(want, sizeof want, "%-20s %6.2f", "64 + 4as/h", 64 + 4 * as);
+                    ASSERTm(msg, strstr(c.text, want) != NULL);
+                }
+            }
+    {   /* too small a buffer fails by name */
+        static report_case c;
+        pdp_model *m = NULL;
+        c.d = tp_desc();
+        ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&m, &c.d), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_activation_report(m, &c.d, TP_B, c.text, 100,
+                                                                  NULL), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "pdp_gpt_activation_report"));
+        pdp_model_free(m);
+    }
+    PASS();
+}
+
+/* pdp_gpt_tp_report's formula is the traffic a TP rank measures in one forward and backward
+   (TP 2, with and without SP, recompute none and full). */
+TEST gpt_tp_report_formula_is_the_measured_traffic(void)
+{
+    int sp, mode;
+    char msg[96];
+    for (sp = 0; sp < 2; sp++)
+        for (mode = 0; mode < 3; mode += 2) {
+            static report_case c;
+            memset(&c, 0, sizeof c);
+            c.d = tp_desc();
+            c.d.recompute = (pdp_recompute)mode;
+            c.d.sequence_parallel = sp;
+            c.tp = 2;
+            snprintf(msg, sizeof msg, "TP 2%s, recompute %d", sp ? " + SP" : "", mode);
+            ASSERT_ENUM_EQm(msg, PDP_OK, pdp_launch(2, NULL, report_rank, &c), pdp_status_name);
+            ASSERTm(msg, c.sent > 0);
+            ASSERT_EQm(msg, (double)c.sent, c.formula);
+            ASSERTm(msg, strstr(c.tp_line, sp ? (mode ? "(12L + 2)" : "(8L + 2)")
+                                              : (mode ? "(6L)" : "(4L)")) != NULL);
+        }
+    PASS();
+}
+
+/* pdp_gpt_evaluate: the mean loss over the windows a pdp_rng seeded (seed, 0) draws, in
+   evaluation mode: a GPT with dropout 0.1 evaluates as the same GPT without dropout trains
+   (its forward_backward's loss over the same windows), and stays in training mode. */
+TEST gpt_evaluate_is_the_mean_loss_without_dropout(void)
+{
+    pdp_token_dataset *ds = NULL;
+    pdp_token_dataset_desc td;
+    pdp_gpt_desc d = tp_desc();
+    pdp_model *drop = NULL, *plain = NULL;
+    int32_t x[TP_B * TP_T], y[TP_B * TP_T];
+    int64_t shape[2] = {TP_B, TP_T};
+    double sum = 0;
+    float loss, l;
+    pdp_tensor ids;
+    pdp_rng r;
+    int k;
+    memset(&td, 0, sizeof td);
+    td.context = TP_T, td.max_tokens = 4096;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_synthetic(&ds, &td), pdp_status_name);
+    d.vocab = 256, d.dropout = 0.1f;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&drop, &d), pdp_status_name);
+    d.dropout = 0;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&plain, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_evaluate(drop, ds, PDP_SPLIT_VAL, TP_B, 3, 7, &loss),
+                   pdp_status_name);
+    pdp_rng_seed(&r, 7, 0);
+    pdp_tensor_wrap_ids(x, pdp_cpu(), 2, shape, &ids);
+    for (k = 0; k < 3; k++) {
+        ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_sample(ds, PDP_SPLIT_VAL, &r, TP_B, x, y),
+                       pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(plain, &ids, y, &l), pdp_status_name);
+        sum += l;
+    }
+    ASSERT_IN_RANGE(sum / 3, loss, 1e-6 * sum);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_evaluate(drop, ds, PDP_SPLIT_VAL, TP_B, 3, 7, &l),
+                   pdp_status_name);
+    ASSERT_EQ(loss, l); /* the same windows again */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_evaluate(drop, ds, PDP_SPLIT_TRAIN, TP_B, 3, 7, &l),
+                   pdp_status_name);
+    ASSERT(l != loss); /* another split */
+    pdp_model_forward_backward(drop, &ids, y, &l); /* training mode again: dropout on */
+    pdp_model_forward_backward(plain, &ids, y, &loss);
+    ASSERT(l != loss);
+    pdp_token_dataset_free(ds);
+    td.context = TP_T + 1; /* windows the model does not take: refused by name */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_synthetic(&ds, &td), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_evaluate(drop, ds, PDP_SPLIT_VAL, TP_B, 1, 7, &l),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_gpt_evaluate"));
+    pdp_token_dataset_free(ds);
+    pdp_model_free(drop);
+    pdp_model_free(plain);
+    PASS();
+}
+
 SUITE(gpt)
 {
     RUN_TEST(gpt_recomputation_under_ddp_and_zero_equals_one_device);
@@ -1213,6 +1402,10 @@ SUITE(gpt)
     RUN_TEST(gpt_residual_region_is_x_plus_its_branch);
     RUN_TEST(gpt_generate_greedy_top_k_and_seeds);
     RUN_TEST(gpt_errors_name_layer_position_and_lengths);
+    /* evaluation and the reports */
+    RUN_TEST(gpt_activation_report_matches_megatron_and_a_count_by_hand);
+    RUN_TEST(gpt_tp_report_formula_is_the_measured_traffic);
+    RUN_TEST(gpt_evaluate_is_the_mean_loss_without_dropout);
 }
 
 GREATEST_MAIN_DEFS();
