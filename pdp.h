@@ -3122,7 +3122,8 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
        would see that stage only). A model with tensor-parallel layers (built on a TP
        group, tp.h) gives stages whose TP layers all-reduce on that group: PP x TP, and
        with desc.dp DP x TP x PP; its clipping counts each stage's slices on every TP
-       rank and its replicated tensors once;
+       rank and its replicated tensors once (every schedule: with chunks, each chunk of a
+       stage is a TP-split piece and the stage's TP layers share one TP state);
      - stage boundaries are given (first_layer[s]) or balanced: by parameter count
        (default), by estimated work (each layer's forward + backward FLOPs per sample
        from its shapes, the same on every machine and run) or by time measured on rank
@@ -3222,7 +3223,7 @@ typedef struct pdp_pp pdp_pp;
 typedef enum pdp_pp_schedule {
     PDP_PP_1F1B = 0, /* default */
     PDP_PP_GPIPE = 1,
-    PDP_PP_INTERLEAVED_1F1B = 2 /* desc.chunks per stage; not on NCCL, nor with TP layers */
+    PDP_PP_INTERLEAVED_1F1B = 2 /* desc.chunks per stage; not on NCCL */
 } pdp_pp_schedule;
 
 /* How a split is balanced without first_layer: the contiguous split of the layers into
@@ -4568,6 +4569,8 @@ typedef struct pdp__tp_state {
    and tp->checked = tp->nlayers. f's forward calls it (tp->check_widths) while checked
    != nlayers. */
 PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
+/* The layer owning parameter p of m (a pipeline stage's too: layers_tp.c). */
+PDP__PRIVATE const pdp__layer *pdp__tp_param_layer(const pdp_model *m, int p);
 /* Whether parameter p of m is a TP slice (layers_tp.c; else whole on every TP rank). */
 PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p);
 
@@ -17088,13 +17091,23 @@ PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t
     if (count) *count = base + (rank < extra);
 }
 
+/* The layer that owns parameter p of m. A pipeline stage's parameters keep the full model's
+   layer numbers and its layers are consecutive; an interleaved stage's (pp.c's joined
+   chunks) are runs with gaps between them, found by a search. */
+PDP__PRIVATE const pdp__layer *pdp__tp_param_layer(const pdp_model *m, int p)
+{
+    int want = m->params[p].layer, i = want - m->layers[0].index;
+    if (i < 0 || i >= m->nlayers || m->layers[i].index != want)
+        for (i = 0; i < m->nlayers - 1 && m->layers[i].index != want; i++) {}
+    return &m->layers[i];
+}
+
 /* Whether parameter p of m is split across the TP ranks: the column-parallel weight and
    bias, the row-parallel weight; every other parameter (the row-parallel bias, every
    non-TP layer's) is whole on every TP rank. */
 PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p)
 {
-    /* a pipeline stage's parameters keep the full model's layer numbers */
-    const pdp__layer *l = &m->layers[m->params[p].layer - m->layers[0].index];
+    const pdp__layer *l = pdp__tp_param_layer(m, p);
     return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
            (l->kind == PDP__ROW_PARALLEL_LINEAR && p == l->param_first);
 }
@@ -26271,7 +26284,7 @@ PDP__PRIVATE pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, fl
                                      float *local, bool to_full)
 {
     const pdp__param_entry *e = &m->params[p];
-    const pdp__layer *l = &m->layers[e->layer - m->layers[0].index]; /* a stage's: full's numbers */
+    const pdp__layer *l = pdp__tp_param_layer(m, p); /* a stage's: full's numbers */
     bool weight = p == l->param_first;
     int64_t rows = 1, len = e->count, fstride = 0, lstride = 0, foff = 0, i;
     int64_t in = l->in_shape[l->in_ndim - 1]; /* a position's features */
@@ -29201,7 +29214,10 @@ PDP__PRIVATE pdp_status pdp__pp_find_tied(pdp_pp *pp, const pdp_model *full, con
 /* With v > 1 chunks, the stage model: the chunks' layers and parameters one after the other
    in one model whose blocks hold every chunk's (the optimizer, clipping and checkpoints see
    one model, as with one chunk); each chunk's blocks become views into them. Its layers keep
-   their indices into its own registry; they are not run (each chunk runs its own). */
+   their indices into its own registry; they are not run (each chunk runs its own). With TP
+   layers it holds the stage's TP state and every chunk's TP layers use it: clipping reads
+   its communicator (pdp__grad_sumsq_range counts the slices as on one chunk), the width
+   check covers the whole stage, and pdp_tp_get_stats on pdp_pp_model sums the chunks. */
 PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp)
 {
     pdp_model *r;
@@ -29242,16 +29258,28 @@ PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp)
                   (st = pdp__dev_memset0(r->device, r->grad_block,
                                          (size_t)count * sizeof(float))) != PDP_OK))
         return st;
+    if (c0->tp.comm) { /* PP x TP: one TP state, the stage's, for every chunk's TP layers */
+        r->tp = c0->tp;
+        r->tp.model = r;
+        r->tp.nlayers = r->tp.checked = 0;
+        r->tp.dscalar = NULL;
+        memset(&r->tp.stats, 0, sizeof r->tp.stats);
+        if (r->device.kind != PDP_DEVICE_CPU &&
+            (st = pdp__dev_alloc(r->device, sizeof(float), (void **)&r->tp.dscalar)) != PDP_OK)
+            return st;
+    }
     for (c = 0; c < pp->v; c++) {
         pdp__pp_chunk *ck = &pp->ck[c];
         pdp_model *m = ck->m;
         for (i = 0; i < m->nlayers; i++) {
             pdp__layer *l = &r->layers[l0 + i];
+            if (m->layers[i].tp) m->layers[i].tp = &r->tp;
             *l = m->layers[i];
             l->param_first += ck->param0;
             l->residual_from += l0;
             if (pdp__model_flag(m, i, PDP__LAYER_TIED)) l->tied_param += ck->param0;
         }
+        r->tp.nlayers += m->tp.nlayers;
         for (i = 0; i < m->nparams; i++) {
             r->params[ck->param0 + i] = m->params[i];
             r->params[ck->param0 + i].offset += ck->off;
@@ -29306,11 +29334,6 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         st = pdp__err(PDP_ERR_UNSUPPORTED, "%s: PDP_PP_INTERLEAVED_1F1B on NCCL (it orders "
                       "messages by stream, which the schedule's proof does not cover): use the "
                       "local or MPI backend, or PDP_PP_1F1B", fn);
-        goto fail;
-    }
-    if (pp->v > 1 && full->tp.comm) {
-        st = pdp__err(PDP_ERR_UNSUPPORTED, "%s: PDP_PP_INTERLEAVED_1F1B with tensor-parallel "
-                      "layers (PP x TP runs GPipe and 1F1B)", fn);
         goto fail;
     }
     pp->first = (int *)pdp__calloc((size_t)(pp->pieces + 1) * sizeof *pp->first);

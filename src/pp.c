@@ -537,7 +537,10 @@ PDP__PRIVATE pdp_status pdp__pp_find_tied(pdp_pp *pp, const pdp_model *full, con
 /* With v > 1 chunks, the stage model: the chunks' layers and parameters one after the other
    in one model whose blocks hold every chunk's (the optimizer, clipping and checkpoints see
    one model, as with one chunk); each chunk's blocks become views into them. Its layers keep
-   their indices into its own registry; they are not run (each chunk runs its own). */
+   their indices into its own registry; they are not run (each chunk runs its own). With TP
+   layers it holds the stage's TP state and every chunk's TP layers use it: clipping reads
+   its communicator (pdp__grad_sumsq_range counts the slices as on one chunk), the width
+   check covers the whole stage, and pdp_tp_get_stats on pdp_pp_model sums the chunks. */
 PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp)
 {
     pdp_model *r;
@@ -578,16 +581,28 @@ PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp)
                   (st = pdp__dev_memset0(r->device, r->grad_block,
                                          (size_t)count * sizeof(float))) != PDP_OK))
         return st;
+    if (c0->tp.comm) { /* PP x TP: one TP state, the stage's, for every chunk's TP layers */
+        r->tp = c0->tp;
+        r->tp.model = r;
+        r->tp.nlayers = r->tp.checked = 0;
+        r->tp.dscalar = NULL;
+        memset(&r->tp.stats, 0, sizeof r->tp.stats);
+        if (r->device.kind != PDP_DEVICE_CPU &&
+            (st = pdp__dev_alloc(r->device, sizeof(float), (void **)&r->tp.dscalar)) != PDP_OK)
+            return st;
+    }
     for (c = 0; c < pp->v; c++) {
         pdp__pp_chunk *ck = &pp->ck[c];
         pdp_model *m = ck->m;
         for (i = 0; i < m->nlayers; i++) {
             pdp__layer *l = &r->layers[l0 + i];
+            if (m->layers[i].tp) m->layers[i].tp = &r->tp;
             *l = m->layers[i];
             l->param_first += ck->param0;
             l->residual_from += l0;
             if (pdp__model_flag(m, i, PDP__LAYER_TIED)) l->tied_param += ck->param0;
         }
+        r->tp.nlayers += m->tp.nlayers;
         for (i = 0; i < m->nparams; i++) {
             r->params[ck->param0 + i] = m->params[i];
             r->params[ck->param0 + i].offset += ck->off;
@@ -642,11 +657,6 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         st = pdp__err(PDP_ERR_UNSUPPORTED, "%s: PDP_PP_INTERLEAVED_1F1B on NCCL (it orders "
                       "messages by stream, which the schedule's proof does not cover): use the "
                       "local or MPI backend, or PDP_PP_1F1B", fn);
-        goto fail;
-    }
-    if (pp->v > 1 && full->tp.comm) {
-        st = pdp__err(PDP_ERR_UNSUPPORTED, "%s: PDP_PP_INTERLEAVED_1F1B with tensor-parallel "
-                      "layers (PP x TP runs GPipe and 1F1B)", fn);
         goto fail;
     }
     pp->first = (int *)pdp__calloc((size_t)(pp->pieces + 1) * sizeof *pp->first);

@@ -17,7 +17,8 @@
        would see that stage only). A model with tensor-parallel layers (built on a TP
        group, tp.h) gives stages whose TP layers all-reduce on that group: PP x TP, and
        with desc.dp DP x TP x PP; its clipping counts each stage's slices on every TP
-       rank and its replicated tensors once;
+       rank and its replicated tensors once (every schedule: with chunks, each chunk of a
+       stage is a TP-split piece and the stage's TP layers share one TP state);
      - stage boundaries are given (first_layer[s]) or balanced: by parameter count
        (default), by estimated work (each layer's forward + backward FLOPs per sample
        from its shapes, the same on every machine and run) or by time measured on rank
@@ -117,7 +118,7 @@ typedef struct pdp_pp pdp_pp;
 typedef enum pdp_pp_schedule {
     PDP_PP_1F1B = 0, /* default */
     PDP_PP_GPIPE = 1,
-    PDP_PP_INTERLEAVED_1F1B = 2 /* desc.chunks per stage; not on NCCL, nor with TP layers */
+    PDP_PP_INTERLEAVED_1F1B = 2 /* desc.chunks per stage; not on NCCL */
 } pdp_pp_schedule;
 
 /* How a split is balanced without first_layer: the contiguous split of the layers into

@@ -475,6 +475,8 @@ typedef struct pdp__tp_state {
    and tp->checked = tp->nlayers. f's forward calls it (tp->check_widths) while checked
    != nlayers. */
 PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
+/* The layer owning parameter p of m (a pipeline stage's too: layers_tp.c). */
+PDP__PRIVATE const pdp__layer *pdp__tp_param_layer(const pdp_model *m, int p);
 /* Whether parameter p of m is a TP slice (layers_tp.c; else whole on every TP rank). */
 PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p);
 
@@ -5068,6 +5070,11 @@ PDP__PRIVATE pdp_status pdp__residual_add_cuda_backward(const pdp__layer *l,
 
 /* PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t *count) */
 
+/* The layer that owns parameter p of m. A pipeline stage's parameters keep the full model's
+   layer numbers and its layers are consecutive; an interleaved stage's (pp.c's joined
+   chunks) are runs with gaps between them, found by a search. */
+PDP__PRIVATE const pdp__layer *pdp__tp_param_layer(const pdp_model *m, int p);
+
 /* Whether parameter p of m is split across the TP ranks: the column-parallel weight and
    bias, the row-parallel weight; every other parameter (the row-parallel bias, every
    non-TP layer's) is whole on every TP rank. */
@@ -8221,7 +8228,10 @@ PDP__PRIVATE pdp_status pdp__pp_find_tied(pdp_pp *pp, const pdp_model *full, con
 /* With v > 1 chunks, the stage model: the chunks' layers and parameters one after the other
    in one model whose blocks hold every chunk's (the optimizer, clipping and checkpoints see
    one model, as with one chunk); each chunk's blocks become views into them. Its layers keep
-   their indices into its own registry; they are not run (each chunk runs its own). */
+   their indices into its own registry; they are not run (each chunk runs its own). With TP
+   layers it holds the stage's TP state and every chunk's TP layers use it: clipping reads
+   its communicator (pdp__grad_sumsq_range counts the slices as on one chunk), the width
+   check covers the whole stage, and pdp_tp_get_stats on pdp_pp_model sums the chunks. */
 PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp);
 
 /* PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c, const pdp_pp_desc *desc) */

@@ -1405,18 +1405,26 @@ static pdp_optim_desc adamw(void)
     return od;
 }
 
+#define GMAXR 8 /* DP x TP x PP = 2 x 2 x 2 */
+
 typedef struct gpt_case {
     int32_t ids[GB * GT], tg[GB * GT];
     int layers, chunks, m, steps;
+    int tp, dp;                /* 0 or 1: none; else TP ranks a stage, pipelines (pd.dp) */
+    bool sp;                   /* sequence parallel stages (with tp) */
+    bool no_clip;              /* no clipping (else pdp_pp_clip_grad_norm at 0.5 every step) */
     pdp_pp_schedule schedule;
     const char *load, *save;   /* checkpoints: load before training, save after */
     const pdp_model *ref;      /* NULL: no comparison */
-    float losses[STEPS];       /* the last stage's */
-    double worst[MAXR];        /* max |pp - ref| over each stage's tensors, by name */
-    pdp_pp_stats stats[MAXR];
+    float losses[2][STEPS];    /* each pipeline's mean loss, from its last stage */
+    float norms[STEPS];        /* the norm before clipping (rank 0's) */
+    double worst[GMAXR];       /* max |pp - ref| over each rank's tensors, by name (a TP
+                                  slice against its cut of the full tensor) */
+    pdp_pp_stats stats[GMAXR];
 } gpt_case;
 
-/* steps AdamW steps of the GPT with clipping at 0.5 on one device (the reference) */
+/* steps AdamW steps of the GPT with clipping at 0.5 (unless no_clip) on one device (the
+   reference); its losses in losses[0] */
 static pdp_status gpt_one(gpt_case *c, int steps, pdp_model **out)
 {
     pdp_gpt_desc d = gpt_desc(c->layers);
@@ -1424,7 +1432,7 @@ static pdp_status gpt_one(gpt_case *c, int steps, pdp_model **out)
     pdp_optim_desc od = adamw();
     pdp_tensor x;
     int64_t shape[2] = {GB, GT};
-    float loss, norm;
+    float loss;
     int s;
     pdp_status st;
     if ((st = pdp_gpt_create(out, &d)) != PDP_OK || (st = pdp_optim_create(&o, *out, &od)))
@@ -1432,64 +1440,90 @@ static pdp_status gpt_one(gpt_case *c, int steps, pdp_model **out)
     pdp_tensor_wrap_ids(c->ids, pdp_cpu(), 2, shape, &x);
     for (s = 0; s < steps && st == PDP_OK; s++) {
         if ((st = pdp_model_forward_backward(*out, &x, c->tg, &loss)) == PDP_OK &&
-            (st = pdp_clip_grad_norm(*out, 0.5f, &norm)) == PDP_OK)
+            (c->no_clip || (st = pdp_clip_grad_norm(*out, 0.5f, &c->norms[s])) == PDP_OK))
             st = pdp_optim_step(o);
         pdp_optim_zero_grad(o);
-        c->losses[s] = loss;
+        c->losses[0][s] = loss;
     }
     pdp_optim_free(o);
     return st;
 }
 
+/* Rank (d p + s) tp + t: TP rank t of stage s of pipeline d (train_gpt_3d's layout); pipeline
+   d trains on rows [d GB / dp, (d + 1) GB / dp). */
 static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
 {
     gpt_case *c = (gpt_case *)user;
+    int tp = PDP__MAX(c->tp, 1), dp = PDP__MAX(c->dp, 1), p = ctx->world_size / (tp * dp);
+    int t = ctx->rank % tp, st_ = ctx->rank / tp % p, dd = ctx->rank / (tp * p);
     pdp_gpt_desc d = gpt_desc(c->layers);
+    pdp_comm *tc = NULL, *pc = ctx->world, *dc = NULL;
     pdp_model *full = NULL, *m;
     pdp_pp *pp = NULL;
     pdp_pp_desc pd;
     pdp_optim *o = NULL;
     pdp_optim_desc od = adamw();
     pdp_tensor x;
-    int64_t shape[2] = {GB, GT};
-    float loss, norm;
-    int s, i;
-    pdp_status st;
+    int64_t rows = GB / dp, shape[2] = {GB / dp, GT};
+    float loss, norm = 0.0f;
+    int s;
+    pdp_status st = PDP_OK;
+    if (tp > 1 || dp > 1) {
+        pc = NULL;
+        if ((st = pdp_comm_split(ctx->world, dd * p + st_, t, &tc)) != PDP_OK ||
+            (st = pdp_comm_split(ctx->world, dd * tp + t, st_, &pc)) != PDP_OK ||
+            (st = pdp_comm_split(ctx->world, st_ * tp + t, dd, &dc)) != PDP_OK)
+            goto out;
+    }
     memset(&pd, 0, sizeof pd);
     pd.schedule = c->schedule;
     pd.chunks = c->chunks;
     pd.micro_batches = c->m;
+    pd.dp = dp > 1 ? dc : NULL;
+    d.tp = tp > 1 ? tc : NULL;
+    d.sequence_parallel = c->sp;
     if ((st = pdp_gpt_create(&full, &d)) != PDP_OK ||
-        (st = pdp_pp_create(&pp, full, ctx->world, &pd)) != PDP_OK)
+        (st = pdp_pp_create(&pp, full, pc, &pd)) != PDP_OK)
         goto out;
     m = pdp_pp_model(pp);
     if ((st = pdp_optim_create(&o, m, &od)) != PDP_OK) goto out;
     if (c->load && (st = pdp_pp_checkpoint_load(pp, o, c->load)) != PDP_OK) goto out;
-    pdp_tensor_wrap_ids(c->ids, pdp_cpu(), 2, shape, &x);
+    pdp_tensor_wrap_ids(c->ids + dd * rows * GT, pdp_cpu(), 2, shape, &x);
     for (s = 0; s < c->steps; s++) {
-        if ((st = pdp_pp_forward_backward(pp, &x, c->tg, &loss)) != PDP_OK ||
-            (st = pdp_pp_clip_grad_norm(pp, 0.5f, &norm)) != PDP_OK ||
+        if ((st = pdp_pp_forward_backward(pp, &x, c->tg + dd * rows * GT, &loss)) != PDP_OK ||
+            (!c->no_clip && (st = pdp_pp_clip_grad_norm(pp, 0.5f, &norm)) != PDP_OK) ||
             (st = pdp_pp_step(pp, o)) != PDP_OK)
             goto out;
-        if (ctx->rank == ctx->world_size - 1) c->losses[s] = loss;
+        if (st_ == p - 1 && t == 0) c->losses[dd][s] = loss;
+        if (ctx->rank == 0) c->norms[s] = norm;
     }
     pdp_pp_get_stats(pp, &c->stats[ctx->rank]);
     if (c->save && (st = pdp_pp_checkpoint_save(pp, o, c->save)) != PDP_OK) goto out;
     c->worst[ctx->rank] = 0.0;
-    for (i = 0; c->ref && i < pdp_model_num_params(m); i++) { /* the head's copy of wte too */
-        pdp_param a, r;
-        double e;
-        if ((st = pdp_model_param(m, i, &a)) != PDP_OK ||
-            (st = pdp_model_find_param(c->ref, a.name, &r)) != PDP_OK)
-            goto out;
-        e = fixture_rel_err(a.value.data, r.value.data, a.value.count);
-        if (!(e <= c->worst[ctx->rank])) c->worst[ctx->rank] = e;
-    }
+    if (c->ref) st = fixture_worst_by_name(m, c->ref, &c->worst[ctx->rank]); /* the head's
+                                                                               copy of wte too */
 out:
     pdp_optim_free(o);
     pdp_pp_free(pp);
     pdp_model_free(full);
+    if (pc != ctx->world) pdp_comm_free(pc);
+    pdp_comm_free(tc);
+    pdp_comm_free(dc);
     return st;
+}
+
+/* The step losses of the pipelines (each its own labels' mean) as one batch's mean. */
+static float gpt_batch_loss(const gpt_case *c, int s)
+{
+    int dp = PDP__MAX(c->dp, 1), d, i;
+    double sum = 0.0, n = 0.0;
+    for (d = 0; d < dp; d++) {
+        int count = 0;
+        for (i = d * GB / dp * GT; i < (d + 1) * GB / dp * GT; i++) count += c->tg[i] >= 0;
+        sum += (double)c->losses[d][s] * count;
+        n += count;
+    }
+    return (float)(sum / n);
 }
 
 static void gpt_data(gpt_case *c)
@@ -1525,10 +1559,67 @@ TEST pp_interleaved_gpt_equals_single_device(void)
                 snprintf(msg, sizeof msg, "GPT p %d v %d m %d", p, v, mm * p);
                 c.chunks = v, c.m = mm * p;
                 ASSERT_ENUM_EQm(msg, PDP_OK, pdp_launch(p, NULL, gpt_rank, &c), pdp_status_name);
-                for (s = 0; s < STEPS; s++) ASSERTm(msg, fabs(c.losses[s] - one.losses[s]) <= 1e-5);
+                for (s = 0; s < STEPS; s++)
+                    ASSERTm(msg, fabs(c.losses[0][s] - one.losses[0][s]) <= 1e-5);
                 for (s = 0; s < p; s++) ASSERTm(msg, c.worst[s] <= 1e-5);
             }
     pdp_model_free(ref);
+    PASS();
+}
+
+/* The interleaved schedule on tensor-parallel stages: the GPT of 4 blocks (2 heads, one a
+   TP rank; dropout 0.1) on 2 stages x 2 chunks, each stage 2 TP ranks (4 thread ranks),
+   m = 2 and 4, 3 AdamW steps with and without the pipeline's clipping at 0.5 (which counts
+   the TP slices on both TP ranks and the replicated tensors once); then DP x TP x PP =
+   2 x 2 x 2 on 8 thread ranks, each pipeline on half the batch. Equal to one device within
+   1e-5: the loss of every step, the norm before clipping, every rank's tensors by name (a
+   slice against its cut of the full tensor). The halves count as many labels: DP averages
+   the pipelines' means, as DDP does. */
+static enum greatest_test_res check_gpt_3d(gpt_case *c, const gpt_case *one, int ranks,
+                                           const char *msg)
+{
+    int s, r;
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(ranks, NULL, gpt_rank, c),
+                    pdp_status_name);
+    for (s = 0; s < STEPS; s++) {
+        ASSERT_IN_RANGEm(msg, one->losses[0][s], gpt_batch_loss(c, s), 1e-5);
+        if (!c->no_clip) ASSERT_IN_RANGEm(msg, one->norms[s], c->norms[s], 1e-5 * one->norms[s]);
+    }
+    for (r = 0; r < ranks; r++) {
+        ASSERTm(msg, c->worst[r] <= 1e-5);
+        ASSERT_EQm(msg, c->chunks, c->stats[r].chunks);
+    }
+    PASS();
+}
+
+TEST pp_interleaved_tp_gpt_equals_single_device(void)
+{
+    static gpt_case c, one[2];
+    pdp_model *ref[2] = {NULL, NULL};
+    char msg[96];
+    int clip, mm, i;
+    gpt_data(&c);
+    for (i = 0; i < GB * GT; i++) /* as many labels count in each half (DP averages means) */
+        c.tg[i] = i % 6 == 3 ? -1 : c.tg[i] < 0 ? 7 : c.tg[i];
+    c.layers = 4, c.steps = STEPS;
+    c.schedule = PDP_PP_INTERLEAVED_1F1B, c.chunks = 2, c.tp = 2;
+    for (clip = 0; clip <= 1; clip++) {
+        one[clip] = c;
+        one[clip].no_clip = !clip;
+        ASSERT_ENUM_EQ(PDP_OK, gpt_one(&one[clip], STEPS, &ref[clip]), pdp_status_name);
+        ASSERTm("clipping is active", !clip || one[clip].norms[0] > 0.5f);
+    }
+    for (clip = 0; clip <= 1; clip++)
+        for (mm = 2; mm <= 4; mm += 2) {
+            snprintf(msg, sizeof msg, "TP 2 x PP 2, v 2, m %d, %s", mm, clip ? "clipped"
+                                                                            : "no clipping");
+            c.m = mm, c.no_clip = !clip, c.ref = ref[clip];
+            CHECK_CALL(check_gpt_3d(&c, &one[clip], 4, msg));
+        }
+    c.dp = 2, c.m = 2, c.no_clip = false, c.ref = ref[1];
+    CHECK_CALL(check_gpt_3d(&c, &one[1], 8, "DP 2 x TP 2 x PP 2, v 2, m 2, clipped"));
+    pdp_model_free(ref[0]);
+    pdp_model_free(ref[1]);
     PASS();
 }
 
@@ -1677,6 +1768,7 @@ SUITE(pp)
     RUN_TEST(pp_interleaved_schedules_cannot_deadlock);
     RUN_TEST(pp_interleaved_lists_meet_the_bubble_formula);
     RUN_TEST(pp_interleaved_gpt_equals_single_device);
+    RUN_TEST(pp_interleaved_tp_gpt_equals_single_device);
     RUN_TEST(pp_interleaved_checkpoint_resumes_at_another_stage_count);
     RUN_TEST(pp_interleaved_errors);
     RUN_TEST(pp_interleaved_stats_format);
