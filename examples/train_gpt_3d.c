@@ -8,8 +8,8 @@
    0 first trains the same GPT on one device and prints both losses each step (exit status
    1 if they differ by more than 1e-5); then each rank's groups, layers, memory, the bytes
    it sent in the last step beside the formulas (b T C 4: one micro-batch's activation) and
-   its bubble beside pdp's formula and Megatron's. -schedule interleaved (-chunks V model
-   chunks a stage) runs without TP: pp.h's interleaved 1F1B takes no tensor-parallel stages.
+   its bubble beside pdp's formula and Megatron's. -schedule interleaved: -chunks V model
+   chunks a stage (each a TP-split piece with -tp 2).
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt_3d.c -o train_gpt_3d -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_gpt_3d.c -o gpt_3d_mpi -lm
@@ -110,7 +110,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     PDP_TRY(pdp_comm_split(ctx->world, d * tp + t, s, &pc)); /* same d, t: stage s is rank s */
     PDP_TRY(pdp_comm_split(ctx->world, s * tp + t, d, &dc)); /* same s, t */
     pdp_gpt_desc gd = g;
-    gd.tp = tp > 1 ? tc : NULL; /* (pp.h runs the interleaved schedule without TP only) */
+    gd.tp = tp > 1 ? tc : NULL;
     PDP_TRY(pdp_gpt_create(&full, &gd)); /* this TP rank's slices of every block */
     pdp_pp_desc pd = {.micro_batches = micro, .chunks = chunks, .dp = dc}; /* dc: DP x PP */
     pd.schedule = !strcmp(sched, "gpipe") ? PDP_PP_GPIPE
@@ -203,11 +203,6 @@ int main(int argc, char **argv)
     if (getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"))) steps = 3;
     PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
     PDP_CHECK(pdp_backend_from_name(backend, &ld.backend));
-    if (!strcmp(sched, "interleaved") && tp > 1) {
-        fprintf(stderr, "train_gpt_3d: -schedule interleaved -tp %d: pdp's interleaved 1F1B "
-                "does not run tensor-parallel stages (pp.h); use -tp 1 or -schedule 1f1b\n", tp);
-        return 1;
-    }
     g.seed = (uint64_t)seed;
     pdp_token_dataset_desc td = {.context = g.context, .seed = (uint64_t)seed,
                                  .max_tokens = 1 << 16};
