@@ -538,9 +538,10 @@ PDP__PRIVATE pdp_status pdp__pp_find_tied(pdp_pp *pp, const pdp_model *full, con
    in one model whose blocks hold every chunk's (the optimizer, clipping and checkpoints see
    one model, as with one chunk); each chunk's blocks become views into them. Its layers keep
    their indices into its own registry; they are not run (each chunk runs its own). With TP
-   layers it holds the stage's TP state and every chunk's TP layers use it: clipping reads
-   its communicator (pdp__grad_sumsq_range counts the slices as on one chunk), the width
-   check covers the whole stage, and pdp_tp_get_stats on pdp_pp_model sums the chunks. */
+   layers each chunk keeps its own TP state (its layers' and its width check's, pdp__model_
+   stage), and the stage model holds the TP group too, for clipping: pdp__grad_sumsq_range
+   counts its slices as on one chunk; pdp__pp_fold_tp_stats adds the chunks' counters to
+   its own after each pass, for pdp_tp_get_stats. */
 PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp)
 {
     pdp_model *r;
@@ -581,7 +582,7 @@ PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp)
                   (st = pdp__dev_memset0(r->device, r->grad_block,
                                          (size_t)count * sizeof(float))) != PDP_OK))
         return st;
-    if (c0->tp.comm) { /* PP x TP: one TP state, the stage's, for every chunk's TP layers */
+    if (c0->tp.comm) { /* PP x TP: the TP group, for clipping; no layer of its own runs */
         r->tp = c0->tp;
         r->tp.model = r;
         r->tp.nlayers = r->tp.checked = 0;
@@ -596,13 +597,11 @@ PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp)
         pdp_model *m = ck->m;
         for (i = 0; i < m->nlayers; i++) {
             pdp__layer *l = &r->layers[l0 + i];
-            if (m->layers[i].tp) m->layers[i].tp = &r->tp;
             *l = m->layers[i];
             l->param_first += ck->param0;
             l->residual_from += l0;
             if (pdp__model_flag(m, i, PDP__LAYER_TIED)) l->tied_param += ck->param0;
         }
-        r->tp.nlayers += m->tp.nlayers;
         for (i = 0; i < m->nparams; i++) {
             r->params[ck->param0 + i] = m->params[i];
             r->params[ck->param0 + i].offset += ck->off;
@@ -1024,6 +1023,31 @@ PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp)
     return pdp__dev_add(m->device, g, pp->tied_buf, e->count);
 }
 
+/* With chunks on TP stages: each chunk's TP counters of the pass added to the stage model's
+   (pdp_tp_get_stats(pdp_pp_model(pp)) reads them) and zeroed. */
+PDP__PRIVATE void pdp__pp_fold_tp_stats(pdp_pp *pp)
+{
+    pdp_tp_stats *t = &pp->m->tp.stats;
+    int c;
+    if (pp->v == 1 || !pp->m->tp.comm) return;
+    for (c = 0; c < pp->v; c++) {
+        pdp_tp_stats *s = &pp->ck[c].m->tp.stats;
+        t->forward_allreduces += s->forward_allreduces;
+        t->backward_allreduces += s->backward_allreduces;
+        t->forward_bytes += s->forward_bytes;
+        t->backward_bytes += s->backward_bytes;
+        t->bytes_sent += s->bytes_sent;
+        t->allreduce_s += s->allreduce_s;
+        t->allgathers += s->allgathers;
+        t->reduce_scatters += s->reduce_scatters;
+        t->allgather_bytes += s->allgather_bytes;
+        t->reduce_scatter_bytes += s->reduce_scatter_bytes;
+        t->grad_allreduces += s->grad_allreduces;
+        t->grad_bytes += s->grad_bytes;
+        memset(s, 0, sizeof *s);
+    }
+}
+
 /* Micro-batch sizes of a batch of rows rows (the first rows % m one larger). */
 PDP__PRIVATE pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows)
 {
@@ -1148,6 +1172,7 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
     if ((st = pdp_comm_barrier(pp->c, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: the closing barrier", fn, pp->c->rank);
     t1 = pdp__now();
+    pdp__pp_fold_tp_stats(pp);
     if ((st = pdp__pp_sum_tied(pp)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d (stage %d): the tied weight's gradients", fn,
                              pp->c->rank, pp->stage);

@@ -18,7 +18,10 @@
        group, tp.h) gives stages whose TP layers all-reduce on that group: PP x TP, and
        with desc.dp DP x TP x PP; its clipping counts each stage's slices on every TP
        rank and its replicated tensors once (every schedule: with chunks, each chunk of a
-       stage is a TP-split piece and the stage's TP layers share one TP state);
+       stage is a TP-split piece, and pdp_tp_get_stats on the stage model sums its chunks'
+       traffic). Sequence-parallel TP stages (pdp_gpt_desc.sequence_parallel) send what
+       their blocks hold, a TP rank's T / t positions, to the same TP rank of the next
+       stage: 1/t of the activation's bytes, no gather at the boundary;
      - stage boundaries are given (first_layer[s]) or balanced: by parameter count
        (default), by estimated work (each layer's forward + backward FLOPs per sample
        from its shapes, the same on every machine and run) or by time measured on rank

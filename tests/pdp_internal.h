@@ -8229,9 +8229,10 @@ PDP__PRIVATE pdp_status pdp__pp_find_tied(pdp_pp *pp, const pdp_model *full, con
    in one model whose blocks hold every chunk's (the optimizer, clipping and checkpoints see
    one model, as with one chunk); each chunk's blocks become views into them. Its layers keep
    their indices into its own registry; they are not run (each chunk runs its own). With TP
-   layers it holds the stage's TP state and every chunk's TP layers use it: clipping reads
-   its communicator (pdp__grad_sumsq_range counts the slices as on one chunk), the width
-   check covers the whole stage, and pdp_tp_get_stats on pdp_pp_model sums the chunks. */
+   layers each chunk keeps its own TP state (its layers' and its width check's, pdp__model_
+   stage), and the stage model holds the TP group too, for clipping: pdp__grad_sumsq_range
+   counts its slices as on one chunk; pdp__pp_fold_tp_stats adds the chunks' counters to
+   its own after each pass, for pdp_tp_get_stats. */
 PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp);
 
 /* PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c, const pdp_pp_desc *desc) */
@@ -8279,6 +8280,10 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
    receives, a + b on one side and b + a on the other, the same bits, so the two copies get
    the same update and stay equal (Megatron's all-reduce over the embedding group). */
 PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp);
+
+/* With chunks on TP stages: each chunk's TP counters of the pass added to the stage model's
+   (pdp_tp_get_stats(pdp_pp_model(pp)) reads them) and zeroed. */
+PDP__PRIVATE void pdp__pp_fold_tp_stats(pdp_pp *pp);
 
 /* Micro-batch sizes of a batch of rows rows (the first rows % m one larger). */
 PDP__PRIVATE pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows);

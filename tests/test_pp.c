@@ -1421,6 +1421,7 @@ typedef struct gpt_case {
     double worst[GMAXR];       /* max |pp - ref| over each rank's tensors, by name (a TP
                                   slice against its cut of the full tensor) */
     pdp_pp_stats stats[GMAXR];
+    pdp_tp_stats tps[GMAXR];   /* each rank's TP traffic over the run (pdp_pp_model's) */
 } gpt_case;
 
 /* steps AdamW steps of the GPT with clipping at 0.5 (unless no_clip) on one device (the
@@ -1498,6 +1499,7 @@ static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
         if (ctx->rank == 0) c->norms[s] = norm;
     }
     pdp_pp_get_stats(pp, &c->stats[ctx->rank]);
+    pdp_tp_get_stats(m, &c->tps[ctx->rank]);
     if (c->save && (st = pdp_pp_checkpoint_save(pp, o, c->save)) != PDP_OK) goto out;
     c->worst[ctx->rank] = 0.0;
     if (c->ref) st = fixture_worst_by_name(m, c->ref, &c->worst[ctx->rank]); /* the head's
@@ -1587,7 +1589,7 @@ static enum greatest_test_res check_gpt_3d(gpt_case *c, const gpt_case *one, int
     }
     for (r = 0; r < ranks; r++) {
         ASSERTm(msg, c->worst[r] <= 1e-5);
-        ASSERT_EQm(msg, c->chunks, c->stats[r].chunks);
+        ASSERT_EQm(msg, PDP__MAX(c->chunks, 1), c->stats[r].chunks);
     }
     PASS();
 }
@@ -1620,6 +1622,63 @@ TEST pp_interleaved_tp_gpt_equals_single_device(void)
     CHECK_CALL(check_gpt_3d(&c, &one[1], 8, "DP 2 x TP 2 x PP 2, v 2, m 2, clipped"));
     pdp_model_free(ref[0]);
     pdp_model_free(ref[1]);
+    PASS();
+}
+
+/* Sequence parallel stages (pdp_gpt_desc.sequence_parallel with TP 2): the blocks between
+   the embedding's scatter and the final LayerNorm's gather hold a rank's T / 2 positions,
+   and so does every activation a stage sends (and its gradient). TP 2 x PP 2, 1F1B and
+   interleaved (v 2), m 2 and 4, 3 AdamW steps clipped at 0.5: equal to one device within
+   1e-5 (losses, norms, tensors by name), and each stage sends, besides the tied weight's
+   gradient (V C floats, the first and last stage), half the bytes of the same pipeline
+   without SP in as many messages. The TP traffic an interleaved stage reports
+   (pdp_tp_get_stats on pdp_pp_model: its chunks' summed) adds up over the stages to
+   1F1B's. */
+static void tp_totals(const gpt_case *c, int ranks, int64_t *out)
+{
+    int r;
+    memset(out, 0, 4 * sizeof *out);
+    for (r = 0; r < ranks; r++) {
+        out[0] += c->tps[r].allgathers, out[1] += c->tps[r].reduce_scatters;
+        out[2] += c->tps[r].grad_allreduces, out[3] += c->tps[r].bytes_sent;
+    }
+}
+
+TEST pp_sequence_parallel_gpt_equals_single_device(void)
+{
+    static gpt_case c, one, plain;
+    pdp_model *ref = NULL;
+    char msg[96];
+    int v, mm, r;
+    int64_t tot[2][2][4]; /* [m / 2 - 1][v - 1]: tp_totals */
+    int64_t tied = 13 * 8 * (int64_t)sizeof(float); /* gpt_desc's V C */
+    gpt_data(&c);
+    c.layers = 4, c.steps = STEPS, c.tp = 2;
+    one = c;
+    ASSERT_ENUM_EQ(PDP_OK, gpt_one(&one, STEPS, &ref), pdp_status_name);
+    c.ref = ref;
+    for (v = 1; v <= 2; v++)
+        for (mm = 2; mm <= 4; mm += 2) {
+            snprintf(msg, sizeof msg, "SP, TP 2 x PP 2, %s, m %d", v > 1 ? "interleaved v 2"
+                                                                         : "1F1B", mm);
+            c.schedule = v > 1 ? PDP_PP_INTERLEAVED_1F1B : PDP_PP_1F1B;
+            c.chunks = v > 1 ? v : 0, c.m = mm;
+            plain = c; /* the same pipeline without SP */
+            c.sp = true;
+            CHECK_CALL(check_gpt_3d(&c, &one, 4, msg));
+            CHECK_CALL(check_gpt_3d(&plain, &one, 4, msg));
+            for (r = 0; r < 4; r++) {
+                ASSERT_EQm(msg, plain.stats[r].messages, c.stats[r].messages);
+                ASSERT_EQm(msg, (plain.stats[r].bytes_sent - tied) / 2,
+                           c.stats[r].bytes_sent - tied);
+            }
+            tp_totals(&c, 4, tot[mm / 2 - 1][v - 1]);
+            ASSERTm(msg, tot[mm / 2 - 1][v - 1][0] > 0 && tot[mm / 2 - 1][v - 1][2] > 0);
+            c.sp = false;
+        }
+    for (mm = 0; mm < 2; mm++)
+        for (r = 0; r < 4; r++) ASSERT_EQm("interleaved's TP traffic", tot[mm][0][r], tot[mm][1][r]);
+    pdp_model_free(ref);
     PASS();
 }
 
@@ -1769,6 +1828,7 @@ SUITE(pp)
     RUN_TEST(pp_interleaved_lists_meet_the_bubble_formula);
     RUN_TEST(pp_interleaved_gpt_equals_single_device);
     RUN_TEST(pp_interleaved_tp_gpt_equals_single_device);
+    RUN_TEST(pp_sequence_parallel_gpt_equals_single_device);
     RUN_TEST(pp_interleaved_checkpoint_resumes_at_another_stage_count);
     RUN_TEST(pp_interleaved_errors);
     RUN_TEST(pp_interleaved_stats_format);
