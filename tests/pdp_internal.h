@@ -8076,8 +8076,18 @@ PDP__PRIVATE pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const
    necessarily posted that receive. The runner's two waits were checked by a
    simulation of every rank (tests/test_pp.c, pp_interleaved_schedules_cannot_deadlock:
    p = 2..8, v = 1..4, m = p..4p, all complete) and the schedule runs in the tests on
-   thread ranks. NCCL matches by order and serialises a rank's messages on one stream,
-   which this argument does not cover: the interleaved schedule is refused there.
+   thread ranks.
+   NCCL matches a pair's messages by order, which is safe: for every pair of ranks the
+   sender's list posts its messages in the order the receiver's list posts their receives
+   (the k-th forward is the same micro-batch and chunk on every stage; the wrap from the
+   last stage to the first maps chunk c to c + 1, which keeps the order). But it also runs
+   a rank's messages one group after another on one stream, and a send completes only when
+   its receive runs: the interleaved list then deadlocks for m >= 2p (p = 2, v = 2, m = 4:
+   stage 0's B0c1 sends stage 1 a gradient that stage 1 receives for B0c0, a receive
+   queued behind stage 1's B1c1 send of a gradient to stage 0, whose receive, for stage
+   0's B1c1, is queued behind the first). The simulation under NCCL's rule (the same
+   test) finds it, and 1F1B and GPipe complete: the interleaved schedule is refused on
+   NCCL.
 
    Messages are started as soon as they are posted (pdp__pp_start): NCCL enqueues
    posted messages only at a wait or pdp_work_done (comm.h), so without it stage 0's

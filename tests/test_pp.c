@@ -1294,6 +1294,127 @@ static bool sim_pipeline(pdp_pp_schedule sched, int p, int v, int m, bool no_ext
     return true;
 }
 
+/* The same lists under NCCL's rules (comm.h): no tags, so a pair's messages match in the
+   order the sender posted them and the receiver posted its receives, and one stream per
+   rank: the messages the runner starts together (an action's send with the receive it
+   posted for the next action, or that receive alone) form a group that runs once the
+   rank's earlier groups are done and completes once each of its messages' other side is
+   running too (a send needs its receive). First: for every pair of ranks the k-th message
+   the sender's list sends the other is the k-th the receiver's list receives from it, so
+   in-order matching pairs the messages tags would (false otherwise). Then the runner: it
+   enqueues action 0's receive at once; before action k it waits for k's receive and the
+   send that last used k's send buffer, then enqueues k + 1's receive with k's send. True
+   when every rank finishes its list and every group completes. */
+enum { SIM_MSGS = 2 * SIM_M * SIM_P * SIM_V };
+
+static int sim_msg(const pdp__pp_action *a, int s, int p, int P, bool send)
+{
+    int q = a->chunk * p + s, j = a->mb;
+    if (a->kind == 'F' && (send ? q < P - 1 : q > 0))
+        return (0 * SIM_M + j) * (SIM_P * SIM_V) + (send ? q : q - 1);
+    if (a->kind == 'B' && (send ? q > 0 : q < P - 1))
+        return (1 * SIM_M + j) * (SIM_P * SIM_V) + (send ? q - 1 : q);
+    return -1;
+}
+
+static bool sim_nccl(pdp_pp_schedule sched, int p, int v, int m, bool *in_order)
+{
+    static pdp__pp_action acts[SIM_P][SIM_N];
+    static int grp[SIM_P][SIM_N + 1][2], gn[SIM_P][SIM_N + 1]; /* ops: 2 id + (1 if a send) */
+    static int last_f[SIM_P][SIM_V][SIM_M], last_b[SIM_P][SIM_V][2];
+    static int sidx[SIM_MSGS], ridx[SIM_MSGS];
+    static char sact[SIM_MSGS], ract[SIM_MSGS], done[SIM_MSGS];
+    int n[SIM_P], pc[SIM_P], phase[SIM_P], head[SIM_P], ng[SIM_P], next[SIM_P];
+    int slots[SIM_P][SIM_V], held[SIM_V], sent_to[SIM_P][SIM_P], got_from[SIM_P][SIM_P];
+    int s, k, c, i, P = p * v;
+    bool moved = true;
+    memset(sact, 0, sizeof sact), memset(ract, 0, sizeof ract), memset(done, 0, sizeof done);
+    memset(sent_to, 0, sizeof sent_to), memset(got_from, 0, sizeof got_from);
+    for (s = 0; s < p; s++) {
+        n[s] = pdp__pp_build(sched, p, v, m, s, acts[s]);
+        memset(held, 0, sizeof held);
+        memset(slots[s], 0, sizeof slots[s]);
+        for (k = 0; k < n[s]; k++) {
+            const pdp__pp_action *a = &acts[s][k];
+            int snd = sim_msg(a, s, p, P, true), rcv = sim_msg(a, s, p, P, false);
+            int up = (s + 1) % p, down = (s + p - 1) % p;
+            c = a->chunk;
+            held[c] += a->kind == 'F' ? 1 : -1;
+            slots[s][c] = PDP__MAX(slots[s][c], held[c]);
+            if (snd >= 0) sidx[snd] = sent_to[s][a->kind == 'F' ? up : down]++;
+            if (rcv >= 0) ridx[rcv] = got_from[s][a->kind == 'F' ? down : up]++;
+        }
+        pc[s] = phase[s] = head[s] = ng[s] = 0, next[s] = -1;
+        memset(last_f[s], -1, sizeof last_f[s]);
+        memset(last_b[s], -1, sizeof last_b[s]);
+    }
+    *in_order = true;
+    for (s = 0; s < p; s++)
+        for (k = 0; k < n[s]; k++) {
+            int snd = sim_msg(&acts[s][k], s, p, P, true);
+            if (snd >= 0 && sidx[snd] != ridx[snd]) *in_order = false;
+        }
+    while (moved) {
+        moved = false;
+        for (s = 0; s < p; s++) /* the streams: the running groups' messages */
+            for (i = 0; head[s] < ng[s] && i < gn[s][head[s]]; i++) {
+                int op = grp[s][head[s]][i];
+                if (op & 1) sact[op >> 1] = 1;
+                else ract[op >> 1] = 1;
+            }
+        for (s = 0; s < p; s++) {
+            bool all = head[s] < ng[s];
+            for (i = 0; head[s] < ng[s] && i < gn[s][head[s]]; i++) {
+                int id = grp[s][head[s]][i] >> 1;
+                if (sact[id] && ract[id]) done[id] = 1;
+                all = all && done[id];
+            }
+            if (all) head[s]++, moved = true;
+        }
+        for (s = 0; s < p; s++) /* the runner */
+            while (pc[s] < n[s]) {
+                const pdp__pp_action *a = &acts[s][pc[s]];
+                int rcv = sim_msg(a, s, p, P, false), snd = sim_msg(a, s, p, P, true), *w;
+                w = a->kind == 'F' ? &last_f[s][a->chunk][a->mb % slots[s][a->chunk]]
+                                   : &last_b[s][a->chunk][a->mb % 2];
+                if (phase[s] == 0) { /* action 0's receive (the others were posted before) */
+                    if (rcv >= 0 && next[s] != pc[s]) gn[s][ng[s]] = 1, grp[s][ng[s]++][0] = 2 * rcv;
+                    phase[s] = 1;
+                }
+                if (phase[s] == 1 && ((rcv >= 0 && !done[rcv]) || (*w >= 0 && !done[*w]))) break;
+                gn[s][ng[s]] = 0, next[s] = -1;
+                if (pc[s] + 1 < n[s] && (rcv = sim_msg(a + 1, s, p, P, false)) >= 0)
+                    grp[s][ng[s]][gn[s][ng[s]]++] = 2 * rcv, next[s] = pc[s] + 1;
+                if (snd >= 0) grp[s][ng[s]][gn[s][ng[s]]++] = 2 * snd + 1, *w = snd;
+                ng[s] += gn[s][ng[s]] > 0;
+                pc[s]++, phase[s] = 0, moved = true;
+            }
+    }
+    for (s = 0; s < p; s++)
+        if (pc[s] < n[s] || head[s] < ng[s]) return false;
+    return true;
+}
+
+/* Under NCCL's rules: in-order matching is safe for every list, and 1F1B and GPipe complete
+   on one stream a rank, but the interleaved lists with m >= 2p deadlock there (m = p
+   completes): why pdp_pp_create refuses PDP_PP_INTERLEAVED_1F1B on NCCL. */
+TEST pp_schedules_under_nccl_ordering(void)
+{
+    int p, v, mm;
+    bool in_order;
+    for (p = 2; p <= SIM_P; p++)
+        for (mm = 1; mm <= 4; mm++) {
+            ASSERT(sim_nccl(PDP_PP_1F1B, p, 1, mm * p, &in_order) && in_order);
+            ASSERT(sim_nccl(PDP_PP_GPIPE, p, 1, mm * p, &in_order) && in_order);
+            for (v = 2; v <= SIM_V; v++) {
+                bool ok = sim_nccl(PDP_PP_INTERLEAVED_1F1B, p, v, mm * p, &in_order);
+                ASSERT(in_order);
+                ASSERT_EQ(mm == 1, ok);
+            }
+        }
+    PASS();
+}
+
 TEST pp_interleaved_schedules_cannot_deadlock(void)
 {
     int p, v, mm, stuck = 0;
@@ -1825,6 +1946,7 @@ SUITE(pp)
     RUN_TEST(pp_interleaved_equals_single_device);
     RUN_TEST(pp_interleaved_schedule_lists);
     RUN_TEST(pp_interleaved_schedules_cannot_deadlock);
+    RUN_TEST(pp_schedules_under_nccl_ordering);
     RUN_TEST(pp_interleaved_lists_meet_the_bubble_formula);
     RUN_TEST(pp_interleaved_gpt_equals_single_device);
     RUN_TEST(pp_interleaved_tp_gpt_equals_single_device);
