@@ -28867,13 +28867,26 @@ PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, const bool *cut_ok, 
     return PDP_OK;
 }
 
-/* Forward + backward seconds of each layer of full (a copy of it) on rows samples. */
-PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, double *cost)
+/* The pipeline's own loss, softmax cross-entropy on the last stage, counts as part of the
+   last layer (pdp__pp_layer_costs, pdp__pp_time_layers): with a GPT's vocabulary it is a
+   real share of the step. Its classes, and its rows a sample (T of [T, V]). */
+PDP__PRIVATE int64_t pdp__pp_loss_rows(const pdp_model *full, int64_t *classes)
+{
+    const pdp__layer *l = &full->layers[full->nlayers - 1];
+    *classes = l->out_shape[l->out_ndim - 1];
+    return l->out_count / *classes;
+}
+
+/* Forward + backward seconds of each layer of full (a copy of it) on rows samples; with
+   loss, the cross-entropy's added to the last layer's. */
+PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, bool loss,
+                                            double *cost)
 {
     pdp_model *t = NULL;
     pdp_tensor *x = NULL, *dy = NULL;
     const pdp_tensor *y;
-    int64_t xs[4], ys[4], k;
+    int64_t xs[4], ys[4], k, classes, per = pdp__pp_loss_rows(full, &classes);
+    int32_t *labels = NULL;
     int d, rep, nd;
     pdp_status st;
     if ((st = pdp__model_clone(full, full->device, false, &t)) != PDP_OK) return st;
@@ -28893,17 +28906,35 @@ PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows,
         }
         for (k = 0; k < PDP__MAX(x->count, dy->count); k++)
             h[k] = (float)((k * 2654435761u) % 1000u) / 1000.0f - 0.5f;
-        if ((st = pdp_tensor_upload(x, h)) == PDP_OK) st = pdp_tensor_upload(dy, h);
+        if ((st = pdp_tensor_upload(dy, h)) == PDP_OK && full->in_dtype == PDP_DTYPE_I32) {
+            int32_t *ids = (int32_t *)(void *)h; /* a GPT's token ids: [0, vocab) */
+            for (k = 0; k < x->count; k++)
+                ids[k] = (int32_t)((k * 2654435761u) % (uint64_t)full->layers[0].vocab);
+            x->dtype = PDP_DTYPE_I32;
+        }
+        if (st == PDP_OK) st = pdp_tensor_upload(x, h);
         pdp__dealloc(h);
         if (st != PDP_OK) goto out;
     }
+    if (loss && !(labels = (int32_t *)pdp__alloc((size_t)(rows * per) * sizeof *labels))) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory");
+        goto out;
+    }
+    for (k = 0; loss && k < rows * per; k++) labels[k] = (int32_t)(k * 7 % classes);
     for (rep = 0; rep < 4; rep++) { /* the first is a warm-up */
+        double sum, t0;
         if (rep == 1) memset(cost, 0, (size_t)full->nlayers * sizeof *cost);
-        if ((st = pdp_model_forward(t, x, &y)) != PDP_OK ||
-            (st = pdp_model_backward(t, dy)) != PDP_OK)
+        if ((st = pdp_model_forward(t, x, &y)) != PDP_OK) goto out;
+        t0 = pdp__now(); /* the loss's gradient is the backward's dy */
+        if (loss && (st = pdp__cross_entropy_rows_on(full->device, y->data, labels, rows * per,
+                                                     classes, 1.0f / (float)(rows * per), &sum,
+                                                     dy->data, "pdp_pp_create")) != PDP_OK)
             goto out;
+        cost[full->nlayers - 1] += pdp__now() - t0;
+        if ((st = pdp_model_backward(t, dy)) != PDP_OK) goto out;
     }
 out:
+    pdp__dealloc(labels);
     t->layer_s = NULL;
     pdp_tensor_free(x);
     pdp_tensor_free(dy);
@@ -29050,9 +29081,13 @@ PDP__PRIVATE pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc
 }
 
 /* Each layer's cost for balancing: parameters, or estimated FLOPs per sample
-   (layers_table.c's estimate; layer 0 computes no input gradient). */
-PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how, double *cost)
+   (layers_table.c's estimate; layer 0 computes no input gradient; with loss, the
+   cross-entropy's 6 a logit on the last layer: its max, exp and sum, the gradient's
+   division and scale, a transcendental counted as one as there). */
+PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how, bool loss,
+                                      double *cost)
 {
+    int64_t classes, per = pdp__pp_loss_rows(full, &classes);
     int i, q;
     for (i = 0; i < full->nlayers; i++) {
         const pdp__layer *l = &full->layers[i];
@@ -29062,6 +29097,7 @@ PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how,
             for (q = l->param_first; q < l->param_first + l->nparams; q++)
                 cost[i] += (double)full->params[q].count;
     }
+    if (how == PDP_PP_BALANCE_WORK && loss) cost[full->nlayers - 1] += 6.0 * (double)(per * classes);
 }
 
 /* cut_ok[i]: a stage may start at layer i (i in [0, n]): not inside a residual region,
@@ -29104,9 +29140,10 @@ PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const c
         if (!cost) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
         if (pp->desc.balance == PDP_PP_BALANCE_TIME) {
             if (pp->stage == 0)
-                st = pdp__pp_time_layers(full, PDP__DEF(pp->desc.balance_batch, 32), cost);
+                st = pdp__pp_time_layers(full, PDP__DEF(pp->desc.balance_batch, 32),
+                                         !pp->desc.loss, cost);
         } else {
-            pdp__pp_layer_costs(full, pp->desc.balance, cost);
+            pdp__pp_layer_costs(full, pp->desc.balance, !pp->desc.loss, cost);
         }
         if (st == PDP_OK && (pp->stage == 0 || pp->desc.balance != PDP_PP_BALANCE_TIME)) {
             bool *cut_ok = (bool *)pdp__calloc(((size_t)n + 1) * sizeof *cut_ok);

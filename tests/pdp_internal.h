@@ -8178,8 +8178,15 @@ struct pdp_pp {
 PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, const bool *cut_ok, int n, int p,
                                         int *first);
 
-/* Forward + backward seconds of each layer of full (a copy of it) on rows samples. */
-PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, double *cost);
+/* The pipeline's own loss, softmax cross-entropy on the last stage, counts as part of the
+   last layer (pdp__pp_layer_costs, pdp__pp_time_layers): with a GPT's vocabulary it is a
+   real share of the step. Its classes, and its rows a sample (T of [T, V]). */
+PDP__PRIVATE int64_t pdp__pp_loss_rows(const pdp_model *full, int64_t *classes);
+
+/* Forward + backward seconds of each layer of full (a copy of it) on rows samples; with
+   loss, the cross-entropy's added to the last layer's. */
+PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, bool loss,
+                                            double *cost);
 
 /* ---- pp: schedules ---- */
 
@@ -8210,8 +8217,11 @@ PDP__PRIVATE pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc
                                               int p, const char *fn);
 
 /* Each layer's cost for balancing: parameters, or estimated FLOPs per sample
-   (layers_table.c's estimate; layer 0 computes no input gradient). */
-PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how, double *cost);
+   (layers_table.c's estimate; layer 0 computes no input gradient; with loss, the
+   cross-entropy's 6 a logit on the last layer: its max, exp and sum, the gradient's
+   division and scale, a transcendental counted as one as there). */
+PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how, bool loss,
+                                      double *cost);
 
 /* cut_ok[i]: a stage may start at layer i (i in [0, n]): not inside a residual region,
    whose skip cannot cross stages. */

@@ -776,6 +776,8 @@ TEST pp_balance_by_work(void)
         for (p = 2; p <= 4; p++) {
             ASSERT_ENUM_EQ(PDP_OK, build_model(&m, kind), pdp_status_name);
             for (i = 0; i < pdp_model_num_layers(m); i++) cost[i] = work_of(m, i);
+            if (kind != REG) /* the pipeline's cross-entropy: 6 a logit, on the last layer */
+                cost[i - 1] += 6.0 * (double)m->layers[i - 1].out_count;
             brute_split(cost, pdp_model_num_layers(m), p, want);
             pdp_model_free(m);
             memset(&k, 0, sizeof k);
@@ -802,7 +804,8 @@ TEST pp_balance_by_work(void)
         }
         ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 10), pdp_status_name);
         for (i = 0; i < pdp_model_num_layers(m); i++) cost[i] = work_of(m, i);
-        pdp__pp_layer_costs(m, PDP_PP_BALANCE_WORK, lib); /* the library's own costs */
+        cost[i - 1] += 6.0 * 10; /* the cross-entropy's 6 a logit */
+        pdp__pp_layer_costs(m, PDP_PP_BALANCE_WORK, true, lib); /* the library's own costs */
         for (i = 0; i < pdp_model_num_layers(m); i++) ASSERT_EQ(cost[i], lib[i]);
         ASSERT_ENUM_EQ(PDP_OK, pdp__pp_balance(cost, NULL, pdp_model_num_layers(m), p, first),
                        pdp_status_name);
@@ -1535,6 +1538,8 @@ typedef struct gpt_case {
     bool sp;                   /* sequence parallel stages (with tp) */
     bool no_clip;              /* no clipping (else pdp_pp_clip_grad_norm at 0.5 every step) */
     pdp_pp_schedule schedule;
+    pdp_pp_balance balance;
+    int first[2 * GMAXR];      /* the split in use (pdp_pp_get_desc), rank 0's */
     const char *load, *save;   /* checkpoints: load before training, save after */
     const pdp_model *ref;      /* NULL: no comparison */
     float losses[2][STEPS];    /* each pipeline's mean loss, from its last stage */
@@ -1602,6 +1607,7 @@ static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
     pd.chunks = c->chunks;
     pd.micro_batches = c->m;
     pd.dp = dp > 1 ? dc : NULL;
+    pd.balance = c->balance;
     d.tp = tp > 1 ? tc : NULL;
     d.sequence_parallel = c->sp;
     if ((st = pdp_gpt_create(&full, &d)) != PDP_OK ||
@@ -1621,6 +1627,8 @@ static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
     }
     pdp_pp_get_stats(pp, &c->stats[ctx->rank]);
     pdp_tp_get_stats(m, &c->tps[ctx->rank]);
+    if (ctx->rank == 0) memcpy(c->first, pdp_pp_get_desc(pp).first_layer, (size_t)(p *
+                               PDP__MAX(c->chunks, 1)) * sizeof *c->first);
     if (c->save && (st = pdp_pp_checkpoint_save(pp, o, c->save)) != PDP_OK) goto out;
     c->worst[ctx->rank] = 0.0;
     if (c->ref) st = fixture_worst_by_name(m, c->ref, &c->worst[ctx->rank]); /* the head's
@@ -1803,6 +1811,37 @@ TEST pp_sequence_parallel_gpt_equals_single_device(void)
     PASS();
 }
 
+/* A GPT's stages balanced by measured time (stage 0 times each layer forward and backward
+   on token ids, and the cross-entropy with the last) and by estimated work: each split
+   trains as one device does (2 stages, 1F1B, m 2 and interleaved v 2, m 2), and each
+   starts a stage between residual regions. */
+TEST pp_gpt_balanced_by_time_and_work(void)
+{
+    static gpt_case c, one;
+    pdp_model *ref = NULL;
+    char msg[96];
+    int b, v, s;
+    gpt_data(&c);
+    c.layers = 4, c.steps = STEPS, c.m = 2;
+    one = c;
+    ASSERT_ENUM_EQ(PDP_OK, gpt_one(&one, STEPS, &ref), pdp_status_name);
+    c.ref = ref;
+    for (b = 0; b < 2; b++)
+        for (v = 1; v <= 2; v++) {
+            snprintf(msg, sizeof msg, "GPT by %s, %s", b ? "work" : "time",
+                     v > 1 ? "interleaved v 2" : "1F1B");
+            c.balance = b ? PDP_PP_BALANCE_WORK : PDP_PP_BALANCE_TIME;
+            c.schedule = v > 1 ? PDP_PP_INTERLEAVED_1F1B : PDP_PP_1F1B;
+            c.chunks = v > 1 ? v : 0;
+            CHECK_CALL(check_gpt_3d(&c, &one, 2, msg));
+            for (s = 1; s < 2 * v; s++) /* after a ResidualAdd, or the embedding's output */
+                ASSERTm(msg, strcmp(pdp_model_layer_name(ref, c.first[s] - 1), "ResidualAdd") ==
+                                 0 || c.first[s] == 1);
+        }
+    pdp_model_free(ref);
+    PASS();
+}
+
 /* Checkpoints across an interleaved pipeline: 2 stages x 2 chunks train 2 steps and save the
    full model's file; one device loads it and holds the single-device run's parameters; 3
    stages x 2 chunks load it and resume, and 3 stages of 1F1B too: after one more step each
@@ -1951,6 +1990,7 @@ SUITE(pp)
     RUN_TEST(pp_interleaved_gpt_equals_single_device);
     RUN_TEST(pp_interleaved_tp_gpt_equals_single_device);
     RUN_TEST(pp_sequence_parallel_gpt_equals_single_device);
+    RUN_TEST(pp_gpt_balanced_by_time_and_work);
     RUN_TEST(pp_interleaved_checkpoint_resumes_at_another_stage_count);
     RUN_TEST(pp_interleaved_errors);
     RUN_TEST(pp_interleaved_stats_format);
