@@ -525,6 +525,24 @@ PDP__PRIVATE pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn)
     return st;
 }
 
+/* A split by time is stage 0's measurement of one pipeline; the other pipelines and the
+   other TP ranks measured their own, and every copy of a stage must hold the same layers:
+   all take TP rank 0's (after the pipelines agreed), then dp rank 0's, so every rank holds
+   the split of pipeline 0's TP rank 0. */
+PDP__PRIVATE pdp_status pdp__pp_agree_timed(pdp_pp *pp, const pdp_model *full, const char *fn)
+{
+    size_t bytes = (size_t)(pp->pieces + 1) * sizeof *pp->first;
+    pdp_status st = PDP_OK;
+    if (pp->desc.first_layer || pp->desc.balance != PDP_PP_BALANCE_TIME) return PDP_OK;
+    if (full->tp.comm && full->tp.size > 1 &&
+        (st = pdp_comm_broadcast_bytes(full->tp.comm, pp->first, bytes, 0)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: the split over TP", fn, pp->stage);
+    if (pp->dp && pp->dp->size > 1 &&
+        (st = pdp_comm_broadcast_bytes(pp->dp, pp->first, bytes, 0)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: the split over dp", fn, pp->stage);
+    return PDP_OK;
+}
+
 PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp)
 {
     pdp_pp_desc d;
@@ -713,7 +731,8 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", fn, pp->stage);
         goto fail;
     }
-    if ((st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK)
+    if ((st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK ||
+        (st = pdp__pp_agree_timed(pp, full, fn)) != PDP_OK)
         goto fail;
     agreed = true; /* past the split's collectives: a failure from here on is agreed */
     pp->acts = (pdp__pp_action *)pdp__calloc((size_t)(2 * pp->mb * pp->v) * sizeof *pp->acts);

@@ -130,7 +130,9 @@ typedef enum pdp_pp_schedule {
    (so an activation stays with the Linear before it). */
 typedef enum pdp_pp_balance {
     PDP_PP_BALANCE_PARAMS = 0, /* default: parameter counts */
-    PDP_PP_BALANCE_TIME = 1,   /* forward + backward time per layer, measured on rank 0 */
+    PDP_PP_BALANCE_TIME = 1,   /* forward + backward time per layer (and the pipeline's
+                                  cross-entropy with the last), measured by stage 0; with TP
+                                  or desc.dp, pipeline 0's TP rank 0's split on every rank */
     PDP_PP_BALANCE_WORK = 2    /* forward + backward FLOPs per sample, estimated from each
                                   layer's shapes (a GEMM counts 2 k n a row; the first layer
                                   computes no input gradient): deterministic */

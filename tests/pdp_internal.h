@@ -8235,6 +8235,12 @@ PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const c
    time: takes rank 0's split). */
 PDP__PRIVATE pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn);
 
+/* A split by time is stage 0's measurement of one pipeline; the other pipelines and the
+   other TP ranks measured their own, and every copy of a stage must hold the same layers:
+   all take TP rank 0's (after the pipelines agreed), then dp rank 0's, so every rank holds
+   the split of pipeline 0's TP rank 0. */
+PDP__PRIVATE pdp_status pdp__pp_agree_timed(pdp_pp *pp, const pdp_model *full, const char *fn);
+
 /* PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp) */
 
 /* The piece holding layer i. */

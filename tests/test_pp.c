@@ -1539,7 +1539,7 @@ typedef struct gpt_case {
     bool no_clip;              /* no clipping (else pdp_pp_clip_grad_norm at 0.5 every step) */
     pdp_pp_schedule schedule;
     pdp_pp_balance balance;
-    int first[2 * GMAXR];      /* the split in use (pdp_pp_get_desc), rank 0's */
+    int first[GMAXR][2 * GMAXR]; /* each rank's split in use (pdp_pp_get_desc) */
     const char *load, *save;   /* checkpoints: load before training, save after */
     const pdp_model *ref;      /* NULL: no comparison */
     float losses[2][STEPS];    /* each pipeline's mean loss, from its last stage */
@@ -1627,8 +1627,8 @@ static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
     }
     pdp_pp_get_stats(pp, &c->stats[ctx->rank]);
     pdp_tp_get_stats(m, &c->tps[ctx->rank]);
-    if (ctx->rank == 0) memcpy(c->first, pdp_pp_get_desc(pp).first_layer, (size_t)(p *
-                               PDP__MAX(c->chunks, 1)) * sizeof *c->first);
+    memcpy(c->first[ctx->rank], pdp_pp_get_desc(pp).first_layer,
+           (size_t)(p * PDP__MAX(c->chunks, 1)) * sizeof **c->first);
     if (c->save && (st = pdp_pp_checkpoint_save(pp, o, c->save)) != PDP_OK) goto out;
     c->worst[ctx->rank] = 0.0;
     if (c->ref) st = fixture_worst_by_name(m, c->ref, &c->worst[ctx->rank]); /* the head's
@@ -1820,7 +1820,7 @@ TEST pp_gpt_balanced_by_time_and_work(void)
     static gpt_case c, one;
     pdp_model *ref = NULL;
     char msg[96];
-    int b, v, s;
+    int b, v, s, i;
     gpt_data(&c);
     c.layers = 4, c.steps = STEPS, c.m = 2;
     one = c;
@@ -1835,9 +1835,21 @@ TEST pp_gpt_balanced_by_time_and_work(void)
             c.chunks = v > 1 ? v : 0;
             CHECK_CALL(check_gpt_3d(&c, &one, 2, msg));
             for (s = 1; s < 2 * v; s++) /* after a ResidualAdd, or the embedding's output */
-                ASSERTm(msg, strcmp(pdp_model_layer_name(ref, c.first[s] - 1), "ResidualAdd") ==
-                                 0 || c.first[s] == 1);
+                ASSERTm(msg, strcmp(pdp_model_layer_name(ref, c.first[0][s] - 1),
+                                    "ResidualAdd") == 0 || c.first[0][s] == 1);
         }
+    /* DP x TP x PP = 2 x 2 x 2 by time: four stage 0s measure, and every rank must take one
+       split (a TP pair or two pipelines holding different layers would not train at all) */
+    c.balance = PDP_PP_BALANCE_TIME, c.tp = 2, c.dp = 2;
+    for (i = 0; i < GB * GT; i++) /* as many labels count in each half (DP averages means) */
+        c.tg[i] = i % 6 == 3 ? -1 : c.tg[i] < 0 ? 7 : c.tg[i];
+    one = c;
+    pdp_model_free(ref);
+    ASSERT_ENUM_EQ(PDP_OK, gpt_one(&one, STEPS, &ref), pdp_status_name);
+    c.ref = ref;
+    CHECK_CALL(check_gpt_3d(&c, &one, 8, "2 x 2 x 2 by time, interleaved v 2"));
+    for (i = 1; i < 8; i++)
+        for (s = 0; s < 4; s++) ASSERT_EQm("one split on every rank", c.first[0][s], c.first[i][s]);
     pdp_model_free(ref);
     PASS();
 }
