@@ -468,14 +468,18 @@
    sits on chunk 0 of stage 0 and its copy on the last chunk of stage p - 1. It sends
    2 m (p v - 1) messages a pass instead of 2 m (p - 1) (activations also go from the last
    stage back to the first) and holds more micro-batch chunks on the early stages; local and
-   MPI only (refused on NCCL), not with TP layers. Tested equal to one device within 1e-5
-   (p = 2, 3, v = 2, 3, m = p, 2p, an MLP and the GPT, dropout on; checkpoints resumed at
-   another stage count) and deadlock-free by a replay of the runner's waits (p = 2..8,
-   v = 1..4, m = p..4p). The loss (cross-entropy, or desc.loss) is on the last
+   MPI only (refused on NCCL, where one stream a rank can queue two stages' sends ahead of
+   the receives they wait for: a simulation under NCCL's rules finds it for m >= 2p). Tested
+   equal to one device within 1e-5 (p = 2, 3, v = 2, 3, m = p, 2p, an MLP and the GPT,
+   dropout on; TP 2 stages, with and without clipping, and DP x TP x PP 2 x 2 x 2;
+   checkpoints resumed at another stage count) and deadlock-free by a replay of the
+   runner's waits (p = 2..8, v = 1..4, m = p..4p). The loss (cross-entropy, or desc.loss) is on the last
    stage; gradients are scaled so that a step equals one device on the whole batch
    (tested at 1e-5, p = 1..4, thread ranks and MPI). pdp_pp_get_stats gives each
    stage's bubble beside (p-1)/(v m+p-1) (v = 1 but interleaved), the formula for pieces of
-   equal time (stages balanced by parameter count may be far from it: balance by work),
+   equal time (stages balanced by parameter count may be far from it: balance by work or,
+   closer, by time; both count the pipeline's cross-entropy with the last layer, which on a
+   GPT's vocabulary is a real share of the step),
    with Megatron's (p-1)/(v m) (idle over the ideal step, not over the whole step) beside
    it, its peak activation memory and its messages; pdp_pp_stats_format prints them as one
    line; PDP_TRACE draws one lane per stage with F<i>/B<i> events (F<i>c<c> interleaved). Clip with
@@ -496,8 +500,10 @@
    communicator from pdp_comm_split, averages each stage's gradients once per step.
    PP x TP: build the TP model on the TP group and give it to pdp_pp_create on the pipeline
    group (each stage's TP layers keep the TP group; pdp_pp_clip_grad_norm counts slices as
-   pdp_clip_grad_norm does); with desc.dp too, DP x TP x PP. Its checkpoints are not built
-   yet (pdp_pp_checkpoint_save/load refuse a TP stage).
+   pdp_clip_grad_norm does), with every schedule; with desc.dp too, DP x TP x PP. With
+   sequence parallelism (pdp_gpt_desc.sequence_parallel) a stage sends the next one its TP
+   rank's T / t positions (1/t of the bytes). Its checkpoints are not built yet
+   (pdp_pp_checkpoint_save/load refuse a TP stage).
        int t = rank % 2, s = rank / 2 % 2, d = rank / 4;      // 2 x 2 x 2: TP innermost
        pdp_comm *pp_comm = NULL;
        CHECK(pdp_comm_split(comm, d * 2 + s, t, &tp_comm));   // same d, s: a stage's TP group
@@ -516,7 +522,7 @@
    each rank's groups, memory and these bytes beside the formulas (equal on 2 x 2 x 2), its
    bubble beside pdp's and Megatron's formulas, and its loss beside one device's (within
    1e-5, on thread ranks and under mpirun -np 8: make mpi-test holds the MPI run's losses to
-   the local run's). The interleaved schedule does not take TP stages (above).
+   the local run's), with every schedule (-schedule interleaved -tp 2 too).
 
    Wrapped models: while DataParallel, DDP, ZeRO or a pipeline holds a model, adding
    layers (and pdp_model_set_tp) fails with PDP_ERR_STATE naming the call and the
@@ -3195,8 +3201,9 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
 
    Backends: local (thread ranks), MPI (processes) and NCCL (a GPU per stage: thread
    ranks from pdp_nccl_group_create, or processes), with the same arithmetic (the
-   interleaved schedule: local and MPI only): GPipe and 1F1B over 2-4 GPUs equal the single-device model (tested on the CUDA
-   emulation, tests/test_cuda.c). What NCCL changes:
+   interleaved schedule: local and MPI only; pp.c's opening comment says why): GPipe and
+   1F1B over 2-4 GPUs equal the single-device model (tested on the CUDA emulation,
+   tests/test_cuda.c). What NCCL changes:
      - x is device memory of stage 0's GPU (labels stay on the host); activations and
        gradients travel GPU to GPU;
      - NCCL has no tags and enqueues posted messages only at a wait or pdp_work_done

@@ -90,8 +90,9 @@
 
    Backends: local (thread ranks), MPI (processes) and NCCL (a GPU per stage: thread
    ranks from pdp_nccl_group_create, or processes), with the same arithmetic (the
-   interleaved schedule: local and MPI only): GPipe and 1F1B over 2-4 GPUs equal the single-device model (tested on the CUDA
-   emulation, tests/test_cuda.c). What NCCL changes:
+   interleaved schedule: local and MPI only; pp.c's opening comment says why): GPipe and
+   1F1B over 2-4 GPUs equal the single-device model (tested on the CUDA emulation,
+   tests/test_cuda.c). What NCCL changes:
      - x is device memory of stage 0's GPU (labels stay on the host); activations and
        gradients travel GPU to GPU;
      - NCCL has no tags and enqueues posted messages only at a wait or pdp_work_done
