@@ -7,7 +7,7 @@
    gradients averaged). Pipeline d trains on its 1/dp of each global batch; AdamW, clipping
    to norm 1 over all three. Rank 0 first trains the same GPT on one device: both losses each
    step (exit status 1 if they differ by more than 1e-5); then each rank's groups, layers,
-   memory, bytes sent in the last step beside the formulas (b T C 4: one micro-batch's
+   memory, bytes sent a step beside the formulas (b T C 4: one micro-batch's
    activation) and bubble beside pdp's formula and Megatron's.
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt_3d.c -o train_gpt_3d -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_gpt_3d.c -o gpt_3d_mpi -lm
@@ -86,10 +86,11 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_tensor xt;
     pdp_tp_stats ts;
     pdp_pp_stats ps;
-    pdp_comm_stats before, after;
+    pdp_comm_stats dp0, dp1;
     double worst = 0, P;
     char text[1024];
-    if (!x || user) return PDP_ERR_OUT_OF_MEMORY;
+    (void)user;
+    if (!x) return PDP_ERR_OUT_OF_MEMORY;
     if (ctx->world_size != dp * tp * pp) { /* mpirun -np N */
         if (r == 0) fprintf(stderr, "train_gpt_3d: %d ranks, but -dp %d -tp %d -pp %d make %d\n",
                             ctx->world_size, dp, tp, pp, dp * tp * pp);
@@ -110,24 +111,21 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     PDP_TRY(pdp_gpt_create(&full, &gd)); /* this TP rank's slices of every block */
     pdp_pp_desc pd = {.micro_batches = micro, .chunks = chunks, .dp = dc, /* dc: DP x PP */
                       .balance = PDP_PP_BALANCE_TIME, /* the layers and the loss, timed */
-                      .schedule = !strcmp(sched, "gpipe")  ? PDP_PP_GPIPE
-                                  : !strcmp(sched, "1f1b") ? PDP_PP_1F1B
-                                                           : PDP_PP_INTERLEAVED_1F1B};
+                      .schedule = *sched == 'g' ? PDP_PP_GPIPE : *sched == '1' ? PDP_PP_1F1B
+                                                                               : PDP_PP_INTERLEAVED_1F1B};
     PDP_TRY(pdp_pp_create(&p, full, pc, &pd)); /* keeps this stage's blocks */
     pdp_model_free(full);
     m = pdp_pp_model(p);
     PDP_TRY(pdp_optim_create(&o, m, &od));
     pdp_tensor_wrap_ids(x + d * (B / dp) * g.context, pdp_cpu(), 2,
                         (int64_t[]){B / dp, g.context}, &xt);
+    pdp_comm_get_stats(dc, &dp0); /* after pdp_pp_create's broadcast over DP */
     for (int i = 0; i < steps; i++) {
         float loss;
         PDP_TRY(batch(i, B, x, y)); /* pipeline d takes rows [d B/dp, (d+1) B/dp) */
-        pdp_tp_reset_stats(m);
-        pdp_comm_get_stats(dc, &before);
         PDP_TRY(pdp_pp_forward_backward(p, &xt, y + d * (B / dp) * g.context, &loss));
         PDP_TRY(pdp_pp_clip_grad_norm(p, 1.0f, NULL)); /* over DP, TP and PP */
         PDP_TRY(pdp_pp_step(p, o));
-        pdp_comm_get_stats(dc, &after);
         /* the last stages' means (of equal label counts), averaged: the global batch's */
         loss = s == pp - 1 && t == 0 ? loss / dp : 0;
         PDP_TRY(pdp_comm_allreduce(ctx->world, &loss, 1, PDP_REDUCE_SUM, NULL));
@@ -141,7 +139,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         printf("%s to one device within 1e-05 (largest difference %.1e over %d steps)\n",
                bad ? "NOT EQUAL" : "equal", worst, steps);
     }
-    pdp_tp_get_stats(m, &ts);
+    pdp_tp_get_stats(m, &ts); /* every step sends the same: the run's totals / steps */
+    pdp_comm_get_stats(dc, &dp1);
     pdp_pp_get_stats(p, &ps);
     for (int i = 0; i < pdp_model_num_layers(m); i++) /* the TP regions: attentions, MLPs */
         R += !strcmp(pdp_model_layer_name(m, i), "ColumnParallelLinear");
@@ -160,15 +159,15 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
             tied = pp > 1 && (s == 0 || s == pp - 1) ? g.vocab * g.dim * 4 : 0;
     P = (double)pdp_model_param_count(m);
     snprintf(text + n, sizeof text - n, "\n  memory, MB: parameters %.2f  gradients %.2f  AdamW "
-             "state %.2f  activations %.2f (peak)\n  sent last step, bytes: TP %lld (2(t-1)/t x 2 "
+             "state %.2f  activations %.2f (peak)\n  sent a step, bytes: TP %lld (2(t-1)/t x 2 "
              "m R b T C 4 = %.0f, R = %d TP regions)\n    PP %lld in %lld messages (m (2v - [s=0] -"
              " [s=p-1]) = %lld, x b T C 4 + V C 4 tied = %lld)\n    DP %lld (2(d-1)/d x 4 params "
              "= %.0f)\n  bubble %.3f measured over %d steps; pdp's (p-1)/(v m+p-1) = %.3f, "
              "Megatron's (p-1)/(v m) = %.3f\n", 4 * P / 1e6, 4 * P / 1e6, 8 * P / 1e6,
-             ps.peak_activation_bytes / 1e6, (long long)ts.bytes_sent,
+             ps.peak_activation_bytes / 1e6, (long long)ts.bytes_sent / steps,
              2.0 * (tp - 1) / tp * 2 * ps.micro_batches * R * act, R, (long long)ps.bytes_sent,
              (long long)ps.messages, (long long)msgs, (long long)(msgs * act + tied),
-             (long long)(after.bytes_sent - before.bytes_sent), 2.0 * (dp - 1) / dp * 4 * P,
+             (long long)(dp1.bytes_sent - dp0.bytes_sent) / steps, 2.0 * (dp - 1) / dp * 4 * P,
              1 - ps.total_compute_s / ps.total_step_s, steps, ps.bubble_theory, ps.bubble_megatron);
     PDP_TRY(pdp_print_by_rank(ctx->world, "%s", text)); /* rank 0 prints all, in order */
     if (r == 0 && sysconf(_SC_NPROCESSORS_ONLN) < ctx->world_size)
