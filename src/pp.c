@@ -229,7 +229,7 @@ PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows,
         if ((st = pdp_tensor_upload(dy, h)) == PDP_OK && full->in_dtype == PDP_DTYPE_I32) {
             int32_t *ids = (int32_t *)(void *)h; /* a GPT's token ids: [0, vocab) */
             for (k = 0; k < x->count; k++)
-                ids[k] = (int32_t)((k * 2654435761u) % (uint64_t)full->layers[0].vocab);
+                ids[k] = (int32_t)((k * 2654435761u) % full->layers[0].vocab);
             x->dtype = PDP_DTYPE_I32;
         }
         if (st == PDP_OK) st = pdp_tensor_upload(x, h);
