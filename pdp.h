@@ -3196,8 +3196,9 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
    (p - 1) / (v m + p - 1) for equal pieces (v = 1 but for the interleaved schedule),
    with Megatron's figure (p - 1) / (v m), the bubble's time over the ideal step
    rather than over the whole step, beside it; the most micro-batches whose
-   activations the stage held at once and their bytes; the messages it sent. PDP_TRACE=out.json draws the schedule:
-   one lane per stage ("pipeline stage s"), one event per action ("F3", "B3").
+   activations the stage held at once and their bytes; the messages it sent.
+   PDP_TRACE=out.json draws the schedule: one lane per stage ("pipeline stage s"), one
+   event per action ("F3", "B3").
 
    Backends: local (thread ranks), MPI (processes) and NCCL (a GPU per stage: thread
    ranks from pdp_nccl_group_create, or processes), with the same arithmetic (the
@@ -29106,7 +29107,8 @@ PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how,
             for (q = l->param_first; q < l->param_first + l->nparams; q++)
                 cost[i] += (double)full->params[q].count;
     }
-    if (how == PDP_PP_BALANCE_WORK && loss) cost[full->nlayers - 1] += 6.0 * (double)(per * classes);
+    if (how == PDP_PP_BALANCE_WORK && loss)
+        cost[full->nlayers - 1] += 6.0 * (double)(per * classes);
 }
 
 /* cut_ok[i]: a stage may start at layer i (i in [0, n]): not inside a residual region,
@@ -29745,9 +29747,10 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
 }
 
 /* A weight tied across two stages (a GPT's wte: the embedding's on stage 0, chunk 0, the
-   head's copy on the last, its last chunk): each stage sends its gradient of it to the other and adds the one it
-   receives, a + b on one side and b + a on the other, the same bits, so the two copies get
-   the same update and stay equal (Megatron's all-reduce over the embedding group). */
+   head's copy on the last, its last chunk): each stage sends its gradient of it to the
+   other and adds the one it receives, a + b on one side and b + a on the other, the same
+   bits, so the two copies get the same update and stay equal (Megatron's all-reduce over
+   the embedding group). */
 PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp)
 {
     pdp_model *m = pp->m;

@@ -111,8 +111,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     PDP_TRY(pdp_gpt_create(&full, &gd)); /* this TP rank's slices of every block */
     pdp_pp_desc pd = {.micro_batches = micro, .chunks = chunks, .dp = dc, /* dc: DP x PP */
                       .balance = PDP_PP_BALANCE_TIME, /* the layers and the loss, timed */
-                      .schedule = *sched == 'g' ? PDP_PP_GPIPE : *sched == '1' ? PDP_PP_1F1B
-                                                                               : PDP_PP_INTERLEAVED_1F1B};
+                      .schedule = *sched == 'g'   ? PDP_PP_GPIPE /* gpipe, 1f1b, interleaved */
+                                  : *sched == '1' ? PDP_PP_1F1B : PDP_PP_INTERLEAVED_1F1B};
     PDP_TRY(pdp_pp_create(&p, full, pc, &pd)); /* keeps this stage's blocks */
     pdp_model_free(full);
     m = pdp_pp_model(p);

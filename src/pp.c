@@ -417,7 +417,8 @@ PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how,
             for (q = l->param_first; q < l->param_first + l->nparams; q++)
                 cost[i] += (double)full->params[q].count;
     }
-    if (how == PDP_PP_BALANCE_WORK && loss) cost[full->nlayers - 1] += 6.0 * (double)(per * classes);
+    if (how == PDP_PP_BALANCE_WORK && loss)
+        cost[full->nlayers - 1] += 6.0 * (double)(per * classes);
 }
 
 /* cut_ok[i]: a stage may start at layer i (i in [0, n]): not inside a residual region,
@@ -1056,9 +1057,10 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
 }
 
 /* A weight tied across two stages (a GPT's wte: the embedding's on stage 0, chunk 0, the
-   head's copy on the last, its last chunk): each stage sends its gradient of it to the other and adds the one it
-   receives, a + b on one side and b + a on the other, the same bits, so the two copies get
-   the same update and stay equal (Megatron's all-reduce over the embedding group). */
+   head's copy on the last, its last chunk): each stage sends its gradient of it to the
+   other and adds the one it receives, a + b on one side and b + a on the other, the same
+   bits, so the two copies get the same update and stay equal (Megatron's all-reduce over
+   the embedding group). */
 PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp)
 {
     pdp_model *m = pp->m;

@@ -85,8 +85,9 @@
    (p - 1) / (v m + p - 1) for equal pieces (v = 1 but for the interleaved schedule),
    with Megatron's figure (p - 1) / (v m), the bubble's time over the ideal step
    rather than over the whole step, beside it; the most micro-batches whose
-   activations the stage held at once and their bytes; the messages it sent. PDP_TRACE=out.json draws the schedule:
-   one lane per stage ("pipeline stage s"), one event per action ("F3", "B3").
+   activations the stage held at once and their bytes; the messages it sent.
+   PDP_TRACE=out.json draws the schedule: one lane per stage ("pipeline stage s"), one
+   event per action ("F3", "B3").
 
    Backends: local (thread ranks), MPI (processes) and NCCL (a GPU per stage: thread
    ranks from pdp_nccl_group_create, or processes), with the same arithmetic (the

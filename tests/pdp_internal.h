@@ -8302,9 +8302,10 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
                                          int k, double *loss_sum);
 
 /* A weight tied across two stages (a GPT's wte: the embedding's on stage 0, chunk 0, the
-   head's copy on the last, its last chunk): each stage sends its gradient of it to the other and adds the one it
-   receives, a + b on one side and b + a on the other, the same bits, so the two copies get
-   the same update and stay equal (Megatron's all-reduce over the embedding group). */
+   head's copy on the last, its last chunk): each stage sends its gradient of it to the
+   other and adds the one it receives, a + b on one side and b + a on the other, the same
+   bits, so the two copies get the same update and stay equal (Megatron's all-reduce over
+   the embedding group). */
 PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp);
 
 /* With chunks on TP stages: each chunk's TP counters of the pass added to the stage model's

@@ -1381,7 +1381,8 @@ static bool sim_nccl(pdp_pp_schedule sched, int p, int v, int m, bool *in_order)
                 w = a->kind == 'F' ? &last_f[s][a->chunk][a->mb % slots[s][a->chunk]]
                                    : &last_b[s][a->chunk][a->mb % 2];
                 if (phase[s] == 0) { /* action 0's receive (the others were posted before) */
-                    if (rcv >= 0 && next[s] != pc[s]) gn[s][ng[s]] = 1, grp[s][ng[s]++][0] = 2 * rcv;
+                    if (rcv >= 0 && next[s] != pc[s])
+                        gn[s][ng[s]] = 1, grp[s][ng[s]++][0] = 2 * rcv;
                     phase[s] = 1;
                 }
                 if (phase[s] == 1 && ((rcv >= 0 && !done[rcv]) || (*w >= 0 && !done[*w]))) break;
@@ -1806,7 +1807,8 @@ TEST pp_sequence_parallel_gpt_equals_single_device(void)
             c.sp = false;
         }
     for (mm = 0; mm < 2; mm++)
-        for (r = 0; r < 4; r++) ASSERT_EQm("interleaved's TP traffic", tot[mm][0][r], tot[mm][1][r]);
+        for (r = 0; r < 4; r++)
+            ASSERT_EQm("interleaved's TP traffic", tot[mm][0][r], tot[mm][1][r]);
     pdp_model_free(ref);
     PASS();
 }
