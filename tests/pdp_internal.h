@@ -8183,8 +8183,9 @@ PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, const bool *cut_ok, 
    real share of the step. Its classes, and its rows a sample (T of [T, V]). */
 PDP__PRIVATE int64_t pdp__pp_loss_rows(const pdp_model *full, int64_t *classes);
 
-/* Forward + backward seconds of each layer of full (a copy of it) on rows samples; with
-   loss, the cross-entropy's added to the last layer's. */
+/* Forward + backward seconds of each layer of full (a copy of it) on rows samples, the least
+   of 5 timed passes after a warm-up (a pass another process interrupted counts only where
+   it was the fastest); with loss, the cross-entropy's added to the last layer's. */
 PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, bool loss,
                                             double *cost);
 
