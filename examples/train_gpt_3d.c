@@ -80,7 +80,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     int r = ctx->rank, t = r % tp, s = r / tp % pp, d = r / (tp * pp), R = 0, n;
     int64_t B = (int64_t)dp * micro * 2, b = 2, act = b * g.context * g.dim * 4; /* b: windows */
     int32_t *x = malloc((size_t)(B * g.context) * 2 * sizeof *x), *y = x + B * g.context;
-    pdp_comm *tc, *pc, *dc; /* this rank's TP, PP and DP groups */
+    pdp_comm *c[3]; /* this rank's TP, PP and DP groups */
     pdp_model *full, *m;
     pdp_pp *p;
     pdp_optim *o;
@@ -88,7 +88,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_tp_stats ts;
     pdp_pp_stats ps;
     pdp_comm_stats dp0, dp1;
-    double worst = 0, P;
+    double worst = 0;
     char text[1024];
     (void)user;
     if (!x) return PDP_ERR_OUT_OF_MEMORY;
@@ -104,23 +104,23 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
                (int)g.layers, (int)g.dim, (int)g.context);
         PDP_TRY(one_device(B, x, y)); /* the others wait in the first split */
     }
-    PDP_TRY(pdp_comm_split(ctx->world, colour(0, r), t, &tc)); /* key: the rank in the group */
-    PDP_TRY(pdp_comm_split(ctx->world, colour(1, r), s, &pc)); /* stage s is PP rank s */
-    PDP_TRY(pdp_comm_split(ctx->world, colour(2, r), d, &dc));
+    PDP_TRY(pdp_comm_split(ctx->world, colour(0, r), t, &c[0])); /* key: the rank in the group */
+    PDP_TRY(pdp_comm_split(ctx->world, colour(1, r), s, &c[1])); /* stage s is PP rank s */
+    PDP_TRY(pdp_comm_split(ctx->world, colour(2, r), d, &c[2]));
     pdp_gpt_desc gd = g;
-    gd.tp = tp > 1 ? tc : NULL;
+    gd.tp = tp > 1 ? c[0] : NULL;
     PDP_TRY(pdp_gpt_create(&full, &gd)); /* this TP rank's slices of every block */
-    pdp_pp_desc pd = {.micro_batches = micro, .chunks = chunks, .dp = dc, /* dc: DP x PP */
+    pdp_pp_desc pd = {.micro_batches = micro, .chunks = chunks, .dp = c[2], /* DP x PP */
                       .balance = PDP_PP_BALANCE_TIME, /* the layers and the loss, timed */
                       .schedule = *sched == 'g'   ? PDP_PP_GPIPE /* gpipe, 1f1b, interleaved */
                                   : *sched == '1' ? PDP_PP_1F1B : PDP_PP_INTERLEAVED_1F1B};
-    PDP_TRY(pdp_pp_create(&p, full, pc, &pd)); /* keeps this stage's blocks */
+    PDP_TRY(pdp_pp_create(&p, full, c[1], &pd)); /* keeps this stage's blocks */
     pdp_model_free(full);
     m = pdp_pp_model(p);
     PDP_TRY(pdp_optim_create(&o, m, &od));
     pdp_tensor_wrap_ids(x + d * (B / dp) * g.context, pdp_cpu(), 2,
                         (int64_t[]){B / dp, g.context}, &xt);
-    pdp_comm_get_stats(dc, &dp0); /* after pdp_pp_create's broadcast over DP */
+    pdp_comm_get_stats(c[2], &dp0); /* after pdp_pp_create's broadcast over DP */
     for (int i = 0; i < steps; i++) {
         float loss;
         PDP_TRY(batch(i, B, x, y)); /* pipeline d takes rows [d B/dp, (d+1) B/dp) */
@@ -141,44 +141,42 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
                bad ? "NOT EQUAL" : "equal", worst, steps);
     }
     pdp_tp_get_stats(m, &ts); /* every step sends the same: the run's totals / steps */
-    pdp_comm_get_stats(dc, &dp1);
+    pdp_comm_get_stats(c[2], &dp1);
     pdp_pp_get_stats(p, &ps);
     for (int i = 0; i < pdp_model_num_layers(m); i++) /* the TP regions: attentions, MLPs */
         R += !strcmp(pdp_model_layer_name(m, i), "ColumnParallelLinear");
     n = snprintf(text, sizeof text, "rank %d (dp %d, tp %d, pp %d):", r, d, t, s);
-    for (int k = 0; k < 3; k++) { /* its groups */
+    for (int k = 0; k < 3; k++) { /* its groups: the ranks of its colours */
         n += snprintf(text + n, sizeof text - n, " %s {", (const char *[]){"TP", "PP", "DP"}[k]);
-        for (int i = 0, c = 0; i < ctx->world_size; i++)
+        for (int i = 0, j = 0; i < ctx->world_size; i++)
             if (colour(k, i) == colour(k, r))
-                n += snprintf(text + n, sizeof text - n, c++ ? " %d" : "%d", i);
+                n += snprintf(text + n, sizeof text - n, j++ ? " %d" : "%d", i);
         n += snprintf(text + n, sizeof text - n, "} ");
     }
     n += snprintf(text + n, sizeof text - n, " layers");
-    for (int c = 0, lo, hi; c < ps.chunks && !pdp_pp_chunk_layers(p, s, c, &lo, &hi); c++)
+    for (int k = 0, lo, hi; k < ps.chunks && !pdp_pp_chunk_layers(p, s, k, &lo, &hi); k++)
         n += snprintf(text + n, sizeof text - n, " %d..%d", lo, hi - 1);
+    double P = (double)pdp_model_param_count(m);
     int64_t msgs = ps.micro_batches * (2 * ps.chunks - (s == 0) - (s == pp - 1)),
             tied = pp > 1 && (s == 0 || s == pp - 1) ? g.vocab * g.dim * 4 : 0;
-    P = (double)pdp_model_param_count(m);
-    snprintf(text + n, sizeof text - n, "\n  memory, MB: parameters %.2f  gradients %.2f  AdamW "
-             "state %.2f  activations %.2f (peak)\n  sent a step, bytes: TP %lld (2(t-1)/t x 2 "
-             "m R b T C 4 = %.0f, R = %d TP regions)\n    PP %lld in %lld messages (m (2v - [s=0] -"
-             " [s=p-1]) = %lld, x b T C 4 + V C 4 tied = %lld)\n    DP %lld (2(d-1)/d x 4 params "
-             "= %.0f)\n  bubble %.3f measured over %d steps; pdp's (p-1)/(v m+p-1) = %.3f, "
-             "Megatron's (p-1)/(v m) = %.3f\n", 4 * P / 1e6, 4 * P / 1e6, 8 * P / 1e6,
-             ps.peak_activation_bytes / 1e6, (long long)ts.bytes_sent / steps,
-             2.0 * (tp - 1) / tp * 2 * ps.micro_batches * R * act, R, (long long)ps.bytes_sent,
-             (long long)ps.messages, (long long)msgs, (long long)(msgs * act + tied),
-             (long long)(dp1.bytes_sent - dp0.bytes_sent) / steps, 2.0 * (dp - 1) / dp * 4 * P,
-             1 - ps.total_compute_s / ps.total_step_s, steps, ps.bubble_theory, ps.bubble_megatron);
-    PDP_TRY(pdp_print_by_rank(ctx->world, "%s", text)); /* rank 0 prints all, in order */
+    PDP_TRY(pdp_print_by_rank(ctx->world, "%s\n  memory, MB: parameters %.2f  gradients %.2f  "
+            "AdamW state %.2f  activations %.2f (peak)\n  sent a step, bytes: TP %lld (2(t-1)/t "
+            "x 2 m R b T C 4 = %.0f, R = %d TP regions)\n    PP %lld in %lld messages (m (2v - "
+            "[s=0] - [s=p-1]) = %lld, x b T C 4 + V C 4 tied = %lld)\n    DP %lld (2(d-1)/d x 4 "
+            "params = %.0f)\n  bubble %.3f measured over %d steps; pdp's (p-1)/(v m+p-1) = "
+            "%.3f, Megatron's (p-1)/(v m) = %.3f\n", text, 4 * P / 1e6, 4 * P / 1e6, 8 * P / 1e6,
+            ps.peak_activation_bytes / 1e6, (long long)ts.bytes_sent / steps,
+            2.0 * (tp - 1) / tp * 2 * ps.micro_batches * R * act, R, (long long)ps.bytes_sent,
+            (long long)ps.messages, (long long)msgs, (long long)(msgs * act + tied),
+            (long long)(dp1.bytes_sent - dp0.bytes_sent) / steps, 2.0 * (dp - 1) / dp * 4 * P,
+            1 - ps.total_compute_s / ps.total_step_s, steps, ps.bubble_theory,
+            ps.bubble_megatron)); /* rank 0 prints every rank's, in order */
     if (r == 0 && sysconf(_SC_NPROCESSORS_ONLN) < ctx->world_size)
         printf("(%d ranks on %ld cores: the bubbles also count waiting for a core)\n",
                ctx->world_size, sysconf(_SC_NPROCESSORS_ONLN));
     pdp_optim_free(o);
     pdp_pp_free(p);
-    pdp_comm_free(dc);
-    pdp_comm_free(pc);
-    pdp_comm_free(tc);
+    for (int k = 0; k < 3; k++) pdp_comm_free(c[k]);
     free(x);
     return PDP_OK;
 }
