@@ -17112,6 +17112,7 @@ PDP__PRIVATE const pdp__layer *pdp__tp_param_layer(const pdp_model *m, int p)
     int want = m->params[p].layer, i = want - m->layers[0].index;
     if (i < 0 || i >= m->nlayers || m->layers[i].index != want)
         for (i = 0; i < m->nlayers - 1 && m->layers[i].index != want; i++) {}
+    PDP_ASSERT(m->layers[i].index == want);
     return &m->layers[i];
 }
 
