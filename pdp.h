@@ -506,14 +506,18 @@
    sits on chunk 0 of stage 0 and its copy on the last chunk of stage p - 1. It sends
    2 m (p v - 1) messages a pass instead of 2 m (p - 1) (activations also go from the last
    stage back to the first) and holds more micro-batch chunks on the early stages; local and
-   MPI only (refused on NCCL), not with TP layers. Tested equal to one device within 1e-5
-   (p = 2, 3, v = 2, 3, m = p, 2p, an MLP and the GPT, dropout on; checkpoints resumed at
-   another stage count) and deadlock-free by a replay of the runner's waits (p = 2..8,
-   v = 1..4, m = p..4p). The loss (cross-entropy, or desc.loss) is on the last
+   MPI only (refused on NCCL, where one stream a rank can queue two stages' sends ahead of
+   the receives they wait for: a simulation under NCCL's rules finds it for m >= 2p). Tested
+   equal to one device within 1e-5 (p = 2, 3, v = 2, 3, m = p, 2p, an MLP and the GPT,
+   dropout on; TP 2 stages, with and without clipping, and DP x TP x PP 2 x 2 x 2;
+   checkpoints resumed at another stage count) and deadlock-free by a replay of the
+   runner's waits (p = 2..8, v = 1..4, m = p..4p). The loss (cross-entropy, or desc.loss) is on the last
    stage; gradients are scaled so that a step equals one device on the whole batch
    (tested at 1e-5, p = 1..4, thread ranks and MPI). pdp_pp_get_stats gives each
    stage's bubble beside (p-1)/(v m+p-1) (v = 1 but interleaved), the formula for pieces of
-   equal time (stages balanced by parameter count may be far from it: balance by work),
+   equal time (stages balanced by parameter count may be far from it: balance by work or,
+   closer, by time; both count the pipeline's cross-entropy with the last layer, which on a
+   GPT's vocabulary is a real share of the step),
    with Megatron's (p-1)/(v m) (idle over the ideal step, not over the whole step) beside
    it, its peak activation memory and its messages; pdp_pp_stats_format prints them as one
    line; PDP_TRACE draws one lane per stage with F<i>/B<i> events (F<i>c<c> interleaved). Clip with
@@ -534,8 +538,10 @@
    communicator from pdp_comm_split, averages each stage's gradients once per step.
    PP x TP: build the TP model on the TP group and give it to pdp_pp_create on the pipeline
    group (each stage's TP layers keep the TP group; pdp_pp_clip_grad_norm counts slices as
-   pdp_clip_grad_norm does); with desc.dp too, DP x TP x PP. Its checkpoints are not built
-   yet (pdp_pp_checkpoint_save/load refuse a TP stage).
+   pdp_clip_grad_norm does), with every schedule; with desc.dp too, DP x TP x PP. With
+   sequence parallelism (pdp_gpt_desc.sequence_parallel) a stage sends the next one its TP
+   rank's T / t positions (1/t of the bytes). Its checkpoints are not built yet
+   (pdp_pp_checkpoint_save/load refuse a TP stage).
        int t = rank % 2, s = rank / 2 % 2, d = rank / 4;      // 2 x 2 x 2: TP innermost
        pdp_comm *pp_comm = NULL;
        CHECK(pdp_comm_split(comm, d * 2 + s, t, &tp_comm));   // same d, s: a stage's TP group
@@ -554,7 +560,7 @@
    each rank's groups, memory and these bytes beside the formulas (equal on 2 x 2 x 2), its
    bubble beside pdp's and Megatron's formulas, and its loss beside one device's (within
    1e-5, on thread ranks and under mpirun -np 8: make mpi-test holds the MPI run's losses to
-   the local run's). The interleaved schedule does not take TP stages (above).
+   the local run's), with every schedule (-schedule interleaved -tp 2 too).
 
    Wrapped models: while DataParallel, DDP, ZeRO or a pipeline holds a model, adding
    layers (and pdp_model_set_tp) fails with PDP_ERR_STATE naming the call and the
@@ -3210,7 +3216,11 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
        would see that stage only). A model with tensor-parallel layers (built on a TP
        group, tp.h) gives stages whose TP layers all-reduce on that group: PP x TP, and
        with desc.dp DP x TP x PP; its clipping counts each stage's slices on every TP
-       rank and its replicated tensors once;
+       rank and its replicated tensors once (every schedule: with chunks, each chunk of a
+       stage is a TP-split piece, and pdp_tp_get_stats on the stage model sums its chunks'
+       traffic). Sequence-parallel TP stages (pdp_gpt_desc.sequence_parallel) send what
+       their blocks hold, a TP rank's T / t positions, to the same TP rank of the next
+       stage: 1/t of the activation's bytes, no gather at the boundary;
      - stage boundaries are given (first_layer[s]) or balanced: by parameter count
        (default), by estimated work (each layer's forward + backward FLOPs per sample
        from its shapes, the same on every machine and run) or by time measured on rank
@@ -3274,13 +3284,15 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
    (p - 1) / (v m + p - 1) for equal pieces (v = 1 but for the interleaved schedule),
    with Megatron's figure (p - 1) / (v m), the bubble's time over the ideal step
    rather than over the whole step, beside it; the most micro-batches whose
-   activations the stage held at once and their bytes; the messages it sent. PDP_TRACE=out.json draws the schedule:
-   one lane per stage ("pipeline stage s"), one event per action ("F3", "B3").
+   activations the stage held at once and their bytes; the messages it sent.
+   PDP_TRACE=out.json draws the schedule: one lane per stage ("pipeline stage s"), one
+   event per action ("F3", "B3").
 
    Backends: local (thread ranks), MPI (processes) and NCCL (a GPU per stage: thread
    ranks from pdp_nccl_group_create, or processes), with the same arithmetic (the
-   interleaved schedule: local and MPI only): GPipe and 1F1B over 2-4 GPUs equal the single-device model (tested on the CUDA
-   emulation, tests/test_cuda.c). What NCCL changes:
+   interleaved schedule: local and MPI only; pp.c's opening comment says why): GPipe and
+   1F1B over 2-4 GPUs equal the single-device model (tested on the CUDA emulation,
+   tests/test_cuda.c). What NCCL changes:
      - x is device memory of stage 0's GPU (labels stay on the host); activations and
        gradients travel GPU to GPU;
      - NCCL has no tags and enqueues posted messages only at a wait or pdp_work_done
@@ -3310,7 +3322,7 @@ typedef struct pdp_pp pdp_pp;
 typedef enum pdp_pp_schedule {
     PDP_PP_1F1B = 0, /* default */
     PDP_PP_GPIPE = 1,
-    PDP_PP_INTERLEAVED_1F1B = 2 /* desc.chunks per stage; not on NCCL, nor with TP layers */
+    PDP_PP_INTERLEAVED_1F1B = 2 /* desc.chunks per stage; not on NCCL */
 } pdp_pp_schedule;
 
 /* How a split is balanced without first_layer: the contiguous split of the layers into
@@ -3319,7 +3331,9 @@ typedef enum pdp_pp_schedule {
    (so an activation stays with the Linear before it). */
 typedef enum pdp_pp_balance {
     PDP_PP_BALANCE_PARAMS = 0, /* default: parameter counts */
-    PDP_PP_BALANCE_TIME = 1,   /* forward + backward time per layer, measured on rank 0 */
+    PDP_PP_BALANCE_TIME = 1,   /* forward + backward time per layer (and the pipeline's
+                                  cross-entropy with the last), measured by stage 0; with TP
+                                  or desc.dp, pipeline 0's TP rank 0's split on every rank */
     PDP_PP_BALANCE_WORK = 2    /* forward + backward FLOPs per sample, estimated from each
                                   layer's shapes (a GEMM counts 2 k n a row; the first layer
                                   computes no input gradient): deterministic */
@@ -5002,6 +5016,8 @@ typedef struct pdp__tp_state {
    and tp->checked = tp->nlayers. f's forward calls it (tp->check_widths) while checked
    != nlayers. */
 PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
+/* The layer owning parameter p of m (a pipeline stage's too: layers_tp.c). */
+PDP__PRIVATE const pdp__layer *pdp__tp_param_layer(const pdp_model *m, int p);
 /* Whether parameter p of m is a TP slice (layers_tp.c; else whole on every TP rank). */
 PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p);
 
@@ -18177,13 +18193,24 @@ PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t
     if (count) *count = base + (rank < extra);
 }
 
+/* The layer that owns parameter p of m. A pipeline stage's parameters keep the full model's
+   layer numbers and its layers are consecutive; an interleaved stage's (pp.c's joined
+   chunks) are runs with gaps between them, found by a search. */
+PDP__PRIVATE const pdp__layer *pdp__tp_param_layer(const pdp_model *m, int p)
+{
+    int want = m->params[p].layer, i = want - m->layers[0].index;
+    if (i < 0 || i >= m->nlayers || m->layers[i].index != want)
+        for (i = 0; i < m->nlayers - 1 && m->layers[i].index != want; i++) {}
+    PDP_ASSERT(m->layers[i].index == want);
+    return &m->layers[i];
+}
+
 /* Whether parameter p of m is split across the TP ranks: the column-parallel weight and
    bias, the row-parallel weight; every other parameter (the row-parallel bias, every
    non-TP layer's) is whole on every TP rank. */
 PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p)
 {
-    /* a pipeline stage's parameters keep the full model's layer numbers */
-    const pdp__layer *l = &m->layers[m->params[p].layer - m->layers[0].index];
+    const pdp__layer *l = pdp__tp_param_layer(m, p);
     return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
            (l->kind == PDP__ROW_PARALLEL_LINEAR && p == l->param_first);
 }
@@ -27471,7 +27498,7 @@ PDP__PRIVATE pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, fl
                                      float *local, bool to_full)
 {
     const pdp__param_entry *e = &m->params[p];
-    const pdp__layer *l = &m->layers[e->layer - m->layers[0].index]; /* a stage's: full's numbers */
+    const pdp__layer *l = pdp__tp_param_layer(m, p); /* a stage's: full's numbers */
     bool weight = p == l->param_first;
     int64_t rows = 1, len = e->count, fstride = 0, lstride = 0, foff = 0, i;
     int64_t in = l->in_shape[l->in_ndim - 1]; /* a position's features */
@@ -30152,8 +30179,18 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
    necessarily posted that receive. The runner's two waits were checked by a
    simulation of every rank (tests/test_pp.c, pp_interleaved_schedules_cannot_deadlock:
    p = 2..8, v = 1..4, m = p..4p, all complete) and the schedule runs in the tests on
-   thread ranks. NCCL matches by order and serialises a rank's messages on one stream,
-   which this argument does not cover: the interleaved schedule is refused there.
+   thread ranks.
+   NCCL matches a pair's messages by order, which is safe: for every pair of ranks the
+   sender's list posts its messages in the order the receiver's list posts their receives
+   (the k-th forward is the same micro-batch and chunk on every stage; the wrap from the
+   last stage to the first maps chunk c to c + 1, which keeps the order). But it also runs
+   a rank's messages one group after another on one stream, and a send completes only when
+   its receive runs: the interleaved list then deadlocks for m >= 2p (p = 2, v = 2, m = 4:
+   stage 0's B0c1 sends stage 1 a gradient that stage 1 receives for B0c0, a receive
+   queued behind stage 1's B1c1 send of a gradient to stage 0, whose receive, for stage
+   0's B1c1, is queued behind the first). The simulation under NCCL's rule (the same
+   test) finds it, and 1F1B and GPipe complete: the interleaved schedule is refused on
+   NCCL.
 
    Messages are started as soon as they are posted (pdp__pp_start): NCCL enqueues
    posted messages only at a wait or pdp_work_done (comm.h), so without it stage 0's
@@ -30289,17 +30326,31 @@ PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, const bool *cut_ok, 
     return PDP_OK;
 }
 
-/* Forward + backward seconds of each layer of full (a copy of it) on rows samples. */
-PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, double *cost)
+/* The pipeline's own loss, softmax cross-entropy on the last stage, counts as part of the
+   last layer (pdp__pp_layer_costs, pdp__pp_time_layers): with a GPT's vocabulary it is a
+   real share of the step. Its classes, and its rows a sample (T of [T, V]). */
+PDP__PRIVATE int64_t pdp__pp_loss_rows(const pdp_model *full, int64_t *classes)
+{
+    const pdp__layer *l = &full->layers[full->nlayers - 1];
+    *classes = l->out_shape[l->out_ndim - 1];
+    return l->out_count / *classes;
+}
+
+/* Forward + backward seconds of each layer of full (a copy of it) on rows samples, the least
+   of 5 timed passes after a warm-up (a pass another process interrupted counts only where
+   it was the fastest); with loss, the cross-entropy's added to the last layer's. */
+PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, bool loss,
+                                            double *cost)
 {
     pdp_model *t = NULL;
     pdp_tensor *x = NULL, *dy = NULL;
     const pdp_tensor *y;
-    int64_t xs[4], ys[4], k;
-    int d, rep, nd;
+    int64_t xs[4], ys[4], k, classes, per = pdp__pp_loss_rows(full, &classes);
+    int32_t *labels = NULL;
+    double *pass = NULL;
+    int d, rep, nd, i;
     pdp_status st;
     if ((st = pdp__model_clone(full, full->device, false, &t)) != PDP_OK) return st;
-    t->layer_s = cost;
     xs[0] = rows;
     for (d = 0; d < full->in_ndim; d++) xs[d + 1] = full->in_shape[d];
     ys[0] = rows;
@@ -30315,17 +30366,41 @@ PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows,
         }
         for (k = 0; k < PDP__MAX(x->count, dy->count); k++)
             h[k] = (float)((k * 2654435761u) % 1000u) / 1000.0f - 0.5f;
-        if ((st = pdp_tensor_upload(x, h)) == PDP_OK) st = pdp_tensor_upload(dy, h);
+        if ((st = pdp_tensor_upload(dy, h)) == PDP_OK && full->in_dtype == PDP_DTYPE_I32) {
+            int32_t *ids = (int32_t *)(void *)h; /* a GPT's token ids: [0, vocab) */
+            for (k = 0; k < x->count; k++)
+                ids[k] = (int32_t)((k * 2654435761u) % full->layers[0].vocab);
+            x->dtype = PDP_DTYPE_I32;
+        }
+        if (st == PDP_OK) st = pdp_tensor_upload(x, h);
         pdp__dealloc(h);
         if (st != PDP_OK) goto out;
     }
-    for (rep = 0; rep < 4; rep++) { /* the first is a warm-up */
-        if (rep == 1) memset(cost, 0, (size_t)full->nlayers * sizeof *cost);
-        if ((st = pdp_model_forward(t, x, &y)) != PDP_OK ||
-            (st = pdp_model_backward(t, dy)) != PDP_OK)
+    pass = (double *)pdp__alloc((size_t)full->nlayers * sizeof *pass);
+    labels = (int32_t *)pdp__alloc((size_t)(rows * per) * sizeof *labels);
+    if (!pass || !labels) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory");
+        goto out;
+    }
+    for (k = 0; k < rows * per; k++) labels[k] = (int32_t)(k * 7 % classes);
+    t->layer_s = pass;
+    for (rep = 0; rep < 6; rep++) { /* the first is a warm-up */
+        double sum, t0;
+        memset(pass, 0, (size_t)full->nlayers * sizeof *pass);
+        if ((st = pdp_model_forward(t, x, &y)) != PDP_OK) goto out;
+        t0 = pdp__now(); /* the loss's gradient is the backward's dy */
+        if (loss && (st = pdp__cross_entropy_rows_on(full->device, y->data, labels, rows * per,
+                                                     classes, 1.0f / (float)(rows * per), &sum,
+                                                     dy->data, "pdp_pp_create")) != PDP_OK)
             goto out;
+        pass[full->nlayers - 1] += pdp__now() - t0;
+        if ((st = pdp_model_backward(t, dy)) != PDP_OK) goto out;
+        for (i = 0; rep > 0 && i < full->nlayers; i++)
+            cost[i] = rep == 1 ? pass[i] : PDP__MIN(cost[i], pass[i]);
     }
 out:
+    pdp__dealloc(labels);
+    pdp__dealloc(pass);
     t->layer_s = NULL;
     pdp_tensor_free(x);
     pdp_tensor_free(dy);
@@ -30472,9 +30547,13 @@ PDP__PRIVATE pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc
 }
 
 /* Each layer's cost for balancing: parameters, or estimated FLOPs per sample
-   (layers_table.c's estimate; layer 0 computes no input gradient). */
-PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how, double *cost)
+   (layers_table.c's estimate; layer 0 computes no input gradient; with loss, the
+   cross-entropy's 6 a logit on the last layer: its max, exp and sum, the gradient's
+   division and scale, a transcendental counted as one as there). */
+PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how, bool loss,
+                                      double *cost)
 {
+    int64_t classes, per = pdp__pp_loss_rows(full, &classes);
     int i, q;
     for (i = 0; i < full->nlayers; i++) {
         const pdp__layer *l = &full->layers[i];
@@ -30484,6 +30563,8 @@ PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how,
             for (q = l->param_first; q < l->param_first + l->nparams; q++)
                 cost[i] += (double)full->params[q].count;
     }
+    if (how == PDP_PP_BALANCE_WORK && loss)
+        cost[full->nlayers - 1] += 6.0 * (double)(per * classes);
 }
 
 /* cut_ok[i]: a stage may start at layer i (i in [0, n]): not inside a residual region,
@@ -30526,9 +30607,10 @@ PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const c
         if (!cost) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
         if (pp->desc.balance == PDP_PP_BALANCE_TIME) {
             if (pp->stage == 0)
-                st = pdp__pp_time_layers(full, PDP__DEF(pp->desc.balance_batch, 32), cost);
+                st = pdp__pp_time_layers(full, PDP__DEF(pp->desc.balance_batch, 32),
+                                         !pp->desc.loss, cost);
         } else {
-            pdp__pp_layer_costs(full, pp->desc.balance, cost);
+            pdp__pp_layer_costs(full, pp->desc.balance, !pp->desc.loss, cost);
         }
         if (st == PDP_OK && (pp->stage == 0 || pp->desc.balance != PDP_PP_BALANCE_TIME)) {
             bool *cut_ok = (bool *)pdp__calloc(((size_t)n + 1) * sizeof *cut_ok);
@@ -30590,6 +30672,24 @@ PDP__PRIVATE pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn)
     return st;
 }
 
+/* A split by time is stage 0's measurement of one pipeline; the other pipelines and the
+   other TP ranks measured their own, and every copy of a stage must hold the same layers:
+   all take TP rank 0's (after the pipelines agreed), then dp rank 0's, so every rank holds
+   the split of pipeline 0's TP rank 0. */
+PDP__PRIVATE pdp_status pdp__pp_agree_timed(pdp_pp *pp, const pdp_model *full, const char *fn)
+{
+    size_t bytes = (size_t)(pp->pieces + 1) * sizeof *pp->first;
+    pdp_status st = PDP_OK;
+    if (pp->desc.first_layer || pp->desc.balance != PDP_PP_BALANCE_TIME) return PDP_OK;
+    if (full->tp.comm && full->tp.size > 1 &&
+        (st = pdp_comm_broadcast_bytes(full->tp.comm, pp->first, bytes, 0)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: the split over TP", fn, pp->stage);
+    if (pp->dp && pp->dp->size > 1 &&
+        (st = pdp_comm_broadcast_bytes(pp->dp, pp->first, bytes, 0)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: the split over dp", fn, pp->stage);
+    return PDP_OK;
+}
+
 PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp)
 {
     pdp_pp_desc d;
@@ -30649,7 +30749,11 @@ PDP__PRIVATE pdp_status pdp__pp_find_tied(pdp_pp *pp, const pdp_model *full, con
 /* With v > 1 chunks, the stage model: the chunks' layers and parameters one after the other
    in one model whose blocks hold every chunk's (the optimizer, clipping and checkpoints see
    one model, as with one chunk); each chunk's blocks become views into them. Its layers keep
-   their indices into its own registry; they are not run (each chunk runs its own). */
+   their indices into its own registry; they are not run (each chunk runs its own). With TP
+   layers each chunk keeps its own TP state (its layers' and its width check's, pdp__model_
+   stage), and the stage model holds the TP group too, for clipping: pdp__grad_sumsq_range
+   counts its slices as on one chunk; pdp__pp_fold_tp_stats adds the chunks' counters to
+   its own after each pass, for pdp_tp_get_stats. */
 PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp)
 {
     pdp_model *r;
@@ -30690,6 +30794,16 @@ PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp)
                   (st = pdp__dev_memset0(r->device, r->grad_block,
                                          (size_t)count * sizeof(float))) != PDP_OK))
         return st;
+    if (c0->tp.comm) { /* PP x TP: the TP group, for clipping; no layer of its own runs */
+        r->tp = c0->tp;
+        r->tp.model = r;
+        r->tp.nlayers = r->tp.checked = 0;
+        r->tp.dscalar = NULL;
+        memset(&r->tp.stats, 0, sizeof r->tp.stats);
+        if (r->device.kind != PDP_DEVICE_CPU &&
+            (st = pdp__dev_alloc(r->device, sizeof(float), (void **)&r->tp.dscalar)) != PDP_OK)
+            return st;
+    }
     for (c = 0; c < pp->v; c++) {
         pdp__pp_chunk *ck = &pp->ck[c];
         pdp_model *m = ck->m;
@@ -30751,14 +30865,11 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     pp->v = pp->desc.chunks;
     pp->pieces = pp->p * pp->v;
     if (pp->v > 1 && c->backend == PDP_BACKEND_NCCL) {
-        st = pdp__err(PDP_ERR_UNSUPPORTED, "%s: PDP_PP_INTERLEAVED_1F1B on NCCL (it orders "
-                      "messages by stream, which the schedule's proof does not cover): use the "
-                      "local or MPI backend, or PDP_PP_1F1B", fn);
-        goto fail;
-    }
-    if (pp->v > 1 && full->tp.comm) {
-        st = pdp__err(PDP_ERR_UNSUPPORTED, "%s: PDP_PP_INTERLEAVED_1F1B with tensor-parallel "
-                      "layers (PP x TP runs GPipe and 1F1B)", fn);
+        st = pdp__err(PDP_ERR_UNSUPPORTED, "%s: PDP_PP_INTERLEAVED_1F1B on NCCL: with m >= 2p "
+                      "two stages can each queue a send to the other ahead of the receive that "
+                      "would match the other's (NCCL runs a rank's messages in order on one "
+                      "stream), and the runner would deadlock; use the local or MPI backend, "
+                      "or PDP_PP_1F1B", fn);
         goto fail;
     }
     pp->first = (int *)pdp__calloc((size_t)(pp->pieces + 1) * sizeof *pp->first);
@@ -30767,7 +30878,8 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", fn, pp->stage);
         goto fail;
     }
-    if ((st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK)
+    if ((st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK ||
+        (st = pdp__pp_agree_timed(pp, full, fn)) != PDP_OK)
         goto fail;
     agreed = true; /* past the split's collectives: a failure from here on is agreed */
     pp->acts = (pdp__pp_action *)pdp__calloc((size_t)(2 * pp->mb * pp->v) * sizeof *pp->acts);
@@ -31091,9 +31203,10 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
 }
 
 /* A weight tied across two stages (a GPT's wte: the embedding's on stage 0, chunk 0, the
-   head's copy on the last, its last chunk): each stage sends its gradient of it to the other and adds the one it
-   receives, a + b on one side and b + a on the other, the same bits, so the two copies get
-   the same update and stay equal (Megatron's all-reduce over the embedding group). */
+   head's copy on the last, its last chunk): each stage sends its gradient of it to the
+   other and adds the one it receives, a + b on one side and b + a on the other, the same
+   bits, so the two copies get the same update and stay equal (Megatron's all-reduce over
+   the embedding group). */
 PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp)
 {
     pdp_model *m = pp->m;
@@ -31124,6 +31237,31 @@ PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp)
     }
     if ((st = pdp__pp_wait(&sw)) != PDP_OK) return st;
     return pdp__dev_add(m->device, g, pp->tied_buf, e->count);
+}
+
+/* With chunks on TP stages: each chunk's TP counters of the pass added to the stage model's
+   (pdp_tp_get_stats(pdp_pp_model(pp)) reads them) and zeroed. */
+PDP__PRIVATE void pdp__pp_fold_tp_stats(pdp_pp *pp)
+{
+    pdp_tp_stats *t = &pp->m->tp.stats;
+    int c;
+    if (pp->v == 1 || !pp->m->tp.comm) return;
+    for (c = 0; c < pp->v; c++) {
+        pdp_tp_stats *s = &pp->ck[c].m->tp.stats;
+        t->forward_allreduces += s->forward_allreduces;
+        t->backward_allreduces += s->backward_allreduces;
+        t->forward_bytes += s->forward_bytes;
+        t->backward_bytes += s->backward_bytes;
+        t->bytes_sent += s->bytes_sent;
+        t->allreduce_s += s->allreduce_s;
+        t->allgathers += s->allgathers;
+        t->reduce_scatters += s->reduce_scatters;
+        t->allgather_bytes += s->allgather_bytes;
+        t->reduce_scatter_bytes += s->reduce_scatter_bytes;
+        t->grad_allreduces += s->grad_allreduces;
+        t->grad_bytes += s->grad_bytes;
+        memset(s, 0, sizeof *s);
+    }
 }
 
 /* Micro-batch sizes of a batch of rows rows (the first rows % m one larger). */
@@ -31250,6 +31388,7 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
     if ((st = pdp_comm_barrier(pp->c, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: the closing barrier", fn, pp->c->rank);
     t1 = pdp__now();
+    pdp__pp_fold_tp_stats(pp);
     if ((st = pdp__pp_sum_tied(pp)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d (stage %d): the tied weight's gradients", fn,
                              pp->c->rank, pp->stage);

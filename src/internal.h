@@ -445,6 +445,8 @@ typedef struct pdp__tp_state {
    and tp->checked = tp->nlayers. f's forward calls it (tp->check_widths) while checked
    != nlayers. */
 PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
+/* The layer owning parameter p of m (a pipeline stage's too: layers_tp.c). */
+PDP__PRIVATE const pdp__layer *pdp__tp_param_layer(const pdp_model *m, int p);
 /* Whether parameter p of m is a TP slice (layers_tp.c; else whole on every TP rank). */
 PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p);
 

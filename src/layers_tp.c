@@ -31,13 +31,24 @@ PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t
     if (count) *count = base + (rank < extra);
 }
 
+/* The layer that owns parameter p of m. A pipeline stage's parameters keep the full model's
+   layer numbers and its layers are consecutive; an interleaved stage's (pp.c's joined
+   chunks) are runs with gaps between them, found by a search. */
+PDP__PRIVATE const pdp__layer *pdp__tp_param_layer(const pdp_model *m, int p)
+{
+    int want = m->params[p].layer, i = want - m->layers[0].index;
+    if (i < 0 || i >= m->nlayers || m->layers[i].index != want)
+        for (i = 0; i < m->nlayers - 1 && m->layers[i].index != want; i++) {}
+    PDP_ASSERT(m->layers[i].index == want);
+    return &m->layers[i];
+}
+
 /* Whether parameter p of m is split across the TP ranks: the column-parallel weight and
    bias, the row-parallel weight; every other parameter (the row-parallel bias, every
    non-TP layer's) is whole on every TP rank. */
 PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p)
 {
-    /* a pipeline stage's parameters keep the full model's layer numbers */
-    const pdp__layer *l = &m->layers[m->params[p].layer - m->layers[0].index];
+    const pdp__layer *l = pdp__tp_param_layer(m, p);
     return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
            (l->kind == PDP__ROW_PARALLEL_LINEAR && p == l->param_first);
 }

@@ -40,8 +40,18 @@
    necessarily posted that receive. The runner's two waits were checked by a
    simulation of every rank (tests/test_pp.c, pp_interleaved_schedules_cannot_deadlock:
    p = 2..8, v = 1..4, m = p..4p, all complete) and the schedule runs in the tests on
-   thread ranks. NCCL matches by order and serialises a rank's messages on one stream,
-   which this argument does not cover: the interleaved schedule is refused there.
+   thread ranks.
+   NCCL matches a pair's messages by order, which is safe: for every pair of ranks the
+   sender's list posts its messages in the order the receiver's list posts their receives
+   (the k-th forward is the same micro-batch and chunk on every stage; the wrap from the
+   last stage to the first maps chunk c to c + 1, which keeps the order). But it also runs
+   a rank's messages one group after another on one stream, and a send completes only when
+   its receive runs: the interleaved list then deadlocks for m >= 2p (p = 2, v = 2, m = 4:
+   stage 0's B0c1 sends stage 1 a gradient that stage 1 receives for B0c0, a receive
+   queued behind stage 1's B1c1 send of a gradient to stage 0, whose receive, for stage
+   0's B1c1, is queued behind the first). The simulation under NCCL's rule (the same
+   test) finds it, and 1F1B and GPipe complete: the interleaved schedule is refused on
+   NCCL.
 
    Messages are started as soon as they are posted (pdp__pp_start): NCCL enqueues
    posted messages only at a wait or pdp_work_done (comm.h), so without it stage 0's
@@ -177,17 +187,31 @@ PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, const bool *cut_ok, 
     return PDP_OK;
 }
 
-/* Forward + backward seconds of each layer of full (a copy of it) on rows samples. */
-PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, double *cost)
+/* The pipeline's own loss, softmax cross-entropy on the last stage, counts as part of the
+   last layer (pdp__pp_layer_costs, pdp__pp_time_layers): with a GPT's vocabulary it is a
+   real share of the step. Its classes, and its rows a sample (T of [T, V]). */
+PDP__PRIVATE int64_t pdp__pp_loss_rows(const pdp_model *full, int64_t *classes)
+{
+    const pdp__layer *l = &full->layers[full->nlayers - 1];
+    *classes = l->out_shape[l->out_ndim - 1];
+    return l->out_count / *classes;
+}
+
+/* Forward + backward seconds of each layer of full (a copy of it) on rows samples, the least
+   of 5 timed passes after a warm-up (a pass another process interrupted counts only where
+   it was the fastest); with loss, the cross-entropy's added to the last layer's. */
+PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, bool loss,
+                                            double *cost)
 {
     pdp_model *t = NULL;
     pdp_tensor *x = NULL, *dy = NULL;
     const pdp_tensor *y;
-    int64_t xs[4], ys[4], k;
-    int d, rep, nd;
+    int64_t xs[4], ys[4], k, classes, per = pdp__pp_loss_rows(full, &classes);
+    int32_t *labels = NULL;
+    double *pass = NULL;
+    int d, rep, nd, i;
     pdp_status st;
     if ((st = pdp__model_clone(full, full->device, false, &t)) != PDP_OK) return st;
-    t->layer_s = cost;
     xs[0] = rows;
     for (d = 0; d < full->in_ndim; d++) xs[d + 1] = full->in_shape[d];
     ys[0] = rows;
@@ -203,17 +227,41 @@ PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows,
         }
         for (k = 0; k < PDP__MAX(x->count, dy->count); k++)
             h[k] = (float)((k * 2654435761u) % 1000u) / 1000.0f - 0.5f;
-        if ((st = pdp_tensor_upload(x, h)) == PDP_OK) st = pdp_tensor_upload(dy, h);
+        if ((st = pdp_tensor_upload(dy, h)) == PDP_OK && full->in_dtype == PDP_DTYPE_I32) {
+            int32_t *ids = (int32_t *)(void *)h; /* a GPT's token ids: [0, vocab) */
+            for (k = 0; k < x->count; k++)
+                ids[k] = (int32_t)((k * 2654435761u) % full->layers[0].vocab);
+            x->dtype = PDP_DTYPE_I32;
+        }
+        if (st == PDP_OK) st = pdp_tensor_upload(x, h);
         pdp__dealloc(h);
         if (st != PDP_OK) goto out;
     }
-    for (rep = 0; rep < 4; rep++) { /* the first is a warm-up */
-        if (rep == 1) memset(cost, 0, (size_t)full->nlayers * sizeof *cost);
-        if ((st = pdp_model_forward(t, x, &y)) != PDP_OK ||
-            (st = pdp_model_backward(t, dy)) != PDP_OK)
+    pass = (double *)pdp__alloc((size_t)full->nlayers * sizeof *pass);
+    labels = (int32_t *)pdp__alloc((size_t)(rows * per) * sizeof *labels);
+    if (!pass || !labels) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory");
+        goto out;
+    }
+    for (k = 0; k < rows * per; k++) labels[k] = (int32_t)(k * 7 % classes);
+    t->layer_s = pass;
+    for (rep = 0; rep < 6; rep++) { /* the first is a warm-up */
+        double sum, t0;
+        memset(pass, 0, (size_t)full->nlayers * sizeof *pass);
+        if ((st = pdp_model_forward(t, x, &y)) != PDP_OK) goto out;
+        t0 = pdp__now(); /* the loss's gradient is the backward's dy */
+        if (loss && (st = pdp__cross_entropy_rows_on(full->device, y->data, labels, rows * per,
+                                                     classes, 1.0f / (float)(rows * per), &sum,
+                                                     dy->data, "pdp_pp_create")) != PDP_OK)
             goto out;
+        pass[full->nlayers - 1] += pdp__now() - t0;
+        if ((st = pdp_model_backward(t, dy)) != PDP_OK) goto out;
+        for (i = 0; rep > 0 && i < full->nlayers; i++)
+            cost[i] = rep == 1 ? pass[i] : PDP__MIN(cost[i], pass[i]);
     }
 out:
+    pdp__dealloc(labels);
+    pdp__dealloc(pass);
     t->layer_s = NULL;
     pdp_tensor_free(x);
     pdp_tensor_free(dy);
@@ -360,9 +408,13 @@ PDP__PRIVATE pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc
 }
 
 /* Each layer's cost for balancing: parameters, or estimated FLOPs per sample
-   (layers_table.c's estimate; layer 0 computes no input gradient). */
-PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how, double *cost)
+   (layers_table.c's estimate; layer 0 computes no input gradient; with loss, the
+   cross-entropy's 6 a logit on the last layer: its max, exp and sum, the gradient's
+   division and scale, a transcendental counted as one as there). */
+PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how, bool loss,
+                                      double *cost)
 {
+    int64_t classes, per = pdp__pp_loss_rows(full, &classes);
     int i, q;
     for (i = 0; i < full->nlayers; i++) {
         const pdp__layer *l = &full->layers[i];
@@ -372,6 +424,8 @@ PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how,
             for (q = l->param_first; q < l->param_first + l->nparams; q++)
                 cost[i] += (double)full->params[q].count;
     }
+    if (how == PDP_PP_BALANCE_WORK && loss)
+        cost[full->nlayers - 1] += 6.0 * (double)(per * classes);
 }
 
 /* cut_ok[i]: a stage may start at layer i (i in [0, n]): not inside a residual region,
@@ -414,9 +468,10 @@ PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const c
         if (!cost) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
         if (pp->desc.balance == PDP_PP_BALANCE_TIME) {
             if (pp->stage == 0)
-                st = pdp__pp_time_layers(full, PDP__DEF(pp->desc.balance_batch, 32), cost);
+                st = pdp__pp_time_layers(full, PDP__DEF(pp->desc.balance_batch, 32),
+                                         !pp->desc.loss, cost);
         } else {
-            pdp__pp_layer_costs(full, pp->desc.balance, cost);
+            pdp__pp_layer_costs(full, pp->desc.balance, !pp->desc.loss, cost);
         }
         if (st == PDP_OK && (pp->stage == 0 || pp->desc.balance != PDP_PP_BALANCE_TIME)) {
             bool *cut_ok = (bool *)pdp__calloc(((size_t)n + 1) * sizeof *cut_ok);
@@ -478,6 +533,24 @@ PDP__PRIVATE pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn)
     return st;
 }
 
+/* A split by time is stage 0's measurement of one pipeline; the other pipelines and the
+   other TP ranks measured their own, and every copy of a stage must hold the same layers:
+   all take TP rank 0's (after the pipelines agreed), then dp rank 0's, so every rank holds
+   the split of pipeline 0's TP rank 0. */
+PDP__PRIVATE pdp_status pdp__pp_agree_timed(pdp_pp *pp, const pdp_model *full, const char *fn)
+{
+    size_t bytes = (size_t)(pp->pieces + 1) * sizeof *pp->first;
+    pdp_status st = PDP_OK;
+    if (pp->desc.first_layer || pp->desc.balance != PDP_PP_BALANCE_TIME) return PDP_OK;
+    if (full->tp.comm && full->tp.size > 1 &&
+        (st = pdp_comm_broadcast_bytes(full->tp.comm, pp->first, bytes, 0)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: the split over TP", fn, pp->stage);
+    if (pp->dp && pp->dp->size > 1 &&
+        (st = pdp_comm_broadcast_bytes(pp->dp, pp->first, bytes, 0)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: the split over dp", fn, pp->stage);
+    return PDP_OK;
+}
+
 PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp)
 {
     pdp_pp_desc d;
@@ -537,7 +610,11 @@ PDP__PRIVATE pdp_status pdp__pp_find_tied(pdp_pp *pp, const pdp_model *full, con
 /* With v > 1 chunks, the stage model: the chunks' layers and parameters one after the other
    in one model whose blocks hold every chunk's (the optimizer, clipping and checkpoints see
    one model, as with one chunk); each chunk's blocks become views into them. Its layers keep
-   their indices into its own registry; they are not run (each chunk runs its own). */
+   their indices into its own registry; they are not run (each chunk runs its own). With TP
+   layers each chunk keeps its own TP state (its layers' and its width check's, pdp__model_
+   stage), and the stage model holds the TP group too, for clipping: pdp__grad_sumsq_range
+   counts its slices as on one chunk; pdp__pp_fold_tp_stats adds the chunks' counters to
+   its own after each pass, for pdp_tp_get_stats. */
 PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp)
 {
     pdp_model *r;
@@ -578,6 +655,16 @@ PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp)
                   (st = pdp__dev_memset0(r->device, r->grad_block,
                                          (size_t)count * sizeof(float))) != PDP_OK))
         return st;
+    if (c0->tp.comm) { /* PP x TP: the TP group, for clipping; no layer of its own runs */
+        r->tp = c0->tp;
+        r->tp.model = r;
+        r->tp.nlayers = r->tp.checked = 0;
+        r->tp.dscalar = NULL;
+        memset(&r->tp.stats, 0, sizeof r->tp.stats);
+        if (r->device.kind != PDP_DEVICE_CPU &&
+            (st = pdp__dev_alloc(r->device, sizeof(float), (void **)&r->tp.dscalar)) != PDP_OK)
+            return st;
+    }
     for (c = 0; c < pp->v; c++) {
         pdp__pp_chunk *ck = &pp->ck[c];
         pdp_model *m = ck->m;
@@ -639,14 +726,11 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     pp->v = pp->desc.chunks;
     pp->pieces = pp->p * pp->v;
     if (pp->v > 1 && c->backend == PDP_BACKEND_NCCL) {
-        st = pdp__err(PDP_ERR_UNSUPPORTED, "%s: PDP_PP_INTERLEAVED_1F1B on NCCL (it orders "
-                      "messages by stream, which the schedule's proof does not cover): use the "
-                      "local or MPI backend, or PDP_PP_1F1B", fn);
-        goto fail;
-    }
-    if (pp->v > 1 && full->tp.comm) {
-        st = pdp__err(PDP_ERR_UNSUPPORTED, "%s: PDP_PP_INTERLEAVED_1F1B with tensor-parallel "
-                      "layers (PP x TP runs GPipe and 1F1B)", fn);
+        st = pdp__err(PDP_ERR_UNSUPPORTED, "%s: PDP_PP_INTERLEAVED_1F1B on NCCL: with m >= 2p "
+                      "two stages can each queue a send to the other ahead of the receive that "
+                      "would match the other's (NCCL runs a rank's messages in order on one "
+                      "stream), and the runner would deadlock; use the local or MPI backend, "
+                      "or PDP_PP_1F1B", fn);
         goto fail;
     }
     pp->first = (int *)pdp__calloc((size_t)(pp->pieces + 1) * sizeof *pp->first);
@@ -655,7 +739,8 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", fn, pp->stage);
         goto fail;
     }
-    if ((st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK)
+    if ((st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK ||
+        (st = pdp__pp_agree_timed(pp, full, fn)) != PDP_OK)
         goto fail;
     agreed = true; /* past the split's collectives: a failure from here on is agreed */
     pp->acts = (pdp__pp_action *)pdp__calloc((size_t)(2 * pp->mb * pp->v) * sizeof *pp->acts);
@@ -979,9 +1064,10 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
 }
 
 /* A weight tied across two stages (a GPT's wte: the embedding's on stage 0, chunk 0, the
-   head's copy on the last, its last chunk): each stage sends its gradient of it to the other and adds the one it
-   receives, a + b on one side and b + a on the other, the same bits, so the two copies get
-   the same update and stay equal (Megatron's all-reduce over the embedding group). */
+   head's copy on the last, its last chunk): each stage sends its gradient of it to the
+   other and adds the one it receives, a + b on one side and b + a on the other, the same
+   bits, so the two copies get the same update and stay equal (Megatron's all-reduce over
+   the embedding group). */
 PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp)
 {
     pdp_model *m = pp->m;
@@ -1012,6 +1098,31 @@ PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp)
     }
     if ((st = pdp__pp_wait(&sw)) != PDP_OK) return st;
     return pdp__dev_add(m->device, g, pp->tied_buf, e->count);
+}
+
+/* With chunks on TP stages: each chunk's TP counters of the pass added to the stage model's
+   (pdp_tp_get_stats(pdp_pp_model(pp)) reads them) and zeroed. */
+PDP__PRIVATE void pdp__pp_fold_tp_stats(pdp_pp *pp)
+{
+    pdp_tp_stats *t = &pp->m->tp.stats;
+    int c;
+    if (pp->v == 1 || !pp->m->tp.comm) return;
+    for (c = 0; c < pp->v; c++) {
+        pdp_tp_stats *s = &pp->ck[c].m->tp.stats;
+        t->forward_allreduces += s->forward_allreduces;
+        t->backward_allreduces += s->backward_allreduces;
+        t->forward_bytes += s->forward_bytes;
+        t->backward_bytes += s->backward_bytes;
+        t->bytes_sent += s->bytes_sent;
+        t->allreduce_s += s->allreduce_s;
+        t->allgathers += s->allgathers;
+        t->reduce_scatters += s->reduce_scatters;
+        t->allgather_bytes += s->allgather_bytes;
+        t->reduce_scatter_bytes += s->reduce_scatter_bytes;
+        t->grad_allreduces += s->grad_allreduces;
+        t->grad_bytes += s->grad_bytes;
+        memset(s, 0, sizeof *s);
+    }
 }
 
 /* Micro-batch sizes of a batch of rows rows (the first rows % m one larger). */
@@ -1138,6 +1249,7 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
     if ((st = pdp_comm_barrier(pp->c, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: the closing barrier", fn, pp->c->rank);
     t1 = pdp__now();
+    pdp__pp_fold_tp_stats(pp);
     if ((st = pdp__pp_sum_tied(pp)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d (stage %d): the tied weight's gradients", fn,
                              pp->c->rank, pp->stage);

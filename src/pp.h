@@ -17,7 +17,11 @@
        would see that stage only). A model with tensor-parallel layers (built on a TP
        group, tp.h) gives stages whose TP layers all-reduce on that group: PP x TP, and
        with desc.dp DP x TP x PP; its clipping counts each stage's slices on every TP
-       rank and its replicated tensors once;
+       rank and its replicated tensors once (every schedule: with chunks, each chunk of a
+       stage is a TP-split piece, and pdp_tp_get_stats on the stage model sums its chunks'
+       traffic). Sequence-parallel TP stages (pdp_gpt_desc.sequence_parallel) send what
+       their blocks hold, a TP rank's T / t positions, to the same TP rank of the next
+       stage: 1/t of the activation's bytes, no gather at the boundary;
      - stage boundaries are given (first_layer[s]) or balanced: by parameter count
        (default), by estimated work (each layer's forward + backward FLOPs per sample
        from its shapes, the same on every machine and run) or by time measured on rank
@@ -81,13 +85,15 @@
    (p - 1) / (v m + p - 1) for equal pieces (v = 1 but for the interleaved schedule),
    with Megatron's figure (p - 1) / (v m), the bubble's time over the ideal step
    rather than over the whole step, beside it; the most micro-batches whose
-   activations the stage held at once and their bytes; the messages it sent. PDP_TRACE=out.json draws the schedule:
-   one lane per stage ("pipeline stage s"), one event per action ("F3", "B3").
+   activations the stage held at once and their bytes; the messages it sent.
+   PDP_TRACE=out.json draws the schedule: one lane per stage ("pipeline stage s"), one
+   event per action ("F3", "B3").
 
    Backends: local (thread ranks), MPI (processes) and NCCL (a GPU per stage: thread
    ranks from pdp_nccl_group_create, or processes), with the same arithmetic (the
-   interleaved schedule: local and MPI only): GPipe and 1F1B over 2-4 GPUs equal the single-device model (tested on the CUDA
-   emulation, tests/test_cuda.c). What NCCL changes:
+   interleaved schedule: local and MPI only; pp.c's opening comment says why): GPipe and
+   1F1B over 2-4 GPUs equal the single-device model (tested on the CUDA emulation,
+   tests/test_cuda.c). What NCCL changes:
      - x is device memory of stage 0's GPU (labels stay on the host); activations and
        gradients travel GPU to GPU;
      - NCCL has no tags and enqueues posted messages only at a wait or pdp_work_done
@@ -117,7 +123,7 @@ typedef struct pdp_pp pdp_pp;
 typedef enum pdp_pp_schedule {
     PDP_PP_1F1B = 0, /* default */
     PDP_PP_GPIPE = 1,
-    PDP_PP_INTERLEAVED_1F1B = 2 /* desc.chunks per stage; not on NCCL, nor with TP layers */
+    PDP_PP_INTERLEAVED_1F1B = 2 /* desc.chunks per stage; not on NCCL */
 } pdp_pp_schedule;
 
 /* How a split is balanced without first_layer: the contiguous split of the layers into
@@ -126,7 +132,9 @@ typedef enum pdp_pp_schedule {
    (so an activation stays with the Linear before it). */
 typedef enum pdp_pp_balance {
     PDP_PP_BALANCE_PARAMS = 0, /* default: parameter counts */
-    PDP_PP_BALANCE_TIME = 1,   /* forward + backward time per layer, measured on rank 0 */
+    PDP_PP_BALANCE_TIME = 1,   /* forward + backward time per layer (and the pipeline's
+                                  cross-entropy with the last), measured by stage 0; with TP
+                                  or desc.dp, pipeline 0's TP rank 0's split on every rank */
     PDP_PP_BALANCE_WORK = 2    /* forward + backward FLOPs per sample, estimated from each
                                   layer's shapes (a GEMM counts 2 k n a row; the first layer
                                   computes no input gradient): deterministic */

@@ -268,7 +268,7 @@ PDP__PRIVATE pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, fl
                                      float *local, bool to_full)
 {
     const pdp__param_entry *e = &m->params[p];
-    const pdp__layer *l = &m->layers[e->layer - m->layers[0].index]; /* a stage's: full's numbers */
+    const pdp__layer *l = pdp__tp_param_layer(m, p); /* a stage's: full's numbers */
     bool weight = p == l->param_first;
     int64_t rows = 1, len = e->count, fstride = 0, lstride = 0, foff = 0, i;
     int64_t in = l->in_shape[l->in_ndim - 1]; /* a position's features */

@@ -817,6 +817,8 @@ typedef struct pdp__tp_state {
    and tp->checked = tp->nlayers. f's forward calls it (tp->check_widths) while checked
    != nlayers. */
 PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
+/* The layer owning parameter p of m (a pipeline stage's too: layers_tp.c). */
+PDP__PRIVATE const pdp__layer *pdp__tp_param_layer(const pdp_model *m, int p);
 /* Whether parameter p of m is a TP slice (layers_tp.c; else whole on every TP rank). */
 PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p);
 
@@ -5606,6 +5608,11 @@ PDP__PRIVATE pdp_status pdp__residual_add_cuda_backward(const pdp__layer *l,
 
 /* PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t *count) */
 
+/* The layer that owns parameter p of m. A pipeline stage's parameters keep the full model's
+   layer numbers and its layers are consecutive; an interleaved stage's (pp.c's joined
+   chunks) are runs with gaps between them, found by a search. */
+PDP__PRIVATE const pdp__layer *pdp__tp_param_layer(const pdp_model *m, int p);
+
 /* Whether parameter p of m is split across the TP ranks: the column-parallel weight and
    bias, the row-parallel weight; every other parameter (the row-parallel bias, every
    non-TP layer's) is whole on every TP rank. */
@@ -8722,8 +8729,18 @@ PDP__PRIVATE pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const
    necessarily posted that receive. The runner's two waits were checked by a
    simulation of every rank (tests/test_pp.c, pp_interleaved_schedules_cannot_deadlock:
    p = 2..8, v = 1..4, m = p..4p, all complete) and the schedule runs in the tests on
-   thread ranks. NCCL matches by order and serialises a rank's messages on one stream,
-   which this argument does not cover: the interleaved schedule is refused there.
+   thread ranks.
+   NCCL matches a pair's messages by order, which is safe: for every pair of ranks the
+   sender's list posts its messages in the order the receiver's list posts their receives
+   (the k-th forward is the same micro-batch and chunk on every stage; the wrap from the
+   last stage to the first maps chunk c to c + 1, which keeps the order). But it also runs
+   a rank's messages one group after another on one stream, and a send completes only when
+   its receive runs: the interleaved list then deadlocks for m >= 2p (p = 2, v = 2, m = 4:
+   stage 0's B0c1 sends stage 1 a gradient that stage 1 receives for B0c0, a receive
+   queued behind stage 1's B1c1 send of a gradient to stage 0, whose receive, for stage
+   0's B1c1, is queued behind the first). The simulation under NCCL's rule (the same
+   test) finds it, and 1F1B and GPipe complete: the interleaved schedule is refused on
+   NCCL.
 
    Messages are started as soon as they are posted (pdp__pp_start): NCCL enqueues
    posted messages only at a wait or pdp_work_done (comm.h), so without it stage 0's
@@ -8814,8 +8831,16 @@ struct pdp_pp {
 PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, const bool *cut_ok, int n, int p,
                                         int *first);
 
-/* Forward + backward seconds of each layer of full (a copy of it) on rows samples. */
-PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, double *cost);
+/* The pipeline's own loss, softmax cross-entropy on the last stage, counts as part of the
+   last layer (pdp__pp_layer_costs, pdp__pp_time_layers): with a GPT's vocabulary it is a
+   real share of the step. Its classes, and its rows a sample (T of [T, V]). */
+PDP__PRIVATE int64_t pdp__pp_loss_rows(const pdp_model *full, int64_t *classes);
+
+/* Forward + backward seconds of each layer of full (a copy of it) on rows samples, the least
+   of 5 timed passes after a warm-up (a pass another process interrupted counts only where
+   it was the fastest); with loss, the cross-entropy's added to the last layer's. */
+PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, bool loss,
+                                            double *cost);
 
 /* ---- pp: schedules ---- */
 
@@ -8846,8 +8871,11 @@ PDP__PRIVATE pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc
                                               int p, const char *fn);
 
 /* Each layer's cost for balancing: parameters, or estimated FLOPs per sample
-   (layers_table.c's estimate; layer 0 computes no input gradient). */
-PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how, double *cost);
+   (layers_table.c's estimate; layer 0 computes no input gradient; with loss, the
+   cross-entropy's 6 a logit on the last layer: its max, exp and sum, the gradient's
+   division and scale, a transcendental counted as one as there). */
+PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how, bool loss,
+                                      double *cost);
 
 /* cut_ok[i]: a stage may start at layer i (i in [0, n]): not inside a residual region,
    whose skip cannot cross stages. */
@@ -8860,6 +8888,12 @@ PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const c
 /* Every rank checks its split, schedule and micro-batches against rank 0's (by
    time: takes rank 0's split). */
 PDP__PRIVATE pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn);
+
+/* A split by time is stage 0's measurement of one pipeline; the other pipelines and the
+   other TP ranks measured their own, and every copy of a stage must hold the same layers:
+   all take TP rank 0's (after the pipelines agreed), then dp rank 0's, so every rank holds
+   the split of pipeline 0's TP rank 0. */
+PDP__PRIVATE pdp_status pdp__pp_agree_timed(pdp_pp *pp, const pdp_model *full, const char *fn);
 
 /* PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp) */
 
@@ -8874,7 +8908,11 @@ PDP__PRIVATE pdp_status pdp__pp_find_tied(pdp_pp *pp, const pdp_model *full, con
 /* With v > 1 chunks, the stage model: the chunks' layers and parameters one after the other
    in one model whose blocks hold every chunk's (the optimizer, clipping and checkpoints see
    one model, as with one chunk); each chunk's blocks become views into them. Its layers keep
-   their indices into its own registry; they are not run (each chunk runs its own). */
+   their indices into its own registry; they are not run (each chunk runs its own). With TP
+   layers each chunk keeps its own TP state (its layers' and its width check's, pdp__model_
+   stage), and the stage model holds the TP group too, for clipping: pdp__grad_sumsq_range
+   counts its slices as on one chunk; pdp__pp_fold_tp_stats adds the chunks' counters to
+   its own after each pass, for pdp_tp_get_stats. */
 PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp);
 
 /* PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c, const pdp_pp_desc *desc) */
@@ -8918,10 +8956,15 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
                                          int k, double *loss_sum);
 
 /* A weight tied across two stages (a GPT's wte: the embedding's on stage 0, chunk 0, the
-   head's copy on the last, its last chunk): each stage sends its gradient of it to the other and adds the one it
-   receives, a + b on one side and b + a on the other, the same bits, so the two copies get
-   the same update and stay equal (Megatron's all-reduce over the embedding group). */
+   head's copy on the last, its last chunk): each stage sends its gradient of it to the
+   other and adds the one it receives, a + b on one side and b + a on the other, the same
+   bits, so the two copies get the same update and stay equal (Megatron's all-reduce over
+   the embedding group). */
 PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp);
+
+/* With chunks on TP stages: each chunk's TP counters of the pass added to the stage model's
+   (pdp_tp_get_stats(pdp_pp_model(pp)) reads them) and zeroed. */
+PDP__PRIVATE void pdp__pp_fold_tp_stats(pdp_pp *pp);
 
 /* Micro-batch sizes of a batch of rows rows (the first rows % m one larger). */
 PDP__PRIVATE pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows);

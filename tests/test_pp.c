@@ -776,6 +776,8 @@ TEST pp_balance_by_work(void)
         for (p = 2; p <= 4; p++) {
             ASSERT_ENUM_EQ(PDP_OK, build_model(&m, kind), pdp_status_name);
             for (i = 0; i < pdp_model_num_layers(m); i++) cost[i] = work_of(m, i);
+            if (kind != REG) /* the pipeline's cross-entropy: 6 a logit, on the last layer */
+                cost[i - 1] += 6.0 * (double)m->layers[i - 1].out_count;
             brute_split(cost, pdp_model_num_layers(m), p, want);
             pdp_model_free(m);
             memset(&k, 0, sizeof k);
@@ -802,7 +804,8 @@ TEST pp_balance_by_work(void)
         }
         ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 10), pdp_status_name);
         for (i = 0; i < pdp_model_num_layers(m); i++) cost[i] = work_of(m, i);
-        pdp__pp_layer_costs(m, PDP_PP_BALANCE_WORK, lib); /* the library's own costs */
+        cost[i - 1] += 6.0 * 10; /* the cross-entropy's 6 a logit */
+        pdp__pp_layer_costs(m, PDP_PP_BALANCE_WORK, true, lib); /* the library's own costs */
         for (i = 0; i < pdp_model_num_layers(m); i++) ASSERT_EQ(cost[i], lib[i]);
         ASSERT_ENUM_EQ(PDP_OK, pdp__pp_balance(cost, NULL, pdp_model_num_layers(m), p, first),
                        pdp_status_name);
@@ -1294,6 +1297,128 @@ static bool sim_pipeline(pdp_pp_schedule sched, int p, int v, int m, bool no_ext
     return true;
 }
 
+/* The same lists under NCCL's rules (comm.h): no tags, so a pair's messages match in the
+   order the sender posted them and the receiver posted its receives, and one stream per
+   rank: the messages the runner starts together (an action's send with the receive it
+   posted for the next action, or that receive alone) form a group that runs once the
+   rank's earlier groups are done and completes once each of its messages' other side is
+   running too (a send needs its receive). First: for every pair of ranks the k-th message
+   the sender's list sends the other is the k-th the receiver's list receives from it, so
+   in-order matching pairs the messages tags would (false otherwise). Then the runner: it
+   enqueues action 0's receive at once; before action k it waits for k's receive and the
+   send that last used k's send buffer, then enqueues k + 1's receive with k's send. True
+   when every rank finishes its list and every group completes. */
+enum { SIM_MSGS = 2 * SIM_M * SIM_P * SIM_V };
+
+static int sim_msg(const pdp__pp_action *a, int s, int p, int P, bool send)
+{
+    int q = a->chunk * p + s, j = a->mb;
+    if (a->kind == 'F' && (send ? q < P - 1 : q > 0))
+        return (0 * SIM_M + j) * (SIM_P * SIM_V) + (send ? q : q - 1);
+    if (a->kind == 'B' && (send ? q > 0 : q < P - 1))
+        return (1 * SIM_M + j) * (SIM_P * SIM_V) + (send ? q - 1 : q);
+    return -1;
+}
+
+static bool sim_nccl(pdp_pp_schedule sched, int p, int v, int m, bool *in_order)
+{
+    static pdp__pp_action acts[SIM_P][SIM_N];
+    static int grp[SIM_P][SIM_N + 1][2], gn[SIM_P][SIM_N + 1]; /* ops: 2 id + (1 if a send) */
+    static int last_f[SIM_P][SIM_V][SIM_M], last_b[SIM_P][SIM_V][2];
+    static int sidx[SIM_MSGS], ridx[SIM_MSGS];
+    static char sact[SIM_MSGS], ract[SIM_MSGS], done[SIM_MSGS];
+    int n[SIM_P], pc[SIM_P], phase[SIM_P], head[SIM_P], ng[SIM_P], next[SIM_P];
+    int slots[SIM_P][SIM_V], held[SIM_V], sent_to[SIM_P][SIM_P], got_from[SIM_P][SIM_P];
+    int s, k, c, i, P = p * v;
+    bool moved = true;
+    memset(sact, 0, sizeof sact), memset(ract, 0, sizeof ract), memset(done, 0, sizeof done);
+    memset(sent_to, 0, sizeof sent_to), memset(got_from, 0, sizeof got_from);
+    for (s = 0; s < p; s++) {
+        n[s] = pdp__pp_build(sched, p, v, m, s, acts[s]);
+        memset(held, 0, sizeof held);
+        memset(slots[s], 0, sizeof slots[s]);
+        for (k = 0; k < n[s]; k++) {
+            const pdp__pp_action *a = &acts[s][k];
+            int snd = sim_msg(a, s, p, P, true), rcv = sim_msg(a, s, p, P, false);
+            int up = (s + 1) % p, down = (s + p - 1) % p;
+            c = a->chunk;
+            held[c] += a->kind == 'F' ? 1 : -1;
+            slots[s][c] = PDP__MAX(slots[s][c], held[c]);
+            if (snd >= 0) sidx[snd] = sent_to[s][a->kind == 'F' ? up : down]++;
+            if (rcv >= 0) ridx[rcv] = got_from[s][a->kind == 'F' ? down : up]++;
+        }
+        pc[s] = phase[s] = head[s] = ng[s] = 0, next[s] = -1;
+        memset(last_f[s], -1, sizeof last_f[s]);
+        memset(last_b[s], -1, sizeof last_b[s]);
+    }
+    *in_order = true;
+    for (s = 0; s < p; s++)
+        for (k = 0; k < n[s]; k++) {
+            int snd = sim_msg(&acts[s][k], s, p, P, true);
+            if (snd >= 0 && sidx[snd] != ridx[snd]) *in_order = false;
+        }
+    while (moved) {
+        moved = false;
+        for (s = 0; s < p; s++) /* the streams: the running groups' messages */
+            for (i = 0; head[s] < ng[s] && i < gn[s][head[s]]; i++) {
+                int op = grp[s][head[s]][i];
+                if (op & 1) sact[op >> 1] = 1;
+                else ract[op >> 1] = 1;
+            }
+        for (s = 0; s < p; s++) {
+            bool all = head[s] < ng[s];
+            for (i = 0; head[s] < ng[s] && i < gn[s][head[s]]; i++) {
+                int id = grp[s][head[s]][i] >> 1;
+                if (sact[id] && ract[id]) done[id] = 1;
+                all = all && done[id];
+            }
+            if (all) head[s]++, moved = true;
+        }
+        for (s = 0; s < p; s++) /* the runner */
+            while (pc[s] < n[s]) {
+                const pdp__pp_action *a = &acts[s][pc[s]];
+                int rcv = sim_msg(a, s, p, P, false), snd = sim_msg(a, s, p, P, true), *w;
+                w = a->kind == 'F' ? &last_f[s][a->chunk][a->mb % slots[s][a->chunk]]
+                                   : &last_b[s][a->chunk][a->mb % 2];
+                if (phase[s] == 0) { /* action 0's receive (the others were posted before) */
+                    if (rcv >= 0 && next[s] != pc[s])
+                        gn[s][ng[s]] = 1, grp[s][ng[s]++][0] = 2 * rcv;
+                    phase[s] = 1;
+                }
+                if (phase[s] == 1 && ((rcv >= 0 && !done[rcv]) || (*w >= 0 && !done[*w]))) break;
+                gn[s][ng[s]] = 0, next[s] = -1;
+                if (pc[s] + 1 < n[s] && (rcv = sim_msg(a + 1, s, p, P, false)) >= 0)
+                    grp[s][ng[s]][gn[s][ng[s]]++] = 2 * rcv, next[s] = pc[s] + 1;
+                if (snd >= 0) grp[s][ng[s]][gn[s][ng[s]]++] = 2 * snd + 1, *w = snd;
+                ng[s] += gn[s][ng[s]] > 0;
+                pc[s]++, phase[s] = 0, moved = true;
+            }
+    }
+    for (s = 0; s < p; s++)
+        if (pc[s] < n[s] || head[s] < ng[s]) return false;
+    return true;
+}
+
+/* Under NCCL's rules: in-order matching is safe for every list, and 1F1B and GPipe complete
+   on one stream a rank, but the interleaved lists with m >= 2p deadlock there (m = p
+   completes): why pdp_pp_create refuses PDP_PP_INTERLEAVED_1F1B on NCCL. */
+TEST pp_schedules_under_nccl_ordering(void)
+{
+    int p, v, mm;
+    bool in_order;
+    for (p = 2; p <= SIM_P; p++)
+        for (mm = 1; mm <= 4; mm++) {
+            ASSERT(sim_nccl(PDP_PP_1F1B, p, 1, mm * p, &in_order) && in_order);
+            ASSERT(sim_nccl(PDP_PP_GPIPE, p, 1, mm * p, &in_order) && in_order);
+            for (v = 2; v <= SIM_V; v++) {
+                bool ok = sim_nccl(PDP_PP_INTERLEAVED_1F1B, p, v, mm * p, &in_order);
+                ASSERT(in_order);
+                ASSERT_EQ(mm == 1, ok);
+            }
+        }
+    PASS();
+}
+
 TEST pp_interleaved_schedules_cannot_deadlock(void)
 {
     int p, v, mm, stuck = 0;
@@ -1405,18 +1530,29 @@ static pdp_optim_desc adamw(void)
     return od;
 }
 
+#define GMAXR 8 /* DP x TP x PP = 2 x 2 x 2 */
+
 typedef struct gpt_case {
     int32_t ids[GB * GT], tg[GB * GT];
     int layers, chunks, m, steps;
+    int tp, dp;                /* 0 or 1: none; else TP ranks a stage, pipelines (pd.dp) */
+    bool sp;                   /* sequence parallel stages (with tp) */
+    bool no_clip;              /* no clipping (else pdp_pp_clip_grad_norm at 0.5 every step) */
     pdp_pp_schedule schedule;
+    pdp_pp_balance balance;
+    int first[GMAXR][2 * GMAXR]; /* each rank's split in use (pdp_pp_get_desc) */
     const char *load, *save;   /* checkpoints: load before training, save after */
     const pdp_model *ref;      /* NULL: no comparison */
-    float losses[STEPS];       /* the last stage's */
-    double worst[MAXR];        /* max |pp - ref| over each stage's tensors, by name */
-    pdp_pp_stats stats[MAXR];
+    float losses[2][STEPS];    /* each pipeline's mean loss, from its last stage */
+    float norms[STEPS];        /* the norm before clipping (rank 0's) */
+    double worst[GMAXR];       /* max |pp - ref| over each rank's tensors, by name (a TP
+                                  slice against its cut of the full tensor) */
+    pdp_pp_stats stats[GMAXR];
+    pdp_tp_stats tps[GMAXR];   /* each rank's TP traffic over the run (pdp_pp_model's) */
 } gpt_case;
 
-/* steps AdamW steps of the GPT with clipping at 0.5 on one device (the reference) */
+/* steps AdamW steps of the GPT with clipping at 0.5 (unless no_clip) on one device (the
+   reference); its losses in losses[0] */
 static pdp_status gpt_one(gpt_case *c, int steps, pdp_model **out)
 {
     pdp_gpt_desc d = gpt_desc(c->layers);
@@ -1424,7 +1560,7 @@ static pdp_status gpt_one(gpt_case *c, int steps, pdp_model **out)
     pdp_optim_desc od = adamw();
     pdp_tensor x;
     int64_t shape[2] = {GB, GT};
-    float loss, norm;
+    float loss;
     int s;
     pdp_status st;
     if ((st = pdp_gpt_create(out, &d)) != PDP_OK || (st = pdp_optim_create(&o, *out, &od)))
@@ -1432,64 +1568,94 @@ static pdp_status gpt_one(gpt_case *c, int steps, pdp_model **out)
     pdp_tensor_wrap_ids(c->ids, pdp_cpu(), 2, shape, &x);
     for (s = 0; s < steps && st == PDP_OK; s++) {
         if ((st = pdp_model_forward_backward(*out, &x, c->tg, &loss)) == PDP_OK &&
-            (st = pdp_clip_grad_norm(*out, 0.5f, &norm)) == PDP_OK)
+            (c->no_clip || (st = pdp_clip_grad_norm(*out, 0.5f, &c->norms[s])) == PDP_OK))
             st = pdp_optim_step(o);
         pdp_optim_zero_grad(o);
-        c->losses[s] = loss;
+        c->losses[0][s] = loss;
     }
     pdp_optim_free(o);
     return st;
 }
 
+/* Rank (d p + s) tp + t: TP rank t of stage s of pipeline d (train_gpt_3d's layout); pipeline
+   d trains on rows [d GB / dp, (d + 1) GB / dp). */
 static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
 {
     gpt_case *c = (gpt_case *)user;
+    int tp = PDP__MAX(c->tp, 1), dp = PDP__MAX(c->dp, 1), p = ctx->world_size / (tp * dp);
+    int t = ctx->rank % tp, st_ = ctx->rank / tp % p, dd = ctx->rank / (tp * p);
     pdp_gpt_desc d = gpt_desc(c->layers);
+    pdp_comm *tc = NULL, *pc = ctx->world, *dc = NULL;
     pdp_model *full = NULL, *m;
     pdp_pp *pp = NULL;
     pdp_pp_desc pd;
     pdp_optim *o = NULL;
     pdp_optim_desc od = adamw();
     pdp_tensor x;
-    int64_t shape[2] = {GB, GT};
-    float loss, norm;
-    int s, i;
-    pdp_status st;
+    int64_t rows = GB / dp, shape[2] = {GB / dp, GT};
+    float loss, norm = 0.0f;
+    int s;
+    pdp_status st = PDP_OK;
+    if (tp > 1 || dp > 1) {
+        pc = NULL;
+        if ((st = pdp_comm_split(ctx->world, dd * p + st_, t, &tc)) != PDP_OK ||
+            (st = pdp_comm_split(ctx->world, dd * tp + t, st_, &pc)) != PDP_OK ||
+            (st = pdp_comm_split(ctx->world, st_ * tp + t, dd, &dc)) != PDP_OK)
+            goto out;
+    }
     memset(&pd, 0, sizeof pd);
     pd.schedule = c->schedule;
     pd.chunks = c->chunks;
     pd.micro_batches = c->m;
+    pd.dp = dp > 1 ? dc : NULL;
+    pd.balance = c->balance;
+    d.tp = tp > 1 ? tc : NULL;
+    d.sequence_parallel = c->sp;
     if ((st = pdp_gpt_create(&full, &d)) != PDP_OK ||
-        (st = pdp_pp_create(&pp, full, ctx->world, &pd)) != PDP_OK)
+        (st = pdp_pp_create(&pp, full, pc, &pd)) != PDP_OK)
         goto out;
     m = pdp_pp_model(pp);
     if ((st = pdp_optim_create(&o, m, &od)) != PDP_OK) goto out;
     if (c->load && (st = pdp_pp_checkpoint_load(pp, o, c->load)) != PDP_OK) goto out;
-    pdp_tensor_wrap_ids(c->ids, pdp_cpu(), 2, shape, &x);
+    pdp_tensor_wrap_ids(c->ids + dd * rows * GT, pdp_cpu(), 2, shape, &x);
     for (s = 0; s < c->steps; s++) {
-        if ((st = pdp_pp_forward_backward(pp, &x, c->tg, &loss)) != PDP_OK ||
-            (st = pdp_pp_clip_grad_norm(pp, 0.5f, &norm)) != PDP_OK ||
+        if ((st = pdp_pp_forward_backward(pp, &x, c->tg + dd * rows * GT, &loss)) != PDP_OK ||
+            (!c->no_clip && (st = pdp_pp_clip_grad_norm(pp, 0.5f, &norm)) != PDP_OK) ||
             (st = pdp_pp_step(pp, o)) != PDP_OK)
             goto out;
-        if (ctx->rank == ctx->world_size - 1) c->losses[s] = loss;
+        if (st_ == p - 1 && t == 0) c->losses[dd][s] = loss;
+        if (ctx->rank == 0) c->norms[s] = norm;
     }
     pdp_pp_get_stats(pp, &c->stats[ctx->rank]);
+    pdp_tp_get_stats(m, &c->tps[ctx->rank]);
+    memcpy(c->first[ctx->rank], pdp_pp_get_desc(pp).first_layer,
+           (size_t)(p * PDP__MAX(c->chunks, 1)) * sizeof **c->first);
     if (c->save && (st = pdp_pp_checkpoint_save(pp, o, c->save)) != PDP_OK) goto out;
     c->worst[ctx->rank] = 0.0;
-    for (i = 0; c->ref && i < pdp_model_num_params(m); i++) { /* the head's copy of wte too */
-        pdp_param a, r;
-        double e;
-        if ((st = pdp_model_param(m, i, &a)) != PDP_OK ||
-            (st = pdp_model_find_param(c->ref, a.name, &r)) != PDP_OK)
-            goto out;
-        e = fixture_rel_err(a.value.data, r.value.data, a.value.count);
-        if (!(e <= c->worst[ctx->rank])) c->worst[ctx->rank] = e;
-    }
+    if (c->ref) st = fixture_worst_by_name(m, c->ref, &c->worst[ctx->rank]); /* the head's
+                                                                               copy of wte too */
 out:
     pdp_optim_free(o);
     pdp_pp_free(pp);
     pdp_model_free(full);
+    if (pc != ctx->world) pdp_comm_free(pc);
+    pdp_comm_free(tc);
+    pdp_comm_free(dc);
     return st;
+}
+
+/* The step losses of the pipelines (each its own labels' mean) as one batch's mean. */
+static float gpt_batch_loss(const gpt_case *c, int s)
+{
+    int dp = PDP__MAX(c->dp, 1), d, i;
+    double sum = 0.0, n = 0.0;
+    for (d = 0; d < dp; d++) {
+        int count = 0;
+        for (i = d * GB / dp * GT; i < (d + 1) * GB / dp * GT; i++) count += c->tg[i] >= 0;
+        sum += (double)c->losses[d][s] * count;
+        n += count;
+    }
+    return (float)(sum / n);
 }
 
 static void gpt_data(gpt_case *c)
@@ -1525,9 +1691,171 @@ TEST pp_interleaved_gpt_equals_single_device(void)
                 snprintf(msg, sizeof msg, "GPT p %d v %d m %d", p, v, mm * p);
                 c.chunks = v, c.m = mm * p;
                 ASSERT_ENUM_EQm(msg, PDP_OK, pdp_launch(p, NULL, gpt_rank, &c), pdp_status_name);
-                for (s = 0; s < STEPS; s++) ASSERTm(msg, fabs(c.losses[s] - one.losses[s]) <= 1e-5);
+                for (s = 0; s < STEPS; s++)
+                    ASSERTm(msg, fabs(c.losses[0][s] - one.losses[0][s]) <= 1e-5);
                 for (s = 0; s < p; s++) ASSERTm(msg, c.worst[s] <= 1e-5);
             }
+    pdp_model_free(ref);
+    PASS();
+}
+
+/* The interleaved schedule on tensor-parallel stages: the GPT of 4 blocks (2 heads, one a
+   TP rank; dropout 0.1) on 2 stages x 2 chunks, each stage 2 TP ranks (4 thread ranks),
+   m = 2 and 4, 3 AdamW steps with and without the pipeline's clipping at 0.5 (which counts
+   the TP slices on both TP ranks and the replicated tensors once); then DP x TP x PP =
+   2 x 2 x 2 on 8 thread ranks, each pipeline on half the batch. Equal to one device within
+   1e-5: the loss of every step, the norm before clipping, every rank's tensors by name (a
+   slice against its cut of the full tensor). The halves count as many labels: DP averages
+   the pipelines' means, as DDP does. */
+static enum greatest_test_res check_gpt_3d(gpt_case *c, const gpt_case *one, int ranks,
+                                           const char *msg)
+{
+    int s, r;
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(ranks, NULL, gpt_rank, c),
+                    pdp_status_name);
+    for (s = 0; s < STEPS; s++) {
+        ASSERT_IN_RANGEm(msg, one->losses[0][s], gpt_batch_loss(c, s), 1e-5);
+        if (!c->no_clip) ASSERT_IN_RANGEm(msg, one->norms[s], c->norms[s], 1e-5 * one->norms[s]);
+    }
+    for (r = 0; r < ranks; r++) {
+        ASSERTm(msg, c->worst[r] <= 1e-5);
+        ASSERT_EQm(msg, PDP__MAX(c->chunks, 1), c->stats[r].chunks);
+    }
+    PASS();
+}
+
+TEST pp_interleaved_tp_gpt_equals_single_device(void)
+{
+    static gpt_case c, one[2];
+    pdp_model *ref[2] = {NULL, NULL};
+    char msg[96];
+    int clip, mm, i;
+    gpt_data(&c);
+    for (i = 0; i < GB * GT; i++) /* as many labels count in each half (DP averages means) */
+        c.tg[i] = i % 6 == 3 ? -1 : c.tg[i] < 0 ? 7 : c.tg[i];
+    c.layers = 4, c.steps = STEPS;
+    c.schedule = PDP_PP_INTERLEAVED_1F1B, c.chunks = 2, c.tp = 2;
+    for (clip = 0; clip <= 1; clip++) {
+        one[clip] = c;
+        one[clip].no_clip = !clip;
+        ASSERT_ENUM_EQ(PDP_OK, gpt_one(&one[clip], STEPS, &ref[clip]), pdp_status_name);
+        ASSERTm("clipping is active", !clip || one[clip].norms[0] > 0.5f);
+    }
+    for (clip = 0; clip <= 1; clip++)
+        for (mm = 2; mm <= 4; mm += 2) {
+            snprintf(msg, sizeof msg, "TP 2 x PP 2, v 2, m %d, %s", mm, clip ? "clipped"
+                                                                            : "no clipping");
+            c.m = mm, c.no_clip = !clip, c.ref = ref[clip];
+            CHECK_CALL(check_gpt_3d(&c, &one[clip], 4, msg));
+        }
+    c.dp = 2, c.m = 2, c.no_clip = false, c.ref = ref[1];
+    CHECK_CALL(check_gpt_3d(&c, &one[1], 8, "DP 2 x TP 2 x PP 2, v 2, m 2, clipped"));
+    pdp_model_free(ref[0]);
+    pdp_model_free(ref[1]);
+    PASS();
+}
+
+/* Sequence parallel stages (pdp_gpt_desc.sequence_parallel with TP 2): the blocks between
+   the embedding's scatter and the final LayerNorm's gather hold a rank's T / 2 positions,
+   and so does every activation a stage sends (and its gradient). TP 2 x PP 2, 1F1B and
+   interleaved (v 2), m 2 and 4, 3 AdamW steps clipped at 0.5: equal to one device within
+   1e-5 (losses, norms, tensors by name), and each stage sends, besides the tied weight's
+   gradient (V C floats, the first and last stage), half the bytes of the same pipeline
+   without SP in as many messages. The TP traffic an interleaved stage reports
+   (pdp_tp_get_stats on pdp_pp_model: its chunks' summed) adds up over the stages to
+   1F1B's. */
+static void tp_totals(const gpt_case *c, int ranks, int64_t *out)
+{
+    int r;
+    memset(out, 0, 4 * sizeof *out);
+    for (r = 0; r < ranks; r++) {
+        out[0] += c->tps[r].allgathers, out[1] += c->tps[r].reduce_scatters;
+        out[2] += c->tps[r].grad_allreduces, out[3] += c->tps[r].bytes_sent;
+    }
+}
+
+TEST pp_sequence_parallel_gpt_equals_single_device(void)
+{
+    static gpt_case c, one, plain;
+    pdp_model *ref = NULL;
+    char msg[96];
+    int v, mm, r;
+    int64_t tot[2][2][4]; /* [m / 2 - 1][v - 1]: tp_totals */
+    int64_t tied = 13 * 8 * (int64_t)sizeof(float); /* gpt_desc's V C */
+    gpt_data(&c);
+    c.layers = 4, c.steps = STEPS, c.tp = 2;
+    one = c;
+    ASSERT_ENUM_EQ(PDP_OK, gpt_one(&one, STEPS, &ref), pdp_status_name);
+    c.ref = ref;
+    for (v = 1; v <= 2; v++)
+        for (mm = 2; mm <= 4; mm += 2) {
+            snprintf(msg, sizeof msg, "SP, TP 2 x PP 2, %s, m %d", v > 1 ? "interleaved v 2"
+                                                                         : "1F1B", mm);
+            c.schedule = v > 1 ? PDP_PP_INTERLEAVED_1F1B : PDP_PP_1F1B;
+            c.chunks = v > 1 ? v : 0, c.m = mm;
+            plain = c; /* the same pipeline without SP */
+            c.sp = true;
+            CHECK_CALL(check_gpt_3d(&c, &one, 4, msg));
+            CHECK_CALL(check_gpt_3d(&plain, &one, 4, msg));
+            for (r = 0; r < 4; r++) {
+                ASSERT_EQm(msg, plain.stats[r].messages, c.stats[r].messages);
+                ASSERT_EQm(msg, (plain.stats[r].bytes_sent - tied) / 2,
+                           c.stats[r].bytes_sent - tied);
+            }
+            tp_totals(&c, 4, tot[mm / 2 - 1][v - 1]);
+            ASSERTm(msg, tot[mm / 2 - 1][v - 1][0] > 0 && tot[mm / 2 - 1][v - 1][2] > 0);
+            c.sp = false;
+        }
+    for (mm = 0; mm < 2; mm++)
+        for (r = 0; r < 4; r++)
+            ASSERT_EQm("interleaved's TP traffic", tot[mm][0][r], tot[mm][1][r]);
+    pdp_model_free(ref);
+    PASS();
+}
+
+/* A GPT's stages balanced by measured time (stage 0 times each layer forward and backward
+   on token ids, and the cross-entropy with the last) and by estimated work: each split
+   trains as one device does (2 stages, 1F1B, m 2 and interleaved v 2, m 2), and each
+   starts a stage between residual regions. */
+TEST pp_gpt_balanced_by_time_and_work(void)
+{
+    static gpt_case c, one;
+    pdp_model *ref = NULL;
+    char msg[96];
+    int b, v, s, i;
+    gpt_data(&c);
+    c.layers = 4, c.steps = STEPS, c.m = 2;
+    one = c;
+    ASSERT_ENUM_EQ(PDP_OK, gpt_one(&one, STEPS, &ref), pdp_status_name);
+    c.ref = ref;
+    for (b = 0; b < 2; b++)
+        for (v = 1; v <= 2; v++) {
+            snprintf(msg, sizeof msg, "GPT by %s, %s", b ? "work" : "time",
+                     v > 1 ? "interleaved v 2" : "1F1B");
+            c.balance = b ? PDP_PP_BALANCE_WORK : PDP_PP_BALANCE_TIME;
+            c.schedule = v > 1 ? PDP_PP_INTERLEAVED_1F1B : PDP_PP_1F1B;
+            c.chunks = v > 1 ? v : 0;
+            CHECK_CALL(check_gpt_3d(&c, &one, 2, msg));
+            for (s = 1; s < 2 * v; s++) { /* outside every residual region */
+                int open = 0;
+                for (i = 0; i < c.first[0][s]; i++)
+                    open += !strcmp(pdp_model_layer_name(ref, i), "Residual") -
+                            !strcmp(pdp_model_layer_name(ref, i), "ResidualAdd");
+                ASSERT_EQm(msg, 0, open);
+            }
+        }
+    /* DP x TP x PP = 2 x 2 x 2 by time: four stage 0s measure, and every rank must take one
+       split (a TP pair or two pipelines holding different layers would not train at all) */
+    c.balance = PDP_PP_BALANCE_TIME, c.tp = 2, c.dp = 2;
+    for (i = 0; i < GB * GT; i++) /* as many labels count in each half (DP averages means) */
+        c.tg[i] = i % 6 == 3 ? -1 : c.tg[i] < 0 ? 7 : c.tg[i];
+    one = c;
+    pdp_model_free(ref);
+    ASSERT_ENUM_EQ(PDP_OK, gpt_one(&one, STEPS, &ref), pdp_status_name);
+    c.ref = ref;
+    CHECK_CALL(check_gpt_3d(&c, &one, 8, "2 x 2 x 2 by time, interleaved v 2"));
+    for (i = 1; i < 8; i++)
+        for (s = 0; s < 4; s++) ASSERT_EQm("one split on every rank", c.first[0][s], c.first[i][s]);
     pdp_model_free(ref);
     PASS();
 }
@@ -1675,8 +2003,12 @@ SUITE(pp)
     RUN_TEST(pp_interleaved_equals_single_device);
     RUN_TEST(pp_interleaved_schedule_lists);
     RUN_TEST(pp_interleaved_schedules_cannot_deadlock);
+    RUN_TEST(pp_schedules_under_nccl_ordering);
     RUN_TEST(pp_interleaved_lists_meet_the_bubble_formula);
     RUN_TEST(pp_interleaved_gpt_equals_single_device);
+    RUN_TEST(pp_interleaved_tp_gpt_equals_single_device);
+    RUN_TEST(pp_sequence_parallel_gpt_equals_single_device);
+    RUN_TEST(pp_gpt_balanced_by_time_and_work);
     RUN_TEST(pp_interleaved_checkpoint_resumes_at_another_stage_count);
     RUN_TEST(pp_interleaved_errors);
     RUN_TEST(pp_interleaved_stats_format);
