@@ -3,7 +3,7 @@
    Rank = (d pp + s) tp + t: a TP group's ranks are neighbours (the most traffic), then a
    pipeline's stages s, then the data-parallel copies d. Three pdp_comm_split calls give each
    rank its TP group (each block's weights split by heads, tp.h), its PP group (the blocks cut
-   into stages balanced by measured time, pp.h) and its DP group (the copies of a stage,
+   into stages of equal estimated FLOPs, pp.h: the same split every run) and its DP group (the copies of a stage,
    gradients averaged). Pipeline d trains on its 1/dp of each global batch; AdamW, clipping
    to norm 1 over all three. Rank 0 first trains the same GPT on one device: both losses each
    step (exit status 1 if they differ by more than 1e-5); then each rank's groups, layers,
@@ -16,7 +16,7 @@
            mpirun -np 8 ./gpt_3d_mpi -backend mpi     (make mpi-test checks its losses)
    Output (PDP_SHORT=1): "step 3  loss 4.894898  one device 4.894899 ...", "equal to one
            device within 1e-05", then per rank: "rank 5 (dp 1, tp 1, pp 0): TP {4 5}  PP {5 7}
-           DP {1 5}  layers 0..40" (timed: the split varies), its memory, "TP 655360
+           DP {1 5}  layers 0..24", its memory, "TP 655360
            (2(t-1)/t x 2 m R b T C 4 = 655360, ...)", PP and DP bytes likewise, "bubble 0.186
            measured over 3 steps; pdp's ...".
    Next:   pdp.h's manual, DISTRIBUTED, "Combinations" (the same groups and formulas). */
@@ -111,7 +111,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     gd.tp = tp > 1 ? c[0] : NULL;
     PDP_TRY(pdp_gpt_create(&full, &gd)); /* this TP rank's slices of every block */
     pdp_pp_desc pd = {.micro_batches = micro, .chunks = chunks, .dp = c[2], /* DP x PP */
-                      .balance = PDP_PP_BALANCE_TIME, /* the layers and the loss, timed */
+                      .balance = PDP_PP_BALANCE_WORK, /* FLOPs of the layers and the loss */
                       .schedule = *sched == 'g'   ? PDP_PP_GPIPE /* gpipe, 1f1b, interleaved */
                                   : *sched == '1' ? PDP_PP_1F1B : PDP_PP_INTERLEAVED_1F1B};
     PDP_TRY(pdp_pp_create(&p, full, c[1], &pd)); /* keeps this stage's blocks */
