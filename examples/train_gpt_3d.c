@@ -16,7 +16,7 @@
            mpirun -np 8 ./gpt_3d_mpi -backend mpi     (make mpi-test checks its losses)
    Output (PDP_SHORT=1): "step 3  loss 4.894898  one device 4.894899 ...", "equal to one
            device within 1e-05", then per rank: "rank 5 (dp 1, tp 1, pp 0): TP {4 5}  PP {5 7}
-           DP {1 5}  layers 0..24", its memory, "TP 655360
+           DP {1 5}  layers 0..40", its memory, "TP 655360
            (2(t-1)/t x 2 m R b T C 4 = 655360, ...)", PP and DP bytes likewise, "bubble 0.186
            measured over 3 steps; pdp's ...".
    Next:   pdp.h's manual, DISTRIBUTED, "Combinations" (the same groups and formulas). */
