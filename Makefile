@@ -88,7 +88,7 @@ IMPL_LINKED    = -DPDP__IMPLEMENTATION_INCLUDED -DPDP_TEST_SHARED_IMPL
 TEST_LINKED    = $(IMPL_LINKED) -DPDP__INTERNAL_API
 IMPL_OBJ       = $(B)/pdp_impl.o
 TEST_HEADERS   = pdp.h tests/pdp_test.h tests/counting_alloc.h tests/pdp_linked.h \
-                 tests/pdp_internal.h tests/child_process.h
+                 tests/pdp_internal.h tests/child_process.h tests/test_platform.h
 
 $(IMPL_OBJ): tests/pdp_impl.c tests/counting_alloc.h pdp.h
 	@mkdir -p $(@D)
