@@ -5,14 +5,17 @@
    On Windows: setenv and unsetenv (_putenv_s: the C runtime's getenv, the library's
    included, sees the change), mkdir(path, mode) (_mkdir: the mode has no meaning there),
    sleep. Everywhere: test_temp_dir makes a new private directory "<stem>.XXXXXX" under
-   /tmp (mkdtemp) or, on Windows, "<stem>.<pid>.<n>" under %TEMP%; test_cpu_count is the
-   number of online processors (sysconf, GetSystemInfo); test_remove_tree removes a
+   $TMPDIR or /tmp (mkdtemp) or, on Windows, "<stem>.<pid>.<n>" under %TEMP%; test_cpu_count is the
+   number of online processors (sysconf, GetSystemInfo); test_temp_file creates a new
+   file "<stem>.XXXXXX" the same way and opens it for reading and writing (mkstemp;
+   _open with O_EXCL on Windows), giving the descriptor or -1; test_remove_tree removes a
    directory and all in it (rm -rf, rmdir /s /q). On POSIX this header adds no names but
    those three and TEST_NULL_DEVICE, the path of the null device ("/dev/null", "NUL"): include it after the system headers and pdp.h (which brings
    <windows.h> on Windows). */
 #ifndef PDP_TEST_PLATFORM_H
 #define PDP_TEST_PLATFORM_H
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -51,6 +54,20 @@ static inline int test_temp_dir(char *out, size_t cap, const char *stem)
     return -1;
 }
 
+static inline int test_temp_file(char *out, size_t cap, const char *stem)
+{
+    const char *t = getenv("TEMP");
+    int k, fd;
+    for (k = 0; k < 1000; k++) {
+        if ((size_t)snprintf(out, cap, "%s\\%s.%lu.%d", t && *t ? t : ".", stem,
+                             (unsigned long)GetCurrentProcessId(), k) >= cap)
+            return -1;
+        fd = _open(out, _O_CREAT | _O_EXCL | _O_RDWR | _O_BINARY, _S_IREAD | _S_IWRITE);
+        if (fd >= 0 || errno != EEXIST) return fd;
+    }
+    return -1;
+}
+
 static inline int test_remove_tree(const char *dir)
 {
     char cmd[1024];
@@ -71,8 +88,16 @@ static inline long test_cpu_count(void)
 
 static inline int test_temp_dir(char *out, size_t cap, const char *stem)
 {
-    if ((size_t)snprintf(out, cap, "/tmp/%s.XXXXXX", stem) >= cap) return -1;
+    const char *t = getenv("TMPDIR");
+    if ((size_t)snprintf(out, cap, "%s/%s.XXXXXX", t && *t ? t : "/tmp", stem) >= cap) return -1;
     return mkdtemp(out) ? 0 : -1;
+}
+
+static inline int test_temp_file(char *out, size_t cap, const char *stem)
+{
+    const char *t = getenv("TMPDIR");
+    if ((size_t)snprintf(out, cap, "%s/%s.XXXXXX", t && *t ? t : "/tmp", stem) >= cap) return -1;
+    return mkstemp(out);
 }
 
 static inline int test_remove_tree(const char *dir)
