@@ -4,7 +4,7 @@
 
    On Windows: setenv and unsetenv (_putenv_s: the C runtime's getenv, the library's
    included, sees the change), mkdir(path, mode) (_mkdir: the mode has no meaning there),
-   sleep. Everywhere: test_temp_dir makes a new private directory "<stem>.XXXXXX" under
+   sleep; <windows.h>'s empty IN and OUT undefined. Everywhere: test_temp_dir makes a new private directory "<stem>.XXXXXX" under
    $TMPDIR or /tmp (mkdtemp) or, on Windows, "<stem>.<pid>.<n>" under %TEMP%; test_cpu_count is the
    number of online processors (sysconf, GetSystemInfo); test_temp_file creates a new
    file "<stem>.XXXXXX" the same way and opens it for reading and writing (mkstemp;
@@ -24,6 +24,8 @@
 #include <io.h>
 #include <process.h>
 #include <windows.h>
+#undef IN  /* <windows.h>'s annotations, empty: the tests name sizes IN and OUT */
+#undef OUT
 
 static inline int setenv(const char *name, const char *value, int overwrite)
 {
