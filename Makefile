@@ -88,7 +88,7 @@ IMPL_LINKED    = -DPDP__IMPLEMENTATION_INCLUDED -DPDP_TEST_SHARED_IMPL
 TEST_LINKED    = $(IMPL_LINKED) -DPDP__INTERNAL_API
 IMPL_OBJ       = $(B)/pdp_impl.o
 TEST_HEADERS   = pdp.h tests/pdp_test.h tests/counting_alloc.h tests/pdp_linked.h \
-                 tests/pdp_internal.h tests/child_process.h
+                 tests/pdp_internal.h tests/child_process.h tests/test_platform.h
 
 $(IMPL_OBJ): tests/pdp_impl.c tests/counting_alloc.h pdp.h
 	@mkdir -p $(@D)
@@ -488,17 +488,25 @@ emu-cuda-test: $(EMU_PROGRAMS) $(EB)/bench_gpu $(EMU_STACK_CHECK)
 #                   expects "nan" in a message where tcc's NAN prints "-nan".
 #                   3. Windows: builds WIN_TESTS with $(MINGW_CC) (Debian's
 #                   gcc-mingw-w64-x86-64) into $(WB)/: the implementation object at
-#                   $(CROSS_OPT) (no -march=native), the tests at -Og, every program linked
-#                   statically (-static: Winsock, and winpthreads for the tests' own pthread
-#                   calls; the library itself uses Win32 threads, platform.h). Each runs under
-#                   $(WINE) (Debian's wine64) with WINEDEBUG=-all in a private WINEPREFIX, into
-#                   $(WB)/run/ (Wine's CRLF line ends taken out for tests/run_all.sh). The parts named by issue 27: single device (tensor, optim, loss,
-#                   fixtures), threads, DP, DDP and the local communicator, checkpoints (atomic
-#                   replace, a writer killed mid-save, a resume in a fresh process), the TCP
-#                   store on Winsock. Child processes go through tests/child_process.h
-#                   (CreateProcess). Not run there yet: test_zero, test_data, test_trace,
-#                   test_launch, test_alloc_fail (fork, mkdtemp, POSIX mkdir in the tests
-#                   themselves), the GPT, TP, PP and kernel suites (not the parts named).
+#                   $(CROSS_OPT) (no -march=native), the tests at -Og linked to it but
+#                   WIN_OWN, which compile the implementation themselves as OWN_TESTS do (bf16
+#                   at $(CROSS_OPT)), every program linked statically (-static: Winsock, and
+#                   winpthreads for the tests' own pthread calls; the library itself uses
+#                   Win32 threads, platform.h). Each runs under $(WINE) (Debian's wine64) with
+#                   WINEDEBUG=-all in a private WINEPREFIX, into $(WB)/run/ (Wine's CRLF line
+#                   ends taken out for tests/run_all.sh). The parts named by issue 27: single
+#                   device (tensor, optim, loss, fixtures, layers, bf16, gemm, data, desc,
+#                   alloc_fail, linked), threads, DP, DDP, ZeRO and the local communicator,
+#                   checkpoints (atomic replace, a writer killed mid-save, a resume in a fresh
+#                   process), the TCP store on Winsock; and the rest that runs there: trace,
+#                   launch, the harness, TP, PP and the GPT suites. Child processes go through
+#                   tests/child_process.h (CreateProcess), the tests' other POSIX calls through
+#                   tests/test_platform.h (setenv, mkdir, temporary files and directories).
+#                   Their skips there: cases that need python3, gzip or a POSIX shell (Wine
+#                   runs Windows programs only), a CUDA device, /proc, the AVX-512 and AMX
+#                   kernels (no -march=native). Left out: test_gemm_nosimd (without -march=native it
+#                   builds the kernel test_gemm already runs), test_cuda and test_mpi (no
+#                   device, no MPI there).
 #                   Each part prints "skipped: ..." and succeeds when its compiler or QEMU is
 #                   missing. Not part of make test.
 CROSS_CC       ?= aarch64-linux-gnu-gcc
@@ -514,7 +522,10 @@ MINGW_CC       ?= x86_64-w64-mingw32-gcc
 WINE           ?= wine
 WB              = $(B)/win
 WIN_TESTS       = $(addprefix $(WB)/test_,tensor optim loss fixtures threads comm dp ddp checkpoint \
-                  store)
+                  store zero data trace launch alloc_fail desc harness linked layers bf16 gemm \
+                  tp pp gpt gpt_kernels gpt_sp)
+WIN_OWN_OPT     = $(WB)/test_bf16
+WIN_OWN         = $(WIN_OWN_OPT) $(addprefix $(WB)/test_,layers harness)
 WIN_LIBS        = -static -lws2_32 -lpthread -lm
 TCC            ?= tcc
 TB              = $(B)/tcc
@@ -537,6 +548,12 @@ $(WB)/pdp_impl.o: tests/pdp_impl.c tests/counting_alloc.h pdp.h
 
 $(WB)/test_%: tests/test_%.c $(WB)/pdp_impl.o $(TEST_HEADERS)
 	$(MINGW_CC) $(WARN) -Og $(CPPFLAGS) $(TEST_LINKED) $< $(WB)/pdp_impl.o -o $@.exe $(WIN_LIBS)
+	@touch $@
+
+$(WIN_OWN): $(WB)/test_%: tests/test_%.c $(TEST_HEADERS)
+	@mkdir -p $(@D)
+	$(MINGW_CC) $(WARN) $(if $(filter $@,$(WIN_OWN_OPT)),$(CROSS_OPT),-Og) $(CPPFLAGS) -DPDP_STATIC \
+	    $< -o $@.exe $(WIN_LIBS)
 	@touch $@
 
 cross-test:

@@ -5880,14 +5880,22 @@ PDP__PRIVATE void pdp__dir_close(pdp__dir *d)
 
 PDP__PRIVATE int pdp__path_kind(const char *path, bool follow)
 {
-    DWORD a = GetFileAttributesA(path);
+    DWORD a = GetFileAttributesA(path), type;
+    HANDLE h;
     if (a == INVALID_FILE_ATTRIBUTES) {
         errno = pdp__win_errno(GetLastError());
         return -1;
     }
     if (!follow && (a & FILE_ATTRIBUTE_REPARSE_POINT)) return PDP__PATH_OTHER;
     if (a & FILE_ATTRIBUTE_DIRECTORY) return PDP__PATH_DIR;
-    return (a & FILE_ATTRIBUTE_DEVICE) ? PDP__PATH_OTHER : PDP__PATH_FILE;
+    /* a device name ("NUL", "CON", "COM1") has a file's attributes: its handle's type
+       tells (no access asked; a path that will not open is left to the caller's open) */
+    h = CreateFileA(path, 0, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, NULL,
+                    OPEN_EXISTING, 0, NULL);
+    if (h == INVALID_HANDLE_VALUE) return PDP__PATH_FILE;
+    type = GetFileType(h);
+    CloseHandle(h);
+    return type == FILE_TYPE_DISK ? PDP__PATH_FILE : PDP__PATH_OTHER;
 }
 #endif
 

@@ -7,7 +7,8 @@
    reads as), CreateProcess on Windows. child_wait reaps it and gives its exit status (-1
    for a signal); child_wait_until does the same unless `seconds` pass first (then 0, the
    child left running; else 1); child_kill kills it (SIGKILL, TerminateProcess) and reaps
-   it; child_nap sleeps a moment. pdp.h comes first (<windows.h> on Windows). */
+   it; child_nap sleeps a moment; child_pause sleeps until the process is killed (a child that
+   stands for a live process). pdp.h comes first (<windows.h> on Windows). */
 #ifndef PDP_TEST_CHILD_PROCESS_H
 #define PDP_TEST_CHILD_PROCESS_H
 #include <stdio.h>
@@ -63,6 +64,8 @@ static inline void child_kill(child *c)
 }
 
 static inline void child_nap(void) { Sleep(1); }
+
+static inline void child_pause(void) { Sleep(INFINITE); }
 #else
 #include <signal.h>
 #include <time.h>
@@ -143,5 +146,7 @@ static inline void child_nap(void)
     struct timespec pause_ = {0, 100000}; /* 0.1 ms */
     nanosleep(&pause_, NULL);
 }
+
+static inline void child_pause(void) { pause(); }
 #endif
 #endif /* PDP_TEST_CHILD_PROCESS_H */

@@ -76,6 +76,7 @@ static void test_free(void *p)
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 #include "pdp_test.h"
+#include "test_platform.h"
 
 /* Arms this thread: its k-th allocation from now fails (k = 0: none fails, only counts). */
 static void arm_thread(long k)
@@ -92,6 +93,7 @@ static long disarm_thread(void)
     return n;
 }
 
+#undef IN /* <windows.h> defines it */
 #define IN 6
 #define CLASSES 3
 #define MAXK 2000 /* more allocations than any constructor here makes */
@@ -1156,12 +1158,12 @@ GREATEST_MAIN_DEFS();
 
 int main(int argc, char **argv)
 {
-    char cmd[300];
-    snprintf(g_dir, sizeof g_dir, "/tmp/pdp_test_alloc_fail.XXXXXX");
-    if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 1; }
+    if (test_temp_dir(g_dir, sizeof g_dir, "pdp_test_alloc_fail") != 0) {
+        perror("mkdtemp");
+        return 1;
+    }
     GREATEST_MAIN_BEGIN();
     RUN_SUITE(alloc_fail);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
+    if (test_remove_tree(g_dir) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
     GREATEST_MAIN_END();
 }

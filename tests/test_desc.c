@@ -10,7 +10,7 @@
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 #include "pdp_test.h"
-#include <unistd.h>
+#include "test_platform.h"
 
 /* The defaults as the headers in src/ write them, in the comment on each field. */
 #define DOC_OPTIM_LR_SGD 0.01        /* optim.h: lr, SGD */
@@ -200,7 +200,7 @@ TEST desc_dp_defaults_and_kept(void)
     pdp_dp *dp = NULL;
     pdp_dp_desc dd, got;
     pdp_device devs[2];
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long cores = test_cpu_count();
     CHECK_OK(make_mlp(&m));
     CHECK_OK(pdp_dp_create(&dp, m, NULL));
     got = pdp_dp_get_desc(dp);

@@ -13,9 +13,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifndef _WIN32
 #include <sys/wait.h>
+#endif
 
 #include "pdp_test.h"
+#include "test_platform.h"
 
 /* ---- the inner program: scenarios that fail on purpose ---- */
 
@@ -212,6 +215,28 @@ static int inner(const char *env, const char *scenario, const char *args)
     const char *p, *start;
     FILE *f;
     int status;
+#ifdef _WIN32
+    /* cmd.exe runs the line, "VAR=value prog" it has not: the variables go through this
+       process's environment, which the child inherits, and out again; the outer quotes
+       are the pair cmd.exe /c takes off */
+    char self[MAX_PATH], name[128] = "";
+    const char *eq = strchr(env, '=');
+    (void)p;
+    if (!GetModuleFileNameA(NULL, self, sizeof self)) return -1;
+    if (strlen(self) + strlen(args) > sizeof cmd - 16) return -1;
+    sprintf(cmd, "\"\"%s\" %s 2>&1\"", self, args);
+    if (eq && (size_t)(eq - env) < sizeof name) {
+        memcpy(name, env, (size_t)(eq - env));
+        name[eq - env] = '\0';
+        setenv(name, eq + 1, 1);
+    }
+    setenv("PDP_TEST_HARNESS_INNER", scenario, 1);
+    out[0] = last[0] = '\0';
+    f = popen(cmd, "r");
+    unsetenv("PDP_TEST_HARNESS_INNER");
+    if (name[0]) unsetenv(name);
+    if (f == NULL) return -1;
+#else
     const char *emu = getenv("PDP_TEST_EXEC"); /* an emulator to run it (make cross-test) */
     n += (size_t)sprintf(cmd, "%s PDP_TEST_HARNESS_INNER=%s %s '", env, scenario, emu ? emu : "");
     for (p = self_path; *p != '\0' && n < sizeof cmd - 64; p++) {
@@ -222,6 +247,7 @@ static int inner(const char *env, const char *scenario, const char *args)
     sprintf(cmd + n, "' %s 2>&1", args);
     out[0] = last[0] = '\0';
     if ((f = popen(cmd, "r")) == NULL) return -1;
+#endif
     n = 0;
     while (n < sizeof out - 1 && (got = fread(out + n, 1, sizeof out - 1 - n, f)) > 0) n += got;
     out[n] = '\0';
@@ -234,7 +260,11 @@ static int inner(const char *env, const char *scenario, const char *args)
     memcpy(last, start, n);
     last[n] = '\0';
     if (status == -1) return -1;
+#ifdef _WIN32
+    return status; /* the exit code cmd.exe passes on */
+#else
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+#endif
 }
 
 /* 1 when the last inner output contains `needle`; else shows that output and returns 0. */

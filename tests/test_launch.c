@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
+#include "test_platform.h"
 
 #define MAXR 8
 
@@ -305,8 +305,8 @@ static pdp_status print_fn(const pdp_launch_ctx *ctx, void *user)
 
 TEST launch_print_by_rank(void)
 {
-    char path[] = "/tmp/pdp_test_print_XXXXXX", got[256] = "";
-    int fd = mkstemp(path), saved;
+    char path[512], got[256] = "";
+    int fd = test_temp_file(path, sizeof path, "pdp_test_print"), saved;
     FILE *f;
     size_t len;
     pdp_status st;
@@ -319,7 +319,7 @@ TEST launch_print_by_rank(void)
     dup2(saved, 1);
     close(saved);
     close(fd);
-    f = fopen(path, "rb");
+    f = fopen(path, "r"); /* text: Windows's stdout may have written "\r\n" */
     ASSERT(f != NULL);
     len = fread(got, 1, sizeof got - 1, f);
     got[len] = '\0';

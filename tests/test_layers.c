@@ -33,6 +33,7 @@ static void test_free(void *p) { free(p); }
 #include "pdp.h"
 #include "pdp_test.h"
 #include "fixture.h"
+#include "test_platform.h"
 
 #define FD_EPS 1e-3
 #define FD_ABS 3e-3

@@ -30,6 +30,7 @@
 #include "pdp.h"
 #include "pdp_test.h"
 #include "fixture.h"
+#include "test_platform.h"
 #include <float.h>
 #include <math.h>
 #include <pthread.h>

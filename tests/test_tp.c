@@ -28,7 +28,7 @@
 #define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
 #include <stdlib.h>
 #include <stdatomic.h>
-#include <unistd.h>
+#include <pthread.h>
 static atomic_long test_allocs;
 static void *test_malloc(size_t n)
 {
@@ -40,6 +40,7 @@ static void *test_malloc(size_t n)
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 #include "pdp_test.h"
+#include "test_platform.h"
 
 #define MAXR 6
 #define IN 6
@@ -781,16 +782,16 @@ static unsigned char *slurp(const char *path, long *len)
 TEST tp_checkpoint_is_the_single_device_file_and_loads_anywhere(void)
 {
     rank_ctx ctx[MAXR];
-    char path[64], plain_path[64];
+    char dir[256], path[300], plain_path[300];
     pdp_model *m = NULL;
     pdp_optim *o = NULL;
     pdp_optim_desc od = adam();
     unsigned char *a, *b;
     long la = 0, lb = 0;
     int r;
-    snprintf(path, sizeof path, "/tmp/pdp_test_tp_%d.safetensors", (int)getpid());
-    snprintf(plain_path, sizeof plain_path, "/tmp/pdp_test_tp_%d_plain.safetensors",
-             (int)getpid());
+    ASSERT_EQ(0, test_temp_dir(dir, sizeof dir, "pdp_test_tp"));
+    snprintf(path, sizeof path, "%s/tp.safetensors", dir);
+    snprintf(plain_path, sizeof plain_path, "%s/plain.safetensors", dir);
     /* 3 TP ranks train STEPS/2 steps and save */
     run_ranks(ctx, 3, 1, 2, path, 0);
     for (r = 0; r < 3; r++)
@@ -829,6 +830,7 @@ TEST tp_checkpoint_is_the_single_device_file_and_loads_anywhere(void)
     }
     remove(path);
     remove(plain_path);
+    (void)test_remove_tree(dir);
     ASSERT_EQ(PDP_OK, reference()); /* restore ref_init and ref_params for other tests */
     PASS();
 }

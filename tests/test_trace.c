@@ -17,8 +17,8 @@ static void trace_test_free(void *p);
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 #include "pdp_test.h"
-#include <unistd.h>
-#include <sys/stat.h>
+#include <pthread.h>
+#include "test_platform.h"
 
 static long trace_allocs;
 
@@ -408,11 +408,9 @@ GREATEST_MAIN_DEFS();
 
 int main(int argc, char **argv)
 {
-    const char *t = getenv("TMPDIR");
-    snprintf(tmpdir, sizeof tmpdir, "%s/pdp_trace_test.%ld", t && *t ? t : "/tmp", (long)getpid());
-    mkdir(tmpdir, 0700);
+    if (test_temp_dir(tmpdir, sizeof tmpdir, "pdp_trace_test") != 0) { perror("mkdtemp"); return 1; }
     GREATEST_MAIN_BEGIN();
     RUN_SUITE(trace);
-    rmdir(tmpdir);
+    (void)test_remove_tree(tmpdir);
     GREATEST_MAIN_END();
 }

@@ -37,13 +37,11 @@
 
 #define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <stdatomic.h>
 #include <stddef.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
-#include <unistd.h>
 
 /* Waits (1 ms naps, at most 10 s) until *v reaches need. */
 static void wait_for_count(atomic_int *v, int need)
@@ -95,9 +93,12 @@ static void test_free(void *p)
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 #include "pdp_test.h"
+#include "child_process.h"
+#include "test_platform.h"
 
 #define MAXR 8  /* ranks at most (the sweeps run 1-4; zero_world_sizes_5_to_8 the rest) */
 #define SWEEP_N 4
+#undef IN /* <windows.h> defines it */
 #define IN 20
 #define CLASSES 3
 #define B 12 /* global batch: divisible by 1, 2, 3 and 4 */
@@ -978,10 +979,8 @@ static char ckpt_dir[256];
 
 static const char *tmp_path(char *buf, const char *name)
 {
-    if (!ckpt_dir[0]) {
-        snprintf(ckpt_dir, sizeof ckpt_dir, "/tmp/pdp_test_zero_%ld", (long)getpid());
-        mkdir(ckpt_dir, 0700);
-    }
+    if (!ckpt_dir[0] && test_temp_dir(ckpt_dir, sizeof ckpt_dir, "pdp_test_zero") != 0)
+        ckpt_dir[0] = '\0'; /* the saves then fail, naming the path */
     snprintf(buf, 512, "%s/%s", ckpt_dir, name);
     return buf;
 }
@@ -1366,39 +1365,37 @@ TEST zero_checkpoint_shard_of_another_run_refused(void)
     PASS();
 }
 
-/* A pid that was a process and is no more (reaped). */
-static pid_t dead_pid(void)
-{
-    pid_t pid = fork();
-    if (pid == 0) _exit(0);
-    if (pid > 0) waitpid(pid, NULL, 0);
-    return pid;
-}
-
 /* The marker's temporary "<prefix>.done.tmp.<pid>" of a writer killed mid-write is
    removed by the next save of the set, as the shard files' temporaries are; a live
-   writer's (the parent's pid) is kept. */
+   writer's is kept. The dead writer is a child that exited and was reaped, the live one
+   a child that sleeps until killed (this binary again: main's "exit" and "sleep"). */
 TEST zero_checkpoint_save_removes_a_dead_writers_marker_temporary(void)
 {
     static ckpt_rank ctx[MAXR];
     char pre[512], dead[600], live[600], marker[600];
-    pid_t dpid = dead_pid();
+    char *exit_argv[] = {"test_zero", "exit", NULL}, *sleep_argv[] = {"test_zero", "sleep", NULL};
+    child dead_c, live_c;
     ckpt_job job;
     FILE *f;
+    bool made;
     int r;
-    ASSERT(dpid > 0);
+    ASSERT_EQ(0, child_spawn(&dead_c, exit_argv));
+    ASSERT_EQ(0, child_wait(&dead_c));
+    ASSERT_EQ(0, child_spawn(&live_c, sleep_argv));
     tmp_path(pre, "stale");
-    snprintf(dead, sizeof dead, "%s.done.tmp.%ld", pre, (long)dpid);
-    snprintf(live, sizeof live, "%s.done.tmp.%ld", pre, (long)getppid());
+    snprintf(dead, sizeof dead, "%s.done.tmp.%ld", pre, dead_c.pid);
+    snprintf(live, sizeof live, "%s.done.tmp.%ld", pre, live_c.pid);
     snprintf(marker, sizeof marker, "%s.done", pre);
-    ASSERT((f = fopen(dead, "wb")) != NULL && fclose(f) == 0);
-    ASSERT((f = fopen(live, "wb")) != NULL && fclose(f) == 0);
+    made = (f = fopen(dead, "wb")) != NULL && fclose(f) == 0;
+    made = made && (f = fopen(live, "wb")) != NULL && fclose(f) == 0;
     memset(&job, 0, sizeof job);
     job.n = 2;
     job.stage = 1;
     job.train_before = 1;
     job.save = pre;
-    run_ckpt(&job, ctx);
+    if (made) run_ckpt(&job, ctx);
+    child_kill(&live_c);
+    ASSERT(made);
     for (r = 0; r < 2; r++) ASSERTm(ctx[r].msg, ctx[r].st == PDP_OK);
     ASSERTm("a dead writer's marker temporary was kept", access(dead, F_OK) != 0);
     ASSERTm("a live writer's marker temporary was removed", access(live, F_OK) == 0);
@@ -2751,15 +2748,17 @@ GREATEST_MAIN_DEFS();
 
 int main(int argc, char **argv)
 {
+    if (argc == 2 && strcmp(argv[1], "exit") == 0) return 0; /* the children of */
+    if (argc == 2 && strcmp(argv[1], "sleep") == 0) { /* ..._marker_temporary */
+        child_pause();
+        return 0;
+    }
     GREATEST_MAIN_BEGIN();
     RUN_SUITE(zero);
     RUN_SUITE(zero_uneven_and_accumulation);
     RUN_SUITE(zero_wrapped);
     RUN_SUITE(zero_gpt);
-    if (ckpt_dir[0]) { /* the checkpoint tests' files */
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt_dir);
-        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", ckpt_dir);
-    }
+    if (ckpt_dir[0] && test_remove_tree(ckpt_dir) != 0) /* the checkpoint tests' files */
+        fprintf(stderr, "could not remove %s\n", ckpt_dir);
     GREATEST_MAIN_END();
 }
