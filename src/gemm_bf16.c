@@ -25,6 +25,11 @@
    them through the table and converts nothing; the panels, and so the bits, are those
    of the materialised operand.
 
+   A Linear's bias and ReLU (pdp__gemm_bf16_bias): on the chain paths they are added
+   where C is written, fl(alpha acc + b), then the ReLU: on each MR x NR tile of C right
+   after its kernel writes it (still in L1), in the AMX epilogue; the bits of the
+   product followed by a pass over C, in one pass.
+
    Paths, and the path choice (section "path choice"): the emulation, AVX512-BF16 and
    AMX run the chain gemm.h states on packed bf16 pairs; sgemm-rounded is gemm.c's
    pdp__sgemm_bf16, pdp_sgemm with its packed panels rounded to bf16 (the same exact
@@ -963,11 +968,14 @@ typedef struct pdp__bf16_args {
 PDP__PRIVATE void pdp__bf16_bias_tile(const pdp__bf16_args *g, int64_t i0, int64_t j0, int mr,
                                       int nr)
 {
+    const float *b = g->bias ? g->bias + j0 : NULL;
     int i, j;
     for (i = 0; i < mr; i++) {
         float *c = g->c + (i0 + i) * g->ldc + j0;
-        for (j = 0; j < nr; j++)
-            c[j] = pdp__bf16_bias_relu(c[j], g->bias ? g->bias + j0 + j : NULL, g->relu);
+        if (b)
+            for (j = 0; j < nr; j++) c[j] = b[j] + c[j];
+        if (g->relu)
+            for (j = 0; j < nr; j++) c[j] = pdp__relu(c[j]);
     }
 }
 

@@ -2604,6 +2604,11 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
    them through the table and converts nothing; the panels, and so the bits, are those
    of the materialised operand.
 
+   A Linear's bias and ReLU (pdp__gemm_bf16_bias): on the chain paths they are added
+   where C is written, fl(alpha acc + b), then the ReLU: on each MR x NR tile of C right
+   after its kernel writes it (still in L1), in the AMX epilogue; the bits of the
+   product followed by a pass over C, in one pass.
+
    Paths, and the path choice (section "path choice"): the emulation, AVX512-BF16 and
    AMX run the chain gemm.h states on packed bf16 pairs; sgemm-rounded is gemm.c's
    pdp__sgemm_bf16, pdp_sgemm with its packed panels rounded to bf16 (the same exact
