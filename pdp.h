@@ -9799,6 +9799,11 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
    them through the table and converts nothing; the panels, and so the bits, are those
    of the materialised operand.
 
+   A Linear's bias and ReLU (pdp__gemm_bf16_bias): on the chain paths they are added
+   where C is written, fl(alpha acc + b), then the ReLU: on each MR x NR tile of C right
+   after its kernel writes it (still in L1), in the AMX epilogue; the bits of the
+   product followed by a pass over C, in one pass.
+
    Paths, and the path choice (section "path choice"): the emulation, AVX512-BF16 and
    AMX run the chain gemm.h states on packed bf16 pairs; sgemm-rounded is gemm.c's
    pdp__sgemm_bf16, pdp_sgemm with its packed panels rounded to bf16 (the same exact
@@ -9884,6 +9889,14 @@ static inline float pdp__bf16_out(float acc, float alpha, float beta, const floa
         r = bc + r;
     }
     return r;
+}
+
+/* The Linear's last steps, after pdp__bf16_out (pdp__gemm_bf16_bias): r + bias (the bias
+   first, as beta C with C = bias adds it), then the ReLU when asked. */
+static inline float pdp__bf16_bias_relu(float r, const float *bias, int relu)
+{
+    if (bias) r = *bias + r;
+    return relu ? pdp__relu(r) : r;
 }
 
 /* ---- gemm_bf16: CPU features ---- */
@@ -10719,8 +10732,26 @@ typedef struct pdp__bf16_args {
     pdp__bf16_kernel_fn kernel;
     pdp__bf16_pack_fn pack;
     pdp__bf16_pack_h_fn pack_h;
-    int split_n; /* parts split the NR-column panels (else the MR-row panels) */
+    int split_n;       /* parts split the NR-column panels (else the MR-row panels) */
+    const float *bias; /* not NULL: C(i, j) += bias[j] after alpha acc + beta C */
+    int relu;          /* then C = pdp__relu(C) */
 } pdp__bf16_args;
+
+/* C[i0, i0 + mr) x [j0, j0 + nr) through pdp__bf16_bias_relu, where a kernel has just
+   written it (the tile is in L1): the gemm_bf16.c kernels' bias and ReLU. */
+PDP__PRIVATE void pdp__bf16_bias_tile(const pdp__bf16_args *g, int64_t i0, int64_t j0, int mr,
+                                      int nr)
+{
+    const float *b = g->bias ? g->bias + j0 : NULL;
+    int i, j;
+    for (i = 0; i < mr; i++) {
+        float *c = g->c + (i0 + i) * g->ldc + j0;
+        if (b)
+            for (j = 0; j < nr; j++) c[j] = b[j] + c[j];
+        if (g->relu)
+            for (j = 0; j < nr; j++) c[j] = pdp__relu(c[j]);
+    }
+}
 
 /* op(A)(i, p) and op(B)(p, j) as bf16 words. */
 PDP__PRIVATE uint16_t pdp__bf16_aword(const pdp__bf16_args *g, int64_t i, int64_t p)
@@ -10752,7 +10783,9 @@ PDP__PRIVATE void pdp__bf16_element(const pdp__bf16_args *g, int64_t i, int64_t 
         }
         acc = pdp__bf16_ftz_add(acc, a0 * b0);
     }
-    g->c[i * g->ldc + j] = pdp__bf16_out(acc, g->alpha, g->beta, g->c + i * g->ldc + j);
+    g->c[i * g->ldc + j] = pdp__bf16_bias_relu(
+        pdp__bf16_out(acc, g->alpha, g->beta, g->c + i * g->ldc + j), g->bias ? g->bias + j : NULL,
+        g->relu);
 }
 
 /* C[m0, m1) x [n0, n1) (m0, n0 on the tile grid). B's panels for [n0, n1) are packed
@@ -10787,9 +10820,12 @@ PDP__PRIVATE void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m
                 g->pack_h(g->bh, g->brow, tbt, jr, nr, g->k, PDP__BF16_NR, bj);
             else if (mc == m0)
                 g->pack(g->b, g->ldb, tbt, jr, nr, g->k, PDP__BF16_NR, bj);
-            for (ir = mc; ir < mend; ir += PDP__BF16_MR)
+            for (ir = mc; ir < mend; ir += PDP__BF16_MR) {
+                int mr = (int)PDP__MIN(PDP__BF16_MR, mend - ir);
                 g->kernel(pairs, ap + (ir - mc) * pairs, bj, g->c + ir * g->ldc + jr, g->ldc,
-                          (int)PDP__MIN(PDP__BF16_MR, mend - ir), nr, g->alpha, g->beta);
+                          mr, nr, g->alpha, g->beta);
+                if (g->bias || g->relu) pdp__bf16_bias_tile(g, ir, jr, mr, nr);
+            }
         }
     }
 }
@@ -10862,7 +10898,8 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
                                 int64_t n, int64_t k, float alpha, const float *a,
                                 const uint16_t *ah, int64_t lda, const int64_t *arow,
                                 const float *b, const uint16_t *bh, int64_t ldb,
-                                const int64_t *brow, float beta, float *c, int64_t ldc)
+                                const int64_t *brow, float beta, const float *bias, int relu,
+                                float *c, int64_t ldc)
 {
     pdp__bf16_args g;
     int threads, parts;
@@ -10877,14 +10914,22 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
     (void)path, (void)simd; /* PDP_NO_SIMD: one path, one kernel */
 #if PDP__BF16_HAS_SGEMM
     if (path == PDP_BF16_PATH_SGEMM) {
-        PDP_ASSERT(!ah && !bh); /* bf16 words: the paths below */
+        PDP_ASSERT(!ah && !bh && !bias && !relu); /* the chain paths below */
         pdp__sgemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
 #endif
     if (!pdp__bf16_args_init(&g, ta, tb, m, n, k, alpha, a, ah, lda, arow, b, bh, ldb, brow,
-                             beta, c, ldc))
+                             beta, c, ldc)) {
+        if (m > 0 && n > 0 && (bias || relu)) { /* C = beta C (acc 0), then the bias */
+            int64_t i;
+            g.c = c, g.ldc = ldc, g.bias = bias, g.relu = relu;
+            for (i = 0; i < m; i++) pdp__bf16_bias_tile(&g, i, 0, 1, (int)n);
+        }
         return;
+    }
+    g.bias = bias;
+    g.relu = relu;
 #if PDP__BF16_X86
     if (path == PDP_BF16_PATH_EMULATED && simd == 512) g.kernel = pdp__bf16_kernel_emul512;
     if (path == PDP_BF16_PATH_EMULATED && simd == 256) g.kernel = pdp__bf16_kernel_emul256;
@@ -10923,8 +10968,8 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
     if (!pdp_bf16_path_available(path))
         return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_gemm_bf16_on: path %s is not available on "
                         "this CPU or build", pdp_bf16_path_name(path));
-    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL, ldb, NULL, beta, c,
-                  ldc);
+    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL, ldb, NULL, beta, NULL,
+                  0, c, ldc);
     return PDP_OK;
 }
 
@@ -10950,7 +10995,34 @@ PDP__PRIVATE void pdp__gemm_bf16_emul(int simd, pdp_trans ta, pdp_trans tb, int6
     pdp__bf16_run(simd == 512   ? PDP__BF16_PATH_EMUL512
                   : simd == 256 ? PDP__BF16_PATH_EMUL256
                                 : PDP__BF16_PATH_PORTABLE,
-                  ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL, ldb, NULL, beta, c, ldc);
+                  ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL, ldb, NULL, beta, NULL, 0,
+                  c, ldc);
+}
+
+/* C = op(A) op(B) + bias, then the ReLU where relu != 0 (bias: one value per column of C,
+   NULL for none): a Linear's forward x W^T + b in one pass over C, the bias and the ReLU
+   added in the product's epilogue to alpha acc (alpha 1, beta 0), so the bits of
+   pdp_gemm_bf16_on with beta 0 followed by a pass C = relu(bias + C) (or of C = bias
+   then beta 1: fl(acc + b) either way). On `path` (AUTO: pdp_bf16_path_for's choice; one
+   the CPU lacks is the caller's bug; PDP__BF16_PATH_PORTABLE, _EMUL256, _EMUL512: one
+   kernel of the emulation, as pdp__gemm_bf16_emul). False, C untouched, on sgemm-rounded,
+   which adds beta C to its first k block's partial sum: the caller sets C = bias, runs the
+   product with beta 1 and its ReLU after. */
+PDP__PRIVATE bool pdp__gemm_bf16_bias(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
+                                      int64_t n, int64_t k, const float *a, int64_t lda,
+                                      const float *b, int64_t ldb, const float *bias, int relu,
+                                      float *c, int64_t ldc)
+{
+    pdp_bf16_path_available(PDP_BF16_PATH_AUTO); /* CPUID read */
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_path_for(ta, tb, m, n, k);
+    if (path == PDP_BF16_PATH_SGEMM) return false;
+    PDP_ASSERT(path == PDP__BF16_PATH_PORTABLE ||
+               (path == PDP__BF16_PATH_EMUL256 && pdp__bf16_this.emul256) ||
+               (path == PDP__BF16_PATH_EMUL512 && pdp__bf16_this.emul512) ||
+               (path < PDP__BF16_PATH_PORTABLE && pdp_bf16_path_available(path)));
+    pdp__bf16_run(path, ta, tb, m, n, k, 1.0f, a, NULL, lda, NULL, b, NULL, ldb, NULL, 0.0f, bias,
+                  relu, c, ldc);
+    return true;
 }
 
 /* path with AUTO resolved to the best that takes bf16 words; one the CPU lacks, or
@@ -10980,7 +11052,7 @@ PDP__PRIVATE void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, pdp_tr
                                         float beta, float *c, int64_t ldc)
 {
     pdp__bf16_run(pdp__bf16_resolve(path), ta, tb, m, n, k, alpha, a, NULL, lda, NULL, NULL, bh,
-                  0, brow, beta, c, ldc);
+                  0, brow, beta, NULL, 0, c, ldc);
 }
 
 PDP__PRIVATE void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
@@ -10989,7 +11061,7 @@ PDP__PRIVATE void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64
                                          float beta, float *c, int64_t ldc)
 {
     pdp__bf16_run(pdp__bf16_resolve(path), PDP_NO_TRANS, tb, m, n, k, alpha, NULL, ah, 0, arow,
-                  b, NULL, ldb, NULL, beta, c, ldc);
+                  b, NULL, ldb, NULL, beta, NULL, 0, c, ldc);
 }
 
 /* x[0, n) as the bf16 words `path`'s packing makes (AUTO: the best path's) into h,
@@ -11039,7 +11111,8 @@ PDP__PRIVATE void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uin
    element's chain is one chain over the pairs from 0. After the last block a whole
    block with alpha 1 and beta 0 is stored straight into C (C = acc, the same bits);
    any other goes through the epilogue, C = alpha acc + beta C (pdp__bf16_out's rule:
-   beta C rounded before the sum, C not read when beta == 0), with AVX-512 where it
+   beta C rounded before the sum, C not read when beta == 0), then the bias and the
+   ReLU where a Linear asks (pdp__gemm_bf16_bias: one pass over C), with AVX-512 where it
    exists, masked at edges, one panel after its tile stores (reading them back at once
    stalled: 12% of a 512^3 product).
    The tile configuration is loaded once per part (thread) per call and released at
@@ -11353,14 +11426,17 @@ PDP__PRIVATE void pdp__amx_pack_b(const pdp__bf16_args *g, int64_t n0, int64_t n
     }
 }
 
-/* C[0, mr) x [0, nr) = alpha acc + beta C (acc's row stride w). */
+/* C[0, mr) x [0, nr) = alpha acc + beta C (acc's row stride w), then + bias[j] (bias not
+   NULL) and the ReLU (relu != 0): pdp__bf16_bias_relu. */
 PDP__PRIVATE void pdp__amx_out(const float *acc, int w, float *c, int64_t ldc, int mr, int nr,
-                               float alpha, float beta)
+                               float alpha, float beta, const float *bias, int relu)
 {
     int i, j;
     for (i = 0; i < mr; i++)
         for (j = 0; j < nr; j++)
-            c[i * ldc + j] = pdp__bf16_out(acc[i * w + j], alpha, beta, c + i * ldc + j);
+            c[i * ldc + j] = pdp__bf16_bias_relu(
+                pdp__bf16_out(acc[i * w + j], alpha, beta, c + i * ldc + j),
+                bias ? bias + j : NULL, relu);
 }
 
 #  if PDP__BF16_X86
@@ -11512,13 +11588,15 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_b_avx512(const pdp__bf16_args *
    the _round_ forms, which the compiler does not contract; their zero-masking forms with
    every lane kept, for gemm_bf16.c's PDP__BF16_UNPACKLO32 reason; the mask made by
    _cvtu32_mask16, since nvcc's front end warns (#68-D) when a constant 0xffff becomes the
-   builtin's signed mask argument). */
+   builtin's signed mask argument). The ReLU keeps the lanes where !(r <= 0) (_CMP_NLE_UQ:
+   NaN kept, -0 to +0), pdp__relu's rule. */
 #    define PDP__AMX_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, float *c,
                                                        int64_t ldc, int mr, int nr, float alpha,
-                                                       float beta)
+                                                       float beta, const float *bias, int relu)
 {
     const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    const __m512 zero = _mm512_setzero_ps();
     const __mmask16 all = _cvtu32_mask16(0xffffu);
     int i, j;
     for (i = 0; i < mr; i++)
@@ -11533,6 +11611,10 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, 
                     all,
                     _mm512_maskz_mul_round_ps(all, vb, _mm512_maskz_loadu_ps(m, ci), PDP__AMX_RNE),
                     r, PDP__AMX_RNE);
+            if (bias)
+                r = _mm512_maskz_add_round_ps(all, _mm512_maskz_loadu_ps(m, bias + j), r,
+                                              PDP__AMX_RNE);
+            if (relu) r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, zero, _CMP_NLE_UQ), r);
             _mm512_mask_storeu_ps(ci, m, r);
         }
 }
@@ -11546,7 +11628,7 @@ typedef void (*pdp__amx_pack_a_fn)(const pdp__bf16_args *g, int64_t r0, int rows
 typedef void (*pdp__amx_pack_b_fn)(const pdp__bf16_args *g, int64_t n0, int64_t n1, int w,
                                    int64_t steps, uint32_t *dst);
 typedef void (*pdp__amx_out_fn)(const float *acc, int w, float *c, int64_t ldc, int mr, int nr,
-                                float alpha, float beta);
+                                float alpha, float beta, const float *bias, int relu);
 
 typedef struct pdp__amx_ctx {
     const pdp__bf16_args *g;
@@ -11574,7 +11656,9 @@ PDP__PRIVATE void pdp__amx_element(const pdp__bf16_args *g, int64_t i, int64_t j
         acc = (r < 1.17549435e-38f && r > -1.17549435e-38f) ? r * 0.0f : r;
     }
     if (((g->k + 1) / 2) % PDP__AMX_KT) acc += 0.0f; /* padding pairs add +0: -0 becomes +0 */
-    g->c[i * g->ldc + j] = pdp__bf16_out(acc, g->alpha, g->beta, g->c + i * g->ldc + j);
+    g->c[i * g->ldc + j] = pdp__bf16_bias_relu(
+        pdp__bf16_out(acc, g->alpha, g->beta, g->c + i * g->ldc + j), g->bias ? g->bias + j : NULL,
+        g->relu);
 }
 
 /* C[m0, m1) x [n0, n1) (m0, n0 on the block grid), tiles on e (NULL: the hardware's,
@@ -11591,6 +11675,7 @@ PDP__PRIVATE void pdp__amx_block(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64
     int64_t kc = (steps + (steps + PDP__AMX_KC - 1) / PDP__AMX_KC - 1) /
                  ((steps + PDP__AMX_KC - 1) / PDP__AMX_KC);
     int64_t jp, ib, s0, i, j;
+    const float *bias = g->bias ? g->bias + n0 : NULL; /* the block's first column's */
     size_t bwords = (size_t)(panels * w * padded), awords = (size_t)(height * padded);
     size_t accs = (size_t)(panels * height * w);
     uint32_t *bp = (uint32_t *)pdp__thread_scratch((bwords + awords + accs) * 4), *ap;
@@ -11617,8 +11702,8 @@ PDP__PRIVATE void pdp__amx_block(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64
                 /* after the last cache block: straight into C where C = acc exactly,
                    else to acc, written by the epilogue after the next panel's tile
                    operations are issued (reading the tile stores back at once stalls) */
-                int direct = last && g->alpha == 1.0f && g->beta == 0.0f && rows == height &&
-                             cols == w;
+                int direct = last && g->alpha == 1.0f && g->beta == 0.0f && !g->bias &&
+                             !g->relu && rows == height && cols == w;
                 if (x->nb == 2)
                     pdp__amx_kernel22(e, n, a, b, s0 ? acc : NULL, direct ? c : acc,
                                       direct ? g->ldc : w);
@@ -11626,10 +11711,12 @@ PDP__PRIVATE void pdp__amx_block(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64
                     pdp__amx_kernel41(e, n, a, b, s0 ? acc : NULL, direct ? c : acc,
                                       direct ? g->ldc : w);
                 if (pending)
-                    x->out(acc - height * w, w, c - w, g->ldc, rows, w, g->alpha, g->beta);
+                    x->out(acc - height * w, w, c - w, g->ldc, rows, w, g->alpha, g->beta,
+                           bias ? bias + (jp - 1) * w : NULL, g->relu);
                 pending = last && !direct;
                 if (pending && jp + 1 == panels)
-                    x->out(acc, w, c, g->ldc, rows, cols, g->alpha, g->beta);
+                    x->out(acc, w, c, g->ldc, rows, cols, g->alpha, g->beta,
+                           bias ? bias + jp * w : NULL, g->relu);
             }
         }
     }
@@ -11698,17 +11785,21 @@ PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate)
 
 #  if PDP__AMX_EMU
 /* pdp__bf16_run's AMX path on emulated tiles, on any CPU (a test entry: PDP__AMX_EMULATE):
-   portable != 0 packs and writes C with the portable C code even where AVX-512 exists. */
-PDP__PRIVATE void pdp__amx_gemm_emulated(int portable, pdp_trans ta, pdp_trans tb, int64_t m,
-                                         int64_t n, int64_t k, float alpha, const float *a,
-                                         const uint16_t *ah, int64_t lda, const int64_t *arow,
-                                         const float *b, const uint16_t *bh, int64_t ldb,
-                                         const int64_t *brow, float beta, float *c, int64_t ldc)
+   portable != 0 packs and writes C with the portable C code even where AVX-512 exists;
+   _bias adds bias and the ReLU in the epilogue as pdp__gemm_bf16_bias does (m, n, k > 0). */
+PDP__PRIVATE void pdp__amx_gemm_emulated_bias(int portable, pdp_trans ta, pdp_trans tb, int64_t m,
+                                              int64_t n, int64_t k, float alpha, const float *a,
+                                              const uint16_t *ah, int64_t lda, const int64_t *arow,
+                                              const float *b, const uint16_t *bh, int64_t ldb,
+                                              const int64_t *brow, float beta, const float *bias,
+                                              int relu, float *c, int64_t ldc)
 {
     pdp__bf16_args g;
     if (!pdp__bf16_args_init(&g, ta, tb, m, n, k, alpha, a, ah, lda, arow, b, bh, ldb, brow,
                              beta, c, ldc))
         return;
+    g.bias = bias;
+    g.relu = relu;
 #    if PDP__BF16_X86
     if (!portable && pdp_bf16_path_available(PDP_BF16_PATH_AVX512)) {
         g.pack = pdp__bf16_pack_avx512;
@@ -11716,6 +11807,16 @@ PDP__PRIVATE void pdp__amx_gemm_emulated(int portable, pdp_trans ta, pdp_trans t
     }
 #    endif
     pdp__amx_run(&g, portable ? 2 : 1);
+}
+
+PDP__PRIVATE void pdp__amx_gemm_emulated(int portable, pdp_trans ta, pdp_trans tb, int64_t m,
+                                         int64_t n, int64_t k, float alpha, const float *a,
+                                         const uint16_t *ah, int64_t lda, const int64_t *arow,
+                                         const float *b, const uint16_t *bh, int64_t ldb,
+                                         const int64_t *brow, float beta, float *c, int64_t ldc)
+{
+    pdp__amx_gemm_emulated_bias(portable, ta, tb, m, n, k, alpha, a, ah, lda, arow, b, bh, ldb,
+                                brow, beta, NULL, 0, c, ldc);
 }
 #  endif
 
@@ -15689,10 +15790,9 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
 
 /* The ReLU that a Linear applies when one follows it on the CPU (io->fused_relu;
    model.c then makes the ReLU a view, as after a Conv2d): forward, y = relu(y) in
-   place once the GEMM has added x W^T to the bias (or y = relu(y + b) after a
-   bf16 product that adds C once: pdp__linear_forward); backward, dy masked by y > 0
-   into io->work (the ReLU's backward), db's column sums taken on the way, and the
-   GEMMs read that. The ReLU's element code, and db's sums sample by sample as
+   place once the GEMM has added x W^T to the bias (or in a bf16 product's epilogue:
+   pdp__linear_forward); backward, dy masked by y > 0 into io->work (the ReLU's
+   backward), db's column sums taken on the way, and the GEMMs read that. The ReLU's element code, and db's sums sample by sample as
    unfused: the bits of the two layers run apart (test_layers:
    layers_linear_relu_fused_matches_unfused).
 
@@ -15730,21 +15830,6 @@ PDP__PRIVATE void pdp__linear_relu_forward_cols(const pdp__layer_io *io, int64_t
 {
     int64_t i;
     for (i = 0; i < io->batch; i++) pdp__layers_relu_inplace(io->y + i * out + c0, c1 - c0);
-}
-
-/* With the bias added here (pdp__linear_forward): y = relu(y + b). */
-PDP__PRIVATE void pdp__layers_bias_relu_inplace(float *PDP__RESTRICT y,
-                                                const float *PDP__RESTRICT b, int64_t n)
-{
-    PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(y[i] + b[i]););
-}
-
-PDP__PRIVATE void pdp__linear_bias_relu_forward_cols(const pdp__layer_io *io, int64_t out,
-                                                     int64_t c0, int64_t c1)
-{
-    int64_t i;
-    for (i = 0; i < io->batch; i++)
-        pdp__layers_bias_relu_inplace(io->y + i * out + c0, io->b + c0, c1 - c0);
 }
 
 PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
@@ -15815,23 +15900,20 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
     int64_t B = io->batch, in = pdp__layer_in_features(l);
     int64_t out = l->out_features;
     float beta = 0.0f;
-    /* The bias: y = b, then the GEMM adds x W^T (beta 1), no pass of its own. With a
-       fused ReLU after a bf16 product on a chain path (gemm.h: C = alpha acc + beta C
-       once the whole sum is done), the ReLU's pass adds it, y = relu(acc + b): fl(acc +
-       b) either way, the same bits, and the GEMM stores without reading y. Not after
-       pdp_sgemm or sgemm-rounded, which add C to their first k block's partial sum. */
-    bool bias_in_relu =
-        io->b && io->fused_relu && io->bf16 &&
-        pdp_bf16_path_for(PDP_NO_TRANS, PDP_TRANS, B, out, in) != PDP_BF16_PATH_SGEMM;
-    if (io->b && !bias_in_relu) {
+    /* bf16 on a chain path: one pass over y, the bias and the ReLU added in the product's
+       epilogue (pdp__gemm_bf16_bias: fl(acc + b), then the ReLU). Otherwise y = b, then
+       the GEMM adds x W^T (beta 1: pdp_sgemm and sgemm-rounded add C to their first k
+       block's partial sum), then the ReLU's pass. */
+    if (io->bf16 && pdp__gemm_bf16_bias(PDP_BF16_PATH_AUTO, PDP_NO_TRANS, PDP_TRANS, B, out, in,
+                                        io->x, in, io->w, in, io->b, io->fused_relu, io->y, out))
+        return PDP_OK;
+    if (io->b) {
         pdp__linear_cols_run(l, io, pdp__linear_bias_cols);
         beta = 1.0f;
     }
     (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in,
                                             io->w, in, beta, io->y, out);
-    if (io->fused_relu)
-        pdp__linear_cols_run(l, io, bias_in_relu ? pdp__linear_bias_relu_forward_cols
-                                                 : pdp__linear_relu_forward_cols);
+    if (io->fused_relu) pdp__linear_cols_run(l, io, pdp__linear_relu_forward_cols);
     return PDP_OK;
 }
 

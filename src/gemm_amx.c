@@ -29,7 +29,8 @@
    element's chain is one chain over the pairs from 0. After the last block a whole
    block with alpha 1 and beta 0 is stored straight into C (C = acc, the same bits);
    any other goes through the epilogue, C = alpha acc + beta C (pdp__bf16_out's rule:
-   beta C rounded before the sum, C not read when beta == 0), with AVX-512 where it
+   beta C rounded before the sum, C not read when beta == 0), then the bias and the
+   ReLU where a Linear asks (pdp__gemm_bf16_bias: one pass over C), with AVX-512 where it
    exists, masked at edges, one panel after its tile stores (reading them back at once
    stalled: 12% of a 512^3 product).
    The tile configuration is loaded once per part (thread) per call and released at
@@ -343,14 +344,17 @@ PDP__PRIVATE void pdp__amx_pack_b(const pdp__bf16_args *g, int64_t n0, int64_t n
     }
 }
 
-/* C[0, mr) x [0, nr) = alpha acc + beta C (acc's row stride w). */
+/* C[0, mr) x [0, nr) = alpha acc + beta C (acc's row stride w), then + bias[j] (bias not
+   NULL) and the ReLU (relu != 0): pdp__bf16_bias_relu. */
 PDP__PRIVATE void pdp__amx_out(const float *acc, int w, float *c, int64_t ldc, int mr, int nr,
-                               float alpha, float beta)
+                               float alpha, float beta, const float *bias, int relu)
 {
     int i, j;
     for (i = 0; i < mr; i++)
         for (j = 0; j < nr; j++)
-            c[i * ldc + j] = pdp__bf16_out(acc[i * w + j], alpha, beta, c + i * ldc + j);
+            c[i * ldc + j] = pdp__bf16_bias_relu(
+                pdp__bf16_out(acc[i * w + j], alpha, beta, c + i * ldc + j),
+                bias ? bias + j : NULL, relu);
 }
 
 #  if PDP__BF16_X86
@@ -502,13 +506,15 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_b_avx512(const pdp__bf16_args *
    the _round_ forms, which the compiler does not contract; their zero-masking forms with
    every lane kept, for gemm_bf16.c's PDP__BF16_UNPACKLO32 reason; the mask made by
    _cvtu32_mask16, since nvcc's front end warns (#68-D) when a constant 0xffff becomes the
-   builtin's signed mask argument). */
+   builtin's signed mask argument). The ReLU keeps the lanes where !(r <= 0) (_CMP_NLE_UQ:
+   NaN kept, -0 to +0), pdp__relu's rule. */
 #    define PDP__AMX_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, float *c,
                                                        int64_t ldc, int mr, int nr, float alpha,
-                                                       float beta)
+                                                       float beta, const float *bias, int relu)
 {
     const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    const __m512 zero = _mm512_setzero_ps();
     const __mmask16 all = _cvtu32_mask16(0xffffu);
     int i, j;
     for (i = 0; i < mr; i++)
@@ -523,6 +529,10 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, 
                     all,
                     _mm512_maskz_mul_round_ps(all, vb, _mm512_maskz_loadu_ps(m, ci), PDP__AMX_RNE),
                     r, PDP__AMX_RNE);
+            if (bias)
+                r = _mm512_maskz_add_round_ps(all, _mm512_maskz_loadu_ps(m, bias + j), r,
+                                              PDP__AMX_RNE);
+            if (relu) r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, zero, _CMP_NLE_UQ), r);
             _mm512_mask_storeu_ps(ci, m, r);
         }
 }
@@ -536,7 +546,7 @@ typedef void (*pdp__amx_pack_a_fn)(const pdp__bf16_args *g, int64_t r0, int rows
 typedef void (*pdp__amx_pack_b_fn)(const pdp__bf16_args *g, int64_t n0, int64_t n1, int w,
                                    int64_t steps, uint32_t *dst);
 typedef void (*pdp__amx_out_fn)(const float *acc, int w, float *c, int64_t ldc, int mr, int nr,
-                                float alpha, float beta);
+                                float alpha, float beta, const float *bias, int relu);
 
 typedef struct pdp__amx_ctx {
     const pdp__bf16_args *g;
@@ -564,7 +574,9 @@ PDP__PRIVATE void pdp__amx_element(const pdp__bf16_args *g, int64_t i, int64_t j
         acc = (r < 1.17549435e-38f && r > -1.17549435e-38f) ? r * 0.0f : r;
     }
     if (((g->k + 1) / 2) % PDP__AMX_KT) acc += 0.0f; /* padding pairs add +0: -0 becomes +0 */
-    g->c[i * g->ldc + j] = pdp__bf16_out(acc, g->alpha, g->beta, g->c + i * g->ldc + j);
+    g->c[i * g->ldc + j] = pdp__bf16_bias_relu(
+        pdp__bf16_out(acc, g->alpha, g->beta, g->c + i * g->ldc + j), g->bias ? g->bias + j : NULL,
+        g->relu);
 }
 
 /* C[m0, m1) x [n0, n1) (m0, n0 on the block grid), tiles on e (NULL: the hardware's,
@@ -581,6 +593,7 @@ PDP__PRIVATE void pdp__amx_block(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64
     int64_t kc = (steps + (steps + PDP__AMX_KC - 1) / PDP__AMX_KC - 1) /
                  ((steps + PDP__AMX_KC - 1) / PDP__AMX_KC);
     int64_t jp, ib, s0, i, j;
+    const float *bias = g->bias ? g->bias + n0 : NULL; /* the block's first column's */
     size_t bwords = (size_t)(panels * w * padded), awords = (size_t)(height * padded);
     size_t accs = (size_t)(panels * height * w);
     uint32_t *bp = (uint32_t *)pdp__thread_scratch((bwords + awords + accs) * 4), *ap;
@@ -607,8 +620,8 @@ PDP__PRIVATE void pdp__amx_block(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64
                 /* after the last cache block: straight into C where C = acc exactly,
                    else to acc, written by the epilogue after the next panel's tile
                    operations are issued (reading the tile stores back at once stalls) */
-                int direct = last && g->alpha == 1.0f && g->beta == 0.0f && rows == height &&
-                             cols == w;
+                int direct = last && g->alpha == 1.0f && g->beta == 0.0f && !g->bias &&
+                             !g->relu && rows == height && cols == w;
                 if (x->nb == 2)
                     pdp__amx_kernel22(e, n, a, b, s0 ? acc : NULL, direct ? c : acc,
                                       direct ? g->ldc : w);
@@ -616,10 +629,12 @@ PDP__PRIVATE void pdp__amx_block(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64
                     pdp__amx_kernel41(e, n, a, b, s0 ? acc : NULL, direct ? c : acc,
                                       direct ? g->ldc : w);
                 if (pending)
-                    x->out(acc - height * w, w, c - w, g->ldc, rows, w, g->alpha, g->beta);
+                    x->out(acc - height * w, w, c - w, g->ldc, rows, w, g->alpha, g->beta,
+                           bias ? bias + (jp - 1) * w : NULL, g->relu);
                 pending = last && !direct;
                 if (pending && jp + 1 == panels)
-                    x->out(acc, w, c, g->ldc, rows, cols, g->alpha, g->beta);
+                    x->out(acc, w, c, g->ldc, rows, cols, g->alpha, g->beta,
+                           bias ? bias + jp * w : NULL, g->relu);
             }
         }
     }
@@ -688,17 +703,21 @@ PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate)
 
 #  if PDP__AMX_EMU
 /* pdp__bf16_run's AMX path on emulated tiles, on any CPU (a test entry: PDP__AMX_EMULATE):
-   portable != 0 packs and writes C with the portable C code even where AVX-512 exists. */
-PDP__PRIVATE void pdp__amx_gemm_emulated(int portable, pdp_trans ta, pdp_trans tb, int64_t m,
-                                         int64_t n, int64_t k, float alpha, const float *a,
-                                         const uint16_t *ah, int64_t lda, const int64_t *arow,
-                                         const float *b, const uint16_t *bh, int64_t ldb,
-                                         const int64_t *brow, float beta, float *c, int64_t ldc)
+   portable != 0 packs and writes C with the portable C code even where AVX-512 exists;
+   _bias adds bias and the ReLU in the epilogue as pdp__gemm_bf16_bias does (m, n, k > 0). */
+PDP__PRIVATE void pdp__amx_gemm_emulated_bias(int portable, pdp_trans ta, pdp_trans tb, int64_t m,
+                                              int64_t n, int64_t k, float alpha, const float *a,
+                                              const uint16_t *ah, int64_t lda, const int64_t *arow,
+                                              const float *b, const uint16_t *bh, int64_t ldb,
+                                              const int64_t *brow, float beta, const float *bias,
+                                              int relu, float *c, int64_t ldc)
 {
     pdp__bf16_args g;
     if (!pdp__bf16_args_init(&g, ta, tb, m, n, k, alpha, a, ah, lda, arow, b, bh, ldb, brow,
                              beta, c, ldc))
         return;
+    g.bias = bias;
+    g.relu = relu;
 #    if PDP__BF16_X86
     if (!portable && pdp_bf16_path_available(PDP_BF16_PATH_AVX512)) {
         g.pack = pdp__bf16_pack_avx512;
@@ -706,6 +725,16 @@ PDP__PRIVATE void pdp__amx_gemm_emulated(int portable, pdp_trans ta, pdp_trans t
     }
 #    endif
     pdp__amx_run(&g, portable ? 2 : 1);
+}
+
+PDP__PRIVATE void pdp__amx_gemm_emulated(int portable, pdp_trans ta, pdp_trans tb, int64_t m,
+                                         int64_t n, int64_t k, float alpha, const float *a,
+                                         const uint16_t *ah, int64_t lda, const int64_t *arow,
+                                         const float *b, const uint16_t *bh, int64_t ldb,
+                                         const int64_t *brow, float beta, float *c, int64_t ldc)
+{
+    pdp__amx_gemm_emulated_bias(portable, ta, tb, m, n, k, alpha, a, ah, lda, arow, b, bh, ldb,
+                                brow, beta, NULL, 0, c, ldc);
 }
 #  endif
 

@@ -25,6 +25,11 @@
    them through the table and converts nothing; the panels, and so the bits, are those
    of the materialised operand.
 
+   A Linear's bias and ReLU (pdp__gemm_bf16_bias): on the chain paths they are added
+   where C is written, fl(alpha acc + b), then the ReLU: on each MR x NR tile of C right
+   after its kernel writes it (still in L1), in the AMX epilogue; the bits of the
+   product followed by a pass over C, in one pass.
+
    Paths, and the path choice (section "path choice"): the emulation, AVX512-BF16 and
    AMX run the chain gemm.h states on packed bf16 pairs; sgemm-rounded is gemm.c's
    pdp__sgemm_bf16, pdp_sgemm with its packed panels rounded to bf16 (the same exact
@@ -110,6 +115,14 @@ static inline float pdp__bf16_out(float acc, float alpha, float beta, const floa
         r = bc + r;
     }
     return r;
+}
+
+/* The Linear's last steps, after pdp__bf16_out (pdp__gemm_bf16_bias): r + bias (the bias
+   first, as beta C with C = bias adds it), then the ReLU when asked. */
+static inline float pdp__bf16_bias_relu(float r, const float *bias, int relu)
+{
+    if (bias) r = *bias + r;
+    return relu ? pdp__relu(r) : r;
 }
 
 /* ---- gemm_bf16: CPU features ---- */
@@ -945,8 +958,26 @@ typedef struct pdp__bf16_args {
     pdp__bf16_kernel_fn kernel;
     pdp__bf16_pack_fn pack;
     pdp__bf16_pack_h_fn pack_h;
-    int split_n; /* parts split the NR-column panels (else the MR-row panels) */
+    int split_n;       /* parts split the NR-column panels (else the MR-row panels) */
+    const float *bias; /* not NULL: C(i, j) += bias[j] after alpha acc + beta C */
+    int relu;          /* then C = pdp__relu(C) */
 } pdp__bf16_args;
+
+/* C[i0, i0 + mr) x [j0, j0 + nr) through pdp__bf16_bias_relu, where a kernel has just
+   written it (the tile is in L1): the gemm_bf16.c kernels' bias and ReLU. */
+PDP__PRIVATE void pdp__bf16_bias_tile(const pdp__bf16_args *g, int64_t i0, int64_t j0, int mr,
+                                      int nr)
+{
+    const float *b = g->bias ? g->bias + j0 : NULL;
+    int i, j;
+    for (i = 0; i < mr; i++) {
+        float *c = g->c + (i0 + i) * g->ldc + j0;
+        if (b)
+            for (j = 0; j < nr; j++) c[j] = b[j] + c[j];
+        if (g->relu)
+            for (j = 0; j < nr; j++) c[j] = pdp__relu(c[j]);
+    }
+}
 
 /* op(A)(i, p) and op(B)(p, j) as bf16 words. */
 PDP__PRIVATE uint16_t pdp__bf16_aword(const pdp__bf16_args *g, int64_t i, int64_t p)
@@ -978,7 +1009,9 @@ PDP__PRIVATE void pdp__bf16_element(const pdp__bf16_args *g, int64_t i, int64_t 
         }
         acc = pdp__bf16_ftz_add(acc, a0 * b0);
     }
-    g->c[i * g->ldc + j] = pdp__bf16_out(acc, g->alpha, g->beta, g->c + i * g->ldc + j);
+    g->c[i * g->ldc + j] = pdp__bf16_bias_relu(
+        pdp__bf16_out(acc, g->alpha, g->beta, g->c + i * g->ldc + j), g->bias ? g->bias + j : NULL,
+        g->relu);
 }
 
 /* C[m0, m1) x [n0, n1) (m0, n0 on the tile grid). B's panels for [n0, n1) are packed
@@ -1013,9 +1046,12 @@ PDP__PRIVATE void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m
                 g->pack_h(g->bh, g->brow, tbt, jr, nr, g->k, PDP__BF16_NR, bj);
             else if (mc == m0)
                 g->pack(g->b, g->ldb, tbt, jr, nr, g->k, PDP__BF16_NR, bj);
-            for (ir = mc; ir < mend; ir += PDP__BF16_MR)
+            for (ir = mc; ir < mend; ir += PDP__BF16_MR) {
+                int mr = (int)PDP__MIN(PDP__BF16_MR, mend - ir);
                 g->kernel(pairs, ap + (ir - mc) * pairs, bj, g->c + ir * g->ldc + jr, g->ldc,
-                          (int)PDP__MIN(PDP__BF16_MR, mend - ir), nr, g->alpha, g->beta);
+                          mr, nr, g->alpha, g->beta);
+                if (g->bias || g->relu) pdp__bf16_bias_tile(g, ir, jr, mr, nr);
+            }
         }
     }
 }
@@ -1088,7 +1124,8 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
                                 int64_t n, int64_t k, float alpha, const float *a,
                                 const uint16_t *ah, int64_t lda, const int64_t *arow,
                                 const float *b, const uint16_t *bh, int64_t ldb,
-                                const int64_t *brow, float beta, float *c, int64_t ldc)
+                                const int64_t *brow, float beta, const float *bias, int relu,
+                                float *c, int64_t ldc)
 {
     pdp__bf16_args g;
     int threads, parts;
@@ -1103,14 +1140,22 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
     (void)path, (void)simd; /* PDP_NO_SIMD: one path, one kernel */
 #if PDP__BF16_HAS_SGEMM
     if (path == PDP_BF16_PATH_SGEMM) {
-        PDP_ASSERT(!ah && !bh); /* bf16 words: the paths below */
+        PDP_ASSERT(!ah && !bh && !bias && !relu); /* the chain paths below */
         pdp__sgemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
 #endif
     if (!pdp__bf16_args_init(&g, ta, tb, m, n, k, alpha, a, ah, lda, arow, b, bh, ldb, brow,
-                             beta, c, ldc))
+                             beta, c, ldc)) {
+        if (m > 0 && n > 0 && (bias || relu)) { /* C = beta C (acc 0), then the bias */
+            int64_t i;
+            g.c = c, g.ldc = ldc, g.bias = bias, g.relu = relu;
+            for (i = 0; i < m; i++) pdp__bf16_bias_tile(&g, i, 0, 1, (int)n);
+        }
         return;
+    }
+    g.bias = bias;
+    g.relu = relu;
 #if PDP__BF16_X86
     if (path == PDP_BF16_PATH_EMULATED && simd == 512) g.kernel = pdp__bf16_kernel_emul512;
     if (path == PDP_BF16_PATH_EMULATED && simd == 256) g.kernel = pdp__bf16_kernel_emul256;
@@ -1149,8 +1194,8 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
     if (!pdp_bf16_path_available(path))
         return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_gemm_bf16_on: path %s is not available on "
                         "this CPU or build", pdp_bf16_path_name(path));
-    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL, ldb, NULL, beta, c,
-                  ldc);
+    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL, ldb, NULL, beta, NULL,
+                  0, c, ldc);
     return PDP_OK;
 }
 
@@ -1176,7 +1221,34 @@ PDP__PRIVATE void pdp__gemm_bf16_emul(int simd, pdp_trans ta, pdp_trans tb, int6
     pdp__bf16_run(simd == 512   ? PDP__BF16_PATH_EMUL512
                   : simd == 256 ? PDP__BF16_PATH_EMUL256
                                 : PDP__BF16_PATH_PORTABLE,
-                  ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL, ldb, NULL, beta, c, ldc);
+                  ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL, ldb, NULL, beta, NULL, 0,
+                  c, ldc);
+}
+
+/* C = op(A) op(B) + bias, then the ReLU where relu != 0 (bias: one value per column of C,
+   NULL for none): a Linear's forward x W^T + b in one pass over C, the bias and the ReLU
+   added in the product's epilogue to alpha acc (alpha 1, beta 0), so the bits of
+   pdp_gemm_bf16_on with beta 0 followed by a pass C = relu(bias + C) (or of C = bias
+   then beta 1: fl(acc + b) either way). On `path` (AUTO: pdp_bf16_path_for's choice; one
+   the CPU lacks is the caller's bug; PDP__BF16_PATH_PORTABLE, _EMUL256, _EMUL512: one
+   kernel of the emulation, as pdp__gemm_bf16_emul). False, C untouched, on sgemm-rounded,
+   which adds beta C to its first k block's partial sum: the caller sets C = bias, runs the
+   product with beta 1 and its ReLU after. */
+PDP__PRIVATE bool pdp__gemm_bf16_bias(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
+                                      int64_t n, int64_t k, const float *a, int64_t lda,
+                                      const float *b, int64_t ldb, const float *bias, int relu,
+                                      float *c, int64_t ldc)
+{
+    pdp_bf16_path_available(PDP_BF16_PATH_AUTO); /* CPUID read */
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_path_for(ta, tb, m, n, k);
+    if (path == PDP_BF16_PATH_SGEMM) return false;
+    PDP_ASSERT(path == PDP__BF16_PATH_PORTABLE ||
+               (path == PDP__BF16_PATH_EMUL256 && pdp__bf16_this.emul256) ||
+               (path == PDP__BF16_PATH_EMUL512 && pdp__bf16_this.emul512) ||
+               (path < PDP__BF16_PATH_PORTABLE && pdp_bf16_path_available(path)));
+    pdp__bf16_run(path, ta, tb, m, n, k, 1.0f, a, NULL, lda, NULL, b, NULL, ldb, NULL, 0.0f, bias,
+                  relu, c, ldc);
+    return true;
 }
 
 /* path with AUTO resolved to the best that takes bf16 words; one the CPU lacks, or
@@ -1206,7 +1278,7 @@ PDP__PRIVATE void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, pdp_tr
                                         float beta, float *c, int64_t ldc)
 {
     pdp__bf16_run(pdp__bf16_resolve(path), ta, tb, m, n, k, alpha, a, NULL, lda, NULL, NULL, bh,
-                  0, brow, beta, c, ldc);
+                  0, brow, beta, NULL, 0, c, ldc);
 }
 
 PDP__PRIVATE void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
@@ -1215,7 +1287,7 @@ PDP__PRIVATE void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64
                                          float beta, float *c, int64_t ldc)
 {
     pdp__bf16_run(pdp__bf16_resolve(path), PDP_NO_TRANS, tb, m, n, k, alpha, NULL, ah, 0, arow,
-                  b, NULL, ldb, NULL, beta, c, ldc);
+                  b, NULL, ldb, NULL, beta, NULL, 0, c, ldc);
 }
 
 /* x[0, n) as the bf16 words `path`'s packing makes (AUTO: the best path's) into h,

@@ -526,10 +526,9 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
 
 /* The ReLU that a Linear applies when one follows it on the CPU (io->fused_relu;
    model.c then makes the ReLU a view, as after a Conv2d): forward, y = relu(y) in
-   place once the GEMM has added x W^T to the bias (or y = relu(y + b) after a
-   bf16 product that adds C once: pdp__linear_forward); backward, dy masked by y > 0
-   into io->work (the ReLU's backward), db's column sums taken on the way, and the
-   GEMMs read that. The ReLU's element code, and db's sums sample by sample as
+   place once the GEMM has added x W^T to the bias (or in a bf16 product's epilogue:
+   pdp__linear_forward); backward, dy masked by y > 0 into io->work (the ReLU's
+   backward), db's column sums taken on the way, and the GEMMs read that. The ReLU's element code, and db's sums sample by sample as
    unfused: the bits of the two layers run apart (test_layers:
    layers_linear_relu_fused_matches_unfused).
 
@@ -567,21 +566,6 @@ PDP__PRIVATE void pdp__linear_relu_forward_cols(const pdp__layer_io *io, int64_t
 {
     int64_t i;
     for (i = 0; i < io->batch; i++) pdp__layers_relu_inplace(io->y + i * out + c0, c1 - c0);
-}
-
-/* With the bias added here (pdp__linear_forward): y = relu(y + b). */
-PDP__PRIVATE void pdp__layers_bias_relu_inplace(float *PDP__RESTRICT y,
-                                                const float *PDP__RESTRICT b, int64_t n)
-{
-    PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(y[i] + b[i]););
-}
-
-PDP__PRIVATE void pdp__linear_bias_relu_forward_cols(const pdp__layer_io *io, int64_t out,
-                                                     int64_t c0, int64_t c1)
-{
-    int64_t i;
-    for (i = 0; i < io->batch; i++)
-        pdp__layers_bias_relu_inplace(io->y + i * out + c0, io->b + c0, c1 - c0);
 }
 
 PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
@@ -652,23 +636,20 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
     int64_t B = io->batch, in = pdp__layer_in_features(l);
     int64_t out = l->out_features;
     float beta = 0.0f;
-    /* The bias: y = b, then the GEMM adds x W^T (beta 1), no pass of its own. With a
-       fused ReLU after a bf16 product on a chain path (gemm.h: C = alpha acc + beta C
-       once the whole sum is done), the ReLU's pass adds it, y = relu(acc + b): fl(acc +
-       b) either way, the same bits, and the GEMM stores without reading y. Not after
-       pdp_sgemm or sgemm-rounded, which add C to their first k block's partial sum. */
-    bool bias_in_relu =
-        io->b && io->fused_relu && io->bf16 &&
-        pdp_bf16_path_for(PDP_NO_TRANS, PDP_TRANS, B, out, in) != PDP_BF16_PATH_SGEMM;
-    if (io->b && !bias_in_relu) {
+    /* bf16 on a chain path: one pass over y, the bias and the ReLU added in the product's
+       epilogue (pdp__gemm_bf16_bias: fl(acc + b), then the ReLU). Otherwise y = b, then
+       the GEMM adds x W^T (beta 1: pdp_sgemm and sgemm-rounded add C to their first k
+       block's partial sum), then the ReLU's pass. */
+    if (io->bf16 && pdp__gemm_bf16_bias(PDP_BF16_PATH_AUTO, PDP_NO_TRANS, PDP_TRANS, B, out, in,
+                                        io->x, in, io->w, in, io->b, io->fused_relu, io->y, out))
+        return PDP_OK;
+    if (io->b) {
         pdp__linear_cols_run(l, io, pdp__linear_bias_cols);
         beta = 1.0f;
     }
     (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in,
                                             io->w, in, beta, io->y, out);
-    if (io->fused_relu)
-        pdp__linear_cols_run(l, io, bias_in_relu ? pdp__linear_bias_relu_forward_cols
-                                                 : pdp__linear_relu_forward_cols);
+    if (io->fused_relu) pdp__linear_cols_run(l, io, pdp__linear_relu_forward_cols);
     return PDP_OK;
 }
 

@@ -2606,6 +2606,11 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
    them through the table and converts nothing; the panels, and so the bits, are those
    of the materialised operand.
 
+   A Linear's bias and ReLU (pdp__gemm_bf16_bias): on the chain paths they are added
+   where C is written, fl(alpha acc + b), then the ReLU: on each MR x NR tile of C right
+   after its kernel writes it (still in L1), in the AMX epilogue; the bits of the
+   product followed by a pass over C, in one pass.
+
    Paths, and the path choice (section "path choice"): the emulation, AVX512-BF16 and
    AMX run the chain gemm.h states on packed bf16 pairs; sgemm-rounded is gemm.c's
    pdp__sgemm_bf16, pdp_sgemm with its packed panels rounded to bf16 (the same exact
@@ -2674,6 +2679,9 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
 /* acc + p with a subnormal result flushed to zero of its sign (FTZ). */
 
 /* alpha acc + beta c, as every path writes it (beta c rounded, then the sum). */
+
+/* The Linear's last steps, after pdp__bf16_out (pdp__gemm_bf16_bias): r + bias (the bias
+   first, as beta C with C = bias adds it), then the ReLU when asked. */
 
 /* ---- gemm_bf16: CPU features ---- */
 
@@ -3015,8 +3023,15 @@ typedef struct pdp__bf16_args {
     pdp__bf16_kernel_fn kernel;
     pdp__bf16_pack_fn pack;
     pdp__bf16_pack_h_fn pack_h;
-    int split_n; /* parts split the NR-column panels (else the MR-row panels) */
+    int split_n;       /* parts split the NR-column panels (else the MR-row panels) */
+    const float *bias; /* not NULL: C(i, j) += bias[j] after alpha acc + beta C */
+    int relu;          /* then C = pdp__relu(C) */
 } pdp__bf16_args;
+
+/* C[i0, i0 + mr) x [j0, j0 + nr) through pdp__bf16_bias_relu, where a kernel has just
+   written it (the tile is in L1): the gemm_bf16.c kernels' bias and ReLU. */
+PDP__PRIVATE void pdp__bf16_bias_tile(const pdp__bf16_args *g, int64_t i0, int64_t j0, int mr,
+                                      int nr);
 
 /* op(A)(i, p) and op(B)(p, j) as bf16 words. */
 PDP__PRIVATE uint16_t pdp__bf16_aword(const pdp__bf16_args *g, int64_t i, int64_t p);
@@ -3052,7 +3067,8 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
                                 int64_t n, int64_t k, float alpha, const float *a,
                                 const uint16_t *ah, int64_t lda, const int64_t *arow,
                                 const float *b, const uint16_t *bh, int64_t ldb,
-                                const int64_t *brow, float beta, float *c, int64_t ldc);
+                                const int64_t *brow, float beta, const float *bias, int relu,
+                                float *c, int64_t ldc);
 
 /* PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) */
 
@@ -3065,6 +3081,20 @@ PDP__PRIVATE void pdp__gemm_bf16_emul(int simd, pdp_trans ta, pdp_trans tb, int6
                                       int64_t k, float alpha, const float *a, int64_t lda,
                                       const float *b, int64_t ldb, float beta, float *c,
                                       int64_t ldc);
+
+/* C = op(A) op(B) + bias, then the ReLU where relu != 0 (bias: one value per column of C,
+   NULL for none): a Linear's forward x W^T + b in one pass over C, the bias and the ReLU
+   added in the product's epilogue to alpha acc (alpha 1, beta 0), so the bits of
+   pdp_gemm_bf16_on with beta 0 followed by a pass C = relu(bias + C) (or of C = bias
+   then beta 1: fl(acc + b) either way). On `path` (AUTO: pdp_bf16_path_for's choice; one
+   the CPU lacks is the caller's bug; PDP__BF16_PATH_PORTABLE, _EMUL256, _EMUL512: one
+   kernel of the emulation, as pdp__gemm_bf16_emul). False, C untouched, on sgemm-rounded,
+   which adds beta C to its first k block's partial sum: the caller sets C = bias, runs the
+   product with beta 1 and its ReLU after. */
+PDP__PRIVATE bool pdp__gemm_bf16_bias(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
+                                      int64_t n, int64_t k, const float *a, int64_t lda,
+                                      const float *b, int64_t ldb, const float *bias, int relu,
+                                      float *c, int64_t ldc);
 
 /* path with AUTO resolved to the best that takes bf16 words; one the CPU lacks, or
    sgemm-rounded (which takes floats: Conv2d rounds them and calls pdp__sgemm_rows), is
@@ -3128,7 +3158,8 @@ PDP__PRIVATE void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uin
    element's chain is one chain over the pairs from 0. After the last block a whole
    block with alpha 1 and beta 0 is stored straight into C (C = acc, the same bits);
    any other goes through the epilogue, C = alpha acc + beta C (pdp__bf16_out's rule:
-   beta C rounded before the sum, C not read when beta == 0), with AVX-512 where it
+   beta C rounded before the sum, C not read when beta == 0), then the bias and the
+   ReLU where a Linear asks (pdp__gemm_bf16_bias: one pass over C), with AVX-512 where it
    exists, masked at edges, one panel after its tile stores (reading them back at once
    stalled: 12% of a 512^3 product).
    The tile configuration is loaded once per part (thread) per call and released at
@@ -3298,9 +3329,10 @@ PDP__PRIVATE void pdp__amx_pack_a(const pdp__bf16_args *g, int64_t r0, int rows,
 PDP__PRIVATE void pdp__amx_pack_b(const pdp__bf16_args *g, int64_t n0, int64_t n1, int w,
                                   int64_t steps, uint32_t *dst);
 
-/* C[0, mr) x [0, nr) = alpha acc + beta C (acc's row stride w). */
+/* C[0, mr) x [0, nr) = alpha acc + beta C (acc's row stride w), then + bias[j] (bias not
+   NULL) and the ReLU (relu != 0): pdp__bf16_bias_relu. */
 PDP__PRIVATE void pdp__amx_out(const float *acc, int w, float *c, int64_t ldc, int mr, int nr,
-                               float alpha, float beta);
+                               float alpha, float beta, const float *bias, int relu);
 
 #  if PDP__BF16_X86
 /* 16 values of x(., 2p) (lo) and x(., 2p + 1) (hi) as 16 pair words (lo_i | hi_i << 16):
@@ -3332,11 +3364,12 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_b_avx512(const pdp__bf16_args *
    the _round_ forms, which the compiler does not contract; their zero-masking forms with
    every lane kept, for gemm_bf16.c's PDP__BF16_UNPACKLO32 reason; the mask made by
    _cvtu32_mask16, since nvcc's front end warns (#68-D) when a constant 0xffff becomes the
-   builtin's signed mask argument). */
+   builtin's signed mask argument). The ReLU keeps the lanes where !(r <= 0) (_CMP_NLE_UQ:
+   NaN kept, -0 to +0), pdp__relu's rule. */
 #    define PDP__AMX_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, float *c,
                                                        int64_t ldc, int mr, int nr, float alpha,
-                                                       float beta);
+                                                       float beta, const float *bias, int relu);
 #    undef PDP__AMX_RNE
 #  endif
 
@@ -3347,7 +3380,7 @@ typedef void (*pdp__amx_pack_a_fn)(const pdp__bf16_args *g, int64_t r0, int rows
 typedef void (*pdp__amx_pack_b_fn)(const pdp__bf16_args *g, int64_t n0, int64_t n1, int w,
                                    int64_t steps, uint32_t *dst);
 typedef void (*pdp__amx_out_fn)(const float *acc, int w, float *c, int64_t ldc, int mr, int nr,
-                                float alpha, float beta);
+                                float alpha, float beta, const float *bias, int relu);
 
 typedef struct pdp__amx_ctx {
     const pdp__bf16_args *g;
@@ -3379,7 +3412,15 @@ PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate);
 
 #  if PDP__AMX_EMU
 /* pdp__bf16_run's AMX path on emulated tiles, on any CPU (a test entry: PDP__AMX_EMULATE):
-   portable != 0 packs and writes C with the portable C code even where AVX-512 exists. */
+   portable != 0 packs and writes C with the portable C code even where AVX-512 exists;
+   _bias adds bias and the ReLU in the epilogue as pdp__gemm_bf16_bias does (m, n, k > 0). */
+PDP__PRIVATE void pdp__amx_gemm_emulated_bias(int portable, pdp_trans ta, pdp_trans tb, int64_t m,
+                                              int64_t n, int64_t k, float alpha, const float *a,
+                                              const uint16_t *ah, int64_t lda, const int64_t *arow,
+                                              const float *b, const uint16_t *bh, int64_t ldb,
+                                              const int64_t *brow, float beta, const float *bias,
+                                              int relu, float *c, int64_t ldc);
+
 PDP__PRIVATE void pdp__amx_gemm_emulated(int portable, pdp_trans ta, pdp_trans tb, int64_t m,
                                          int64_t n, int64_t k, float alpha, const float *a,
                                          const uint16_t *ah, int64_t lda, const int64_t *arow,
@@ -4631,10 +4672,9 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
 
 /* The ReLU that a Linear applies when one follows it on the CPU (io->fused_relu;
    model.c then makes the ReLU a view, as after a Conv2d): forward, y = relu(y) in
-   place once the GEMM has added x W^T to the bias (or y = relu(y + b) after a
-   bf16 product that adds C once: pdp__linear_forward); backward, dy masked by y > 0
-   into io->work (the ReLU's backward), db's column sums taken on the way, and the
-   GEMMs read that. The ReLU's element code, and db's sums sample by sample as
+   place once the GEMM has added x W^T to the bias (or in a bf16 product's epilogue:
+   pdp__linear_forward); backward, dy masked by y > 0 into io->work (the ReLU's
+   backward), db's column sums taken on the way, and the GEMMs read that. The ReLU's element code, and db's sums sample by sample as
    unfused: the bits of the two layers run apart (test_layers:
    layers_linear_relu_fused_matches_unfused).
 
@@ -4659,13 +4699,6 @@ PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy,
 
 PDP__PRIVATE void pdp__linear_relu_forward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
                                                 int64_t c1);
-
-/* With the bias added here (pdp__linear_forward): y = relu(y + b). */
-PDP__PRIVATE void pdp__layers_bias_relu_inplace(float *PDP__RESTRICT y,
-                                                const float *PDP__RESTRICT b, int64_t n);
-
-PDP__PRIVATE void pdp__linear_bias_relu_forward_cols(const pdp__layer_io *io, int64_t out,
-                                                     int64_t c0, int64_t c1);
 
 PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
                                                  int64_t c1);
