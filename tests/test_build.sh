@@ -1,7 +1,7 @@
 #!/bin/sh
 # Generator and compiler tests: amalgamate.py (--check, byte-identical output, a
 # stale copy names its module, the module order), and pdp.h's two halves built the
-# ways a user builds them: gcc and clang in strict C99 as two translation units,
+# ways a user builds them: gcc and clang in strict C99 as two translation units, and in C11,
 # the API as C++, the API quiet under -Wconversion (the implementation as C++ and by
 # nvcc, the README's C++ quick start, include order: test_build_cxx.sh).
 # (tests/build_checks.sh: the helpers; test_build_options.sh, test_build_alone.sh:
@@ -55,6 +55,14 @@ check gcc_c99_two_translation_units sh -c "gcc $STRICT -c tests/compile/tu_impl.
 if command -v clang > /dev/null; then
     check clang_c99_two_translation_units sh -c "clang $STRICT -c tests/compile/tu_impl.c -o $B/cimpl.o && clang $STRICT -c tests/compile/tu_api.c -o $B/capi.o && clang $B/cimpl.o $B/capi.o -o $B/ctwo -lm -lpthread && $B/ctwo"
 else skip "clang_c99_two_translation_units" "clang not found (apt-get install clang)"; fi
+# C11 as well as C99, with each compiler: the implementation and the API, -pedantic -Werror
+c11_quiet() {
+    gcc -std=c11 -Wall -Wextra -pedantic -Werror -I. -fsyntax-only tests/compile/tu_impl.c &&
+        gcc -std=c11 -Wall -Wextra -pedantic -Werror -I. -fsyntax-only tests/compile/tu_api.c &&
+        { ! command -v clang > /dev/null ||
+          clang -std=c11 -Wall -Wextra -pedantic -Werror -I. -fsyntax-only tests/compile/tu_impl.c; }
+}
+check c11_gcc_and_clang_quiet c11_quiet
 # what a user's translation unit sees (the API and the math block) is quiet under the
 # warnings careful projects turn on
 check api_quiet_under_wconversion_wfloat_equal gcc $STRICT -Wconversion -Wsign-conversion -Wfloat-equal -Wshadow -c tests/compile/tu_api.c -o "$B/wconv.o"
