@@ -3260,7 +3260,8 @@ TEST cuda_nccl_gpt_pipeline_matches_cpu(void)
 
 /* The GPT split by heads (pdp_gpt_create with desc.tp: c_attn column-parallel in q | k | v
    parts, each rank's heads' attention, attn.c_proj row-parallel; the MLP as TP's) on 2
-   GPUs over NCCL thread ranks, without and with sequence parallelism (B 2: the rank
+   GPUs over NCCL thread ranks, without and with sequence parallelism, and recomputing
+   (TP 2 selective, TP 2 + SP full: the recomputed forward on the GPUs; B 2: the rank
    blocks reordered through the workspace; dropout on a slice of the sequence keyed by
    the global position), against the single-device GPT on the CPU: 3 AdamW steps (lr 1e-3,
    as test_gpt_sp.c's: AdamW divides by |g| + eps, so a gradient that cancels to 1e-7 of
@@ -3276,13 +3277,14 @@ typedef struct tg_job {
     pdp_nccl_group *g;
     int rank;
     bool sp;
+    pdp_recompute rc;
     const char *path;
     float losses[TG_STEPS], norms[TG_STEPS];
     pdp_status st;
     char msg[1100];
 } tg_job;
 
-static pdp_gpt_desc tg_desc(pdp_device dev, pdp_comm *tp, bool sp)
+static pdp_gpt_desc tg_desc(pdp_device dev, pdp_comm *tp, bool sp, pdp_recompute rc)
 {
     pdp_gpt_desc gd;
     memset(&gd, 0, sizeof gd);
@@ -3296,6 +3298,7 @@ static pdp_gpt_desc tg_desc(pdp_device dev, pdp_comm *tp, bool sp)
     gd.device = dev;
     gd.tp = tp;
     gd.sequence_parallel = sp;
+    gd.recompute = rc;
     return gd;
 }
 
@@ -3363,7 +3366,7 @@ static void *tg_main(void *arg)
     pdp_gpt_desc gd;
     int64_t flat[1] = {TG_B * TG_T}, mallocs = 0;
     if ((j->st = pdp_comm_create_nccl(&c, j->g, j->rank))) goto out;
-    gd = tg_desc(dev, c, j->sp);
+    gd = tg_desc(dev, c, j->sp, j->rc);
     if ((j->st = pdp_gpt_create(&m, &gd)) || (j->st = pdp_optim_create(&o, m, &od)) ||
         (j->st = pdp_tensor_create(&buf, dev, 1, flat)) ||
         (j->st = tg_train(m, o, buf, j->losses, j->norms, &mallocs)))
@@ -3385,7 +3388,7 @@ out:
     return NULL;
 }
 
-static enum greatest_test_res check_tp_gpt(bool sp)
+static enum greatest_test_res check_tp_gpt(bool sp, pdp_recompute rc)
 {
     tg_job jobs[2];
     pdp_device devs[2] = {pdp_cuda(0), pdp_cuda(1)};
@@ -3394,14 +3397,16 @@ static enum greatest_test_res check_tp_gpt(bool sp)
     pdp_model *ref = NULL, *back = NULL;
     pdp_optim *o = NULL;
     pdp_optim_desc od = tg_adamw();
-    pdp_gpt_desc gd = tg_desc(pdp_cpu(), NULL, false);
+    pdp_gpt_desc gd = tg_desc(pdp_cpu(), NULL, false, PDP_RECOMPUTE_NONE); /* recomputes nothing */
     pdp_tensor *buf = NULL, p, rp;
     float losses[TG_STEPS], norms[TG_STEPS];
     int64_t flat[1] = {TG_B * TG_T};
     char path[96], msg[200];
-    const char *what = sp ? "TP 2 + SP" : "TP 2";
+    static const char *rc_name[] = {"", ", recompute selective", ", recompute full"};
+    char what[64];
     int r, s;
     double e;
+    snprintf(what, sizeof what, "%s%s", sp ? "TP 2 + SP" : "TP 2", rc_name[rc]);
     ASSERTm(pdp_last_error(), pdp_gpt_create(&ref, &gd) == PDP_OK);
     ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, ref, &od), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&buf, pdp_cpu(), 1, flat), pdp_status_name);
@@ -3414,6 +3419,7 @@ static enum greatest_test_res check_tp_gpt(bool sp)
         jobs[r].g = g;
         jobs[r].rank = r;
         jobs[r].sp = sp;
+        jobs[r].rc = rc;
         jobs[r].path = path;
         pthread_create(&th[r], NULL, tg_main, &jobs[r]);
     }
@@ -3450,8 +3456,12 @@ TEST cuda_nccl_tp_gpt_matches_cpu(void)
 {
     NEED_GPU();
     if (devices() < 2) SKIPm("the TP GPT over NCCL needs 2 GPUs (PDP_EMU_CUDA_DEVICES=2)");
-    CHECK_CALL(check_tp_gpt(false));
-    CHECK_CALL(check_tp_gpt(true));
+    CHECK_CALL(check_tp_gpt(false, PDP_RECOMPUTE_NONE));
+    CHECK_CALL(check_tp_gpt(true, PDP_RECOMPUTE_NONE));
+    /* recomputation on the GPUs, dropout on (its masks drawn again in backward): against
+       the CPU GPT that recomputes nothing */
+    CHECK_CALL(check_tp_gpt(false, PDP_RECOMPUTE_SELECTIVE));
+    CHECK_CALL(check_tp_gpt(true, PDP_RECOMPUTE_FULL));
     PASS();
 }
 
