@@ -722,7 +722,8 @@ MPI_TEST(mpi_gpt_under_ddp_zero3_and_a_pipeline_equals_one_device)
 }
 
 /* The same GPT, its blocks tensor parallel over every rank (the 12 heads split: 1-4 ranks),
-   with and without sequence parallelism (the 8 positions split: 1, 2 and 4 ranks): the
+   with and without sequence parallelism (the 8 positions split: 1, 2 and 4 ranks), and
+   recomputing (TP selective, TP + SP full; the reference recomputes nothing): the
    whole batch on every rank, the same 2 AdamW steps with clipping; the full-tensor
    checkpoint the TP ranks write together (pdp_tp_checkpoint_save) loads into one device's
    GPT and equals the reference. */
@@ -732,12 +733,16 @@ MPI_TEST(mpi_gpt_tensor_and_sequence_parallel_equal_one_device)
     pdp_tensor pr;
     int32_t ids[MG_B * MG_T], tg[MG_B * MG_T];
     int64_t whole[2] = {MG_B, MG_T}, i;
-    char path[300];
-    int sp, s;
+    char path[300], what[64];
+    static const char *rc_name[] = {"", ", recompute selective", ", recompute full"};
+    static const struct { int sp; pdp_recompute rc; } runs[] = {
+        {0, PDP_RECOMPUTE_NONE}, {1, PDP_RECOMPUTE_NONE}, {0, PDP_RECOMPUTE_SELECTIVE},
+        {1, PDP_RECOMPUTE_FULL}};
+    int run, sp, s;
     if (MG_HEADS % world_size) SKIPm("12 heads do not split over this many ranks");
     ASSERT_ENUM_EQ(PDP_OK, mg_reference(&ref), pdp_status_name);
     pdp_model_flat(ref, &pr, NULL);
-    for (sp = 0; sp < 2; sp++) {
+    for (run = 0; run < (int)(sizeof runs / sizeof runs[0]); run++) {
         pdp_model *m = NULL, *one = NULL;
         pdp_optim *o = NULL;
         pdp_optim_desc od = mg_adamw();
@@ -745,9 +750,11 @@ MPI_TEST(mpi_gpt_tensor_and_sequence_parallel_equal_one_device)
         pdp_tensor x, po;
         float loss, norm;
         double worst = 0.0;
+        sp = runs[run].sp;
         if (sp && MG_T % world_size) continue; /* 8 positions: SP at 1, 2 and 4 ranks */
+        snprintf(what, sizeof what, "%s%s", sp ? "tp + sp" : "tp", rc_name[runs[run].rc]);
         d = mg_desc();
-        d.tp = cm, d.sequence_parallel = sp != 0;
+        d.tp = cm, d.sequence_parallel = sp != 0, d.recompute = runs[run].rc;
         ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&m, &d), pdp_status_name);
         ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
         for (s = 0; s < MG_STEPS; s++) {
@@ -772,8 +779,8 @@ MPI_TEST(mpi_gpt_tensor_and_sequence_parallel_equal_one_device)
         }
         if (my_rank == 0)
             fprintf(test_out, "\n  gpt %s over mpi: %d ranks, %d AdamW steps: max |tp - single "
-                    "device| = %.3g\n", sp ? "tp + sp" : "tp", world_size, MG_STEPS, worst);
-        ASSERTm(sp ? "TP + SP" : "TP", worst <= 1e-5);
+                    "device| = %.3g\n", what, world_size, MG_STEPS, worst);
+        ASSERTm(what, worst <= 1e-5);
         pdp_model_free(one);
         pdp_optim_free(o);
         pdp_model_free(m);
