@@ -38,6 +38,7 @@
 static FILE *test_out; /* rank 0: stdout; other ranks: /dev/null */
 #define GREATEST_STDOUT (test_out ? test_out : stdout)
 #include "pdp_test.h"
+#include "fixture.h"
 
 static int my_rank = 0, world_size = 1;
 
@@ -789,6 +790,88 @@ MPI_TEST(mpi_gpt_tensor_and_sequence_parallel_equal_one_device)
     PASS();
 }
 
+/* DP x TP = 2 x 2 on 4 ranks (TP pairs of neighbours, DP across them), sequence parallel,
+   each recomputation mode, the GPT under DDP or ZeRO stage 1, 2 or 3 over the DP group
+   (stage 3 a unit per layer): each DP copy trains on its 6 of the 12 sequences, clipping
+   after the DP average; each rank's TP slices equal their cuts of one device's tensors
+   (relative error, fixture.h), which recomputes nothing. The MPI form of
+   test_gpt_sp.c's gpt_sp_under_ddp_and_zero_equals_one_device (issue 25's covering set). */
+MPI_TEST(mpi_gpt_dp_x_tp_sequence_parallel_under_ddp_and_zero_equals_one_device)
+{
+    pdp_model *ref = NULL;
+    pdp_comm *tp = NULL, *dc = NULL;
+    int32_t ids[MG_B * MG_T], tg[MG_B * MG_T];
+    int64_t per = MG_B / 2, shape[2] = {MG_B / 2, MG_T};
+    int dp = my_rank / 2, zero, s;
+    pdp_recompute rc;
+    if (world_size != 4) SKIPm("DP 2 x TP 2 runs on 4 ranks");
+    ASSERT_ENUM_EQ(PDP_OK, mg_reference(&ref), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_split(cm, dp, my_rank % 2, &tp), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_split(cm, my_rank % 2, dp, &dc), pdp_status_name);
+    for (zero = 0; zero <= 3; zero++)
+        for (rc = PDP_RECOMPUTE_NONE; rc <= PDP_RECOMPUTE_FULL; rc = (pdp_recompute)(rc + 1)) {
+            pdp_model *m = NULL;
+            pdp_ddp *ddp = NULL;
+            pdp_zero *z = NULL;
+            pdp_optim *o = NULL;
+            pdp_optim_desc od = mg_adamw();
+            pdp_zero_desc zd;
+            pdp_gpt_desc d = mg_desc();
+            pdp_tensor x;
+            float loss, norm;
+            double worst = 0.0;
+            char what[80];
+            snprintf(what, sizeof what, "%s%d x TP 2 + SP, recompute %d",
+                     zero ? "ZeRO-" : "DDP ", zero ? zero : 2, (int)rc);
+            d.tp = tp, d.sequence_parallel = true, d.recompute = rc;
+            memset(&zd, 0, sizeof zd);
+            zd.stage = zero;
+            zd.bucket_cap_mb = zero == 3 ? 1e-9 : 0.0; /* stage 3: a unit per layer */
+            ASSERT_ENUM_EQm(what, PDP_OK, pdp_gpt_create(&m, &d), pdp_status_name);
+            if (zero) {
+                ASSERT_ENUM_EQm(what, PDP_OK, pdp_zero_create(&z, m, dc, &zd), pdp_status_name);
+                ASSERT_ENUM_EQm(what, PDP_OK, pdp_zero_optim_create(&o, z, &od), pdp_status_name);
+            } else {
+                ASSERT_ENUM_EQm(what, PDP_OK, pdp_ddp_create(&ddp, m, dc, NULL), pdp_status_name);
+                ASSERT_ENUM_EQm(what, PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
+            }
+            for (s = 0; s < MG_STEPS; s++) {
+                mg_batch(s, ids, tg);
+                pdp_tensor_wrap_ids(ids + dp * per * MG_T, pdp_cpu(), 2, shape, &x);
+                if (zero) {
+                    ASSERT_ENUM_EQm(what, PDP_OK, pdp_zero_forward_backward(z, &x, tg + dp * per * MG_T,
+                                                                            &loss), pdp_status_name);
+                    ASSERT_ENUM_EQm(what, PDP_OK, pdp_zero_finish(z), pdp_status_name);
+                    ASSERT_ENUM_EQm(what, PDP_OK, pdp_zero_clip_grad_norm(z, 0.5f, &norm), pdp_status_name);
+                    ASSERT_ENUM_EQm(what, PDP_OK, pdp_zero_step(z, o), pdp_status_name);
+                } else {
+                    ASSERT_ENUM_EQm(what, PDP_OK, pdp_ddp_forward_backward(ddp, &x, tg + dp * per * MG_T,
+                                                                           &loss), pdp_status_name);
+                    ASSERT_ENUM_EQm(what, PDP_OK, pdp_ddp_finish(ddp), pdp_status_name);
+                    ASSERT_ENUM_EQm(what, PDP_OK, pdp_clip_grad_norm(m, 0.5f, &norm), pdp_status_name);
+                    ASSERT_ENUM_EQm(what, PDP_OK, pdp_optim_step(o), pdp_status_name);
+                    pdp_optim_zero_grad(o);
+                }
+            }
+            if (zero == 3) /* the rank's TP slices, whole, into its block */
+                ASSERT_ENUM_EQm(what, PDP_OK, pdp_zero_gather_params(z, NULL), pdp_status_name);
+            /* each TP slice against its cut of one device's tensor, by name */
+            ASSERT_ENUM_EQm(what, PDP_OK, fixture_worst_by_name(m, ref, &worst), pdp_status_name);
+            if (my_rank == 0)
+                fprintf(test_out, "\n  gpt %s over mpi: largest relative error against one "
+                        "device %.3g\n", what, worst);
+            ASSERTm(what, worst <= 1e-5);
+            pdp_optim_free(o);
+            pdp_ddp_free(ddp);
+            pdp_zero_free(z);
+            pdp_model_free(m);
+        }
+    pdp_comm_free(dc);
+    pdp_comm_free(tp);
+    pdp_model_free(ref);
+    PASS();
+}
+
 /* ---- MPI: ZeRO stages 1-3 equal single-device training ---- */
 
 MPI_TEST(mpi_zero_matches_single_device_and_ranks_agree)
@@ -1256,6 +1339,7 @@ SUITE(mpi)
     RUN_TEST(mpi_pp_2d_dp_x_pp_matches_single_device);
     RUN_TEST(mpi_gpt_under_ddp_zero3_and_a_pipeline_equals_one_device);
     RUN_TEST(mpi_gpt_tensor_and_sequence_parallel_equal_one_device);
+    RUN_TEST(mpi_gpt_dp_x_tp_sequence_parallel_under_ddp_and_zero_equals_one_device);
     RUN_TEST(mpi_trace_has_collectives_per_rank);
     RUN_TEST(mpi_init_env_times_out_when_a_rank_is_missing);
     conf_run_suite(&mpi_factory);
