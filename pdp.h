@@ -640,8 +640,8 @@
    only in GEMM inputs and in compressed gradient communication (DDP's hooks).
    Platforms: on Windows, DDP across processes would need an MPI there (MS-MPI), which
    is not built or tested: Windows has DP and DDP over the local (thread-rank)
-   communicator (tested under Wine), and the TCP store; ZeRO, TP and PP on that
-   communicator compile there, but their suites are not run under Wine. MSVC and macOS are written for but not built
+   communicator, ZeRO, TP, pipelines and the GPT on it, and the TCP store (their suites run
+   under Wine: make cross-test). MSVC and macOS are written for but not built
    here (BUILD). No NEON micro-kernel on ARM64.
 
    VERSION HISTORY
