@@ -138,11 +138,13 @@ $(B)/run/test_build_alone.sh.rc: $(IMPL_OBJ)
 $(B)/run/test_%.sh.rc: tests/test_%.sh tests/build_checks.sh pdp.h FORCE
 	@B=$(B) IMPL_OBJ=$(IMPL_OBJ) sh tests/run_all.sh --run-one $<
 $(OWN_RUNS): $(B)/run/%.rc: pdp.h FORCE
-	@$(MAKE) --no-print-directory $(B)/$* && B=$(B) sh tests/run_all.sh --run-one $(B)/$*
+	@$(MAKE) --no-print-directory $(B)/run/$*.built && B=$(B) sh tests/run_all.sh --run-one $(B)/$*
 $(LINKED_RUNS): $(B)/run/%.rc: $(IMPL_OBJ) FORCE
-	@$(MAKE) --no-print-directory $(B)/$* && B=$(B) sh tests/run_all.sh --run-one $(B)/$*
+	@$(MAKE) --no-print-directory $(B)/run/$*.built && B=$(B) sh tests/run_all.sh --run-one $(B)/$*
 $(patsubst $(B)/%,$(B)/run/%.rc,$(EXAMPLES)): $(B)/run/%.rc: $(IMPL_OBJ) FORCE
-	@$(MAKE) --no-print-directory $(B)/$* && B=$(B) sh tests/run_all.sh --run-example $(B)/$*
+	@$(MAKE) --no-print-directory $(B)/run/$*.built && B=$(B) sh tests/run_all.sh --run-example $(B)/$*
+# (the sub-make's goal: NAME itself, up to date, would print "'NAME' is up to date")
+$(B)/run/%.built: $(B)/% ; @:
 
 # make -j starts these in the order listed, once pdp.h is made (everything here reads it, the
 # build tests too): the implementation object first (9 s of CPU at -O2: most tests and the
