@@ -11,7 +11,8 @@
 #   make cuda       pdp_cuda.cu and the examples with nvcc (compile and link only)
 
 # Without -j on the command line, make runs one job per core (make -j1 for one at a time).
-ifeq ($(filter -j%,$(MAKEFLAGS)),)
+# (A sub-make shares its parent's job slots: its MAKEFLAGS holds no -j while it reads this.)
+ifeq ($(MAKELEVEL)$(filter -j%,$(MAKEFLAGS)),0)
 MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
 endif
 
@@ -57,16 +58,17 @@ $(B):
 # instead of compiling the implementation again. Its PDP_MALLOC is the counting one of
 # tests/counting_alloc.h (pdp_test_allocs()), which hands each allocation to a test's own
 # PDP_MALLOC / PDP_FREE when the test defines them (tests/pdp_linked.h).
-# - $(IMPL_OBJ), at $(OPT), as users build it, is linked by the examples and by every test
-#   but OWN_TESTS: SHARED_TESTS (the public API only) and KERNEL_TESTS (test_gemm: the
-#   compute kernels) are compiled at $(OPT) too; INTERNAL_TESTS, which read internal
-#   structs or call pdp__ functions (the model, DP, DDP, ZeRO, TP, checkpoint, optimizer
-#   internals; the pool, the store, the trace writer, the inflater; allocation budgets and
-#   failure injection through their own PDP_MALLOC), at $(TEST_OPT): -Og, gcc's level for
-#   debugging, keeps every warning -Werror needs (maybe-uninitialized included) and
-#   compiles in half of -O2's time. (A second object at -Og, linked by the internal tests,
-#   cost 4 s of CPU in every make test; it went in December 2026. `make test OPT=-Og`
-#   builds everything at -Og, to debug.)
+# - $(IMPL_OBJ), at $(OPT), as users build it, is linked by the examples (their own code at
+#   $(OPT) too) and by every test but OWN_TESTS: KERNEL_TESTS (test_gemm: its naive
+#   reference loops run 1.3 times longer at -Og) at $(OPT), LINKED_TESTS at $(TEST_OPT):
+#   -Og, gcc's level for debugging, compiles in a third to a half of -O2's time, and their
+#   runs take as long. (-Og's maybe-uninitialized misses some that -O2 reports after
+#   inlining: one injected into pdp.h through an inlined helper, -O2 only. The library's code
+#   gets -O2's warnings in $(IMPL_OBJ) and test_build_cxx.sh; these tests' own code, -Og's.)
+#   (A second object at -Og, linked by the internal tests, cost 4 s of CPU in every make
+#   test; it went in December 2026, and then the tests of the public API only, test_gpt,
+#   test_pp, test_loss and test_cuda, compiled at $(OPT) for its sake, 2 s more. `make test
+#   OPT=-Og` builds everything at -Og, to debug.)
 # Every program linked against an object is compiled with IMPL_LINKED (the guard
 # PDP__IMPLEMENTATION_INCLUDED makes its own `#define PDP_IMPLEMENTATION` compile nothing);
 # the tests add PDP__INTERNAL_API: pdp.h then declares the implementation without defining it
@@ -77,13 +79,12 @@ $(B):
 #   with macros: test_gemm_nosimd (PDP_NO_SIMD), test_bf16 (PDP__CONV_BF16_PATH forces the
 #   convolution's bf16 path), at $(OPT); test_layers (small Conv2d chunks and element-wise
 #   split sizes), at $(TEST_OPT). test_harness has no pdp.h.
-# `make test TEST_OPT="$(OPT)"` builds the internal tests as the library ships.
+# `make test TEST_OPT="$(OPT)"` builds the linked tests as the library ships.
 TEST_OPT      ?= -Og -march=native
-SHARED_TESTS   = $(addprefix $(B)/test_,cuda gpt loss pp)
 KERNEL_TESTS   = $(addprefix $(B)/test_,gemm)
 OWN_OPT_TESTS  = $(addprefix $(B)/test_,gemm_nosimd bf16)
 OWN_TESTS      = $(OWN_OPT_TESTS) $(addprefix $(B)/test_,layers harness)
-INTERNAL_TESTS = $(filter-out $(SHARED_TESTS) $(KERNEL_TESTS) $(OWN_TESTS),$(TESTS))
+LINKED_TESTS   = $(filter-out $(KERNEL_TESTS) $(OWN_TESTS),$(TESTS))
 IMPL_LINKED    = -DPDP__IMPLEMENTATION_INCLUDED -DPDP_TEST_SHARED_IMPL
 TEST_LINKED    = $(IMPL_LINKED) -DPDP__INTERNAL_API
 IMPL_OBJ       = $(B)/pdp_impl.o
@@ -94,10 +95,10 @@ $(IMPL_OBJ): tests/pdp_impl.c tests/counting_alloc.h pdp.h
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
 
-$(SHARED_TESTS) $(KERNEL_TESTS): $(B)/test_%: tests/test_%.c $(IMPL_OBJ) $(TEST_HEADERS)
+$(KERNEL_TESTS): $(B)/test_%: tests/test_%.c $(IMPL_OBJ) $(TEST_HEADERS)
 	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) $(TEST_LINKED) $< $(IMPL_OBJ) -o $@ $(LDLIBS)
 
-$(INTERNAL_TESTS): $(B)/test_%: tests/test_%.c $(IMPL_OBJ) $(TEST_HEADERS)
+$(LINKED_TESTS): $(B)/test_%: tests/test_%.c $(IMPL_OBJ) $(TEST_HEADERS)
 	$(CC) $(WARN) $(TEST_OPT) $(CFLAGS) $(CPPFLAGS) $(TEST_LINKED) $< $(IMPL_OBJ) -o $@ $(LDLIBS)
 
 $(OWN_OPT_TESTS): $(B)/test_%: tests/test_%.c $(TEST_HEADERS) | $(B)
@@ -118,28 +119,43 @@ $(B)/bench_%: bench/%.c bench/bench.h pdp.h | $(B)
 
 examples: $(EXAMPLES)
 
-# Each program runs as soon as it is built (make -j2 overlaps runs with the other builds),
-# into $(B)/run/NAME.log and .rc; tests/run_all.sh --saved then prints them in order, the
-# total, and the skipped tests with their reasons.
-# (the build tests first: they compile on their own and take longest, each running its
-# independent compiles side by side (tests/build_checks.sh); test_build_alone.sh links the
-# README's quick start to $(IMPL_OBJ), so it waits for it)
+# Each program runs as soon as it is built, into $(B)/run/NAME.log and .rc; tests/run_all.sh
+# --saved then prints them in order, the total, and the skipped tests with their reasons.
+# A run's recipe builds its program first, by a sub-make in the run's own job slot, so that
+# make -j starts the run right after the compile. (With the program as a prerequisite, make
+# started a run only on its next pass over the list, once every compile and build test had
+# started: the runs, some of which wait on timeouts, came last, beside idle cores.) A run
+# waits for what two sub-makes must not build at once: pdp.h and, but for OWN_TESTS,
+# $(IMPL_OBJ). The build tests compile on their own, each running its independent compiles
+# side by side (tests/build_checks.sh); test_build_alone.sh links the README's quick start to
+# $(IMPL_OBJ), so it waits for it.
 RUNS = $(patsubst tests/%,$(B)/run/%.rc,$(TEST_SH)) \
        $(patsubst $(B)/%,$(B)/run/%.rc,$(TESTS) $(EXAMPLES))
+OWN_RUNS    = $(patsubst $(B)/%,$(B)/run/%.rc,$(filter $(OWN_TESTS),$(TESTS)))
+LINKED_RUNS = $(patsubst $(B)/%,$(B)/run/%.rc,$(filter-out $(OWN_TESTS),$(TESTS)))
 .PHONY: FORCE
 $(B)/run/test_build_alone.sh.rc: $(IMPL_OBJ)
-$(B)/run/test_%.sh.rc: tests/test_%.sh tests/build_checks.sh FORCE
+$(B)/run/test_%.sh.rc: tests/test_%.sh tests/build_checks.sh pdp.h FORCE
 	@B=$(B) IMPL_OBJ=$(IMPL_OBJ) sh tests/run_all.sh --run-one $<
-$(B)/run/test_%.rc: $(B)/test_% FORCE
-	@B=$(B) sh tests/run_all.sh --run-one $<
-$(B)/run/%.rc: $(B)/% FORCE
-	@B=$(B) sh tests/run_all.sh --run-example $<
+$(OWN_RUNS): $(B)/run/%.rc: pdp.h FORCE
+	@$(MAKE) --no-print-directory $(B)/run/$*.built && B=$(B) sh tests/run_all.sh --run-one $(B)/$*
+$(LINKED_RUNS): $(B)/run/%.rc: $(IMPL_OBJ) FORCE
+	@$(MAKE) --no-print-directory $(B)/run/$*.built && B=$(B) sh tests/run_all.sh --run-one $(B)/$*
+$(patsubst $(B)/%,$(B)/run/%.rc,$(EXAMPLES)): $(B)/run/%.rc: $(IMPL_OBJ) FORCE
+	@$(MAKE) --no-print-directory $(B)/run/$*.built && B=$(B) sh tests/run_all.sh --run-example $(B)/$*
+# (the sub-make's goal: NAME itself, up to date, would print "'NAME' is up to date")
+$(B)/run/%.built: $(B)/% ; @:
 
-# make -j starts these in the order listed: the longest job first (test_build_cxx.sh, about
-# 35 s of CPU: three optimised C++ compiles of the implementation), then the objects the
-# examples, most tests and test_build_alone.sh wait for, then the rest
+# make -j starts these in the order listed, once pdp.h is made (everything here reads it, the
+# build tests too): the implementation object first (9 s of CPU at -O2: most tests and the
+# examples wait for it), then the longest build test (test_build_cxx.sh, 20 s of CPU: the C++
+# compile at -O2, then the README's C++ training), test_bf16 (6 s to compile, 4 to run), the
+# other build tests, then the tests and the examples. (Started beside the build tests'
+# side-by-side compiles, the tests that wait on timeouts took longer, no less wall time in
+# all, and in one run, chrt -r at load 11, test_alloc_fail's 2.5 s bound failed.)
 # (filtered from RUNS: make sanitize and make tsan run no build test)
-test: $(filter %/test_build_cxx.sh.rc,$(RUNS)) $(IMPL_OBJ) $(RUNS)
+FIRST_RUNS = $(addprefix $(B)/run/,test_build_cxx.sh.rc test_bf16.rc)
+test: $(IMPL_OBJ) $(filter $(RUNS),$(FIRST_RUNS)) $(filter %.sh.rc,$(RUNS)) $(RUNS)
 	@B=$(B) sh tests/run_all.sh --saved $(TESTS) $(TEST_SH) -- $(EXAMPLES)
 
 SAN_OPT  = -O1 -g -march=native -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined

@@ -6,10 +6,12 @@
 
 # PDP_STATIC in two translation units of one program, the second (tu_alloc.c) with its own
 # PDP_MALLOC / PDP_FREE, whose counts it checks: they compile side by side, then link and run
+# ($FAST_CC: 0.7 s of CPU where gcc took 5; gcc compiles PDP_STATIC with its own PDP_MALLOC in
+# make test: test_layers)
 static_twice() {
-    gcc $STRICT -DTU_MAIN -c tests/compile/tu_static.c -o "$B/sa.o" & a=$!
-    gcc $STRICT -c tests/compile/tu_alloc.c -o "$B/sb.o" && wait $a &&
-        gcc "$B/sa.o" "$B/sb.o" -o "$B/static2" -lm -lpthread && "$B/static2"
+    $FAST_CC $STRICT -DTU_MAIN -c tests/compile/tu_static.c -o "$B/sa.o" & a=$!
+    $FAST_CC $STRICT -c tests/compile/tu_alloc.c -o "$B/sb.o" && wait $a &&
+        $FAST_CC "$B/sa.o" "$B/sb.o" -o "$B/static2" -lm -lpthread && "$B/static2"
 }
 check static_twice_in_one_program_malloc_free_overrides_count_every_allocation static_twice
 # misuse stops at its first error (-Wfatal-errors: the rest of the implementation unparsed)
