@@ -20,8 +20,10 @@
    a GPT's kinds (attention with and without dropout and with more heads than samples,
    a residual region, a tied head, the embedding with repeated ids, its gradient bit for
    bit where the order of the adds matters, an id outside the vocabulary) and a whole
-   GPT from pdp_gpt_create, three AdamW steps with dropout and ignored targets;
-   plus "a step allocates nothing"
+   GPT from pdp_gpt_create, three AdamW steps with dropout and ignored targets; the GPT
+   over NCCL under ZeRO, in a pipeline, and split by heads (TP 2 and TP 3 with and without
+   sequence parallelism and recomputing, DP 2 x TP 2 + SP under DDP and ZeRO-1: issue 25's
+   covering set); plus "a step allocates nothing"
    through the caching allocator's counters, for one model and for DP. Cases
    that random data never reach have tests of their own (each added after a
    mutant of pdp_cuda.cu survived): block reuse and empty_cache through the
