@@ -3281,8 +3281,9 @@ TEST cuda_nccl_gpt_pipeline_matches_cpu(void)
    and the norm each step on every rank, no device allocation after the first step; at the
    end each rank's slices against their cuts of the CPU GPT's tensors (pdp__tp_runs, by
    name), and each TP group's full tensors through pdp_tp_checkpoint_save (gathered on the
-   GPUs; not under ZeRO, which it refuses over TP) loaded on the CPU. Vocab 11, B 2, 2 layers; TP 2: T 8, dim 16, 2 heads; TP 3 and
-   DP x TP: T 6, dim 12, 6 heads (both split by 2 and by 3): small for the emulator. */
+   GPUs; not under ZeRO, which it refuses over TP) loaded on the CPU. Vocab 11, B 2, 2
+   layers; TP 2: T 8, dim 16, 2 heads; TP 3 and DP x TP: T 6, dim 12, 6 heads (both split
+   by 2 and by 3): small for the emulator. */
 enum { TG_V = 11, TG_B = 2, TG_TMAX = 8, TG_STEPS = 3, TG_MAXR = 4 };
 #define TG_CLIP 0.25f
 
@@ -3307,6 +3308,7 @@ typedef struct tg_job {
     char msg[1100];
 } tg_job;
 
+/* run's GPT on dev, split over tp; with tp NULL the reference, which recomputes nothing */
 static pdp_gpt_desc tg_desc(pdp_device dev, pdp_comm *tp, const tg_run *run)
 {
     pdp_gpt_desc gd;
