@@ -336,7 +336,7 @@ EMU_CUDA_DEVICES ?= 1 2 3
 # the GPT cases that need more GPUs, each run alone at its count through
 # tests/cuda_emu/run_case.sh (which fails unless the case ran and passed): the TP 3 GPT at 3
 # (EMU_GPT_AT_3) and DP 2 x TP 2 under DDP and ZeRO-1 at 4 (EMU_GPT_AT_4), issue 25's
-# covering set (measured on 2 shared cores: 10 s and 12 s of CPU; 8-17 s and 10-23 s wall at
+# covering set (measured on 2 shared cores: 10 s and 12 s of CPU, 8-30 s and 10-34 s wall at
 # load 5-13; under ASan 14 s and 18 s of CPU, 38 s wall each). test_optim's
 # and test_checkpoint's CUDA cases use device 0 alone, so they run at 1 device only (at 2 and
 # 3 they repeated the same cases: 22 s of the plain pass, more under ASan)
