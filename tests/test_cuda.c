@@ -20,8 +20,10 @@
    a GPT's kinds (attention with and without dropout and with more heads than samples,
    a residual region, a tied head, the embedding with repeated ids, its gradient bit for
    bit where the order of the adds matters, an id outside the vocabulary) and a whole
-   GPT from pdp_gpt_create, three AdamW steps with dropout and ignored targets;
-   plus "a step allocates nothing"
+   GPT from pdp_gpt_create, three AdamW steps with dropout and ignored targets; the GPT
+   over NCCL under ZeRO, in a pipeline, and split by heads (TP 2 and TP 3 with and without
+   sequence parallelism and recomputing, DP 2 x TP 2 + SP under DDP and ZeRO-1: issue 25's
+   covering set); plus "a step allocates nothing"
    through the caching allocator's counters, for one model and for DP. Cases
    that random data never reach have tests of their own (each added after a
    mutant of pdp_cuda.cu survived): block reuse and empty_cache through the
@@ -3259,46 +3261,69 @@ TEST cuda_nccl_gpt_pipeline_matches_cpu(void)
 }
 
 /* The GPT split by heads (pdp_gpt_create with desc.tp: c_attn column-parallel in q | k | v
-   parts, each rank's heads' attention, attn.c_proj row-parallel; the MLP as TP's) on 2
-   GPUs over NCCL thread ranks, without and with sequence parallelism, and recomputing
-   (TP 2 selective, TP 2 + SP full: the recomputed forward on the GPUs; B 2: the rank
-   blocks reordered through the workspace; dropout on a slice of the sequence keyed by
-   the global position), against the single-device GPT on the CPU: 3 AdamW steps (lr 1e-3,
-   as test_gpt_sp.c's: AdamW divides by |g| + eps, so a gradient that cancels to 1e-7 of
-   the largest, as one of h.1.mlp.c_proj.weight's here, turns the float rounding of the
-   other sums into a step of up to lr) with dropout 0.1 and pdp_clip_grad_norm below every
-   step's norm; loss and norm each step, no device allocation after the first,
-   the parameters at the end through pdp_tp_checkpoint_save (gathered on the GPUs) loaded
-   on the CPU. Vocab 11, T 8, dim 16, 2 heads, 2 layers: small for the emulator. */
-enum { TG_V = 11, TG_T = 8, TG_B = 2, TG_STEPS = 3 };
+   parts, each rank's heads' attention, attn.c_proj row-parallel; the MLP as TP's) over NCCL
+   thread ranks, against the single-device GPT on the CPU, which recomputes nothing; the
+   GPU side of issue 25's covering set (test_tp.c and test_gpt_sp.c the local backend's,
+   test_mpi.c MPI's):
+   - TP 2 on 2 GPUs, without and with sequence parallelism, and recomputing (selective;
+     full with SP: the recomputed forward on the GPUs; B 2: the rank blocks reordered
+     through the workspace; dropout on a slice of the sequence keyed by the global
+     position);
+   - TP 3 on 3 GPUs, the same four runs;
+   - DP 2 x TP 2 + SP on 4 GPUs (TP groups {0, 1} and {2, 3}, DP groups {0, 2} and {1, 3},
+     both split from one NCCL communicator by pdp_comm_split, as test_mpi.c's), under DDP
+     and under ZeRO-1 over the DP group, each DP copy on its one of the 2 sequences (each
+     holds one ignored target, so the mean of the copies' losses is the batch's).
+   3 AdamW steps (lr 1e-3, as test_gpt_sp.c's: AdamW divides by |g| + eps, so a gradient
+   that cancels to 1e-7 of the largest, as one of h.1.mlp.c_proj.weight's in TP 2's GPT,
+   turns the float rounding of the other sums into a step of up to lr) with dropout 0.1 and
+   clipping below every step's norm (after the DP average); the loss (the DP copies' mean)
+   and the norm each step on every rank, no device allocation after the first step; at the
+   end each rank's slices against their cuts of the CPU GPT's tensors (pdp__tp_runs, by
+   name), and each TP group's full tensors through pdp_tp_checkpoint_save (gathered on the
+   GPUs; not under ZeRO, which it refuses over TP) loaded on the CPU. Vocab 11, B 2, 2
+   layers; TP 2: T 8, dim 16, 2 heads; TP 3 and DP x TP: T 6, dim 12, 6 heads (both split
+   by 2 and by 3): small for the emulator. */
+enum { TG_V = 11, TG_B = 2, TG_TMAX = 8, TG_STEPS = 3, TG_MAXR = 4 };
 #define TG_CLIP 0.25f
+
+/* One run: tp x dp GPUs, rank r TP rank r % tp of DP copy r / tp; dp 2: DDP (zero 0) or
+   ZeRO stage `zero` over the DP groups. The GPT's sequence T, heads and dim. */
+typedef struct tg_run {
+    int tp, dp, zero;
+    bool sp;
+    pdp_recompute rc;
+    int T, heads, dim;
+} tg_run;
 
 typedef struct tg_job {
     pdp_nccl_group *g;
+    const tg_run *run;
+    const pdp_model *ref; /* the CPU GPT after the steps, read only */
     int rank;
-    bool sp;
-    pdp_recompute rc;
-    const char *path;
+    const char *path; /* the TP group's checkpoint: path.<DP copy> */
     float losses[TG_STEPS], norms[TG_STEPS];
+    double err; /* the largest difference of the rank's slices, over the largest |ref| */
     pdp_status st;
     char msg[1100];
 } tg_job;
 
-static pdp_gpt_desc tg_desc(pdp_device dev, pdp_comm *tp, bool sp, pdp_recompute rc)
+/* run's GPT on dev, split over tp; with tp NULL the reference, which recomputes nothing */
+static pdp_gpt_desc tg_desc(pdp_device dev, pdp_comm *tp, const tg_run *run)
 {
     pdp_gpt_desc gd;
     memset(&gd, 0, sizeof gd);
     gd.vocab = TG_V;
-    gd.context = TG_T;
+    gd.context = run->T;
     gd.layers = 2;
-    gd.heads = 2;
-    gd.dim = 16;
+    gd.heads = run->heads;
+    gd.dim = run->dim;
     gd.dropout = 0.1f;
     gd.seed = 7;
     gd.device = dev;
     gd.tp = tp;
-    gd.sequence_parallel = sp;
-    gd.recompute = rc;
+    gd.sequence_parallel = tp && run->sp;
+    gd.recompute = tp ? run->rc : PDP_RECOMPUTE_NONE;
     return gd;
 }
 
@@ -3312,156 +3337,305 @@ static pdp_optim_desc tg_adamw(void)
     return od;
 }
 
-/* Step s's tokens and targets (every fifth target -1: ignored). */
-static void tg_batch(int s, int32_t *ids, int32_t *tg)
+/* Step s's tokens and targets for sequences of T (every fifth target -1: ignored). */
+static void tg_batch(int s, int T, int32_t *ids, int32_t *tg)
 {
     pdp_rng r;
     int i;
     pdp_rng_seed(&r, 23, (uint64_t)s);
-    for (i = 0; i < TG_B * TG_T; i++) {
+    for (i = 0; i < TG_B * T; i++) {
         ids[i] = (int32_t)pdp_rng_below(&r, TG_V);
         tg[i] = i % 5 == 3 ? -1 : (int32_t)pdp_rng_below(&r, TG_V);
     }
 }
 
-/* TG_STEPS steps of m (its ids in buf, on m's device) with clipping; losses and norms. On
-   a GPU, *mallocs: the device memory allocations of the steps after the first. */
-static pdp_status tg_train(pdp_model *m, pdp_optim *o, pdp_tensor *buf, float *losses,
+/* What trains: m with o alone, or under ddp, or under z (o then z's); on sequences
+   [first, first + buf's rows) of each batch. */
+typedef struct tg_trainer {
+    pdp_model *m;
+    pdp_optim *o;
+    pdp_ddp *ddp;
+    pdp_zero *z;
+    int first;
+} tg_trainer;
+
+/* TG_STEPS steps with clipping (its ids in buf, on m's device); losses and norms. On a
+   GPU, *mallocs: the device memory allocations of the steps after the first. */
+static pdp_status tg_train(const tg_trainer *t, int T, pdp_tensor *buf, float *losses,
                            float *norms, int64_t *mallocs)
 {
-    int32_t ids[TG_B * TG_T], tg[TG_B * TG_T];
-    int64_t shape[2] = {TG_B, TG_T};
+    int32_t ids[TG_B * TG_TMAX], tg[TG_B * TG_TMAX], *mine = ids + t->first * T;
+    const int32_t *want = tg + t->first * T;
+    int64_t shape[2];
     pdp_cuda_memory_stats ms;
     pdp_tensor x;
     pdp_status st;
     int s;
+    shape[0] = buf->count / T;
+    shape[1] = T;
     for (s = 0; s < TG_STEPS; s++) {
         if (mallocs && s > 0 && (st = pdp_cuda_memory_stats_get(buf->device, &ms))) return st;
         if (mallocs && s == 1) *mallocs = -ms.device_mallocs;
-        tg_batch(s, ids, tg);
+        tg_batch(s, T, ids, tg);
         if (buf->device.kind == PDP_DEVICE_CPU)
-            memcpy(buf->data, ids, sizeof ids);
-        else if ((st = pdp_tensor_upload(buf, (const float *)(const void *)ids)))
+            memcpy(buf->data, mine, (size_t)buf->count * sizeof *mine);
+        else if ((st = pdp_tensor_upload(buf, (const float *)(const void *)mine)))
             return st;
-        if ((st = pdp_tensor_wrap_ids((int32_t *)(void *)buf->data, buf->device, 2, shape, &x)) ||
-            (st = pdp_model_forward_backward(m, &x, tg, &losses[s])) ||
-            (st = pdp_clip_grad_norm(m, TG_CLIP, &norms[s])) || (st = pdp_optim_step(o)))
+        if ((st = pdp_tensor_wrap_ids((int32_t *)(void *)buf->data, buf->device, 2, shape, &x)))
             return st;
-        pdp_optim_zero_grad(o);
+        if (t->z)
+            st = pdp_zero_forward_backward(t->z, &x, want, &losses[s]);
+        else if (t->ddp)
+            st = pdp_ddp_forward_backward(t->ddp, &x, want, &losses[s]);
+        else
+            st = pdp_model_forward_backward(t->m, &x, want, &losses[s]);
+        if (st || (t->ddp && (st = pdp_ddp_finish(t->ddp))) ||
+            (t->z && (st = pdp_zero_finish(t->z))))
+            return st;
+        if (t->z) {
+            if ((st = pdp_zero_clip_grad_norm(t->z, TG_CLIP, &norms[s])) ||
+                (st = pdp_zero_step(t->z, t->o)))
+                return st;
+        } else {
+            if ((st = pdp_clip_grad_norm(t->m, TG_CLIP, &norms[s])) ||
+                (st = pdp_optim_step(t->o)))
+                return st;
+            pdp_optim_zero_grad(t->o);
+        }
     }
     if (mallocs && (st = pdp_cuda_memory_stats_get(buf->device, &ms))) return st;
     if (mallocs) *mallocs += ms.device_mallocs;
     return PDP_OK;
 }
 
+/* j->err <- max over m's parameters of |this rank's slice - its cut of j->ref's tensor of
+   the same name| / max |j->ref's parameters| (rel_err's measure over the whole model, as
+   the checkpoint's check); a failure goes to j->st and j->msg. */
+static void tg_slices_err(tg_job *j, const pdp_model *m)
+{
+    pdp_tensor p, rp;
+    float *h = NULL, *want = NULL;
+    double diff = 0.0, scale = 1e-30;
+    int64_t i;
+    int k;
+    /* (the whole parameter block at ZeRO stage 1 too; not its gradients) */
+    if ((j->st = pdp_model_flat(m, &p, NULL)) || (j->st = pdp_model_flat(j->ref, &rp, NULL)))
+        return;
+    for (i = 0; i < rp.count; i++)
+        if (fabs((double)rp.data[i]) > scale) scale = fabs((double)rp.data[i]);
+    if (!(h = host_copy(&p)) || !(want = (float *)malloc((size_t)p.count * sizeof(float)))) {
+        j->st = PDP_ERR_OUT_OF_MEMORY;
+        goto out;
+    }
+    for (k = 0; k < pdp_model_num_params(m); k++) {
+        pdp_param mine, full;
+        if ((j->st = pdp_model_param(m, k, &mine)) ||
+            (j->st = pdp_model_find_param(j->ref, mine.name, &full)) ||
+            (j->st = pdp__tp_runs(m, k, pdp_cpu(), full.value.data, want, false)))
+            goto out;
+        for (i = 0; i < mine.count; i++) {
+            double d = fabs((double)h[mine.offset + i] - (double)want[i]);
+            if (!(d <= diff)) diff = d; /* NaN sticks */
+        }
+    }
+    j->err = diff / scale;
+out:
+    free(want);
+    free(h);
+}
+
 static void *tg_main(void *arg)
 {
     tg_job *j = (tg_job *)arg;
+    const tg_run *run = j->run;
     pdp_device dev = pdp_cuda(j->rank);
-    pdp_comm *c = NULL;
+    pdp_comm *c = NULL, *tp = NULL, *dc = NULL;
     pdp_model *m = NULL;
     pdp_optim *o = NULL;
+    pdp_ddp *ddp = NULL;
+    pdp_zero *z = NULL;
     pdp_optim_desc od = tg_adamw();
+    pdp_zero_desc zd;
     pdp_tensor *buf = NULL;
     pdp_gpt_desc gd;
-    int64_t flat[1] = {TG_B * TG_T}, mallocs = 0;
+    tg_trainer t;
+    int d = j->rank / run->tp;
+    int64_t rows[1], mallocs = 0;
+    char path[128];
+    rows[0] = TG_B / run->dp * run->T;
+    memset(&zd, 0, sizeof zd);
+    zd.stage = run->zero;
     if ((j->st = pdp_comm_create_nccl(&c, j->g, j->rank))) goto out;
-    gd = tg_desc(dev, c, j->sp, j->rc);
-    if ((j->st = pdp_gpt_create(&m, &gd)) || (j->st = pdp_optim_create(&o, m, &od)) ||
-        (j->st = pdp_tensor_create(&buf, dev, 1, flat)) ||
-        (j->st = tg_train(m, o, buf, j->losses, j->norms, &mallocs)))
+    if (run->dp > 1 && ((j->st = pdp_comm_split(c, d, j->rank, &tp)) ||
+                        (j->st = pdp_comm_split(c, j->rank % run->tp, j->rank, &dc))))
         goto out;
+    gd = tg_desc(dev, tp ? tp : c, run);
+    if ((j->st = pdp_gpt_create(&m, &gd))) goto out;
+    if (run->dp > 1 && run->zero) {
+        if ((j->st = pdp_zero_create(&z, m, dc, &zd)) ||
+            (j->st = pdp_zero_optim_create(&o, z, &od)))
+            goto out;
+    } else if ((j->st = pdp_optim_create(&o, m, &od)) ||
+               (run->dp > 1 && (j->st = pdp_ddp_create(&ddp, m, dc, NULL)))) {
+        goto out;
+    }
+    if ((j->st = pdp_tensor_create(&buf, dev, 1, rows))) goto out;
+    t.m = m, t.o = o, t.ddp = ddp, t.z = z, t.first = TG_B / run->dp * d;
+    if ((j->st = tg_train(&t, run->T, buf, j->losses, j->norms, &mallocs))) goto out;
     if (mallocs != 0) {
         j->st = PDP_ERR_INVALID;
         snprintf(j->msg, sizeof j->msg, "rank %d: %lld device allocations in steps 2-%d",
                  j->rank, (long long)mallocs, TG_STEPS);
         goto out;
     }
-    j->st = pdp_tp_checkpoint_save(j->path, m, o);
+    tg_slices_err(j, m);
+    snprintf(path, sizeof path, "%s.%d", j->path, d);
+    if (!j->st && !z) j->st = pdp_tp_checkpoint_save(path, m, NULL); /* not under ZeRO yet */
 out:
     if (j->st && !j->msg[0])
         snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
     pdp_tensor_free(buf);
+    pdp_ddp_free(ddp);
+    pdp_zero_free(z);
     pdp_optim_free(o);
     pdp_model_free(m);
+    pdp_comm_free(dc);
+    pdp_comm_free(tp);
     pdp_comm_free(c);
     return NULL;
 }
 
-static enum greatest_test_res check_tp_gpt(bool sp, pdp_recompute rc)
+static enum greatest_test_res check_tp_gpt(const tg_run *run)
 {
-    tg_job jobs[2];
-    pdp_device devs[2] = {pdp_cuda(0), pdp_cuda(1)};
+    static tg_job jobs[TG_MAXR];
+    static const char *rc_name[] = {"", ", recompute selective", ", recompute full"};
+    int n = run->tp * run->dp, r, s, d;
+    pdp_device devs[TG_MAXR];
     pdp_nccl_group *g = NULL;
-    pthread_t th[2];
+    pthread_t th[TG_MAXR];
     pdp_model *ref = NULL, *back = NULL;
     pdp_optim *o = NULL;
     pdp_optim_desc od = tg_adamw();
-    pdp_gpt_desc gd = tg_desc(pdp_cpu(), NULL, false, PDP_RECOMPUTE_NONE); /* recomputes nothing */
+    pdp_gpt_desc gd = tg_desc(pdp_cpu(), NULL, run);
     pdp_tensor *buf = NULL, p, rp;
-    float losses[TG_STEPS], norms[TG_STEPS];
-    int64_t flat[1] = {TG_B * TG_T};
-    char path[96], msg[200];
-    static const char *rc_name[] = {"", ", recompute selective", ", recompute full"};
-    char what[64];
-    int r, s;
+    float losses[TG_STEPS], norms[TG_STEPS], loss;
+    int64_t flat[1];
+    tg_trainer t;
+    char path[96], file[128], what[96], msg[300];
     double e;
-    snprintf(what, sizeof what, "%s%s", sp ? "TP 2 + SP" : "TP 2", rc_name[rc]);
+    if (run->dp > 1)
+        snprintf(what, sizeof what, "%s x TP %d%s%s", run->zero ? "ZeRO-1" : "DDP 2", run->tp,
+                 run->sp ? " + SP" : "", rc_name[run->rc]);
+    else
+        snprintf(what, sizeof what, "TP %d%s%s", run->tp, run->sp ? " + SP" : "",
+                 rc_name[run->rc]);
+    flat[0] = TG_B * run->T;
+    memset(&t, 0, sizeof t);
     ASSERTm(pdp_last_error(), pdp_gpt_create(&ref, &gd) == PDP_OK);
     ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, ref, &od), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&buf, pdp_cpu(), 1, flat), pdp_status_name);
-    ASSERTm(pdp_last_error(), tg_train(ref, o, buf, losses, norms, NULL) == PDP_OK);
+    t.m = ref, t.o = o;
+    ASSERTm(pdp_last_error(), tg_train(&t, run->T, buf, losses, norms, NULL) == PDP_OK);
     for (s = 0; s < TG_STEPS; s++) ASSERTm("clipping at every step", norms[s] > TG_CLIP);
     snprintf(path, sizeof path, "/tmp/pdp_test_cuda_tp_gpt_%d.safetensors", (int)getpid());
-    memset(jobs, 0, sizeof jobs);
-    ASSERTm(pdp_last_error(), pdp_nccl_group_create(&g, 2, devs, NULL) == PDP_OK);
-    for (r = 0; r < 2; r++) {
+    for (r = 0; r < n; r++) devs[r] = pdp_cuda(r);
+    ASSERTm(pdp_last_error(), pdp_nccl_group_create(&g, n, devs, NULL) == PDP_OK);
+    for (r = 0; r < n; r++) {
+        memset(&jobs[r], 0, sizeof jobs[r]);
         jobs[r].g = g;
+        jobs[r].run = run;
+        jobs[r].ref = ref;
         jobs[r].rank = r;
-        jobs[r].sp = sp;
-        jobs[r].rc = rc;
         jobs[r].path = path;
         pthread_create(&th[r], NULL, tg_main, &jobs[r]);
     }
-    for (r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    for (r = 0; r < n; r++) pthread_join(th[r], NULL);
     pdp_nccl_group_free(g);
-    for (r = 0; r < 2; r++) ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+    for (r = 0; r < n; r++) ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
     for (s = 0; s < TG_STEPS; s++)
-        for (r = 0; r < 2; r++) {
+        for (r = 0; r < n; r++) {
+            /* the DP copies' mean loss, at this rank's place in its TP group */
+            for (loss = 0.0f, d = 0; d < run->dp; d++)
+                loss += jobs[d * run->tp + r % run->tp].losses[s] / (float)run->dp;
             snprintf(msg, sizeof msg, "%s on GPUs, rank %d, step %d: loss %.9g norm %.9g, CPU "
-                     "%.9g %.9g", what, r, s, (double)jobs[r].losses[s],
-                     (double)jobs[r].norms[s], (double)losses[s], (double)norms[s]);
-            ASSERTm(msg, fabs((double)jobs[r].losses[s] - losses[s]) <= TOL * fabs(losses[s]));
+                     "%.9g %.9g", what, r, s, (double)loss, (double)jobs[r].norms[s],
+                     (double)losses[s], (double)norms[s]);
+            ASSERTm(msg, fabs((double)loss - losses[s]) <= TOL * fabs(losses[s]));
             ASSERTm(msg, fabs((double)jobs[r].norms[s] - norms[s]) <= TOL * fabs(norms[s]));
         }
-    /* the full tensors the ranks gathered, on one CPU GPT, against the reference */
-    ASSERTm(pdp_last_error(), pdp_gpt_create(&back, &gd) == PDP_OK);
-    ASSERTm(pdp_last_error(), pdp_checkpoint_load(path, back, NULL) == PDP_OK);
-    remove(path);
-    pdp_model_flat(back, &p, NULL);
+    for (e = 0.0, r = 0; r < n; r++) {
+        snprintf(msg, sizeof msg, "%s on GPUs after %d AdamW steps, rank %d: its slices' "
+                 "relative error %g", what, TG_STEPS, r, jobs[r].err);
+        ASSERTm(msg, jobs[r].err <= TOL);
+        if (jobs[r].err > e) e = jobs[r].err;
+    }
+    if (getenv("PDP_TEST_VERBOSE"))
+        printf("  %s on GPUs: the ranks' slices within %.3g of one device\n", what, e);
+    /* the full tensors each TP group gathered, on one CPU GPT, against the reference */
     pdp_model_flat(ref, &rp, NULL);
-    ASSERT_EQ(rp.count, p.count);
-    e = rel_err(p.data, rp.data, rp.count);
-    snprintf(msg, sizeof msg, "%s on GPUs after %d AdamW steps: parameters' relative error %g",
-             what, TG_STEPS, e);
-    ASSERTm(msg, e <= TOL);
+    for (d = 0; d < (run->zero ? 0 : run->dp); d++) {
+        snprintf(file, sizeof file, "%s.%d", path, d);
+        ASSERTm(pdp_last_error(), pdp_gpt_create(&back, &gd) == PDP_OK);
+        ASSERTm(pdp_last_error(), pdp_checkpoint_load(file, back, NULL) == PDP_OK);
+        remove(file);
+        pdp_model_flat(back, &p, NULL);
+        ASSERT_EQ(rp.count, p.count);
+        e = rel_err(p.data, rp.data, rp.count);
+        pdp_model_free(back);
+        snprintf(msg, sizeof msg, "%s on GPUs after %d AdamW steps, DP copy %d's checkpoint: "
+                 "parameters' relative error %g", what, TG_STEPS, d, e);
+        ASSERTm(msg, e <= TOL);
+    }
     pdp_tensor_free(buf);
     pdp_optim_free(o);
-    pdp_model_free(back);
     pdp_model_free(ref);
     PASS();
 }
 
+/* TP 2, TP 3 and DP 2 x TP 2's runs; TP 3 and DP x TP on the GPT that splits by 2 and 3 */
+#define TG_TP2(sp, rc) {2, 1, 0, sp, rc, 8, 2, 16}
+#define TG_SMALL(tp, dp, zero, sp, rc) {tp, dp, zero, sp, rc, 6, 6, 12}
+
 TEST cuda_nccl_tp_gpt_matches_cpu(void)
 {
+    static const tg_run runs[] = {
+        TG_TP2(false, PDP_RECOMPUTE_NONE), TG_TP2(true, PDP_RECOMPUTE_NONE),
+        /* recomputation on the GPUs, dropout on (its masks drawn again in backward): against
+           the CPU GPT that recomputes nothing */
+        TG_TP2(false, PDP_RECOMPUTE_SELECTIVE), TG_TP2(true, PDP_RECOMPUTE_FULL)};
+    size_t i;
     NEED_GPU();
     if (devices() < 2) SKIPm("the TP GPT over NCCL needs 2 GPUs (PDP_EMU_CUDA_DEVICES=2)");
-    CHECK_CALL(check_tp_gpt(false, PDP_RECOMPUTE_NONE));
-    CHECK_CALL(check_tp_gpt(true, PDP_RECOMPUTE_NONE));
-    /* recomputation on the GPUs, dropout on (its masks drawn again in backward): against
-       the CPU GPT that recomputes nothing */
-    CHECK_CALL(check_tp_gpt(false, PDP_RECOMPUTE_SELECTIVE));
-    CHECK_CALL(check_tp_gpt(true, PDP_RECOMPUTE_FULL));
+    for (i = 0; i < sizeof runs / sizeof runs[0]; i++) CHECK_CALL(check_tp_gpt(&runs[i]));
+    PASS();
+}
+
+TEST cuda_nccl_tp3_gpt_matches_cpu(void)
+{
+    static const tg_run runs[] = {
+        TG_SMALL(3, 1, 0, false, PDP_RECOMPUTE_NONE), TG_SMALL(3, 1, 0, true, PDP_RECOMPUTE_NONE),
+        TG_SMALL(3, 1, 0, false, PDP_RECOMPUTE_SELECTIVE),
+        TG_SMALL(3, 1, 0, true, PDP_RECOMPUTE_FULL)};
+    size_t i;
+    NEED_GPU();
+    if (devices() < 3) SKIPm("the TP 3 GPT over NCCL needs 3 GPUs (PDP_EMU_CUDA_DEVICES=3)");
+    for (i = 0; i < sizeof runs / sizeof runs[0]; i++) CHECK_CALL(check_tp_gpt(&runs[i]));
+    PASS();
+}
+
+TEST cuda_nccl_dp_x_tp_gpt_under_ddp_and_zero1_matches_cpu(void)
+{
+    static const tg_run runs[] = {
+        TG_SMALL(2, 2, 0, true, PDP_RECOMPUTE_NONE),
+        TG_SMALL(2, 2, 0, true, PDP_RECOMPUTE_SELECTIVE),
+        TG_SMALL(2, 2, 0, true, PDP_RECOMPUTE_FULL),
+        TG_SMALL(2, 2, 1, true, PDP_RECOMPUTE_NONE),
+        TG_SMALL(2, 2, 1, true, PDP_RECOMPUTE_SELECTIVE),
+        TG_SMALL(2, 2, 1, true, PDP_RECOMPUTE_FULL)};
+    size_t i;
+    NEED_GPU();
+    if (devices() < 4) SKIPm("DP 2 x TP 2 over NCCL needs 4 GPUs (PDP_EMU_CUDA_DEVICES=4)");
+    for (i = 0; i < sizeof runs / sizeof runs[0]; i++) CHECK_CALL(check_tp_gpt(&runs[i]));
     PASS();
 }
 
@@ -3502,6 +3676,8 @@ SUITE(cuda)
     RUN_TEST(cuda_nccl_gpt_zero_matches_cpu);
     RUN_TEST(cuda_nccl_gpt_pipeline_matches_cpu);
     RUN_TEST(cuda_nccl_tp_gpt_matches_cpu);
+    RUN_TEST(cuda_nccl_tp3_gpt_matches_cpu);
+    RUN_TEST(cuda_nccl_dp_x_tp_gpt_under_ddp_and_zero1_matches_cpu);
     if (devices() < 1) {
         RUN_TEST(conf_nccl_needs_a_gpu); /* skips, or fails under PDP_TEST_REQUIRE_CUDA=1 */
     } else {
