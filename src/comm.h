@@ -202,6 +202,26 @@ PDP_API pdp_status pdp_comm_send(pdp_comm *c, const float *buf, int64_t count, i
 PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
                                  pdp_work **work);
 
+/* A batch of sends and receives that progress together (PyTorch's batch_isend_irecv): the
+   n messages are checked, then posted and started at once. NCCL: one ncclGroupStart/End,
+   launched now, so on the one stream none of them waits behind another (a ring where every
+   rank sends to one neighbour and receives from the other completes); messages posted
+   before on c and not yet started join it. Local and MPI: each posted as pdp_comm_send/recv
+   posts it (they start when posted and match by tag: a batch adds no order). Each message
+   gets its own handle in *ops[i].work; one whose work is NULL is waited by the call, after
+   every message of the batch has started (MPI's Waitall). A message that fails to post
+   fails the call; the ones posted before it keep their handles (or are waited). n = 0 does
+   nothing; n at most PDP_COMM_BATCH_MAX. */
+#define PDP_COMM_BATCH_MAX 16
+typedef struct pdp_p2p {
+    bool send;        /* true: count floats of buf to peer; false: from peer into buf */
+    float *buf;       /* a send's buffer is only read */
+    int64_t count;
+    int peer, tag;    /* as pdp_comm_send/recv */
+    pdp_work **work;  /* where its handle goes; NULL: the call waits for it */
+} pdp_p2p;
+PDP_API pdp_status pdp_comm_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n);
+
 /* ---- process groups ----
    Splits c by colour and key, as MPI_Comm_split: collective over c (every rank
    calls it, in the same order as its collectives; bounded by timeout_s); the
