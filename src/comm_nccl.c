@@ -410,7 +410,8 @@ PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int ne
 static const pdp__comm_ops pdp__nccl_ops = {
     pdp__nccl_allreduce, pdp__nccl_broadcast, pdp__nccl_reduce_scatter, pdp__nccl_allgather,
     pdp__nccl_barrier,   pdp__nccl_broadcast_bytes, pdp__nccl_send,     pdp__nccl_recv,
-    pdp__nccl_sendrecv,  pdp__nccl_split,     pdp__nccl_wait,      pdp__nccl_done,           pdp__nccl_destroy};
+    pdp__nccl_sendrecv,  pdp__nccl_split,     pdp__nccl_wait,      pdp__nccl_done,
+    pdp__nccl_destroy};
 
 /* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
 PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank,

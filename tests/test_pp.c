@@ -1159,9 +1159,10 @@ TEST pp_interleaved_equals_single_device(void)
    forward k is micro-batch (k / (p v)) p + k % p on chunk (k % (p v)) / p, backward k the same
    micro-batch on chunk v - 1 - that; stage s runs w = min(2 (p - s - 1) + (v - 1) p, m v)
    forwards, then forward w + i and backward i alternately (each pair one step of messages,
-   printed joined by a +), then the remaining backwards. p = 2: w = 4 on stage 0, 2 on stage 1; p = 3: w = min(7, 6) = 6, min(5, 6) = 5, 3. The
-   peak of micro-batch chunks held follows from the list (stage 0 of p = 2: 4 + 1), and so do
-   the peak bytes (replay_peak_bytes). */
+   printed joined by a +), then the remaining backwards. p = 2: w = 4 on stage 0, 2 on
+   stage 1; p = 3: w = min(7, 6) = 6, min(5, 6) = 5, 3. The peak of micro-batch chunks held
+   follows from the list (stage 0 of p = 2: 4 + 1), and so do the peak bytes
+   (replay_peak_bytes). */
 /* The most activation bytes stage s holds at once, replaying its list (ctxs[s].schedule)
    with each chunk's bytes a micro-batch of rows rows: its layers' outputs and saved tensors
    (pdp_model_activation_bytes of the full model) and, after piece 0, its received input. */
@@ -1336,7 +1337,8 @@ static bool sim_run(pdp_pp_schedule sched, int p, int v, int m, sim_lists lists,
         moved = false;
         for (s = 0; nccl && s < p; s++) { /* the streams: the running groups */
             bool all = sim.head[s] < sim.ng[s];
-            for (i = 0; all && i < sim.gn[s][sim.head[s]]; i++) sim_start(sim.grp[s][sim.head[s]][i]);
+            const int *g = sim.grp[s][sim.head[s]];
+            for (i = 0; all && i < sim.gn[s][sim.head[s]]; i++) sim_start(g[i]);
             for (i = 0; all && i < sim.gn[s][sim.head[s]]; i++)
                 all = sim.done[sim.grp[s][sim.head[s]][i] >> 1];
             if (all) sim.head[s]++, moved = true;
@@ -1362,8 +1364,8 @@ static bool sim_run(pdp_pp_schedule sched, int p, int v, int m, sim_lists lists,
    NCCL's in-order matching pairs the messages tags would. It can fail: without their pairs
    (a batch an action) the interleaved lists deadlock under NCCL's rules for every m >= 2p
    (m = p completes), as the runner did before it batched Megatron's way (pp.c's opening
-   comment walks through p = 2, v = 2, m = 4); and without the 2 (p - s - 1) extra warm-up forwards the interleaved lists deadlock even on
-   local and MPI. */
+   comment walks through p = 2, v = 2, m = 4); and without the 2 (p - s - 1) extra warm-up
+   forwards the interleaved lists deadlock even on local and MPI. */
 TEST pp_schedules_cannot_deadlock(void)
 {
     int p, v, mm, m, nccl, stuck_extra = 0;
