@@ -15153,9 +15153,9 @@ PDP_API pdp_status pdp_comm_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n)
     int i;
     if ((st = pdp__comm_check(c, fn)) != PDP_OK) return st;
     if (n < 0 || n > PDP_COMM_BATCH_MAX || (n > 0 && !ops))
-        return pdp__err(PDP_ERR_INVALID, "%s: %d messages at %p (0..PDP_COMM_BATCH_MAX = %d) "
-                        "(comm '%s', rank %d)", fn, n, (const void *)ops, PDP_COMM_BATCH_MAX,
-                        c->name, c->rank);
+        return pdp__err(PDP_ERR_INVALID, "%s: %d messages%s (0..PDP_COMM_BATCH_MAX = %d) "
+                        "(comm '%s', rank %d)", fn, n, ops ? "" : " at NULL",
+                        PDP_COMM_BATCH_MAX, c->name, c->rank);
     for (i = 0; i < n; i++) {
         const pdp_p2p *o = &ops[i];
         if (o->work) *o->work = NULL;
