@@ -31238,6 +31238,7 @@ PDP__PRIVATE void pdp__pp_add_recv(pdp_pp *pp, int k)
     const pdp__pp_chunk *ck = &pp->ck[a->chunk];
     pdp_p2p *o = &pp->batch[pp->nbatch];
     int64_t n = pp->mb_rows[a->mb];
+    PDP_ASSERT(!pp->rwork[a->kind == 'B']); /* the last step's, waited by its action */
     if (a->kind == 'F' && ck->q > 0) { /* from the previous stage (the last) */
         o->buf = ck->in_buf[a->mb % (ck->nslots + 1)];
         o->count = n * ck->in_count;
