@@ -2004,7 +2004,8 @@ PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
    with its tag and count, checked by the receiver): posted messages go out together
    in one ncclGroupStart/End at the first wait or pdp_work_done on one of them, or
    before the next collective or split on that communicator (call pdp_work_done
-   right after posting to start them early). Unlike local and MPI: messages and
+   right after posting to start them early, or post them with pdp_comm_sendrecv,
+   which starts its batch at once). Unlike local and MPI: messages and
    collectives share one stream, so ranks must issue them in an order that cannot
    deadlock; a self-send needs its receive posted in the same batch; a timed-out
    message aborts the communicator (NCCL cannot withdraw it), as a timed-out
@@ -14271,7 +14272,8 @@ PDP__PRIVATE pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_de
      naming both when the tags or counts differ;
    - sends and receives are enqueued in batches (one ncclGroupStart/End) when one of
      them is waited or queried with pdp_work_done, or before a collective or split on
-     the communicator: call pdp_work_done on a handle to start a batch early (overlap);
+     the communicator: call pdp_work_done on a handle to start a batch early (overlap),
+     or post it with pdp_comm_sendrecv, which enqueues it at once (pdp__nccl_sendrecv);
    - messages and collectives share the NCCL stream: every rank must issue them in
      an order that cannot deadlock (a send before a collective on one rank needs its
      receive before that collective on the other), as with NCCL itself;

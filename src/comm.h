@@ -191,7 +191,8 @@ PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
    with its tag and count, checked by the receiver): posted messages go out together
    in one ncclGroupStart/End at the first wait or pdp_work_done on one of them, or
    before the next collective or split on that communicator (call pdp_work_done
-   right after posting to start them early). Unlike local and MPI: messages and
+   right after posting to start them early, or post them with pdp_comm_sendrecv,
+   which starts its batch at once). Unlike local and MPI: messages and
    collectives share one stream, so ranks must issue them in an order that cannot
    deadlock; a self-send needs its receive posted in the same batch; a timed-out
    message aborts the communicator (NCCL cannot withdraw it), as a timed-out

@@ -18,7 +18,8 @@
      naming both when the tags or counts differ;
    - sends and receives are enqueued in batches (one ncclGroupStart/End) when one of
      them is waited or queried with pdp_work_done, or before a collective or split on
-     the communicator: call pdp_work_done on a handle to start a batch early (overlap);
+     the communicator: call pdp_work_done on a handle to start a batch early (overlap),
+     or post it with pdp_comm_sendrecv, which enqueues it at once (pdp__nccl_sendrecv);
    - messages and collectives share the NCCL stream: every rank must issue them in
      an order that cannot deadlock (a send before a collective on one rank needs its
      receive before that collective on the other), as with NCCL itself;
