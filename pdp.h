@@ -597,7 +597,8 @@
                     recomputation: a region run again inside pdp_model_backward); tp.c:
                     pdp__tp_headwise (attention split by heads); pp.c: pdp__pp_sum_tied
                     (the tied weight's two stages), pdp_pp_checkpoint_save
-   Communicators    comm.c: pdp_comm_allreduce (checks, counts bytes, calls the backend);
+   Communicators    comm.c: pdp_comm_allreduce (checks, counts bytes, calls the backend),
+                    pdp_comm_sendrecv (a batch of messages that progress together);
                     comm_queue.c: pdp__workq_submit, pdp__workq_progress (the progress
                     thread); comm_local.c: pdp__local_execute (slice r summed in rank
                     order), pdp__group_barrier; comm_mpi.c: pdp__mpi_run
@@ -623,9 +624,10 @@
                     pdp__tp_reduce_forward (g), pdp__tp_allreduce; tp.c:
                     pdp__tp_check_widths (every TP rank built the same layers)
    PP               pp.c: pdp__pp_layer_costs (parameters or layers_table.c's FLOPs
-                    estimate), pdp__pp_balance (boundaries), pdp__pp_plan (the action list
-                    per stage: GPipe, 1F1B), pdp_pp_forward_backward (the runner),
-                    pdp__pp_forward, pdp__pp_backward, pdp__pp_post_recv, pdp__pp_start
+                    estimate), pdp__pp_balance (boundaries), pdp__pp_build (the action list
+                    per stage: GPipe, 1F1B, interleaved, with its steps), pdp_pp_forward_backward
+                    (the runner), pdp__pp_forward, pdp__pp_backward, pdp__pp_issue (a step's
+                    batch of messages, one NCCL group)
    Clipping         optim.c: pdp_clip_grad_norm (over the TP group:
                     pdp__grad_allreduce_sum), pdp__clip_coef; zero.c:
                     pdp_zero_clip_grad_norm; pp.c: pdp_pp_clip_grad_norm
