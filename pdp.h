@@ -514,9 +514,9 @@
    1e-5 (p = 2, 3, v = 2, 3, m = p, 2p, an MLP and the GPT, dropout on; TP 2 stages, with
    and without clipping, and DP x TP x PP 2 x 2 x 2; checkpoints resumed at another stage
    count; the GPT on 2 emulated GPUs over NCCL, m = 2p) and deadlock-free by a replay of
-   every schedule under local/MPI's and NCCL's rules (p = 2..8, v = 1..4, m = p..4p). The loss (cross-entropy, or desc.loss) is on the last
-   stage; gradients are scaled so that a step equals one device on the whole batch
-   (tested at 1e-5, p = 1..4, thread ranks and MPI). pdp_pp_get_stats gives each
+   every schedule under local/MPI's and NCCL's rules (p = 2..8, v = 1..4, m = p..4p). The
+   loss (cross-entropy, or desc.loss) is on the last stage; gradients are scaled so that a
+   step equals one device on the whole batch (tested at 1e-5, p = 1..4, thread ranks and MPI). pdp_pp_get_stats gives each
    stage's bubble beside (p-1)/(v m+p-1) (v = 1 but interleaved), the formula for pieces of
    equal time (stages balanced by parameter count may be far from it: balance by work or,
    closer, by time; both count the pipeline's cross-entropy with the last layer, which on a
