@@ -1223,8 +1223,8 @@ TEST pp_interleaved_schedule_lists(void)
    step) replayed at once, as the runner runs it: it issues the first step's receives; before
    action k it waits for k's receive and for the send that last used the buffer k sends from
    (its chunk's slot j % S after a forward, j % 2 after a backward); after each step it issues
-   one batch, the step's sends with the next step's receives. A message is (direction,
-   micro-batch, boundary).
+   one batch, the step's sends with the next step's receives (on local and MPI a pair's
+   forward sends at once). A message is (direction, micro-batch, boundary).
    Local and MPI (comm.h): messages match by peer and tag and start when posted; one
    completes once its send and its receive are both posted.
    NCCL: no tags, so a pair's messages match in the order the sender posted them and the
@@ -1269,7 +1269,8 @@ static void sim_start(int op)
     if (sim.sact[id] && sim.ract[id]) sim.done[id] = 1;
 }
 
-/* The batch after stage s's action k (k = -1: before the first). */
+/* The batch after stage s's action k (k = -1: before the first): a pair's forward's send
+   alone (local and MPI), or the step's sends with the next step's receives. */
 static void sim_issue(int s, int k)
 {
     int g = sim.ng[s], i, r, last;
@@ -1277,7 +1278,7 @@ static void sim_issue(int s, int k)
     sim.gn[s][g] = 0;
     for (i = 0; i < sim.npend[s]; i++) sim.grp[s][g][sim.gn[s][g]++] = 2 * sim.pend[s][i] + 1;
     sim.npend[s] = 0;
-    last = k + 1 < sim.n[s] ? k + 1 + a[k + 1].pair : k;
+    last = k >= 0 && a[k].pair ? k : k + 1 < sim.n[s] ? k + 1 + a[k + 1].pair : k;
     for (i = k + 1; i <= last; i++)
         if ((r = sim_msg(&a[i], s, false)) >= 0) sim.grp[s][g][sim.gn[s][g]++] = 2 * r;
     if (!sim.gn[s][g]) return;
@@ -1351,7 +1352,7 @@ static bool sim_run(pdp_pp_schedule sched, int p, int v, int m, sim_lists lists,
                                    : &last_b[s][a->chunk][a->mb % 2];
                 if ((rcv >= 0 && !sim.done[rcv]) || (*w >= 0 && !sim.done[*w])) break;
                 if (snd >= 0) *w = snd, sim.pend[s][sim.npend[s]++] = snd;
-                if (!a->pair) sim_issue(s, pc[s]);
+                if (!a->pair || !nccl) sim_issue(s, pc[s]);
                 pc[s]++, moved = true;
             }
     }
@@ -1395,7 +1396,8 @@ TEST pp_schedules_cannot_deadlock(void)
 
 /* The lists' own bubble, free of the machine: every stage runs its list with each piece's
    forward taking 1 / v and its backward 2 / v (equal pieces; messages free, but a step's
-   forward's activations leave after its backward, as the runner sends them), an action
+   forward's activations leave after its backward, as the runner sends them on NCCL; local
+   and MPI send them at once), an action
    starting once the stage is free and its input is there (the previous piece's forward of
    the micro-batch; for a backward the next piece's backward, or on the last piece its own
    forward). The step lasts T, each stage computes m (1 + 2), so the bubble is 1 - 3 m / T
