@@ -510,7 +510,8 @@
    messages go in Megatron-LM's steps: in the steady state a forward and the backward after
    it send together with the next step's receives, one batch (pdp_comm_sendrecv; one group
    on NCCL, where a batch an action deadlocks for m >= 2p: one stream a rank queues two
-   stages' sends ahead of the receives they wait for). Tested equal to one device within
+   stages' sends ahead of the receives they wait for; local and MPI send the forward's
+   activations at once). Tested equal to one device within
    1e-5 (p = 2, 3, v = 2, 3, m = p, 2p, an MLP and the GPT, dropout on; TP 2 stages, with
    and without clipping, and DP x TP x PP 2 x 2 x 2; checkpoints resumed at another stage
    count; the GPT on 2 emulated GPUs over NCCL, m = 2p) and deadlock-free by a replay of
@@ -3292,8 +3293,9 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
      - messages go in steps (Megatron-LM's p2p grouping): a step is one action, or in
        the interleaved schedule's steady state a forward and the backward after it
        (printed joined: "F2c0+B0c1"); after each step one batch (pdp_comm_sendrecv)
-       carries the step's sends and the next step's receives. Sends are asynchronous
-       (a stage computes while they are in flight);
+       carries the step's sends and the next step's receives (on local and MPI, where
+       messages start when posted, a step's forward sends at once). Sends are
+       asynchronous (a stage computes while they are in flight);
      - the loss is computed on the last stage: softmax cross-entropy against labels,
        or the caller's loss function. Micro-batch j of n_j samples out of B has its
        loss gradient scaled by 1/B (not 1/n_j), so the gradients accumulated over

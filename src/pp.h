@@ -67,8 +67,9 @@
      - messages go in steps (Megatron-LM's p2p grouping): a step is one action, or in
        the interleaved schedule's steady state a forward and the backward after it
        (printed joined: "F2c0+B0c1"); after each step one batch (pdp_comm_sendrecv)
-       carries the step's sends and the next step's receives. Sends are asynchronous
-       (a stage computes while they are in flight);
+       carries the step's sends and the next step's receives (on local and MPI, where
+       messages start when posted, a step's forward sends at once). Sends are
+       asynchronous (a stage computes while they are in flight);
      - the loss is computed on the last stage: softmax cross-entropy against labels,
        or the caller's loss function. Micro-batch j of n_j samples out of B has its
        loss gradient scaled by 1/B (not 1/n_j), so the gradients accumulated over
