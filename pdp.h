@@ -312,7 +312,8 @@
        // or, one process per rank under mpirun or torchrun:
        CHECK(pdp_comm_init_env(&comm, &(pdp_comm_desc){.backend = PDP_BACKEND_MPI}));
    All-reduce, broadcast, reduce-scatter, all-gather, barrier, point-to-point send/recv
-   (matched by peer and tag), each asynchronous (pdp_work_wait; a NULL handle waits in
+   (matched by peer and tag; pdp_comm_sendrecv posts a batch that progresses together, one
+   NCCL group), each asynchronous (pdp_work_wait; a NULL handle waits in
    the call), and pdp_comm_split (colour, key; as MPI_Comm_split) for process groups
    such as 2 data-parallel x 2 model-parallel. Backends, one file each: local (ranks
    are threads: pdp_local_group_create + pdp_comm_create_local; no dependency), mpi
@@ -505,15 +506,18 @@
    joins a stage's chunks in one model (one optimizer, clipping, checkpoints); a GPT's wte
    sits on chunk 0 of stage 0 and its copy on the last chunk of stage p - 1. It sends
    2 m (p v - 1) messages a pass instead of 2 m (p - 1) (activations also go from the last
-   stage back to the first) and holds more micro-batch chunks on the early stages; local and
-   MPI only (refused on NCCL, where one stream a rank can queue two stages' sends ahead of
-   the receives they wait for: a simulation under NCCL's rules finds it for m >= 2p). Tested
-   equal to one device within 1e-5 (p = 2, 3, v = 2, 3, m = p, 2p, an MLP and the GPT,
-   dropout on; TP 2 stages, with and without clipping, and DP x TP x PP 2 x 2 x 2;
-   checkpoints resumed at another stage count) and deadlock-free by a replay of the
-   runner's waits (p = 2..8, v = 1..4, m = p..4p). The loss (cross-entropy, or desc.loss) is on the last
-   stage; gradients are scaled so that a step equals one device on the whole batch
-   (tested at 1e-5, p = 1..4, thread ranks and MPI). pdp_pp_get_stats gives each
+   stage back to the first) and holds more micro-batch chunks on the early stages. Its
+   messages go in Megatron-LM's steps: in the steady state a forward and the backward after
+   it send together with the next step's receives, one batch (pdp_comm_sendrecv; one group
+   on NCCL, where a batch an action deadlocks for m >= 2p: one stream a rank queues two
+   stages' sends ahead of the receives they wait for; local and MPI send the forward's
+   activations at once). Tested equal to one device within
+   1e-5 (p = 2, 3, v = 2, 3, m = p, 2p, an MLP and the GPT, dropout on; TP 2 stages, with
+   and without clipping, and DP x TP x PP 2 x 2 x 2; checkpoints resumed at another stage
+   count; the GPT on 2 emulated GPUs over NCCL, m = 2p) and deadlock-free by a replay of
+   every schedule under local/MPI's and NCCL's rules (p = 2..8, v = 1..4, m = p..4p). The
+   loss (cross-entropy, or desc.loss) is on the last stage; gradients are scaled so that a
+   step equals one device on the whole batch (tested at 1e-5, p = 1..4, thread ranks and MPI). pdp_pp_get_stats gives each
    stage's bubble beside (p-1)/(v m+p-1) (v = 1 but interleaved), the formula for pieces of
    equal time (stages balanced by parameter count may be far from it: balance by work or,
    closer, by time; both count the pipeline's cross-entropy with the last layer, which on a
@@ -594,7 +598,8 @@
                     recomputation: a region run again inside pdp_model_backward); tp.c:
                     pdp__tp_headwise (attention split by heads); pp.c: pdp__pp_sum_tied
                     (the tied weight's two stages), pdp_pp_checkpoint_save
-   Communicators    comm.c: pdp_comm_allreduce (checks, counts bytes, calls the backend);
+   Communicators    comm.c: pdp_comm_allreduce (checks, counts bytes, calls the backend),
+                    pdp_comm_sendrecv (a batch of messages that progress together);
                     comm_queue.c: pdp__workq_submit, pdp__workq_progress (the progress
                     thread); comm_local.c: pdp__local_execute (slice r summed in rank
                     order), pdp__group_barrier; comm_mpi.c: pdp__mpi_run
@@ -620,9 +625,10 @@
                     pdp__tp_reduce_forward (g), pdp__tp_allreduce; tp.c:
                     pdp__tp_check_widths (every TP rank built the same layers)
    PP               pp.c: pdp__pp_layer_costs (parameters or layers_table.c's FLOPs
-                    estimate), pdp__pp_balance (boundaries), pdp__pp_plan (the action list
-                    per stage: GPipe, 1F1B), pdp_pp_forward_backward (the runner),
-                    pdp__pp_forward, pdp__pp_backward, pdp__pp_post_recv, pdp__pp_start
+                    estimate), pdp__pp_balance (boundaries), pdp__pp_build (the action list
+                    per stage: GPipe, 1F1B, interleaved, with its steps), pdp_pp_forward_backward
+                    (the runner), pdp__pp_forward, pdp__pp_backward, pdp__pp_issue (a step's
+                    batch of messages, one NCCL group)
    Clipping         optim.c: pdp_clip_grad_norm (over the TP group:
                     pdp__grad_allreduce_sum), pdp__clip_coef; zero.c:
                     pdp_zero_clip_grad_norm; pp.c: pdp_pp_clip_grad_norm
@@ -2001,7 +2007,8 @@ PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
    with its tag and count, checked by the receiver): posted messages go out together
    in one ncclGroupStart/End at the first wait or pdp_work_done on one of them, or
    before the next collective or split on that communicator (call pdp_work_done
-   right after posting to start them early). Unlike local and MPI: messages and
+   right after posting to start them early, or post them with pdp_comm_sendrecv,
+   which starts its batch at once). Unlike local and MPI: messages and
    collectives share one stream, so ranks must issue them in an order that cannot
    deadlock; a self-send needs its receive posted in the same batch; a timed-out
    message aborts the communicator (NCCL cannot withdraw it), as a timed-out
@@ -2011,6 +2018,26 @@ PDP_API pdp_status pdp_comm_send(pdp_comm *c, const float *buf, int64_t count, i
                                  pdp_work **work);
 PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
                                  pdp_work **work);
+
+/* A batch of sends and receives that progress together (PyTorch's batch_isend_irecv): the
+   n messages are checked, then posted and started at once. NCCL: one ncclGroupStart/End,
+   launched now, so on the one stream none of them waits behind another (a ring where every
+   rank sends to one neighbour and receives from the other completes); messages posted
+   before on c and not yet started join it. Local and MPI: each posted as pdp_comm_send/recv
+   posts it (they start when posted and match by tag: a batch adds no order). Each message
+   gets its own handle in *ops[i].work; one whose work is NULL is waited by the call, after
+   every message of the batch has started (MPI's Waitall). A message that fails to post
+   fails the call; the ones posted before it keep their handles (or are waited). n = 0 does
+   nothing; n at most PDP_COMM_BATCH_MAX. */
+#define PDP_COMM_BATCH_MAX 16
+typedef struct pdp_p2p {
+    bool send;        /* true: count floats of buf to peer; false: from peer into buf */
+    float *buf;       /* a send's buffer is only read */
+    int64_t count;
+    int peer, tag;    /* as pdp_comm_send/recv */
+    pdp_work **work;  /* where its handle goes; NULL: the call waits for it */
+} pdp_p2p;
+PDP_API pdp_status pdp_comm_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n);
 
 /* ---- process groups ----
    Splits c by colour and key, as MPI_Comm_split: collective over c (every rank
@@ -3262,9 +3289,13 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
                 stage's);
      - a stage keeps one set of activations per micro-batch it may hold at once
        (GPipe m, 1F1B min(p - s, m); each chunk as many as its list holds at once):
-       the model's activation slots. Sends are
-       asynchronous (a stage computes while they are in flight); the receive for the
-       next action is posted before the current action computes;
+       the model's activation slots;
+     - messages go in steps (Megatron-LM's p2p grouping): a step is one action, or in
+       the interleaved schedule's steady state a forward and the backward after it
+       (printed joined: "F2c0+B0c1"); after each step one batch (pdp_comm_sendrecv)
+       carries the step's sends and the next step's receives (on local and MPI, where
+       messages start when posted, a step's forward sends at once). Sends are
+       asynchronous (a stage computes while they are in flight);
      - the loss is computed on the last stage: softmax cross-entropy against labels,
        or the caller's loss function. Micro-batch j of n_j samples out of B has its
        loss gradient scaled by 1/B (not 1/n_j), so the gradients accumulated over
@@ -3289,19 +3320,20 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
    event per action ("F3", "B3").
 
    Backends: local (thread ranks), MPI (processes) and NCCL (a GPU per stage: thread
-   ranks from pdp_nccl_group_create, or processes), with the same arithmetic (the
-   interleaved schedule: local and MPI only; pp.c's opening comment says why): GPipe and
-   1F1B over 2-4 GPUs equal the single-device model (tested on the CUDA emulation,
-   tests/test_cuda.c). What NCCL changes:
+   ranks from pdp_nccl_group_create, or processes), with the same arithmetic: GPipe and
+   1F1B over 2-4 GPUs and interleaved 1F1B over 2 equal the single-device model (tested
+   on the CUDA emulation, tests/test_cuda.c). What NCCL changes:
      - x is device memory of stage 0's GPU (labels stay on the host); activations and
        gradients travel GPU to GPU;
-     - NCCL has no tags and enqueues posted messages only at a wait or pdp_work_done
-       (comm.h): the pipeline starts each message as soon as it is posted, an action's
-       send together with the receive it posted for the next action; a receive is never
-       enqueued ahead of the current action's send, which on NCCL's one stream per
-       communicator would wait behind it (the CUDA emulation, stricter than a GPU since
-       it enqueues a group only once the stream's earlier work is done, runs GPipe and
-       1F1B on 2-4 stages); the tags are still checked, from a header;
+     - NCCL has no tags and runs a rank's messages on one stream: a step's batch is one
+       NCCL group, started at once, whose sends and receives progress together, and the
+       batches run one after another. The interleaved steady state's pair is what makes
+       that safe: with a batch an action, two stages can each queue a send ahead of the
+       receive the other's send waits for (m >= 2p; pp.c's opening comment walks through
+       it, and a replay of every schedule under NCCL's rules checks p = 2..8, v = 1..4,
+       m = p..4p); the CUDA emulation, stricter than a GPU since it enqueues a group only
+       once the stream's earlier work is done, runs them; the tags are still checked,
+       from a header;
      - a peer that never sends fails the wait with PDP_ERR_TIMEOUT naming the peer and
        the tag, but NCCL cannot withdraw a message: the communicator is aborted and every
        later call on it fails (local and MPI stay usable);
@@ -3322,7 +3354,7 @@ typedef struct pdp_pp pdp_pp;
 typedef enum pdp_pp_schedule {
     PDP_PP_1F1B = 0, /* default */
     PDP_PP_GPIPE = 1,
-    PDP_PP_INTERLEAVED_1F1B = 2 /* desc.chunks per stage; not on NCCL */
+    PDP_PP_INTERLEAVED_1F1B = 2 /* desc.chunks per stage */
 } pdp_pp_schedule;
 
 /* How a split is balanced without first_layer: the contiguous split of the layers into
@@ -3437,8 +3469,8 @@ PDP_API int pdp_pp_num_stages(const pdp_pp *pp);
 PDP_API pdp_status pdp_pp_stage_layers(const pdp_pp *pp, int s, int *first, int *last);
 /* Chunk c of stage s (piece c p + s) holds layers [*first, *last). */
 PDP_API pdp_status pdp_pp_chunk_layers(const pdp_pp *pp, int s, int c, int *first, int *last);
-/* This stage's actions as text, "F0 F1 B0 F2 B1 B2", interleaved "F0c0 F1c0 F0c1 .."
-   (truncated to cap). */
+/* This stage's actions as text, "F0 F1 B0 F2 B1 B2", interleaved "F0c0 F1c0 F0c1 ..
+   F2c0+B0c1 .." (a + joins the two actions of one step of messages; truncated to cap). */
 PDP_API const char *pdp_pp_schedule_str(const pdp_pp *pp, char *buf, size_t cap);
 
 typedef struct pdp_pp_stats {
@@ -5343,6 +5375,10 @@ typedef struct pdp__comm_ops {
     pdp_status (*send)(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
                        pdp_work **w);
     pdp_status (*recv)(pdp_comm *c, float *buf, int64_t count, int peer, int tag, pdp_work **w);
+    /* a batch that progresses together (comm.h's pdp_comm_sendrecv; comm.c validated it):
+       w[i] gets message i's handle; on failure the ones posted before keep theirs, the rest
+       are NULL */
+    pdp_status (*sendrecv)(pdp_comm *c, const pdp_p2p *ops, int n, pdp_work **w);
     /* collective over c: comm.c has exchanged every rank's (colour, key) and computed this
        rank's place (new_rank of new_size; leader: the old rank of new rank 0); colour < 0
        joins nothing (*out stays NULL) but takes part */
@@ -12522,6 +12558,22 @@ PDP__PRIVATE pdp_status pdp__workq_broadcast_bytes(pdp_comm *c, void *buf, size_
     if ((st = pdp__workq_submit(c, &a, &w)) != PDP_OK) return st;
     return pdp__workq_wait(w);
 }
+
+/* A batch (pdp_comm_sendrecv) on a queue backend: local and MPI messages start when posted
+   and match by tag, so each is posted as pdp_comm_send/recv posts it; nothing to group. */
+PDP__PRIVATE pdp_status pdp__workq_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n, pdp_work **w)
+{
+    pdp_status st;
+    int i;
+    for (i = 0; i < n; i++) w[i] = NULL;
+    for (i = 0; i < n; i++) {
+        st = ops[i].send ? c->ops->send(c, ops[i].buf, ops[i].count, ops[i].peer, ops[i].tag, &w[i])
+                         : c->ops->recv(c, ops[i].buf, ops[i].count, ops[i].peer, ops[i].tag,
+                                        &w[i]);
+        if (st != PDP_OK) return st;
+    }
+    return PDP_OK;
+}
 /* ---- end src/comm_queue.c ---- */
 
 /* ---- begin src/comm_local.c ---- */
@@ -13148,7 +13200,7 @@ PDP__PRIVATE pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int n
 static const pdp__comm_ops pdp__local_ops = {
     pdp__workq_allreduce, pdp__workq_broadcast, pdp__workq_reduce_scatter,
     pdp__workq_allgather, pdp__workq_barrier,   pdp__workq_broadcast_bytes,
-    pdp__local_send,      pdp__local_recv,      pdp__local_split,
+    pdp__local_send,      pdp__local_recv,      pdp__workq_sendrecv,  pdp__local_split,
     pdp__workq_wait,      pdp__workq_done,      pdp__local_destroy,
 };
 
@@ -13822,7 +13874,7 @@ PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new
 static const pdp__comm_ops pdp__mpi_ops = {
     pdp__workq_allreduce, pdp__workq_broadcast, pdp__workq_reduce_scatter,
     pdp__workq_allgather, pdp__workq_barrier,   pdp__workq_broadcast_bytes,
-    pdp__mpi_send,        pdp__mpi_recv,        pdp__mpi_split,
+    pdp__mpi_send,        pdp__mpi_recv,        pdp__workq_sendrecv,  pdp__mpi_split,
     pdp__workq_wait,      pdp__workq_done,      pdp__mpi_destroy,
 };
 
@@ -14224,7 +14276,8 @@ PDP__PRIVATE pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_de
      naming both when the tags or counts differ;
    - sends and receives are enqueued in batches (one ncclGroupStart/End) when one of
      them is waited or queried with pdp_work_done, or before a collective or split on
-     the communicator: call pdp_work_done on a handle to start a batch early (overlap);
+     the communicator: call pdp_work_done on a handle to start a batch early (overlap),
+     or post it with pdp_comm_sendrecv, which enqueues it at once (pdp__nccl_sendrecv);
    - messages and collectives share the NCCL stream: every rank must issue them in
      an order that cannot deadlock (a send before a collective on one rank needs its
      receive before that collective on the other), as with NCCL itself;
@@ -14390,6 +14443,20 @@ PDP__PRIVATE pdp_status pdp__nccl_recv(pdp_comm *c, float *buf, int64_t count, i
                                        pdp_work **w)
 {
     return pdp__nccl_p2p(c, false, buf, count, peer, tag, w);
+}
+
+/* A batch: its messages pending with those posted before, then enqueued as one group. */
+PDP__PRIVATE pdp_status pdp__nccl_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n, pdp_work **w)
+{
+    pdp_status st = PDP_OK, f;
+    int i;
+    for (i = 0; i < n; i++) w[i] = NULL;
+    for (i = 0; i < n && st == PDP_OK; i++)
+        st = pdp__nccl_p2p(c, ops[i].send, ops[i].buf, ops[i].count, ops[i].peer, ops[i].tag,
+                           &w[i]);
+    /* the posted ones start even when one failed: their waits report a flush's failure */
+    f = pdp__nccl_flush(c);
+    return st != PDP_OK ? st : f;
 }
 
 /* A message's wait: its group's completion, then (a receive) the sender's header. */
@@ -14602,7 +14669,8 @@ PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int ne
 static const pdp__comm_ops pdp__nccl_ops = {
     pdp__nccl_allreduce, pdp__nccl_broadcast, pdp__nccl_reduce_scatter, pdp__nccl_allgather,
     pdp__nccl_barrier,   pdp__nccl_broadcast_bytes, pdp__nccl_send,     pdp__nccl_recv,
-    pdp__nccl_split,     pdp__nccl_wait,      pdp__nccl_done,           pdp__nccl_destroy};
+    pdp__nccl_sendrecv,  pdp__nccl_split,     pdp__nccl_wait,      pdp__nccl_done,
+    pdp__nccl_destroy};
 
 /* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
 PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank,
@@ -15080,6 +15148,45 @@ PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int pee
         return st;
     st = c->ops->recv(c, buf, count, peer, tag, &w);
     return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
+}
+
+PDP_API pdp_status pdp_comm_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n)
+{
+    static const char *fn = "pdp_comm_sendrecv";
+    pdp_work *w[PDP_COMM_BATCH_MAX];
+    double t = pdp__now();
+    pdp_status st, first;
+    int i;
+    if ((st = pdp__comm_check(c, fn)) != PDP_OK) return st;
+    if (n < 0 || n > PDP_COMM_BATCH_MAX || (n > 0 && !ops))
+        return pdp__err(PDP_ERR_INVALID, "%s: %d messages%s (0..PDP_COMM_BATCH_MAX = %d) "
+                        "(comm '%s', rank %d)", fn, n, ops ? "" : " at NULL",
+                        PDP_COMM_BATCH_MAX, c->name, c->rank);
+    for (i = 0; i < n; i++) {
+        const pdp_p2p *o = &ops[i];
+        if (o->work) *o->work = NULL;
+        if ((st = pdp__comm_check_count(c, o->buf, o->count, "buf", fn)) ||
+            (st = pdp__comm_check_p2p(c, o->peer, o->tag, fn)) ||
+            (st = pdp__comm_check_bound(c, o->count, 4, 1,
+                                        o->send ? PDP__COLL_SEND : PDP__COLL_RECV, fn)))
+            return st;
+    }
+    if (n == 0) return PDP_OK;
+    first = c->ops->sendrecv(c, ops, n, w);
+    if (first != PDP_OK) first = pdp__err_wrap(first, "%s: a batch of %d messages", fn, n);
+    for (i = 0; i < n && w[i]; i++) { /* the posted ones: counted, handed out or waited */
+        w[i]->t_launch = t;
+        c->stats.p2p++;
+        if (ops[i].send) c->stats.bytes_sent += ops[i].count * 4;
+        if (ops[i].work) {
+            *ops[i].work = w[i];
+            continue;
+        }
+        st = c->ops->wait(w[i]);
+        c->stats.busy_s += w[i]->t_done > w[i]->t_start ? w[i]->t_done - w[i]->t_start : 0.0;
+        if (st != PDP_OK && first == PDP_OK) first = pdp__err_wrap(st, "%s", fn);
+    }
+    return first;
 }
 
 /* ---- comm: agreement at the end of a collective constructor ----
@@ -30239,10 +30346,10 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
    interleaved: counted), set j % S for micro-batch j: its micro-batches in flight are
    consecutive, so a forward F(j) finds set j % S free because F(j - S)'s backward came
    before it. Received inputs (pieces after 0) live in S + 1 buffers, j % (S + 1), so
-   the receive for the next action can be posted while the current one computes
-   (after a backward B(i), the next forward F(i + S) needs a buffer while i's is
-   still being read); received output gradients in 2 buffers (j % 2) and the input
-   gradients sent back in 2 (j % 2, the send of j - 2 waited before reuse).
+   the receive for the next forward can be posted while the chunk still holds S
+   micro-batches (their inputs are read again by their backwards); received output
+   gradients in 2 buffers (j % 2) and the input gradients sent back in 2 (j % 2, the
+   send of j - 2 waited before reuse).
    Activations are sent straight from the model's output of set j % S, whose send
    is waited before F(j + S) overwrites it. Tags: a message crosses the boundary b
    between pieces b and b + 1; 2 (j v + b / p) for micro-batch j's activations and
@@ -30250,46 +30357,44 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
    Two ranks exchange over the boundaries b = c p + s (forward from s), one per chunk,
    so the tag and the direction name the message (p = 2: rank 1 sends rank 0 both
    activations, over odd b, and gradients, over even b; the last bit tells them apart).
-   At most one receive is outstanding. After the first pass at the largest batch
-   nothing is allocated.
+   After the first pass at the largest batch nothing is allocated.
 
-   Why the interleaved schedule cannot deadlock on local and MPI. A rank blocks only
-   in two waits: for its current action's receive (the peer's matching send is posted
-   when the peer has computed the action that produces it), and, before reusing a
-   send buffer, for an earlier send of the same chunk (matched once the peer posts
-   the receive, which it does one action ahead of using it). Posting never blocks, and
-   messages match by (peer, tag), not by order, so the order in which two ranks post
-   their messages cannot cross-wire them; the 1F1B runner needs no other order. What
-   remains is that the waits form no cycle: every message an action waits for is
-   produced by an action its peer runs no later in Megatron's order (the k-th forward
-   of every stage is the same micro-batch and chunk; stage s's 2 (p - s - 1) extra
-   warm-up forwards are what lets the last stage's backwards start before stage s
-   needs them, and (v - 1) p lets a micro-batch group cross all v chunks), and a send
-   buffer is reused only S forwards (2 backwards) later, when its receiver has
-   necessarily posted that receive. The runner's two waits were checked by a
-   simulation of every rank (tests/test_pp.c, pp_interleaved_schedules_cannot_deadlock:
-   p = 2..8, v = 1..4, m = p..4p, all complete) and the schedule runs in the tests on
-   thread ranks.
-   NCCL matches a pair's messages by order, which is safe: for every pair of ranks the
+   Messages go out in steps, Megatron-LM's p2p grouping: a step is one action, or in the
+   interleaved schedule's steady state a forward and the backward after it (printed
+   F2c0+B0c1). After a step the runner issues one batch (pdp_comm_sendrecv): the step's
+   sends with the next step's receives (at most 2 and 2, so at most one receive per kind
+   is outstanding). Before an action it waits for its receive and for the send that last
+   used the buffer it will send from. On NCCL a batch is one group, so its sends and
+   receives progress together; a rank's batches run one after another on its one stream.
+   That is why on NCCL the steady state's two actions share one batch: with a batch an action
+   (Megatron's 1F1B grouping), stage 0's B0c1 sends stage 1 a gradient that stage 1
+   receives for B0c0, a receive queued behind stage 1's B1c1 send of a gradient to stage
+   0, whose receive, for stage 0's B1c1, is queued behind the first (p = 2, v = 2, m = 4):
+   a deadlock for every m >= 2p. With the pair, each send of a step goes out with the
+   receives the peer's matching step posts; the pair is safe because the interleaved
+   warm-up's 2 (p - s - 1) extra forwards put the backward's gradient, on the next stage,
+   before that stage needs the pair's forward. Local and MPI start a message when posted
+   and match by tag, so a batch adds no order there: the pair's forward sends at once (its
+   activations a backward sooner: train_gpt_3d -dp 1 -tp 1 -pp 2 -micro 4 -schedule
+   interleaved, stage 1's bubble, medians of 5 alternated runs: 0.460 with the send held,
+   0.435 sent at once, 0.436 before the pairs). 1F1B and GPipe keep a batch an action
+   (Megatron's 1F1B grouping): they complete with it, and it sends a forward's activations
+   without waiting for the backward after it.
+   NCCL matches a pair of ranks' messages by order, which is safe: for every pair the
    sender's list posts its messages in the order the receiver's list posts their receives
    (the k-th forward is the same micro-batch and chunk on every stage; the wrap from the
-   last stage to the first maps chunk c to c + 1, which keeps the order). But it also runs
-   a rank's messages one group after another on one stream, and a send completes only when
-   its receive runs: the interleaved list then deadlocks for m >= 2p (p = 2, v = 2, m = 4:
-   stage 0's B0c1 sends stage 1 a gradient that stage 1 receives for B0c0, a receive
-   queued behind stage 1's B1c1 send of a gradient to stage 0, whose receive, for stage
-   0's B1c1, is queued behind the first). The simulation under NCCL's rule (the same
-   test) finds it, and 1F1B and GPipe complete: the interleaved schedule is refused on
-   NCCL.
-
-   Messages are started as soon as they are posted (pdp__pp_start): NCCL enqueues
-   posted messages only at a wait or pdp_work_done (comm.h), so without it stage 0's
-   GPipe forwards would all go out at its first backward, and the next stage would
-   idle until then. An action's send starts together with the receive posted for the
-   next action (one NCCL group); a receive posted by an action that sends nothing
-   starts alone, right away. A receive is never started ahead of the current
-   action's send: on NCCL's one stream that send would queue behind it, and the
-   receive's message may depend on it. On local and MPI starting is a no-op query.
+   last stage to the first maps chunk c to c + 1, which keeps the order). Local and MPI
+   match by (peer, tag) and start each message when posted; their only question is whether
+   the waits form a cycle, and they do not: every message an action waits for is produced
+   by an action its peer runs no later in Megatron's order (the k-th forward of every stage
+   is the same micro-batch and chunk; the extra warm-up forwards let the last stage's
+   backwards start before stage s needs them, and (v - 1) p lets a micro-batch group cross
+   all v chunks), and a send buffer is reused only S forwards (2 backwards) later, when its
+   receiver has posted that receive. Both claims were checked by a replay of every rank's
+   list under each backend's rules (tests/test_pp.c, pp_schedules_cannot_deadlock: p =
+   2..8, v = 1..4, m = p..4p, all complete; with a batch an action the interleaved lists
+   deadlock under NCCL's rules for m >= 2p), and the schedules run in the tests on thread
+   ranks and on NCCL's emulation.
 
    Clipping (pdp_pp_clip_grad_norm) needs every stage's gradients: each stage's sum of
    squares, a double, is all-gathered bit for bit over the pipeline (two floats per
@@ -30304,6 +30409,8 @@ typedef struct pdp__pp_action {
     char kind; /* 'F' or 'B' */
     int mb;
     int chunk;
+    bool pair; /* a forward whose step goes on with the next action, a backward (interleaved,
+                  steady state): their messages go out together after both */
 } pdp__pp_action;
 
 /* One chunk of a stage: piece q = chunk p + stage of the full model. */
@@ -30334,8 +30441,9 @@ struct pdp_pp {
     int nacts;
     int64_t cap_rows;             /* rows the chunks' buffers hold */
     int64_t messages;             /* activations and gradients sent in this pass */
-    pdp_work *rwork;              /* the outstanding receive, for action rwork_act */
-    int rwork_act;
+    pdp_work *rwork[2];           /* the next step's receives: its forward's, its backward's */
+    pdp_p2p batch[4];             /* the current step's sends, then the next step's receives */
+    int nbatch;
     pdp_work *dp_work;            /* DP x PP: the gradients' all-reduce */
     float norm_host[2 * PDP_PP_MAX_STAGES + 2]; /* pdp_pp_clip_grad_norm: this stage's sum
                                                     of squares (a double's 8 bytes), then
@@ -30358,6 +30466,7 @@ struct pdp_pp {
     uint64_t steps;
     double t_compute;             /* when the current action's compute began (after its waits) */
     pdp_pp_stats stats;
+    bool one_stream;              /* NCCL: a rank's batches run in order on one stream */
     bool traced;
     int trace_pid, trace_tid;
 };
@@ -30508,6 +30617,7 @@ PDP__PRIVATE pdp__pp_action pdp__pp_kth(char kind, int k, int p, int v)
     pdp__pp_action a;
     int c = k % (p * v) / p;
     a.kind = kind;
+    a.pair = false;
     a.mb = k / (p * v) * p + k % p;
     a.chunk = kind == 'F' ? c : v - 1 - c;
     return a;
@@ -30525,7 +30635,8 @@ PDP__PRIVATE int pdp__pp_build(pdp_pp_schedule sched, int p, int v, int m, int s
     else w = PDP__MIN(2 * (p - s - 1) + (v - 1) * p, total);
     for (i = 0; i < w; i++) acts[n++] = pdp__pp_kth('F', i, p, v);
     for (i = 0; i + w < total; i++) {
-        acts[n++] = pdp__pp_kth('F', w + i, p, v);
+        acts[n] = pdp__pp_kth('F', w + i, p, v);
+        acts[n++].pair = sched == PDP_PP_INTERLEAVED_1F1B;
         acts[n++] = pdp__pp_kth('B', i, p, v);
     }
     for (i = total - w; i < total; i++) acts[n++] = pdp__pp_kth('B', i, p, v);
@@ -30554,11 +30665,11 @@ PDP_API const char *pdp_pp_schedule_str(const pdp_pp *pp, char *buf, size_t cap)
     if (!pp) return buf;
     for (k = 0; k < pp->nacts && n + 1 < cap; k++) {
         const pdp__pp_action *a = &pp->acts[k];
+        const char *sep = k == 0 ? "" : pp->acts[k - 1].pair ? "+" : " "; /* + joins a step */
         if (pp->desc.schedule == PDP_PP_INTERLEAVED_1F1B)
-            n += (size_t)snprintf(buf + n, cap - n, k ? " %c%dc%d" : "%c%dc%d", a->kind, a->mb,
-                                  a->chunk);
+            n += (size_t)snprintf(buf + n, cap - n, "%s%c%dc%d", sep, a->kind, a->mb, a->chunk);
         else
-            n += (size_t)snprintf(buf + n, cap - n, k ? " %c%d" : "%c%d", a->kind, a->mb);
+            n += (size_t)snprintf(buf + n, cap - n, "%s%c%d", sep, a->kind, a->mb);
     }
     return buf;
 }
@@ -30947,21 +31058,13 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     pp->c = c;
     pp->stage = c->rank;
     pp->p = c->size;
-    pp->rwork_act = -1;
     if ((st = pdp__pp_desc_defaults(desc, &pp->desc, full->nlayers, pp->p, fn)) != PDP_OK)
         goto fail;
     pp->dp = pp->desc.dp;
     pp->mb = pp->desc.micro_batches;
     pp->v = pp->desc.chunks;
     pp->pieces = pp->p * pp->v;
-    if (pp->v > 1 && c->backend == PDP_BACKEND_NCCL) {
-        st = pdp__err(PDP_ERR_UNSUPPORTED, "%s: PDP_PP_INTERLEAVED_1F1B on NCCL: with m >= 2p "
-                      "two stages can each queue a send to the other ahead of the receive that "
-                      "would match the other's (NCCL runs a rank's messages in order on one "
-                      "stream), and the runner would deadlock; use the local or MPI backend, "
-                      "or PDP_PP_1F1B", fn);
-        goto fail;
-    }
+    pp->one_stream = c->backend == PDP_BACKEND_NCCL;
     pp->first = (int *)pdp__calloc((size_t)(pp->pieces + 1) * sizeof *pp->first);
     pp->ck = (pdp__pp_chunk *)pdp__calloc((size_t)pp->v * sizeof *pp->ck);
     if (!pp->first || !pp->ck) {
@@ -31064,9 +31167,8 @@ PDP__PRIVATE void pdp__pp_drain(pdp_pp *pp)
     char kept[1024];
     int i, k;
     snprintf(kept, sizeof kept, "%s", pdp_last_error());
-    if (pp->rwork) pdp_work_wait(pp->rwork);
-    pp->rwork = NULL;
-    pp->rwork_act = -1;
+    for (i = 0; i < 2; i++) pdp_work_wait(pp->rwork[i]), pp->rwork[i] = NULL;
+    pp->nbatch = 0; /* a failed step's sends, never issued */
     for (k = 0; pp->ck && k < pp->v; k++) {
         pdp__pp_chunk *ck = &pp->ck[k];
         if (ck->send_fwd)
@@ -31139,48 +31241,66 @@ PDP__PRIVATE int pdp__pp_tag(const pdp_pp *pp, int j, int b, int dir)
     return (int)((2 * ((int64_t)j * pp->v + b / pp->p) + dir) % (PDP_COMM_TAG_MAX + 1));
 }
 
-/* Posts the receive action k needs, if any (at most one outstanding). */
-PDP__PRIVATE pdp_status pdp__pp_post_recv(pdp_pp *pp, int k)
+/* Adds action k's receive, if it has one, to the batch: its input from piece q - 1 (a
+   forward after piece 0), or its output's gradient from piece q + 1 (a backward before the
+   last piece); the handle goes to rwork[0] or rwork[1]. */
+PDP__PRIVATE void pdp__pp_add_recv(pdp_pp *pp, int k)
 {
-    const pdp__pp_action *a;
-    const pdp__pp_chunk *ck;
-    int64_t n;
-    pdp_status st = PDP_OK;
-    if (k >= pp->nacts || pp->rwork_act == k) return PDP_OK;
-    a = &pp->acts[k];
-    ck = &pp->ck[a->chunk];
-    n = pp->mb_rows[a->mb];
-    PDP_ASSERT(!pp->rwork);
-    if (a->kind == 'F' && ck->q > 0) /* from piece q - 1: the previous stage (the last) */
-        st = pdp_comm_recv(pp->c, ck->in_buf[a->mb % (ck->nslots + 1)], n * ck->in_count,
-                           (pp->stage + pp->p - 1) % pp->p, pdp__pp_tag(pp, a->mb, ck->q - 1, 0),
-                           &pp->rwork);
-    else if (a->kind == 'B' && ck->q < pp->pieces - 1) /* from piece q + 1 */
-        st = pdp_comm_recv(pp->c, ck->dy_buf[a->mb % 2], n * ck->out_count,
-                           (pp->stage + 1) % pp->p, pdp__pp_tag(pp, a->mb, ck->q, 1), &pp->rwork);
-    else
-        return PDP_OK;
-    if (st == PDP_OK) pp->rwork_act = k;
-    return st;
+    const pdp__pp_action *a = &pp->acts[k];
+    const pdp__pp_chunk *ck = &pp->ck[a->chunk];
+    pdp_p2p *o = &pp->batch[pp->nbatch];
+    int64_t n = pp->mb_rows[a->mb];
+    PDP_ASSERT(!pp->rwork[a->kind == 'B']); /* the last step's, waited by its action */
+    if (a->kind == 'F' && ck->q > 0) { /* from the previous stage (the last) */
+        o->buf = ck->in_buf[a->mb % (ck->nslots + 1)];
+        o->count = n * ck->in_count;
+        o->peer = (pp->stage + pp->p - 1) % pp->p;
+        o->tag = pdp__pp_tag(pp, a->mb, ck->q - 1, 0);
+        o->work = &pp->rwork[0];
+    } else if (a->kind == 'B' && ck->q < pp->pieces - 1) { /* from the next (the first) */
+        o->buf = ck->dy_buf[a->mb % 2];
+        o->count = n * ck->out_count;
+        o->peer = (pp->stage + 1) % pp->p;
+        o->tag = pdp__pp_tag(pp, a->mb, ck->q, 1);
+        o->work = &pp->rwork[1];
+    } else {
+        return;
+    }
+    o->send = false;
+    pp->nbatch++;
 }
 
-/* Waits for action k's receive (posting it first if it was not). */
-PDP__PRIVATE pdp_status pdp__pp_wait_recv(pdp_pp *pp, int k)
+/* Adds a send of the current step to the batch. */
+PDP__PRIVATE void pdp__pp_add_send(pdp_pp *pp, const float *buf, int64_t count, int peer, int tag,
+                                   pdp_work **w)
 {
-    pdp_status st;
-    pdp_work *w;
-    if (pp->rwork_act != k && (st = pdp__pp_post_recv(pp, k)) != PDP_OK) return st;
-    if (pp->rwork_act != k) return PDP_OK; /* nothing to receive */
-    w = pp->rwork;
-    pp->rwork = NULL;
-    pp->rwork_act = -1;
-    return pdp_work_wait(w);
+    pdp_p2p *o = &pp->batch[pp->nbatch++];
+    o->send = true;
+    o->buf = (float *)buf;
+    o->count = count;
+    o->peer = peer;
+    o->tag = tag;
+    o->work = w;
+    pp->messages++;
 }
 
-/* Starts a posted message (NCCL's batching: see the opening comment); w may be NULL. */
-PDP__PRIVATE void pdp__pp_start(pdp_work *w)
+/* After action k (k = -1: before the first): at a step's end, one batch of its sends and
+   the next step's receives; within a step (a pair's forward) its send goes at once where
+   messages start when posted and match by tag, on NCCL with the step's batch (the opening
+   comment says why). */
+PDP__PRIVATE pdp_status pdp__pp_issue(pdp_pp *pp, int k)
 {
-    if (w) (void)pdp_work_done(w);
+    int i, n, last;
+    if (k >= 0 && pp->acts[k].pair && pp->one_stream) return PDP_OK;
+    if (k >= 0 && pp->acts[k].pair) {
+        last = k; /* no receive: the next action is this step's */
+    } else {
+        last = k + 1 < pp->nacts ? k + 1 + pp->acts[k + 1].pair : k; /* the next step's end */
+        for (i = k + 1; i <= last; i++) pdp__pp_add_recv(pp, i);
+    }
+    n = pp->nbatch;
+    pp->nbatch = 0;
+    return pdp_comm_sendrecv(pp->c, pp->batch, n);
 }
 
 PDP__PRIVATE pdp_status pdp__pp_wait(pdp_work **w)
@@ -31207,10 +31327,8 @@ PDP__PRIVATE pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
     const pdp_tensor *y;
     pdp_tensor in;
     pdp_status st;
-    if ((st = pdp__pp_wait_recv(pp, k)) != PDP_OK) return st;
+    if ((st = pdp__pp_wait(&pp->rwork[0])) != PDP_OK) return st;
     if ((st = pdp__pp_wait(&ck->send_fwd[slot])) != PDP_OK) return st; /* F(j - S)'s send */
-    if ((st = pdp__pp_post_recv(pp, k + 1)) != PDP_OK) return st;
-    if (ck->q == pp->pieces - 1) pdp__pp_start(pp->rwork); /* this forward sends nothing */
     shape[0] = n;
     for (d = 0; d < m->in_ndim; d++) shape[d + 1] = m->in_shape[d];
     pdp_tensor_wrap((float *)pdp__pp_input(ck, x, pp->mb_first, j), m->device, m->in_ndim + 1,
@@ -31221,14 +31339,10 @@ PDP__PRIVATE pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
     m->step = pp->steps; /* forward counts it up: the single-device run's step */
     m->sample_base = pp->sample_base + pp->mb_first[j];
     if ((st = pdp_model_forward(m, &in, &y)) != PDP_OK) return st;
-    if (ck->q < pp->pieces - 1) { /* to piece q + 1: the next stage (the first) */
-        if ((st = pdp_comm_send(pp->c, y->data, n * ck->out_count, (pp->stage + 1) % pp->p,
-                                pdp__pp_tag(pp, j, ck->q, 0), &ck->send_fwd[slot])) != PDP_OK)
-            return st;
-        pp->messages++;
-        pdp__pp_start(ck->send_fwd[slot]); /* with the next action's receive, if posted */
-    }
-    return PDP_OK;
+    if (ck->q < pp->pieces - 1) /* to piece q + 1: the next stage (the first) */
+        pdp__pp_add_send(pp, y->data, n * ck->out_count, (pp->stage + 1) % pp->p,
+                         pdp__pp_tag(pp, j, ck->q, 0), &ck->send_fwd[slot]);
+    return pdp__pp_issue(pp, k);
 }
 
 PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const int32_t *labels,
@@ -31242,10 +31356,8 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
     const pdp_tensor *y = &m->out_view;
     pdp_tensor dy;
     pdp_status st;
-    if ((st = pdp__pp_wait_recv(pp, k)) != PDP_OK) return st;
+    if ((st = pdp__pp_wait(&pp->rwork[1])) != PDP_OK) return st;
     if (ck->q > 0 && (st = pdp__pp_wait(&ck->send_bwd[j % 2])) != PDP_OK) return st;
-    if ((st = pdp__pp_post_recv(pp, k + 1)) != PDP_OK) return st;
-    if (ck->q == 0) pdp__pp_start(pp->rwork); /* this backward sends nothing */
     pp->t_compute = pdp__now();
     pdp__model_use_slot(m, slot, pdp__pp_input(ck, x, pp->mb_first, j), n, true);
     m->input_grad = ck->q > 0 ? ck->dx_buf[j % 2] : NULL;
@@ -31281,15 +31393,10 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
     st = pdp_model_backward(m, &dy);
     m->input_grad = NULL;
     if (st != PDP_OK) return st;
-    if (ck->q > 0) { /* to piece q - 1: the previous stage (the last) */
-        if ((st = pdp_comm_send(pp->c, ck->dx_buf[j % 2], n * ck->in_count,
-                                (pp->stage + pp->p - 1) % pp->p, pdp__pp_tag(pp, j, ck->q - 1, 1),
-                                &ck->send_bwd[j % 2])) != PDP_OK)
-            return st;
-        pp->messages++;
-        pdp__pp_start(ck->send_bwd[j % 2]);
-    }
-    return PDP_OK;
+    if (ck->q > 0) /* to piece q - 1: the previous stage (the last) */
+        pdp__pp_add_send(pp, ck->dx_buf[j % 2], n * ck->in_count, (pp->stage + pp->p - 1) % pp->p,
+                         pdp__pp_tag(pp, j, ck->q - 1, 1), &ck->send_bwd[j % 2]);
+    return pdp__pp_issue(pp, k);
 }
 
 /* A weight tied across two stages (a GPT's wte: the embedding's on stage 0, chunk 0, the
@@ -31302,17 +31409,24 @@ PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp)
     pdp_model *m = pp->m;
     const pdp__param_entry *e;
     pdp_work *sw = NULL, *rw = NULL;
+    pdp_p2p ops[2];
     float *g;
     pdp_status st;
+    int k;
     if (pp->tied_param < 0) return PDP_OK;
     e = &m->params[pp->tied_param];
     g = m->grad_block + e->offset;
-    if ((st = pdp_comm_recv(pp->c, pp->tied_buf, e->count, pp->tied_peer,
-                            pdp__pp_tag(pp, pp->mb, 0, 0), &rw)) != PDP_OK)
-        return st;
-    if ((st = pdp_comm_send(pp->c, g, e->count, pp->tied_peer, pdp__pp_tag(pp, pp->mb, 0, 0),
-                            &sw)) != PDP_OK) {
+    /* one batch: on NCCL both stages' sends would otherwise queue ahead of their receives */
+    ops[0].send = false, ops[0].buf = pp->tied_buf, ops[0].work = &rw;
+    ops[1].send = true, ops[1].buf = g, ops[1].work = &sw;
+    for (k = 0; k < 2; k++) {
+        ops[k].count = e->count;
+        ops[k].peer = pp->tied_peer;
+        ops[k].tag = pdp__pp_tag(pp, pp->mb, 0, 0);
+    }
+    if ((st = pdp_comm_sendrecv(pp->c, ops, 2)) != PDP_OK) {
         pdp_work_wait(rw);
+        pdp_work_wait(sw);
         return st;
     }
     /* the receive first: a peer that never sends is named by its timeout, status and
@@ -31420,10 +31534,16 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
         per_mb += ck->act_bytes;
     }
     pp->messages = 0;
+    pp->nbatch = 0;
     pdp_comm_get_stats(pp->c, &c0);
     if ((st = pdp_comm_barrier(pp->c, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: the starting barrier", fn, pp->c->rank);
     t0 = pdp__now();
+    if ((st = pdp__pp_issue(pp, -1)) != PDP_OK) { /* the first step's receives */
+        pdp__pp_drain(pp);
+        return pdp__err_wrap(st, "%s: rank %d (stage %d): the first receives", fn, pp->c->rank,
+                             pp->stage);
+    }
     for (k = 0; k < pp->nacts; k++) {
         const pdp__pp_action *a = &pp->acts[k];
         double a1;

@@ -308,6 +308,45 @@ PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int pee
     return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
 }
 
+PDP_API pdp_status pdp_comm_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n)
+{
+    static const char *fn = "pdp_comm_sendrecv";
+    pdp_work *w[PDP_COMM_BATCH_MAX];
+    double t = pdp__now();
+    pdp_status st, first;
+    int i;
+    if ((st = pdp__comm_check(c, fn)) != PDP_OK) return st;
+    if (n < 0 || n > PDP_COMM_BATCH_MAX || (n > 0 && !ops))
+        return pdp__err(PDP_ERR_INVALID, "%s: %d messages%s (0..PDP_COMM_BATCH_MAX = %d) "
+                        "(comm '%s', rank %d)", fn, n, ops ? "" : " at NULL",
+                        PDP_COMM_BATCH_MAX, c->name, c->rank);
+    for (i = 0; i < n; i++) {
+        const pdp_p2p *o = &ops[i];
+        if (o->work) *o->work = NULL;
+        if ((st = pdp__comm_check_count(c, o->buf, o->count, "buf", fn)) ||
+            (st = pdp__comm_check_p2p(c, o->peer, o->tag, fn)) ||
+            (st = pdp__comm_check_bound(c, o->count, 4, 1,
+                                        o->send ? PDP__COLL_SEND : PDP__COLL_RECV, fn)))
+            return st;
+    }
+    if (n == 0) return PDP_OK;
+    first = c->ops->sendrecv(c, ops, n, w);
+    if (first != PDP_OK) first = pdp__err_wrap(first, "%s: a batch of %d messages", fn, n);
+    for (i = 0; i < n && w[i]; i++) { /* the posted ones: counted, handed out or waited */
+        w[i]->t_launch = t;
+        c->stats.p2p++;
+        if (ops[i].send) c->stats.bytes_sent += ops[i].count * 4;
+        if (ops[i].work) {
+            *ops[i].work = w[i];
+            continue;
+        }
+        st = c->ops->wait(w[i]);
+        c->stats.busy_s += w[i]->t_done > w[i]->t_start ? w[i]->t_done - w[i]->t_start : 0.0;
+        if (st != PDP_OK && first == PDP_OK) first = pdp__err_wrap(st, "%s", fn);
+    }
+    return first;
+}
+
 /* ---- comm: agreement at the end of a collective constructor ----
    pdp_comm_split, pdp_zero_create and pdp_pp_create allocate after their last collective: a
    rank whose allocation fails there would leave the others an object whose peer does not

@@ -191,7 +191,8 @@ PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
    with its tag and count, checked by the receiver): posted messages go out together
    in one ncclGroupStart/End at the first wait or pdp_work_done on one of them, or
    before the next collective or split on that communicator (call pdp_work_done
-   right after posting to start them early). Unlike local and MPI: messages and
+   right after posting to start them early, or post them with pdp_comm_sendrecv,
+   which starts its batch at once). Unlike local and MPI: messages and
    collectives share one stream, so ranks must issue them in an order that cannot
    deadlock; a self-send needs its receive posted in the same batch; a timed-out
    message aborts the communicator (NCCL cannot withdraw it), as a timed-out
@@ -201,6 +202,26 @@ PDP_API pdp_status pdp_comm_send(pdp_comm *c, const float *buf, int64_t count, i
                                  pdp_work **work);
 PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
                                  pdp_work **work);
+
+/* A batch of sends and receives that progress together (PyTorch's batch_isend_irecv): the
+   n messages are checked, then posted and started at once. NCCL: one ncclGroupStart/End,
+   launched now, so on the one stream none of them waits behind another (a ring where every
+   rank sends to one neighbour and receives from the other completes); messages posted
+   before on c and not yet started join it. Local and MPI: each posted as pdp_comm_send/recv
+   posts it (they start when posted and match by tag: a batch adds no order). Each message
+   gets its own handle in *ops[i].work; one whose work is NULL is waited by the call, after
+   every message of the batch has started (MPI's Waitall). A message that fails to post
+   fails the call; the ones posted before it keep their handles (or are waited). n = 0 does
+   nothing; n at most PDP_COMM_BATCH_MAX. */
+#define PDP_COMM_BATCH_MAX 16
+typedef struct pdp_p2p {
+    bool send;        /* true: count floats of buf to peer; false: from peer into buf */
+    float *buf;       /* a send's buffer is only read */
+    int64_t count;
+    int peer, tag;    /* as pdp_comm_send/recv */
+    pdp_work **work;  /* where its handle goes; NULL: the call waits for it */
+} pdp_p2p;
+PDP_API pdp_status pdp_comm_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n);
 
 /* ---- process groups ----
    Splits c by colour and key, as MPI_Comm_split: collective over c (every rank

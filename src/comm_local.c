@@ -621,7 +621,7 @@ PDP__PRIVATE pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int n
 static const pdp__comm_ops pdp__local_ops = {
     pdp__workq_allreduce, pdp__workq_broadcast, pdp__workq_reduce_scatter,
     pdp__workq_allgather, pdp__workq_barrier,   pdp__workq_broadcast_bytes,
-    pdp__local_send,      pdp__local_recv,      pdp__local_split,
+    pdp__local_send,      pdp__local_recv,      pdp__workq_sendrecv,  pdp__local_split,
     pdp__workq_wait,      pdp__workq_done,      pdp__local_destroy,
 };
 

@@ -620,7 +620,7 @@ PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new
 static const pdp__comm_ops pdp__mpi_ops = {
     pdp__workq_allreduce, pdp__workq_broadcast, pdp__workq_reduce_scatter,
     pdp__workq_allgather, pdp__workq_barrier,   pdp__workq_broadcast_bytes,
-    pdp__mpi_send,        pdp__mpi_recv,        pdp__mpi_split,
+    pdp__mpi_send,        pdp__mpi_recv,        pdp__workq_sendrecv,  pdp__mpi_split,
     pdp__workq_wait,      pdp__workq_done,      pdp__mpi_destroy,
 };
 

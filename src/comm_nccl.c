@@ -18,7 +18,8 @@
      naming both when the tags or counts differ;
    - sends and receives are enqueued in batches (one ncclGroupStart/End) when one of
      them is waited or queried with pdp_work_done, or before a collective or split on
-     the communicator: call pdp_work_done on a handle to start a batch early (overlap);
+     the communicator: call pdp_work_done on a handle to start a batch early (overlap),
+     or post it with pdp_comm_sendrecv, which enqueues it at once (pdp__nccl_sendrecv);
    - messages and collectives share the NCCL stream: every rank must issue them in
      an order that cannot deadlock (a send before a collective on one rank needs its
      receive before that collective on the other), as with NCCL itself;
@@ -184,6 +185,20 @@ PDP__PRIVATE pdp_status pdp__nccl_recv(pdp_comm *c, float *buf, int64_t count, i
                                        pdp_work **w)
 {
     return pdp__nccl_p2p(c, false, buf, count, peer, tag, w);
+}
+
+/* A batch: its messages pending with those posted before, then enqueued as one group. */
+PDP__PRIVATE pdp_status pdp__nccl_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n, pdp_work **w)
+{
+    pdp_status st = PDP_OK, f;
+    int i;
+    for (i = 0; i < n; i++) w[i] = NULL;
+    for (i = 0; i < n && st == PDP_OK; i++)
+        st = pdp__nccl_p2p(c, ops[i].send, ops[i].buf, ops[i].count, ops[i].peer, ops[i].tag,
+                           &w[i]);
+    /* the posted ones start even when one failed: their waits report a flush's failure */
+    f = pdp__nccl_flush(c);
+    return st != PDP_OK ? st : f;
 }
 
 /* A message's wait: its group's completion, then (a receive) the sender's header. */
@@ -396,7 +411,8 @@ PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int ne
 static const pdp__comm_ops pdp__nccl_ops = {
     pdp__nccl_allreduce, pdp__nccl_broadcast, pdp__nccl_reduce_scatter, pdp__nccl_allgather,
     pdp__nccl_barrier,   pdp__nccl_broadcast_bytes, pdp__nccl_send,     pdp__nccl_recv,
-    pdp__nccl_split,     pdp__nccl_wait,      pdp__nccl_done,           pdp__nccl_destroy};
+    pdp__nccl_sendrecv,  pdp__nccl_split,     pdp__nccl_wait,      pdp__nccl_done,
+    pdp__nccl_destroy};
 
 /* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
 PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank,

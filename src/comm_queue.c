@@ -524,3 +524,19 @@ PDP__PRIVATE pdp_status pdp__workq_broadcast_bytes(pdp_comm *c, void *buf, size_
     if ((st = pdp__workq_submit(c, &a, &w)) != PDP_OK) return st;
     return pdp__workq_wait(w);
 }
+
+/* A batch (pdp_comm_sendrecv) on a queue backend: local and MPI messages start when posted
+   and match by tag, so each is posted as pdp_comm_send/recv posts it; nothing to group. */
+PDP__PRIVATE pdp_status pdp__workq_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n, pdp_work **w)
+{
+    pdp_status st;
+    int i;
+    for (i = 0; i < n; i++) w[i] = NULL;
+    for (i = 0; i < n; i++) {
+        st = ops[i].send ? c->ops->send(c, ops[i].buf, ops[i].count, ops[i].peer, ops[i].tag, &w[i])
+                         : c->ops->recv(c, ops[i].buf, ops[i].count, ops[i].peer, ops[i].tag,
+                                        &w[i]);
+        if (st != PDP_OK) return st;
+    }
+    return PDP_OK;
+}

@@ -772,6 +772,10 @@ typedef struct pdp__comm_ops {
     pdp_status (*send)(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
                        pdp_work **w);
     pdp_status (*recv)(pdp_comm *c, float *buf, int64_t count, int peer, int tag, pdp_work **w);
+    /* a batch that progresses together (comm.h's pdp_comm_sendrecv; comm.c validated it):
+       w[i] gets message i's handle; on failure the ones posted before keep theirs, the rest
+       are NULL */
+    pdp_status (*sendrecv)(pdp_comm *c, const pdp_p2p *ops, int n, pdp_work **w);
     /* collective over c: comm.c has exchanged every rank's (colour, key) and computed this
        rank's place (new_rank of new_size; leader: the old rank of new rank 0); colour < 0
        joins nothing (*out stays NULL) but takes part */

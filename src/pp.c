@@ -10,10 +10,10 @@
    interleaved: counted), set j % S for micro-batch j: its micro-batches in flight are
    consecutive, so a forward F(j) finds set j % S free because F(j - S)'s backward came
    before it. Received inputs (pieces after 0) live in S + 1 buffers, j % (S + 1), so
-   the receive for the next action can be posted while the current one computes
-   (after a backward B(i), the next forward F(i + S) needs a buffer while i's is
-   still being read); received output gradients in 2 buffers (j % 2) and the input
-   gradients sent back in 2 (j % 2, the send of j - 2 waited before reuse).
+   the receive for the next forward can be posted while the chunk still holds S
+   micro-batches (their inputs are read again by their backwards); received output
+   gradients in 2 buffers (j % 2) and the input gradients sent back in 2 (j % 2, the
+   send of j - 2 waited before reuse).
    Activations are sent straight from the model's output of set j % S, whose send
    is waited before F(j + S) overwrites it. Tags: a message crosses the boundary b
    between pieces b and b + 1; 2 (j v + b / p) for micro-batch j's activations and
@@ -21,46 +21,44 @@
    Two ranks exchange over the boundaries b = c p + s (forward from s), one per chunk,
    so the tag and the direction name the message (p = 2: rank 1 sends rank 0 both
    activations, over odd b, and gradients, over even b; the last bit tells them apart).
-   At most one receive is outstanding. After the first pass at the largest batch
-   nothing is allocated.
+   After the first pass at the largest batch nothing is allocated.
 
-   Why the interleaved schedule cannot deadlock on local and MPI. A rank blocks only
-   in two waits: for its current action's receive (the peer's matching send is posted
-   when the peer has computed the action that produces it), and, before reusing a
-   send buffer, for an earlier send of the same chunk (matched once the peer posts
-   the receive, which it does one action ahead of using it). Posting never blocks, and
-   messages match by (peer, tag), not by order, so the order in which two ranks post
-   their messages cannot cross-wire them; the 1F1B runner needs no other order. What
-   remains is that the waits form no cycle: every message an action waits for is
-   produced by an action its peer runs no later in Megatron's order (the k-th forward
-   of every stage is the same micro-batch and chunk; stage s's 2 (p - s - 1) extra
-   warm-up forwards are what lets the last stage's backwards start before stage s
-   needs them, and (v - 1) p lets a micro-batch group cross all v chunks), and a send
-   buffer is reused only S forwards (2 backwards) later, when its receiver has
-   necessarily posted that receive. The runner's two waits were checked by a
-   simulation of every rank (tests/test_pp.c, pp_interleaved_schedules_cannot_deadlock:
-   p = 2..8, v = 1..4, m = p..4p, all complete) and the schedule runs in the tests on
-   thread ranks.
-   NCCL matches a pair's messages by order, which is safe: for every pair of ranks the
+   Messages go out in steps, Megatron-LM's p2p grouping: a step is one action, or in the
+   interleaved schedule's steady state a forward and the backward after it (printed
+   F2c0+B0c1). After a step the runner issues one batch (pdp_comm_sendrecv): the step's
+   sends with the next step's receives (at most 2 and 2, so at most one receive per kind
+   is outstanding). Before an action it waits for its receive and for the send that last
+   used the buffer it will send from. On NCCL a batch is one group, so its sends and
+   receives progress together; a rank's batches run one after another on its one stream.
+   That is why on NCCL the steady state's two actions share one batch: with a batch an action
+   (Megatron's 1F1B grouping), stage 0's B0c1 sends stage 1 a gradient that stage 1
+   receives for B0c0, a receive queued behind stage 1's B1c1 send of a gradient to stage
+   0, whose receive, for stage 0's B1c1, is queued behind the first (p = 2, v = 2, m = 4):
+   a deadlock for every m >= 2p. With the pair, each send of a step goes out with the
+   receives the peer's matching step posts; the pair is safe because the interleaved
+   warm-up's 2 (p - s - 1) extra forwards put the backward's gradient, on the next stage,
+   before that stage needs the pair's forward. Local and MPI start a message when posted
+   and match by tag, so a batch adds no order there: the pair's forward sends at once (its
+   activations a backward sooner: train_gpt_3d -dp 1 -tp 1 -pp 2 -micro 4 -schedule
+   interleaved, stage 1's bubble, medians of 5 alternated runs: 0.460 with the send held,
+   0.435 sent at once, 0.436 before the pairs). 1F1B and GPipe keep a batch an action
+   (Megatron's 1F1B grouping): they complete with it, and it sends a forward's activations
+   without waiting for the backward after it.
+   NCCL matches a pair of ranks' messages by order, which is safe: for every pair the
    sender's list posts its messages in the order the receiver's list posts their receives
    (the k-th forward is the same micro-batch and chunk on every stage; the wrap from the
-   last stage to the first maps chunk c to c + 1, which keeps the order). But it also runs
-   a rank's messages one group after another on one stream, and a send completes only when
-   its receive runs: the interleaved list then deadlocks for m >= 2p (p = 2, v = 2, m = 4:
-   stage 0's B0c1 sends stage 1 a gradient that stage 1 receives for B0c0, a receive
-   queued behind stage 1's B1c1 send of a gradient to stage 0, whose receive, for stage
-   0's B1c1, is queued behind the first). The simulation under NCCL's rule (the same
-   test) finds it, and 1F1B and GPipe complete: the interleaved schedule is refused on
-   NCCL.
-
-   Messages are started as soon as they are posted (pdp__pp_start): NCCL enqueues
-   posted messages only at a wait or pdp_work_done (comm.h), so without it stage 0's
-   GPipe forwards would all go out at its first backward, and the next stage would
-   idle until then. An action's send starts together with the receive posted for the
-   next action (one NCCL group); a receive posted by an action that sends nothing
-   starts alone, right away. A receive is never started ahead of the current
-   action's send: on NCCL's one stream that send would queue behind it, and the
-   receive's message may depend on it. On local and MPI starting is a no-op query.
+   last stage to the first maps chunk c to c + 1, which keeps the order). Local and MPI
+   match by (peer, tag) and start each message when posted; their only question is whether
+   the waits form a cycle, and they do not: every message an action waits for is produced
+   by an action its peer runs no later in Megatron's order (the k-th forward of every stage
+   is the same micro-batch and chunk; the extra warm-up forwards let the last stage's
+   backwards start before stage s needs them, and (v - 1) p lets a micro-batch group cross
+   all v chunks), and a send buffer is reused only S forwards (2 backwards) later, when its
+   receiver has posted that receive. Both claims were checked by a replay of every rank's
+   list under each backend's rules (tests/test_pp.c, pp_schedules_cannot_deadlock: p =
+   2..8, v = 1..4, m = p..4p, all complete; with a batch an action the interleaved lists
+   deadlock under NCCL's rules for m >= 2p), and the schedules run in the tests on thread
+   ranks and on NCCL's emulation.
 
    Clipping (pdp_pp_clip_grad_norm) needs every stage's gradients: each stage's sum of
    squares, a double, is all-gathered bit for bit over the pipeline (two floats per
@@ -75,6 +73,8 @@ typedef struct pdp__pp_action {
     char kind; /* 'F' or 'B' */
     int mb;
     int chunk;
+    bool pair; /* a forward whose step goes on with the next action, a backward (interleaved,
+                  steady state): their messages go out together after both */
 } pdp__pp_action;
 
 /* One chunk of a stage: piece q = chunk p + stage of the full model. */
@@ -105,8 +105,9 @@ struct pdp_pp {
     int nacts;
     int64_t cap_rows;             /* rows the chunks' buffers hold */
     int64_t messages;             /* activations and gradients sent in this pass */
-    pdp_work *rwork;              /* the outstanding receive, for action rwork_act */
-    int rwork_act;
+    pdp_work *rwork[2];           /* the next step's receives: its forward's, its backward's */
+    pdp_p2p batch[4];             /* the current step's sends, then the next step's receives */
+    int nbatch;
     pdp_work *dp_work;            /* DP x PP: the gradients' all-reduce */
     float norm_host[2 * PDP_PP_MAX_STAGES + 2]; /* pdp_pp_clip_grad_norm: this stage's sum
                                                     of squares (a double's 8 bytes), then
@@ -129,6 +130,7 @@ struct pdp_pp {
     uint64_t steps;
     double t_compute;             /* when the current action's compute began (after its waits) */
     pdp_pp_stats stats;
+    bool one_stream;              /* NCCL: a rank's batches run in order on one stream */
     bool traced;
     int trace_pid, trace_tid;
 };
@@ -279,6 +281,7 @@ PDP__PRIVATE pdp__pp_action pdp__pp_kth(char kind, int k, int p, int v)
     pdp__pp_action a;
     int c = k % (p * v) / p;
     a.kind = kind;
+    a.pair = false;
     a.mb = k / (p * v) * p + k % p;
     a.chunk = kind == 'F' ? c : v - 1 - c;
     return a;
@@ -296,7 +299,8 @@ PDP__PRIVATE int pdp__pp_build(pdp_pp_schedule sched, int p, int v, int m, int s
     else w = PDP__MIN(2 * (p - s - 1) + (v - 1) * p, total);
     for (i = 0; i < w; i++) acts[n++] = pdp__pp_kth('F', i, p, v);
     for (i = 0; i + w < total; i++) {
-        acts[n++] = pdp__pp_kth('F', w + i, p, v);
+        acts[n] = pdp__pp_kth('F', w + i, p, v);
+        acts[n++].pair = sched == PDP_PP_INTERLEAVED_1F1B;
         acts[n++] = pdp__pp_kth('B', i, p, v);
     }
     for (i = total - w; i < total; i++) acts[n++] = pdp__pp_kth('B', i, p, v);
@@ -325,11 +329,11 @@ PDP_API const char *pdp_pp_schedule_str(const pdp_pp *pp, char *buf, size_t cap)
     if (!pp) return buf;
     for (k = 0; k < pp->nacts && n + 1 < cap; k++) {
         const pdp__pp_action *a = &pp->acts[k];
+        const char *sep = k == 0 ? "" : pp->acts[k - 1].pair ? "+" : " "; /* + joins a step */
         if (pp->desc.schedule == PDP_PP_INTERLEAVED_1F1B)
-            n += (size_t)snprintf(buf + n, cap - n, k ? " %c%dc%d" : "%c%dc%d", a->kind, a->mb,
-                                  a->chunk);
+            n += (size_t)snprintf(buf + n, cap - n, "%s%c%dc%d", sep, a->kind, a->mb, a->chunk);
         else
-            n += (size_t)snprintf(buf + n, cap - n, k ? " %c%d" : "%c%d", a->kind, a->mb);
+            n += (size_t)snprintf(buf + n, cap - n, "%s%c%d", sep, a->kind, a->mb);
     }
     return buf;
 }
@@ -718,21 +722,13 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     pp->c = c;
     pp->stage = c->rank;
     pp->p = c->size;
-    pp->rwork_act = -1;
     if ((st = pdp__pp_desc_defaults(desc, &pp->desc, full->nlayers, pp->p, fn)) != PDP_OK)
         goto fail;
     pp->dp = pp->desc.dp;
     pp->mb = pp->desc.micro_batches;
     pp->v = pp->desc.chunks;
     pp->pieces = pp->p * pp->v;
-    if (pp->v > 1 && c->backend == PDP_BACKEND_NCCL) {
-        st = pdp__err(PDP_ERR_UNSUPPORTED, "%s: PDP_PP_INTERLEAVED_1F1B on NCCL: with m >= 2p "
-                      "two stages can each queue a send to the other ahead of the receive that "
-                      "would match the other's (NCCL runs a rank's messages in order on one "
-                      "stream), and the runner would deadlock; use the local or MPI backend, "
-                      "or PDP_PP_1F1B", fn);
-        goto fail;
-    }
+    pp->one_stream = c->backend == PDP_BACKEND_NCCL;
     pp->first = (int *)pdp__calloc((size_t)(pp->pieces + 1) * sizeof *pp->first);
     pp->ck = (pdp__pp_chunk *)pdp__calloc((size_t)pp->v * sizeof *pp->ck);
     if (!pp->first || !pp->ck) {
@@ -835,9 +831,8 @@ PDP__PRIVATE void pdp__pp_drain(pdp_pp *pp)
     char kept[1024];
     int i, k;
     snprintf(kept, sizeof kept, "%s", pdp_last_error());
-    if (pp->rwork) pdp_work_wait(pp->rwork);
-    pp->rwork = NULL;
-    pp->rwork_act = -1;
+    for (i = 0; i < 2; i++) pdp_work_wait(pp->rwork[i]), pp->rwork[i] = NULL;
+    pp->nbatch = 0; /* a failed step's sends, never issued */
     for (k = 0; pp->ck && k < pp->v; k++) {
         pdp__pp_chunk *ck = &pp->ck[k];
         if (ck->send_fwd)
@@ -910,48 +905,66 @@ PDP__PRIVATE int pdp__pp_tag(const pdp_pp *pp, int j, int b, int dir)
     return (int)((2 * ((int64_t)j * pp->v + b / pp->p) + dir) % (PDP_COMM_TAG_MAX + 1));
 }
 
-/* Posts the receive action k needs, if any (at most one outstanding). */
-PDP__PRIVATE pdp_status pdp__pp_post_recv(pdp_pp *pp, int k)
+/* Adds action k's receive, if it has one, to the batch: its input from piece q - 1 (a
+   forward after piece 0), or its output's gradient from piece q + 1 (a backward before the
+   last piece); the handle goes to rwork[0] or rwork[1]. */
+PDP__PRIVATE void pdp__pp_add_recv(pdp_pp *pp, int k)
 {
-    const pdp__pp_action *a;
-    const pdp__pp_chunk *ck;
-    int64_t n;
-    pdp_status st = PDP_OK;
-    if (k >= pp->nacts || pp->rwork_act == k) return PDP_OK;
-    a = &pp->acts[k];
-    ck = &pp->ck[a->chunk];
-    n = pp->mb_rows[a->mb];
-    PDP_ASSERT(!pp->rwork);
-    if (a->kind == 'F' && ck->q > 0) /* from piece q - 1: the previous stage (the last) */
-        st = pdp_comm_recv(pp->c, ck->in_buf[a->mb % (ck->nslots + 1)], n * ck->in_count,
-                           (pp->stage + pp->p - 1) % pp->p, pdp__pp_tag(pp, a->mb, ck->q - 1, 0),
-                           &pp->rwork);
-    else if (a->kind == 'B' && ck->q < pp->pieces - 1) /* from piece q + 1 */
-        st = pdp_comm_recv(pp->c, ck->dy_buf[a->mb % 2], n * ck->out_count,
-                           (pp->stage + 1) % pp->p, pdp__pp_tag(pp, a->mb, ck->q, 1), &pp->rwork);
-    else
-        return PDP_OK;
-    if (st == PDP_OK) pp->rwork_act = k;
-    return st;
+    const pdp__pp_action *a = &pp->acts[k];
+    const pdp__pp_chunk *ck = &pp->ck[a->chunk];
+    pdp_p2p *o = &pp->batch[pp->nbatch];
+    int64_t n = pp->mb_rows[a->mb];
+    PDP_ASSERT(!pp->rwork[a->kind == 'B']); /* the last step's, waited by its action */
+    if (a->kind == 'F' && ck->q > 0) { /* from the previous stage (the last) */
+        o->buf = ck->in_buf[a->mb % (ck->nslots + 1)];
+        o->count = n * ck->in_count;
+        o->peer = (pp->stage + pp->p - 1) % pp->p;
+        o->tag = pdp__pp_tag(pp, a->mb, ck->q - 1, 0);
+        o->work = &pp->rwork[0];
+    } else if (a->kind == 'B' && ck->q < pp->pieces - 1) { /* from the next (the first) */
+        o->buf = ck->dy_buf[a->mb % 2];
+        o->count = n * ck->out_count;
+        o->peer = (pp->stage + 1) % pp->p;
+        o->tag = pdp__pp_tag(pp, a->mb, ck->q, 1);
+        o->work = &pp->rwork[1];
+    } else {
+        return;
+    }
+    o->send = false;
+    pp->nbatch++;
 }
 
-/* Waits for action k's receive (posting it first if it was not). */
-PDP__PRIVATE pdp_status pdp__pp_wait_recv(pdp_pp *pp, int k)
+/* Adds a send of the current step to the batch. */
+PDP__PRIVATE void pdp__pp_add_send(pdp_pp *pp, const float *buf, int64_t count, int peer, int tag,
+                                   pdp_work **w)
 {
-    pdp_status st;
-    pdp_work *w;
-    if (pp->rwork_act != k && (st = pdp__pp_post_recv(pp, k)) != PDP_OK) return st;
-    if (pp->rwork_act != k) return PDP_OK; /* nothing to receive */
-    w = pp->rwork;
-    pp->rwork = NULL;
-    pp->rwork_act = -1;
-    return pdp_work_wait(w);
+    pdp_p2p *o = &pp->batch[pp->nbatch++];
+    o->send = true;
+    o->buf = (float *)buf;
+    o->count = count;
+    o->peer = peer;
+    o->tag = tag;
+    o->work = w;
+    pp->messages++;
 }
 
-/* Starts a posted message (NCCL's batching: see the opening comment); w may be NULL. */
-PDP__PRIVATE void pdp__pp_start(pdp_work *w)
+/* After action k (k = -1: before the first): at a step's end, one batch of its sends and
+   the next step's receives; within a step (a pair's forward) its send goes at once where
+   messages start when posted and match by tag, on NCCL with the step's batch (the opening
+   comment says why). */
+PDP__PRIVATE pdp_status pdp__pp_issue(pdp_pp *pp, int k)
 {
-    if (w) (void)pdp_work_done(w);
+    int i, n, last;
+    if (k >= 0 && pp->acts[k].pair && pp->one_stream) return PDP_OK;
+    if (k >= 0 && pp->acts[k].pair) {
+        last = k; /* no receive: the next action is this step's */
+    } else {
+        last = k + 1 < pp->nacts ? k + 1 + pp->acts[k + 1].pair : k; /* the next step's end */
+        for (i = k + 1; i <= last; i++) pdp__pp_add_recv(pp, i);
+    }
+    n = pp->nbatch;
+    pp->nbatch = 0;
+    return pdp_comm_sendrecv(pp->c, pp->batch, n);
 }
 
 PDP__PRIVATE pdp_status pdp__pp_wait(pdp_work **w)
@@ -978,10 +991,8 @@ PDP__PRIVATE pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
     const pdp_tensor *y;
     pdp_tensor in;
     pdp_status st;
-    if ((st = pdp__pp_wait_recv(pp, k)) != PDP_OK) return st;
+    if ((st = pdp__pp_wait(&pp->rwork[0])) != PDP_OK) return st;
     if ((st = pdp__pp_wait(&ck->send_fwd[slot])) != PDP_OK) return st; /* F(j - S)'s send */
-    if ((st = pdp__pp_post_recv(pp, k + 1)) != PDP_OK) return st;
-    if (ck->q == pp->pieces - 1) pdp__pp_start(pp->rwork); /* this forward sends nothing */
     shape[0] = n;
     for (d = 0; d < m->in_ndim; d++) shape[d + 1] = m->in_shape[d];
     pdp_tensor_wrap((float *)pdp__pp_input(ck, x, pp->mb_first, j), m->device, m->in_ndim + 1,
@@ -992,14 +1003,10 @@ PDP__PRIVATE pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
     m->step = pp->steps; /* forward counts it up: the single-device run's step */
     m->sample_base = pp->sample_base + pp->mb_first[j];
     if ((st = pdp_model_forward(m, &in, &y)) != PDP_OK) return st;
-    if (ck->q < pp->pieces - 1) { /* to piece q + 1: the next stage (the first) */
-        if ((st = pdp_comm_send(pp->c, y->data, n * ck->out_count, (pp->stage + 1) % pp->p,
-                                pdp__pp_tag(pp, j, ck->q, 0), &ck->send_fwd[slot])) != PDP_OK)
-            return st;
-        pp->messages++;
-        pdp__pp_start(ck->send_fwd[slot]); /* with the next action's receive, if posted */
-    }
-    return PDP_OK;
+    if (ck->q < pp->pieces - 1) /* to piece q + 1: the next stage (the first) */
+        pdp__pp_add_send(pp, y->data, n * ck->out_count, (pp->stage + 1) % pp->p,
+                         pdp__pp_tag(pp, j, ck->q, 0), &ck->send_fwd[slot]);
+    return pdp__pp_issue(pp, k);
 }
 
 PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const int32_t *labels,
@@ -1013,10 +1020,8 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
     const pdp_tensor *y = &m->out_view;
     pdp_tensor dy;
     pdp_status st;
-    if ((st = pdp__pp_wait_recv(pp, k)) != PDP_OK) return st;
+    if ((st = pdp__pp_wait(&pp->rwork[1])) != PDP_OK) return st;
     if (ck->q > 0 && (st = pdp__pp_wait(&ck->send_bwd[j % 2])) != PDP_OK) return st;
-    if ((st = pdp__pp_post_recv(pp, k + 1)) != PDP_OK) return st;
-    if (ck->q == 0) pdp__pp_start(pp->rwork); /* this backward sends nothing */
     pp->t_compute = pdp__now();
     pdp__model_use_slot(m, slot, pdp__pp_input(ck, x, pp->mb_first, j), n, true);
     m->input_grad = ck->q > 0 ? ck->dx_buf[j % 2] : NULL;
@@ -1052,15 +1057,10 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
     st = pdp_model_backward(m, &dy);
     m->input_grad = NULL;
     if (st != PDP_OK) return st;
-    if (ck->q > 0) { /* to piece q - 1: the previous stage (the last) */
-        if ((st = pdp_comm_send(pp->c, ck->dx_buf[j % 2], n * ck->in_count,
-                                (pp->stage + pp->p - 1) % pp->p, pdp__pp_tag(pp, j, ck->q - 1, 1),
-                                &ck->send_bwd[j % 2])) != PDP_OK)
-            return st;
-        pp->messages++;
-        pdp__pp_start(ck->send_bwd[j % 2]);
-    }
-    return PDP_OK;
+    if (ck->q > 0) /* to piece q - 1: the previous stage (the last) */
+        pdp__pp_add_send(pp, ck->dx_buf[j % 2], n * ck->in_count, (pp->stage + pp->p - 1) % pp->p,
+                         pdp__pp_tag(pp, j, ck->q - 1, 1), &ck->send_bwd[j % 2]);
+    return pdp__pp_issue(pp, k);
 }
 
 /* A weight tied across two stages (a GPT's wte: the embedding's on stage 0, chunk 0, the
@@ -1073,17 +1073,24 @@ PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp)
     pdp_model *m = pp->m;
     const pdp__param_entry *e;
     pdp_work *sw = NULL, *rw = NULL;
+    pdp_p2p ops[2];
     float *g;
     pdp_status st;
+    int k;
     if (pp->tied_param < 0) return PDP_OK;
     e = &m->params[pp->tied_param];
     g = m->grad_block + e->offset;
-    if ((st = pdp_comm_recv(pp->c, pp->tied_buf, e->count, pp->tied_peer,
-                            pdp__pp_tag(pp, pp->mb, 0, 0), &rw)) != PDP_OK)
-        return st;
-    if ((st = pdp_comm_send(pp->c, g, e->count, pp->tied_peer, pdp__pp_tag(pp, pp->mb, 0, 0),
-                            &sw)) != PDP_OK) {
+    /* one batch: on NCCL both stages' sends would otherwise queue ahead of their receives */
+    ops[0].send = false, ops[0].buf = pp->tied_buf, ops[0].work = &rw;
+    ops[1].send = true, ops[1].buf = g, ops[1].work = &sw;
+    for (k = 0; k < 2; k++) {
+        ops[k].count = e->count;
+        ops[k].peer = pp->tied_peer;
+        ops[k].tag = pdp__pp_tag(pp, pp->mb, 0, 0);
+    }
+    if ((st = pdp_comm_sendrecv(pp->c, ops, 2)) != PDP_OK) {
         pdp_work_wait(rw);
+        pdp_work_wait(sw);
         return st;
     }
     /* the receive first: a peer that never sends is named by its timeout, status and
@@ -1191,10 +1198,16 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
         per_mb += ck->act_bytes;
     }
     pp->messages = 0;
+    pp->nbatch = 0;
     pdp_comm_get_stats(pp->c, &c0);
     if ((st = pdp_comm_barrier(pp->c, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: the starting barrier", fn, pp->c->rank);
     t0 = pdp__now();
+    if ((st = pdp__pp_issue(pp, -1)) != PDP_OK) { /* the first step's receives */
+        pdp__pp_drain(pp);
+        return pdp__err_wrap(st, "%s: rank %d (stage %d): the first receives", fn, pp->c->rank,
+                             pp->stage);
+    }
     for (k = 0; k < pp->nacts; k++) {
         const pdp__pp_action *a = &pp->acts[k];
         double a1;

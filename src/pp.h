@@ -63,9 +63,13 @@
                 stage's);
      - a stage keeps one set of activations per micro-batch it may hold at once
        (GPipe m, 1F1B min(p - s, m); each chunk as many as its list holds at once):
-       the model's activation slots. Sends are
-       asynchronous (a stage computes while they are in flight); the receive for the
-       next action is posted before the current action computes;
+       the model's activation slots;
+     - messages go in steps (Megatron-LM's p2p grouping): a step is one action, or in
+       the interleaved schedule's steady state a forward and the backward after it
+       (printed joined: "F2c0+B0c1"); after each step one batch (pdp_comm_sendrecv)
+       carries the step's sends and the next step's receives (on local and MPI, where
+       messages start when posted, a step's forward sends at once). Sends are
+       asynchronous (a stage computes while they are in flight);
      - the loss is computed on the last stage: softmax cross-entropy against labels,
        or the caller's loss function. Micro-batch j of n_j samples out of B has its
        loss gradient scaled by 1/B (not 1/n_j), so the gradients accumulated over
@@ -90,19 +94,20 @@
    event per action ("F3", "B3").
 
    Backends: local (thread ranks), MPI (processes) and NCCL (a GPU per stage: thread
-   ranks from pdp_nccl_group_create, or processes), with the same arithmetic (the
-   interleaved schedule: local and MPI only; pp.c's opening comment says why): GPipe and
-   1F1B over 2-4 GPUs equal the single-device model (tested on the CUDA emulation,
-   tests/test_cuda.c). What NCCL changes:
+   ranks from pdp_nccl_group_create, or processes), with the same arithmetic: GPipe and
+   1F1B over 2-4 GPUs and interleaved 1F1B over 2 equal the single-device model (tested
+   on the CUDA emulation, tests/test_cuda.c). What NCCL changes:
      - x is device memory of stage 0's GPU (labels stay on the host); activations and
        gradients travel GPU to GPU;
-     - NCCL has no tags and enqueues posted messages only at a wait or pdp_work_done
-       (comm.h): the pipeline starts each message as soon as it is posted, an action's
-       send together with the receive it posted for the next action; a receive is never
-       enqueued ahead of the current action's send, which on NCCL's one stream per
-       communicator would wait behind it (the CUDA emulation, stricter than a GPU since
-       it enqueues a group only once the stream's earlier work is done, runs GPipe and
-       1F1B on 2-4 stages); the tags are still checked, from a header;
+     - NCCL has no tags and runs a rank's messages on one stream: a step's batch is one
+       NCCL group, started at once, whose sends and receives progress together, and the
+       batches run one after another. The interleaved steady state's pair is what makes
+       that safe: with a batch an action, two stages can each queue a send ahead of the
+       receive the other's send waits for (m >= 2p; pp.c's opening comment walks through
+       it, and a replay of every schedule under NCCL's rules checks p = 2..8, v = 1..4,
+       m = p..4p); the CUDA emulation, stricter than a GPU since it enqueues a group only
+       once the stream's earlier work is done, runs them; the tags are still checked,
+       from a header;
      - a peer that never sends fails the wait with PDP_ERR_TIMEOUT naming the peer and
        the tag, but NCCL cannot withdraw a message: the communicator is aborted and every
        later call on it fails (local and MPI stay usable);
@@ -123,7 +128,7 @@ typedef struct pdp_pp pdp_pp;
 typedef enum pdp_pp_schedule {
     PDP_PP_1F1B = 0, /* default */
     PDP_PP_GPIPE = 1,
-    PDP_PP_INTERLEAVED_1F1B = 2 /* desc.chunks per stage; not on NCCL */
+    PDP_PP_INTERLEAVED_1F1B = 2 /* desc.chunks per stage */
 } pdp_pp_schedule;
 
 /* How a split is balanced without first_layer: the contiguous split of the layers into
@@ -238,8 +243,8 @@ PDP_API int pdp_pp_num_stages(const pdp_pp *pp);
 PDP_API pdp_status pdp_pp_stage_layers(const pdp_pp *pp, int s, int *first, int *last);
 /* Chunk c of stage s (piece c p + s) holds layers [*first, *last). */
 PDP_API pdp_status pdp_pp_chunk_layers(const pdp_pp *pp, int s, int c, int *first, int *last);
-/* This stage's actions as text, "F0 F1 B0 F2 B1 B2", interleaved "F0c0 F1c0 F0c1 .."
-   (truncated to cap). */
+/* This stage's actions as text, "F0 F1 B0 F2 B1 B2", interleaved "F0c0 F1c0 F0c1 ..
+   F2c0+B0c1 .." (a + joins the two actions of one step of messages; truncated to cap). */
 PDP_API const char *pdp_pp_schedule_str(const pdp_pp *pp, char *buf, size_t cap);
 
 typedef struct pdp_pp_stats {

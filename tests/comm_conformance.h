@@ -817,6 +817,82 @@ CONF_CASE(conf_p2p_ring_and_self_send)
     PASS();
 }
 
+/* A batch (pdp_comm_sendrecv) both ways round the ring: every rank sends to the next (tag
+   7, its handle kept) and to the previous (tag 8, work NULL: waited by the call) and receives
+   from both (from the previous NULL, from the next kept), all in one call; twice. On NCCL,
+   messages started one by one in that order would each wait on the one stream for a receive
+   queued behind a send. Every rank checks both buffers against its neighbours' values and
+   the stats (4 messages a batch, the two sends' bytes). Refused before anything is posted: a
+   batch above PDP_COMM_BATCH_MAX, and a bad peer in its second message (the first message's
+   handle stays NULL). */
+static void conf_rank_batch(conf_rank *rk, pdp_comm *c)
+{
+    int r = rk->rank, n = rk->size, next = (r + 1) % n, prev = (r + n - 1) % n, round;
+    float *h = conf_host(CONF_P2P), *s7, *s8, *r7, *r8;
+    pdp_comm_stats s0;
+    pdp_work *w7 = NULL, *w8 = NULL;
+    pdp_p2p ops[PDP_COMM_BATCH_MAX + 1];
+    int64_t i;
+    pdp_comm_get_stats(c, &s0);
+    for (i = 0; i < CONF_P2P; i++) h[i] = conf_val(r, i);
+    s7 = (float *)conf_dev(rk, c, h, CONF_P2P, 4);
+    for (i = 0; i < CONF_P2P; i++) h[i] = conf_val(r + n, i);
+    s8 = (float *)conf_dev(rk, c, h, CONF_P2P, 4);
+    r7 = (float *)conf_dev(rk, c, NULL, CONF_P2P, 4);
+    r8 = (float *)conf_dev(rk, c, NULL, CONF_P2P, 4);
+    memset(ops, 0, sizeof ops);
+    ops[0].send = true, ops[0].buf = s7, ops[0].peer = next, ops[0].tag = 7, ops[0].work = &w7;
+    ops[1].send = true, ops[1].buf = s8, ops[1].peer = prev, ops[1].tag = 8;
+    ops[2].buf = r7, ops[2].peer = prev, ops[2].tag = 7;
+    ops[3].buf = r8, ops[3].peer = next, ops[3].tag = 8, ops[3].work = &w8;
+    for (i = 0; i < 4; i++) ops[i].count = CONF_P2P;
+    for (round = 0; round < 2 && s7 && s8 && r7 && r8; round++) {
+        if (!conf_ok(rk, pdp_comm_sendrecv(c, ops, 4), "the batch") ||
+            !conf_ok(rk, pdp_work_wait(w7), "the send to next") ||
+            !conf_ok(rk, pdp_work_wait(w8), "the recv from next") ||
+            !conf_back(rk, c, h, r7, CONF_P2P, 4))
+            break;
+        for (i = 0; i < CONF_P2P && h[i] == conf_val(prev, i); i++) continue;
+        if (i < CONF_P2P || !conf_back(rk, c, h, r8, CONF_P2P, 4)) {
+            conf_fail(rk, "round %d: from rank %d (tag 7) element %lld is %g", round, prev,
+                      (long long)i, (double)h[i]);
+            break;
+        }
+        for (i = 0; i < CONF_P2P && h[i] == conf_val(next + n, i); i++) continue;
+        if (i < CONF_P2P) {
+            conf_fail(rk, "round %d: from rank %d (tag 8) element %lld is %g", round, next,
+                      (long long)i, (double)h[i]);
+            break;
+        }
+    }
+    if (rk->st == PDP_OK)
+        conf_stats_moved(rk, c, &s0, 0, 2.0 * 2.0 * CONF_P2P * 4.0, 8, "batch");
+    if (rk->st == PDP_OK && s7) {
+        for (i = 0; i <= PDP_COMM_BATCH_MAX; i++) ops[i] = ops[2];
+        ops[0] = ops[1]; /* a send to prev: never posted */
+        ops[0].work = &w7, w7 = (pdp_work *)&w7;
+        conf_expect(rk, pdp_comm_sendrecv(c, ops, PDP_COMM_BATCH_MAX + 1), PDP_ERR_INVALID,
+                    "a batch of 17", "pdp_comm_sendrecv: 17 messages", NULL, NULL);
+        ops[1].peer = n;
+        w7 = (pdp_work *)&w7;
+        conf_expect(rk, pdp_comm_sendrecv(c, ops, 2), PDP_ERR_INVALID, "a bad peer",
+                    "pdp_comm_sendrecv: peer", "outside", NULL);
+        if (w7 != NULL) conf_fail(rk, "a refused batch left the first message's handle set");
+    }
+    if (s7) rk->f->release(c, s7);
+    if (s8) rk->f->release(c, s8);
+    if (r7) rk->f->release(c, r7);
+    if (r8) rk->f->release(c, r8);
+    free(h);
+}
+
+CONF_CASE(conf_p2p_batch_both_ways_round_the_ring)
+{
+    int n;
+    CONF_EACH_SIZE(n) CHECK_CALL(conf_check(f, n, 60.0, conf_rank_batch, 0));
+    PASS();
+}
+
 /* After a timed-out message: local and MPI withdrew it, so c still carries a self-send;
    NCCL aborted the communicator, so the self-send fails (backend differs). */
 static void conf_still_usable(conf_rank *rk, pdp_comm *c, bool timed_out)
@@ -1184,6 +1260,7 @@ static void conf_run_suite(const conf_factory *f)
     RUN_TEST1(conf_async_handles_waited_out_of_order, f);
     RUN_TEST1(conf_barrier_waits_for_every_rank, f);
     RUN_TEST1(conf_p2p_ring_and_self_send, f);
+    RUN_TEST1(conf_p2p_batch_both_ways_round_the_ring, f);
     RUN_TEST1(conf_p2p_count_mismatch_names_both_counts, f);
     RUN_TEST1(conf_p2p_mismatched_tags_and_unmatched_messages_time_out, f);
     RUN_TEST1(conf_split_groups_match_naive, f);

@@ -1144,6 +1144,10 @@ typedef struct pdp__comm_ops {
     pdp_status (*send)(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
                        pdp_work **w);
     pdp_status (*recv)(pdp_comm *c, float *buf, int64_t count, int peer, int tag, pdp_work **w);
+    /* a batch that progresses together (comm.h's pdp_comm_sendrecv; comm.c validated it):
+       w[i] gets message i's handle; on failure the ones posted before keep theirs, the rest
+       are NULL */
+    pdp_status (*sendrecv)(pdp_comm *c, const pdp_p2p *ops, int n, pdp_work **w);
     /* collective over c: comm.c has exchanged every rank's (colour, key) and computed this
        rank's place (new_rank of new_size; leader: the old rank of new rank 0); colour < 0
        joins nothing (*out stays NULL) but takes part */
@@ -3692,6 +3696,10 @@ PDP__PRIVATE pdp_status pdp__workq_barrier(pdp_comm *c, pdp_work **w);
 /* Synchronous, but queued like the others so that it keeps its place in the order. */
 PDP__PRIVATE pdp_status pdp__workq_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root);
 
+/* A batch (pdp_comm_sendrecv) on a queue backend: local and MPI messages start when posted
+   and match by tag, so each is posted as pdp_comm_send/recv posts it; nothing to group. */
+PDP__PRIVATE pdp_status pdp__workq_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n, pdp_work **w);
+
 /* ---- src/comm_local.c ---- */
 /* comm_local: the local backend: N ranks are threads of one process, buffers in shared
    memory, no dependency; the default, and what the tests use.
@@ -4173,7 +4181,8 @@ PDP__PRIVATE pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_de
      naming both when the tags or counts differ;
    - sends and receives are enqueued in batches (one ncclGroupStart/End) when one of
      them is waited or queried with pdp_work_done, or before a collective or split on
-     the communicator: call pdp_work_done on a handle to start a batch early (overlap);
+     the communicator: call pdp_work_done on a handle to start a batch early (overlap),
+     or post it with pdp_comm_sendrecv, which enqueues it at once (pdp__nccl_sendrecv);
    - messages and collectives share the NCCL stream: every rank must issue them in
      an order that cannot deadlock (a send before a collective on one rank needs its
      receive before that collective on the other), as with NCCL itself;
@@ -4259,6 +4268,9 @@ PDP__PRIVATE pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t co
 
 PDP__PRIVATE pdp_status pdp__nccl_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
                                        pdp_work **w);
+
+/* A batch: its messages pending with those posted before, then enqueued as one group. */
+PDP__PRIVATE pdp_status pdp__nccl_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n, pdp_work **w);
 
 /* A message's wait: its group's completion, then (a receive) the sender's header. */
 PDP__PRIVATE pdp_status pdp__nccl_p2p_wait(pdp_comm *c, pdp__nccl_work *wk);
@@ -4433,6 +4445,8 @@ PDP__PRIVATE pdp_status pdp__comm_check_p2p(const pdp_comm *c, int peer, int tag
 /* PDP_API pdp_status pdp_comm_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag, pdp_work **work) */
 
 /* PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag, pdp_work **work) */
+
+/* PDP_API pdp_status pdp_comm_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n) */
 
 /* ---- comm: agreement at the end of a collective constructor ----
    pdp_comm_split, pdp_zero_create and pdp_pp_create allocate after their last collective: a
@@ -8732,10 +8746,10 @@ PDP__PRIVATE pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const
    interleaved: counted), set j % S for micro-batch j: its micro-batches in flight are
    consecutive, so a forward F(j) finds set j % S free because F(j - S)'s backward came
    before it. Received inputs (pieces after 0) live in S + 1 buffers, j % (S + 1), so
-   the receive for the next action can be posted while the current one computes
-   (after a backward B(i), the next forward F(i + S) needs a buffer while i's is
-   still being read); received output gradients in 2 buffers (j % 2) and the input
-   gradients sent back in 2 (j % 2, the send of j - 2 waited before reuse).
+   the receive for the next forward can be posted while the chunk still holds S
+   micro-batches (their inputs are read again by their backwards); received output
+   gradients in 2 buffers (j % 2) and the input gradients sent back in 2 (j % 2, the
+   send of j - 2 waited before reuse).
    Activations are sent straight from the model's output of set j % S, whose send
    is waited before F(j + S) overwrites it. Tags: a message crosses the boundary b
    between pieces b and b + 1; 2 (j v + b / p) for micro-batch j's activations and
@@ -8743,46 +8757,44 @@ PDP__PRIVATE pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const
    Two ranks exchange over the boundaries b = c p + s (forward from s), one per chunk,
    so the tag and the direction name the message (p = 2: rank 1 sends rank 0 both
    activations, over odd b, and gradients, over even b; the last bit tells them apart).
-   At most one receive is outstanding. After the first pass at the largest batch
-   nothing is allocated.
+   After the first pass at the largest batch nothing is allocated.
 
-   Why the interleaved schedule cannot deadlock on local and MPI. A rank blocks only
-   in two waits: for its current action's receive (the peer's matching send is posted
-   when the peer has computed the action that produces it), and, before reusing a
-   send buffer, for an earlier send of the same chunk (matched once the peer posts
-   the receive, which it does one action ahead of using it). Posting never blocks, and
-   messages match by (peer, tag), not by order, so the order in which two ranks post
-   their messages cannot cross-wire them; the 1F1B runner needs no other order. What
-   remains is that the waits form no cycle: every message an action waits for is
-   produced by an action its peer runs no later in Megatron's order (the k-th forward
-   of every stage is the same micro-batch and chunk; stage s's 2 (p - s - 1) extra
-   warm-up forwards are what lets the last stage's backwards start before stage s
-   needs them, and (v - 1) p lets a micro-batch group cross all v chunks), and a send
-   buffer is reused only S forwards (2 backwards) later, when its receiver has
-   necessarily posted that receive. The runner's two waits were checked by a
-   simulation of every rank (tests/test_pp.c, pp_interleaved_schedules_cannot_deadlock:
-   p = 2..8, v = 1..4, m = p..4p, all complete) and the schedule runs in the tests on
-   thread ranks.
-   NCCL matches a pair's messages by order, which is safe: for every pair of ranks the
+   Messages go out in steps, Megatron-LM's p2p grouping: a step is one action, or in the
+   interleaved schedule's steady state a forward and the backward after it (printed
+   F2c0+B0c1). After a step the runner issues one batch (pdp_comm_sendrecv): the step's
+   sends with the next step's receives (at most 2 and 2, so at most one receive per kind
+   is outstanding). Before an action it waits for its receive and for the send that last
+   used the buffer it will send from. On NCCL a batch is one group, so its sends and
+   receives progress together; a rank's batches run one after another on its one stream.
+   That is why on NCCL the steady state's two actions share one batch: with a batch an action
+   (Megatron's 1F1B grouping), stage 0's B0c1 sends stage 1 a gradient that stage 1
+   receives for B0c0, a receive queued behind stage 1's B1c1 send of a gradient to stage
+   0, whose receive, for stage 0's B1c1, is queued behind the first (p = 2, v = 2, m = 4):
+   a deadlock for every m >= 2p. With the pair, each send of a step goes out with the
+   receives the peer's matching step posts; the pair is safe because the interleaved
+   warm-up's 2 (p - s - 1) extra forwards put the backward's gradient, on the next stage,
+   before that stage needs the pair's forward. Local and MPI start a message when posted
+   and match by tag, so a batch adds no order there: the pair's forward sends at once (its
+   activations a backward sooner: train_gpt_3d -dp 1 -tp 1 -pp 2 -micro 4 -schedule
+   interleaved, stage 1's bubble, medians of 5 alternated runs: 0.460 with the send held,
+   0.435 sent at once, 0.436 before the pairs). 1F1B and GPipe keep a batch an action
+   (Megatron's 1F1B grouping): they complete with it, and it sends a forward's activations
+   without waiting for the backward after it.
+   NCCL matches a pair of ranks' messages by order, which is safe: for every pair the
    sender's list posts its messages in the order the receiver's list posts their receives
    (the k-th forward is the same micro-batch and chunk on every stage; the wrap from the
-   last stage to the first maps chunk c to c + 1, which keeps the order). But it also runs
-   a rank's messages one group after another on one stream, and a send completes only when
-   its receive runs: the interleaved list then deadlocks for m >= 2p (p = 2, v = 2, m = 4:
-   stage 0's B0c1 sends stage 1 a gradient that stage 1 receives for B0c0, a receive
-   queued behind stage 1's B1c1 send of a gradient to stage 0, whose receive, for stage
-   0's B1c1, is queued behind the first). The simulation under NCCL's rule (the same
-   test) finds it, and 1F1B and GPipe complete: the interleaved schedule is refused on
-   NCCL.
-
-   Messages are started as soon as they are posted (pdp__pp_start): NCCL enqueues
-   posted messages only at a wait or pdp_work_done (comm.h), so without it stage 0's
-   GPipe forwards would all go out at its first backward, and the next stage would
-   idle until then. An action's send starts together with the receive posted for the
-   next action (one NCCL group); a receive posted by an action that sends nothing
-   starts alone, right away. A receive is never started ahead of the current
-   action's send: on NCCL's one stream that send would queue behind it, and the
-   receive's message may depend on it. On local and MPI starting is a no-op query.
+   last stage to the first maps chunk c to c + 1, which keeps the order). Local and MPI
+   match by (peer, tag) and start each message when posted; their only question is whether
+   the waits form a cycle, and they do not: every message an action waits for is produced
+   by an action its peer runs no later in Megatron's order (the k-th forward of every stage
+   is the same micro-batch and chunk; the extra warm-up forwards let the last stage's
+   backwards start before stage s needs them, and (v - 1) p lets a micro-batch group cross
+   all v chunks), and a send buffer is reused only S forwards (2 backwards) later, when its
+   receiver has posted that receive. Both claims were checked by a replay of every rank's
+   list under each backend's rules (tests/test_pp.c, pp_schedules_cannot_deadlock: p =
+   2..8, v = 1..4, m = p..4p, all complete; with a batch an action the interleaved lists
+   deadlock under NCCL's rules for m >= 2p), and the schedules run in the tests on thread
+   ranks and on NCCL's emulation.
 
    Clipping (pdp_pp_clip_grad_norm) needs every stage's gradients: each stage's sum of
    squares, a double, is all-gathered bit for bit over the pipeline (two floats per
@@ -8797,6 +8809,8 @@ typedef struct pdp__pp_action {
     char kind; /* 'F' or 'B' */
     int mb;
     int chunk;
+    bool pair; /* a forward whose step goes on with the next action, a backward (interleaved,
+                  steady state): their messages go out together after both */
 } pdp__pp_action;
 
 /* One chunk of a stage: piece q = chunk p + stage of the full model. */
@@ -8827,8 +8841,9 @@ struct pdp_pp {
     int nacts;
     int64_t cap_rows;             /* rows the chunks' buffers hold */
     int64_t messages;             /* activations and gradients sent in this pass */
-    pdp_work *rwork;              /* the outstanding receive, for action rwork_act */
-    int rwork_act;
+    pdp_work *rwork[2];           /* the next step's receives: its forward's, its backward's */
+    pdp_p2p batch[4];             /* the current step's sends, then the next step's receives */
+    int nbatch;
     pdp_work *dp_work;            /* DP x PP: the gradients' all-reduce */
     float norm_host[2 * PDP_PP_MAX_STAGES + 2]; /* pdp_pp_clip_grad_norm: this stage's sum
                                                     of squares (a double's 8 bytes), then
@@ -8851,6 +8866,7 @@ struct pdp_pp {
     uint64_t steps;
     double t_compute;             /* when the current action's compute began (after its waits) */
     pdp_pp_stats stats;
+    bool one_stream;              /* NCCL: a rank's batches run in order on one stream */
     bool traced;
     int trace_pid, trace_tid;
 };
@@ -8968,14 +8984,20 @@ PDP__PRIVATE pdp_status pdp__pp_reserve(pdp_pp *pp, int64_t rows);
    (dir 0: its activations, 1: its gradients); the opening comment says why it is unique. */
 PDP__PRIVATE int pdp__pp_tag(const pdp_pp *pp, int j, int b, int dir);
 
-/* Posts the receive action k needs, if any (at most one outstanding). */
-PDP__PRIVATE pdp_status pdp__pp_post_recv(pdp_pp *pp, int k);
+/* Adds action k's receive, if it has one, to the batch: its input from piece q - 1 (a
+   forward after piece 0), or its output's gradient from piece q + 1 (a backward before the
+   last piece); the handle goes to rwork[0] or rwork[1]. */
+PDP__PRIVATE void pdp__pp_add_recv(pdp_pp *pp, int k);
 
-/* Waits for action k's receive (posting it first if it was not). */
-PDP__PRIVATE pdp_status pdp__pp_wait_recv(pdp_pp *pp, int k);
+/* Adds a send of the current step to the batch. */
+PDP__PRIVATE void pdp__pp_add_send(pdp_pp *pp, const float *buf, int64_t count, int peer, int tag,
+                                   pdp_work **w);
 
-/* Starts a posted message (NCCL's batching: see the opening comment); w may be NULL. */
-PDP__PRIVATE void pdp__pp_start(pdp_work *w);
+/* After action k (k = -1: before the first): at a step's end, one batch of its sends and
+   the next step's receives; within a step (a pair's forward) its send goes at once where
+   messages start when posted and match by tag, on NCCL with the step's batch (the opening
+   comment says why). */
+PDP__PRIVATE pdp_status pdp__pp_issue(pdp_pp *pp, int k);
 
 PDP__PRIVATE pdp_status pdp__pp_wait(pdp_work **w);
 

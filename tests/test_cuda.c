@@ -3221,10 +3221,10 @@ out:
     return NULL;
 }
 
-TEST cuda_nccl_gpt_pipeline_matches_cpu(void)
+/* The GPT pipeline over NCCL on each of n schedules against the CPU reference. */
+static enum greatest_test_res ng_check_pipelines(const pdp_pp_schedule *schedules,
+                                                 const char **names, int n)
 {
-    static const pdp_pp_schedule schedules[2] = {PDP_PP_GPIPE, PDP_PP_1F1B};
-    static const char *names[2] = {"GPipe", "1F1B"};
     mp_job jobs[2];
     pdp_model *ref = NULL;
     float losses[NG_STEPS], norms[NG_STEPS];
@@ -3233,7 +3233,7 @@ TEST cuda_nccl_gpt_pipeline_matches_cpu(void)
     NEED_GPU();
     if (devices() < 2) SKIPm("PP over NCCL needs 2 GPUs (PDP_EMU_CUDA_DEVICES=2 or more)");
     ASSERTm(pdp_last_error(), ng_single(&ref, losses, norms) == PDP_OK);
-    for (k = 0; k < 2; k++) {
+    for (k = 0; k < n; k++) {
         memset(jobs, 0, sizeof jobs);
         for (r = 0; r < 2; r++) {
             jobs[r].schedule = schedules[k];
@@ -3258,6 +3258,24 @@ TEST cuda_nccl_gpt_pipeline_matches_cpu(void)
     }
     pdp_model_free(ref);
     PASS();
+}
+
+TEST cuda_nccl_gpt_pipeline_matches_cpu(void)
+{
+    static const pdp_pp_schedule schedules[2] = {PDP_PP_GPIPE, PDP_PP_1F1B};
+    static const char *names[2] = {"GPipe", "1F1B"};
+    return ng_check_pipelines(schedules, names, 2);
+}
+
+/* Interleaved 1F1B over NCCL: v = 2 chunks a stage, the GPT in 4 pieces (the embedding; a
+   block; a block; ln_f and the head, on stage 1's second chunk), m = NG_MICRO = 2p, where
+   batching a message an action deadlocked on NCCL's one stream (pp.c's opening comment);
+   the runner's Megatron batches complete and train as the CPU does. */
+TEST cuda_nccl_gpt_interleaved_pipeline_matches_cpu(void)
+{
+    static const pdp_pp_schedule schedules[1] = {PDP_PP_INTERLEAVED_1F1B};
+    static const char *names[1] = {"interleaved 1F1B (v = 2)"};
+    return ng_check_pipelines(schedules, names, 1);
 }
 
 /* The GPT split by heads (pdp_gpt_create with desc.tp: c_attn column-parallel in q | k | v
@@ -3675,6 +3693,7 @@ SUITE(cuda)
     RUN_TEST(cuda_clip_grad_norm_matches_cpu);
     RUN_TEST(cuda_nccl_gpt_zero_matches_cpu);
     RUN_TEST(cuda_nccl_gpt_pipeline_matches_cpu);
+    RUN_TEST(cuda_nccl_gpt_interleaved_pipeline_matches_cpu);
     RUN_TEST(cuda_nccl_tp_gpt_matches_cpu);
     RUN_TEST(cuda_nccl_tp3_gpt_matches_cpu);
     RUN_TEST(cuda_nccl_dp_x_tp_gpt_under_ddp_and_zero1_matches_cpu);

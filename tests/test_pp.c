@@ -20,8 +20,10 @@
    The interleaved schedule (pp_interleaved_*): equal to one device (loss and parameters)
    on a 12-layer MLP with dropout and on a GPT with dropout, p = 2, 3, v = 2, 3, m = p, 2p,
    with clipping and DP x PP; its action lists against lists written out from Megatron's
-   rule, with their peak activation bytes; a replay of the runner's waits over p = 2..8,
-   v = 1..4, m = p..4p (deadlock-free; the rule without its 2 (p - s - 1) is not);
+   rule, with their peak activation bytes; a replay of the runner's waits and batches under
+   local/MPI's and NCCL's rules, every schedule over p = 2..8, v = 1..4, m = p..4p
+   (deadlock-free; without Megatron's pairs the interleaved lists are not on NCCL, and the
+   rule without its 2 (p - s - 1) is not anywhere);
    checkpoints resumed at another stage count; its errors and its stats line. */
 
 #define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
@@ -1156,10 +1158,11 @@ TEST pp_interleaved_equals_single_device(void)
 /* The action lists of p = 2, v = 2, m = 4 and p = 3, v = 2, m = 3, written out from the rule:
    forward k is micro-batch (k / (p v)) p + k % p on chunk (k % (p v)) / p, backward k the same
    micro-batch on chunk v - 1 - that; stage s runs w = min(2 (p - s - 1) + (v - 1) p, m v)
-   forwards, then forward w + i and backward i alternately, then the remaining backwards.
-   p = 2: w = 4 on stage 0, 2 on stage 1; p = 3: w = min(7, 6) = 6, min(5, 6) = 5, 3. The
-   peak of micro-batch chunks held follows from the list (stage 0 of p = 2: 4 + 1), and so do
-   the peak bytes (replay_peak_bytes). */
+   forwards, then forward w + i and backward i alternately (each pair one step of messages,
+   printed joined by a +), then the remaining backwards. p = 2: w = 4 on stage 0, 2 on
+   stage 1; p = 3: w = min(7, 6) = 6, min(5, 6) = 5, 3. The peak of micro-batch chunks held
+   follows from the list (stage 0 of p = 2: 4 + 1), and so do the peak bytes
+   (replay_peak_bytes). */
 /* The most activation bytes stage s holds at once, replaying its list (ctxs[s].schedule)
    with each chunk's bytes a micro-batch of rows rows: its layers' outputs and saved tensors
    (pdp_model_activation_bytes of the full model) and, after piece 0, its received input. */
@@ -1174,7 +1177,8 @@ static int64_t replay_peak_bytes(int s, int p, int v, int64_t rows)
     for (c = 0; c < v; c++)
         per[c] = pdp_model_activation_bytes(full, ctxs[s].cfirst[c], ctxs[s].clast[c], rows) +
                  (c * p + s > 0 ? 4 * rows * deep_in[ctxs[s].cfirst[c]] : 0);
-    while (sscanf(t, " %c%dc%d%n", &kind, &j, &c, &n) == 3) {
+    while (sscanf(t, "%*[ +]%c%dc%d%n", &kind, &j, &c, &n) == 3 ||
+           sscanf(t, "%c%dc%d%n", &kind, &j, &c, &n) == 3) {
         held += kind == 'F' ? per[c] : -per[c];
         if (held > peak) peak = held;
         t += n;
@@ -1193,9 +1197,9 @@ TEST pp_interleaved_schedule_lists(void)
     k.schedule = PDP_PP_INTERLEAVED_1F1B;
     run_ranks(&k, NULL, 30.0);
     ASSERT_ENUM_EQm(ctxs[0].msg, PDP_OK, ctxs[0].st, pdp_status_name);
-    ASSERT_STR_EQ("F0c0 F1c0 F0c1 F1c1 F2c0 B0c1 F3c0 B1c1 F2c1 B0c0 F3c1 B1c0 B2c1 B3c1 B2c0 "
+    ASSERT_STR_EQ("F0c0 F1c0 F0c1 F1c1 F2c0+B0c1 F3c0+B1c1 F2c1+B0c0 F3c1+B1c0 B2c1 B3c1 B2c0 "
                   "B3c0", ctxs[0].schedule);
-    ASSERT_STR_EQ("F0c0 F1c0 F0c1 B0c1 F1c1 B1c1 F2c0 B0c0 F3c0 B1c0 F2c1 B2c1 F3c1 B3c1 B2c0 "
+    ASSERT_STR_EQ("F0c0 F1c0 F0c1+B0c1 F1c1+B1c1 F2c0+B0c0 F3c0+B1c0 F2c1+B2c1 F3c1+B3c1 B2c0 "
                   "B3c0", ctxs[1].schedule);
     ASSERT_EQ(5, ctxs[0].stats.peak_in_flight);
     ASSERT_EQ(3, ctxs[1].stats.peak_in_flight);
@@ -1205,8 +1209,8 @@ TEST pp_interleaved_schedule_lists(void)
     run_ranks(&k, NULL, 30.0);
     ASSERT_ENUM_EQm(ctxs[0].msg, PDP_OK, ctxs[0].st, pdp_status_name);
     ASSERT_STR_EQ("F0c0 F1c0 F2c0 F0c1 F1c1 F2c1 B0c1 B1c1 B2c1 B0c0 B1c0 B2c0", ctxs[0].schedule);
-    ASSERT_STR_EQ("F0c0 F1c0 F2c0 F0c1 F1c1 F2c1 B0c1 B1c1 B2c1 B0c0 B1c0 B2c0", ctxs[1].schedule);
-    ASSERT_STR_EQ("F0c0 F1c0 F2c0 F0c1 B0c1 F1c1 B1c1 F2c1 B2c1 B0c0 B1c0 B2c0", ctxs[2].schedule);
+    ASSERT_STR_EQ("F0c0 F1c0 F2c0 F0c1 F1c1 F2c1+B0c1 B1c1 B2c1 B0c0 B1c0 B2c0", ctxs[1].schedule);
+    ASSERT_STR_EQ("F0c0 F1c0 F2c0 F0c1+B0c1 F1c1+B1c1 F2c1+B2c1 B0c0 B1c0 B2c0", ctxs[2].schedule);
     ASSERT_EQ(6, ctxs[0].stats.peak_in_flight);
     ASSERT_EQ(4, ctxs[2].stats.peak_in_flight);
     ASSERT_EQ(replay_peak_bytes(0, 3, 2, B / 3), ctxs[0].stats.peak_activation_bytes);
@@ -1214,236 +1218,186 @@ TEST pp_interleaved_schedule_lists(void)
     PASS();
 }
 
-/* The runner's two blocking waits, simulated on every stage at once with the local and MPI
-   semantics (comm.h: posting never blocks; a receive completes once its send is posted, a
-   send once its receive is; messages match by peer and tag): before action k a stage posts
-   k's receive and waits for it, then waits for the send that last used the buffer k will
-   send from (its chunk's slot j % S after a forward, j % 2 after a backward), then posts
-   action k + 1's receive, then posts k's send. Every stage must finish its list, for p =
-   2..8, v = 1..4 and m = p..4p. A message is (direction, micro-batch, boundary). */
+/* ---- the runner replayed under each backend's rules ----
+   Every stage's list (pdp__pp_build; a forward marked pair and the backward after it are one
+   step) replayed at once, as the runner runs it: it issues the first step's receives; before
+   action k it waits for k's receive and for the send that last used the buffer k sends from
+   (its chunk's slot j % S after a forward, j % 2 after a backward); after each step it issues
+   one batch, the step's sends with the next step's receives (on local and MPI a pair's
+   forward sends at once). A message is (direction, micro-batch, boundary).
+   Local and MPI (comm.h): messages match by peer and tag and start when posted; one
+   completes once its send and its receive are both posted.
+   NCCL: no tags, so a pair's messages match in the order the sender posted them and the
+   receiver posted its receives (checked first: for every pair of ranks the k-th message the
+   sender's list sends the other must be the k-th the receiver's list receives from it, else
+   *in_order is false), and one stream per rank: a batch is a group that runs once the rank's
+   earlier groups are done, and a message completes once the groups holding its send and its
+   receive are both running. True when every stage finishes its list and every group
+   completes. The variants: the lists as built; without their pairs (a batch an action, the
+   runner before Megatron's grouping); the interleaved rule without its 2 (p - s - 1) extra
+   warm-up forwards. */
 enum { SIM_P = 8, SIM_V = 4, SIM_M = 32, SIM_N = 2 * SIM_M * SIM_V };
-
-static bool sim_pipeline(pdp_pp_schedule sched, int p, int v, int m, bool no_extra)
-{
-    static pdp__pp_action acts[SIM_P][SIM_N];
-    static char sent[2][SIM_M][SIM_P * SIM_V], posted[2][SIM_M][SIM_P * SIM_V];
-    int n[SIM_P], pc[SIM_P], phase[SIM_P], slots[SIM_P][SIM_V], held[SIM_V];
-    int last_f[SIM_P][SIM_V][SIM_M], last_b[SIM_P][SIM_V][2]; /* message ids, -1: none */
-    int s, k, c, P = p * v;
-    bool moved = true;
-    memset(sent, 0, sizeof sent);
-    memset(posted, 0, sizeof posted);
-    for (s = 0; s < p; s++) {
-        n[s] = pdp__pp_build(sched, p, v, m, s, acts[s]);
-        if (no_extra) { /* the rule without its 2 (p - s - 1): the test's own check */
-            int w = PDP__MIN((v - 1) * p, m * v), i, t = 0;
-            for (i = 0; i < w; i++) acts[s][t++] = pdp__pp_kth('F', i, p, v);
-            for (i = 0; i + w < m * v; i++) {
-                acts[s][t++] = pdp__pp_kth('F', w + i, p, v);
-                acts[s][t++] = pdp__pp_kth('B', i, p, v);
-            }
-            for (i = m * v - w; i < m * v; i++) acts[s][t++] = pdp__pp_kth('B', i, p, v);
-        }
-        memset(held, 0, sizeof held);
-        memset(slots[s], 0, sizeof slots[s]);
-        for (k = 0; k < n[s]; k++) {
-            c = acts[s][k].chunk;
-            held[c] += acts[s][k].kind == 'F' ? 1 : -1;
-            slots[s][c] = PDP__MAX(slots[s][c], held[c]);
-        }
-        pc[s] = phase[s] = 0;
-        memset(last_f[s], -1, sizeof last_f[s]);
-        memset(last_b[s], -1, sizeof last_b[s]);
-    }
-#define SIM_ID(dir, j, b) (((dir) * SIM_M + (j)) * (SIM_P * SIM_V) + (b))
-#define SIM_POSTED(id) posted[(id) / (SIM_M * SIM_P * SIM_V)][(id) / (SIM_P * SIM_V) % SIM_M] \
-                             [(id) % (SIM_P * SIM_V)]
-    while (moved) {
-        moved = false;
-        for (s = 0; s < p; s++)
-            while (pc[s] < n[s]) {
-                const pdp__pp_action *a = &acts[s][pc[s]];
-                int q = a->chunk * p + s, j = a->mb, *w;
-                if (phase[s] == 0) { /* the receive of action k */
-                    if (a->kind == 'F' && q > 0) {
-                        posted[0][j][q - 1] = 1;
-                        if (!sent[0][j][q - 1]) break;
-                    } else if (a->kind == 'B' && q < P - 1) {
-                        posted[1][j][q] = 1;
-                        if (!sent[1][j][q]) break;
-                    }
-                    phase[s] = 1;
-                }
-                w = a->kind == 'F' ? &last_f[s][a->chunk][j % slots[s][a->chunk]]
-                                   : &last_b[s][a->chunk][j % 2];
-                if (phase[s] == 1) { /* the send that last used this buffer */
-                    if (*w >= 0 && !SIM_POSTED(*w)) break;
-                    phase[s] = 2;
-                }
-                if (pc[s] + 1 < n[s]) { /* post k + 1's receive */
-                    const pdp__pp_action *b = &acts[s][pc[s] + 1];
-                    int qb = b->chunk * p + s;
-                    if (b->kind == 'F' && qb > 0) posted[0][b->mb][qb - 1] = 1;
-                    if (b->kind == 'B' && qb < P - 1) posted[1][b->mb][qb] = 1;
-                }
-                if (a->kind == 'F' && q < P - 1) sent[0][j][q] = 1, *w = SIM_ID(0, j, q);
-                if (a->kind == 'B' && q > 0) sent[1][j][q - 1] = 1, *w = SIM_ID(1, j, q - 1);
-                pc[s]++, phase[s] = 0, moved = true;
-            }
-    }
-#undef SIM_ID
-#undef SIM_POSTED
-    for (s = 0; s < p; s++)
-        if (pc[s] < n[s]) return false;
-    return true;
-}
-
-/* The same lists under NCCL's rules (comm.h): no tags, so a pair's messages match in the
-   order the sender posted them and the receiver posted its receives, and one stream per
-   rank: the messages the runner starts together (an action's send with the receive it
-   posted for the next action, or that receive alone) form a group that runs once the
-   rank's earlier groups are done and completes once each of its messages' other side is
-   running too (a send needs its receive). First: for every pair of ranks the k-th message
-   the sender's list sends the other is the k-th the receiver's list receives from it, so
-   in-order matching pairs the messages tags would (false otherwise). Then the runner: it
-   enqueues action 0's receive at once; before action k it waits for k's receive and the
-   send that last used k's send buffer, then enqueues k + 1's receive with k's send. True
-   when every rank finishes its list and every group completes. */
 enum { SIM_MSGS = 2 * SIM_M * SIM_P * SIM_V };
+typedef enum { SIM_AS_BUILT, SIM_NO_PAIRS, SIM_NO_EXTRA } sim_lists;
 
-static int sim_msg(const pdp__pp_action *a, int s, int p, int P, bool send)
+static struct {
+    pdp__pp_action acts[SIM_P][SIM_N];
+    int n[SIM_P], p, v, P;
+    int grp[SIM_P][SIM_N + 1][4], gn[SIM_P][SIM_N + 1], ng[SIM_P], head[SIM_P];
+    int pend[SIM_P][2], npend[SIM_P]; /* the current step's sends, not yet issued */
+    char sact[SIM_MSGS], ract[SIM_MSGS], done[SIM_MSGS];
+    bool nccl;
+} sim;
+
+/* The message action a of stage s sends (send) or receives; -1: none. */
+static int sim_msg(const pdp__pp_action *a, int s, bool send)
 {
-    int q = a->chunk * p + s, j = a->mb;
-    if (a->kind == 'F' && (send ? q < P - 1 : q > 0))
+    int q = a->chunk * sim.p + s, j = a->mb;
+    if (a->kind == 'F' && (send ? q < sim.P - 1 : q > 0))
         return (0 * SIM_M + j) * (SIM_P * SIM_V) + (send ? q : q - 1);
-    if (a->kind == 'B' && (send ? q > 0 : q < P - 1))
+    if (a->kind == 'B' && (send ? q > 0 : q < sim.P - 1))
         return (1 * SIM_M + j) * (SIM_P * SIM_V) + (send ? q - 1 : q);
     return -1;
 }
 
-static bool sim_nccl(pdp_pp_schedule sched, int p, int v, int m, bool *in_order)
+/* One side of a message starts (posted on local and MPI; its group running on NCCL). */
+static void sim_start(int op)
 {
-    static pdp__pp_action acts[SIM_P][SIM_N];
-    static int grp[SIM_P][SIM_N + 1][2], gn[SIM_P][SIM_N + 1]; /* ops: 2 id + (1 if a send) */
+    int id = op >> 1;
+    if (op & 1) sim.sact[id] = 1;
+    else sim.ract[id] = 1;
+    if (sim.sact[id] && sim.ract[id]) sim.done[id] = 1;
+}
+
+/* The batch after stage s's action k (k = -1: before the first): a pair's forward's send
+   alone (local and MPI), or the step's sends with the next step's receives. */
+static void sim_issue(int s, int k)
+{
+    int g = sim.ng[s], i, r, last;
+    const pdp__pp_action *a = sim.acts[s];
+    sim.gn[s][g] = 0;
+    for (i = 0; i < sim.npend[s]; i++) sim.grp[s][g][sim.gn[s][g]++] = 2 * sim.pend[s][i] + 1;
+    sim.npend[s] = 0;
+    last = k >= 0 && a[k].pair ? k : k + 1 < sim.n[s] ? k + 1 + a[k + 1].pair : k;
+    for (i = k + 1; i <= last; i++)
+        if ((r = sim_msg(&a[i], s, false)) >= 0) sim.grp[s][g][sim.gn[s][g]++] = 2 * r;
+    if (!sim.gn[s][g]) return;
+    sim.ng[s]++;
+    for (i = 0; !sim.nccl && i < sim.gn[s][g]; i++) sim_start(sim.grp[s][g][i]);
+}
+
+static bool sim_run(pdp_pp_schedule sched, int p, int v, int m, sim_lists lists, bool nccl,
+                    bool *in_order)
+{
     static int last_f[SIM_P][SIM_V][SIM_M], last_b[SIM_P][SIM_V][2];
     static int sidx[SIM_MSGS], ridx[SIM_MSGS];
-    static char sact[SIM_MSGS], ract[SIM_MSGS], done[SIM_MSGS];
-    int n[SIM_P], pc[SIM_P], phase[SIM_P], head[SIM_P], ng[SIM_P], next[SIM_P];
-    int slots[SIM_P][SIM_V], held[SIM_V], sent_to[SIM_P][SIM_P], got_from[SIM_P][SIM_P];
-    int s, k, c, i, P = p * v;
+    int pc[SIM_P], slots[SIM_P][SIM_V], held[SIM_V], sent_to[SIM_P][SIM_P], got[SIM_P][SIM_P];
+    int s, k, c, i;
     bool moved = true;
-    memset(sact, 0, sizeof sact), memset(ract, 0, sizeof ract), memset(done, 0, sizeof done);
-    memset(sent_to, 0, sizeof sent_to), memset(got_from, 0, sizeof got_from);
+    memset(&sim, 0, sizeof sim);
+    memset(sent_to, 0, sizeof sent_to), memset(got, 0, sizeof got);
+    sim.p = p, sim.v = v, sim.P = p * v, sim.nccl = nccl;
     for (s = 0; s < p; s++) {
-        n[s] = pdp__pp_build(sched, p, v, m, s, acts[s]);
+        pdp__pp_action *acts = sim.acts[s];
+        int n = sim.n[s] = pdp__pp_build(sched, p, v, m, s, acts);
+        if (lists == SIM_NO_EXTRA) { /* the rule without its 2 (p - s - 1), steps as built */
+            int w = PDP__MIN((v - 1) * p, m * v), t = 0;
+            for (i = 0; i < w; i++) acts[t++] = pdp__pp_kth('F', i, p, v);
+            for (i = 0; i + w < m * v; i++) {
+                acts[t] = pdp__pp_kth('F', w + i, p, v);
+                acts[t++].pair = true;
+                acts[t++] = pdp__pp_kth('B', i, p, v);
+            }
+            for (i = m * v - w; i < m * v; i++) acts[t++] = pdp__pp_kth('B', i, p, v);
+        }
+        for (k = 0; lists == SIM_NO_PAIRS && k < n; k++) acts[k].pair = false;
         memset(held, 0, sizeof held);
         memset(slots[s], 0, sizeof slots[s]);
-        for (k = 0; k < n[s]; k++) {
-            const pdp__pp_action *a = &acts[s][k];
-            int snd = sim_msg(a, s, p, P, true), rcv = sim_msg(a, s, p, P, false);
+        for (k = 0; k < n; k++) {
+            const pdp__pp_action *a = &acts[k];
+            int snd = sim_msg(a, s, true), rcv = sim_msg(a, s, false);
             int up = (s + 1) % p, down = (s + p - 1) % p;
             c = a->chunk;
             held[c] += a->kind == 'F' ? 1 : -1;
             slots[s][c] = PDP__MAX(slots[s][c], held[c]);
             if (snd >= 0) sidx[snd] = sent_to[s][a->kind == 'F' ? up : down]++;
-            if (rcv >= 0) ridx[rcv] = got_from[s][a->kind == 'F' ? down : up]++;
+            if (rcv >= 0) ridx[rcv] = got[s][a->kind == 'F' ? down : up]++;
         }
-        pc[s] = phase[s] = head[s] = ng[s] = 0, next[s] = -1;
+        pc[s] = 0;
         memset(last_f[s], -1, sizeof last_f[s]);
         memset(last_b[s], -1, sizeof last_b[s]);
     }
     *in_order = true;
     for (s = 0; s < p; s++)
-        for (k = 0; k < n[s]; k++) {
-            int snd = sim_msg(&acts[s][k], s, p, P, true);
+        for (k = 0; k < sim.n[s]; k++) {
+            int snd = sim_msg(&sim.acts[s][k], s, true);
             if (snd >= 0 && sidx[snd] != ridx[snd]) *in_order = false;
         }
+    for (s = 0; s < p; s++) sim_issue(s, -1);
     while (moved) {
         moved = false;
-        for (s = 0; s < p; s++) /* the streams: the running groups' messages */
-            for (i = 0; head[s] < ng[s] && i < gn[s][head[s]]; i++) {
-                int op = grp[s][head[s]][i];
-                if (op & 1) sact[op >> 1] = 1;
-                else ract[op >> 1] = 1;
-            }
-        for (s = 0; s < p; s++) {
-            bool all = head[s] < ng[s];
-            for (i = 0; head[s] < ng[s] && i < gn[s][head[s]]; i++) {
-                int id = grp[s][head[s]][i] >> 1;
-                if (sact[id] && ract[id]) done[id] = 1;
-                all = all && done[id];
-            }
-            if (all) head[s]++, moved = true;
+        for (s = 0; nccl && s < p; s++) { /* the streams: the running groups */
+            bool all = sim.head[s] < sim.ng[s];
+            const int *g = sim.grp[s][sim.head[s]];
+            for (i = 0; all && i < sim.gn[s][sim.head[s]]; i++) sim_start(g[i]);
+            for (i = 0; all && i < sim.gn[s][sim.head[s]]; i++)
+                all = sim.done[sim.grp[s][sim.head[s]][i] >> 1];
+            if (all) sim.head[s]++, moved = true;
         }
         for (s = 0; s < p; s++) /* the runner */
-            while (pc[s] < n[s]) {
-                const pdp__pp_action *a = &acts[s][pc[s]];
-                int rcv = sim_msg(a, s, p, P, false), snd = sim_msg(a, s, p, P, true), *w;
+            while (pc[s] < sim.n[s]) {
+                const pdp__pp_action *a = &sim.acts[s][pc[s]];
+                int rcv = sim_msg(a, s, false), snd = sim_msg(a, s, true), *w;
                 w = a->kind == 'F' ? &last_f[s][a->chunk][a->mb % slots[s][a->chunk]]
                                    : &last_b[s][a->chunk][a->mb % 2];
-                if (phase[s] == 0) { /* action 0's receive (the others were posted before) */
-                    if (rcv >= 0 && next[s] != pc[s])
-                        gn[s][ng[s]] = 1, grp[s][ng[s]++][0] = 2 * rcv;
-                    phase[s] = 1;
-                }
-                if (phase[s] == 1 && ((rcv >= 0 && !done[rcv]) || (*w >= 0 && !done[*w]))) break;
-                gn[s][ng[s]] = 0, next[s] = -1;
-                if (pc[s] + 1 < n[s] && (rcv = sim_msg(a + 1, s, p, P, false)) >= 0)
-                    grp[s][ng[s]][gn[s][ng[s]]++] = 2 * rcv, next[s] = pc[s] + 1;
-                if (snd >= 0) grp[s][ng[s]][gn[s][ng[s]]++] = 2 * snd + 1, *w = snd;
-                ng[s] += gn[s][ng[s]] > 0;
-                pc[s]++, phase[s] = 0, moved = true;
+                if ((rcv >= 0 && !sim.done[rcv]) || (*w >= 0 && !sim.done[*w])) break;
+                if (snd >= 0) *w = snd, sim.pend[s][sim.npend[s]++] = snd;
+                if (!a->pair || !nccl) sim_issue(s, pc[s]);
+                pc[s]++, moved = true;
             }
     }
     for (s = 0; s < p; s++)
-        if (pc[s] < n[s] || head[s] < ng[s]) return false;
+        if (pc[s] < sim.n[s] || sim.head[s] < (nccl ? sim.ng[s] : 0)) return false;
     return true;
 }
 
-/* Under NCCL's rules: in-order matching is safe for every list, and 1F1B and GPipe complete
-   on one stream a rank, but the interleaved lists with m >= 2p deadlock there (m = p
-   completes): why pdp_pp_create refuses PDP_PP_INTERLEAVED_1F1B on NCCL. */
-TEST pp_schedules_under_nccl_ordering(void)
+/* Every schedule as built completes under both rules, p = 2..8, v = 1..4, m = p..4p, and
+   NCCL's in-order matching pairs the messages tags would. It can fail: without their pairs
+   (a batch an action) the interleaved lists deadlock under NCCL's rules for every m >= 2p
+   (m = p completes), as the runner did before it batched Megatron's way (pp.c's opening
+   comment walks through p = 2, v = 2, m = 4); and without the 2 (p - s - 1) extra warm-up
+   forwards the interleaved lists deadlock even on local and MPI. */
+TEST pp_schedules_cannot_deadlock(void)
 {
-    int p, v, mm;
+    int p, v, mm, m, nccl, stuck_extra = 0;
     bool in_order;
     for (p = 2; p <= SIM_P; p++)
-        for (mm = 1; mm <= 4; mm++) {
-            ASSERT(sim_nccl(PDP_PP_1F1B, p, 1, mm * p, &in_order) && in_order);
-            ASSERT(sim_nccl(PDP_PP_GPIPE, p, 1, mm * p, &in_order) && in_order);
-            for (v = 2; v <= SIM_V; v++) {
-                bool ok = sim_nccl(PDP_PP_INTERLEAVED_1F1B, p, v, mm * p, &in_order);
-                ASSERT(in_order);
-                ASSERT_EQ(mm == 1, ok);
-            }
-        }
-    PASS();
-}
-
-TEST pp_interleaved_schedules_cannot_deadlock(void)
-{
-    int p, v, mm, stuck = 0;
-    for (p = 2; p <= SIM_P; p++)
-        for (v = 1; v <= SIM_V; v++)
-            for (mm = 1; mm <= 4; mm++) {
-                if (!sim_pipeline(PDP_PP_INTERLEAVED_1F1B, p, v, mm * p, false)) {
-                    fprintf(stderr, "interleaved p %d v %d m %d: a stage waits forever\n", p, v,
-                            mm * p);
-                    FAIL();
-                }
-                /* without the 2 (p - s - 1) extra warm-up forwards it deadlocks (p >= 3) */
-                stuck += !sim_pipeline(PDP_PP_INTERLEAVED_1F1B, p, v, mm * p, true);
-            }
-    for (p = 2; p <= SIM_P; p++) /* and the other schedules, as built */
         for (mm = 1; mm <= 4; mm++)
-            ASSERT(sim_pipeline(PDP_PP_1F1B, p, 1, mm * p, false) &&
-                   sim_pipeline(PDP_PP_GPIPE, p, 1, mm * p, false));
-    ASSERT(stuck > 0);
+            for (m = mm * p, nccl = 0; nccl <= 1; nccl++) {
+                ASSERT(sim_run(PDP_PP_1F1B, p, 1, m, SIM_AS_BUILT, nccl, &in_order) && in_order);
+                ASSERT(sim_run(PDP_PP_GPIPE, p, 1, m, SIM_AS_BUILT, nccl, &in_order) && in_order);
+                for (v = 1; v <= SIM_V; v++) {
+                    if (!sim_run(PDP_PP_INTERLEAVED_1F1B, p, v, m, SIM_AS_BUILT, nccl,
+                                 &in_order) || !in_order) {
+                        fprintf(stderr, "interleaved p %d v %d m %d under %s's rules: a stage "
+                                "waits forever\n", p, v, m, nccl ? "NCCL" : "local/MPI");
+                        FAIL();
+                    }
+                    stuck_extra += !nccl && !sim_run(PDP_PP_INTERLEAVED_1F1B, p, v, m,
+                                                     SIM_NO_EXTRA, false, &in_order);
+                    if (v > 1)
+                        ASSERT_EQ(!nccl || mm == 1, sim_run(PDP_PP_INTERLEAVED_1F1B, p, v, m,
+                                                            SIM_NO_PAIRS, nccl, &in_order));
+                }
+            }
+    ASSERT(stuck_extra > 0);
     PASS();
 }
 
 /* The lists' own bubble, free of the machine: every stage runs its list with each piece's
-   forward taking 1 / v and its backward 2 / v (equal pieces; messages free), an action
+   forward taking 1 / v and its backward 2 / v (equal pieces; messages free, but a step's
+   forward's activations leave after its backward, as the runner sends them on NCCL; local
+   and MPI send them at once), an action
    starting once the stage is free and its input is there (the previous piece's forward of
    the micro-batch; for a backward the next piece's backward, or on the last piece its own
    forward). The step lasts T, each stage computes m (1 + 2), so the bubble is 1 - 3 m / T
@@ -1453,11 +1407,14 @@ static double replay_bubble(pdp_pp_schedule sched, int p, int v, int m)
     static pdp__pp_action acts[SIM_P][SIM_N];
     static double fin[2][SIM_M][SIM_P * SIM_V];
     double t[SIM_P], T = 0.0;
-    int n[SIM_P], pc[SIM_P], s, j, q, P = p * v;
+    int n[SIM_P], pc[SIM_P], held[SIM_P], s, j, q, P = p * v;
     bool moved = true;
     for (j = 0; j < m; j++)
         for (q = 0; q < P; q++) fin[0][j][q] = fin[1][j][q] = -1.0;
-    for (s = 0; s < p; s++) n[s] = pdp__pp_build(sched, p, v, m, s, acts[s]), pc[s] = 0, t[s] = 0;
+    for (s = 0; s < p; s++) {
+        n[s] = pdp__pp_build(sched, p, v, m, s, acts[s]), pc[s] = 0, t[s] = 0;
+        held[s] = -1;
+    }
     while (moved) {
         moved = false;
         for (s = 0; s < p; s++)
@@ -1470,7 +1427,10 @@ static double replay_bubble(pdp_pp_schedule sched, int p, int v, int m)
                           : (q < P - 1 ? fin[1][j][q + 1] : fin[0][j][q]);
                 if (ready < 0.0) break;
                 t[s] = PDP__MAX(t[s], ready) + (f ? 1.0 : 2.0) / v;
-                fin[!f][j][q] = t[s];
+                if (a->pair && q < P - 1) held[s] = j * P + q; /* sent after the backward */
+                else fin[!f][j][q] = t[s];
+                if (!a->pair && held[s] >= 0)
+                    fin[0][held[s] / P][held[s] % P] = t[s], held[s] = -1;
                 pc[s]++, moved = true;
             }
     }
@@ -2003,8 +1963,7 @@ SUITE(pp)
     RUN_TEST(pp_failed_pass_names_call_stage_and_action_on_every_rank);
     RUN_TEST(pp_interleaved_equals_single_device);
     RUN_TEST(pp_interleaved_schedule_lists);
-    RUN_TEST(pp_interleaved_schedules_cannot_deadlock);
-    RUN_TEST(pp_schedules_under_nccl_ordering);
+    RUN_TEST(pp_schedules_cannot_deadlock);
     RUN_TEST(pp_interleaved_lists_meet_the_bubble_formula);
     RUN_TEST(pp_interleaved_gpt_equals_single_device);
     RUN_TEST(pp_interleaved_tp_gpt_equals_single_device);
