@@ -46,7 +46,8 @@
 
    Where the time goes: one more step per measurement under pdp_profile (base.h) and
    model.c's per-layer seconds (an internal field: the bench includes the implementation),
-   summed by kind: attention, the GEMM layers (the blocks' Linears, bias included), GELU,
+   summed by kind: attention, the GEMM layers (the blocks' Linears, bias included, and the
+   GELU that c_fc applies itself on the CPU: model.c's fusion, so the GELU column is 0), GELU,
    LayerNorm, the residual stream and the embedding, the head and its cross-entropy
    (TiedLinear and the loss), the optimizer (step and zero_grad), and the rest.
 
@@ -638,7 +639,7 @@ int main(int argc, char **argv)
     }
     if (run_shape[0] || run_shape[1])
         printf("\nattention: the causal self-attention between c_attn and c_proj (its products, "
-               "the softmax); Linear: the blocks' c_attn, c_proj, c_fc, c_proj (GEMMs and bias); "
+               "the softmax); Linear: the blocks' c_attn, c_proj, c_fc, c_proj (GEMMs and bias, and the GELU c_fc applies on the CPU: GELU 0 there); "
                "resid+emb: residual copies and adds, the embedding; head+CE: the tied head's "
                "GEMMs and the cross-entropy; AdamW: step and zero_grad; rest: the bench's loop\n");
     if (!peers)

@@ -514,7 +514,7 @@ PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, 
     ps->wndim = 2;
     ps->bshape[0] = l->out_features;
     ps->bndim = 1;
-    l->work_per_sample = l->out_features * l->positions; /* a fused ReLU's masked dy */
+    l->work_per_sample = l->out_features * l->positions; /* a fused ReLU's or GELU's dy */
     return PDP_OK;
 }
 
@@ -531,6 +531,17 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
    backward), db's column sums taken on the way, and the GEMMs read that. The ReLU's element code, and db's sums sample by sample as
    unfused: the bits of the two layers run apart (test_layers:
    layers_linear_relu_fused_matches_unfused).
+
+   The GELU that a Linear applies when one follows it on the CPU (io->gelu_y; model.c then
+   skips the GELU): forward, y = x W^T + b stays (the GELU's input, which its backward
+   reads) and gelu_y = gelu(y), the GELU's output, is written beside it, in a bf16
+   product's epilogue from the tile just written, else by a column pass after the GEMM;
+   backward, dy (the GELU's output gradient) times gelu'(y) into io->work, db's column
+   sums on the way, and the GEMMs read that. The GELU layer's kernel on its width
+   (pdp__layers_gelu_simd_run), each element alone, and db's sums sample by sample: the
+   bits of the two layers run apart (test_layers: layers_linear_gelu_fused_matches_unfused).
+   What it saves: the GELU's read of y in forward (12.6 MB a c_fc of bench/gpt's
+   machine-sized model) and, in backward, the Linear's read of the GELU's dx for db.
 
    Column passes (pdp__linear_cols_run): the ReLU's, the bias copied into every row
    before the GEMM, db's sums without a ReLU. Large batches split the columns into
@@ -578,6 +589,31 @@ PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_
             pdp__layers_relu_grad_sum(io->dy + at, io->y + at, io->work + at, io->db + c0, c1 - c0);
         else
             pdp__layers_relu_grad(io->dy + at, io->y + at, io->work + at, c1 - c0);
+    }
+}
+
+/* gelu_y = gelu(y), row by row (after a product that did not apply it) */
+PDP__PRIVATE void pdp__linear_gelu_forward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
+                                                int64_t c1)
+{
+    int simd = pdp__layers_simd();
+    int64_t i, at;
+    for (i = 0; i < io->batch; i++) {
+        at = i * out + c0;
+        pdp__layers_gelu_simd_run(simd, io->y + at, NULL, io->gelu_y + at, c1 - c0);
+    }
+}
+
+/* dz = dy gelu'(y) into work (the GELU's backward), db += dz, row by row */
+PDP__PRIVATE void pdp__linear_gelu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
+                                                 int64_t c1)
+{
+    int simd = pdp__layers_simd();
+    int64_t i, at;
+    for (i = 0; i < io->batch; i++) {
+        at = i * out + c0;
+        pdp__layers_gelu_simd_run(simd, io->y + at, io->dy + at, io->work + at, c1 - c0);
+        if (io->db) pdp__layers_add(io->db + c0, io->work + at, c1 - c0);
     }
 }
 
@@ -636,12 +672,14 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
     int64_t B = io->batch, in = pdp__layer_in_features(l);
     int64_t out = l->out_features;
     float beta = 0.0f;
-    /* bf16 on a chain path: one pass over y, the bias and the ReLU added in the product's
-       epilogue (pdp__gemm_bf16_bias: fl(acc + b), then the ReLU). Otherwise y = b, then
-       the GEMM adds x W^T (beta 1: pdp_sgemm and sgemm-rounded add C to their first k
-       block's partial sum), then the ReLU's pass. */
+    /* bf16 on a chain path: one pass over y, the bias and the ReLU or GELU added in the
+       product's epilogue (pdp__gemm_bf16_bias: fl(acc + b), then the ReLU, or the GELU into
+       gelu_y). Otherwise y = b, then the GEMM adds x W^T (beta 1: pdp_sgemm and
+       sgemm-rounded add C to their first k block's partial sum), then the ReLU's or the
+       GELU's pass. */
     if (io->bf16 && pdp__gemm_bf16_bias(PDP_BF16_PATH_AUTO, PDP_NO_TRANS, PDP_TRANS, B, out, in,
-                                        io->x, in, io->w, in, io->b, io->fused_relu, io->y, out))
+                                        io->x, in, io->w, in, io->b, io->fused_relu, io->gelu_y,
+                                        io->y, out))
         return PDP_OK;
     if (io->b) {
         pdp__linear_cols_run(l, io, pdp__linear_bias_cols);
@@ -650,6 +688,7 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
     (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in,
                                             io->w, in, beta, io->y, out);
     if (io->fused_relu) pdp__linear_cols_run(l, io, pdp__linear_relu_forward_cols);
+    if (io->gelu_y) pdp__linear_cols_run(l, io, pdp__linear_gelu_forward_cols);
     return PDP_OK;
 }
 
@@ -660,8 +699,9 @@ PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__lay
     int64_t B = io->batch, in = pdp__layer_in_features(l);
     int64_t out = l->out_features;
     const float *dy = io->dy;
-    if (io->fused_relu) { /* dy masked into work, db's sums on the way */
-        pdp__linear_cols_run(l, io, pdp__linear_relu_backward_cols);
+    if (io->fused_relu || io->gelu_y) { /* dy masked (times gelu') into work, db's sums */
+        pdp__linear_cols_run(l, io, io->gelu_y ? pdp__linear_gelu_backward_cols
+                                               : pdp__linear_relu_backward_cols);
         dy = io->work;
     } else if (io->db) {
         pdp__linear_cols_run(l, io, pdp__linear_db_cols);
