@@ -9814,7 +9814,7 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
    right after its kernel writes it (still in L1), in the AMX epilogue; the bits of the
    product followed by a pass over C, in one pass. A GELU keeps C = fl(alpha acc + b),
    its input, which its backward reads, and writes G = gelu(C) beside it with layers.c's
-   kernel (pdp__layers_gelu_simd_run, the GELU layer's), read from the tile just
+   kernel (pdp__layers_gelu_simd_rows, the GELU layer's), read from the tile just
    written: the bits of the product, then the bias, then the GELU layer.
 
    Paths, and the path choice (section "path choice"): the emulation, AVX512-BF16 and
@@ -10749,24 +10749,23 @@ typedef struct pdp__bf16_args {
     const float *bias; /* not NULL: C(i, j) += bias[j] after alpha acc + beta C */
     int relu;          /* then C = pdp__relu(C) */
     float *gelu;       /* not NULL: then G = gelu(C) here (C's ldc), C kept */
+    int gelu_simd;     /* its kernel's width: pdp__layers_simd's */
 } pdp__bf16_args;
 
-/* layers.c's GELU kernel (out = gelu(x), or dy gelu'(x) when dy is not NULL; n floats, each
-   element alone) and the width the GELU layer runs it on: a fused GELU's epilogue runs it. */
+/* layers.c's GELU kernel (out = gelu(x), or dy gelu'(x) when dy is not NULL, on rows of n
+   floats ld apart, each element alone) and the width the GELU layer runs it on: a fused
+   GELU's epilogue runs it. */
 PDP__PRIVATE int pdp__layers_simd(void);
-PDP__PRIVATE void pdp__layers_gelu_simd_run(int simd, const float *x, const float *dy, float *out,
-                                            int64_t n);
+PDP__PRIVATE void pdp__layers_gelu_simd_rows(int simd, const float *x, const float *dy, float *out,
+                                             int64_t n, int64_t rows, int64_t ld);
 
 /* G = gelu(C) over C[i0, i0 + mr) x [j0, j0 + nr) (g->gelu: a Linear's fused GELU), by
    the GELU layer's kernel on the width it runs (each element alone, whatever the cut). */
 PDP__PRIVATE void pdp__bf16_gelu_tile(const pdp__bf16_args *g, int64_t i0, int64_t j0, int mr,
                                       int nr)
 {
-    int simd = pdp__layers_simd(), i;
-    for (i = 0; i < mr; i++) {
-        int64_t at = (i0 + i) * g->ldc + j0;
-        pdp__layers_gelu_simd_run(simd, g->c + at, NULL, g->gelu + at, nr);
-    }
+    int64_t at = i0 * g->ldc + j0;
+    pdp__layers_gelu_simd_rows(g->gelu_simd, g->c + at, NULL, g->gelu + at, nr, mr, g->ldc);
 }
 
 /* C[i0, i0 + mr) x [j0, j0 + nr) through pdp__bf16_bias_relu, then the GELU, where a
@@ -10923,6 +10922,7 @@ PDP__PRIVATE int pdp__bf16_args_init(pdp__bf16_args *g, pdp_trans ta, pdp_trans 
     g->kernel = pdp__bf16_kernel_emul;
     g->pack = pdp__bf16_pack;
     g->pack_h = pdp__bf16_pack_h;
+    g->gelu_simd = pdp__layers_simd();
     return 1;
 }
 
@@ -10937,6 +10937,7 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
 {
     pdp__bf16_args g;
     int threads, parts;
+    g.gelu_simd = pdp__layers_simd(); /* for the epilogue of an empty product below */
     int64_t npan, mpan;
     /* the emulation's kernel: the widest the CPU has, or the one asked for */
     int simd = path == PDP__BF16_PATH_PORTABLE ? 0
@@ -11152,8 +11153,12 @@ PDP__PRIVATE void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uin
    beta C rounded before the sum, C not read when beta == 0), then the bias and the
    ReLU where a Linear asks (pdp__gemm_bf16_bias: one pass over C), with AVX-512 where it
    exists, masked at edges, one panel after its tile stores (reading them back at once
-   stalled: 12% of a 512^3 product); a fused GELU then reads the panel of C just written
-   (gemm_bf16.c's pdp__bf16_gelu_tile).
+   stalled: 12% of a 512^3 product). A fused GELU (gemm_bf16.c's pdp__bf16_gelu_tile) runs
+   once a block of rows has all its panels written, over the block's rows of C (in L2): run
+   on each panel after its epilogue, among the tile operations, it made bench/gpt's c_fc
+   (2048 x 1536 x 384, one thread) 2.1x slower than the product and a GELU pass after it
+   (5.7 ms against 2.7 ms + 1.6 ms, cached operands), per block of rows 4.6 ms; on 2
+   threads 2.5 ms against 3.1 ms (the GELU pass is bound by memory there).
    The tile configuration is loaded once per part (thread) per call and released at
    its end.
 
@@ -11753,16 +11758,15 @@ PDP__PRIVATE void pdp__amx_block(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64
                 if (pending) {
                     x->out(acc - height * w, w, c - w, g->ldc, rows, w, g->alpha, g->beta,
                            bias ? bias + (jp - 1) * w : NULL, g->relu);
-                    if (g->gelu) pdp__bf16_gelu_tile(g, ib, n0 + (jp - 1) * w, rows, w);
                 }
                 pending = last && !direct;
                 if (pending && jp + 1 == panels) {
                     x->out(acc, w, c, g->ldc, rows, cols, g->alpha, g->beta,
                            bias ? bias + jp * w : NULL, g->relu);
-                    if (g->gelu) pdp__bf16_gelu_tile(g, ib, n0 + jp * w, rows, cols);
                 }
             }
         }
+        if (g->gelu) pdp__bf16_gelu_tile(g, ib, n0, rows, (int)(n1 - n0));
     }
 }
 
@@ -15549,19 +15553,23 @@ PDP__GELU_512 static inline __m512 pdp__gelu16(__m512 x, const __m512 *dy)
     return _mm512_mask_mul_ps(g, small, *dy, zero);
 }
 
+/* rows of n floats ld apart (x, dy and out alike): one call per tile of a product's
+   epilogue (the constants are set up once per call, not once per row) */
 PDP__GELU_512 PDP__PRIVATE void pdp__gelu_avx512(const float *x, const float *dy,
-                                                                  float *out, int64_t n)
+                                                 float *out, int64_t n, int64_t rows, int64_t ld)
 {
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 g = dy ? _mm512_loadu_ps(dy + i) : _mm512_setzero_ps();
-        _mm512_storeu_ps(out + i, pdp__gelu16(_mm512_loadu_ps(x + i), dy ? &g : NULL));
-    }
-    if (i < n) { /* the tail, masked: the same arithmetic on the lanes that exist */
-        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
-        __m512 g = dy ? _mm512_maskz_loadu_ps(m, dy + i) : _mm512_setzero_ps();
-        _mm512_mask_storeu_ps(out + i, m, pdp__gelu16(_mm512_maskz_loadu_ps(m, x + i),
-                                                       dy ? &g : NULL));
+    int64_t i, r;
+    for (r = 0; r < rows; r++, x += ld, dy = dy ? dy + ld : NULL, out += ld) {
+        for (i = 0; i + 16 <= n; i += 16) {
+            __m512 g = dy ? _mm512_loadu_ps(dy + i) : _mm512_setzero_ps();
+            _mm512_storeu_ps(out + i, pdp__gelu16(_mm512_loadu_ps(x + i), dy ? &g : NULL));
+        }
+        if (i < n) { /* the tail, masked: the same arithmetic on the lanes that exist */
+            __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+            __m512 g = dy ? _mm512_maskz_loadu_ps(m, dy + i) : _mm512_setzero_ps();
+            _mm512_mask_storeu_ps(out + i, m, pdp__gelu16(_mm512_maskz_loadu_ps(m, x + i),
+                                                           dy ? &g : NULL));
+        }
     }
 }
 
@@ -15610,21 +15618,23 @@ PDP__GELU_256 static inline __m256 pdp__gelu8(__m256 x, const __m256 *dy)
 }
 
 PDP__GELU_256 PDP__PRIVATE void pdp__gelu_avx2(const float *x, const float *dy,
-                                                                float *out, int64_t n)
+                                               float *out, int64_t n, int64_t rows, int64_t ld)
 {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 g = dy ? _mm256_loadu_ps(dy + i) : _mm256_setzero_ps();
-        _mm256_storeu_ps(out + i, pdp__gelu8(_mm256_loadu_ps(x + i), dy ? &g : NULL));
-    }
-    if (i < n) { /* the tail through a zero-padded copy: the same arithmetic */
-        float xb[8] = {0}, gb[8] = {0}, ob[8];
-        __m256 g;
-        memcpy(xb, x + i, (size_t)(n - i) * sizeof *xb);
-        if (dy) memcpy(gb, dy + i, (size_t)(n - i) * sizeof *gb);
-        g = _mm256_loadu_ps(gb);
-        _mm256_storeu_ps(ob, pdp__gelu8(_mm256_loadu_ps(xb), dy ? &g : NULL));
-        memcpy(out + i, ob, (size_t)(n - i) * sizeof *ob);
+    int64_t i, r;
+    for (r = 0; r < rows; r++, x += ld, dy = dy ? dy + ld : NULL, out += ld) {
+        for (i = 0; i + 8 <= n; i += 8) {
+            __m256 g = dy ? _mm256_loadu_ps(dy + i) : _mm256_setzero_ps();
+            _mm256_storeu_ps(out + i, pdp__gelu8(_mm256_loadu_ps(x + i), dy ? &g : NULL));
+        }
+        if (i < n) { /* the tail through a zero-padded copy: the same arithmetic */
+            float xb[8] = {0}, gb[8] = {0}, ob[8];
+            __m256 g;
+            memcpy(xb, x + i, (size_t)(n - i) * sizeof *xb);
+            if (dy) memcpy(gb, dy + i, (size_t)(n - i) * sizeof *gb);
+            g = _mm256_loadu_ps(gb);
+            _mm256_storeu_ps(ob, pdp__gelu8(_mm256_loadu_ps(xb), dy ? &g : NULL));
+            memcpy(out + i, ob, (size_t)(n - i) * sizeof *ob);
+        }
     }
 }
 /* out = exp(x - shift) for n floats, 0 where x - shift < -87 (the softmax's: its
@@ -15682,27 +15692,37 @@ PDP__PRIVATE int pdp__layers_simd(void)
 #endif
 }
 
-/* out = gelu(x) (dy NULL) or out = dy gelu'(x), n floats, on the kernel of width simd
-   (pdp__layers_simd's, or one the CPU has: the tests compare them). */
-PDP__PRIVATE void pdp__layers_gelu_simd_run(int simd, const float *x, const float *dy, float *out,
-                                            int64_t n)
+/* out = gelu(x) (dy NULL) or out = dy gelu'(x) on rows of n floats ld apart (x, dy and
+   out alike), on the kernel of width simd (pdp__layers_simd's, or one the CPU has: the
+   tests compare them). Each element alone: the bits do not depend on the cut. */
+PDP__PRIVATE void pdp__layers_gelu_simd_rows(int simd, const float *x, const float *dy, float *out,
+                                             int64_t n, int64_t rows, int64_t ld)
 {
-    int64_t i;
+    int64_t i, r;
 #if PDP__BF16_X86
     if (simd == 512) {
-        pdp__gelu_avx512(x, dy, out, n);
+        pdp__gelu_avx512(x, dy, out, n, rows, ld);
         return;
     }
     if (simd == 256) {
-        pdp__gelu_avx2(x, dy, out, n);
+        pdp__gelu_avx2(x, dy, out, n, rows, ld);
         return;
     }
 #endif
     (void)simd;
-    if (dy)
-        for (i = 0; i < n; i++) out[i] = pdp__gelu_grad(dy[i], x[i]);
-    else
-        for (i = 0; i < n; i++) out[i] = pdp__gelu(x[i]);
+    for (r = 0; r < rows; r++, x += ld, dy = dy ? dy + ld : NULL, out += ld) {
+        if (dy)
+            for (i = 0; i < n; i++) out[i] = pdp__gelu_grad(dy[i], x[i]);
+        else
+            for (i = 0; i < n; i++) out[i] = pdp__gelu(x[i]);
+    }
+}
+
+/* pdp__layers_gelu_simd_rows on one row of n floats */
+PDP__PRIVATE void pdp__layers_gelu_simd_run(int simd, const float *x, const float *dy, float *out,
+                                            int64_t n)
+{
+    pdp__layers_gelu_simd_rows(simd, x, dy, out, n, 1, n);
 }
 
 /* out = exp(x - shift), n floats (out may be x), on the kernel of width simd as
@@ -15848,7 +15868,7 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
    product's epilogue from the tile just written, else by a column pass after the GEMM;
    backward, dy (the GELU's output gradient) times gelu'(y) into io->work, db's column
    sums on the way, and the GEMMs read that. The GELU layer's kernel on its width
-   (pdp__layers_gelu_simd_run), each element alone, and db's sums sample by sample: the
+   (pdp__layers_gelu_simd_rows), each element alone, and db's sums sample by sample: the
    bits of the two layers run apart (test_layers: layers_linear_gelu_fused_matches_unfused).
    What it saves: the GELU's read of y in forward (12.6 MB a c_fc of bench/gpt's
    machine-sized model) and, in backward, the Linear's read of the GELU's dx for db.
@@ -15906,12 +15926,8 @@ PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_
 PDP__PRIVATE void pdp__linear_gelu_forward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
                                                 int64_t c1)
 {
-    int simd = pdp__layers_simd();
-    int64_t i, at;
-    for (i = 0; i < io->batch; i++) {
-        at = i * out + c0;
-        pdp__layers_gelu_simd_run(simd, io->y + at, NULL, io->gelu_y + at, c1 - c0);
-    }
+    pdp__layers_gelu_simd_rows(pdp__layers_simd(), io->y + c0, NULL, io->gelu_y + c0, c1 - c0,
+                               io->batch, out);
 }
 
 /* dz = dy gelu'(y) into work (the GELU's backward), db += dz, row by row */

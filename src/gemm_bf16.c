@@ -30,7 +30,7 @@
    right after its kernel writes it (still in L1), in the AMX epilogue; the bits of the
    product followed by a pass over C, in one pass. A GELU keeps C = fl(alpha acc + b),
    its input, which its backward reads, and writes G = gelu(C) beside it with layers.c's
-   kernel (pdp__layers_gelu_simd_run, the GELU layer's), read from the tile just
+   kernel (pdp__layers_gelu_simd_rows, the GELU layer's), read from the tile just
    written: the bits of the product, then the bias, then the GELU layer.
 
    Paths, and the path choice (section "path choice"): the emulation, AVX512-BF16 and
@@ -965,24 +965,23 @@ typedef struct pdp__bf16_args {
     const float *bias; /* not NULL: C(i, j) += bias[j] after alpha acc + beta C */
     int relu;          /* then C = pdp__relu(C) */
     float *gelu;       /* not NULL: then G = gelu(C) here (C's ldc), C kept */
+    int gelu_simd;     /* its kernel's width: pdp__layers_simd's */
 } pdp__bf16_args;
 
-/* layers.c's GELU kernel (out = gelu(x), or dy gelu'(x) when dy is not NULL; n floats, each
-   element alone) and the width the GELU layer runs it on: a fused GELU's epilogue runs it. */
+/* layers.c's GELU kernel (out = gelu(x), or dy gelu'(x) when dy is not NULL, on rows of n
+   floats ld apart, each element alone) and the width the GELU layer runs it on: a fused
+   GELU's epilogue runs it. */
 PDP__PRIVATE int pdp__layers_simd(void);
-PDP__PRIVATE void pdp__layers_gelu_simd_run(int simd, const float *x, const float *dy, float *out,
-                                            int64_t n);
+PDP__PRIVATE void pdp__layers_gelu_simd_rows(int simd, const float *x, const float *dy, float *out,
+                                             int64_t n, int64_t rows, int64_t ld);
 
 /* G = gelu(C) over C[i0, i0 + mr) x [j0, j0 + nr) (g->gelu: a Linear's fused GELU), by
    the GELU layer's kernel on the width it runs (each element alone, whatever the cut). */
 PDP__PRIVATE void pdp__bf16_gelu_tile(const pdp__bf16_args *g, int64_t i0, int64_t j0, int mr,
                                       int nr)
 {
-    int simd = pdp__layers_simd(), i;
-    for (i = 0; i < mr; i++) {
-        int64_t at = (i0 + i) * g->ldc + j0;
-        pdp__layers_gelu_simd_run(simd, g->c + at, NULL, g->gelu + at, nr);
-    }
+    int64_t at = i0 * g->ldc + j0;
+    pdp__layers_gelu_simd_rows(g->gelu_simd, g->c + at, NULL, g->gelu + at, nr, mr, g->ldc);
 }
 
 /* C[i0, i0 + mr) x [j0, j0 + nr) through pdp__bf16_bias_relu, then the GELU, where a
@@ -1139,6 +1138,7 @@ PDP__PRIVATE int pdp__bf16_args_init(pdp__bf16_args *g, pdp_trans ta, pdp_trans 
     g->kernel = pdp__bf16_kernel_emul;
     g->pack = pdp__bf16_pack;
     g->pack_h = pdp__bf16_pack_h;
+    g->gelu_simd = pdp__layers_simd();
     return 1;
 }
 
@@ -1153,6 +1153,7 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
 {
     pdp__bf16_args g;
     int threads, parts;
+    g.gelu_simd = pdp__layers_simd(); /* for the epilogue of an empty product below */
     int64_t npan, mpan;
     /* the emulation's kernel: the widest the CPU has, or the one asked for */
     int simd = path == PDP__BF16_PATH_PORTABLE ? 0

@@ -2621,7 +2621,7 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
    right after its kernel writes it (still in L1), in the AMX epilogue; the bits of the
    product followed by a pass over C, in one pass. A GELU keeps C = fl(alpha acc + b),
    its input, which its backward reads, and writes G = gelu(C) beside it with layers.c's
-   kernel (pdp__layers_gelu_simd_run, the GELU layer's), read from the tile just
+   kernel (pdp__layers_gelu_simd_rows, the GELU layer's), read from the tile just
    written: the bits of the product, then the bias, then the GELU layer.
 
    Paths, and the path choice (section "path choice"): the emulation, AVX512-BF16 and
@@ -3040,13 +3040,15 @@ typedef struct pdp__bf16_args {
     const float *bias; /* not NULL: C(i, j) += bias[j] after alpha acc + beta C */
     int relu;          /* then C = pdp__relu(C) */
     float *gelu;       /* not NULL: then G = gelu(C) here (C's ldc), C kept */
+    int gelu_simd;     /* its kernel's width: pdp__layers_simd's */
 } pdp__bf16_args;
 
-/* layers.c's GELU kernel (out = gelu(x), or dy gelu'(x) when dy is not NULL; n floats, each
-   element alone) and the width the GELU layer runs it on: a fused GELU's epilogue runs it. */
+/* layers.c's GELU kernel (out = gelu(x), or dy gelu'(x) when dy is not NULL, on rows of n
+   floats ld apart, each element alone) and the width the GELU layer runs it on: a fused
+   GELU's epilogue runs it. */
 PDP__PRIVATE int pdp__layers_simd(void);
-PDP__PRIVATE void pdp__layers_gelu_simd_run(int simd, const float *x, const float *dy, float *out,
-                                            int64_t n);
+PDP__PRIVATE void pdp__layers_gelu_simd_rows(int simd, const float *x, const float *dy, float *out,
+                                             int64_t n, int64_t rows, int64_t ld);
 
 /* G = gelu(C) over C[i0, i0 + mr) x [j0, j0 + nr) (g->gelu: a Linear's fused GELU), by
    the GELU layer's kernel on the width it runs (each element alone, whatever the cut). */
@@ -3188,8 +3190,12 @@ PDP__PRIVATE void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uin
    beta C rounded before the sum, C not read when beta == 0), then the bias and the
    ReLU where a Linear asks (pdp__gemm_bf16_bias: one pass over C), with AVX-512 where it
    exists, masked at edges, one panel after its tile stores (reading them back at once
-   stalled: 12% of a 512^3 product); a fused GELU then reads the panel of C just written
-   (gemm_bf16.c's pdp__bf16_gelu_tile).
+   stalled: 12% of a 512^3 product). A fused GELU (gemm_bf16.c's pdp__bf16_gelu_tile) runs
+   once a block of rows has all its panels written, over the block's rows of C (in L2): run
+   on each panel after its epilogue, among the tile operations, it made bench/gpt's c_fc
+   (2048 x 1536 x 384, one thread) 2.1x slower than the product and a GELU pass after it
+   (5.7 ms against 2.7 ms + 1.6 ms, cached operands), per block of rows 4.6 ms; on 2
+   threads 2.5 ms against 3.1 ms (the GELU pass is bound by memory there).
    The tile configuration is loaded once per part (thread) per call and released at
    its end.
 
@@ -4619,11 +4625,13 @@ PDP__PRIVATE void pdp__layers_mul(const float *PDP__RESTRICT a, const float *PDP
 
 /* GELU of 16 lanes (dy NULL: y = gelu(x)) or its gradient (out = dy gelu'(x)). */
 
+/* rows of n floats ld apart (x, dy and out alike): one call per tile of a product's
+   epilogue (the constants are set up once per call, not once per row) */
 PDP__GELU_512 PDP__PRIVATE void pdp__gelu_avx512(const float *x, const float *dy,
-                                                                  float *out, int64_t n);
+                                                 float *out, int64_t n, int64_t rows, int64_t ld);
 
 PDP__GELU_256 PDP__PRIVATE void pdp__gelu_avx2(const float *x, const float *dy,
-                                                                float *out, int64_t n);
+                                               float *out, int64_t n, int64_t rows, int64_t ld);
 /* out = exp(x - shift) for n floats, 0 where x - shift < -87 (the softmax's: its
    arguments are <= 0, and what falls below e^-87 is nothing beside the row's 1). */
 PDP__GELU_512 PDP__PRIVATE void pdp__exp_shift_avx512(const float *x, float shift, float *out,
@@ -4643,8 +4651,13 @@ PDP__GELU_256 PDP__PRIVATE void pdp__exp_shift_avx2(const float *x, float shift,
    has. */
 PDP__PRIVATE int pdp__layers_simd(void);
 
-/* out = gelu(x) (dy NULL) or out = dy gelu'(x), n floats, on the kernel of width simd
-   (pdp__layers_simd's, or one the CPU has: the tests compare them). */
+/* out = gelu(x) (dy NULL) or out = dy gelu'(x) on rows of n floats ld apart (x, dy and
+   out alike), on the kernel of width simd (pdp__layers_simd's, or one the CPU has: the
+   tests compare them). Each element alone: the bits do not depend on the cut. */
+PDP__PRIVATE void pdp__layers_gelu_simd_rows(int simd, const float *x, const float *dy, float *out,
+                                             int64_t n, int64_t rows, int64_t ld);
+
+/* pdp__layers_gelu_simd_rows on one row of n floats */
 PDP__PRIVATE void pdp__layers_gelu_simd_run(int simd, const float *x, const float *dy, float *out,
                                             int64_t n);
 
@@ -4713,7 +4726,7 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
    product's epilogue from the tile just written, else by a column pass after the GEMM;
    backward, dy (the GELU's output gradient) times gelu'(y) into io->work, db's column
    sums on the way, and the GEMMs read that. The GELU layer's kernel on its width
-   (pdp__layers_gelu_simd_run), each element alone, and db's sums sample by sample: the
+   (pdp__layers_gelu_simd_rows), each element alone, and db's sums sample by sample: the
    bits of the two layers run apart (test_layers: layers_linear_gelu_fused_matches_unfused).
    What it saves: the GELU's read of y in forward (12.6 MB a c_fc of bench/gpt's
    machine-sized model) and, in backward, the Linear's read of the GELU's dx for db.
