@@ -3193,9 +3193,9 @@ PDP__PRIVATE void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uin
    stalled: 12% of a 512^3 product). A fused GELU (gemm_bf16.c's pdp__bf16_gelu_tile) runs
    once a block of rows has all its panels written, over the block's rows of C (in L2): run
    on each panel after its epilogue, among the tile operations, it made bench/gpt's c_fc
-   (2048 x 1536 x 384, one thread) 2.1x slower than the product and a GELU pass after it
-   (5.7 ms against 2.7 ms + 1.6 ms, cached operands), per block of rows 4.6 ms; on 2
-   threads 2.5 ms against 3.1 ms (the GELU pass is bound by memory there).
+   (2048 x 1536 x 384, one thread, cached operands) take 5.7 ms against 4.3 ms for the
+   product (2.7 ms) and a GELU pass after it; per block of rows 4.6 ms; on 2 threads 2.5 ms
+   against 3.1 ms (the GELU pass is bound by memory there).
    The tile configuration is loaded once per part (thread) per call and released at
    its end.
 
