@@ -4730,9 +4730,11 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
    bits of the two layers run apart (test_layers: layers_linear_gelu_fused_matches_unfused).
    What it saves: the GELU's read of y in forward (12.6 MB a c_fc of bench/gpt's
    machine-sized model) and its hand-off to the threads, and in backward the Linear's read of
-   the GELU's dx for db. The GELU's own arithmetic (an exp and a division an element) stays:
-   bench/gpt's bf16 c_fc + GELU per step, the minimum of 15 steps (loaded 2-core Sapphire
-   Rapids), went from 69-72 to 64-68 ms on 2 threads and stayed within 2% on one.
+   the GELU's dx for db. The GELU's own arithmetic (an exp and a division an element) stays,
+   and on bench/gpt's machine-sized model it is most of the GELU's time: its bf16 c_fc + GELU
+   per step, the minimum of 15 steps in 6 alternated runs on a shared 2-core Sapphire
+   Rapids, moved from 75-77 to 73-80 ms on 2 threads and from 132-138 to 132-136 ms on one
+   (inside the runs' spread; an earlier, busier set gave 69-72 -> 64-68 ms on 2 threads).
 
    Column passes (pdp__linear_cols_run): the ReLU's, the bias copied into every row
    before the GEMM, db's sums without a ReLU. Large batches split the columns into
