@@ -46,7 +46,8 @@
 
    Where the time goes: one more step per measurement under pdp_profile (base.h) and
    model.c's per-layer seconds (an internal field: the bench includes the implementation),
-   summed by kind: attention, the GEMM layers (the blocks' Linears, bias included), GELU,
+   summed by kind: attention, the GEMM layers (the blocks' Linears, bias included, and the
+   GELU that c_fc applies itself on the CPU: model.c's fusion, so the GELU column is 0), GELU,
    LayerNorm, the residual stream and the embedding, the head and its cross-entropy
    (TiedLinear and the loss), the optimizer (step and zero_grad), and the rest.
 
@@ -65,8 +66,9 @@
 
    Pinning is the caller's: nice -n -10 taskset -c 1 ./build/bench_gpt 1 for one core,
    taskset -c 0,1 for two.
-   make build/bench_gpt && PDP_LLMC=/path/to/llm.c ./build/bench_gpt [quick] [1 | 2] [WHAT]
-   quick: 1 round, at most 3 timed steps; 1 or 2: only the rows of that many threads (no TP
+   make build/bench_gpt && PDP_LLMC=/path/to/llm.c ./build/bench_gpt [quick] [pdp] [1 | 2] [WHAT]
+   quick: 1 round, at most 3 timed steps; pdp: no peers (pdp's own figures and ratios, for
+   comparing two builds of pdp); 1 or 2: only the rows of that many threads (no TP
    table); WHAT small or gpt2: only that shape; tp: only the TP 2 beside DDP 2 table. A full
    run takes about half an hour on 2 cores with llm.c. */
 
@@ -566,7 +568,7 @@ int main(int argc, char **argv)
 {
     static config cs[NCONF];
     pdp_bf16_path path = pdp_bf16_best_path();
-    bool quick = false, have_torch, have_llmc, run_shape[NSHAPE] = {true, true}, par = true;
+    bool quick = false, peers = true, have_torch, have_llmc, run_shape[NSHAPE] = {true, true}, par = true;
     int rounds, i, r, sh, only = 0; /* only: run just the rows of that many threads */
     double peak32 = 0.0, peak16 = 0.0, t0 = bench_now();
     char cpu[320], buf1[256], buf2[256], llmc_src[1024];
@@ -576,12 +578,13 @@ int main(int argc, char **argv)
     FILE *f;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "quick")) quick = true;
+        else if (!strcmp(argv[i], "pdp")) peers = false;
         else if (!strcmp(argv[i], "1") || !strcmp(argv[i], "2")) only = atoi(argv[i]);
         else if (!strcmp(argv[i], shapes[0].word)) run_shape[1] = par = false;
         else if (!strcmp(argv[i], shapes[1].word)) run_shape[0] = par = false;
         else if (!strcmp(argv[i], "tp")) run_shape[0] = run_shape[1] = false;
         else {
-            fprintf(stderr, "usage: bench_gpt [quick] [1 | 2] [%s | %s | tp]\n", shapes[0].word,
+            fprintf(stderr, "usage: bench_gpt [quick] [pdp] [1 | 2] [%s | %s | tp]\n", shapes[0].word,
                     shapes[1].word);
             return 2;
         }
@@ -593,7 +596,7 @@ int main(int argc, char **argv)
         cs[i].threads = 1 + i % 2;
     }
     snprintf(llmc_src, sizeof llmc_src, "%s/train_gpt2.c", llmc_dir ? llmc_dir : "");
-    have_llmc = llmc_dir && *llmc_dir && llmc_script && (f = fopen(llmc_src, "r"));
+    have_llmc = peers && llmc_dir && *llmc_dir && llmc_script && (f = fopen(llmc_src, "r"));
     if (have_llmc) fclose(f);
 
     measure_peaks(path, &peak32, &peak16);
@@ -605,7 +608,7 @@ int main(int argc, char **argv)
            have_llmc ? llmc_dir : "not measured (set PDP_LLMC=/path/to/llm.c)");
     bench_print_load("start", 0.0);
     fflush(stdout);
-    have_torch = torch_script &&
+    have_torch = peers && torch_script &&
                  system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
     for (sh = 0; sh < NSHAPE; sh++) { /* a shape's rounds, then the next shape's */
         built b[2] = {{NULL, NULL}, {NULL, NULL}}; /* fp32, bf16 */
@@ -636,10 +639,12 @@ int main(int argc, char **argv)
     }
     if (run_shape[0] || run_shape[1])
         printf("\nattention: the causal self-attention between c_attn and c_proj (its products, "
-               "the softmax); Linear: the blocks' c_attn, c_proj, c_fc, c_proj (GEMMs and bias); "
+               "the softmax); Linear: the blocks' c_attn, c_proj, c_fc, c_proj (GEMMs and bias, and the GELU c_fc applies on the CPU: GELU 0 there); "
                "resid+emb: residual copies and adds, the embedding; head+CE: the tied head's "
                "GEMMs and the cross-entropy; AdamW: step and zero_grad; rest: the bench's loop\n");
-    if (!have_torch)
+    if (!peers)
+        printf("peers: not run (pdp)\n");
+    else if (!have_torch)
         printf("PyTorch: /usr/bin/python3 cannot import torch (apt-get install python3-torch); "
                "only pdp's figures are shown\n");
     bench_print_load("end", BENCH_OWN_LOAD_1_2);

@@ -25,10 +25,13 @@
    them through the table and converts nothing; the panels, and so the bits, are those
    of the materialised operand.
 
-   A Linear's bias and ReLU (pdp__gemm_bf16_bias): on the chain paths they are added
-   where C is written, fl(alpha acc + b), then the ReLU: on each MR x NR tile of C right
-   after its kernel writes it (still in L1), in the AMX epilogue; the bits of the
-   product followed by a pass over C, in one pass.
+   A Linear's bias and ReLU or GELU (pdp__gemm_bf16_bias): on the chain paths they are
+   added where C is written, fl(alpha acc + b), then the ReLU: on each MR x NR tile of C
+   right after its kernel writes it (still in L1), in the AMX epilogue; the bits of the
+   product followed by a pass over C, in one pass. A GELU keeps C = fl(alpha acc + b),
+   its input, which its backward reads, and writes G = gelu(C) beside it with layers.c's
+   kernel (pdp__layers_gelu_simd_rows, the GELU layer's), read from the tile just
+   written: the bits of the product, then the bias, then the GELU layer.
 
    Paths, and the path choice (section "path choice"): the emulation, AVX512-BF16 and
    AMX run the chain gemm.h states on packed bf16 pairs; sgemm-rounded is gemm.c's
@@ -961,10 +964,28 @@ typedef struct pdp__bf16_args {
     int split_n;       /* parts split the NR-column panels (else the MR-row panels) */
     const float *bias; /* not NULL: C(i, j) += bias[j] after alpha acc + beta C */
     int relu;          /* then C = pdp__relu(C) */
+    float *gelu;       /* not NULL: then G = gelu(C) here (C's ldc), C kept */
+    int gelu_simd;     /* its kernel's width: pdp__layers_simd's */
 } pdp__bf16_args;
 
-/* C[i0, i0 + mr) x [j0, j0 + nr) through pdp__bf16_bias_relu, where a kernel has just
-   written it (the tile is in L1): the gemm_bf16.c kernels' bias and ReLU. */
+/* layers.c's GELU kernel (out = gelu(x), or dy gelu'(x) when dy is not NULL, on rows of n
+   floats ld apart, each element alone) and the width the GELU layer runs it on: a fused
+   GELU's epilogue runs it. */
+PDP__PRIVATE int pdp__layers_simd(void);
+PDP__PRIVATE void pdp__layers_gelu_simd_rows(int simd, const float *x, const float *dy, float *out,
+                                             int64_t n, int64_t rows, int64_t ld);
+
+/* G = gelu(C) over C[i0, i0 + mr) x [j0, j0 + nr) (g->gelu: a Linear's fused GELU), by
+   the GELU layer's kernel on the width it runs (each element alone, whatever the cut). */
+PDP__PRIVATE void pdp__bf16_gelu_tile(const pdp__bf16_args *g, int64_t i0, int64_t j0, int mr,
+                                      int nr)
+{
+    int64_t at = i0 * g->ldc + j0;
+    pdp__layers_gelu_simd_rows(g->gelu_simd, g->c + at, NULL, g->gelu + at, nr, mr, g->ldc);
+}
+
+/* C[i0, i0 + mr) x [j0, j0 + nr) through pdp__bf16_bias_relu, then the GELU, where a
+   kernel has just written it (the tile is in L1): the gemm_bf16.c kernels' epilogue. */
 PDP__PRIVATE void pdp__bf16_bias_tile(const pdp__bf16_args *g, int64_t i0, int64_t j0, int mr,
                                       int nr)
 {
@@ -977,6 +998,7 @@ PDP__PRIVATE void pdp__bf16_bias_tile(const pdp__bf16_args *g, int64_t i0, int64
         if (g->relu)
             for (j = 0; j < nr; j++) c[j] = pdp__relu(c[j]);
     }
+    if (g->gelu) pdp__bf16_gelu_tile(g, i0, j0, mr, nr);
 }
 
 /* op(A)(i, p) and op(B)(p, j) as bf16 words. */
@@ -1012,6 +1034,7 @@ PDP__PRIVATE void pdp__bf16_element(const pdp__bf16_args *g, int64_t i, int64_t 
     g->c[i * g->ldc + j] = pdp__bf16_bias_relu(
         pdp__bf16_out(acc, g->alpha, g->beta, g->c + i * g->ldc + j), g->bias ? g->bias + j : NULL,
         g->relu);
+    if (g->gelu) pdp__bf16_gelu_tile(g, i, j, 1, 1);
 }
 
 /* C[m0, m1) x [n0, n1) (m0, n0 on the tile grid). B's panels for [n0, n1) are packed
@@ -1050,7 +1073,7 @@ PDP__PRIVATE void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m
                 int mr = (int)PDP__MIN(PDP__BF16_MR, mend - ir);
                 g->kernel(pairs, ap + (ir - mc) * pairs, bj, g->c + ir * g->ldc + jr, g->ldc,
                           mr, nr, g->alpha, g->beta);
-                if (g->bias || g->relu) pdp__bf16_bias_tile(g, ir, jr, mr, nr);
+                if (g->bias || g->relu || g->gelu) pdp__bf16_bias_tile(g, ir, jr, mr, nr);
             }
         }
     }
@@ -1115,6 +1138,7 @@ PDP__PRIVATE int pdp__bf16_args_init(pdp__bf16_args *g, pdp_trans ta, pdp_trans 
     g->kernel = pdp__bf16_kernel_emul;
     g->pack = pdp__bf16_pack;
     g->pack_h = pdp__bf16_pack_h;
+    g->gelu_simd = pdp__layers_simd();
     return 1;
 }
 
@@ -1125,10 +1149,11 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
                                 const uint16_t *ah, int64_t lda, const int64_t *arow,
                                 const float *b, const uint16_t *bh, int64_t ldb,
                                 const int64_t *brow, float beta, const float *bias, int relu,
-                                float *c, int64_t ldc)
+                                float *gelu, float *c, int64_t ldc)
 {
     pdp__bf16_args g;
     int threads, parts;
+    g.gelu_simd = pdp__layers_simd(); /* for the epilogue of an empty product below */
     int64_t npan, mpan;
     /* the emulation's kernel: the widest the CPU has, or the one asked for */
     int simd = path == PDP__BF16_PATH_PORTABLE ? 0
@@ -1140,22 +1165,23 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
     (void)path, (void)simd; /* PDP_NO_SIMD: one path, one kernel */
 #if PDP__BF16_HAS_SGEMM
     if (path == PDP_BF16_PATH_SGEMM) {
-        PDP_ASSERT(!ah && !bh && !bias && !relu); /* the chain paths below */
+        PDP_ASSERT(!ah && !bh && !bias && !relu && !gelu); /* the chain paths below */
         pdp__sgemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
 #endif
     if (!pdp__bf16_args_init(&g, ta, tb, m, n, k, alpha, a, ah, lda, arow, b, bh, ldb, brow,
                              beta, c, ldc)) {
-        if (m > 0 && n > 0 && (bias || relu)) { /* C = beta C (acc 0), then the bias */
+        if (m > 0 && n > 0 && (bias || relu || gelu)) { /* C = beta C (acc 0), then the bias */
             int64_t i;
-            g.c = c, g.ldc = ldc, g.bias = bias, g.relu = relu;
+            g.c = c, g.ldc = ldc, g.bias = bias, g.relu = relu, g.gelu = gelu;
             for (i = 0; i < m; i++) pdp__bf16_bias_tile(&g, i, 0, 1, (int)n);
         }
         return;
     }
     g.bias = bias;
     g.relu = relu;
+    g.gelu = gelu;
 #if PDP__BF16_X86
     if (path == PDP_BF16_PATH_EMULATED && simd == 512) g.kernel = pdp__bf16_kernel_emul512;
     if (path == PDP_BF16_PATH_EMULATED && simd == 256) g.kernel = pdp__bf16_kernel_emul256;
@@ -1195,7 +1221,7 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
         return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_gemm_bf16_on: path %s is not available on "
                         "this CPU or build", pdp_bf16_path_name(path));
     pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL, ldb, NULL, beta, NULL,
-                  0, c, ldc);
+                  0, NULL, c, ldc);
     return PDP_OK;
 }
 
@@ -1222,22 +1248,24 @@ PDP__PRIVATE void pdp__gemm_bf16_emul(int simd, pdp_trans ta, pdp_trans tb, int6
                   : simd == 256 ? PDP__BF16_PATH_EMUL256
                                 : PDP__BF16_PATH_PORTABLE,
                   ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL, ldb, NULL, beta, NULL, 0,
-                  c, ldc);
+                  NULL, c, ldc);
 }
 
 /* C = op(A) op(B) + bias, then the ReLU where relu != 0 (bias: one value per column of C,
    NULL for none): a Linear's forward x W^T + b in one pass over C, the bias and the ReLU
    added in the product's epilogue to alpha acc (alpha 1, beta 0), so the bits of
    pdp_gemm_bf16_on with beta 0 followed by a pass C = relu(bias + C) (or of C = bias
-   then beta 1: fl(acc + b) either way). On `path` (AUTO: pdp_bf16_path_for's choice; one
-   the CPU lacks is the caller's bug; PDP__BF16_PATH_PORTABLE, _EMUL256, _EMUL512: one
-   kernel of the emulation, as pdp__gemm_bf16_emul). False, C untouched, on sgemm-rounded,
-   which adds beta C to its first k block's partial sum: the caller sets C = bias, runs the
-   product with beta 1 and its ReLU after. */
+   then beta 1: fl(acc + b) either way). gelu not NULL (ldc its row stride too): C as
+   without it, and gelu = the GELU layer's output on C, in the same pass (no ReLU with it).
+   On `path` (AUTO: pdp_bf16_path_for's choice; one the CPU lacks is the caller's bug;
+   PDP__BF16_PATH_PORTABLE, _EMUL256, _EMUL512: one kernel of the emulation, as
+   pdp__gemm_bf16_emul). False, C untouched, on sgemm-rounded, which adds beta C to its
+   first k block's partial sum: the caller sets C = bias, runs the product with beta 1 and
+   its ReLU or GELU after. */
 PDP__PRIVATE bool pdp__gemm_bf16_bias(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
                                       int64_t n, int64_t k, const float *a, int64_t lda,
                                       const float *b, int64_t ldb, const float *bias, int relu,
-                                      float *c, int64_t ldc)
+                                      float *gelu, float *c, int64_t ldc)
 {
     pdp_bf16_path_available(PDP_BF16_PATH_AUTO); /* CPUID read */
     if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_path_for(ta, tb, m, n, k);
@@ -1246,8 +1274,9 @@ PDP__PRIVATE bool pdp__gemm_bf16_bias(pdp_bf16_path path, pdp_trans ta, pdp_tran
                (path == PDP__BF16_PATH_EMUL256 && pdp__bf16_this.emul256) ||
                (path == PDP__BF16_PATH_EMUL512 && pdp__bf16_this.emul512) ||
                (path < PDP__BF16_PATH_PORTABLE && pdp_bf16_path_available(path)));
+    PDP_ASSERT(!(relu && gelu));
     pdp__bf16_run(path, ta, tb, m, n, k, 1.0f, a, NULL, lda, NULL, b, NULL, ldb, NULL, 0.0f, bias,
-                  relu, c, ldc);
+                  relu, gelu, c, ldc);
     return true;
 }
 
@@ -1278,7 +1307,7 @@ PDP__PRIVATE void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, pdp_tr
                                         float beta, float *c, int64_t ldc)
 {
     pdp__bf16_run(pdp__bf16_resolve(path), ta, tb, m, n, k, alpha, a, NULL, lda, NULL, NULL, bh,
-                  0, brow, beta, NULL, 0, c, ldc);
+                  0, brow, beta, NULL, 0, NULL, c, ldc);
 }
 
 PDP__PRIVATE void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
@@ -1287,7 +1316,7 @@ PDP__PRIVATE void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64
                                          float beta, float *c, int64_t ldc)
 {
     pdp__bf16_run(pdp__bf16_resolve(path), PDP_NO_TRANS, tb, m, n, k, alpha, NULL, ah, 0, arow,
-                  b, NULL, ldb, NULL, beta, NULL, 0, c, ldc);
+                  b, NULL, ldb, NULL, beta, NULL, 0, NULL, c, ldc);
 }
 
 /* x[0, n) as the bf16 words `path`'s packing makes (AUTO: the best path's) into h,

@@ -315,6 +315,11 @@ typedef struct pdp__layer_io {
                             region's input [batch, in_count] */
     float *dskip;        /* backward: the gradient the region's end sends around the branch
                             (ResidualAdd writes it, Residual adds it) */
+    float *gelu_y;       /* Linear on the CPU, non-NULL: a GELU follows and is applied here:
+                            forward keeps y = x W^T + b (the GELU's input, which its
+                            backward reads) and writes gelu_y = gelu(y), the GELU's output;
+                            backward gets the GELU's dy and takes dy gelu'(y) as its own
+                            (model.c skips the GELU) */
     float *pool_y;       /* Conv2d on the CPU, non-NULL: that ReLU is followed by a 2x2
                             stride-2 MaxPool2d over an even H and W, also applied here:
                             forward writes the pool's output and winners (its y and saved,
@@ -372,6 +377,11 @@ typedef struct pdp__param_shapes {
 #define PDP__LAYER_FUSABLE_POOL 128u /* a max pool (kernel, stride) that a
                                         PDP__LAYER_FUSES_POOL kind applies after its fused
                                         ReLU when it is 2x2 stride 2 over an even H and W */
+#define PDP__LAYER_FUSES_GELU 8192u /* on the CPU, applies a following GELU
+                                       (PDP__LAYER_FUSABLE_GELU) itself, writing the GELU's
+                                       output too (io->gelu_y; model.c skips the GELU) */
+#define PDP__LAYER_FUSABLE_GELU 16384u /* the GELU a PDP__LAYER_FUSES_GELU kind applies when
+                                          it follows it (model.c: pdp__model_gelu_fused) */
 
 /* One layer kind: an entry of layers_table.c's pdp__layer_kinds, indexed by kind.
    setup fills out_*, saved_per_sample, work_per_sample and *ps from the

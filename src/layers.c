@@ -239,19 +239,23 @@ PDP__GELU_512 static inline __m512 pdp__gelu16(__m512 x, const __m512 *dy)
     return _mm512_mask_mul_ps(g, small, *dy, zero);
 }
 
+/* rows of n floats ld apart (x, dy and out alike): one call per tile of a product's
+   epilogue (the constants are set up once per call, not once per row) */
 PDP__GELU_512 PDP__PRIVATE void pdp__gelu_avx512(const float *x, const float *dy,
-                                                                  float *out, int64_t n)
+                                                 float *out, int64_t n, int64_t rows, int64_t ld)
 {
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 g = dy ? _mm512_loadu_ps(dy + i) : _mm512_setzero_ps();
-        _mm512_storeu_ps(out + i, pdp__gelu16(_mm512_loadu_ps(x + i), dy ? &g : NULL));
-    }
-    if (i < n) { /* the tail, masked: the same arithmetic on the lanes that exist */
-        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
-        __m512 g = dy ? _mm512_maskz_loadu_ps(m, dy + i) : _mm512_setzero_ps();
-        _mm512_mask_storeu_ps(out + i, m, pdp__gelu16(_mm512_maskz_loadu_ps(m, x + i),
-                                                       dy ? &g : NULL));
+    int64_t i, r;
+    for (r = 0; r < rows; r++, x += ld, dy = dy ? dy + ld : NULL, out += ld) {
+        for (i = 0; i + 16 <= n; i += 16) {
+            __m512 g = dy ? _mm512_loadu_ps(dy + i) : _mm512_setzero_ps();
+            _mm512_storeu_ps(out + i, pdp__gelu16(_mm512_loadu_ps(x + i), dy ? &g : NULL));
+        }
+        if (i < n) { /* the tail, masked: the same arithmetic on the lanes that exist */
+            __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+            __m512 g = dy ? _mm512_maskz_loadu_ps(m, dy + i) : _mm512_setzero_ps();
+            _mm512_mask_storeu_ps(out + i, m, pdp__gelu16(_mm512_maskz_loadu_ps(m, x + i),
+                                                           dy ? &g : NULL));
+        }
     }
 }
 
@@ -300,21 +304,23 @@ PDP__GELU_256 static inline __m256 pdp__gelu8(__m256 x, const __m256 *dy)
 }
 
 PDP__GELU_256 PDP__PRIVATE void pdp__gelu_avx2(const float *x, const float *dy,
-                                                                float *out, int64_t n)
+                                               float *out, int64_t n, int64_t rows, int64_t ld)
 {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 g = dy ? _mm256_loadu_ps(dy + i) : _mm256_setzero_ps();
-        _mm256_storeu_ps(out + i, pdp__gelu8(_mm256_loadu_ps(x + i), dy ? &g : NULL));
-    }
-    if (i < n) { /* the tail through a zero-padded copy: the same arithmetic */
-        float xb[8] = {0}, gb[8] = {0}, ob[8];
-        __m256 g;
-        memcpy(xb, x + i, (size_t)(n - i) * sizeof *xb);
-        if (dy) memcpy(gb, dy + i, (size_t)(n - i) * sizeof *gb);
-        g = _mm256_loadu_ps(gb);
-        _mm256_storeu_ps(ob, pdp__gelu8(_mm256_loadu_ps(xb), dy ? &g : NULL));
-        memcpy(out + i, ob, (size_t)(n - i) * sizeof *ob);
+    int64_t i, r;
+    for (r = 0; r < rows; r++, x += ld, dy = dy ? dy + ld : NULL, out += ld) {
+        for (i = 0; i + 8 <= n; i += 8) {
+            __m256 g = dy ? _mm256_loadu_ps(dy + i) : _mm256_setzero_ps();
+            _mm256_storeu_ps(out + i, pdp__gelu8(_mm256_loadu_ps(x + i), dy ? &g : NULL));
+        }
+        if (i < n) { /* the tail through a zero-padded copy: the same arithmetic */
+            float xb[8] = {0}, gb[8] = {0}, ob[8];
+            __m256 g;
+            memcpy(xb, x + i, (size_t)(n - i) * sizeof *xb);
+            if (dy) memcpy(gb, dy + i, (size_t)(n - i) * sizeof *gb);
+            g = _mm256_loadu_ps(gb);
+            _mm256_storeu_ps(ob, pdp__gelu8(_mm256_loadu_ps(xb), dy ? &g : NULL));
+            memcpy(out + i, ob, (size_t)(n - i) * sizeof *ob);
+        }
     }
 }
 /* out = exp(x - shift) for n floats, 0 where x - shift < -87 (the softmax's: its
@@ -372,27 +378,37 @@ PDP__PRIVATE int pdp__layers_simd(void)
 #endif
 }
 
-/* out = gelu(x) (dy NULL) or out = dy gelu'(x), n floats, on the kernel of width simd
-   (pdp__layers_simd's, or one the CPU has: the tests compare them). */
-PDP__PRIVATE void pdp__layers_gelu_simd_run(int simd, const float *x, const float *dy, float *out,
-                                            int64_t n)
+/* out = gelu(x) (dy NULL) or out = dy gelu'(x) on rows of n floats ld apart (x, dy and
+   out alike), on the kernel of width simd (pdp__layers_simd's, or one the CPU has: the
+   tests compare them). Each element alone: the bits do not depend on the cut. */
+PDP__PRIVATE void pdp__layers_gelu_simd_rows(int simd, const float *x, const float *dy, float *out,
+                                             int64_t n, int64_t rows, int64_t ld)
 {
-    int64_t i;
+    int64_t i, r;
 #if PDP__BF16_X86
     if (simd == 512) {
-        pdp__gelu_avx512(x, dy, out, n);
+        pdp__gelu_avx512(x, dy, out, n, rows, ld);
         return;
     }
     if (simd == 256) {
-        pdp__gelu_avx2(x, dy, out, n);
+        pdp__gelu_avx2(x, dy, out, n, rows, ld);
         return;
     }
 #endif
     (void)simd;
-    if (dy)
-        for (i = 0; i < n; i++) out[i] = pdp__gelu_grad(dy[i], x[i]);
-    else
-        for (i = 0; i < n; i++) out[i] = pdp__gelu(x[i]);
+    for (r = 0; r < rows; r++, x += ld, dy = dy ? dy + ld : NULL, out += ld) {
+        if (dy)
+            for (i = 0; i < n; i++) out[i] = pdp__gelu_grad(dy[i], x[i]);
+        else
+            for (i = 0; i < n; i++) out[i] = pdp__gelu(x[i]);
+    }
+}
+
+/* pdp__layers_gelu_simd_rows on one row of n floats */
+PDP__PRIVATE void pdp__layers_gelu_simd_run(int simd, const float *x, const float *dy, float *out,
+                                            int64_t n)
+{
+    pdp__layers_gelu_simd_rows(simd, x, dy, out, n, 1, n);
 }
 
 /* out = exp(x - shift), n floats (out may be x), on the kernel of width simd as
@@ -514,7 +530,7 @@ PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, 
     ps->wndim = 2;
     ps->bshape[0] = l->out_features;
     ps->bndim = 1;
-    l->work_per_sample = l->out_features * l->positions; /* a fused ReLU's masked dy */
+    l->work_per_sample = l->out_features * l->positions; /* a fused ReLU's or GELU's dy */
     return PDP_OK;
 }
 
@@ -531,6 +547,22 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
    backward), db's column sums taken on the way, and the GEMMs read that. The ReLU's element code, and db's sums sample by sample as
    unfused: the bits of the two layers run apart (test_layers:
    layers_linear_relu_fused_matches_unfused).
+
+   The GELU that a Linear applies when one follows it on the CPU (io->gelu_y; model.c then
+   skips the GELU): forward, y = x W^T + b stays (the GELU's input, which its backward
+   reads) and gelu_y = gelu(y), the GELU's output, is written beside it, in a bf16
+   product's epilogue from the tile just written, else by a column pass after the GEMM;
+   backward, dy (the GELU's output gradient) times gelu'(y) into io->work, db's column
+   sums on the way, and the GEMMs read that. The GELU layer's kernel on its width
+   (pdp__layers_gelu_simd_rows), each element alone, and db's sums sample by sample: the
+   bits of the two layers run apart (test_layers: layers_linear_gelu_fused_matches_unfused).
+   What it saves: the GELU's read of y in forward (12.6 MB a c_fc of bench/gpt's
+   machine-sized model) and its hand-off to the threads, and in backward the Linear's read of
+   the GELU's dx for db. The GELU's own arithmetic (an exp and a division an element) stays,
+   and on bench/gpt's machine-sized model it is most of the GELU's time: its bf16 c_fc + GELU
+   per step, the minimum of 15 steps in 6 alternated runs on a shared 2-core Sapphire
+   Rapids, moved from 75-77 to 73-80 ms on 2 threads and from 132-138 to 132-136 ms on one
+   (inside the runs' spread; an earlier, busier set gave 69-72 -> 64-68 ms on 2 threads).
 
    Column passes (pdp__linear_cols_run): the ReLU's, the bias copied into every row
    before the GEMM, db's sums without a ReLU. Large batches split the columns into
@@ -578,6 +610,27 @@ PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_
             pdp__layers_relu_grad_sum(io->dy + at, io->y + at, io->work + at, io->db + c0, c1 - c0);
         else
             pdp__layers_relu_grad(io->dy + at, io->y + at, io->work + at, c1 - c0);
+    }
+}
+
+/* gelu_y = gelu(y), row by row (after a product that did not apply it) */
+PDP__PRIVATE void pdp__linear_gelu_forward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
+                                                int64_t c1)
+{
+    pdp__layers_gelu_simd_rows(pdp__layers_simd(), io->y + c0, NULL, io->gelu_y + c0, c1 - c0,
+                               io->batch, out);
+}
+
+/* dz = dy gelu'(y) into work (the GELU's backward), db += dz, row by row */
+PDP__PRIVATE void pdp__linear_gelu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
+                                                 int64_t c1)
+{
+    int simd = pdp__layers_simd();
+    int64_t i, at;
+    for (i = 0; i < io->batch; i++) {
+        at = i * out + c0;
+        pdp__layers_gelu_simd_run(simd, io->y + at, io->dy + at, io->work + at, c1 - c0);
+        if (io->db) pdp__layers_add(io->db + c0, io->work + at, c1 - c0);
     }
 }
 
@@ -636,12 +689,14 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
     int64_t B = io->batch, in = pdp__layer_in_features(l);
     int64_t out = l->out_features;
     float beta = 0.0f;
-    /* bf16 on a chain path: one pass over y, the bias and the ReLU added in the product's
-       epilogue (pdp__gemm_bf16_bias: fl(acc + b), then the ReLU). Otherwise y = b, then
-       the GEMM adds x W^T (beta 1: pdp_sgemm and sgemm-rounded add C to their first k
-       block's partial sum), then the ReLU's pass. */
+    /* bf16 on a chain path: one pass over y, the bias and the ReLU or GELU added in the
+       product's epilogue (pdp__gemm_bf16_bias: fl(acc + b), then the ReLU, or the GELU into
+       gelu_y). Otherwise y = b, then the GEMM adds x W^T (beta 1: pdp_sgemm and
+       sgemm-rounded add C to their first k block's partial sum), then the ReLU's or the
+       GELU's pass. */
     if (io->bf16 && pdp__gemm_bf16_bias(PDP_BF16_PATH_AUTO, PDP_NO_TRANS, PDP_TRANS, B, out, in,
-                                        io->x, in, io->w, in, io->b, io->fused_relu, io->y, out))
+                                        io->x, in, io->w, in, io->b, io->fused_relu, io->gelu_y,
+                                        io->y, out))
         return PDP_OK;
     if (io->b) {
         pdp__linear_cols_run(l, io, pdp__linear_bias_cols);
@@ -650,6 +705,7 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
     (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in,
                                             io->w, in, beta, io->y, out);
     if (io->fused_relu) pdp__linear_cols_run(l, io, pdp__linear_relu_forward_cols);
+    if (io->gelu_y) pdp__linear_cols_run(l, io, pdp__linear_gelu_forward_cols);
     return PDP_OK;
 }
 
@@ -660,8 +716,9 @@ PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__lay
     int64_t B = io->batch, in = pdp__layer_in_features(l);
     int64_t out = l->out_features;
     const float *dy = io->dy;
-    if (io->fused_relu) { /* dy masked into work, db's sums on the way */
-        pdp__linear_cols_run(l, io, pdp__linear_relu_backward_cols);
+    if (io->fused_relu || io->gelu_y) { /* dy masked (times gelu') into work, db's sums */
+        pdp__linear_cols_run(l, io, io->gelu_y ? pdp__linear_gelu_backward_cols
+                                               : pdp__linear_relu_backward_cols);
         dy = io->work;
     } else if (io->db) {
         pdp__linear_cols_run(l, io, pdp__linear_db_cols);

@@ -3,7 +3,7 @@
    inference and validation, parameter shapes, saved and workspace floats),
    parameter initialisation, CPU forward and backward, CUDA forward and backward
    (pdp_cuda.cu's kernels), extra workspace on CUDA, flags (internal.h's
-   PDP__LAYER_*: a view, element-wise, fuses a following ReLU or pool or is the one
+   PDP__LAYER_*: a view, element-wise, fuses a following ReLU, GELU or pool or is the one
    fused, collective, unnumbered, takes token ids, a view only forward, holds a residual
    skip, ties another layer's weight) and an estimate of its work in FLOPs (pp.c balances
    a pipeline's stages by it).
@@ -180,15 +180,15 @@ PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] 
     PDP__KIND(PDP__LINEAR){"Linear", pdp__linear_setup, pdp__linear_init, pdp__linear_forward,
                            pdp__linear_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
                            PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL,
-                           PDP__LAYER_FUSES_RELU, pdp__flops_linear},
+                           PDP__LAYER_FUSES_RELU | PDP__LAYER_FUSES_GELU, pdp__flops_linear},
     PDP__KIND(PDP__RELU){"ReLU", pdp__layers_setup_same, NULL, pdp__relu_forward,
                          pdp__relu_backward, PDP__CUDA_ENTRY(pdp__relu_cuda_forward),
                          PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL,
                          PDP__LAYER_ELEMENTWISE | PDP__LAYER_FUSABLE_RELU, pdp__flops_relu},
     PDP__KIND(PDP__GELU){"GELU", pdp__layers_setup_same, NULL, pdp__gelu_forward,
                          pdp__gelu_backward, PDP__CUDA_ENTRY(pdp__gelu_cuda_forward),
-                         PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE,
-                         pdp__flops_gelu},
+                         PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL,
+                         PDP__LAYER_ELEMENTWISE | PDP__LAYER_FUSABLE_GELU, pdp__flops_gelu},
     PDP__KIND(PDP__TANH){"Tanh", pdp__layers_setup_same, NULL, pdp__tanh_forward,
                          pdp__tanh_backward, PDP__CUDA_ENTRY(pdp__tanh_cuda_forward),
                          PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE,

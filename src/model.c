@@ -8,7 +8,8 @@
    act[i] holds layer i's output from the last forward (Flatten aliases its
    input instead of copying, and so does a ReLU after a Conv2d on the CPU, which the
    Conv2d applies itself; when a 2x2 stride-2 MaxPool2d follows that ReLU, the Conv2d
-   applies it too, writes the pool's act, and its own act is NULL); backward needs
+   applies it too, writes the pool's act, and its own act is NULL; a GELU after a Linear
+   on the CPU is applied by the Linear, which writes both acts); backward needs
    the forward's input to stay alive, as in PyTorch's autograd. A residual region
    (pdp_model_residual_begin/end) is the one place the sequence is not a chain: its
    ResidualAdd reads the output of its Residual (a forward view, so act[] of the region's
@@ -547,6 +548,24 @@ PDP__PRIVATE bool pdp__model_pool_fused(const pdp_model *m, int i)
            pdp__model_relu_fused(m, i - 1) && pdp__model_flag(m, i - 2, PDP__LAYER_FUSES_POOL);
 }
 
+/* Layer i is a GELU (PDP__LAYER_FUSABLE_GELU) that the layer before it (a Linear:
+   PDP__LAYER_FUSES_GELU) applies in its own forward and backward (CPU only): the Linear
+   writes this layer's output beside its own (the GELU's input, which the GELU's backward
+   reads) and takes this layer's output gradient; this layer is skipped. Same bits. */
+PDP__PRIVATE bool pdp__model_gelu_fused(const pdp_model *m, int i)
+{
+    return m->device.kind == PDP_DEVICE_CPU && i > 0 &&
+           pdp__model_flag(m, i, PDP__LAYER_FUSABLE_GELU) &&
+           pdp__model_flag(m, i - 1, PDP__LAYER_FUSES_GELU);
+}
+
+/* Layer i is applied by a layer before it, which writes its output (a fused pool or
+   GELU): skipped in forward and backward. */
+PDP__PRIVATE bool pdp__model_applied_before(const pdp_model *m, int i)
+{
+    return pdp__model_pool_fused(m, i) || pdp__model_gelu_fused(m, i);
+}
+
 /* Layer i is the Conv2d that applies the pool two layers on (pdp__model_pool_fused). */
 PDP__PRIVATE bool pdp__model_pools(const pdp_model *m, int i)
 {
@@ -562,11 +581,12 @@ PDP__PRIVATE bool pdp__model_is_view(const pdp_model *m, int i)
 }
 
 /* Layer i runs in backward: not a view, or a view whose backward has work
-   (PDP__LAYER_FORWARD_VIEW: a Residual), and not a pool a Conv2d applied. */
+   (PDP__LAYER_FORWARD_VIEW: a Residual), and not a pool a Conv2d applied or a GELU a
+   Linear applied. */
 PDP__PRIVATE bool pdp__model_runs_backward(const pdp_model *m, int i)
 {
     return (!pdp__model_is_view(m, i) || pdp__model_flag(m, i, PDP__LAYER_FORWARD_VIEW)) &&
-           !pdp__model_pool_fused(m, i);
+           !pdp__model_applied_before(m, i);
 }
 
 /* The model has a residual region (a kind that needs grad_skip). */
@@ -744,6 +764,7 @@ PDP__PRIVATE void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     io->step = m->step;
     io->sample_base = m->sample_base;
     io->fused_relu = i + 1 < m->nlayers && pdp__model_relu_fused(m, i + 1);
+    if (i + 1 < m->nlayers && pdp__model_gelu_fused(m, i + 1)) io->gelu_y = m->act[i + 1];
     if (pdp__model_pools(m, i)) {
         io->pool_y = m->act[i + 2];
         io->pool_arg = (int32_t *)(void *)pdp__model_saved(m, i + 2);
@@ -810,7 +831,7 @@ PDP__PRIVATE pdp_status pdp__model_forward_layers(pdp_model *m, int lo, int hi, 
             m->act[i] = (float *)in;
             continue;
         }
-        if (pdp__model_pool_fused(m, i)) { /* the Conv2d wrote y */
+        if (pdp__model_applied_before(m, i)) { /* the Conv2d or Linear wrote y */
             in = m->act[i];
             continue;
         }

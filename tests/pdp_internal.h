@@ -687,6 +687,11 @@ typedef struct pdp__layer_io {
                             region's input [batch, in_count] */
     float *dskip;        /* backward: the gradient the region's end sends around the branch
                             (ResidualAdd writes it, Residual adds it) */
+    float *gelu_y;       /* Linear on the CPU, non-NULL: a GELU follows and is applied here:
+                            forward keeps y = x W^T + b (the GELU's input, which its
+                            backward reads) and writes gelu_y = gelu(y), the GELU's output;
+                            backward gets the GELU's dy and takes dy gelu'(y) as its own
+                            (model.c skips the GELU) */
     float *pool_y;       /* Conv2d on the CPU, non-NULL: that ReLU is followed by a 2x2
                             stride-2 MaxPool2d over an even H and W, also applied here:
                             forward writes the pool's output and winners (its y and saved,
@@ -744,6 +749,11 @@ typedef struct pdp__param_shapes {
 #define PDP__LAYER_FUSABLE_POOL 128u /* a max pool (kernel, stride) that a
                                         PDP__LAYER_FUSES_POOL kind applies after its fused
                                         ReLU when it is 2x2 stride 2 over an even H and W */
+#define PDP__LAYER_FUSES_GELU 8192u /* on the CPU, applies a following GELU
+                                       (PDP__LAYER_FUSABLE_GELU) itself, writing the GELU's
+                                       output too (io->gelu_y; model.c skips the GELU) */
+#define PDP__LAYER_FUSABLE_GELU 16384u /* the GELU a PDP__LAYER_FUSES_GELU kind applies when
+                                          it follows it (model.c: pdp__model_gelu_fused) */
 
 /* One layer kind: an entry of layers_table.c's pdp__layer_kinds, indexed by kind.
    setup fills out_*, saved_per_sample, work_per_sample and *ps from the
@@ -2610,10 +2620,13 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
    them through the table and converts nothing; the panels, and so the bits, are those
    of the materialised operand.
 
-   A Linear's bias and ReLU (pdp__gemm_bf16_bias): on the chain paths they are added
-   where C is written, fl(alpha acc + b), then the ReLU: on each MR x NR tile of C right
-   after its kernel writes it (still in L1), in the AMX epilogue; the bits of the
-   product followed by a pass over C, in one pass.
+   A Linear's bias and ReLU or GELU (pdp__gemm_bf16_bias): on the chain paths they are
+   added where C is written, fl(alpha acc + b), then the ReLU: on each MR x NR tile of C
+   right after its kernel writes it (still in L1), in the AMX epilogue; the bits of the
+   product followed by a pass over C, in one pass. A GELU keeps C = fl(alpha acc + b),
+   its input, which its backward reads, and writes G = gelu(C) beside it with layers.c's
+   kernel (pdp__layers_gelu_simd_rows, the GELU layer's), read from the tile just
+   written: the bits of the product, then the bias, then the GELU layer.
 
    Paths, and the path choice (section "path choice"): the emulation, AVX512-BF16 and
    AMX run the chain gemm.h states on packed bf16 pairs; sgemm-rounded is gemm.c's
@@ -3030,10 +3043,24 @@ typedef struct pdp__bf16_args {
     int split_n;       /* parts split the NR-column panels (else the MR-row panels) */
     const float *bias; /* not NULL: C(i, j) += bias[j] after alpha acc + beta C */
     int relu;          /* then C = pdp__relu(C) */
+    float *gelu;       /* not NULL: then G = gelu(C) here (C's ldc), C kept */
+    int gelu_simd;     /* its kernel's width: pdp__layers_simd's */
 } pdp__bf16_args;
 
-/* C[i0, i0 + mr) x [j0, j0 + nr) through pdp__bf16_bias_relu, where a kernel has just
-   written it (the tile is in L1): the gemm_bf16.c kernels' bias and ReLU. */
+/* layers.c's GELU kernel (out = gelu(x), or dy gelu'(x) when dy is not NULL, on rows of n
+   floats ld apart, each element alone) and the width the GELU layer runs it on: a fused
+   GELU's epilogue runs it. */
+PDP__PRIVATE int pdp__layers_simd(void);
+PDP__PRIVATE void pdp__layers_gelu_simd_rows(int simd, const float *x, const float *dy, float *out,
+                                             int64_t n, int64_t rows, int64_t ld);
+
+/* G = gelu(C) over C[i0, i0 + mr) x [j0, j0 + nr) (g->gelu: a Linear's fused GELU), by
+   the GELU layer's kernel on the width it runs (each element alone, whatever the cut). */
+PDP__PRIVATE void pdp__bf16_gelu_tile(const pdp__bf16_args *g, int64_t i0, int64_t j0, int mr,
+                                      int nr);
+
+/* C[i0, i0 + mr) x [j0, j0 + nr) through pdp__bf16_bias_relu, then the GELU, where a
+   kernel has just written it (the tile is in L1): the gemm_bf16.c kernels' epilogue. */
 PDP__PRIVATE void pdp__bf16_bias_tile(const pdp__bf16_args *g, int64_t i0, int64_t j0, int mr,
                                       int nr);
 
@@ -3072,7 +3099,7 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
                                 const uint16_t *ah, int64_t lda, const int64_t *arow,
                                 const float *b, const uint16_t *bh, int64_t ldb,
                                 const int64_t *brow, float beta, const float *bias, int relu,
-                                float *c, int64_t ldc);
+                                float *gelu, float *c, int64_t ldc);
 
 /* PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) */
 
@@ -3090,15 +3117,17 @@ PDP__PRIVATE void pdp__gemm_bf16_emul(int simd, pdp_trans ta, pdp_trans tb, int6
    NULL for none): a Linear's forward x W^T + b in one pass over C, the bias and the ReLU
    added in the product's epilogue to alpha acc (alpha 1, beta 0), so the bits of
    pdp_gemm_bf16_on with beta 0 followed by a pass C = relu(bias + C) (or of C = bias
-   then beta 1: fl(acc + b) either way). On `path` (AUTO: pdp_bf16_path_for's choice; one
-   the CPU lacks is the caller's bug; PDP__BF16_PATH_PORTABLE, _EMUL256, _EMUL512: one
-   kernel of the emulation, as pdp__gemm_bf16_emul). False, C untouched, on sgemm-rounded,
-   which adds beta C to its first k block's partial sum: the caller sets C = bias, runs the
-   product with beta 1 and its ReLU after. */
+   then beta 1: fl(acc + b) either way). gelu not NULL (ldc its row stride too): C as
+   without it, and gelu = the GELU layer's output on C, in the same pass (no ReLU with it).
+   On `path` (AUTO: pdp_bf16_path_for's choice; one the CPU lacks is the caller's bug;
+   PDP__BF16_PATH_PORTABLE, _EMUL256, _EMUL512: one kernel of the emulation, as
+   pdp__gemm_bf16_emul). False, C untouched, on sgemm-rounded, which adds beta C to its
+   first k block's partial sum: the caller sets C = bias, runs the product with beta 1 and
+   its ReLU or GELU after. */
 PDP__PRIVATE bool pdp__gemm_bf16_bias(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
                                       int64_t n, int64_t k, const float *a, int64_t lda,
                                       const float *b, int64_t ldb, const float *bias, int relu,
-                                      float *c, int64_t ldc);
+                                      float *gelu, float *c, int64_t ldc);
 
 /* path with AUTO resolved to the best that takes bf16 words; one the CPU lacks, or
    sgemm-rounded (which takes floats: Conv2d rounds them and calls pdp__sgemm_rows), is
@@ -3165,7 +3194,12 @@ PDP__PRIVATE void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uin
    beta C rounded before the sum, C not read when beta == 0), then the bias and the
    ReLU where a Linear asks (pdp__gemm_bf16_bias: one pass over C), with AVX-512 where it
    exists, masked at edges, one panel after its tile stores (reading them back at once
-   stalled: 12% of a 512^3 product).
+   stalled: 12% of a 512^3 product). A fused GELU (gemm_bf16.c's pdp__bf16_gelu_tile) runs
+   once a block of rows has all its panels written, over the block's rows of C (in L2): run
+   on each panel after its epilogue, among the tile operations, it made bench/gpt's c_fc
+   (2048 x 1536 x 384, one thread, cached operands) take 5.7 ms against 4.3 ms for the
+   product (2.7 ms) and a GELU pass after it; per block of rows 4.6 ms; on 2 threads 2.5 ms
+   against 3.1 ms (the GELU pass is bound by memory there).
    The tile configuration is loaded once per part (thread) per call and released at
    its end.
 
@@ -3417,13 +3451,14 @@ PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate);
 #  if PDP__AMX_EMU
 /* pdp__bf16_run's AMX path on emulated tiles, on any CPU (a test entry: PDP__AMX_EMULATE):
    portable != 0 packs and writes C with the portable C code even where AVX-512 exists;
-   _bias adds bias and the ReLU in the epilogue as pdp__gemm_bf16_bias does (m, n, k > 0). */
+   _bias adds bias and the ReLU or GELU in the epilogue as pdp__gemm_bf16_bias does (m, n,
+   k > 0). */
 PDP__PRIVATE void pdp__amx_gemm_emulated_bias(int portable, pdp_trans ta, pdp_trans tb, int64_t m,
                                               int64_t n, int64_t k, float alpha, const float *a,
                                               const uint16_t *ah, int64_t lda, const int64_t *arow,
                                               const float *b, const uint16_t *bh, int64_t ldb,
                                               const int64_t *brow, float beta, const float *bias,
-                                              int relu, float *c, int64_t ldc);
+                                              int relu, float *gelu, float *c, int64_t ldc);
 
 PDP__PRIVATE void pdp__amx_gemm_emulated(int portable, pdp_trans ta, pdp_trans tb, int64_t m,
                                          int64_t n, int64_t k, float alpha, const float *a,
@@ -4604,11 +4639,13 @@ PDP__PRIVATE void pdp__layers_mul(const float *PDP__RESTRICT a, const float *PDP
 
 /* GELU of 16 lanes (dy NULL: y = gelu(x)) or its gradient (out = dy gelu'(x)). */
 
+/* rows of n floats ld apart (x, dy and out alike): one call per tile of a product's
+   epilogue (the constants are set up once per call, not once per row) */
 PDP__GELU_512 PDP__PRIVATE void pdp__gelu_avx512(const float *x, const float *dy,
-                                                                  float *out, int64_t n);
+                                                 float *out, int64_t n, int64_t rows, int64_t ld);
 
 PDP__GELU_256 PDP__PRIVATE void pdp__gelu_avx2(const float *x, const float *dy,
-                                                                float *out, int64_t n);
+                                               float *out, int64_t n, int64_t rows, int64_t ld);
 /* out = exp(x - shift) for n floats, 0 where x - shift < -87 (the softmax's: its
    arguments are <= 0, and what falls below e^-87 is nothing beside the row's 1). */
 PDP__GELU_512 PDP__PRIVATE void pdp__exp_shift_avx512(const float *x, float shift, float *out,
@@ -4628,8 +4665,13 @@ PDP__GELU_256 PDP__PRIVATE void pdp__exp_shift_avx2(const float *x, float shift,
    has. */
 PDP__PRIVATE int pdp__layers_simd(void);
 
-/* out = gelu(x) (dy NULL) or out = dy gelu'(x), n floats, on the kernel of width simd
-   (pdp__layers_simd's, or one the CPU has: the tests compare them). */
+/* out = gelu(x) (dy NULL) or out = dy gelu'(x) on rows of n floats ld apart (x, dy and
+   out alike), on the kernel of width simd (pdp__layers_simd's, or one the CPU has: the
+   tests compare them). Each element alone: the bits do not depend on the cut. */
+PDP__PRIVATE void pdp__layers_gelu_simd_rows(int simd, const float *x, const float *dy, float *out,
+                                             int64_t n, int64_t rows, int64_t ld);
+
+/* pdp__layers_gelu_simd_rows on one row of n floats */
 PDP__PRIVATE void pdp__layers_gelu_simd_run(int simd, const float *x, const float *dy, float *out,
                                             int64_t n);
 
@@ -4692,6 +4734,22 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
    unfused: the bits of the two layers run apart (test_layers:
    layers_linear_relu_fused_matches_unfused).
 
+   The GELU that a Linear applies when one follows it on the CPU (io->gelu_y; model.c then
+   skips the GELU): forward, y = x W^T + b stays (the GELU's input, which its backward
+   reads) and gelu_y = gelu(y), the GELU's output, is written beside it, in a bf16
+   product's epilogue from the tile just written, else by a column pass after the GEMM;
+   backward, dy (the GELU's output gradient) times gelu'(y) into io->work, db's column
+   sums on the way, and the GEMMs read that. The GELU layer's kernel on its width
+   (pdp__layers_gelu_simd_rows), each element alone, and db's sums sample by sample: the
+   bits of the two layers run apart (test_layers: layers_linear_gelu_fused_matches_unfused).
+   What it saves: the GELU's read of y in forward (12.6 MB a c_fc of bench/gpt's
+   machine-sized model) and its hand-off to the threads, and in backward the Linear's read of
+   the GELU's dx for db. The GELU's own arithmetic (an exp and a division an element) stays,
+   and on bench/gpt's machine-sized model it is most of the GELU's time: its bf16 c_fc + GELU
+   per step, the minimum of 15 steps in 6 alternated runs on a shared 2-core Sapphire
+   Rapids, moved from 75-77 to 73-80 ms on 2 threads and from 132-138 to 132-136 ms on one
+   (inside the runs' spread; an earlier, busier set gave 69-72 -> 64-68 ms on 2 threads).
+
    Column passes (pdp__linear_cols_run): the ReLU's, the bias copied into every row
    before the GEMM, db's sums without a ReLU. Large batches split the columns into
    ranges of 16 over the intra-op threads: each column's sum keeps its order, so the
@@ -4715,6 +4773,14 @@ PDP__PRIVATE void pdp__linear_relu_forward_cols(const pdp__layer_io *io, int64_t
                                                 int64_t c1);
 
 PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
+                                                 int64_t c1);
+
+/* gelu_y = gelu(y), row by row (after a product that did not apply it) */
+PDP__PRIVATE void pdp__linear_gelu_forward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
+                                                int64_t c1);
+
+/* dz = dy gelu'(y) into work (the GELU's backward), db += dz, row by row */
+PDP__PRIVATE void pdp__linear_gelu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
                                                  int64_t c1);
 
 /* y's rows = b (the GEMM adds x W^T next, beta 1) */
@@ -5817,7 +5883,7 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
    inference and validation, parameter shapes, saved and workspace floats),
    parameter initialisation, CPU forward and backward, CUDA forward and backward
    (pdp_cuda.cu's kernels), extra workspace on CUDA, flags (internal.h's
-   PDP__LAYER_*: a view, element-wise, fuses a following ReLU or pool or is the one
+   PDP__LAYER_*: a view, element-wise, fuses a following ReLU, GELU or pool or is the one
    fused, collective, unnumbered, takes token ids, a view only forward, holds a residual
    skip, ties another layer's weight) and an estimate of its work in FLOPs (pp.c balances
    a pipeline's stages by it).
@@ -5991,7 +6057,8 @@ PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__laye
    act[i] holds layer i's output from the last forward (Flatten aliases its
    input instead of copying, and so does a ReLU after a Conv2d on the CPU, which the
    Conv2d applies itself; when a 2x2 stride-2 MaxPool2d follows that ReLU, the Conv2d
-   applies it too, writes the pool's act, and its own act is NULL); backward needs
+   applies it too, writes the pool's act, and its own act is NULL; a GELU after a Linear
+   on the CPU is applied by the Linear, which writes both acts); backward needs
    the forward's input to stay alive, as in PyTorch's autograd. A residual region
    (pdp_model_residual_begin/end) is the one place the sequence is not a chain: its
    ResidualAdd reads the output of its Residual (a forward view, so act[] of the region's
@@ -6121,6 +6188,16 @@ PDP__PRIVATE bool pdp__model_relu_fused(const pdp_model *m, int i);
    Same bits. */
 PDP__PRIVATE bool pdp__model_pool_fused(const pdp_model *m, int i);
 
+/* Layer i is a GELU (PDP__LAYER_FUSABLE_GELU) that the layer before it (a Linear:
+   PDP__LAYER_FUSES_GELU) applies in its own forward and backward (CPU only): the Linear
+   writes this layer's output beside its own (the GELU's input, which the GELU's backward
+   reads) and takes this layer's output gradient; this layer is skipped. Same bits. */
+PDP__PRIVATE bool pdp__model_gelu_fused(const pdp_model *m, int i);
+
+/* Layer i is applied by a layer before it, which writes its output (a fused pool or
+   GELU): skipped in forward and backward. */
+PDP__PRIVATE bool pdp__model_applied_before(const pdp_model *m, int i);
+
 /* Layer i is the Conv2d that applies the pool two layers on (pdp__model_pool_fused). */
 PDP__PRIVATE bool pdp__model_pools(const pdp_model *m, int i);
 
@@ -6129,7 +6206,8 @@ PDP__PRIVATE bool pdp__model_pools(const pdp_model *m, int i);
 PDP__PRIVATE bool pdp__model_is_view(const pdp_model *m, int i);
 
 /* Layer i runs in backward: not a view, or a view whose backward has work
-   (PDP__LAYER_FORWARD_VIEW: a Residual), and not a pool a Conv2d applied. */
+   (PDP__LAYER_FORWARD_VIEW: a Residual), and not a pool a Conv2d applied or a GELU a
+   Linear applied. */
 PDP__PRIVATE bool pdp__model_runs_backward(const pdp_model *m, int i);
 
 /* The model has a residual region (a kind that needs grad_skip). */

@@ -24,10 +24,11 @@
      bound (the hardware does not follow the pseudo-code's order: measured, see
      check_amx_hardware), the same bits at 1 and 2 threads, and one TDPBF16PS's
      rounding of a lone pair as measured; skipped, by name, elsewhere.
-   - The bias and ReLU in the epilogue (pdp__gemm_bf16_bias, the Linear's forward): on
-     every chain kernel the CPU has, AMX and its emulated tiles, the bits of the product
-     followed by the old pass relu(b + C) (and of C = b then beta 1), C's padding kept,
-     odd shapes, NaN rows, 1 and 2 threads.
+   - The bias and ReLU or GELU in the epilogue (pdp__gemm_bf16_bias, the Linear's
+     forward): on every chain kernel the CPU has, AMX and its emulated tiles, the bits of
+     the product followed by the old pass relu(b + C) (and of C = b then beta 1), or by
+     b + C and then the GELU layer's kernel into G, C's and G's padding kept, odd shapes,
+     NaN rows, 1 and 2 threads.
    - The avx512 path's packing (vcvtne2ps2bf16 flushes subnormal inputs) against the
      emulation, bit for bit, on subnormals that round up to the least normal bf16.
    - Bounds: the result against the exact (double) product of the bf16-rounded
@@ -1100,16 +1101,20 @@ TEST bf16_amx_emulated_gathered_match_materialised(void)
 }
 
 
-/* ---- the bias and ReLU in the epilogue (pdp__gemm_bf16_bias) ---- */
+/* ---- the bias and ReLU or GELU in the epilogue (pdp__gemm_bf16_bias) ---- */
 
 /* C of variant v (0 portable emulation, 1 AVX2, 2 AVX-512F emulation, 3 avx512-bf16, 4 amx
    on the hardware, 5 and 6 the AMX driver on emulated tiles with the path's and the
    portable packing and epilogue), x W^T (x m x k, W n x k, the Linear's layout): with
-   bias (NULL: none) and relu in the epilogue (fused), or the way the Linear did it
-   before, the product with beta 0 and then a pass C = relu(bias + C). 0: v not here. */
+   bias (NULL: none) and act (1 ReLU, 2 GELU into gl, 0 none) in the epilogue (fused), or
+   the way the Linear and the GELU layer do it apart, the product with beta 0, then a pass
+   C = relu(bias + C), or C = bias + C and the GELU layer's kernel G = gelu(C) row by row.
+   0: v not here. */
 static int bias_run(int v, int fused, int64_t m, int64_t n, int64_t k, const float *x,
-                    const float *w, const float *bias, int relu, float *c, int64_t ldc)
+                    const float *w, const float *bias, int act, float *c, float *gl, int64_t ldc)
 {
+    int relu = act == 1;
+    float *gelu = act == 2 ? gl : NULL;
     static const pdp_bf16_path path[5] = {PDP__BF16_PATH_PORTABLE, PDP__BF16_PATH_EMUL256,
                                           PDP__BF16_PATH_EMUL512, PDP_BF16_PATH_AVX512,
                                           PDP_BF16_PATH_AMX};
@@ -1122,10 +1127,10 @@ static int bias_run(int v, int fused, int64_t m, int64_t n, int64_t k, const flo
     if (v >= 5)
         pdp__amx_gemm_emulated_bias(v == 6, PDP_NO_TRANS, PDP_TRANS, m, n, k, 1.0f, x, NULL, k,
                                     NULL, w, NULL, k, NULL, 0.0f, fused ? bias : NULL,
-                                    fused && relu, c, ldc);
+                                    fused && relu, fused ? gelu : NULL, c, ldc);
     else if (fused)
-        pdp__gemm_bf16_bias(path[v], PDP_NO_TRANS, PDP_TRANS, m, n, k, x, k, w, k, bias, relu, c,
-                            ldc);
+        pdp__gemm_bf16_bias(path[v], PDP_NO_TRANS, PDP_TRANS, m, n, k, x, k, w, k, bias, relu,
+                            gelu, c, ldc);
     else if (v >= 3)
         pdp_gemm_bf16_on(path[v], PDP_NO_TRANS, PDP_TRANS, m, n, k, 1.0f, x, k, w, k, 0.0f, c,
                          ldc);
@@ -1139,20 +1144,24 @@ static int bias_run(int v, int fused, int64_t m, int64_t n, int64_t k, const flo
                 if (bias) r = bias[j] + r;
                 c[i * ldc + j] = relu ? pdp__relu(r) : r;
             }
+    if (!fused && gelu) /* the GELU layer's kernel on its width */
+        for (i = 0; i < m; i++)
+            pdp__layers_gelu_simd_run(pdp__layers_simd(), c + i * ldc, NULL, gelu + i * ldc, n);
     return 1;
 }
 
 /* The bias and the ReLU in the product's epilogue give the bits of the product followed
-   by the Linear's old pass (relu(b + C), and C = b then beta 1 without the ReLU), on every
-   chain path and kernel this CPU has and on the emulated tiles: odd shapes (n across the
-   AMX 4 x 1 and 2 x 2 blocks and several panels, k across its cache blocks), a padded
-   C whose padding stays untouched, a bias with -0 and values that make sums negative, a
-   NaN row of x, 1 and 2 threads. */
+   by the Linear's old pass (relu(b + C), and C = b then beta 1 without the ReLU), and a
+   GELU there those of C = b + C and the GELU layer's kernel after, C kept, on every chain
+   path and kernel this CPU has and on the emulated tiles: odd shapes (n across the AMX
+   4 x 1 and 2 x 2 blocks and several panels, k across its cache blocks), padded C and G
+   whose padding stays untouched, a bias with -0 and values that make sums negative and
+   large enough to reach the GELU's saturation, a NaN row of x, 1 and 2 threads. */
 TEST bf16_bias_in_epilogue_matches_two_passes(void)
 {
     static const int64_t shape[][3] = {{1, 1, 1},   {5, 16, 3},   {37, 17, 19}, {70, 45, 100},
                                        {67, 96, 33}, {33, 130, 401}, {96, 80, 160}};
-    int s, v, relu, has_bias, threads, ran = 0;
+    int s, v, act, has_bias, threads, ran = 0;
     char msg[256];
     for (s = 0; s < (int)(sizeof shape / sizeof shape[0]); s++) {
         int64_t m = shape[s][0], n = shape[s][1], k = shape[s][2], ldc = n + 3, i;
@@ -1161,34 +1170,44 @@ TEST bf16_bias_in_epilogue_matches_two_passes(void)
         float *bias = (float *)malloc(sizeof(float) * (size_t)n);
         float *want = (float *)malloc(sizeof(float) * (size_t)(m * ldc));
         float *got = (float *)malloc(sizeof(float) * (size_t)(m * ldc));
+        float *gwant = (float *)malloc(sizeof(float) * (size_t)(m * ldc));
+        float *ggot = (float *)malloc(sizeof(float) * (size_t)(m * ldc));
         for (i = 0; i < m * k; i++) x[i] = rnd();
         for (i = 0; i < n * k; i++) w[i] = rnd();
-        for (i = 0; i < n; i++) bias[i] = i % 7 == 3 ? -0.0f : 2.0f * rnd();
+        for (i = 0; i < n; i++)
+            bias[i] = i % 7 == 3 ? -0.0f : i % 11 == 5 ? 60.0f * rnd() : 2.0f * rnd();
         if (m > 2)
             for (i = 0; i < k; i++) x[2 * k + i] = NAN; /* row 2 of C: NaN */
         for (v = 0; v < 7; v++)
-            for (relu = 0; relu < 2; relu++)
+            for (act = 0; act < 3; act++)
                 for (has_bias = 0; has_bias < 2; has_bias++)
                     for (threads = 1; threads <= 2; threads++) {
                         const float *bv = has_bias ? bias : NULL;
-                        int64_t at;
-                        for (i = 0; i < m * ldc; i++) want[i] = got[i] = (float)i;
+                        int64_t at, where = -1;
+                        for (i = 0; i < m * ldc; i++)
+                            want[i] = got[i] = (float)i, gwant[i] = ggot[i] = (float)-i;
                         pdp_set_num_threads(threads);
-                        if (!bias_run(v, 0, m, n, k, x, w, bv, relu, want, ldc)) continue;
-                        bias_run(v, 1, m, n, k, x, w, bv, relu, got, ldc);
+                        if (!bias_run(v, 0, m, n, k, x, w, bv, act, want, gwant, ldc)) continue;
+                        bias_run(v, 1, m, n, k, x, w, bv, act, got, ggot, ldc);
                         ran++;
-                        for (at = 0; at < m * ldc; at++)
-                            if (to_bits(got[at]) != to_bits(want[at])) break;
-                        if (at < m * ldc) {
-                            snprintf(msg, sizeof msg, "variant %d, m%lld n%lld k%lld, relu %d, "
-                                     "bias %d, %d threads: C[%lld][%lld] = 0x%08x, two passes "
+                        for (at = 0; at < 2 * m * ldc && where < 0; at++)
+                            if (at < m * ldc ? to_bits(got[at]) != to_bits(want[at])
+                                             : to_bits(ggot[at - m * ldc]) !=
+                                                   to_bits(gwant[at - m * ldc]))
+                                where = at;
+                        if (where >= 0) {
+                            int64_t e = where % (m * ldc);
+                            const float *gp = where < m * ldc ? got : ggot;
+                            const float *wp = where < m * ldc ? want : gwant;
+                            snprintf(msg, sizeof msg, "variant %d, m%lld n%lld k%lld, act %d, "
+                                     "bias %d, %d threads: %s[%lld][%lld] = 0x%08x, two passes "
                                      "0x%08x", v, (long long)m, (long long)n, (long long)k,
-                                     relu, has_bias, threads, (long long)(at / ldc),
-                                     (long long)(at % ldc), (unsigned)to_bits(got[at]),
-                                     (unsigned)to_bits(want[at]));
+                                     act, has_bias, threads, where < m * ldc ? "C" : "G",
+                                     (long long)(e / ldc), (long long)(e % ldc),
+                                     (unsigned)to_bits(gp[e]), (unsigned)to_bits(wp[e]));
                             FAILm(msg);
                         }
-                        if (!relu && has_bias) { /* the old C = b, beta 1 */
+                        if (!act && has_bias) { /* the old C = b, beta 1 */
                             for (i = 0; i < m * ldc; i++) want[i] = (float)i;
                             for (i = 0; i < m; i++)
                                 memcpy(want + i * ldc, bias, sizeof(float) * (size_t)n);
@@ -1213,9 +1232,9 @@ TEST bf16_bias_in_epilogue_matches_two_passes(void)
                         }
                         pdp_set_num_threads(1);
                     }
-        free(x), free(w), free(bias), free(want), free(got);
+        free(x), free(w), free(bias), free(want), free(got), free(gwant), free(ggot);
     }
-    ASSERT(ran >= 2 * 7 * 8); /* the portable emulation and both emulated tiles at least */
+    ASSERT(ran >= 3 * 7 * 12); /* the portable emulation and both emulated tiles at least */
     PASS();
 }
 

@@ -610,6 +610,71 @@ TEST layers_linear_relu_fused_matches_unfused(void)
     PASS();
 }
 
+/* A GELU after a Linear on the CPU is applied by the Linear (model.c:
+   pdp__model_gelu_fused): forward writes both outputs (the GELU's input stays, its
+   backward reads it), backward takes the GELU's dy and leaves the GELU out. The same bits
+   as the layers run apart (a Dropout(0) between them stops the fusion), fp32 and bf16 (the
+   GELU in the bf16 product's epilogue), 1 and 2 threads (the products and the column
+   passes split at this width), the last layer a fused GELU, a NaN input. */
+TEST layers_linear_gelu_fused_matches_unfused(void)
+{
+    enum { B = 130, IN = 37, OUT = 10 };
+    static float xd[B * IN], dx[2][B * IN], dyd[B * OUT];
+    int t, threads, prec;
+    for (t = 0; t < 2; t++)
+        for (prec = 0; prec < 2; prec++)
+            for (threads = 1; threads <= 2; threads++) {
+                int64_t n = B * IN, i;
+                pdp_model *m[2];
+                const pdp_tensor *y[2];
+                pdp_tensor x, g[2];
+                pdp_rng r;
+                int k, pass;
+                pdp_rng_seed(&r, 140 + (uint64_t)t, 0);
+                fill_uniform(xd, n, &r, -3.0f, 2.0f);
+                if (t == 1) xd[n / 3] = NAN;
+                for (i = 0; i < B * OUT; i++) dyd[i] = (float)(i % 7) - 3.0f;
+                for (k = 0; k < 2; k++) {
+                    m[k] = new_model(1, IN, 1, 1, 140);
+                    ASSERT(m[k] != NULL);
+                    if (prec) pdp_model_set_precision(m[k], PDP_PRECISION_BF16);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], 45), pdp_status_name);
+                    if (k == 1) ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m[k], 0.0f), pdp_status_name);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_gelu(m[k]), pdp_status_name);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], 2100), pdp_status_name);
+                    if (k == 1) ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m[k], 0.0f), pdp_status_name);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_gelu(m[k]), pdp_status_name);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], OUT), pdp_status_name);
+                    if (k == 1) ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m[k], 0.0f), pdp_status_name);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_gelu(m[k]), pdp_status_name);
+                    ASSERT(pdp__model_gelu_fused(m[k], 1) == (k == 0));
+                    ASSERT(pdp__model_gelu_fused(m[k], 3) == (k == 0));
+                    ASSERT(pdp__model_gelu_fused(m[k], 5) == (k == 0));
+                    pdp_model_flat(m[0], &g[0], NULL);
+                    pdp_model_flat(m[k], &g[k], NULL);
+                    ASSERT_EQ(g[0].count, g[k].count);
+                    memcpy(g[k].data, g[0].data, (size_t)g[0].count * sizeof(float));
+                    wrap_input(m[k], xd, B, &x);
+                    pdp_set_num_threads(threads);
+                    for (pass = 0; pass < 2; pass++) {
+                        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m[k], &x, &y[k]), pdp_status_name);
+                        ASSERT_ENUM_EQ(PDP_OK, fixture_backward_with_dx(m[k], dyd, dx[k]),
+                                       pdp_status_name);
+                    }
+                    pdp_set_num_threads(1);
+                }
+                ASSERT_EQ(y[1]->count, y[0]->count);
+                ASSERT_MEM_EQ(y[1]->data, y[0]->data, (size_t)y[0]->count * sizeof(float));
+                ASSERT_MEM_EQ(dx[1], dx[0], (size_t)n * sizeof(float));
+                pdp_model_flat(m[0], NULL, &g[0]);
+                pdp_model_flat(m[1], NULL, &g[1]);
+                ASSERT_MEM_EQ(g[1].data, g[0].data, (size_t)g[0].count * sizeof(float));
+                pdp_model_free(m[0]);
+                pdp_model_free(m[1]);
+            }
+    PASS();
+}
+
 TEST layers_maxpool_ties_go_to_the_first_maximum(void)
 {
     pdp_model *m = new_model(3, 1, 2, 4, 15);
@@ -1471,6 +1536,7 @@ SUITE(layers)
     RUN_TEST(layers_conv2d_stride1_matches_naive);
     RUN_TEST(layers_conv_relu_pool_fused_matches_unfused);
     RUN_TEST(layers_linear_relu_fused_matches_unfused);
+    RUN_TEST(layers_linear_gelu_fused_matches_unfused);
     RUN_TEST(layers_maxpool_ties_go_to_the_first_maximum);
     RUN_TEST(layers_maxpool_nan_wins_as_in_pytorch);
     RUN_TEST(layers_relu_nan_as_in_pytorch);
