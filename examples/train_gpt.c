@@ -1,15 +1,13 @@
 /* train_gpt.c - train a small GPT on text, byte by byte, on one core or on several ranks.
 
-   nanoGPT's GPT (gpt.h) over the 256 byte values, trained as nanoGPT does: windows of T + 1
-   bytes drawn at random, AdamW (betas 0.9, 0.95, weight decay 0.1), warm-up then cosine
-   decay, gradients clipped to norm 1, lr 3e-3 (at dim 128 it beat nanoGPT's 1e-3), on
+   nanoGPT's GPT (gpt.h) over the 256 byte values, trained as nanoGPT does (windows of T + 1
+   bytes drawn at random, AdamW, warm-up then cosine decay, gradients clipped to norm 1) on
    Debian's fortunes (apt-get install fortunes), -text FILE|DIR or pdp's synthetic text.
    -strategy dp|ddp|zero1|zero2|zero3 trains the same global batches on -np DP workers or
    ranks; -tp N splits each block over N more ranks (by heads), -sp 1 adds sequence
    parallelism, -recompute selective|full trades compute for activation memory, -device cuda
-   trains on GPUs (a thread rank per GPU over NCCL). It prints one block's activations beside
-   Megatron-LM's formulas, the losses, each rank's memory beside ZeRO's formulas, TP's
-   traffic beside its formula, then text.
+   trains on GPUs. It prints one block's activations beside Megatron-LM's formulas, the
+   losses, each rank's memory beside ZeRO's formulas, TP's traffic beside its formula, text.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt.c -o train_gpt -lm -lpthread
            nvcc -O2 -arch=sm_90 -DPDP_CUDA -I. examples/train_gpt.c pdp_cuda.cu -o train_gpt_cuda \
@@ -36,7 +34,8 @@
 static pdp_gpt_desc g = {.vocab = 256, .context = 64, .layers = 4, .heads = 4, .dim = 96};
 static int64_t B = 8, steps = 2000, n_new = 500, seed = 1; /* B: the global batch */
 static int np = 1, tp = 1, sp = 0, threads = 1, top_k = 40, stage = -1; /* stage: ZeRO's */
-static double lr = 3e-3, dropout = 0, temperature = 0.8;
+static double lr = 3e-3; /* at dim 128, 2e-3 and 4e-3 beat nanoGPT's 1e-3 over 1200 steps */
+static double dropout = 0, temperature = 0.8;
 static const char *strategy = "single", *recompute = "none", *precision = "fp32",
                   *path = PDP_FORTUNES_DIR, *prompt = "The ", *device = "cpu";
 static bool short_run;
