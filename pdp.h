@@ -74,12 +74,15 @@
        CHECK(pdp_gpt_generate(gpt, out, 3, 200, 0.8f, 40, &rng)); // "The" and 200 more bytes
 
    examples/train_gpt.c is the whole loop (AdamW, validation loss, generation), with
-   three helpers a training script wants: pdp_gpt_evaluate (the mean loss over the same
+   the helpers a training script wants: pdp_gpt_evaluate (the mean loss over the same
    windows every call, no dropout, the model on any device and split by TP or ZeRO-3),
    pdp_gpt_activation_report (one block's activations from the layer table beside
-   Megatron-LM's formulas for the run's TP, SP and each recomputation mode) and
-   pdp_gpt_tp_report (a step's TP traffic beside the formula). pdp_gpt_generate runs on
-   a GPU too (the window goes up, the logits come back each token).
+   Megatron-LM's formulas for the run's TP, SP and each recomputation mode),
+   pdp_gpt_tp_report (a step's TP traffic beside the formula), pdp_gpt_memory_report (a
+   rank's parameters, gradients, optimizer state, activations and buffers beside ZeRO's
+   formulas for its stage) and pdp_gpt_generate_text (a byte-level GPT's prompt and draws
+   as printable text). pdp_gpt_generate runs on a GPU too (the window goes up, the logits
+   come back each token).
    The pieces are public layers, so a model of your own can use them: an int32 input
    (pdp_model_desc.input_dtype = PDP_DTYPE_I32, input_shape {T}) taken by
    pdp_model_add_embedding; after it a sample is [T, C], and Linear, LayerNorm (over C),
@@ -583,8 +586,9 @@
                     fires the grad hook per parameter: where DDP and ZeRO listen);
                     loss.c: pdp_model_forward_backward; optim.c: pdp_optim_step
    A GPT            gpt.c: pdp_gpt_create (the blocks: pdp__gpt_block), pdp_gpt_generate,
-                    pdp_gpt_evaluate, pdp_gpt_activation_report (Megatron's tensors:
-                    pdp__gpt_megatron), pdp_gpt_tp_report;
+                    pdp_gpt_generate_text, pdp_gpt_evaluate, pdp_gpt_activation_report
+                    (Megatron's tensors: pdp__gpt_megatron), pdp_gpt_tp_report,
+                    pdp_gpt_memory_report;
                     layers_gpt.c: pdp__embed_forward, pdp__attn_forward_head (the
                     scores, the causal mask, the softmax; pdp__attn_backward_head its
                     gradient), pdp__residual_add_forward (where the residual is added;
