@@ -55,7 +55,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_device gpus[64]; /* DP's workers on GPUs: 0, 1, ..., np - 1 */
     pdp_model *m;
     pdp_optim *opt;
-    pdp_tensor *xt, ids; /* ids: the slice's windows, on this rank's device */
+    pdp_tensor *xt;      /* b windows of ids on this rank's device, */
+    pdp_tensor ids;      /* seen as ids [b, T] */
     pdp_dp *dp = NULL;
     pdp_ddp *ddp = NULL;
     pdp_zero *z = NULL;
