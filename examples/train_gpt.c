@@ -125,20 +125,22 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         loss_sum = 0;
     }
 
-    if (!dp) { /* this rank's memory beside ZeRO's formulas; single's and DDP's: stage 0's */
+    if (dp) { /* DP's workers are threads of this one rank */
+        PDP_TRY(pdp_dp_get_stats(dp, &dps));
+        printf("DP, %d workers: the master holds %.2f MB (parameters, gradients, AdamW's state, "
+               "its activations,\n  the gathered outputs), each other worker %.2f MB: DP saves "
+               "nothing and overloads worker 0\n", np, dps.master_bytes / 1e6,
+               dps.replica_bytes / 1e6);
+    } else { /* this rank's memory beside ZeRO's formulas; single's and DDP's: stage 0's */
         PDP_TRY(z ? pdp_zero_get_memory(z, opt, &mm)
                   : pdp_zero_memory_plan(m, n, 0, NULL, opt, &mm)); /* a whole replica */
         PDP_TRY(pdp_gpt_memory_report(m, &mm, b, text, size));
         PDP_TRY(pdp_print_by_rank(ctx->world, "rank %d: %s", ctx->rank, text));
     }
-    if (dp) PDP_TRY(pdp_dp_get_stats(dp, &dps)); /* DP's workers are threads of one rank */
-    if (dp)
-        printf("DP, %d workers: the master holds %.2f MB (parameters, gradients, AdamW's state, "
-               "its activations,\n  the gathered outputs), each other worker %.2f MB: DP saves "
-               "nothing and overloads worker 0\n", np, dps.master_bytes / 1e6,
-               dps.replica_bytes / 1e6);
-    if (ctx->rank == 0 && tp > 1 && !pdp_gpt_tp_report(&gd, b, &ts, text, size, NULL))
-        printf("%s", text); /* the last step's TP traffic beside its formula */
+    if (ctx->rank == 0 && tp > 1) { /* the last step's TP traffic beside its formula */
+        PDP_TRY(pdp_gpt_tp_report(&gd, b, &ts, text, size, NULL));
+        printf("%s", text);
+    }
     if (ctx->rank == 0 && n > 1 && pdp_zero_memory_format(&mm, text, size) > 0)
         printf("%s(the losses above are rank 0's, over its slice of each global batch; the "
                "validation losses are\n single's. Activations shrink with the slice, under DDP "
