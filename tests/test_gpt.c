@@ -1473,6 +1473,15 @@ TEST gpt_memory_report_is_each_stages_formula_beside_the_bytes(void)
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_memory_report(m, &mm, 3, line, 100),
                    pdp_status_name);
     ASSERT(strstr(pdp_last_error(), "pdp_gpt_memory_report"));
+    pdp_optim_free(o); /* SGD with momentum: one state float a parameter, 4 Psi */
+    od.kind = PDP_OPTIM_SGD, od.momentum = 0.9;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_zero_memory_plan(m, 2, 1, NULL, o, &mm), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_memory_report(m, &mm, 3, line, sizeof line),
+                   pdp_status_name);
+    snprintf(want, sizeof want, "momentum %.2f (4Psi/N %.2f)", mm.optim_bytes / 1e6,
+             P4 / 2 / 1e6);
+    ASSERTm(line, strstr(line, want) != NULL);
     pdp_optim_free(o);
     pdp_model_free(m);
     PASS();
