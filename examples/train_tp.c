@@ -28,7 +28,7 @@
            step    5  loss 1.6526  all-reduced/rank: fwd 65536 B (formula B x 512 x 4 = 65536
              B)  bwd 0 B  sent 65536 B (ring 2(N-1)/N x fwd = 65536 B)
            epoch 1  loss 1.5867  test 58.75%  3696 samples/s  all-reduce 72% of the time ...
-           (the share includes waiting for the other rank: g and f are synchronous)
+           (2 busy cores; the share includes waiting for the other rank: g and f are synchronous)
    Next:   train_pp.c (splitting the layers across ranks instead of each layer). */
 
 #define PDP_IMPLEMENTATION
