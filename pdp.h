@@ -74,12 +74,15 @@
        CHECK(pdp_gpt_generate(gpt, out, 3, 200, 0.8f, 40, &rng)); // "The" and 200 more bytes
 
    examples/train_gpt.c is the whole loop (AdamW, validation loss, generation), with
-   three helpers a training script wants: pdp_gpt_evaluate (the mean loss over the same
+   the helpers a training script wants: pdp_gpt_evaluate (the mean loss over the same
    windows every call, no dropout, the model on any device and split by TP or ZeRO-3),
    pdp_gpt_activation_report (one block's activations from the layer table beside
-   Megatron-LM's formulas for the run's TP, SP and each recomputation mode) and
-   pdp_gpt_tp_report (a step's TP traffic beside the formula). pdp_gpt_generate runs on
-   a GPU too (the window goes up, the logits come back each token).
+   Megatron-LM's formulas for the run's TP, SP and each recomputation mode),
+   pdp_gpt_tp_report (a step's TP traffic beside the formula), pdp_gpt_memory_report (a
+   rank's parameters, gradients, optimizer state, activations and buffers beside ZeRO's
+   formulas for its stage) and pdp_gpt_generate_text (a byte-level GPT's prompt and draws
+   as printable text). pdp_gpt_generate runs on a GPU too (the window goes up, the logits
+   come back each token).
    The pieces are public layers, so a model of your own can use them: an int32 input
    (pdp_model_desc.input_dtype = PDP_DTYPE_I32, input_shape {T}) taken by
    pdp_model_add_embedding; after it a sample is [T, C], and Linear, LayerNorm (over C),
@@ -587,8 +590,9 @@
                     fires the grad hook per parameter: where DDP and ZeRO listen);
                     loss.c: pdp_model_forward_backward; optim.c: pdp_optim_step
    A GPT            gpt.c: pdp_gpt_create (the blocks: pdp__gpt_block), pdp_gpt_generate,
-                    pdp_gpt_evaluate, pdp_gpt_activation_report (Megatron's tensors:
-                    pdp__gpt_megatron), pdp_gpt_tp_report;
+                    pdp_gpt_generate_text, pdp_gpt_evaluate, pdp_gpt_activation_report
+                    (Megatron's tensors: pdp__gpt_megatron), pdp_gpt_tp_report,
+                    pdp_gpt_memory_report;
                     layers_gpt.c: pdp__embed_forward, pdp__attn_forward_head (the
                     scores, the causal mask, the softmax; pdp__attn_backward_head its
                     gradient), pdp__residual_add_forward (where the residual is added;
@@ -2820,7 +2824,19 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc);
 PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64_t n_new,
                                     float temperature, int top_k, pdp_rng *r);
 
-/* ---- gpt: evaluation and the activation report ---- */
+/* pdp_gpt_generate from a text, for a byte-level GPT (vocab 256, pdp_token_dataset's bytes):
+   the prompt's bytes (at least one), then n_new bytes drawn as pdp_gpt_generate draws them
+   (the same r, the same bytes), written into buf as text a terminal shows: newline and tab
+   as they are, every other control byte (0-31, 127) as '?', NUL ended. bytes must hold
+   strlen(prompt) + n_new + 1. PDP_ERR_INVALID names the call for a NULL argument, another
+   vocabulary, an empty prompt, a negative n_new or a short buf; otherwise fails as
+   pdp_gpt_generate does (under desc.tp, every TP rank calls it with the same r). Allocates
+   the ids for the call. examples/train_gpt.c prints its sample with it. */
+PDP_API pdp_status pdp_gpt_generate_text(pdp_model *m, const char *prompt, int64_t n_new,
+                                         float temperature, int top_k, pdp_rng *r, char *buf,
+                                         size_t bytes);
+
+/* ---- gpt: evaluation and the reports ---- */
 
 /* The mean cross-entropy of m over `batches` batches of `batch` windows of ds's split
    (ds->context must be m's T), drawn from a pdp_rng seeded (seed, 0), so every call sees
@@ -2859,6 +2875,24 @@ PDP_API pdp_status pdp_gpt_activation_report(const pdp_model *m, const pdp_gpt_d
 PDP_API pdp_status pdp_gpt_tp_report(const pdp_gpt_desc *desc, int64_t batch,
                                      const pdp_tp_stats *s, char *buf, size_t bytes,
                                      double *formula_bytes);
+
+/* Where this rank's memory goes in a training step, beside ZeRO's formulas (Rajbhandari et
+   al. 2020, fp32 form), one entry into buf (PDP_ERR_INVALID when it does not fit, or for a
+   NULL argument, batch < 1 or a report with world_size < 1): parameters, gradients and the
+   optimizer's state (mm's, measured by pdp_zero_get_memory or planned by
+   pdp_zero_memory_plan: stage 0 is a whole replica, single's or DDP's), each beside its
+   formula, 4 Psi, 4 Psi and 4 k Psi bytes for k state floats a parameter (named "Adam's
+   m, v" for 2, "momentum" for 1), divided by N from the stage that shards it (1 the state,
+   2 the gradients, 3 the parameters); then m's activations at batch sequences
+   (pdp_model_activation_bytes of every layer), the working buffers and their bound, and
+   the sum:
+       parameters 0.96 MB (4Psi/N 0.96), gradients 0.96 (4Psi/N 0.96), Adam's m, v 1.91
+       (8Psi/N 1.91),\n  activations 8.60 (4 sequences), buffers 1.20 (at most 1.20): 13.62 MB
+   m is this rank's model (split by desc.tp or not; any model, a GPT's or not). MB are 1e6
+   bytes, as pdp_zero_memory_format's. examples/train_gpt.c prints it for every rank. */
+struct pdp_zero_memory;
+PDP_API pdp_status pdp_gpt_memory_report(const pdp_model *m, const struct pdp_zero_memory *mm,
+                                         int64_t batch, char *buf, size_t bytes);
 /* ---- end src/gpt.h ---- */
 
 /* ---- begin src/zero.h ---- */
@@ -28427,6 +28461,34 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
     return st == PDP_OK ? PDP_OK : pdp__err_wrap(st, "%s", fn);
 }
 
+PDP_API pdp_status pdp_gpt_generate_text(pdp_model *m, const char *prompt, int64_t n_new,
+                                         float temperature, int top_k, pdp_rng *r, char *buf,
+                                         size_t bytes)
+{
+    const char *fn = "pdp_gpt_generate_text";
+    int64_t len, i;
+    int32_t *ids;
+    pdp_status st;
+    if (!m || !prompt || !r || !buf) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    len = (int64_t)strlen(prompt);
+    if (m->nlayers < 1 || m->layers[m->nlayers - 1].out_shape[1] != 256)
+        return pdp__err(PDP_ERR_INVALID, "%s: the model's vocabulary is not the 256 bytes", fn);
+    if (len < 1 || n_new < 0 || bytes < (size_t)(len + n_new) + 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: prompt of %lld bytes (>= 1), n_new %lld (>= 0) and "
+                        "%zu bytes of buf (the text needs %lld)", fn, (long long)len,
+                        (long long)n_new, bytes, (long long)(len + n_new + 1));
+    ids = (int32_t *)pdp__alloc((size_t)(len + n_new) * sizeof *ids);
+    if (!ids) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    for (i = 0; i < len; i++) ids[i] = (unsigned char)prompt[i];
+    st = pdp_gpt_generate(m, ids, len, n_new, temperature, top_k, r);
+    for (i = 0; i < len + n_new && st == PDP_OK; i++) /* a control byte as '?' */
+        buf[i] = ids[i] == '\n' || ids[i] == '\t' || (ids[i] >= 32 && ids[i] != 127)
+                 ? (char)(unsigned char)ids[i] : '?';
+    buf[st == PDP_OK ? len + n_new : 0] = '\0';
+    pdp__dealloc(ids);
+    return st == PDP_OK ? PDP_OK : pdp__err_wrap(st, "%s", fn);
+}
+
 /* ---- gpt: evaluation ---- */
 
 PDP_API pdp_status pdp_gpt_evaluate(pdp_model *m, const pdp_token_dataset *ds, pdp_split split,
@@ -28630,6 +28692,34 @@ PDP_API pdp_status pdp_gpt_tp_report(const pdp_gpt_desc *desc, int64_t batch,
     if (n < 0 || (size_t)n >= bytes)
         return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the line", fn, bytes);
     if (formula_bytes) *formula_bytes = sent;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_gpt_memory_report(const pdp_model *m, const struct pdp_zero_memory *mm,
+                                         int64_t batch, char *buf, size_t bytes)
+{
+    const char *fn = "pdp_gpt_memory_report";
+    static const char *state[3] = {"optimizer state", "momentum", "Adam's m, v"};
+    int64_t act;
+    double P4, n;
+    int k, len;
+    if (!m || !mm || !buf || batch < 1 || mm->world_size < 1 || mm->state_per_param < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: NULL argument, batch %lld < 1 or a bad memory "
+                        "report", fn, (long long)batch);
+    act = pdp_model_activation_bytes(m, 0, m->nlayers, batch);
+    P4 = 4.0 * (double)mm->param_count, n = mm->world_size, k = mm->state_per_param;
+    len = snprintf(buf, bytes, "parameters %.2f MB (4Psi%s %.2f), gradients %.2f (4Psi%s %.2f), "
+                   "%s %.2f (%dPsi%s %.2f),\n  activations %.2f (%lld sequences), buffers %.2f "
+                   "(at most %.2f): %.2f MB\n", (double)mm->param_bytes / 1e6,
+                   mm->stage >= 3 ? "/N" : "", P4 / (mm->stage >= 3 ? n : 1) / 1e6,
+                   (double)mm->grad_bytes / 1e6, mm->stage >= 2 ? "/N" : "",
+                   P4 / (mm->stage >= 2 ? n : 1) / 1e6, state[k < 3 ? k : 0],
+                   (double)mm->optim_bytes / 1e6, 4 * k, mm->stage >= 1 ? "/N" : "",
+                   k * P4 / (mm->stage >= 1 ? n : 1) / 1e6, (double)act / 1e6, (long long)batch,
+                   (double)mm->buffer_bytes / 1e6, (double)mm->buffer_bound / 1e6,
+                   (double)(mm->total_bytes + act) / 1e6);
+    if (len < 0 || (size_t)len >= bytes)
+        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the line", fn, bytes);
     return PDP_OK;
 }
 /* ---- end src/gpt.c ---- */

@@ -1,16 +1,13 @@
 /* train_ddp.c - DistributedDataParallel: N ranks train one MLP on Fashion-MNIST.
 
-   Every rank holds a full replica of the MLP 784-512-512-10 (Adam, lr 0.001: the model
-   and optimizer of train_zero.c, so their figures compare) and trains on its own shard
-   of each global batch (a DistributedSampler splits the data); during backward the
-   gradients are averaged across ranks in buckets, each bucket's all-reduce running while
-   backward goes on with earlier layers. Rank 0 prints the bytes each rank sent per step
-   beside the ring all-reduce figure 2(N-1)/N x gradient bytes, and the share of
-   all-reduce time hidden under backward. pdp_launch starts the ranks: threads of this
-   process (-backend local), MPI processes (-backend mpi, under mpirun), or GPUs over
-   NCCL (-backend nccl: a thread per GPU, or a process per GPU under torchrun / mpirun).
-   -compress bf16|fp16 registers the built-in compression hook (PyTorch's
-   bf16_compress_hook): gradients travel as 16-bit values, half the bytes.
+   Every rank holds a replica of the MLP 784-512-512-10 (Adam, lr 0.001: train_zero.c's, so
+   their figures compare) and trains on its shard of each global batch (a DistributedSampler);
+   in backward each bucket of gradients is averaged across the ranks as soon as it fills,
+   while backward goes on with earlier layers. Rank 0 prints the bytes a rank sent per step
+   beside the ring all-reduce's 2(N-1)/N x gradient bytes, and the share of all-reduce time
+   hidden under backward. Ranks: threads (-backend local), MPI processes (mpi, under mpirun)
+   or GPUs over NCCL (nccl: a thread per GPU, or a process per GPU under torchrun or mpirun).
+   -compress bf16|fp16: 16-bit gradients, half the bytes (PyTorch's bf16_compress_hook).
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_ddp.c -o train_ddp -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_ddp.c -o train_ddp_mpi -lm
@@ -27,8 +24,7 @@
            step  100  loss 0.3812  sent/rank 2.68 MB  ring 2(N-1)/N x grads 2.68 MB  hidden ...
            epoch 1  loss 0.4848  test 85.40%  11440 samples/s  all-reduce hidden under ...
            (the losses are rank 0's, over its own shard of each batch: the other ranks' ...)
-           "hidden" stays low for this MLP on an idle machine: its second bucket (layer 0,
-           60% of the bytes) is ready only when backward ends; on busy cores it swings.
+           ("hidden" stays low when idle: layer 0's bucket, 60% of the bytes, fills last)
    Next:   train_zero.c (the same model and optimizer with ZeRO's shards). */
 
 #define PDP_IMPLEMENTATION
@@ -38,10 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int epochs = 1;
-static int64_t batch = 256; /* global */
+static int np = 2, epochs = 1; /* np: thread ranks (mpirun or torchrun decide otherwise) */
+static int64_t batch = 256, seed = 1; /* batch: the global batch */
 static double lr = 0.001;
-static int64_t seed = 1;
 static bool short_run;
 static const char *backend = "local", *compress = "none"; /* compress: bf16 or fp16 */
 static pdp_dataset *train, *test;
@@ -61,8 +56,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     (void)user;
     if (rank == 0)
         printf("seed %lld: %s, backend %s, %d ranks, global batch %lld (%lld per rank), MLP "
-               "784-512-512-10, Adam lr %g, gradients %s\n", (long long)seed, train->source, backend, n,
-               (long long)batch, (long long)per_rank, lr, wire < 1 ? compress : "fp32");
+               "784-512-512-10, Adam lr %g, gradients %s\n", (long long)seed, train->source,
+               backend, n, (long long)batch, (long long)per_rank, lr, wire < 1 ? compress : "fp32");
     /* the seed differs by rank on purpose: DDP starts every rank from rank 0's parameters */
     pdp_model_desc md = {.input_shape = {784}, .device = ctx->device,
                          .seed = (uint64_t)seed + (uint64_t)rank};
@@ -83,11 +78,10 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_batcher_desc tbd = {.batch_size = 1000, .device = ctx->device}; /* the test set */
     PDP_TRY(pdp_batcher_create(&tb, test, &tbd));
     pdp_dist_sampler_desc sd = {.dataset_size = train->count, .world_size = n, .rank = rank,
-                                .seed = (uint64_t)seed};
+                                .seed = (uint64_t)seed}; /* this rank's shard of the data */
     PDP_TRY(pdp_dist_sampler_create(&sampler, &sd));
-    /* batches of this rank's shard, on the replica's device; every rank the same count */
     pdp_batcher_desc bd = {.batch_size = per_rank, .sampler = sampler, .device = ctx->device,
-                           .drop_last = true};
+                           .drop_last = true}; /* every rank the same count of batches */
     PDP_TRY(pdp_batcher_create(&b, train, &bd));
     for (e = 0; e < epochs; e++) {
         pdp_tensor x;
@@ -135,10 +129,9 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 int main(int argc, char **argv)
 {
     pdp_launch_desc ld = {0};
-    int np = 2;
     const pdp_arg args[] = { /* option, type, variable (its default), min, max, choices */
         {"-backend", PDP_ARG_STRING, &backend, 0, 0, "local|mpi|nccl"},
-        {"-np", PDP_ARG_INT, &np, 1, 256, NULL}, /* thread ranks; mpirun or torchrun decide */
+        {"-np", PDP_ARG_INT, &np, 1, 256, NULL},
         {"-epochs", PDP_ARG_INT, &epochs, 1, 1000, NULL},
         {"-batch", PDP_ARG_INT64, &batch, 1, 1 << 20, NULL}, /* global: at least 1 per rank */
         {"-lr", PDP_ARG_DOUBLE, &lr, 1e-9, 10, NULL},

@@ -3,12 +3,12 @@
    Rank = (d pp + s) tp + t: a TP group's ranks are neighbours (the most traffic), then a
    pipeline's stages s, then the data-parallel copies d. Three pdp_comm_split calls give each
    rank its TP group (each block's weights split by heads, tp.h), its PP group (the blocks cut
-   into stages of equal estimated FLOPs, pp.h: the same split every run) and its DP group (the copies of a stage,
+   into stages of equal estimated FLOPs, pp.h) and its DP group (the copies of a stage,
    gradients averaged). Pipeline d trains on its 1/dp of each global batch; AdamW, clipping
    to norm 1 over all three. Rank 0 first trains the same GPT on one device: both losses each
    step (exit status 1 if they differ by more than 1e-5); then each rank's groups, layers,
-   memory, bytes sent a step beside the formulas (b T C 4: one micro-batch's
-   activation) and bubble beside pdp's formula and Megatron's.
+   memory, bytes sent a step beside the formulas (b T C 4: one micro-batch's activation) and
+   bubble beside pdp's formula and Megatron's.
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt_3d.c -o train_gpt_3d -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_gpt_3d.c -o gpt_3d_mpi -lm
    Run:    ./train_gpt_3d              (2 x 2 x 2: 8 thread ranks; PDP_SHORT=1: 3 steps)
@@ -16,9 +16,8 @@
            mpirun -np 8 ./gpt_3d_mpi -backend mpi     (make mpi-test checks its losses)
    Output (PDP_SHORT=1): "step 3  loss 4.894898  one device 4.894899 ...", "equal to one
            device within 1e-05", then per rank: "rank 5 (dp 1, tp 1, pp 0): TP {4 5}  PP {5 7}
-           DP {1 5}  layers 0..40", its memory, "TP 655360
-           (2(t-1)/t x 2 m R b T C 4 = 655360, ...)", PP and DP bytes likewise, "bubble 0.186
-           measured over 3 steps; pdp's ...".
+           DP {1 5}  layers 0..40", its memory, "TP 655360 (2(t-1)/t x 2 m R b T C 4 = 655360,
+           ...)", PP and DP bytes likewise, "bubble 0.186 measured over 3 steps; pdp's ...".
    Next:   pdp.h's manual, DISTRIBUTED, "Combinations" (the same groups and formulas). */
 
 #define PDP_IMPLEMENTATION
@@ -46,15 +45,6 @@ static pdp_status batch(int s, int64_t B, int32_t *x, int32_t *y)
     return pdp_token_dataset_sample(ds, PDP_SPLIT_TRAIN, &r, B, x, y);
 }
 
-/* Rank r = (d pp + s) tp + t's group of kind k (0 TP, 1 PP, 2 DP) is the ranks of its colour:
-   TP the same pipeline and stage (d, s), PP the same pipeline and TP rank (d, t), DP the same
-   stage and TP rank (s, t). pdp_comm_split makes one communicator of each colour. */
-static int colour(int k, int r)
-{
-    int t = r % tp, s = r / tp % pp, d = r / (tp * pp);
-    return k == 0 ? d * pp + s : k == 1 ? d * tp + t : s * tp + t;
-}
-
 static pdp_status one_device(int64_t B, int32_t *x, int32_t *y) /* the reference */
 {
     pdp_model *m;
@@ -62,7 +52,7 @@ static pdp_status one_device(int64_t B, int32_t *x, int32_t *y) /* the reference
     pdp_tensor xt;
     PDP_TRY(pdp_gpt_create(&m, &g));
     PDP_TRY(pdp_optim_create(&o, m, &od));
-    pdp_tensor_wrap_ids(x, pdp_cpu(), 2, (int64_t[]){B, g.context}, &xt);
+    PDP_TRY(pdp_tensor_wrap_ids(x, pdp_cpu(), 2, (int64_t[]){B, g.context}, &xt));
     for (int s = 0; s < steps; s++) {
         PDP_TRY(batch(s, B, x, y));
         PDP_TRY(pdp_model_forward_backward(m, &xt, y, &one[s]));
@@ -75,9 +65,14 @@ static pdp_status one_device(int64_t B, int32_t *x, int32_t *y) /* the reference
     return PDP_OK;
 }
 
+/* Rank r = (d pp + s) tp + t holds coordinates at = {t, s, d} along the strides {1, tp, tp pp}:
+   its group of kind k (0 TP, 1 PP, 2 DP) is the ranks that differ from it in at[k] alone,
+   r + (i - at[k]) stride[k] for i < size[k]. pdp_comm_split makes one communicator of each
+   group (its colour: the group's first rank; its key: at[k], the rank in the group). */
 static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 {
     int r = ctx->rank, t = r % tp, s = r / tp % pp, d = r / (tp * pp), R = 0, n;
+    int at[3] = {t, s, d}, stride[3] = {1, tp, tp * pp}, size[3] = {tp, pp, dp};
     int64_t B = (int64_t)dp * micro * 2, b = 2, act = b * g.context * g.dim * 4; /* b: windows */
     int32_t *x = malloc((size_t)(B * g.context) * 2 * sizeof *x), *y = x + B * g.context;
     pdp_comm *c[3]; /* this rank's TP, PP and DP groups */
@@ -104,9 +99,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
                (int)g.layers, (int)g.dim, (int)g.context);
         PDP_TRY(one_device(B, x, y)); /* the others wait in the first split */
     }
-    PDP_TRY(pdp_comm_split(ctx->world, colour(0, r), t, &c[0])); /* key: the rank in the group */
-    PDP_TRY(pdp_comm_split(ctx->world, colour(1, r), s, &c[1])); /* stage s is PP rank s */
-    PDP_TRY(pdp_comm_split(ctx->world, colour(2, r), d, &c[2]));
+    for (int k = 0; k < 3; k++) /* TP, PP (stage s is PP rank s), DP */
+        PDP_TRY(pdp_comm_split(ctx->world, r - at[k] * stride[k], at[k], &c[k]));
     pdp_gpt_desc gd = g;
     gd.tp = tp > 1 ? c[0] : NULL;
     PDP_TRY(pdp_gpt_create(&full, &gd)); /* this TP rank's slices of every block */
@@ -118,8 +112,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_model_free(full);
     m = pdp_pp_model(p);
     PDP_TRY(pdp_optim_create(&o, m, &od));
-    pdp_tensor_wrap_ids(x + d * (B / dp) * g.context, pdp_cpu(), 2,
-                        (int64_t[]){B / dp, g.context}, &xt);
+    PDP_TRY(pdp_tensor_wrap_ids(x + d * (B / dp) * g.context, pdp_cpu(), 2,
+                                (int64_t[]){B / dp, g.context}, &xt));
     pdp_comm_get_stats(c[2], &dp0); /* after pdp_pp_create's broadcast over DP */
     for (int i = 0; i < steps; i++) {
         float loss;
@@ -135,7 +129,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
             printf("step %d  loss %.6f  one device %.6f  (difference %.1e)\n", i + 1,
                    (double)loss, (double)one[i], fabs((double)loss - one[i]));
     }
-    if (r == 0) {
+    if (r == 0) { /* one[] is rank 0's */
         bad = !(worst <= 1e-5);
         printf("%s to one device within 1e-05 (largest difference %.1e over %d steps)\n",
                bad ? "NOT EQUAL" : "equal", worst, steps);
@@ -146,11 +140,11 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     for (int i = 0; i < pdp_model_num_layers(m); i++) /* the TP regions: attentions, MLPs */
         R += !strcmp(pdp_model_layer_name(m, i), "ColumnParallelLinear");
     n = snprintf(text, sizeof text, "rank %d (dp %d, tp %d, pp %d):", r, d, t, s);
-    for (int k = 0; k < 3; k++) { /* its groups: the ranks of its colours */
+    for (int k = 0; k < 3; k++) { /* its groups */
         n += snprintf(text + n, sizeof text - n, " %s {", (const char *[]){"TP", "PP", "DP"}[k]);
-        for (int i = 0, j = 0; i < ctx->world_size; i++)
-            if (colour(k, i) == colour(k, r))
-                n += snprintf(text + n, sizeof text - n, j++ ? " %d" : "%d", i);
+        for (int i = 0; i < size[k]; i++)
+            n += snprintf(text + n, sizeof text - n, i ? " %d" : "%d",
+                          r + (i - at[k]) * stride[k]);
         n += snprintf(text + n, sizeof text - n, "} ");
     }
     n += snprintf(text + n, sizeof text - n, " layers");

@@ -1,22 +1,18 @@
 /* train_tp.c - tensor parallelism: N ranks share each weight matrix of train_ddp.c's MLP.
 
-   The model is train_ddp.c's MLP 784-512-512-10 (Adam, lr 0.001), its first two layers
-   made Megatron-LM's MLP block with the 512 hidden features split over the ranks:
+   train_ddp.c's MLP 784-512-512-10 (Adam, lr 0.001) with its first two layers made
+   Megatron-LM's MLP block, the 512 hidden features split over the ranks:
        f                      identity forward, all-reduce of the input gradient backward
        ColumnParallelLinear   rank r holds rows of W1 [512, 784]: its slice of the hidden
        ReLU                   on the slice
-       RowParallelLinear      rank r holds the matching columns of W2 [512, 512]: a
-                              partial sum of the output
+       RowParallelLinear      rank r holds the matching columns of W2 [512, 512]: a partial sum
        g                      all-reduce of the partial sums forward, identity backward
        ReLU, Linear 512-10    replicated
-   Every rank trains on the same batches (the input is replicated), so every rank has the
-   same loss; each holds 1/N of the block's weights and does 1/N of its GEMMs. Rank 0
-   prints the bytes each rank all-reduced per step beside the formula: one all-reduce of
-   B x 512 floats forward (g), sending 2(N-1)/N of its bytes with the ring algorithm; f's
-   backward all-reduce is skipped, since the input needs no gradient (deeper in a model f
-   would all-reduce B x d floats backward too). -save PATH writes the full (unsplit)
-   tensors: the single-device MLP's checkpoint, which pdp_checkpoint_load and PyTorch's
-   nn.Sequential(Linear(784,512), ReLU(), Linear(512,512), ReLU(), Linear(512,10)) read.
+   Every rank trains on the same batches, so has the same loss, and holds 1/N of the block's
+   weights and GEMMs. Rank 0 prints the bytes a rank all-reduced per step beside the formula:
+   g's all-reduce of B x 512 floats forward, 2(N-1)/N of them sent by the ring (f's backward
+   one is skipped: the input needs no gradient). -save PATH writes the full tensors, the
+   single-device MLP's checkpoint (pdp_checkpoint_load and PyTorch's nn.Sequential read it).
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_tp.c -o train_tp -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_tp.c -o train_tp_mpi -lm
@@ -32,8 +28,7 @@
            step    5  loss 1.6526  all-reduced/rank: fwd 65536 B (formula B x 512 x 4 = 65536
              B)  bwd 0 B  sent 65536 B (ring 2(N-1)/N x fwd = 65536 B)
            epoch 1  loss 1.5867  test 58.75%  3696 samples/s  all-reduce 72% of the time ...
-           The all-reduce share includes waiting for the other rank (g and f are synchronous,
-           so any imbalance shows up there), and the two ranks shared 2 busy cores.
+           (2 busy cores; the share includes waiting for the other rank: g and f are synchronous)
    Next:   train_pp.c (splitting the layers across ranks instead of each layer). */
 
 #define PDP_IMPLEMENTATION
@@ -45,10 +40,9 @@
 
 #define H 512 /* the hidden width: the block's features, split over the ranks */
 
-static int epochs = 1;
-static int64_t batch = 128;
+static int np = 2, epochs = 1; /* np: thread ranks (mpirun decides otherwise) */
+static int64_t batch = 128, seed = 1;
 static double lr = 0.001;
-static int64_t seed = 1;
 static bool short_run;
 static const char *backend = "local", *save_path;
 static pdp_dataset *train, *test;
@@ -62,7 +56,6 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_optim *opt;
     pdp_batcher *b, *tb;
     pdp_tp_stats s;
-    double ring = 2.0 * (n - 1) / n;
     (void)user;
     if (rank == 0)
         printf("seed %lld: %s, backend %s, %d TP ranks, batch %lld, MLP [f, 784-%d split %d "
@@ -113,7 +106,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
                        (s.forward_allreduces ? s.forward_allreduces : 1)), H,
                        (long long)(got * H * 4), (long long)s.backward_bytes,
                        (double)s.bytes_sent / (double)s.forward_allreduces,
-                       ring * (double)(got * H * 4));
+                       2.0 * (n - 1) / n * (double)(got * H * 4));
             }
         }
         PDP_TRY(pdp_batcher_status(b));
@@ -139,10 +132,9 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 int main(int argc, char **argv)
 {
     pdp_launch_desc ld = {0};
-    int np = 2;
     const pdp_arg args[] = { /* option, type, variable (its default), min, max, choices */
         {"-backend", PDP_ARG_STRING, &backend, 0, 0, "local|mpi|nccl"},
-        {"-np", PDP_ARG_INT, &np, 1, 256, NULL}, /* thread ranks; mpirun decides for processes */
+        {"-np", PDP_ARG_INT, &np, 1, 256, NULL},
         {"-epochs", PDP_ARG_INT, &epochs, 1, 1000, NULL},
         {"-batch", PDP_ARG_INT64, &batch, 1, 1 << 20, NULL},
         {"-lr", PDP_ARG_DOUBLE, &lr, 1e-9, 10, NULL},

@@ -306,6 +306,34 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
     return st == PDP_OK ? PDP_OK : pdp__err_wrap(st, "%s", fn);
 }
 
+PDP_API pdp_status pdp_gpt_generate_text(pdp_model *m, const char *prompt, int64_t n_new,
+                                         float temperature, int top_k, pdp_rng *r, char *buf,
+                                         size_t bytes)
+{
+    const char *fn = "pdp_gpt_generate_text";
+    int64_t len, i;
+    int32_t *ids;
+    pdp_status st;
+    if (!m || !prompt || !r || !buf) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    len = (int64_t)strlen(prompt);
+    if (m->nlayers < 1 || m->layers[m->nlayers - 1].out_shape[1] != 256)
+        return pdp__err(PDP_ERR_INVALID, "%s: the model's vocabulary is not the 256 bytes", fn);
+    if (len < 1 || n_new < 0 || bytes < (size_t)(len + n_new) + 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: prompt of %lld bytes (>= 1), n_new %lld (>= 0) and "
+                        "%zu bytes of buf (the text needs %lld)", fn, (long long)len,
+                        (long long)n_new, bytes, (long long)(len + n_new + 1));
+    ids = (int32_t *)pdp__alloc((size_t)(len + n_new) * sizeof *ids);
+    if (!ids) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    for (i = 0; i < len; i++) ids[i] = (unsigned char)prompt[i];
+    st = pdp_gpt_generate(m, ids, len, n_new, temperature, top_k, r);
+    for (i = 0; i < len + n_new && st == PDP_OK; i++) /* a control byte as '?' */
+        buf[i] = ids[i] == '\n' || ids[i] == '\t' || (ids[i] >= 32 && ids[i] != 127)
+                 ? (char)(unsigned char)ids[i] : '?';
+    buf[st == PDP_OK ? len + n_new : 0] = '\0';
+    pdp__dealloc(ids);
+    return st == PDP_OK ? PDP_OK : pdp__err_wrap(st, "%s", fn);
+}
+
 /* ---- gpt: evaluation ---- */
 
 PDP_API pdp_status pdp_gpt_evaluate(pdp_model *m, const pdp_token_dataset *ds, pdp_split split,
@@ -509,5 +537,33 @@ PDP_API pdp_status pdp_gpt_tp_report(const pdp_gpt_desc *desc, int64_t batch,
     if (n < 0 || (size_t)n >= bytes)
         return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the line", fn, bytes);
     if (formula_bytes) *formula_bytes = sent;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_gpt_memory_report(const pdp_model *m, const struct pdp_zero_memory *mm,
+                                         int64_t batch, char *buf, size_t bytes)
+{
+    const char *fn = "pdp_gpt_memory_report";
+    static const char *state[3] = {"optimizer state", "momentum", "Adam's m, v"};
+    int64_t act;
+    double P4, n;
+    int k, len;
+    if (!m || !mm || !buf || batch < 1 || mm->world_size < 1 || mm->state_per_param < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: NULL argument, batch %lld < 1 or a bad memory "
+                        "report", fn, (long long)batch);
+    act = pdp_model_activation_bytes(m, 0, m->nlayers, batch);
+    P4 = 4.0 * (double)mm->param_count, n = mm->world_size, k = mm->state_per_param;
+    len = snprintf(buf, bytes, "parameters %.2f MB (4Psi%s %.2f), gradients %.2f (4Psi%s %.2f), "
+                   "%s %.2f (%dPsi%s %.2f),\n  activations %.2f (%lld sequences), buffers %.2f "
+                   "(at most %.2f): %.2f MB\n", (double)mm->param_bytes / 1e6,
+                   mm->stage >= 3 ? "/N" : "", P4 / (mm->stage >= 3 ? n : 1) / 1e6,
+                   (double)mm->grad_bytes / 1e6, mm->stage >= 2 ? "/N" : "",
+                   P4 / (mm->stage >= 2 ? n : 1) / 1e6, state[k < 3 ? k : 0],
+                   (double)mm->optim_bytes / 1e6, 4 * k, mm->stage >= 1 ? "/N" : "",
+                   k * P4 / (mm->stage >= 1 ? n : 1) / 1e6, (double)act / 1e6, (long long)batch,
+                   (double)mm->buffer_bytes / 1e6, (double)mm->buffer_bound / 1e6,
+                   (double)(mm->total_bytes + act) / 1e6);
+    if (len < 0 || (size_t)len >= bytes)
+        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the line", fn, bytes);
     return PDP_OK;
 }

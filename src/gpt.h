@@ -115,7 +115,19 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc);
 PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64_t n_new,
                                     float temperature, int top_k, pdp_rng *r);
 
-/* ---- gpt: evaluation and the activation report ---- */
+/* pdp_gpt_generate from a text, for a byte-level GPT (vocab 256, pdp_token_dataset's bytes):
+   the prompt's bytes (at least one), then n_new bytes drawn as pdp_gpt_generate draws them
+   (the same r, the same bytes), written into buf as text a terminal shows: newline and tab
+   as they are, every other control byte (0-31, 127) as '?', NUL ended. bytes must hold
+   strlen(prompt) + n_new + 1. PDP_ERR_INVALID names the call for a NULL argument, another
+   vocabulary, an empty prompt, a negative n_new or a short buf; otherwise fails as
+   pdp_gpt_generate does (under desc.tp, every TP rank calls it with the same r). Allocates
+   the ids for the call. examples/train_gpt.c prints its sample with it. */
+PDP_API pdp_status pdp_gpt_generate_text(pdp_model *m, const char *prompt, int64_t n_new,
+                                         float temperature, int top_k, pdp_rng *r, char *buf,
+                                         size_t bytes);
+
+/* ---- gpt: evaluation and the reports ---- */
 
 /* The mean cross-entropy of m over `batches` batches of `batch` windows of ds's split
    (ds->context must be m's T), drawn from a pdp_rng seeded (seed, 0), so every call sees
@@ -154,3 +166,21 @@ PDP_API pdp_status pdp_gpt_activation_report(const pdp_model *m, const pdp_gpt_d
 PDP_API pdp_status pdp_gpt_tp_report(const pdp_gpt_desc *desc, int64_t batch,
                                      const pdp_tp_stats *s, char *buf, size_t bytes,
                                      double *formula_bytes);
+
+/* Where this rank's memory goes in a training step, beside ZeRO's formulas (Rajbhandari et
+   al. 2020, fp32 form), one entry into buf (PDP_ERR_INVALID when it does not fit, or for a
+   NULL argument, batch < 1 or a report with world_size < 1): parameters, gradients and the
+   optimizer's state (mm's, measured by pdp_zero_get_memory or planned by
+   pdp_zero_memory_plan: stage 0 is a whole replica, single's or DDP's), each beside its
+   formula, 4 Psi, 4 Psi and 4 k Psi bytes for k state floats a parameter (named "Adam's
+   m, v" for 2, "momentum" for 1), divided by N from the stage that shards it (1 the state,
+   2 the gradients, 3 the parameters); then m's activations at batch sequences
+   (pdp_model_activation_bytes of every layer), the working buffers and their bound, and
+   the sum:
+       parameters 0.96 MB (4Psi/N 0.96), gradients 0.96 (4Psi/N 0.96), Adam's m, v 1.91
+       (8Psi/N 1.91),\n  activations 8.60 (4 sequences), buffers 1.20 (at most 1.20): 13.62 MB
+   m is this rank's model (split by desc.tp or not; any model, a GPT's or not). MB are 1e6
+   bytes, as pdp_zero_memory_format's. examples/train_gpt.c prints it for every rank. */
+struct pdp_zero_memory;
+PDP_API pdp_status pdp_gpt_memory_report(const pdp_model *m, const struct pdp_zero_memory *mm,
+                                         int64_t batch, char *buf, size_t bytes);

@@ -8340,6 +8340,8 @@ PDP__PRIVATE int32_t pdp__gpt_pick(const float *z, int64_t V, float temperature,
 
 /* PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64_t n_new, float temperature, int top_k, pdp_rng *r) */
 
+/* PDP_API pdp_status pdp_gpt_generate_text(pdp_model *m, const char *prompt, int64_t n_new, float temperature, int top_k, pdp_rng *r, char *buf, size_t bytes) */
+
 /* ---- gpt: evaluation ---- */
 
 /* PDP_API pdp_status pdp_gpt_evaluate(pdp_model *m, const pdp_token_dataset *ds, pdp_split split, int64_t batch, int batches, uint64_t seed, float *loss) */
@@ -8364,6 +8366,8 @@ PDP__PRIVATE double pdp__gpt_megatron(int mode, bool fp32, bool dropout, bool sp
 /* PDP_API pdp_status pdp_gpt_activation_report(const pdp_model *m, const pdp_gpt_desc *desc, int64_t batch, char *buf, size_t bytes, int64_t *block_bytes) */
 
 /* PDP_API pdp_status pdp_gpt_tp_report(const pdp_gpt_desc *desc, int64_t batch, const pdp_tp_stats *s, char *buf, size_t bytes, double *formula_bytes) */
+
+/* PDP_API pdp_status pdp_gpt_memory_report(const pdp_model *m, const struct pdp_zero_memory *mm, int64_t batch, char *buf, size_t bytes) */
 
 /* ---- src/zero.c ---- */
 /* zero: the sharded executor, ZeRO stages 1-3 on reducer.c's bucket reducer

@@ -1382,6 +1382,111 @@ TEST gpt_evaluate_is_the_mean_loss_without_dropout(void)
     PASS();
 }
 
+/* pdp_gpt_generate_text: the prompt's bytes and pdp_gpt_generate's draws from the same seed
+   (the reference: the ids by pdp_gpt_generate itself), each byte as text by hand: newline
+   and tab kept, other control bytes '?', every other byte (UTF-8 parts too) as it is; a
+   buf one byte short, an empty prompt and another vocabulary refused by name. */
+TEST gpt_generate_text_is_generate_as_printable_bytes(void)
+{
+    static const char prompt[] = "\001Q:\t\n\177";
+    enum { P = sizeof prompt - 1, N = 40 };
+    pdp_gpt_desc d = tp_desc();
+    pdp_model *m = NULL, *small = NULL;
+    int32_t ids[P + N];
+    char text[P + N + 1], want[P + N + 1];
+    int high = 0, i;
+    pdp_rng r;
+    d.vocab = 256, d.dropout = 0;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&m, &d), pdp_status_name);
+    pdp_rng_seed(&r, 3, 1);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_generate_text(m, prompt, N, 1.0f, 0, &r, text, sizeof text),
+                   pdp_status_name);
+    for (i = 0; i < P; i++) ids[i] = (unsigned char)prompt[i];
+    pdp_rng_seed(&r, 3, 1);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_generate(m, ids, P, N, 1.0f, 0, &r), pdp_status_name);
+    for (i = 0; i < P + N; i++) {
+        int c = ids[i];
+        want[i] = (char)(c == 10 || c == 9 || (c > 31 && c != 127) ? c : '?');
+        high += c > 127;
+    }
+    want[P + N] = '\0';
+    ASSERT_STR_EQ(want, text);
+    ASSERT_EQ(0, memcmp(text, "?Q:\t\n?", P)); /* the prompt's control bytes */
+    ASSERT(high > 0); /* an untrained GPT draws bytes above 127 too: kept as they are */
+    ASSERT_EQ((size_t)(P + N), strlen(text));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_generate_text(m, prompt, N, 1.0f, 0, &r, text,
+                   P + N), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_gpt_generate_text"));
+    ASSERT(strstr(pdp_last_error(), "needs 47"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_generate_text(m, "", N, 1.0f, 0, &r, text,
+                   sizeof text), pdp_status_name);
+    d.vocab = 255;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&small, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_generate_text(small, "a", 1, 1.0f, 0, &r, text,
+                   sizeof text), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "256 bytes"));
+    pdp_model_free(small);
+    pdp_model_free(m);
+    PASS();
+}
+
+/* pdp_gpt_memory_report: each stage's line against the one written here from a table of
+   which stage shards what (the formula's divisor N or 1, and "/N" beside it), the
+   parameter count of the model and its activations at the batch; too small a buf refused. */
+TEST gpt_memory_report_is_each_stages_formula_beside_the_bytes(void)
+{
+    static const struct { int stage, params, grads, state; } shard[4] = {
+        {0, 1, 1, 1}, {1, 1, 1, 2}, {2, 1, 2, 2}, {3, 2, 2, 2}, /* divisors at N = 2 */
+    };
+    pdp_gpt_desc d = tp_desc();
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    pdp_zero_memory mm;
+    char line[512], want[512];
+    double P4;
+    int64_t act;
+    int k;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-3;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&m, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
+    P4 = 4.0 * (double)pdp_model_param_count(m);
+    act = pdp_model_activation_bytes(m, 0, pdp_model_num_layers(m), 3);
+    ASSERT(act > 0);
+    for (k = 0; k < 4; k++) {
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_memory_plan(m, 2, shard[k].stage, NULL, o, &mm),
+                       pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_memory_report(m, &mm, 3, line, sizeof line),
+                       pdp_status_name);
+        snprintf(want, sizeof want, "parameters %.2f MB (4Psi%s %.2f), gradients %.2f (4Psi%s "
+                 "%.2f), Adam's m, v %.2f (8Psi%s %.2f),\n  activations %.2f (3 sequences), "
+                 "buffers %.2f (at most %.2f): %.2f MB\n", mm.param_bytes / 1e6,
+                 shard[k].params > 1 ? "/N" : "", P4 / shard[k].params / 1e6,
+                 mm.grad_bytes / 1e6, shard[k].grads > 1 ? "/N" : "", P4 / shard[k].grads / 1e6,
+                 mm.optim_bytes / 1e6, shard[k].state > 1 ? "/N" : "",
+                 2 * P4 / shard[k].state / 1e6, act / 1e6, mm.buffer_bytes / 1e6,
+                 mm.buffer_bound / 1e6, (mm.param_bytes + mm.grad_bytes + mm.optim_bytes +
+                 mm.buffer_bytes + act) / 1e6);
+        ASSERT_STR_EQm(want, want, line);
+    }
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_memory_report(m, &mm, 3, line, 100),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_gpt_memory_report"));
+    pdp_optim_free(o); /* SGD with momentum: one state float a parameter, 4 Psi */
+    od.kind = PDP_OPTIM_SGD, od.momentum = 0.9;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_zero_memory_plan(m, 2, 1, NULL, o, &mm), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_memory_report(m, &mm, 3, line, sizeof line),
+                   pdp_status_name);
+    snprintf(want, sizeof want, "momentum %.2f (4Psi/N %.2f)", mm.optim_bytes / 1e6,
+             P4 / 2 / 1e6);
+    ASSERTm(line, strstr(line, want) != NULL);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    PASS();
+}
+
 SUITE(gpt)
 {
     RUN_TEST(gpt_recomputation_under_ddp_and_zero_equals_one_device);
@@ -1406,6 +1511,8 @@ SUITE(gpt)
     RUN_TEST(gpt_activation_report_matches_megatron_and_a_count_by_hand);
     RUN_TEST(gpt_tp_report_formula_is_the_measured_traffic);
     RUN_TEST(gpt_evaluate_is_the_mean_loss_without_dropout);
+    RUN_TEST(gpt_generate_text_is_generate_as_printable_bytes);
+    RUN_TEST(gpt_memory_report_is_each_stages_formula_beside_the_bytes);
 }
 
 GREATEST_MAIN_DEFS();
