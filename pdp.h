@@ -11007,7 +11007,6 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
 {
     pdp__bf16_args g;
     int threads, parts;
-    g.gelu_simd = pdp__layers_simd(); /* for the epilogue of an empty product below */
     int64_t npan, mpan;
     /* the emulation's kernel: the widest the CPU has, or the one asked for */
     int simd = path == PDP__BF16_PATH_PORTABLE ? 0
@@ -11015,6 +11014,7 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
              : path == PDP__BF16_PATH_EMUL512  ? 512
              : pdp__bf16_this.emul512          ? 512
              : pdp__bf16_this.emul256          ? 256 : 0;
+    g.gelu_simd = pdp__layers_simd(); /* for the epilogue of an empty product below */
     if (path >= PDP__BF16_PATH_PORTABLE) path = PDP_BF16_PATH_EMULATED;
     (void)path, (void)simd; /* PDP_NO_SIMD: one path, one kernel */
 #if PDP__BF16_HAS_SGEMM
