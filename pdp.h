@@ -527,7 +527,9 @@
    GPT's vocabulary is a real share of the step),
    with Megatron's (p-1)/(v m) (idle over the ideal step, not over the whole step) beside
    it, its peak activation memory and its messages; pdp_pp_stats_format prints them as one
-   line; PDP_TRACE draws one lane per stage with F<i>/B<i> events (F<i>c<c> interleaved). Clip with
+   line, pdp_pp_report as a stage's report (its layers, bytes sent beside m (2v - [s=0] -
+   [s=p-1]) messages of b T C 4 and the tied weight's V C 4, bubble beside both formulas:
+   examples/train_gpt_3d.c prints it); PDP_TRACE draws one lane per stage with F<i>/B<i> events (F<i>c<c> interleaved). Clip with
    pdp_pp_clip_grad_norm (collective over the stages: the whole model's norm, as one
    device's pdp_clip_grad_norm; tested on 2-4 stages and DP x PP); pdp_clip_grad_norm
    on a stage would see that stage only.
@@ -3541,6 +3543,21 @@ PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out);
    its peak activation memory and its messages beside m (2 v - [s = 0] - [s = p - 1]).
    Returns the length snprintf would have written. */
 PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes);
+/* This stage's share of a step beside the formulas, three lines into buf (PDP_ERR_INVALID
+   for a NULL argument or when they do not fit; PDP_ERR_STATE before the first pass): the
+   layers it holds (one range a chunk) and its peak activation memory; the bytes and
+   messages it sent in the last pass beside m (2 v - [s = 0] - [s = p - 1]) messages of
+   b T C 4 bytes (what one micro-batch of b rows sends across a boundary: the rows times the
+   per-sample floats there, T C for a GPT, T C / t under sequence parallelism) plus, on the
+   two stages that hold a tied weight, its gradient (V C 4 for a GPT's wte); its bubble
+   over all passes beside pdp's (p - 1) / (v m + p - 1) and Megatron's (p - 1) / (v m):
+       PP stage 0 of 2: layers 0..40, activations 1.41 MB (peak)
+         sent a step: 131072 bytes in 4 messages (m (2v - [s=0] - [s=p-1]) = 4, x b T C 4
+         + V C 4 tied = 131072)\n  bubble 0.057 measured over 3 steps; pdp's ...
+   The formula assumes micro-batches of equal rows and boundaries of equal per-sample floats
+   (a GPT's); b is the first micro-batch's rows. examples/train_gpt_3d.c prints it for every
+   rank beside its TP and DP traffic. */
+PDP_API pdp_status pdp_pp_report(const pdp_pp *pp, char *buf, size_t bytes);
 /* ---- end src/pp.h ---- */
 
 /* ---- begin src/cuda.h ---- */
@@ -32150,6 +32167,41 @@ PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes)
                     (double)s->peak_activation_bytes / 1e6,
                     s->schedule == PDP_PP_GPIPE ? "gpipe" : "1f1b", hold, hold * act,
                     s->micro_batches, s->micro_batches * act);
+}
+
+PDP_API pdp_status pdp_pp_report(const pdp_pp *pp, char *buf, size_t bytes)
+{
+    const char *fn = "pdp_pp_report";
+    const pdp_pp_stats *s;
+    const pdp__pp_chunk *ck;
+    int64_t msgs, act, tied;
+    int c, n;
+    if (!pp || !buf) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (!pp->stats.steps)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d (stage %d): no pass yet", fn, pp->c->rank,
+                        pp->stage);
+    s = &pp->stats, ck = &pp->ck[0];
+    msgs = (int64_t)pp->mb * (2 * pp->v - (pp->stage == 0) - (pp->stage == pp->p - 1));
+    /* b T C 4: the first micro-batch's rows times the floats a sample sends across a
+       boundary (chunk 0's output, or its input when it is the last piece) */
+    act = pp->mb_rows[0] * (ck->q < pp->pieces - 1 ? ck->out_count : ck->in_count) * 4;
+    tied = pp->tied_param >= 0 ? pp->m->params[pp->tied_param].count * 4 : 0;
+    n = snprintf(buf, bytes, "PP stage %d of %d: layers", pp->stage, pp->p);
+    for (c = 0; c < pp->v && n >= 0 && (size_t)n < bytes; c++)
+        n += snprintf(buf + n, bytes - (size_t)n, " %d..%d", pp->first[c * pp->p + pp->stage],
+                      pp->first[c * pp->p + pp->stage + 1] - 1);
+    if (n >= 0 && (size_t)n < bytes)
+        n += snprintf(buf + n, bytes - (size_t)n, ", activations %.2f MB (peak)\n  sent a step: "
+                      "%lld bytes in %lld messages (m (2v - [s=0] - [s=p-1]) = %lld, x b T C 4 "
+                      "+ V C 4 tied = %lld)\n  bubble %.3f measured over %lld steps; pdp's "
+                      "(p-1)/(v m+p-1) = %.3f, Megatron's (p-1)/(v m) = %.3f\n",
+                      (double)s->peak_activation_bytes / 1e6, (long long)s->bytes_sent,
+                      (long long)s->messages, (long long)msgs, (long long)(msgs * act + tied),
+                      1.0 - s->total_compute_s / s->total_step_s, (long long)s->steps,
+                      s->bubble_theory, s->bubble_megatron);
+    if (n < 0 || (size_t)n >= bytes)
+        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
+    return PDP_OK;
 }
 /* ---- end src/pp.c ---- */
 

@@ -6,9 +6,10 @@
    into stages of equal estimated FLOPs, pp.h) and its DP group (the copies of a stage,
    gradients averaged). Pipeline d trains on its 1/dp of each global batch; AdamW, clipping
    to norm 1 over all three. Rank 0 first trains the same GPT on one device: both losses each
-   step (exit status 1 if they differ by more than 1e-5); then each rank's groups, layers,
-   memory, bytes sent a step beside the formulas (b T C 4: one micro-batch's activation) and
-   bubble beside pdp's formula and Megatron's.
+   step (exit status 1 if they differ by more than 1e-5); then each rank's groups, memory,
+   TP and DP bytes sent a step beside the formulas (b T C 4: one micro-batch's activation),
+   and pdp_pp_report: its layers, PP bytes beside the formula, bubble beside pdp's and
+   Megatron's.
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt_3d.c -o train_gpt_3d -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_gpt_3d.c -o gpt_3d_mpi -lm
    Run:    ./train_gpt_3d              (2 x 2 x 2: 8 thread ranks; PDP_SHORT=1: 3 steps)
@@ -16,8 +17,9 @@
            mpirun -np 8 ./gpt_3d_mpi -backend mpi     (make mpi-test checks its losses)
    Output (PDP_SHORT=1): "step 3  loss 4.894898  one device 4.894899 ...", "equal to one
            device within 1e-05", then per rank: "rank 5 (dp 1, tp 1, pp 0): TP {4 5}  PP {5 7}
-           DP {1 5}  layers 0..40", its memory, "TP 655360 (2(t-1)/t x 2 m R b T C 4 = 655360,
-           ...)", PP and DP bytes likewise, "bubble 0.186 measured over 3 steps; pdp's ...".
+           DP {1 5}", its memory, "TP 655360 (2(t-1)/t x 2 m R b T C 4 = 655360, ...)", DP
+           bytes likewise, "PP stage 0 of 2: layers 0..40, activations 1.41 MB (peak)", its
+           bytes, "bubble 0.186 measured over 3 steps; pdp's ...".
    Next:   pdp.h's manual, DISTRIBUTED, "Combinations" (the same groups and formulas). */
 
 #define PDP_IMPLEMENTATION
@@ -81,10 +83,9 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_optim *o;
     pdp_tensor xt;
     pdp_tp_stats ts;
-    pdp_pp_stats ps;
     pdp_comm_stats dp0, dp1;
     double worst = 0;
-    char text[1024];
+    char groups[256], report[512];
     (void)user;
     if (!x) return PDP_ERR_OUT_OF_MEMORY;
     if (ctx->world_size != dp * tp * pp) { /* mpirun -np N */
@@ -136,35 +137,26 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     }
     pdp_tp_get_stats(m, &ts); /* every step sends the same: the run's totals / steps */
     pdp_comm_get_stats(c[2], &dp1);
-    pdp_pp_get_stats(p, &ps);
     for (int i = 0; i < pdp_model_num_layers(m); i++) /* the TP regions: attentions, MLPs */
         R += !strcmp(pdp_model_layer_name(m, i), "ColumnParallelLinear");
-    n = snprintf(text, sizeof text, "rank %d (dp %d, tp %d, pp %d):", r, d, t, s);
+    n = snprintf(groups, sizeof groups, "rank %d (dp %d, tp %d, pp %d):", r, d, t, s);
     for (int k = 0; k < 3; k++) { /* its groups */
-        n += snprintf(text + n, sizeof text - n, " %s {", (const char *[]){"TP", "PP", "DP"}[k]);
+        n += snprintf(groups + n, sizeof groups - n, " %s%s {", k ? " " : "",
+                      (const char *[]){"TP", "PP", "DP"}[k]);
         for (int i = 0; i < size[k]; i++)
-            n += snprintf(text + n, sizeof text - n, i ? " %d" : "%d",
+            n += snprintf(groups + n, sizeof groups - n, i ? " %d" : "%d",
                           r + (i - at[k]) * stride[k]);
-        n += snprintf(text + n, sizeof text - n, "} ");
+        n += snprintf(groups + n, sizeof groups - n, "}");
     }
-    n += snprintf(text + n, sizeof text - n, " layers");
-    for (int k = 0, lo, hi; k < ps.chunks && !pdp_pp_chunk_layers(p, s, k, &lo, &hi); k++)
-        n += snprintf(text + n, sizeof text - n, " %d..%d", lo, hi - 1);
     double P = (double)pdp_model_param_count(m);
-    int64_t msgs = ps.micro_batches * (2 * ps.chunks - (s == 0) - (s == pp - 1)),
-            tied = pp > 1 && (s == 0 || s == pp - 1) ? g.vocab * g.dim * 4 : 0;
+    PDP_TRY(pdp_pp_report(p, report, sizeof report)); /* layers, PP bytes, bubble */
     PDP_TRY(pdp_print_by_rank(ctx->world, "%s\n  memory, MB: parameters %.2f  gradients %.2f  "
-            "AdamW state %.2f  activations %.2f (peak)\n  sent a step, bytes: TP %lld (2(t-1)/t "
-            "x 2 m R b T C 4 = %.0f, R = %d TP regions)\n    PP %lld in %lld messages (m (2v - "
-            "[s=0] - [s=p-1]) = %lld, x b T C 4 + V C 4 tied = %lld)\n    DP %lld (2(d-1)/d x 4 "
-            "params = %.0f)\n  bubble %.3f measured over %d steps; pdp's (p-1)/(v m+p-1) = "
-            "%.3f, Megatron's (p-1)/(v m) = %.3f\n", text, 4 * P / 1e6, 4 * P / 1e6, 8 * P / 1e6,
-            ps.peak_activation_bytes / 1e6, (long long)ts.bytes_sent / steps,
-            2.0 * (tp - 1) / tp * 2 * ps.micro_batches * R * act, R, (long long)ps.bytes_sent,
-            (long long)ps.messages, (long long)msgs, (long long)(msgs * act + tied),
+            "AdamW state %.2f\n  sent a step, bytes: TP %lld (2(t-1)/t x 2 m R b T C 4 = %.0f, "
+            "R = %d TP regions)\n    DP %lld (2(d-1)/d x 4 params = %.0f)\n  %s", groups,
+            4 * P / 1e6, 4 * P / 1e6, 8 * P / 1e6, (long long)ts.bytes_sent / steps,
+            2.0 * (tp - 1) / tp * 2 * micro * R * act, R,
             (long long)(dp1.bytes_sent - dp0.bytes_sent) / steps, 2.0 * (dp - 1) / dp * 4 * P,
-            1 - ps.total_compute_s / ps.total_step_s, steps, ps.bubble_theory,
-            ps.bubble_megatron)); /* rank 0 prints every rank's, in order */
+            report)); /* rank 0 prints every rank's, in order */
     if (r == 0 && sysconf(_SC_NPROCESSORS_ONLN) < ctx->world_size)
         printf("(%d ranks on %ld cores: the bubbles also count waiting for a core)\n",
                ctx->world_size, sysconf(_SC_NPROCESSORS_ONLN));

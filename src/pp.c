@@ -1597,3 +1597,38 @@ PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes)
                     s->schedule == PDP_PP_GPIPE ? "gpipe" : "1f1b", hold, hold * act,
                     s->micro_batches, s->micro_batches * act);
 }
+
+PDP_API pdp_status pdp_pp_report(const pdp_pp *pp, char *buf, size_t bytes)
+{
+    const char *fn = "pdp_pp_report";
+    const pdp_pp_stats *s;
+    const pdp__pp_chunk *ck;
+    int64_t msgs, act, tied;
+    int c, n;
+    if (!pp || !buf) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (!pp->stats.steps)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d (stage %d): no pass yet", fn, pp->c->rank,
+                        pp->stage);
+    s = &pp->stats, ck = &pp->ck[0];
+    msgs = (int64_t)pp->mb * (2 * pp->v - (pp->stage == 0) - (pp->stage == pp->p - 1));
+    /* b T C 4: the first micro-batch's rows times the floats a sample sends across a
+       boundary (chunk 0's output, or its input when it is the last piece) */
+    act = pp->mb_rows[0] * (ck->q < pp->pieces - 1 ? ck->out_count : ck->in_count) * 4;
+    tied = pp->tied_param >= 0 ? pp->m->params[pp->tied_param].count * 4 : 0;
+    n = snprintf(buf, bytes, "PP stage %d of %d: layers", pp->stage, pp->p);
+    for (c = 0; c < pp->v && n >= 0 && (size_t)n < bytes; c++)
+        n += snprintf(buf + n, bytes - (size_t)n, " %d..%d", pp->first[c * pp->p + pp->stage],
+                      pp->first[c * pp->p + pp->stage + 1] - 1);
+    if (n >= 0 && (size_t)n < bytes)
+        n += snprintf(buf + n, bytes - (size_t)n, ", activations %.2f MB (peak)\n  sent a step: "
+                      "%lld bytes in %lld messages (m (2v - [s=0] - [s=p-1]) = %lld, x b T C 4 "
+                      "+ V C 4 tied = %lld)\n  bubble %.3f measured over %lld steps; pdp's "
+                      "(p-1)/(v m+p-1) = %.3f, Megatron's (p-1)/(v m) = %.3f\n",
+                      (double)s->peak_activation_bytes / 1e6, (long long)s->bytes_sent,
+                      (long long)s->messages, (long long)msgs, (long long)(msgs * act + tied),
+                      1.0 - s->total_compute_s / s->total_step_s, (long long)s->steps,
+                      s->bubble_theory, s->bubble_megatron);
+    if (n < 0 || (size_t)n >= bytes)
+        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
+    return PDP_OK;
+}

@@ -281,3 +281,18 @@ PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out);
    its peak activation memory and its messages beside m (2 v - [s = 0] - [s = p - 1]).
    Returns the length snprintf would have written. */
 PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes);
+/* This stage's share of a step beside the formulas, three lines into buf (PDP_ERR_INVALID
+   for a NULL argument or when they do not fit; PDP_ERR_STATE before the first pass): the
+   layers it holds (one range a chunk) and its peak activation memory; the bytes and
+   messages it sent in the last pass beside m (2 v - [s = 0] - [s = p - 1]) messages of
+   b T C 4 bytes (what one micro-batch of b rows sends across a boundary: the rows times the
+   per-sample floats there, T C for a GPT, T C / t under sequence parallelism) plus, on the
+   two stages that hold a tied weight, its gradient (V C 4 for a GPT's wte); its bubble
+   over all passes beside pdp's (p - 1) / (v m + p - 1) and Megatron's (p - 1) / (v m):
+       PP stage 0 of 2: layers 0..40, activations 1.41 MB (peak)
+         sent a step: 131072 bytes in 4 messages (m (2v - [s=0] - [s=p-1]) = 4, x b T C 4
+         + V C 4 tied = 131072)\n  bubble 0.057 measured over 3 steps; pdp's ...
+   The formula assumes micro-batches of equal rows and boundaries of equal per-sample floats
+   (a GPT's); b is the first micro-batch's rows. examples/train_gpt_3d.c prints it for every
+   rank beside its TP and DP traffic. */
+PDP_API pdp_status pdp_pp_report(const pdp_pp *pp, char *buf, size_t bytes);

@@ -9156,6 +9156,8 @@ PDP__PRIVATE pdp_status pdp__pp_staging(const pdp_pp *pp, const pdp_optim *o, pd
 
 /* PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes) */
 
+/* PDP_API pdp_status pdp_pp_report(const pdp_pp *pp, char *buf, size_t bytes) */
+
 /* ---- src/launch.c ---- */
 /* launch: pdp_launch runs a function on every rank (launch.h), PDP_CHECK's failure path and
    pdp_seconds. Thread ranks: one group (pdp_local_group or pdp_nccl_group) and one thread per

@@ -1501,7 +1501,8 @@ typedef struct gpt_case {
     bool no_clip;              /* no clipping (else pdp_pp_clip_grad_norm at 0.5 every step) */
     pdp_pp_schedule schedule;
     pdp_pp_balance balance;
-    int first[GMAXR][2 * GMAXR]; /* each rank's split in use (pdp_pp_get_desc) */
+    int first[GMAXR][2 * GMAXR]; /* each rank's split in use (pdp_pp_get_desc), then the
+                                    number of layers */
     const char *load, *save;   /* checkpoints: load before training, save after */
     const pdp_model *ref;      /* NULL: no comparison */
     float losses[2][STEPS];    /* each pipeline's mean loss, from its last stage */
@@ -1510,6 +1511,9 @@ typedef struct gpt_case {
                                   slice against its cut of the full tensor) */
     pdp_pp_stats stats[GMAXR];
     pdp_tp_stats tps[GMAXR];   /* each rank's TP traffic over the run (pdp_pp_model's) */
+    char report[GMAXR][512];   /* each rank's pdp_pp_report after the run */
+    pdp_status early[GMAXR], short_buf[GMAXR]; /* pdp_pp_report before the first pass, and
+                                                  after the run into 64 bytes */
 } gpt_case;
 
 /* steps AdamW steps of the GPT with clipping at 0.5 (unless no_clip) on one device (the
@@ -1579,6 +1583,7 @@ static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
     if ((st = pdp_optim_create(&o, m, &od)) != PDP_OK) goto out;
     if (c->load && (st = pdp_pp_checkpoint_load(pp, o, c->load)) != PDP_OK) goto out;
     pdp_tensor_wrap_ids(c->ids + dd * rows * GT, pdp_cpu(), 2, shape, &x);
+    c->early[ctx->rank] = pdp_pp_report(pp, c->report[ctx->rank], sizeof c->report[0]);
     for (s = 0; s < c->steps; s++) {
         if ((st = pdp_pp_forward_backward(pp, &x, c->tg + dd * rows * GT, &loss)) != PDP_OK ||
             (!c->no_clip && (st = pdp_pp_clip_grad_norm(pp, 0.5f, &norm)) != PDP_OK) ||
@@ -1589,8 +1594,10 @@ static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
     }
     pdp_pp_get_stats(pp, &c->stats[ctx->rank]);
     pdp_tp_get_stats(m, &c->tps[ctx->rank]);
+    c->short_buf[ctx->rank] = pdp_pp_report(pp, c->report[ctx->rank], 64);
+    if ((st = pdp_pp_report(pp, c->report[ctx->rank], sizeof c->report[0])) != PDP_OK) goto out;
     memcpy(c->first[ctx->rank], pdp_pp_get_desc(pp).first_layer,
-           (size_t)(p * PDP__MAX(c->chunks, 1)) * sizeof **c->first);
+           (size_t)(p * PDP__MAX(c->chunks, 1) + 1) * sizeof **c->first);
     if (c->save && (st = pdp_pp_checkpoint_save(pp, o, c->save)) != PDP_OK) goto out;
     c->worst[ctx->rank] = 0.0;
     if (c->ref) st = fixture_worst_by_name(m, c->ref, &c->worst[ctx->rank]); /* the head's
@@ -1925,6 +1932,60 @@ TEST pp_interleaved_errors(void)
     PASS();
 }
 
+/* pdp_pp_report against each rank's report written here from its stats, its split and the
+   formula by hand: m (2 v - [s = 0] - [s = p - 1]) messages of b T C 4 bytes (b = rows / m;
+   T / 2 positions under SP with TP 2) and the tied wte's gradient, V C 4 bytes, on the
+   first and last stages; the formula's bytes and messages are also the measured ones (every
+   micro-batch of b rows). 1F1B on 3 stages (m 3: a middle stage without the tied term);
+   interleaved v 2 on TP 2 + SP x PP 2 (m 2); DP 2 x TP 2 x PP 2, 1F1B (m 3). Before the
+   first pass PDP_ERR_STATE, into 64 bytes PDP_ERR_INVALID; NULL PDP_ERR_INVALID naming it. */
+TEST pp_report_is_the_stats_beside_the_formulas(void)
+{
+    static gpt_case c;
+    static const struct { int p, v, m, tp, dp; } k[3] = {
+        {3, 1, 3, 1, 1}, {2, 2, 2, 2, 1}, {2, 1, 3, 2, 2}};
+    pdp_gpt_desc gd = gpt_desc(4);
+    char want[512], msg[64];
+    int i, r, j, n;
+    for (i = 0; i < 3; i++) {
+        int p = k[i].p, v = k[i].v, ranks = p * k[i].tp * k[i].dp;
+        gpt_data(&c);
+        c.layers = 4, c.steps = STEPS, c.m = k[i].m, c.tp = k[i].tp, c.dp = k[i].dp;
+        c.chunks = v > 1 ? v : 0, c.sp = v > 1;
+        c.schedule = v > 1 ? PDP_PP_INTERLEAVED_1F1B : PDP_PP_1F1B;
+        snprintf(msg, sizeof msg, "p %d v %d m %d TP %d DP %d", p, v, c.m, c.tp, c.dp);
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(ranks, NULL, gpt_rank, &c),
+                        pdp_status_name);
+        for (r = 0; r < ranks; r++) {
+            const pdp_pp_stats *st = &c.stats[r];
+            int s = r / c.tp % p;
+            int64_t msgs = (int64_t)c.m * (2 * v - (s == 0) - (s == p - 1));
+            int64_t act = GB / k[i].dp / c.m * (GT / (c.sp ? c.tp : 1)) * gd.dim * 4;
+            int64_t tied = s == 0 || s == p - 1 ? gd.vocab * gd.dim * 4 : 0;
+            ASSERT_ENUM_EQm(msg, PDP_ERR_STATE, c.early[r], pdp_status_name);
+            ASSERT_ENUM_EQm(msg, PDP_ERR_INVALID, c.short_buf[r], pdp_status_name);
+            ASSERT_EQm(msg, msgs, st->messages);
+            ASSERT_EQm(msg, msgs * act + tied, st->bytes_sent);
+            n = snprintf(want, sizeof want, "PP stage %d of %d: layers", s, p);
+            for (j = 0; j < v; j++) /* piece j p + s: first[j p + s] .. the next piece's - 1 */
+                n += snprintf(want + n, sizeof want - n, " %d..%d", c.first[r][j * p + s],
+                              c.first[r][j * p + s + 1] - 1);
+            snprintf(want + n, sizeof want - n, ", activations %.2f MB (peak)\n  sent a step: "
+                     "%lld bytes in %lld messages (m (2v - [s=0] - [s=p-1]) = %lld, x b T C 4 + "
+                     "V C 4 tied = %lld)\n  bubble %.3f measured over %d steps; pdp's "
+                     "(p-1)/(v m+p-1) = %.3f, Megatron's (p-1)/(v m) = %.3f\n",
+                     (double)st->peak_activation_bytes / 1e6, (long long)st->bytes_sent,
+                     (long long)st->messages, (long long)msgs, (long long)(msgs * act + tied),
+                     1.0 - st->total_compute_s / st->total_step_s, STEPS,
+                     (p - 1.0) / (v * c.m + p - 1.0), (p - 1.0) / (v * c.m));
+            ASSERT_STR_EQm(msg, want, c.report[r]);
+        }
+    }
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_pp_report(NULL, want, sizeof want), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_pp_report"));
+    PASS();
+}
+
 TEST pp_interleaved_stats_format(void)
 {
     pdp_pp_stats st;
@@ -1972,6 +2033,7 @@ SUITE(pp)
     RUN_TEST(pp_interleaved_checkpoint_resumes_at_another_stage_count);
     RUN_TEST(pp_interleaved_errors);
     RUN_TEST(pp_interleaved_stats_format);
+    RUN_TEST(pp_report_is_the_stats_beside_the_formulas);
 }
 
 GREATEST_MAIN_DEFS();
