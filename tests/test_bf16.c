@@ -984,6 +984,7 @@ TEST bf16_amx_hardware_pair_rounding_recorded(void)
     static uint32_t a[2 * 256], b[16 * 32];
     static float acc0[32 * 32], acc[32 * 32];
     static char msg[256];
+    const pdp__amx_alay order = {2 * 256, 256, 64}; /* tile order, 2 tiles of A */
     long pair_sum = 0, pseudo1 = 0, pseudo16 = 0, total = 0;
     int pairs, i, j, q;
     if (!pdp_bf16_path_available(PDP_BF16_PATH_AMX))
@@ -995,7 +996,7 @@ TEST bf16_amx_hardware_pair_rounding_recorded(void)
             b[i] = i / 32 < pairs ? amx_rnd_bf16() | amx_rnd_bf16() << 16 : 0u;
         for (i = 0; i < 32 * 32; i++) acc0[i] = rnd();
         pdp__amx_config(NULL);
-        pdp__amx_kernel22(NULL, 1, a, b, acc0, acc, 32);
+        pdp__amx_kernel22(NULL, 1, a, &order, b, acc0, acc, 32);
         pdp__amx_release(NULL);
         for (i = 0; i < 32; i++)
             for (j = 0; j < 32; j++) {
