@@ -497,7 +497,7 @@ PDP_API pdp_status pdp_gpt_activation_report(const pdp_model *m, const pdp_gpt_d
     pdp__ckpt_put(buf, bytes, &len, &ok, "\n    = %.2f, %.2f MB (pdp_model_activation_bytes)\n"
                   "  pdp keeps every layer's output in fp32, Megatron what backward reads at 16 "
                   "bits, so pdp also keeps\n  %s;\n  LayerNorm's mean and rstd (16/h a block), no "
-                  "mask for P (it is redrawn); full: both regions' inputs, 8%s\n",
+                  "mask for P (it is redrawn); full keeps both regions' inputs: 8%s per sbh\n",
                   (double)kept / sbh, (double)kept / 1e6,
                   tp == 1 ? "c_proj's outputs (no backward reads them)"
                   : sp    ? "the row-parallel partial sums and g's slices (no backward reads "
