@@ -546,44 +546,51 @@ TEST layers_conv_relu_pool_fused_matches_unfused(void)
     PASS();
 }
 
-/* Linear -> ReLU on the CPU: the Linear applies the ReLU (forward in place after the
-   GEMM; backward masks dy into its workspace and sums db on the way) and the ReLU is
-   a view. Against the same layers with a Dropout(0) (an exact copy) between each
-   Linear and its ReLU, which stops the fusion: output, input gradient and parameter
-   gradients bit for bit, after two forward-backward passes (the gradients
-   accumulate), on odd widths (37 -> 45 -> 130 -> 10: not multiples of 16; the
-   130-wide one is split into column ranges over 2 threads), in fp32 and bf16, 1 and
-   2 threads, with inputs mostly negative (many ReLU zeros), once with a NaN. */
-TEST layers_linear_relu_fused_matches_unfused(void)
+/* A Linear followed by an activation (ReLU or GELU) on the CPU, which the Linear applies
+   itself (model.c: pdp__model_relu_fused, pdp__model_gelu_fused), against the same layers
+   with a Dropout(0) (an exact copy) between each Linear and its activation, which stops
+   the fusion: output, input gradient and parameter gradients bit for bit, after two
+   forward-backward passes (the gradients accumulate), in fp32 and bf16, 1 and 2 threads,
+   once with a NaN input. The model is Linear widths[0..2] from 37 inputs, the first
+   `acts` Linears each followed by the activation; inputs uniform in [lo, hi). */
+static enum greatest_test_res fused_matches_apart(bool gelu, int64_t B, const int64_t *widths,
+                                                  int acts, float lo, float hi, uint64_t seed)
 {
-    static float xd[7 * 37], dx[2][7 * 37], dyd[7 * 10];
-    int t, threads, prec;
+    enum { IN = 37, OUT = 10, BMAX = 130 };
+    static float xd[BMAX * IN], dx[2][BMAX * IN], dyd[BMAX * OUT];
+    int t, threads, prec, j;
+    ASSERT(B <= BMAX && widths[2] == OUT);
     for (t = 0; t < 2; t++)
         for (prec = 0; prec < 2; prec++)
             for (threads = 1; threads <= 2; threads++) {
-                int64_t B = 7, n = B * 37, i;
+                int64_t n = B * IN, i;
                 pdp_model *m[2];
                 const pdp_tensor *y[2];
                 pdp_tensor x, g[2];
                 pdp_rng r;
                 int k, pass;
-                pdp_rng_seed(&r, 120 + (uint64_t)t, 0);
-                fill_uniform(xd, n, &r, -1.5f, 0.5f);
+                pdp_rng_seed(&r, seed + (uint64_t)t, 0);
+                fill_uniform(xd, n, &r, lo, hi);
                 if (t == 1) xd[n / 3] = NAN;
-                for (i = 0; i < B * 10; i++) dyd[i] = (float)(i % 7) - 3.0f;
+                for (i = 0; i < B * OUT; i++) dyd[i] = (float)(i % 7) - 3.0f;
                 for (k = 0; k < 2; k++) {
-                    m[k] = new_model(1, 37, 1, 1, 120);
+                    m[k] = new_model(1, IN, 1, 1, seed);
                     ASSERT(m[k] != NULL);
                     if (prec) pdp_model_set_precision(m[k], PDP_PRECISION_BF16);
-                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], 45), pdp_status_name);
-                    if (k == 1) ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m[k], 0.0f), pdp_status_name);
-                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_relu(m[k]), pdp_status_name);
-                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], 130), pdp_status_name);
-                    if (k == 1) ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m[k], 0.0f), pdp_status_name);
-                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_relu(m[k]), pdp_status_name);
-                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], 10), pdp_status_name);
-                    ASSERT(pdp__model_relu_fused(m[k], 1) == (k == 0));
-                    ASSERT(pdp__model_relu_fused(m[k], 3) == (k == 0));
+                    for (j = 0; j < 3; j++) {
+                        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], widths[j]),
+                                       pdp_status_name);
+                        if (j >= acts) continue;
+                        if (k == 1)
+                            ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m[k], 0.0f),
+                                           pdp_status_name);
+                        ASSERT_ENUM_EQ(PDP_OK, gelu ? pdp_model_add_gelu(m[k])
+                                                    : pdp_model_add_relu(m[k]),
+                                       pdp_status_name);
+                    }
+                    for (j = 0; j < acts; j++)
+                        ASSERT((gelu ? pdp__model_gelu_fused(m[k], 2 * j + 1)
+                                     : pdp__model_relu_fused(m[k], 2 * j + 1)) == (k == 0));
                     pdp_model_flat(m[0], &g[0], NULL);
                     pdp_model_flat(m[k], &g[k], NULL);
                     ASSERT_EQ(g[0].count, g[k].count);
@@ -597,7 +604,7 @@ TEST layers_linear_relu_fused_matches_unfused(void)
                     }
                     pdp_set_num_threads(1);
                 }
-                ASSERT(m[0]->act_stride < m[1]->act_stride); /* no ReLU outputs */
+                if (!gelu) ASSERT(m[0]->act_stride < m[1]->act_stride); /* no ReLU outputs */
                 ASSERT_EQ(y[1]->count, y[0]->count);
                 ASSERT_MEM_EQ(y[1]->data, y[0]->data, (size_t)y[0]->count * sizeof(float));
                 ASSERT_MEM_EQ(dx[1], dx[0], (size_t)n * sizeof(float));
@@ -610,68 +617,25 @@ TEST layers_linear_relu_fused_matches_unfused(void)
     PASS();
 }
 
-/* A GELU after a Linear on the CPU is applied by the Linear (model.c:
-   pdp__model_gelu_fused): forward writes both outputs (the GELU's input stays, its
-   backward reads it), backward takes the GELU's dy and leaves the GELU out. The same bits
-   as the layers run apart (a Dropout(0) between them stops the fusion), fp32 and bf16 (the
-   GELU in the bf16 product's epilogue), 1 and 2 threads (the products and the column
-   passes split at this width), the last layer a fused GELU, a NaN input. */
+/* Linear -> ReLU: forward in place after the GEMM; backward masks dy into its workspace
+   and sums db on the way; the ReLU is a view. Odd widths (37 -> 45 -> 130 -> 10: not
+   multiples of 16; the 130-wide one is split into column ranges over 2 threads), inputs
+   mostly negative (many ReLU zeros). */
+TEST layers_linear_relu_fused_matches_unfused(void)
+{
+    static const int64_t widths[3] = {45, 130, 10};
+    CHECK_CALL(fused_matches_apart(false, 7, widths, 2, -1.5f, 0.5f, 120));
+    PASS();
+}
+
+/* Linear -> GELU: forward writes both outputs (the GELU's input stays, its backward reads
+   it; bf16: the GELU in the product's epilogue), backward takes the GELU's dy and leaves
+   the GELU out. 130 rows and a 2100-wide layer (the products and the column passes split
+   over 2 threads at this width), the last layer a fused GELU. */
 TEST layers_linear_gelu_fused_matches_unfused(void)
 {
-    enum { B = 130, IN = 37, OUT = 10 };
-    static float xd[B * IN], dx[2][B * IN], dyd[B * OUT];
-    int t, threads, prec;
-    for (t = 0; t < 2; t++)
-        for (prec = 0; prec < 2; prec++)
-            for (threads = 1; threads <= 2; threads++) {
-                int64_t n = B * IN, i;
-                pdp_model *m[2];
-                const pdp_tensor *y[2];
-                pdp_tensor x, g[2];
-                pdp_rng r;
-                int k, pass;
-                pdp_rng_seed(&r, 140 + (uint64_t)t, 0);
-                fill_uniform(xd, n, &r, -3.0f, 2.0f);
-                if (t == 1) xd[n / 3] = NAN;
-                for (i = 0; i < B * OUT; i++) dyd[i] = (float)(i % 7) - 3.0f;
-                for (k = 0; k < 2; k++) {
-                    m[k] = new_model(1, IN, 1, 1, 140);
-                    ASSERT(m[k] != NULL);
-                    if (prec) pdp_model_set_precision(m[k], PDP_PRECISION_BF16);
-                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], 45), pdp_status_name);
-                    if (k == 1) ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m[k], 0.0f), pdp_status_name);
-                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_gelu(m[k]), pdp_status_name);
-                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], 2100), pdp_status_name);
-                    if (k == 1) ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m[k], 0.0f), pdp_status_name);
-                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_gelu(m[k]), pdp_status_name);
-                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], OUT), pdp_status_name);
-                    if (k == 1) ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m[k], 0.0f), pdp_status_name);
-                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_gelu(m[k]), pdp_status_name);
-                    ASSERT(pdp__model_gelu_fused(m[k], 1) == (k == 0));
-                    ASSERT(pdp__model_gelu_fused(m[k], 3) == (k == 0));
-                    ASSERT(pdp__model_gelu_fused(m[k], 5) == (k == 0));
-                    pdp_model_flat(m[0], &g[0], NULL);
-                    pdp_model_flat(m[k], &g[k], NULL);
-                    ASSERT_EQ(g[0].count, g[k].count);
-                    memcpy(g[k].data, g[0].data, (size_t)g[0].count * sizeof(float));
-                    wrap_input(m[k], xd, B, &x);
-                    pdp_set_num_threads(threads);
-                    for (pass = 0; pass < 2; pass++) {
-                        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m[k], &x, &y[k]), pdp_status_name);
-                        ASSERT_ENUM_EQ(PDP_OK, fixture_backward_with_dx(m[k], dyd, dx[k]),
-                                       pdp_status_name);
-                    }
-                    pdp_set_num_threads(1);
-                }
-                ASSERT_EQ(y[1]->count, y[0]->count);
-                ASSERT_MEM_EQ(y[1]->data, y[0]->data, (size_t)y[0]->count * sizeof(float));
-                ASSERT_MEM_EQ(dx[1], dx[0], (size_t)n * sizeof(float));
-                pdp_model_flat(m[0], NULL, &g[0]);
-                pdp_model_flat(m[1], NULL, &g[1]);
-                ASSERT_MEM_EQ(g[1].data, g[0].data, (size_t)g[0].count * sizeof(float));
-                pdp_model_free(m[0]);
-                pdp_model_free(m[1]);
-            }
+    static const int64_t widths[3] = {45, 2100, 10};
+    CHECK_CALL(fused_matches_apart(true, 130, widths, 3, -3.0f, 2.0f, 140));
     PASS();
 }
 
