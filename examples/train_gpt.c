@@ -33,11 +33,12 @@
 
 static pdp_gpt_desc g = {.vocab = 256, .context = 64, .layers = 4, .heads = 4, .dim = 96};
 static int64_t B = 8, steps = 2000, n_new = 500, seed = 1; /* B: the global batch */
-static int np = 1, tp = 1, sp = 0, threads = 1, top_k = 40, stage = -1; /* stage: ZeRO's */
+static int np = 1, tp = 1, sp = 0, threads = 1, top_k = 40;
 static double lr = 3e-3; /* at dim 128, 2e-3 and 4e-3 beat nanoGPT's 1e-3 over 1200 steps */
 static double dropout = 0, temperature = 0.8;
-static const char *strategy = "single", *recompute = "none", *precision = "fp32",
+static const char *strategy_name = "single", *recompute = "none", *precision = "fp32",
                   *path = PDP_FORTUNES_DIR, *prompt = "The ", *device = "cpu";
+static pdp_strategy strategy; /* trainer.h: single, DP, DDP or ZeRO 1-3 */
 static bool short_run;
 static pdp_token_dataset *ds;
 
@@ -54,12 +55,9 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     double t_train = 0, loss_sum = 0;
     pdp_device gpus[64]; /* DP's workers on GPUs: 0, 1, ..., np - 1 */
     pdp_model *m;
-    pdp_optim *opt;
-    pdp_tensor *xt;      /* b windows of ids on this rank's device, */
-    pdp_tensor ids;      /* seen as ids [b, T] */
-    pdp_dp *dp = NULL;
-    pdp_ddp *ddp = NULL;
-    pdp_zero *z = NULL;
+    pdp_trainer *t; /* the strategy's executor and its optimizer */
+    pdp_tensor *xt; /* b windows of ids on this rank's device, */
+    pdp_tensor ids; /* seen as ids [b, T] */
     pdp_comm *tpc = NULL, *dpc = ctx->world;
     pdp_gpt_desc gd = g;
     pdp_tp_stats ts;
@@ -81,35 +79,27 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     PDP_TRY(pdp_model_reserve(m, b)); /* activations for b sequences: steps allocate nothing */
     PDP_TRY(pdp_gpt_activation_report(m, &gd, b, text, size, NULL));
     if (ctx->rank == 0) printf("%s", text);
-    pdp_optim_desc od = {.kind = PDP_OPTIM_ADAMW, .lr = lr, .beta1 = 0.9, .beta2 = 0.95,
-                         .weight_decay = 0.1};
     for (i = 0; i < np; i++) gpus[i] = pdp_cuda((int)i);
-    if (!strcmp(strategy, "dp")) /* np workers split the batch; under -device cuda, GPUs */
-        PDP_TRY(pdp_dp_create(&dp, m, &(pdp_dp_desc){.num_workers = np, .devices =
-                              ctx->device.kind == PDP_DEVICE_CUDA ? gpus : NULL}));
-    if (!strcmp(strategy, "ddp")) PDP_TRY(pdp_ddp_create(&ddp, m, dpc, NULL));
-    pdp_zero_desc zd = {.stage = stage, .bucket_cap_mb = 0.25, .first_bucket_mb = 0.25};
-    if (stage > 0) PDP_TRY(pdp_zero_create(&z, m, dpc, &zd)); /* units of whole layers */
-    PDP_TRY(z ? pdp_zero_optim_create(&opt, z, &od) : pdp_optim_create(&opt, m, &od));
+    pdp_trainer_desc td = { /* the strategy is a value: the loop below is the same for all */
+        .strategy = strategy, .comm = strategy >= PDP_STRATEGY_DDP ? dpc : NULL,
+        .optim = {.kind = PDP_OPTIM_ADAMW, .lr = lr, .beta1 = 0.9, .beta2 = 0.95,
+                  .weight_decay = 0.1},
+        .dp = {.num_workers = np, .devices = ctx->device.kind == PDP_DEVICE_CUDA ? gpus : NULL},
+        .zero = {.bucket_cap_mb = 0.25, .first_bucket_mb = 0.25}}; /* units of whole layers */
+    PDP_TRY(pdp_trainer_create(&t, m, &td)); /* DDP and ZeRO: collective over dpc */
 
     pdp_rng_seed(&r, (uint64_t)seed, 0);
     for (step = 0; step < steps; step++) {
-        double t0 = pdp_seconds();
+        double t0 = pdp_seconds(), lr_now = pdp_lr_warmup_cosine(step, steps / 20, steps, lr,
+                                                                 lr / 10);
         float loss, val;
         if (step == steps - 1) pdp_tp_reset_stats(m); /* the last step's TP traffic */
-        PDP_TRY(pdp_optim_set_lr(opt, pdp_lr_warmup_cosine(step, steps / 20, steps, lr, lr / 10)));
+        PDP_TRY(pdp_optim_set_lr(pdp_trainer_optim(t), lr_now));
         PDP_TRY(pdp_token_dataset_sample(ds, PDP_SPLIT_TRAIN, &r, B, x, y)); /* the global batch */
-        PDP_TRY(pdp_tensor_upload(&ids, x + rank * b * T)); /* this rank's slice */
-        const int32_t *yr = y + rank * b * T; /* the slice's targets, a label a position */
-        if (dp) PDP_TRY(pdp_dp_forward_backward(dp, &ids, yr, &loss)); /* split over workers */
-        else if (ddp) PDP_TRY(pdp_ddp_forward_backward(ddp, &ids, yr, &loss));
-        else if (z) PDP_TRY(pdp_zero_forward_backward(z, &ids, yr, &loss));
-        else PDP_TRY(pdp_model_forward_backward(m, &ids, yr, &loss));
-        if (ddp) PDP_TRY(pdp_ddp_finish(ddp)); /* the gradients averaged over the ranks */
-        if (z) PDP_TRY(pdp_zero_finish(z));    /* this rank's shard of them */
-        PDP_TRY(z ? pdp_zero_clip_grad_norm(z, 1.0f, NULL) : pdp_clip_grad_norm(m, 1.0f, NULL));
-        PDP_TRY(z ? pdp_zero_step(z, opt) : pdp_optim_step(opt)); /* ZeRO 1-2 all-gather */
-        if (!z) pdp_optim_zero_grad(opt); /* pdp_zero_step zeroes its own */
+        PDP_TRY(pdp_tensor_upload(&ids, x + rank * b * T)); /* this rank's slice (DP: all) */
+        PDP_TRY(pdp_trainer_forward_backward(t, &ids, y + rank * b * T, &loss));
+        PDP_TRY(pdp_trainer_clip_grad_norm(t, 1.0f, NULL)); /* after DDP's, ZeRO's reduction */
+        PDP_TRY(pdp_trainer_step(t)); /* AdamW (ZeRO: on the shard, then the all-gather) */
         t_train += pdp_seconds() - t0;
         if (step == steps - 1) pdp_tp_get_stats(m, &ts);
         loss_sum += loss;
@@ -125,15 +115,14 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         loss_sum = 0;
     }
 
-    if (dp) { /* DP's workers are threads of this one rank */
-        PDP_TRY(pdp_dp_get_stats(dp, &dps));
+    if (pdp_trainer_dp(t)) { /* DP's workers are threads of this one rank */
+        PDP_TRY(pdp_dp_get_stats(pdp_trainer_dp(t), &dps));
         printf("DP, %d workers: the master holds %.2f MB (parameters, gradients, AdamW's state, "
                "its activations,\n  the gathered outputs), each other worker %.2f MB: DP saves "
                "nothing and overloads worker 0\n", np, dps.master_bytes / 1e6,
                dps.replica_bytes / 1e6);
-    } else { /* this rank's memory beside ZeRO's formulas; single's and DDP's: stage 0's */
-        PDP_TRY(z ? pdp_zero_get_memory(z, opt, &mm)
-                  : pdp_zero_memory_plan(m, n, 0, NULL, opt, &mm)); /* a whole replica */
+    } else { /* this rank's memory beside ZeRO's formulas: ZeRO's measured, the others' planned */
+        PDP_TRY(pdp_trainer_get_memory(t, &mm)); /* (single's and DDP's as stage 0) */
         PDP_TRY(pdp_gpt_memory_report(m, &mm, b, text, size));
         PDP_TRY(pdp_print_by_rank(ctx->world, "rank %d: %s", ctx->rank, text));
     }
@@ -145,10 +134,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         printf("%s(the losses above are rank 0's, over its slice of each global batch; the "
                "validation losses are\n single's. Activations shrink with the slice, under DDP "
                "and ZeRO alike, and with -recompute;\n ZeRO shards the rest)\n", text);
-    if (z) PDP_TRY(pdp_zero_gather_params(z, NULL)); /* ZeRO-3: the full parameters back */
-    pdp_zero_free(z); /* m is a whole model again */
-    pdp_ddp_free(ddp);
-    pdp_dp_free(dp);
+    PDP_TRY(pdp_trainer_gather_params(t)); /* ZeRO-3: the full parameters back, */
+    pdp_trainer_free(t);                   /* so m is a whole model again */
     pdp_rng_seed(&r, (uint64_t)seed, 1);
     if (rank == 0) /* by every TP rank of the first copy: each forward is collective */
         PDP_TRY(pdp_gpt_generate_text(m, prompt, n_new, (float)temperature, top_k, &r, text,
@@ -156,7 +143,6 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     if (ctx->rank == 0)
         printf("sample (temperature %g, top-k %d, seed %lld):\n%s\n", temperature, top_k,
                (long long)seed, text);
-    pdp_optim_free(opt);
     pdp_model_free(m);
     pdp_tensor_free(xt);
     if (tpc) pdp_comm_free(dpc);
@@ -169,7 +155,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 int main(int argc, char **argv)
 {
     const pdp_arg args[] = { /* option, type, variable (its default), min, max, choices */
-        {"-strategy", PDP_ARG_STRING, &strategy, 0, 0, "single|dp|ddp|zero1|zero2|zero3"},
+        {"-strategy", PDP_ARG_STRING, &strategy_name, 0, 0, "single|dp|ddp|zero1|zero2|zero3"},
         {"-np", PDP_ARG_INT, &np, 1, 64, NULL}, /* DP's workers, or thread ranks */
         {"-tp", PDP_ARG_INT, &tp, 1, 64, NULL}, /* thread ranks splitting each block */
         {"-sp", PDP_ARG_INT, &sp, 0, 1, NULL},  /* 1: sequence parallelism (with -tp) */
@@ -197,10 +183,10 @@ int main(int argc, char **argv)
     PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
     if (short_run) steps = 10, n_new = 40;
-    if (!strncmp(strategy, "zero", 4)) stage = strategy[4] - '0';
-    if (!strcmp(strategy, "single")) np = 1;
-    int ranks = !strcmp(strategy, "ddp") || stage > 0 ? np : 1; /* DP: np workers, one rank */
-    if (B % ranks || !prompt[0] || (tp > 1 && !strcmp(strategy, "dp"))) {
+    PDP_CHECK(pdp_strategy_from_name(strategy_name, &strategy));
+    if (strategy == PDP_STRATEGY_SINGLE) np = 1;
+    int ranks = strategy >= PDP_STRATEGY_DDP ? np : 1; /* DP: np workers, one rank */
+    if (B % ranks || !prompt[0] || (tp > 1 && strategy == PDP_STRATEGY_DP)) {
         fprintf(stderr, "-batch %lld must divide by the %d ranks, the prompt be nonempty, -tp "
                 "go with single, ddp or zero\n", (long long)B, ranks);
         return 2;
@@ -222,7 +208,7 @@ int main(int argc, char **argv)
     printf("GPT %d layers, %d heads, dim %lld, context %lld: %lld parameters; batch %lld, AdamW "
            "lr %g, %d thread(s), %s x %d%s, TP %d%s, recompute %s%s%s\n", g.layers, g.heads,
            (long long)g.dim, (long long)g.context, (long long)pdp_model_param_count(m),
-           (long long)B, lr, threads, strategy, np, ld.backend ? " on CUDA" : "", tp,
+           (long long)B, lr, threads, strategy_name, np, ld.backend ? " on CUDA" : "", tp,
            sp ? " + SP" : "", recompute, g.precision ? ", bf16 " : "",
            g.precision ? pdp_bf16_path_name(pdp_bf16_best_path()) : "");
     pdp_model_free(m);
