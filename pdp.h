@@ -73,8 +73,10 @@
        CHECK(pdp_model_forward_backward(gpt, &ids, y, &loss));   // y: a label per position
        CHECK(pdp_gpt_generate(gpt, out, 3, 200, 0.8f, 40, &rng)); // "The" and 200 more bytes
 
-   examples/train_gpt.c is the whole loop (AdamW, validation loss, generation), with
-   the helpers a training script wants: pdp_gpt_evaluate (the mean loss over the same
+   examples/train_gpt.c is the whole loop (AdamW, validation loss, generation; one
+   pdp_trainer for every -strategy, DISTRIBUTED), with the helpers a training script
+   wants: pdp_gpt_param_count (the parameters a desc describes, before building),
+   pdp_gpt_evaluate (the mean loss over the same
    windows every call, no dropout, the model on any device and split by TP or ZeRO-3),
    pdp_gpt_activation_report (one block's activations from the layer table beside
    Megatron-LM's formulas for the run's TP, SP and each recomputation mode),
@@ -449,6 +451,30 @@
    single-device checkpoint calls refuse what is not whole on the rank, naming the
    ZeRO call to use.
 
+   One loop for every strategy (trainer.h)
+   ---------------------------------------
+       pdp_trainer *t;
+       pdp_trainer_desc desc = {.comm = comm,               // DDP and ZeRO; NULL: single, DP
+                                .optim = {.kind = PDP_OPTIM_ADAMW, .lr = 3e-4}};
+       CHECK(pdp_strategy_from_name("zero2", &desc.strategy));  // a -strategy flag's value
+       CHECK(pdp_trainer_create(&t, m, &desc));            // the executor and its optimizer
+       CHECK(pdp_trainer_forward_backward(t, &x, y, &loss));  // DP: the batch; else the slice
+       CHECK(pdp_trainer_clip_grad_norm(t, 1.0f, NULL));    // after DDP's and ZeRO's reduction
+       CHECK(pdp_trainer_step(t));                          // step, zero the gradients
+   pdp_trainer picks the executor by value, so a program switches strategies with a flag
+   and its loop stays these three calls, each a switch into the executor's own (trainer.h
+   has the table: DP's forward_backward and the master's step, DDP's finish before
+   clipping, ZeRO's shard clipping and step): the same bits as the direct calls (tested
+   for every strategy at 1-3 ranks or workers against one device). desc.dp, .ddp and
+   .zero are the executors' descs, read under their strategy; a ZeRO stage other than
+   the strategy's, a communicator given to single or DP or missing under DDP and ZeRO,
+   and an unknown strategy are PDP_ERR_INVALID naming the field. pdp_trainer_get_memory
+   gives every strategy's bytes as zero.h's report (ZeRO's measured, single's and DDP's
+   planned as stage 0, DP's master's); pdp_trainer_gather_params puts ZeRO-3's full
+   parameters back before pdp_trainer_free; pdp_trainer_optim (pdp_optim_set_lr),
+   pdp_trainer_dp, _ddp and _zero reach the parts (stats, hooks, checkpoints, no_sync).
+   examples/train_gpt.c trains with it.
+
    Tensor parallel (tp.h)
    ----------------------
        CHECK(pdp_model_set_tp(m, tp_comm));                 // the same model on every TP rank
@@ -635,6 +661,9 @@
                     per stage: GPipe, 1F1B, interleaved, with its steps), pdp_pp_forward_backward
                     (the runner), pdp__pp_forward, pdp__pp_backward, pdp__pp_issue (a step's
                     batch of messages, one NCCL group)
+   Every strategy   trainer.c: pdp_trainer_create (the executor a strategy names),
+                    pdp_trainer_forward_backward, pdp_trainer_clip_grad_norm and
+                    pdp_trainer_step (a switch each into dp.c, ddp.c, zero.c)
    Clipping         optim.c: pdp_clip_grad_norm (over the TP group:
                     pdp__grad_allreduce_sum), pdp__clip_coef; zero.c:
                     pdp_zero_clip_grad_norm; pp.c: pdp_pp_clip_grad_norm
@@ -2813,6 +2842,12 @@ typedef struct pdp_gpt_desc {
    rank 0, as every replicated tensor). Dropout masks are keyed by the global position:
    the single device's masks. */
 PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc);
+/* The parameters of the GPT desc describes, counted from its sizes before anything is built
+   (nanoGPT's get_num_params with the position embedding, the head tied): vocab dim +
+   context dim + layers (12 dim^2 + 13 dim) + 2 dim, vocab 0 read as 256. The whole model's
+   count, which desc.tp splits over its ranks (pdp_model_param_count of a rank's model is its
+   slices'). 0 for a NULL desc or a context, layers or dim below 1. */
+PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc);
 
 /* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room
    for n + n_new), each drawn from the model's next-token distribution at the last
@@ -3314,7 +3349,8 @@ typedef struct pdp_trainer_desc {
                                DP x TP: the DP group); single and DP: NULL (DP's workers are
                                threads of this process: PDP_ERR_INVALID otherwise) */
     pdp_optim_desc optim;   /* the optimizer (optim.h; zero: SGD, lr 0.01) */
-    pdp_dp_desc dp;         /* DP: workers (0: one per core) and devices */
+    pdp_dp_desc dp;         /* DP: workers (0: one per core) and devices (NULL: the CPU; for
+                               a model on GPU g, GPUs g, g + 1, ..., one a worker) */
     pdp_ddp_desc ddp;       /* DDP: bucket sizes */
     pdp_zero_desc zero;     /* ZeRO: units and buffers; stage 0 (the strategy's) or the
                                strategy's own, any other PDP_ERR_INVALID */
@@ -28496,6 +28532,16 @@ PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d)
     return st;
 }
 
+PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc)
+{
+    int64_t V, C;
+    if (!desc || desc->context < 1 || desc->layers < 1 || desc->dim < 1 || desc->vocab < 0)
+        return 0;
+    V = desc->vocab ? desc->vocab : 256;
+    C = desc->dim;
+    return V * C + desc->context * C + desc->layers * (12 * C * C + 13 * C) + 2 * C;
+}
+
 PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
 {
     const char *fn = "pdp_gpt_create";
@@ -30761,6 +30807,7 @@ struct pdp_trainer {
     pdp_dp *dp;     /* the strategy's executor: one of these, or none (single) */
     pdp_ddp *ddp;
     pdp_zero *z;
+    pdp_device gpus[PDP_DP_MAX_WORKERS]; /* DP on a CUDA model without dp.devices */
 };
 
 static const char *const pdp__strategy_names[] = {"single", "dp", "ddp", "zero1", "zero2", "zero3"};
@@ -30825,6 +30872,12 @@ PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     t->desc = d;
     t->m = m;
+    if (d.strategy == PDP_STRATEGY_DP && !d.dp.devices && m->device.kind == PDP_DEVICE_CUDA &&
+        d.dp.num_workers > 0 && d.dp.num_workers <= PDP_DP_MAX_WORKERS) {
+        int i; /* torch.nn.DataParallel's default: a GPU a worker, from the model's on */
+        for (i = 0; i < d.dp.num_workers; i++) t->gpus[i] = pdp_cuda(m->device.ordinal + i);
+        d.dp.devices = t->gpus;
+    }
     switch (d.strategy) {
     case PDP_STRATEGY_SINGLE: st = PDP_OK; break;
     case PDP_STRATEGY_DP: st = pdp_dp_create(&t->dp, m, &d.dp); break;

@@ -11,6 +11,7 @@ struct pdp_trainer {
     pdp_dp *dp;     /* the strategy's executor: one of these, or none (single) */
     pdp_ddp *ddp;
     pdp_zero *z;
+    pdp_device gpus[PDP_DP_MAX_WORKERS]; /* DP on a CUDA model without dp.devices */
 };
 
 static const char *const pdp__strategy_names[] = {"single", "dp", "ddp", "zero1", "zero2", "zero3"};
@@ -75,6 +76,12 @@ PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     t->desc = d;
     t->m = m;
+    if (d.strategy == PDP_STRATEGY_DP && !d.dp.devices && m->device.kind == PDP_DEVICE_CUDA &&
+        d.dp.num_workers > 0 && d.dp.num_workers <= PDP_DP_MAX_WORKERS) {
+        int i; /* torch.nn.DataParallel's default: a GPU a worker, from the model's on */
+        for (i = 0; i < d.dp.num_workers; i++) t->gpus[i] = pdp_cuda(m->device.ordinal + i);
+        d.dp.devices = t->gpus;
+    }
     switch (d.strategy) {
     case PDP_STRATEGY_SINGLE: st = PDP_OK; break;
     case PDP_STRATEGY_DP: st = pdp_dp_create(&t->dp, m, &d.dp); break;

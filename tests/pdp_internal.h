@@ -8353,6 +8353,8 @@ PDP__PRIVATE pdp_status pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d);
    pdp__gpt_init draws, and cut into this rank's slices (tp.c's scatter). */
 PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d);
 
+/* PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc) */
+
 /* PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc) */
 
 /* ---- gpt: generation ---- */
@@ -8853,6 +8855,7 @@ struct pdp_trainer {
     pdp_dp *dp;     /* the strategy's executor: one of these, or none (single) */
     pdp_ddp *ddp;
     pdp_zero *z;
+    pdp_device gpus[PDP_DP_MAX_WORKERS]; /* DP on a CUDA model without dp.devices */
 };
 
 /* PDP_API const char *pdp_strategy_name(pdp_strategy s) */
