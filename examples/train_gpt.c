@@ -4,11 +4,10 @@
    bytes drawn at random, AdamW, warm-up then cosine decay, gradients clipped to norm 1) on
    Debian's fortunes (apt-get install fortunes), -text FILE|DIR or pdp's synthetic text.
    -strategy dp|ddp|zero1|zero2|zero3 trains the same global batches on -np DP workers or
-   ranks (trainer.h: the loop is the same for all); -tp N splits each block over N more
-   ranks (by heads), -sp 1 adds sequence parallelism, -recompute selective|full trades
-   compute for activation memory, -device cuda trains on GPUs. It prints one block's
-   activations beside Megatron-LM's formulas, the losses, each rank's memory beside ZeRO's
-   formulas, TP's traffic beside its formula, and text.
+   ranks, by the same loop (trainer.h); -tp N splits each block over N more ranks (by heads),
+   -sp 1 adds sequence parallelism, -recompute selective|full trades compute for activation
+   memory, -device cuda trains on GPUs. It prints one block's activations beside Megatron-LM's
+   formulas, the losses, each rank's memory beside ZeRO's, TP's traffic beside its formula.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt.c -o train_gpt -lm -lpthread
            nvcc -O2 -arch=sm_90 -DPDP_CUDA -I. examples/train_gpt.c pdp_cuda.cu -o train_gpt_cuda \
