@@ -151,7 +151,7 @@ TEST trainer_every_strategy_equals_one_device(void)
         for (n = 1; n <= (s == PDP_STRATEGY_SINGLE ? 1 : MAXR); n++) {
             int ranks = s >= PDP_STRATEGY_DDP ? n : 1, sharded = s - PDP_STRATEGY_DDP;
             int64_t P4;
-            char msg[400];
+            char msg[1100]; /* the launch's message, cut at 1023 bytes, and the case */
             pdp_status st;
             c.strategy = (pdp_strategy)s;
             c.n = n;
