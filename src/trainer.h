@@ -1,6 +1,6 @@
 /* trainer: one training loop for every data-parallel strategy. The strategy is a value
    (single, DP, DDP, ZeRO 1-3): pdp_trainer_create builds its executor and the optimizer
-   that goes with it, and the step is the same four calls whichever it is, as in PyTorch,
+   that goes with it, and the step is the same three calls whichever it is, as in PyTorch,
    where wrapping the model changes what backward and the optimizer do but not the loop:
 
        pdp_trainer_forward_backward(t, &x, y, &loss);  loss.backward()
@@ -18,7 +18,9 @@
                  _zero_optim_create                   pdp_zero_clip_grad_norm
 
    and adds nothing to them: the same bits as the direct calls, no allocation in a step,
-   every failure the executor's status and message. x is what the executor takes: the
+   every failure the executor's status and message. (DP steps on the master's thread:
+   pdp_dp_step's step by the workers, each on the slice it reduced, leaves no place for
+   clipping between; the bits are the same.) x is what the executor takes: the
    global batch under single and DP (DP splits it over its workers), this rank's slice of
    it under DDP and ZeRO (every rank calls every function with its slice: they are
    collective over desc.comm). A model split by tensor parallelism (its own communicator,
@@ -51,7 +53,7 @@ typedef struct pdp_trainer_desc {
     pdp_comm *comm;         /* DDP and ZeRO: the data-parallel communicator, required (under
                                DP x TP: the DP group); single and DP: NULL (DP's workers are
                                threads of this process: PDP_ERR_INVALID otherwise) */
-    pdp_optim_desc optim;   /* the optimizer (optim.h; zero: SGD, lr 0.01) */
+    pdp_optim_desc optim;   /* the optimizer (optim.h; all zero: SGD, lr 0.01) */
     pdp_dp_desc dp;         /* DP: workers (0: one per core) and devices (NULL: the CPU; for
                                a model on GPU g, GPUs g, g + 1, ..., one a worker) */
     pdp_ddp_desc ddp;       /* DDP: bucket sizes */
@@ -76,10 +78,11 @@ PDP_API void pdp_trainer_free(pdp_trainer *t);
 PDP_API pdp_trainer_desc pdp_trainer_get_desc(const pdp_trainer *t);
 
 /* Forward, the cross-entropy against labels (as pdp_model_forward_backward's: a label a
-   sample, or a position of a GPT's), backward: the gradients accumulate (+=) until
-   pdp_trainer_step. Under DDP and ZeRO their reduction over the ranks starts during
-   backward. *loss (may be NULL): the mean over x's labels, which under DDP and ZeRO is this
-   rank's slice's. */
+   sample, or a position of a GPT's), backward. Single and DP: the gradients accumulate (+=)
+   over calls until pdp_trainer_step. DDP and ZeRO: the reduction over the ranks starts during
+   backward, one call a step (to accumulate, pdp_ddp_set_no_sync(pdp_trainer_ddp(t), true) or
+   pdp_zero_set_no_sync for the calls before the last). *loss (may be NULL): the mean over
+   x's labels, which under DDP and ZeRO is this rank's slice's. */
 PDP_API pdp_status pdp_trainer_forward_backward(pdp_trainer *t, const pdp_tensor *x,
                                                 const int32_t *labels, float *loss);
 /* Waits for the gradients' reduction (DDP, ZeRO), then scales them so that the whole
