@@ -30877,7 +30877,7 @@ PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
     t->m = m;
     if (d.strategy == PDP_STRATEGY_DP && !d.dp.devices && m->device.kind == PDP_DEVICE_CUDA &&
         d.dp.num_workers > 0 && d.dp.num_workers <= PDP_DP_MAX_WORKERS) {
-        int i; /* torch.nn.DataParallel's default: a GPU a worker, from the model's on */
+        int i; /* a GPU a worker from the model's on (DataParallel's device_ids[0] holds it) */
         for (i = 0; i < d.dp.num_workers; i++) t->gpus[i] = pdp_cuda(m->device.ordinal + i);
         d.dp.devices = t->gpus;
     }
