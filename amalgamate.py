@@ -48,6 +48,7 @@ API = [
     "tp.h",
     "gpt.h",  # after data.h and tp.h: pdp_gpt_evaluate, pdp_gpt_tp_report take their types
     "zero.h",
+    "trainer.h",  # after dp.h, ddp.h, zero.h: its desc holds theirs
     "pp.h",
     "cuda.h",
     "launch.h",
@@ -94,6 +95,7 @@ IMPL = [
     "gpt.c",
     "zero.c",
     "zero_ckpt.c",
+    "trainer.c",
     "pp.c",
     "launch.c",
 ]

@@ -73,8 +73,10 @@
        CHECK(pdp_model_forward_backward(gpt, &ids, y, &loss));   // y: a label per position
        CHECK(pdp_gpt_generate(gpt, out, 3, 200, 0.8f, 40, &rng)); // "The" and 200 more bytes
 
-   examples/train_gpt.c is the whole loop (AdamW, validation loss, generation), with
-   the helpers a training script wants: pdp_gpt_evaluate (the mean loss over the same
+   examples/train_gpt.c is the whole loop (AdamW, validation loss, generation; one
+   pdp_trainer for every -strategy, DISTRIBUTED), with the helpers a training script
+   wants: pdp_gpt_param_count (the parameters a desc describes, before building),
+   pdp_gpt_evaluate (the mean loss over the same
    windows every call, no dropout, the model on any device and split by TP or ZeRO-3),
    pdp_gpt_activation_report (one block's activations from the layer table beside
    Megatron-LM's formulas for the run's TP, SP and each recomputation mode),
@@ -449,6 +451,30 @@
    single-device checkpoint calls refuse what is not whole on the rank, naming the
    ZeRO call to use.
 
+   One loop for every strategy (trainer.h)
+   ---------------------------------------
+       pdp_trainer *t;
+       pdp_trainer_desc desc = {.comm = comm,               // DDP and ZeRO; NULL: single, DP
+                                .optim = {.kind = PDP_OPTIM_ADAMW, .lr = 3e-4}};
+       CHECK(pdp_strategy_from_name("zero2", &desc.strategy));  // a -strategy flag's value
+       CHECK(pdp_trainer_create(&t, m, &desc));            // the executor and its optimizer
+       CHECK(pdp_trainer_forward_backward(t, &x, y, &loss));  // DP: the batch; else the slice
+       CHECK(pdp_trainer_clip_grad_norm(t, 1.0f, NULL));    // after DDP's and ZeRO's reduction
+       CHECK(pdp_trainer_step(t));                          // step, zero the gradients
+   pdp_trainer picks the executor by value, so a program switches strategies with a flag
+   and its loop stays these three calls, each a switch into the executor's own (trainer.h
+   has the table: DP's forward_backward and the master's step, DDP's finish before
+   clipping, ZeRO's shard clipping and step): the same bits as the direct calls (tested
+   for every strategy at 1-3 ranks or workers against one device). desc.dp, .ddp and
+   .zero are the executors' descs, read under their strategy; a ZeRO stage other than
+   the strategy's, a communicator given to single or DP or missing under DDP and ZeRO,
+   and an unknown strategy are PDP_ERR_INVALID naming the field. pdp_trainer_get_memory
+   gives every strategy's bytes as zero.h's report (ZeRO's measured, single's and DDP's
+   planned as stage 0, DP's master's); pdp_trainer_gather_params puts ZeRO-3's full
+   parameters back before pdp_trainer_free; pdp_trainer_optim (pdp_optim_set_lr),
+   pdp_trainer_dp, _ddp and _zero reach the parts (stats, hooks, checkpoints, no_sync).
+   examples/train_gpt.c trains with it.
+
    Tensor parallel (tp.h)
    ----------------------
        CHECK(pdp_model_set_tp(m, tp_comm));                 // the same model on every TP rank
@@ -635,6 +661,9 @@
                     per stage: GPipe, 1F1B, interleaved, with its steps), pdp_pp_forward_backward
                     (the runner), pdp__pp_forward, pdp__pp_backward, pdp__pp_issue (a step's
                     batch of messages, one NCCL group)
+   Every strategy   trainer.c: pdp_trainer_create (the executor a strategy names),
+                    pdp_trainer_forward_backward, pdp_trainer_clip_grad_norm and
+                    pdp_trainer_step (a switch each into dp.c, ddp.c, zero.c)
    Clipping         optim.c: pdp_clip_grad_norm (over the TP group:
                     pdp__grad_allreduce_sum), pdp__clip_coef; zero.c:
                     pdp_zero_clip_grad_norm; pp.c: pdp_pp_clip_grad_norm
@@ -2813,6 +2842,12 @@ typedef struct pdp_gpt_desc {
    rank 0, as every replicated tensor). Dropout masks are keyed by the global position:
    the single device's masks. */
 PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc);
+/* The parameters of the GPT desc describes, counted from its sizes before anything is built
+   (nanoGPT's get_num_params with the position embedding, the head tied): vocab dim +
+   context dim + layers (12 dim^2 + 13 dim) + 2 dim, vocab 0 read as 256. The whole model's
+   count, which desc.tp splits over its ranks (pdp_model_param_count of a rank's model is its
+   slices'). 0 for a NULL desc or a context, layers or dim below 1. */
+PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc);
 
 /* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room
    for n + n_new), each drawn from the model's next-token distribution at the last
@@ -3258,6 +3293,126 @@ typedef struct pdp_zero_stats {
 
 PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
 /* ---- end src/zero.h ---- */
+
+/* ---- begin src/trainer.h ---- */
+/* trainer: one training loop for every data-parallel strategy. The strategy is a value
+   (single, DP, DDP, ZeRO 1-3): pdp_trainer_create builds its executor and the optimizer
+   that goes with it, and the step is the same three calls whichever it is, as in PyTorch,
+   where wrapping the model changes what backward and the optimizer do but not the loop:
+
+       pdp_trainer_forward_backward(t, &x, y, &loss);  loss.backward()
+       pdp_trainer_clip_grad_norm(t, 1.0f, NULL);      clip_grad_norm_(model.parameters(), 1)
+       pdp_trainer_step(t);                            opt.step(); opt.zero_grad()
+
+   It is the one place that knows how the executors compose, each call dispatching as
+
+       strategy  create             forward_backward  clip                     step
+       single    pdp_optim_create   pdp_model_...     pdp_clip_grad_norm       pdp_optim_step +
+       dp        pdp_dp_create      pdp_dp_...        pdp_clip_grad_norm       pdp_optim_zero_grad
+       ddp       pdp_ddp_create     pdp_ddp_...       pdp_ddp_finish +         pdp_ddp_step
+                                                      pdp_clip_grad_norm
+       zero1-3   pdp_zero_create +  pdp_zero_...      pdp_zero_finish +        pdp_zero_step
+                 _zero_optim_create                   pdp_zero_clip_grad_norm
+
+   and adds nothing to them: the same bits as the direct calls, no allocation in a step,
+   every failure the executor's status and message. (DP steps on the master's thread:
+   pdp_dp_step's step by the workers, each on the slice it reduced, leaves no place for
+   clipping between; the bits are the same.) x is what the executor takes: the
+   global batch under single and DP (DP splits it over its workers), this rank's slice of
+   it under DDP and ZeRO (every rank calls every function with its slice: they are
+   collective over desc.comm). A model split by tensor parallelism (its own communicator,
+   tp.h) trains under single, DDP and ZeRO (DP refuses it); clipping is then collective
+   over its TP group too. Executors and strategies are explained in dp.h, ddp.h, zero.h;
+   examples/train_gpt.c picks one with -strategy. */
+
+typedef enum pdp_strategy {
+    PDP_STRATEGY_SINGLE = 0, /* the model alone, on its device */
+    PDP_STRATEGY_DP = 1,     /* DataParallel (dp.h): worker threads of this process */
+    PDP_STRATEGY_DDP = 2,    /* DistributedDataParallel (ddp.h) over desc.comm */
+    PDP_STRATEGY_ZERO1 = 3,  /* ZeRO (zero.h) over desc.comm: the optimizer state sharded, */
+    PDP_STRATEGY_ZERO2 = 4,  /* and the gradients, */
+    PDP_STRATEGY_ZERO3 = 5   /* and the parameters */
+} pdp_strategy;
+
+/* "single", "dp", "ddp", "zero1", "zero2", "zero3" (a program's -strategy values), or
+   "unknown". */
+PDP_API const char *pdp_strategy_name(pdp_strategy s);
+/* The strategy named as pdp_strategy_name names it, into *out; any other name (or NULL)
+   fails with PDP_ERR_INVALID naming it and the six. */
+PDP_API pdp_status pdp_strategy_from_name(const char *name, pdp_strategy *out);
+
+typedef struct pdp_trainer pdp_trainer;
+
+/* Zero means default, field by field; each executor's desc is read under its strategy only
+   and checked by its create (the messages name that call). */
+typedef struct pdp_trainer_desc {
+    pdp_strategy strategy;  /* default single; another value is PDP_ERR_INVALID */
+    pdp_comm *comm;         /* DDP and ZeRO: the data-parallel communicator, required (under
+                               DP x TP: the DP group); single and DP: NULL (DP's workers are
+                               threads of this process: PDP_ERR_INVALID otherwise) */
+    pdp_optim_desc optim;   /* the optimizer (optim.h; all zero: SGD, lr 0.01) */
+    pdp_dp_desc dp;         /* DP: workers (0: one per core) and devices (NULL: the CPU; for
+                               a model on GPU g, GPUs g, g + 1, ..., one a worker) */
+    pdp_ddp_desc ddp;       /* DDP: bucket sizes */
+    pdp_zero_desc zero;     /* ZeRO: units and buffers; stage 0 (the strategy's) or the
+                               strategy's own, any other PDP_ERR_INVALID */
+} pdp_trainer_desc;
+
+/* Wraps m (which stays the caller's and must outlive t) in desc's executor and creates the
+   optimizer (pdp_optim_create on m, pdp_zero_optim_create under ZeRO). Collective over
+   desc.comm under DDP and ZeRO (rank 0's parameters everywhere). A field out of range fails
+   with PDP_ERR_INVALID naming it; an executor's failure keeps its status, its message after
+   "pdp_trainer_create (strategy S): ". desc may be NULL (single, SGD). */
+PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
+                                      const pdp_trainer_desc *desc);
+/* Frees the optimizer and the executor: the model is the caller's again (layers may be
+   added), whole but at ZeRO-3, where it keeps this rank's slices unless
+   pdp_trainer_gather_params ran (zero.h: pdp_zero_free). Not collective. NULL is fine. */
+PDP_API void pdp_trainer_free(pdp_trainer *t);
+/* The desc in use, defaults filled in (sokol's query-defaults): the optimizer's and the
+   strategy's executor's resolved descs (pdp_optim_get_desc, pdp_dp_get_desc, ...), the other
+   executors' zeroed; zero.stage the strategy's. A zero desc for NULL. */
+PDP_API pdp_trainer_desc pdp_trainer_get_desc(const pdp_trainer *t);
+
+/* Forward, the cross-entropy against labels (as pdp_model_forward_backward's: a label a
+   sample, or a position of a GPT's), backward. Single and DP: the gradients accumulate (+=)
+   over calls until pdp_trainer_step. DDP and ZeRO: the reduction over the ranks starts during
+   backward, one call a step (to accumulate, pdp_ddp_set_no_sync(pdp_trainer_ddp(t), true) or
+   pdp_zero_set_no_sync for the calls before the last). *loss (may be NULL): the mean over
+   x's labels, which under DDP and ZeRO is this rank's slice's. */
+PDP_API pdp_status pdp_trainer_forward_backward(pdp_trainer *t, const pdp_tensor *x,
+                                                const int32_t *labels, float *loss);
+/* Waits for the gradients' reduction (DDP, ZeRO), then scales them so that the whole
+   model's L2 norm is at most max_norm (torch.nn.utils.clip_grad_norm_; under ZeRO from the
+   shards); *total_norm (may be NULL) gets the norm before clipping, the same on every rank.
+   Between pdp_trainer_forward_backward and pdp_trainer_step, or not at all. */
+PDP_API pdp_status pdp_trainer_clip_grad_norm(pdp_trainer *t, float max_norm, float *total_norm);
+/* Waits for the gradients' reduction (if clipping has not), updates the parameters (under
+   ZeRO this rank's shard, then at stages 1-2 the all-gather of the updated parameters) and
+   zeroes the gradients. */
+PDP_API pdp_status pdp_trainer_step(pdp_trainer *t);
+
+/* This rank's memory as zero.h's report (pdp_zero_memory: measured, or planned, beside the
+   formulas; opt's state counted): ZeRO's measured (pdp_zero_get_memory); single's and DDP's
+   planned as stage 0, a whole replica (pdp_zero_memory_plan at N = 1, or desc.comm's size,
+   zero.h's default units for the other stages); DP's the master's as stage 0 at N = 1
+   (pdp_dp_get_stats(pdp_trainer_dp(t)) has the master's and the replicas' peaks, activations
+   and gathered outputs included). PDP_ERR_INVALID for a NULL t or out. */
+PDP_API pdp_status pdp_trainer_get_memory(const pdp_trainer *t, pdp_zero_memory *out);
+/* ZeRO-3: all-gathers the full parameters into the model's block (pdp_zero_gather_params(z,
+   NULL): collective; valid until the next step), so that after pdp_trainer_free the model is
+   whole; an evaluation forward needs none of this (ZeRO-3's forward gathers). Every other
+   strategy: nothing to do. */
+PDP_API pdp_status pdp_trainer_gather_params(pdp_trainer *t);
+
+PDP_API pdp_model *pdp_trainer_model(const pdp_trainer *t);
+PDP_API pdp_optim *pdp_trainer_optim(const pdp_trainer *t); /* pdp_optim_set_lr on it */
+/* The executor, for its own calls (stats, hooks, checkpoints, no_sync), or NULL under
+   another strategy. */
+PDP_API pdp_dp *pdp_trainer_dp(const pdp_trainer *t);
+PDP_API pdp_ddp *pdp_trainer_ddp(const pdp_trainer *t);
+PDP_API pdp_zero *pdp_trainer_zero(const pdp_trainer *t);
+/* ---- end src/trainer.h ---- */
 
 /* ---- begin src/pp.h ---- */
 /* pp: pipeline parallelism. A sequential model split into p stages of consecutive
@@ -28380,6 +28535,16 @@ PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d)
     return st;
 }
 
+PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc)
+{
+    int64_t V, C;
+    if (!desc || desc->context < 1 || desc->layers < 1 || desc->dim < 1 || desc->vocab < 0)
+        return 0;
+    V = desc->vocab ? desc->vocab : 256;
+    C = desc->dim;
+    return V * C + desc->context * C + desc->layers * (12 * C * C + 13 * C) + 2 * C;
+}
+
 PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
 {
     const char *fn = "pdp_gpt_create";
@@ -30630,6 +30795,188 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
     return PDP_OK;
 }
 /* ---- end src/zero_ckpt.c ---- */
+
+/* ---- begin src/trainer.c ---- */
+/* trainer: the strategy-agnostic front of the data-parallel executors (trainer.h). A trainer
+   holds at most one executor, the one its strategy names (the others stay NULL), and the
+   optimizer made for it; each call is a switch over the strategy into the executors' own
+   calls, nothing more, so a trainer step is bit for bit the direct calls' step
+   (tests/test_trainer.c holds every strategy at 1-3 ranks to one device). */
+
+struct pdp_trainer {
+    pdp_trainer_desc desc; /* as given, with zero.stage the strategy's */
+    pdp_model *m;
+    pdp_optim *opt;
+    pdp_dp *dp;     /* the strategy's executor: one of these, or none (single) */
+    pdp_ddp *ddp;
+    pdp_zero *z;
+    pdp_device gpus[PDP_DP_MAX_WORKERS]; /* DP on a CUDA model without dp.devices */
+};
+
+static const char *const pdp__strategy_names[] = {"single", "dp", "ddp", "zero1", "zero2", "zero3"};
+
+PDP_API const char *pdp_strategy_name(pdp_strategy s)
+{
+    return (int)s >= 0 && (int)s <= (int)PDP_STRATEGY_ZERO3 ? pdp__strategy_names[s] : "unknown";
+}
+
+PDP_API pdp_status pdp_strategy_from_name(const char *name, pdp_strategy *out)
+{
+    int i;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_strategy_from_name: out is NULL");
+    for (i = 0; name && i <= (int)PDP_STRATEGY_ZERO3; i++)
+        if (!strcmp(name, pdp__strategy_names[i])) {
+            *out = (pdp_strategy)i;
+            return PDP_OK;
+        }
+    return pdp__err(PDP_ERR_INVALID, "pdp_strategy_from_name: '%s' is not a strategy (single, "
+                    "dp, ddp, zero1, zero2 or zero3)", name ? name : "(null)");
+}
+
+/* The desc's own fields checked, zero.stage set to the strategy's; in may be NULL. */
+PDP__PRIVATE pdp_status pdp__trainer_desc_defaults(const pdp_trainer_desc *in,
+                                                   pdp_trainer_desc *out, const char *fn)
+{
+    pdp_trainer_desc d;
+    int stage;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if ((int)d.strategy < 0 || (int)d.strategy > (int)PDP_STRATEGY_ZERO3)
+        return pdp__err(PDP_ERR_INVALID, "%s: strategy %d is none of PDP_STRATEGY_SINGLE, _DP, "
+                        "_DDP, _ZERO1, _ZERO2, _ZERO3", fn, (int)d.strategy);
+    if (d.strategy >= PDP_STRATEGY_DDP && !d.comm)
+        return pdp__err(PDP_ERR_INVALID, "%s: strategy %s needs desc.comm, the data-parallel "
+                        "communicator", fn, pdp_strategy_name(d.strategy));
+    if (d.strategy < PDP_STRATEGY_DDP && d.comm)
+        return pdp__err(PDP_ERR_INVALID, "%s: strategy %s runs in this process and takes no "
+                        "communicator (desc.comm): ddp or zero1-3 train across ranks", fn,
+                        pdp_strategy_name(d.strategy));
+    stage = d.strategy >= PDP_STRATEGY_ZERO1 ? (int)d.strategy - (int)PDP_STRATEGY_DDP : 0;
+    if (stage && d.zero.stage != 0 && d.zero.stage != stage)
+        return pdp__err(PDP_ERR_INVALID, "%s: strategy %s with desc.zero.stage %d (leave it 0, "
+                        "or give %d)", fn, pdp_strategy_name(d.strategy), d.zero.stage, stage);
+    d.zero.stage = stage;
+    *out = d;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
+                                      const pdp_trainer_desc *desc)
+{
+    static const char *fn = "pdp_trainer_create";
+    pdp_trainer_desc d;
+    pdp_trainer *t;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if ((st = pdp__trainer_desc_defaults(desc, &d, fn)) != PDP_OK) return st;
+    if (!(t = (pdp_trainer *)pdp__calloc(sizeof *t)))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    t->desc = d;
+    t->m = m;
+    if (d.strategy == PDP_STRATEGY_DP && !d.dp.devices && m->device.kind == PDP_DEVICE_CUDA &&
+        d.dp.num_workers > 0 && d.dp.num_workers <= PDP_DP_MAX_WORKERS) {
+        int i; /* a GPU a worker from the model's on (DataParallel's device_ids[0] holds it) */
+        for (i = 0; i < d.dp.num_workers; i++) t->gpus[i] = pdp_cuda(m->device.ordinal + i);
+        d.dp.devices = t->gpus;
+    }
+    switch (d.strategy) {
+    case PDP_STRATEGY_SINGLE: st = PDP_OK; break;
+    case PDP_STRATEGY_DP: st = pdp_dp_create(&t->dp, m, &d.dp); break;
+    case PDP_STRATEGY_DDP: st = pdp_ddp_create(&t->ddp, m, d.comm, &d.ddp); break;
+    default: st = pdp_zero_create(&t->z, m, d.comm, &d.zero); break;
+    }
+    if (st == PDP_OK)
+        st = t->z ? pdp_zero_optim_create(&t->opt, t->z, &d.optim)
+                  : pdp_optim_create(&t->opt, m, &d.optim);
+    if (st != PDP_OK) {
+        pdp_trainer_free(t);
+        return pdp__err_wrap(st, "%s (strategy %s)", fn, pdp_strategy_name(d.strategy));
+    }
+    *out = t;
+    return PDP_OK;
+}
+
+PDP_API void pdp_trainer_free(pdp_trainer *t)
+{
+    if (!t) return;
+    pdp_optim_free(t->opt);
+    pdp_zero_free(t->z);
+    pdp_ddp_free(t->ddp);
+    pdp_dp_free(t->dp);
+    pdp__dealloc(t);
+}
+
+PDP_API pdp_trainer_desc pdp_trainer_get_desc(const pdp_trainer *t)
+{
+    pdp_trainer_desc d;
+    memset(&d, 0, sizeof d);
+    if (!t) return d;
+    d.strategy = t->desc.strategy;
+    d.comm = t->desc.comm;
+    d.optim = pdp_optim_get_desc(t->opt);
+    if (t->dp) d.dp = pdp_dp_get_desc(t->dp);
+    if (t->ddp) d.ddp = pdp_ddp_get_desc(t->ddp);
+    if (t->z) d.zero = pdp_zero_get_desc(t->z);
+    return d;
+}
+
+PDP_API pdp_status pdp_trainer_forward_backward(pdp_trainer *t, const pdp_tensor *x,
+                                                const int32_t *labels, float *loss)
+{
+    if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_trainer_forward_backward: trainer is NULL");
+    if (t->dp) return pdp_dp_forward_backward(t->dp, x, labels, loss); /* split over workers */
+    if (t->ddp) return pdp_ddp_forward_backward(t->ddp, x, labels, loss);
+    if (t->z) return pdp_zero_forward_backward(t->z, x, labels, loss);
+    return pdp_model_forward_backward(t->m, x, labels, loss);
+}
+
+PDP_API pdp_status pdp_trainer_clip_grad_norm(pdp_trainer *t, float max_norm, float *total_norm)
+{
+    pdp_status st;
+    if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_trainer_clip_grad_norm: trainer is NULL");
+    if (t->z) { /* the shards' norm: this rank's part of the averaged gradients */
+        if ((st = pdp_zero_finish(t->z)) != PDP_OK) return st;
+        return pdp_zero_clip_grad_norm(t->z, max_norm, total_norm);
+    }
+    if (t->ddp && (st = pdp_ddp_finish(t->ddp)) != PDP_OK) return st; /* averaged */
+    return pdp_clip_grad_norm(t->m, max_norm, total_norm); /* DP: the master's, reduced */
+}
+
+PDP_API pdp_status pdp_trainer_step(pdp_trainer *t)
+{
+    pdp_status st;
+    if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_trainer_step: trainer is NULL");
+    if (t->z) return pdp_zero_step(t->z, t->opt); /* finish, step the shard, zero, gather */
+    if (t->ddp) return pdp_ddp_step(t->ddp, t->opt); /* finish, step, zero */
+    if ((st = pdp_optim_step(t->opt)) != PDP_OK) return st;
+    pdp_optim_zero_grad(t->opt);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_trainer_get_memory(const pdp_trainer *t, pdp_zero_memory *out)
+{
+    if (!t || !out)
+        return pdp__err(PDP_ERR_INVALID, "pdp_trainer_get_memory: %s is NULL",
+                        t ? "out" : "trainer");
+    if (t->z) return pdp_zero_get_memory(t->z, t->opt, out);
+    return pdp_zero_memory_plan(t->m, t->ddp ? pdp_comm_size(t->desc.comm) : 1, 0, NULL, t->opt,
+                                out);
+}
+
+PDP_API pdp_status pdp_trainer_gather_params(pdp_trainer *t)
+{
+    if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_trainer_gather_params: trainer is NULL");
+    return t->z && pdp_zero_stage(t->z) == 3 ? pdp_zero_gather_params(t->z, NULL) : PDP_OK;
+}
+
+PDP_API pdp_model *pdp_trainer_model(const pdp_trainer *t) { return t ? t->m : NULL; }
+PDP_API pdp_optim *pdp_trainer_optim(const pdp_trainer *t) { return t ? t->opt : NULL; }
+PDP_API pdp_dp *pdp_trainer_dp(const pdp_trainer *t) { return t ? t->dp : NULL; }
+PDP_API pdp_ddp *pdp_trainer_ddp(const pdp_trainer *t) { return t ? t->ddp : NULL; }
+PDP_API pdp_zero *pdp_trainer_zero(const pdp_trainer *t) { return t ? t->z : NULL; }
+/* ---- end src/trainer.c ---- */
 
 /* ---- begin src/pp.c ---- */
 /* pp: the pipeline-parallel executor (the design is pp.h's opening comment).

@@ -4,10 +4,10 @@
    bytes drawn at random, AdamW, warm-up then cosine decay, gradients clipped to norm 1) on
    Debian's fortunes (apt-get install fortunes), -text FILE|DIR or pdp's synthetic text.
    -strategy dp|ddp|zero1|zero2|zero3 trains the same global batches on -np DP workers or
-   ranks; -tp N splits each block over N more ranks (by heads), -sp 1 adds sequence
-   parallelism, -recompute selective|full trades compute for activation memory, -device cuda
-   trains on GPUs. It prints one block's activations beside Megatron-LM's formulas, the
-   losses, each rank's memory beside ZeRO's formulas, TP's traffic beside its formula, text.
+   ranks, by the same loop (trainer.h); -tp N splits each block over N more ranks (by heads),
+   -sp 1 adds sequence parallelism, -recompute selective|full trades compute for activation
+   memory, -device cuda trains on GPUs. It prints one block's activations beside Megatron-LM's
+   formulas, the losses, each rank's memory beside ZeRO's, TP's traffic beside its formula.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt.c -o train_gpt -lm -lpthread
            nvcc -O2 -arch=sm_90 -DPDP_CUDA -I. examples/train_gpt.c pdp_cuda.cu -o train_gpt_cuda \
@@ -33,40 +33,35 @@
 
 static pdp_gpt_desc g = {.vocab = 256, .context = 64, .layers = 4, .heads = 4, .dim = 96};
 static int64_t B = 8, steps = 2000, n_new = 500, seed = 1; /* B: the global batch */
-static int np = 1, tp = 1, sp = 0, threads = 1, top_k = 40, stage = -1; /* stage: ZeRO's */
+static int np = 1, tp = 1, sp = 0, threads = 1, top_k = 40;
 static double lr = 3e-3; /* at dim 128, 2e-3 and 4e-3 beat nanoGPT's 1e-3 over 1200 steps */
 static double dropout = 0, temperature = 0.8;
-static const char *strategy = "single", *recompute = "none", *precision = "fp32",
+static const char *strategy_name = "single", *recompute = "none", *precision = "fp32",
                   *path = PDP_FORTUNES_DIR, *prompt = "The ", *device = "cpu";
+static pdp_strategy strategy; /* single, DP, DDP or ZeRO 1-3 */
 static bool short_run;
-static pdp_token_dataset *ds;
 
 /* Every rank builds the same GPT (DDP and ZeRO start every rank from rank 0's anyway), draws
    the same global batch of B windows and trains on its slice of B / N: so every strategy
    trains on single's windows, and its validation loss equals single's to float rounding. */
 static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 {
+    const pdp_token_dataset *ds = user; /* the text, read once, shared by the ranks */
     int rank = ctx->rank / tp, n = ctx->world_size / tp; /* the data-parallel rank and size */
-    int64_t T = g.context, b = B / n, every = steps >= 20 ? steps / 10 : steps, step, i;
+    int64_t T = g.context, b = B / n, every = steps >= 20 ? steps / 10 : steps, step;
     size_t size = 4096 + strlen(prompt) + (size_t)n_new; /* the reports, then the text */
     int32_t *x = malloc(sizeof *x * (size_t)(2 * B * T)), *y = x + B * T;
     char *text = malloc(size);
     double t_train = 0, loss_sum = 0;
-    pdp_device gpus[64]; /* DP's workers on GPUs: 0, 1, ..., np - 1 */
     pdp_model *m;
-    pdp_optim *opt;
-    pdp_tensor *xt;      /* b windows of ids on this rank's device, */
-    pdp_tensor ids;      /* seen as ids [b, T] */
-    pdp_dp *dp = NULL;
-    pdp_ddp *ddp = NULL;
-    pdp_zero *z = NULL;
+    pdp_trainer *t;          /* the strategy's executor and its optimizer */
+    pdp_tensor *xt, ids;     /* b windows on this rank's device, seen as ids [b, T] */
     pdp_comm *tpc = NULL, *dpc = ctx->world;
     pdp_gpt_desc gd = g;
     pdp_tp_stats ts;
     pdp_dp_stats dps;
     pdp_zero_memory mm;
     pdp_rng r;
-    (void)user;
     if (!x || !text) return PDP_ERR_OUT_OF_MEMORY;
     if (tp > 1) { /* ranks {0..tp-1}, {tp..2tp-1}, ... split each block; across them, DP */
         PDP_TRY(pdp_comm_split(ctx->world, rank, ctx->rank, &tpc));
@@ -81,42 +76,31 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     PDP_TRY(pdp_model_reserve(m, b)); /* activations for b sequences: steps allocate nothing */
     PDP_TRY(pdp_gpt_activation_report(m, &gd, b, text, size, NULL));
     if (ctx->rank == 0) printf("%s", text);
-    pdp_optim_desc od = {.kind = PDP_OPTIM_ADAMW, .lr = lr, .beta1 = 0.9, .beta2 = 0.95,
-                         .weight_decay = 0.1};
-    for (i = 0; i < np; i++) gpus[i] = pdp_cuda((int)i);
-    if (!strcmp(strategy, "dp")) /* np workers split the batch; under -device cuda, GPUs */
-        PDP_TRY(pdp_dp_create(&dp, m, &(pdp_dp_desc){.num_workers = np, .devices =
-                              ctx->device.kind == PDP_DEVICE_CUDA ? gpus : NULL}));
-    if (!strcmp(strategy, "ddp")) PDP_TRY(pdp_ddp_create(&ddp, m, dpc, NULL));
-    pdp_zero_desc zd = {.stage = stage, .bucket_cap_mb = 0.25, .first_bucket_mb = 0.25};
-    if (stage > 0) PDP_TRY(pdp_zero_create(&z, m, dpc, &zd)); /* units of whole layers */
-    PDP_TRY(z ? pdp_zero_optim_create(&opt, z, &od) : pdp_optim_create(&opt, m, &od));
+    pdp_trainer_desc td = { /* DDP, ZeRO over the DP ranks; DP: np workers (-device cuda: GPUs) */
+        .strategy = strategy, .comm = strategy >= PDP_STRATEGY_DDP ? dpc : NULL,
+        .optim = {.kind = PDP_OPTIM_ADAMW, .lr = lr, .beta1 = 0.9, .beta2 = 0.95,
+                  .weight_decay = 0.1},
+        .dp = {.num_workers = np}, .zero = {.bucket_cap_mb = 0.25, .first_bucket_mb = 0.25}};
+    PDP_TRY(pdp_trainer_create(&t, m, &td)); /* ZeRO's units: 0.25 MiB, whole layers */
 
     pdp_rng_seed(&r, (uint64_t)seed, 0);
-    for (step = 0; step < steps; step++) {
+    for (step = 0; step < steps; step++) { /* the same loop for every strategy */
         double t0 = pdp_seconds();
         float loss, val;
         if (step == steps - 1) pdp_tp_reset_stats(m); /* the last step's TP traffic */
-        PDP_TRY(pdp_optim_set_lr(opt, pdp_lr_warmup_cosine(step, steps / 20, steps, lr, lr / 10)));
+        PDP_TRY(pdp_optim_set_lr(pdp_trainer_optim(t),
+                                 pdp_lr_warmup_cosine(step, steps / 20, steps, lr, lr / 10)));
         PDP_TRY(pdp_token_dataset_sample(ds, PDP_SPLIT_TRAIN, &r, B, x, y)); /* the global batch */
-        PDP_TRY(pdp_tensor_upload(&ids, x + rank * b * T)); /* this rank's slice */
-        const int32_t *yr = y + rank * b * T; /* the slice's targets, a label a position */
-        if (dp) PDP_TRY(pdp_dp_forward_backward(dp, &ids, yr, &loss)); /* split over workers */
-        else if (ddp) PDP_TRY(pdp_ddp_forward_backward(ddp, &ids, yr, &loss));
-        else if (z) PDP_TRY(pdp_zero_forward_backward(z, &ids, yr, &loss));
-        else PDP_TRY(pdp_model_forward_backward(m, &ids, yr, &loss));
-        if (ddp) PDP_TRY(pdp_ddp_finish(ddp)); /* the gradients averaged over the ranks */
-        if (z) PDP_TRY(pdp_zero_finish(z));    /* this rank's shard of them */
-        PDP_TRY(z ? pdp_zero_clip_grad_norm(z, 1.0f, NULL) : pdp_clip_grad_norm(m, 1.0f, NULL));
-        PDP_TRY(z ? pdp_zero_step(z, opt) : pdp_optim_step(opt)); /* ZeRO 1-2 all-gather */
-        if (!z) pdp_optim_zero_grad(opt); /* pdp_zero_step zeroes its own */
+        PDP_TRY(pdp_tensor_upload(&ids, x + rank * b * T)); /* this rank's slice (DP: all of it) */
+        PDP_TRY(pdp_trainer_forward_backward(t, &ids, y + rank * b * T, &loss));
+        PDP_TRY(pdp_trainer_clip_grad_norm(t, 1.0f, NULL)); /* once DDP, ZeRO have averaged */
+        PDP_TRY(pdp_trainer_step(t)); /* AdamW (ZeRO: this rank's shard, then all-gathers) */
         t_train += pdp_seconds() - t0;
         if (step == steps - 1) pdp_tp_get_stats(m, &ts);
         loss_sum += loss;
         if ((step + 1) % every && step + 1 < steps) continue; /* a line every tenth */
         /* the same validation windows every time; every rank: collective under ZeRO-3 */
-        PDP_TRY(pdp_gpt_evaluate(m, ds, PDP_SPLIT_VAL, b, (short_run ? 1 : 8) * n, 1234,
-                                 &val));
+        PDP_TRY(pdp_gpt_evaluate(m, ds, PDP_SPLIT_VAL, b, (short_run ? 1 : 8) * n, 1234, &val));
         if (ctx->rank == 0)
             printf("step %5lld  loss %.4f  val %.4f  %.0f tokens/s  %.1f s\n", (long long)step + 1,
                    loss_sum / (double)(step % every + 1), val,
@@ -125,15 +109,14 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         loss_sum = 0;
     }
 
-    if (dp) { /* DP's workers are threads of this one rank */
-        PDP_TRY(pdp_dp_get_stats(dp, &dps));
+    if (strategy == PDP_STRATEGY_DP) { /* DP's workers are threads of this one rank */
+        PDP_TRY(pdp_dp_get_stats(pdp_trainer_dp(t), &dps));
         printf("DP, %d workers: the master holds %.2f MB (parameters, gradients, AdamW's state, "
                "its activations,\n  the gathered outputs), each other worker %.2f MB: DP saves "
                "nothing and overloads worker 0\n", np, dps.master_bytes / 1e6,
                dps.replica_bytes / 1e6);
-    } else { /* this rank's memory beside ZeRO's formulas; single's and DDP's: stage 0's */
-        PDP_TRY(z ? pdp_zero_get_memory(z, opt, &mm)
-                  : pdp_zero_memory_plan(m, n, 0, NULL, opt, &mm)); /* a whole replica */
+    } else { /* this rank's memory beside ZeRO's formulas (single's and DDP's: stage 0's) */
+        PDP_TRY(pdp_trainer_get_memory(t, &mm));
         PDP_TRY(pdp_gpt_memory_report(m, &mm, b, text, size));
         PDP_TRY(pdp_print_by_rank(ctx->world, "rank %d: %s", ctx->rank, text));
     }
@@ -145,10 +128,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         printf("%s(the losses above are rank 0's, over its slice of each global batch; the "
                "validation losses are\n single's. Activations shrink with the slice, under DDP "
                "and ZeRO alike, and with -recompute;\n ZeRO shards the rest)\n", text);
-    if (z) PDP_TRY(pdp_zero_gather_params(z, NULL)); /* ZeRO-3: the full parameters back */
-    pdp_zero_free(z); /* m is a whole model again */
-    pdp_ddp_free(ddp);
-    pdp_dp_free(dp);
+    PDP_TRY(pdp_trainer_gather_params(t)); /* ZeRO-3: the full parameters back, */
+    pdp_trainer_free(t);                   /* so m is a whole model again */
     pdp_rng_seed(&r, (uint64_t)seed, 1);
     if (rank == 0) /* by every TP rank of the first copy: each forward is collective */
         PDP_TRY(pdp_gpt_generate_text(m, prompt, n_new, (float)temperature, top_k, &r, text,
@@ -156,7 +137,6 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     if (ctx->rank == 0)
         printf("sample (temperature %g, top-k %d, seed %lld):\n%s\n", temperature, top_k,
                (long long)seed, text);
-    pdp_optim_free(opt);
     pdp_model_free(m);
     pdp_tensor_free(xt);
     if (tpc) pdp_comm_free(dpc);
@@ -169,7 +149,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 int main(int argc, char **argv)
 {
     const pdp_arg args[] = { /* option, type, variable (its default), min, max, choices */
-        {"-strategy", PDP_ARG_STRING, &strategy, 0, 0, "single|dp|ddp|zero1|zero2|zero3"},
+        {"-strategy", PDP_ARG_STRING, &strategy_name, 0, 0, "single|dp|ddp|zero1|zero2|zero3"},
         {"-np", PDP_ARG_INT, &np, 1, 64, NULL}, /* DP's workers, or thread ranks */
         {"-tp", PDP_ARG_INT, &tp, 1, 64, NULL}, /* thread ranks splitting each block */
         {"-sp", PDP_ARG_INT, &sp, 0, 1, NULL},  /* 1: sequence parallelism (with -tp) */
@@ -193,22 +173,21 @@ int main(int argc, char **argv)
         {"-top_k", PDP_ARG_INT, &top_k, 0, 256, NULL},
     };
     pdp_launch_desc ld = {0};
-    pdp_model *m;
+    pdp_token_dataset *ds;
     PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
+    PDP_CHECK(pdp_strategy_from_name(strategy_name, &strategy));
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
     if (short_run) steps = 10, n_new = 40;
-    if (!strncmp(strategy, "zero", 4)) stage = strategy[4] - '0';
-    if (!strcmp(strategy, "single")) np = 1;
-    int ranks = !strcmp(strategy, "ddp") || stage > 0 ? np : 1; /* DP: np workers, one rank */
-    if (B % ranks || !prompt[0] || (tp > 1 && !strcmp(strategy, "dp"))) {
+    if (strategy == PDP_STRATEGY_SINGLE) np = 1;
+    int ranks = strategy >= PDP_STRATEGY_DDP ? np : 1; /* DP: np workers, one rank */
+    if (B % ranks || !prompt[0] || (tp > 1 && strategy == PDP_STRATEGY_DP)) {
         fprintf(stderr, "-batch %lld must divide by the %d ranks, the prompt be nonempty, -tp "
                 "go with single, ddp or zero\n", (long long)B, ranks);
         return 2;
     }
     if (!strcmp(device, "cuda")) ld.backend = PDP_BACKEND_NCCL; /* ctx->device: a rank's GPU */
     PDP_CHECK(pdp_set_num_threads(threads));
-    g.dropout = (float)dropout;
-    g.seed = (uint64_t)seed;
+    g.dropout = (float)dropout, g.seed = (uint64_t)seed;
     g.precision = strcmp(precision, "bf16") ? PDP_PRECISION_FP32 : PDP_PRECISION_BF16;
     g.recompute = !strcmp(recompute, "full")        ? PDP_RECOMPUTE_FULL
                   : !strcmp(recompute, "selective") ? PDP_RECOMPUTE_SELECTIVE : PDP_RECOMPUTE_NONE;
@@ -216,18 +195,16 @@ int main(int argc, char **argv)
     pdp_token_dataset_desc td = {.context = g.context, .seed = (uint64_t)seed,
                                  .synthetic_fallback = !strcmp(path, PDP_FORTUNES_DIR)};
     PDP_CHECK(pdp_token_dataset_load(&ds, path, &td));
-    PDP_CHECK(pdp_gpt_create(&m, &g)); /* to print its size: each rank builds its own */
     printf("seed %lld: %s, %lld bytes (the last %lld validate)\n", (long long)seed, ds->source,
            (long long)ds->count, (long long)(ds->count - ds->split_at));
     printf("GPT %d layers, %d heads, dim %lld, context %lld: %lld parameters; batch %lld, AdamW "
            "lr %g, %d thread(s), %s x %d%s, TP %d%s, recompute %s%s%s\n", g.layers, g.heads,
-           (long long)g.dim, (long long)g.context, (long long)pdp_model_param_count(m),
-           (long long)B, lr, threads, strategy, np, ld.backend ? " on CUDA" : "", tp,
+           (long long)g.dim, (long long)g.context, (long long)pdp_gpt_param_count(&g),
+           (long long)B, lr, threads, strategy_name, np, ld.backend ? " on CUDA" : "", tp,
            sp ? " + SP" : "", recompute, g.precision ? ", bf16 " : "",
            g.precision ? pdp_bf16_path_name(pdp_bf16_best_path()) : "");
-    pdp_model_free(m);
     fflush(stdout);
-    PDP_CHECK(pdp_launch(ranks * tp, &ld, train_rank, NULL)); /* single and DP: one rank */
+    PDP_CHECK(pdp_launch(ranks * tp, &ld, train_rank, ds)); /* single and DP: one rank */
     pdp_token_dataset_free(ds);
     return 0;
 }

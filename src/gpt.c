@@ -145,6 +145,16 @@ PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d)
     return st;
 }
 
+PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc)
+{
+    int64_t V, C;
+    if (!desc || desc->context < 1 || desc->layers < 1 || desc->dim < 1 || desc->vocab < 0)
+        return 0;
+    V = desc->vocab ? desc->vocab : 256;
+    C = desc->dim;
+    return V * C + desc->context * C + desc->layers * (12 * C * C + 13 * C) + 2 * C;
+}
+
 PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
 {
     const char *fn = "pdp_gpt_create";

@@ -102,6 +102,12 @@ typedef struct pdp_gpt_desc {
    rank 0, as every replicated tensor). Dropout masks are keyed by the global position:
    the single device's masks. */
 PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc);
+/* The parameters of the GPT desc describes, counted from its sizes before anything is built
+   (nanoGPT's get_num_params with the position embedding, the head tied): vocab dim +
+   context dim + layers (12 dim^2 + 13 dim) + 2 dim, vocab 0 read as 256. The whole model's
+   count, which desc.tp splits over its ranks (pdp_model_param_count of a rank's model is its
+   slices'). 0 for a NULL desc or a context, layers or dim below 1. */
+PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc);
 
 /* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room
    for n + n_new), each drawn from the model's next-token distribution at the last

@@ -8353,6 +8353,8 @@ PDP__PRIVATE pdp_status pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d);
    pdp__gpt_init draws, and cut into this rank's slices (tp.c's scatter). */
 PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d);
 
+/* PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc) */
+
 /* PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc) */
 
 /* ---- gpt: generation ---- */
@@ -8838,6 +8840,53 @@ PDP__PRIVATE pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const
 /* ---- zero_ckpt: consolidate (one full file) ---- */
 
 /* PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim *opt, const char *path) */
+
+/* ---- src/trainer.c ---- */
+/* trainer: the strategy-agnostic front of the data-parallel executors (trainer.h). A trainer
+   holds at most one executor, the one its strategy names (the others stay NULL), and the
+   optimizer made for it; each call is a switch over the strategy into the executors' own
+   calls, nothing more, so a trainer step is bit for bit the direct calls' step
+   (tests/test_trainer.c holds every strategy at 1-3 ranks to one device). */
+
+struct pdp_trainer {
+    pdp_trainer_desc desc; /* as given, with zero.stage the strategy's */
+    pdp_model *m;
+    pdp_optim *opt;
+    pdp_dp *dp;     /* the strategy's executor: one of these, or none (single) */
+    pdp_ddp *ddp;
+    pdp_zero *z;
+    pdp_device gpus[PDP_DP_MAX_WORKERS]; /* DP on a CUDA model without dp.devices */
+};
+
+/* PDP_API const char *pdp_strategy_name(pdp_strategy s) */
+
+/* PDP_API pdp_status pdp_strategy_from_name(const char *name, pdp_strategy *out) */
+
+/* The desc's own fields checked, zero.stage set to the strategy's; in may be NULL. */
+PDP__PRIVATE pdp_status pdp__trainer_desc_defaults(const pdp_trainer_desc *in,
+                                                   pdp_trainer_desc *out, const char *fn);
+
+/* PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m, const pdp_trainer_desc *desc) */
+
+/* PDP_API void pdp_trainer_free(pdp_trainer *t) */
+
+/* PDP_API pdp_trainer_desc pdp_trainer_get_desc(const pdp_trainer *t) */
+
+/* PDP_API pdp_status pdp_trainer_forward_backward(pdp_trainer *t, const pdp_tensor *x, const int32_t *labels, float *loss) */
+
+/* PDP_API pdp_status pdp_trainer_clip_grad_norm(pdp_trainer *t, float max_norm, float *total_norm) */
+
+/* PDP_API pdp_status pdp_trainer_step(pdp_trainer *t) */
+
+/* PDP_API pdp_status pdp_trainer_get_memory(const pdp_trainer *t, pdp_zero_memory *out) */
+
+/* PDP_API pdp_status pdp_trainer_gather_params(pdp_trainer *t) */
+
+/* PDP_API pdp_model *pdp_trainer_model(const pdp_trainer *t) */
+/* PDP_API pdp_optim *pdp_trainer_optim(const pdp_trainer *t) */
+/* PDP_API pdp_dp *pdp_trainer_dp(const pdp_trainer *t) */
+/* PDP_API pdp_ddp *pdp_trainer_ddp(const pdp_trainer *t) */
+/* PDP_API pdp_zero *pdp_trainer_zero(const pdp_trainer *t) */
 
 /* ---- src/pp.c ---- */
 /* pp: the pipeline-parallel executor (the design is pp.h's opening comment).

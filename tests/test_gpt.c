@@ -123,6 +123,24 @@ TEST gpt_names_and_shapes_are_nanogpts(void)
     ASSERT(m);
     ASSERT_EQ(28, pdp_model_num_params(m)); /* the head owns none: it is wte */
     ASSERT_EQ(60624, pdp_model_param_count(m));
+    { /* counted from the sizes, before building: every shape, the default vocabulary */
+        pdp_gpt_desc d;
+        pdp_model *b = NULL;
+        int k;
+        memset(&d, 0, sizeof d);
+        d.vocab = V, d.context = CTX, d.layers = L, d.heads = H, d.dim = C;
+        ASSERT_EQ(60624, pdp_gpt_param_count(&d));
+        for (k = 0; k < 3; k++) {
+            d.vocab = k ? 5 + k : 0, d.context = 3 + k, d.layers = 1 + k, d.dim = 4 + 2 * k;
+            d.heads = 2;
+            ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&b, &d), pdp_status_name);
+            ASSERT_EQ(pdp_model_param_count(b), pdp_gpt_param_count(&d));
+            pdp_model_free(b);
+        }
+        d.layers = 0;
+        ASSERT_EQ(0, pdp_gpt_param_count(&d));
+        ASSERT_EQ(0, pdp_gpt_param_count(NULL));
+    }
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m, "transformer.h.1.attn.c_attn.weight", &p),
                    pdp_status_name);
     ASSERT_EQ(3 * C, p.shape[0]);

@@ -1,0 +1,179 @@
+/* trainer: the strategy-agnostic front of the data-parallel executors (trainer.h). A trainer
+   holds at most one executor, the one its strategy names (the others stay NULL), and the
+   optimizer made for it; each call is a switch over the strategy into the executors' own
+   calls, nothing more, so a trainer step is bit for bit the direct calls' step
+   (tests/test_trainer.c holds every strategy at 1-3 ranks to one device). */
+
+struct pdp_trainer {
+    pdp_trainer_desc desc; /* as given, with zero.stage the strategy's */
+    pdp_model *m;
+    pdp_optim *opt;
+    pdp_dp *dp;     /* the strategy's executor: one of these, or none (single) */
+    pdp_ddp *ddp;
+    pdp_zero *z;
+    pdp_device gpus[PDP_DP_MAX_WORKERS]; /* DP on a CUDA model without dp.devices */
+};
+
+static const char *const pdp__strategy_names[] = {"single", "dp", "ddp", "zero1", "zero2", "zero3"};
+
+PDP_API const char *pdp_strategy_name(pdp_strategy s)
+{
+    return (int)s >= 0 && (int)s <= (int)PDP_STRATEGY_ZERO3 ? pdp__strategy_names[s] : "unknown";
+}
+
+PDP_API pdp_status pdp_strategy_from_name(const char *name, pdp_strategy *out)
+{
+    int i;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_strategy_from_name: out is NULL");
+    for (i = 0; name && i <= (int)PDP_STRATEGY_ZERO3; i++)
+        if (!strcmp(name, pdp__strategy_names[i])) {
+            *out = (pdp_strategy)i;
+            return PDP_OK;
+        }
+    return pdp__err(PDP_ERR_INVALID, "pdp_strategy_from_name: '%s' is not a strategy (single, "
+                    "dp, ddp, zero1, zero2 or zero3)", name ? name : "(null)");
+}
+
+/* The desc's own fields checked, zero.stage set to the strategy's; in may be NULL. */
+PDP__PRIVATE pdp_status pdp__trainer_desc_defaults(const pdp_trainer_desc *in,
+                                                   pdp_trainer_desc *out, const char *fn)
+{
+    pdp_trainer_desc d;
+    int stage;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if ((int)d.strategy < 0 || (int)d.strategy > (int)PDP_STRATEGY_ZERO3)
+        return pdp__err(PDP_ERR_INVALID, "%s: strategy %d is none of PDP_STRATEGY_SINGLE, _DP, "
+                        "_DDP, _ZERO1, _ZERO2, _ZERO3", fn, (int)d.strategy);
+    if (d.strategy >= PDP_STRATEGY_DDP && !d.comm)
+        return pdp__err(PDP_ERR_INVALID, "%s: strategy %s needs desc.comm, the data-parallel "
+                        "communicator", fn, pdp_strategy_name(d.strategy));
+    if (d.strategy < PDP_STRATEGY_DDP && d.comm)
+        return pdp__err(PDP_ERR_INVALID, "%s: strategy %s runs in this process and takes no "
+                        "communicator (desc.comm): ddp or zero1-3 train across ranks", fn,
+                        pdp_strategy_name(d.strategy));
+    stage = d.strategy >= PDP_STRATEGY_ZERO1 ? (int)d.strategy - (int)PDP_STRATEGY_DDP : 0;
+    if (stage && d.zero.stage != 0 && d.zero.stage != stage)
+        return pdp__err(PDP_ERR_INVALID, "%s: strategy %s with desc.zero.stage %d (leave it 0, "
+                        "or give %d)", fn, pdp_strategy_name(d.strategy), d.zero.stage, stage);
+    d.zero.stage = stage;
+    *out = d;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
+                                      const pdp_trainer_desc *desc)
+{
+    static const char *fn = "pdp_trainer_create";
+    pdp_trainer_desc d;
+    pdp_trainer *t;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if ((st = pdp__trainer_desc_defaults(desc, &d, fn)) != PDP_OK) return st;
+    if (!(t = (pdp_trainer *)pdp__calloc(sizeof *t)))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    t->desc = d;
+    t->m = m;
+    if (d.strategy == PDP_STRATEGY_DP && !d.dp.devices && m->device.kind == PDP_DEVICE_CUDA &&
+        d.dp.num_workers > 0 && d.dp.num_workers <= PDP_DP_MAX_WORKERS) {
+        int i; /* a GPU a worker from the model's on (DataParallel's device_ids[0] holds it) */
+        for (i = 0; i < d.dp.num_workers; i++) t->gpus[i] = pdp_cuda(m->device.ordinal + i);
+        d.dp.devices = t->gpus;
+    }
+    switch (d.strategy) {
+    case PDP_STRATEGY_SINGLE: st = PDP_OK; break;
+    case PDP_STRATEGY_DP: st = pdp_dp_create(&t->dp, m, &d.dp); break;
+    case PDP_STRATEGY_DDP: st = pdp_ddp_create(&t->ddp, m, d.comm, &d.ddp); break;
+    default: st = pdp_zero_create(&t->z, m, d.comm, &d.zero); break;
+    }
+    if (st == PDP_OK)
+        st = t->z ? pdp_zero_optim_create(&t->opt, t->z, &d.optim)
+                  : pdp_optim_create(&t->opt, m, &d.optim);
+    if (st != PDP_OK) {
+        pdp_trainer_free(t);
+        return pdp__err_wrap(st, "%s (strategy %s)", fn, pdp_strategy_name(d.strategy));
+    }
+    *out = t;
+    return PDP_OK;
+}
+
+PDP_API void pdp_trainer_free(pdp_trainer *t)
+{
+    if (!t) return;
+    pdp_optim_free(t->opt);
+    pdp_zero_free(t->z);
+    pdp_ddp_free(t->ddp);
+    pdp_dp_free(t->dp);
+    pdp__dealloc(t);
+}
+
+PDP_API pdp_trainer_desc pdp_trainer_get_desc(const pdp_trainer *t)
+{
+    pdp_trainer_desc d;
+    memset(&d, 0, sizeof d);
+    if (!t) return d;
+    d.strategy = t->desc.strategy;
+    d.comm = t->desc.comm;
+    d.optim = pdp_optim_get_desc(t->opt);
+    if (t->dp) d.dp = pdp_dp_get_desc(t->dp);
+    if (t->ddp) d.ddp = pdp_ddp_get_desc(t->ddp);
+    if (t->z) d.zero = pdp_zero_get_desc(t->z);
+    return d;
+}
+
+PDP_API pdp_status pdp_trainer_forward_backward(pdp_trainer *t, const pdp_tensor *x,
+                                                const int32_t *labels, float *loss)
+{
+    if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_trainer_forward_backward: trainer is NULL");
+    if (t->dp) return pdp_dp_forward_backward(t->dp, x, labels, loss); /* split over workers */
+    if (t->ddp) return pdp_ddp_forward_backward(t->ddp, x, labels, loss);
+    if (t->z) return pdp_zero_forward_backward(t->z, x, labels, loss);
+    return pdp_model_forward_backward(t->m, x, labels, loss);
+}
+
+PDP_API pdp_status pdp_trainer_clip_grad_norm(pdp_trainer *t, float max_norm, float *total_norm)
+{
+    pdp_status st;
+    if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_trainer_clip_grad_norm: trainer is NULL");
+    if (t->z) { /* the shards' norm: this rank's part of the averaged gradients */
+        if ((st = pdp_zero_finish(t->z)) != PDP_OK) return st;
+        return pdp_zero_clip_grad_norm(t->z, max_norm, total_norm);
+    }
+    if (t->ddp && (st = pdp_ddp_finish(t->ddp)) != PDP_OK) return st; /* averaged */
+    return pdp_clip_grad_norm(t->m, max_norm, total_norm); /* DP: the master's, reduced */
+}
+
+PDP_API pdp_status pdp_trainer_step(pdp_trainer *t)
+{
+    pdp_status st;
+    if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_trainer_step: trainer is NULL");
+    if (t->z) return pdp_zero_step(t->z, t->opt); /* finish, step the shard, zero, gather */
+    if (t->ddp) return pdp_ddp_step(t->ddp, t->opt); /* finish, step, zero */
+    if ((st = pdp_optim_step(t->opt)) != PDP_OK) return st;
+    pdp_optim_zero_grad(t->opt);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_trainer_get_memory(const pdp_trainer *t, pdp_zero_memory *out)
+{
+    if (!t || !out)
+        return pdp__err(PDP_ERR_INVALID, "pdp_trainer_get_memory: %s is NULL",
+                        t ? "out" : "trainer");
+    if (t->z) return pdp_zero_get_memory(t->z, t->opt, out);
+    return pdp_zero_memory_plan(t->m, t->ddp ? pdp_comm_size(t->desc.comm) : 1, 0, NULL, t->opt,
+                                out);
+}
+
+PDP_API pdp_status pdp_trainer_gather_params(pdp_trainer *t)
+{
+    if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_trainer_gather_params: trainer is NULL");
+    return t->z && pdp_zero_stage(t->z) == 3 ? pdp_zero_gather_params(t->z, NULL) : PDP_OK;
+}
+
+PDP_API pdp_model *pdp_trainer_model(const pdp_trainer *t) { return t ? t->m : NULL; }
+PDP_API pdp_optim *pdp_trainer_optim(const pdp_trainer *t) { return t ? t->opt : NULL; }
+PDP_API pdp_dp *pdp_trainer_dp(const pdp_trainer *t) { return t ? t->dp : NULL; }
+PDP_API pdp_ddp *pdp_trainer_ddp(const pdp_trainer *t) { return t ? t->ddp : NULL; }
+PDP_API pdp_zero *pdp_trainer_zero(const pdp_trainer *t) { return t ? t->z : NULL; }

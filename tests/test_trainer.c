@@ -1,0 +1,288 @@
+/* test_trainer.c - the strategy-agnostic front (src/trainer.c) on the local backend.
+
+   Equivalence: a GPT (its head tied to the token embedding, dropout 0.1, a -1 target a
+   sequence) trains 3 AdamW steps with its gradients clipped to norm 0.5 through
+   pdp_trainer under every strategy, single, DP at 1-3 workers, DDP and ZeRO 1-3 at 1-3
+   thread ranks (each rank its slice of the global batch), and each rank's parameters, and
+   the norms before clipping, equal one device trained by the direct calls
+   (pdp_model_forward_backward, pdp_clip_grad_norm, pdp_optim_step) within 1e-5; the first
+   step's norm is above 0.5, so clipping scales. Memory: pdp_trainer_get_memory gives the
+   bytes of the formulas, 4 Psi of parameters and 8 Psi of Adam's state on a whole replica
+   (single, DP, DDP) and 4 x the shard at ZeRO where it shards them. Steps 2-3 allocate
+   nothing (one rank). Errors: an unknown strategy, DP or single with a communicator, DDP or
+   ZeRO without one, a ZeRO stage other than the strategy's, an executor's or the
+   optimizer's refusal, each PDP_ERR_INVALID with a message naming pdp_trainer_create and
+   the field; the model is free again after a refused create; strategy names round-trip and
+   an unknown one is refused; pdp_trainer_get_desc fills the defaults in.
+
+   cc -std=c99 -O2 -Itests -I. tests/test_trainer.c -lm -lpthread (or make) */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#define PDP_IMPLEMENTATION
+#include "counting_alloc.h" /* PDP_MALLOC calls: pdp_test_allocs() */
+#include "pdp.h"
+#include "pdp_test.h"
+#include "fixture.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+enum { V = 13, T = 8, BATCH = 6, STEPS = 3, MAXR = 3 }; /* BATCH: divisible by 1, 2, 3 */
+#define CLIP 0.5f
+
+typedef struct tcase {
+    pdp_strategy strategy;
+    int n;                        /* DP's workers, or DDP's and ZeRO's ranks */
+    int32_t ids[BATCH * T], tg[BATCH * T];
+    float *params[MAXR];          /* each rank's parameters after STEPS steps */
+    float norms[MAXR][STEPS];     /* each rank's norm before clipping, step by step */
+    float losses[STEPS];          /* rank 0's */
+    int64_t count;                /* parameters */
+    pdp_zero_memory mm[MAXR];
+    long step_allocs;             /* PDP_MALLOC calls in steps 2-3 (one rank only) */
+} tcase;
+
+static pdp_model *small_gpt(void)
+{
+    pdp_gpt_desc d;
+    pdp_model *m = NULL;
+    memset(&d, 0, sizeof d);
+    d.vocab = V, d.context = T, d.layers = 2, d.heads = 2, d.dim = 16, d.seed = 7;
+    d.dropout = 0.1f; /* each executor keys a sample's masks by its place in the global batch */
+    return pdp_gpt_create(&m, &d) == PDP_OK ? m : NULL;
+}
+
+static pdp_optim_desc adamw(void)
+{
+    pdp_optim_desc od;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-2, od.weight_decay = 0.1;
+    return od;
+}
+
+/* One rank's run through the trainer: rank r trains on samples [r b, (r + 1) b). */
+static pdp_status trainer_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    tcase *c = (tcase *)user;
+    int r = ctx->rank, n = ctx->world_size, step;
+    int64_t b = BATCH / n, shape[2];
+    pdp_model *m = small_gpt();
+    pdp_trainer *t = NULL;
+    pdp_trainer_desc td;
+    pdp_tensor x, p;
+    long allocs = 0;
+    pdp_status st = PDP_OK;
+    if (!m) return PDP_ERR_OUT_OF_MEMORY;
+    memset(&td, 0, sizeof td);
+    td.strategy = c->strategy;
+    td.comm = c->strategy >= PDP_STRATEGY_DDP ? ctx->world : NULL;
+    td.optim = adamw();
+    td.dp.num_workers = c->n;
+    td.ddp.bucket_cap_mb = td.ddp.first_bucket_mb = 0.005; /* several buckets and units */
+    td.zero.bucket_cap_mb = td.zero.first_bucket_mb = 0.005;
+    shape[0] = b, shape[1] = T;
+    pdp_tensor_wrap_ids(c->ids + r * b * T, pdp_cpu(), 2, shape, &x);
+    if ((st = pdp_trainer_create(&t, m, &td)) != PDP_OK) goto done;
+    for (step = 0; step < STEPS; step++) {
+        float loss;
+        if (step == 1) allocs = pdp_test_allocs();
+        if ((st = pdp_trainer_forward_backward(t, &x, c->tg + r * b * T, &loss)) != PDP_OK ||
+            (st = pdp_trainer_clip_grad_norm(t, CLIP, &c->norms[r][step])) != PDP_OK ||
+            (st = pdp_trainer_step(t)) != PDP_OK)
+            goto done;
+        if (r == 0) c->losses[step] = loss;
+    }
+    if (n == 1) c->step_allocs = pdp_test_allocs() - allocs;
+    if ((st = pdp_trainer_get_memory(t, &c->mm[r])) != PDP_OK) goto done;
+    if ((st = pdp_trainer_gather_params(t)) != PDP_OK) goto done; /* ZeRO-3: whole again */
+    pdp_trainer_free(t);
+    t = NULL;
+    if ((st = pdp_model_flat(m, &p, NULL)) != PDP_OK) goto done;
+    c->count = p.count;
+    if ((c->params[r] = (float *)malloc((size_t)p.count * sizeof(float))) != NULL)
+        memcpy(c->params[r], p.data, (size_t)p.count * sizeof(float));
+done:
+    pdp_trainer_free(t);
+    pdp_model_free(m);
+    return st;
+}
+
+/* The reference: one device, the whole batch, the direct calls. */
+static pdp_status one_device(tcase *c, float *params, float *norms, float *losses)
+{
+    pdp_model *m = small_gpt();
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = adamw();
+    pdp_tensor x, p;
+    int64_t shape[2] = {BATCH, T};
+    int step;
+    pdp_status st;
+    if (!m) return PDP_ERR_OUT_OF_MEMORY;
+    pdp_tensor_wrap_ids(c->ids, pdp_cpu(), 2, shape, &x);
+    st = pdp_optim_create(&o, m, &od);
+    for (step = 0; st == PDP_OK && step < STEPS; step++) {
+        if ((st = pdp_model_forward_backward(m, &x, c->tg, &losses[step])) == PDP_OK &&
+            (st = pdp_clip_grad_norm(m, CLIP, &norms[step])) == PDP_OK)
+            st = pdp_optim_step(o);
+        pdp_optim_zero_grad(o);
+    }
+    if (st == PDP_OK && (st = pdp_model_flat(m, &p, NULL)) == PDP_OK)
+        memcpy(params, p.data, (size_t)p.count * sizeof(float));
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    return st;
+}
+
+TEST trainer_every_strategy_equals_one_device(void)
+{
+    static tcase c;
+    float ref[8192], ref_norms[STEPS], ref_losses[STEPS];
+    int s, n, r, k;
+    memset(&c, 0, sizeof c);
+    for (k = 0; k < BATCH * T; k++) {
+        c.ids[k] = (int32_t)((k * 5 + 3) % V);
+        c.tg[k] = k % T == 3 ? -1 : (int32_t)((k * 7 + 1) % V); /* one -1 a sequence */
+    }
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, one_device(&c, ref, ref_norms, ref_losses),
+                    pdp_status_name);
+    ASSERT_GT(ref_norms[0], CLIP); /* clipping scales the first step */
+    for (s = PDP_STRATEGY_SINGLE; s <= PDP_STRATEGY_ZERO3; s++)
+        for (n = 1; n <= (s == PDP_STRATEGY_SINGLE ? 1 : MAXR); n++) {
+            int ranks = s >= PDP_STRATEGY_DDP ? n : 1, sharded = s - PDP_STRATEGY_DDP;
+            int64_t P4;
+            char msg[1100]; /* the launch's message, cut at 1023 bytes, and the case */
+            pdp_status st;
+            c.strategy = (pdp_strategy)s;
+            c.n = n;
+            st = pdp_launch(ranks, NULL, trainer_rank, &c);
+            snprintf(msg, sizeof msg, "%s, n = %d: %s", pdp_strategy_name(c.strategy), n,
+                     st == PDP_OK ? "" : pdp_last_error());
+            ASSERT_ENUM_EQm(msg, PDP_OK, st, pdp_status_name);
+            ASSERTm(msg, c.count > 0 && c.count <= 8192);
+            P4 = 4 * c.count;
+            for (r = 0; r < ranks; r++) {
+                const pdp_zero_memory *mm = &c.mm[r];
+                ASSERTm(msg, c.params[r] != NULL);
+                ASSERT_LTEm(msg, fixture_rel_err(c.params[r], ref, c.count), 1e-5);
+                for (k = 0; k < STEPS; k++)
+                    ASSERT_LTEm(msg, fabs(c.norms[r][k] - ref_norms[k]), 1e-5 * ref_norms[k]);
+                /* the formulas' bytes: whole below the stage that shards them */
+                ASSERT_EQm(msg, sharded > 0 ? sharded : 0, mm->stage);
+                ASSERT_EQm(msg, s >= PDP_STRATEGY_DDP ? n : 1, mm->world_size);
+                ASSERT_EQm(msg, sharded >= 3 ? 4 * mm->shard_count : P4, mm->param_bytes);
+                ASSERT_EQm(msg, sharded >= 1 ? 8 * mm->shard_count : 2 * P4, mm->optim_bytes);
+                free(c.params[r]);
+                c.params[r] = NULL;
+            }
+            if (s <= PDP_STRATEGY_DP) /* the global batch's loss */
+                for (k = 0; k < STEPS; k++)
+                    ASSERT_LTEm(msg, fabs(c.losses[k] - ref_losses[k]), 1e-5 * ref_losses[k]);
+            if (ranks == 1) ASSERT_EQm(msg, 0, c.step_allocs);
+        }
+    PASS();
+}
+
+/* Each refusal: PDP_ERR_INVALID, a message with the call and the words given. */
+static int refused(pdp_model *m, const pdp_trainer_desc *d, const char *w1, const char *w2)
+{
+    pdp_trainer *t = NULL;
+    pdp_status st = pdp_trainer_create(&t, m, d);
+    const char *e = pdp_last_error();
+    if (st == PDP_ERR_INVALID && !t && strstr(e, "pdp_trainer_create") && strstr(e, w1) &&
+        (!w2 || strstr(e, w2)))
+        return 1;
+    fprintf(stderr, "    got %s: %s (wanted '%s', '%s')\n", pdp_status_name(st), e, w1,
+            w2 ? w2 : "");
+    pdp_trainer_free(t);
+    return 0;
+}
+
+static pdp_status errors_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    int *ok = (int *)user;
+    pdp_model *m = small_gpt();
+    pdp_trainer *t = NULL;
+    pdp_trainer_desc d, got;
+    if (!m) return PDP_ERR_OUT_OF_MEMORY;
+    memset(&d, 0, sizeof d);
+    d.strategy = (pdp_strategy)6;
+    ok[0] = refused(m, &d, "strategy 6", "_ZERO3");
+    d.strategy = (pdp_strategy)-1;
+    ok[1] = refused(m, &d, "strategy -1", NULL);
+    d.strategy = PDP_STRATEGY_DP, d.comm = ctx->world;
+    ok[2] = refused(m, &d, "strategy dp", "desc.comm");
+    d.strategy = PDP_STRATEGY_SINGLE;
+    ok[3] = refused(m, &d, "strategy single", "desc.comm");
+    d.strategy = PDP_STRATEGY_DDP, d.comm = NULL;
+    ok[4] = refused(m, &d, "strategy ddp needs desc.comm", NULL);
+    d.strategy = PDP_STRATEGY_ZERO3;
+    ok[5] = refused(m, &d, "strategy zero3 needs desc.comm", NULL);
+    d.strategy = PDP_STRATEGY_ZERO2, d.comm = ctx->world, d.zero.stage = 4;
+    ok[6] = refused(m, &d, "desc.zero.stage 4", "give 2");
+    d.zero.stage = 3;
+    ok[7] = refused(m, &d, "desc.zero.stage 3", NULL);
+    d.zero.stage = 0, d.strategy = PDP_STRATEGY_DP, d.comm = NULL, d.dp.num_workers = -1;
+    ok[8] = refused(m, &d, "(strategy dp): pdp_dp_create: num_workers -1", NULL);
+    d.dp.num_workers = 0, d.strategy = PDP_STRATEGY_ZERO1, d.comm = ctx->world;
+    d.optim.lr = -0.1; /* the optimizer's refusal, after ZeRO wrapped the model */
+    ok[9] = refused(m, &d, "(strategy zero1)", "lr");
+    ok[10] = refused(NULL, &d, "model is NULL", NULL);
+    d.optim.lr = 0; /* the model is free again: a create succeeds, defaults filled in */
+    d.strategy = PDP_STRATEGY_DDP;
+    ok[11] = pdp_trainer_create(&t, m, &d) == PDP_OK;
+    got = pdp_trainer_get_desc(t);
+    ok[12] = got.strategy == PDP_STRATEGY_DDP && got.comm == ctx->world &&
+             got.ddp.bucket_cap_mb == 25.0 && got.ddp.first_bucket_mb == 1.0 &&
+             got.optim.kind == PDP_OPTIM_SGD && got.optim.lr == 0.01 && got.zero.stage == 0 &&
+             got.dp.num_workers == 0 && pdp_trainer_ddp(t) && !pdp_trainer_zero(t) &&
+             !pdp_trainer_dp(t) && pdp_trainer_model(t) == m && pdp_trainer_optim(t);
+    pdp_trainer_free(t);
+    d.strategy = PDP_STRATEGY_ZERO2;
+    ok[13] = pdp_trainer_create(&t, m, &d) == PDP_OK &&
+             pdp_trainer_get_desc(t).zero.stage == 2 && pdp_trainer_zero(t);
+    pdp_trainer_free(t);
+    pdp_model_free(m);
+    return PDP_OK;
+}
+
+TEST trainer_refuses_bad_descs_naming_the_field(void)
+{
+    int ok[14], i, s;
+    pdp_strategy got;
+    memset(ok, 0, sizeof ok);
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(1, NULL, errors_rank, ok),
+                    pdp_status_name);
+    for (i = 0; i < 14; i++) {
+        char msg[32];
+        snprintf(msg, sizeof msg, "case %d", i);
+        ASSERTm(msg, ok[i]);
+    }
+    for (s = PDP_STRATEGY_SINGLE; s <= PDP_STRATEGY_ZERO3; s++) {
+        ASSERT_ENUM_EQ(PDP_OK, pdp_strategy_from_name(pdp_strategy_name((pdp_strategy)s), &got),
+                       pdp_status_name);
+        ASSERT_EQ(s, (int)got);
+    }
+    ASSERT_STR_EQ("unknown", pdp_strategy_name((pdp_strategy)6));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_strategy_from_name("zero4", &got), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_strategy_from_name: 'zero4'"));
+    ASSERT(strstr(pdp_last_error(), "zero3"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_trainer_step(NULL), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_trainer_step"));
+    PASS();
+}
+
+SUITE(trainer)
+{
+    RUN_TEST(trainer_every_strategy_equals_one_device);
+    RUN_TEST(trainer_refuses_bad_descs_naming_the_field);
+}
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(trainer);
+    GREATEST_MAIN_END();
+}
