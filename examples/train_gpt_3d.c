@@ -1,25 +1,24 @@
 /* train_gpt_3d.c - 3-D parallelism: the GPT on DP x PP x TP ranks, and their process groups.
 
-   pdp_mesh_create lays the ranks out as a DP x PP x TP grid, TP fastest: rank = (d pp + s) tp
-   + t, so a TP group's ranks are neighbours (the most traffic), then a pipeline's stages s,
-   then the data-parallel copies d. It gives each rank a communicator per dimension: its TP
-   group (each block's weights split by heads, tp.h), its PP group (the blocks cut into
-   stages of equal estimated FLOPs, pp.h) and its DP group (the copies of a stage, gradients
-   averaged). Pipeline d trains on its 1/dp of each global batch; AdamW, clipping to norm 1
-   over all three. Rank 0 first trains the same GPT on one device: both losses each step
-   (exit status 1 if they differ by more than 1e-5); then each rank's groups, memory, TP and
-   DP bytes sent a step beside the formulas (b T C 4: one micro-batch's activation), and
-   pdp_pp_report: its layers, PP bytes beside the formula, bubble beside pdp's and Megatron's.
+   pdp_mesh_create lays the ranks out as a DP x PP x TP grid, rank = (d pp + s) tp + t: a TP
+   group's ranks are neighbours (the most traffic), then a pipeline's stages s, then the
+   data-parallel copies d; each rank gets a communicator per dimension. Over TP each block's
+   weights are split by heads (tp.h), over PP the blocks are cut into stages of equal
+   estimated FLOPs (pp.h), over DP each stage's gradients are averaged. Pipeline d trains on
+   its 1/dp of each global batch; AdamW, clipping to norm 1 over all three. Rank 0 first
+   trains the same GPT on one device: both losses each step (exit status 1 if they differ by
+   more than 1e-5); then each rank's groups, memory, TP and DP bytes sent a step beside the
+   formulas (b T C 4: one micro-batch's activation), and pdp_pp_report: its layers, PP bytes
+   beside the formula, bubble beside pdp's and Megatron's.
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt_3d.c -o train_gpt_3d -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_gpt_3d.c -o gpt_3d_mpi -lm
    Run:    ./train_gpt_3d              (2 x 2 x 2: 8 thread ranks; PDP_SHORT=1: 3 steps)
            ./train_gpt_3d -schedule interleaved -chunks 2    (v model chunks a stage)
            mpirun -np 8 ./gpt_3d_mpi -backend mpi     (make mpi-test checks its losses)
    Output (PDP_SHORT=1): "step 3  loss 4.894898  one device 4.894899 ...", "equal to one
-           device within 1e-05", then per rank: "rank 5 (DP 1, PP 0, TP 1): DP {1 5}  PP {5 7}
-           TP {4 5}", its memory, "TP 655360 (2(t-1)/t x 2 m R b T C 4 = 655360, ...)", DP
-           bytes likewise, "PP stage 0 of 2: layers 0..40, activations 1.41 MB (peak)", its
-           bytes, "bubble 0.186 measured over 3 steps; pdp's ...".
+           device within 1e-05", then per rank "rank 5 (DP 1, PP 0, TP 1): DP {1 5}  PP {5 7}
+           TP {4 5}", its memory, "TP 655360 (2(t-1)/t x 2 m R b T C 4 = 655360, ...)", DP's,
+           "PP stage 0 of 2: layers 0..40, ...", PP's bytes, "bubble 0.186 measured ...".
    Next:   pdp.h's manual, DISTRIBUTED, "Combinations" (the same groups and formulas). */
 
 #define PDP_IMPLEMENTATION
@@ -89,10 +88,10 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
                "micro-batches of %lld, GPT %d blocks, dim %d, context %d\n", (long long)seed,
                ds->source, backend, dp, tp, pp, ctx->world_size, sched, micro, (long long)b,
                (int)g.layers, (int)g.dim, (int)g.context);
-    PDP_TRY(pdp_mesh_create(&mesh, ctx->world, 3, (int[]){dp, pp, tp}, /* mpirun -np dp pp tp */
-                            (const char *[]){"DP", "PP", "TP"}));
+    PDP_TRY(pdp_mesh_create(&mesh, ctx->world, 3, (int[]){dp, pp, tp}, /* fails unless the */
+                            (const char *[]){"DP", "PP", "TP"}));    /* world has dp pp tp */
     int d = pdp_mesh_coord(mesh, DP), s = pdp_mesh_coord(mesh, PP), t = pdp_mesh_coord(mesh, TP);
-    if (ctx->rank == 0) PDP_TRY(one_device(B, x, y)); /* the others wait for rank 0 */
+    if (ctx->rank == 0) PDP_TRY(one_device(B, x, y)); /* the others wait meanwhile */
     pdp_gpt_desc gd = g;
     gd.tp = tp > 1 ? pdp_mesh_group(mesh, TP) : NULL;
     PDP_TRY(pdp_gpt_create(&full, &gd)); /* this TP rank's slices of every block */
@@ -168,9 +167,8 @@ int main(int argc, char **argv)
     PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
     PDP_CHECK(pdp_backend_from_name(backend, &ld.backend));
     g.seed = (uint64_t)seed;
-    pdp_token_dataset_desc td = {.context = g.context, .seed = (uint64_t)seed,
-                                 .max_tokens = 1 << 16};
-    PDP_CHECK(pdp_token_dataset_synthetic(&ds, &td));
+    PDP_CHECK(pdp_token_dataset_synthetic(&ds, &(pdp_token_dataset_desc){
+        .context = g.context, .seed = (uint64_t)seed, .max_tokens = 1 << 16}));
     PDP_CHECK(pdp_launch(dp * tp * pp, &ld, train_rank, NULL));
     pdp_token_dataset_free(ds);
     return bad;

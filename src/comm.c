@@ -552,7 +552,8 @@ PDP_API pdp_status pdp_mesh_format(const pdp_mesh *m, char *buf, size_t bytes)
 {
     size_t n = 0;
     int k, i;
-    if (!m || !buf) return pdp__err(PDP_ERR_INVALID, "pdp_mesh_format: %s is NULL", m ? "buf" : "m");
+    if (!m || !buf)
+        return pdp__err(PDP_ERR_INVALID, "pdp_mesh_format: %s is NULL", m ? "buf" : "m");
     pdp__mesh_put(buf, bytes, &n, "rank %d (", m->rank);
     for (k = 0; k < m->ndim; k++)
         pdp__mesh_put(buf, bytes, &n, "%s%s %d", k ? ", " : "", m->name[k], m->coord[k]);
