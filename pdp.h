@@ -318,7 +318,8 @@
    (matched by peer and tag; pdp_comm_sendrecv posts a batch that progresses together, one
    NCCL group), each asynchronous (pdp_work_wait; a NULL handle waits in
    the call), and pdp_comm_split (colour, key; as MPI_Comm_split) for process groups
-   such as 2 data-parallel x 2 model-parallel. Backends, one file each: local (ranks
+   such as 2 data-parallel x 2 model-parallel, or pdp_mesh_create for all of a grid's at
+   once (Combinations). Backends, one file each: local (ranks
    are threads: pdp_local_group_create + pdp_comm_create_local; no dependency), mpi
    (PDP_MPI, pdp_comm_init_env under mpirun), nccl (PDP_CUDA; process per GPU through
    pdp_comm_init_env, thread per GPU through pdp_nccl_group_create; point-to-point
@@ -551,15 +552,24 @@
    sequence parallelism (pdp_gpt_desc.sequence_parallel) a stage sends the next one its TP
    rank's T / t positions (1/t of the bytes). Its checkpoints are not built yet
    (pdp_pp_checkpoint_save/load refuse a TP stage).
-       int t = rank % 2, s = rank / 2 % 2, d = rank / 4;      // 2 x 2 x 2: TP innermost
-       pdp_comm *pp_comm = NULL;
-       CHECK(pdp_comm_split(comm, d * 2 + s, t, &tp_comm));   // same d, s: a stage's TP group
-       CHECK(pdp_comm_split(comm, d * 2 + t, s, &pp_comm));   // same d, t: a pipeline, key = stage
-       CHECK(pdp_comm_split(comm, s * 2 + t, d, &dp_comm));   // same s, t: the copies of a stage
-   DP x TP x PP (examples/train_gpt_3d.c): rank = (d pp + s) tp + t puts a TP group, whose
-   collectives are the most and are synchronous, on neighbouring ranks, then a pipeline's
-   stages, then the data-parallel copies. Build the GPT with .tp = tp_comm, give it to
-   pdp_pp_create on pp_comm with desc.dp = dp_comm, feed pipeline d its 1/dp of the batch,
+       pdp_mesh *mesh;                                  // 2 x 2 x 2, TP fastest; rank 5's groups:
+       CHECK(pdp_mesh_create(&mesh, comm, 3, (int[]){2, 2, 2}, (const char *[]){"DP", "PP", "TP"}));
+       tp_comm = pdp_mesh_group(mesh, 2);               // same d, s: a stage's TP group, {4 5}
+       pdp_comm *pp_comm = pdp_mesh_group(mesh, 1);     // same d, t: a pipeline, {5 7}
+       dp_comm = pdp_mesh_group(mesh, 0);               // same s, t: the copies of a stage, {1 5}
+       // m: the GPT built with .tp = tp_comm; this rank's stage of it:
+       CHECK(pdp_pp_create(&pp, m, pp_comm, &(pdp_pp_desc){.micro_batches = 4, .dp = dp_comm}));
+   DP x TP x PP (examples/train_gpt_3d.c): pdp_mesh_create (comm.h; PyTorch's DeviceMesh,
+   Megatron's parallel_state) lays the ranks out as a grid, the last dimension fastest, and
+   gives each rank one communicator per dimension: the ranks that differ from it along that
+   dimension alone (one pdp_comm_split of the world each: colour the group's first rank, key
+   the rank's coordinate). pdp_mesh_coord is the coordinate, pdp_mesh_members the group's
+   world ranks, pdp_mesh_format the line "rank 5 (DP 1, PP 0, TP 1): DP {1 5}  PP {5 7}  TP
+   {4 5}"; free the mesh (its groups) before the world. Sizes whose product is not the
+   world's size fail on every rank, naming both. Here rank = (d pp + s) tp + t puts a TP
+   group, whose collectives are the most and are synchronous, on neighbouring ranks, then a
+   pipeline's stages, then the data-parallel copies. Build the GPT with .tp = tp_comm, give it
+   to pdp_pp_create on pp_comm with desc.dp = dp_comm, feed pipeline d its 1/dp of the batch,
    and clip with pdp_pp_clip_grad_norm (the whole model's norm, over all three). A rank then
    sends per step, with b T C 4 the bytes of one micro-batch's activation and R the TP
    regions (attentions and MLPs) of its stage: TP 2 (t - 1) / t x 2 m R b T C 4 (an
@@ -605,7 +615,8 @@
                     pdp__tp_headwise (attention split by heads); pp.c: pdp__pp_sum_tied
                     (the tied weight's two stages), pdp_pp_checkpoint_save
    Communicators    comm.c: pdp_comm_allreduce (checks, counts bytes, calls the backend),
-                    pdp_comm_sendrecv (a batch of messages that progress together);
+                    pdp_comm_sendrecv (a batch of messages that progress together),
+                    pdp_mesh_create (a grid's groups: one pdp_comm_split a dimension);
                     comm_queue.c: pdp__workq_submit, pdp__workq_progress (the progress
                     thread); comm_local.c: pdp__local_execute (slice r summed in rank
                     order), pdp__group_barrier; comm_mpi.c: pdp__mpi_run

@@ -83,15 +83,16 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     char groups[256], report[512];
     (void)user;
     if (!x) return PDP_ERR_OUT_OF_MEMORY;
-    if (ctx->rank == 0)
+    PDP_TRY(pdp_mesh_create(&mesh, ctx->world, 3, (int[]){dp, pp, tp}, /* fails unless the */
+                            (const char *[]){"DP", "PP", "TP"}));    /* world has dp pp tp */
+    int d = pdp_mesh_coord(mesh, DP), s = pdp_mesh_coord(mesh, PP), t = pdp_mesh_coord(mesh, TP);
+    if (ctx->rank == 0) { /* the others wait meanwhile */
         printf("seed %lld: %s, backend %s, DP %d x TP %d x PP %d = %d ranks, schedule %s, %d "
                "micro-batches of %lld, GPT %d blocks, dim %d, context %d\n", (long long)seed,
                ds->source, backend, dp, tp, pp, ctx->world_size, sched, micro, (long long)b,
                (int)g.layers, (int)g.dim, (int)g.context);
-    PDP_TRY(pdp_mesh_create(&mesh, ctx->world, 3, (int[]){dp, pp, tp}, /* fails unless the */
-                            (const char *[]){"DP", "PP", "TP"}));    /* world has dp pp tp */
-    int d = pdp_mesh_coord(mesh, DP), s = pdp_mesh_coord(mesh, PP), t = pdp_mesh_coord(mesh, TP);
-    if (ctx->rank == 0) PDP_TRY(one_device(B, x, y)); /* the others wait meanwhile */
+        PDP_TRY(one_device(B, x, y));
+    }
     pdp_gpt_desc gd = g;
     gd.tp = tp > 1 ? pdp_mesh_group(mesh, TP) : NULL;
     PDP_TRY(pdp_gpt_create(&full, &gd)); /* this TP rank's slices of every block */
