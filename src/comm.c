@@ -479,7 +479,8 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
                         dims, ranks, world->name, world->size);
     for (k = ndim - 1; k >= 0 && st == PDP_OK; k--) { /* collective over world */
         int coord = world->rank / stride % sizes[k];
-        st = pdp_comm_split(world, world->rank - coord * stride, coord, &group[k]);
+        if ((st = pdp_comm_split(world, world->rank - coord * stride, coord, &group[k])))
+            st = pdp__err_wrap(st, "%s: dimension %d's groups", fn, k);
         stride *= sizes[k];
     }
     if (st == PDP_OK && !(m = (pdp_mesh *)pdp__calloc(sizeof *m)))
