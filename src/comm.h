@@ -248,18 +248,20 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
    stride_k = sizes[k + 1] x stride_{k+1}. Along dimension k, the ranks that differ from this
    one in c_k alone, r + (i - c_k) stride_k for i < sizes[k], form this rank's group of k:
    pdp_mesh_group(m, k), a communicator made by pdp_comm_split (the backend, device and
-   timeout of world), ranked by c_k. E.g. 8 ranks as DP x PP x TP = {2, 2, 2}: rank
-   (d 2 + s) 2 + t; TP groups on neighbouring ranks {0 1} {2 3} {4 5} {6 7} (the dimension
-   with the most traffic goes last), pipelines {0 2} {1 3} {4 6} {5 7}, data-parallel copies
-   {0 4} {1 5} {2 6} {3 7}:
+   timeout of world; named "<world's name>.<its first rank>"), ranked by c_k. E.g. 8 ranks
+   as DP x PP x TP = {2, 2, 2}: rank (d 2 + s) 2 + t; TP groups on neighbouring ranks {0 1}
+   {2 3} {4 5} {6 7} (the dimension with the most traffic goes last), pipelines {0 2} {1 3}
+   {4 6} {5 7}, data-parallel copies {0 4} {1 5} {2 6} {3 7}:
      pdp_mesh *mesh;
      CHECK(pdp_mesh_create(&mesh, world, 3, (int[]){2, 2, 2}, (const char *[]){"DP", "PP", "TP"}));
      pdp_comm *tp_comm = pdp_mesh_group(mesh, 2);   // rank 5: {4 5}, where it is rank 1
-   Collective over world: every rank calls it with the same sizes; it makes one split per
-   dimension, then agrees that every rank succeeded, as pdp_comm_split does (a rank that
-   cannot allocate its mesh makes the others fail with PDP_ERR_COMM naming it). names name
-   the dimensions for pdp_mesh_format, each 1..15 characters (names, or one of them, may be
-   NULL: dimension k is then "k").
+   Collective over world: every rank calls it with the same sizes. It makes one split per
+   dimension, the last first (one that fails fails as pdp_comm_split says, its message then
+   prefixed "pdp_mesh_create: dimension k's groups: "), then agrees that every rank
+   succeeded, as pdp_comm_split does (a rank that cannot allocate its mesh makes the others
+   fail with PDP_ERR_COMM naming it); a failed call leaves *out NULL and nothing allocated.
+   names name the dimensions for pdp_mesh_format, each 1..15 characters (names, or one of
+   them, may be NULL: dimension k is then "k").
    PDP_ERR_INVALID, before any collective and the same on every rank: the sizes' product
    is not world's size (the message names the sizes and world's size), ndim outside
    1..PDP_MESH_MAX_DIMS, a size below 1, NULL world, sizes or out, a name empty or too
