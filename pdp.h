@@ -320,7 +320,8 @@
    (matched by peer and tag; pdp_comm_sendrecv posts a batch that progresses together, one
    NCCL group), each asynchronous (pdp_work_wait; a NULL handle waits in
    the call), and pdp_comm_split (colour, key; as MPI_Comm_split) for process groups
-   such as 2 data-parallel x 2 model-parallel. Backends, one file each: local (ranks
+   such as 2 data-parallel x 2 model-parallel, or pdp_mesh_create for all of a grid's at
+   once (Combinations). Backends, one file each: local (ranks
    are threads: pdp_local_group_create + pdp_comm_create_local; no dependency), mpi
    (PDP_MPI, pdp_comm_init_env under mpirun), nccl (PDP_CUDA; process per GPU through
    pdp_comm_init_env, thread per GPU through pdp_nccl_group_create; point-to-point
@@ -577,15 +578,24 @@
    sequence parallelism (pdp_gpt_desc.sequence_parallel) a stage sends the next one its TP
    rank's T / t positions (1/t of the bytes). Its checkpoints are not built yet
    (pdp_pp_checkpoint_save/load refuse a TP stage).
-       int t = rank % 2, s = rank / 2 % 2, d = rank / 4;      // 2 x 2 x 2: TP innermost
-       pdp_comm *pp_comm = NULL;
-       CHECK(pdp_comm_split(comm, d * 2 + s, t, &tp_comm));   // same d, s: a stage's TP group
-       CHECK(pdp_comm_split(comm, d * 2 + t, s, &pp_comm));   // same d, t: a pipeline, key = stage
-       CHECK(pdp_comm_split(comm, s * 2 + t, d, &dp_comm));   // same s, t: the copies of a stage
-   DP x TP x PP (examples/train_gpt_3d.c): rank = (d pp + s) tp + t puts a TP group, whose
-   collectives are the most and are synchronous, on neighbouring ranks, then a pipeline's
-   stages, then the data-parallel copies. Build the GPT with .tp = tp_comm, give it to
-   pdp_pp_create on pp_comm with desc.dp = dp_comm, feed pipeline d its 1/dp of the batch,
+       pdp_mesh *mesh;                                  // 2 x 2 x 2, TP fastest; rank 5's groups:
+       CHECK(pdp_mesh_create(&mesh, comm, 3, (int[]){2, 2, 2}, (const char *[]){"DP", "PP", "TP"}));
+       tp_comm = pdp_mesh_group(mesh, 2);               // same d, s: a stage's TP group, {4 5}
+       pdp_comm *pp_comm = pdp_mesh_group(mesh, 1);     // same d, t: a pipeline, {5 7}
+       dp_comm = pdp_mesh_group(mesh, 0);               // same s, t: the copies of a stage, {1 5}
+       // m: the GPT built with .tp = tp_comm; this rank's stage of it:
+       CHECK(pdp_pp_create(&pp, m, pp_comm, &(pdp_pp_desc){.micro_batches = 4, .dp = dp_comm}));
+   DP x TP x PP (examples/train_gpt_3d.c): pdp_mesh_create (comm.h; PyTorch's DeviceMesh,
+   Megatron's parallel_state) lays the ranks out as a grid, the last dimension fastest, and
+   gives each rank one communicator per dimension: the ranks that differ from it along that
+   dimension alone (one pdp_comm_split of the world each: colour the group's first rank, key
+   the rank's coordinate). pdp_mesh_coord is the coordinate, pdp_mesh_members the group's
+   world ranks, pdp_mesh_format the line "rank 5 (DP 1, PP 0, TP 1): DP {1 5}  PP {5 7}  TP
+   {4 5}"; free the mesh (its groups) before the world. Sizes whose product is not the
+   world's size fail on every rank, naming both. Here rank = (d pp + s) tp + t puts a TP
+   group, whose collectives are the most and are synchronous, on neighbouring ranks, then a
+   pipeline's stages, then the data-parallel copies. Build the GPT with .tp = tp_comm, give it
+   to pdp_pp_create on pp_comm with desc.dp = dp_comm, feed pipeline d its 1/dp of the batch,
    and clip with pdp_pp_clip_grad_norm (the whole model's norm, over all three). A rank then
    sends per step, with b T C 4 the bytes of one micro-batch's activation and R the TP
    regions (attentions and MLPs) of its stage: TP 2 (t - 1) / t x 2 m R b T C 4 (an
@@ -631,7 +641,8 @@
                     pdp__tp_headwise (attention split by heads); pp.c: pdp__pp_sum_tied
                     (the tied weight's two stages), pdp_pp_checkpoint_save
    Communicators    comm.c: pdp_comm_allreduce (checks, counts bytes, calls the backend),
-                    pdp_comm_sendrecv (a batch of messages that progress together);
+                    pdp_comm_sendrecv (a batch of messages that progress together),
+                    pdp_mesh_create (a grid's groups: one pdp_comm_split a dimension);
                     comm_queue.c: pdp__workq_submit, pdp__workq_progress (the progress
                     thread); comm_local.c: pdp__local_execute (slice r summed in rank
                     order), pdp__group_barrier; comm_mpi.c: pdp__mpi_run
@@ -2091,6 +2102,48 @@ PDP_API pdp_status pdp_comm_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n);
      pdp_comm_split(world, rank % 2, rank, &dp);   ranks {0,2} and {1,3} */
 #define PDP_COMM_SPLIT_NONE (-1)
 PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **out);
+
+/* ---- process meshes ----
+   The ranks of world as a grid of sizes[0] x ... x sizes[ndim - 1] (PyTorch's DeviceMesh,
+   Megatron's parallel_state), row-major: the last dimension varies fastest, so rank r sits
+   at coordinates (c_0, ..., c_{n-1}) with r = sum of c_k x stride_k, stride_{n-1} = 1 and
+   stride_k = sizes[k + 1] x stride_{k+1}. Along dimension k, the ranks that differ from this
+   one in c_k alone, r + (i - c_k) stride_k for i < sizes[k], form this rank's group of k:
+   pdp_mesh_group(m, k), a communicator made by pdp_comm_split (the backend, device and
+   timeout of world; named "<world's name>.<its first rank>"), ranked by c_k. E.g. 8 ranks
+   as DP x PP x TP = {2, 2, 2}: rank (d 2 + s) 2 + t; TP groups on neighbouring ranks {0 1}
+   {2 3} {4 5} {6 7} (the dimension with the most traffic goes last), pipelines {0 2} {1 3}
+   {4 6} {5 7}, data-parallel copies {0 4} {1 5} {2 6} {3 7}:
+     pdp_mesh *mesh;
+     CHECK(pdp_mesh_create(&mesh, world, 3, (int[]){2, 2, 2}, (const char *[]){"DP", "PP", "TP"}));
+     pdp_comm *tp_comm = pdp_mesh_group(mesh, 2);   // rank 5: {4 5}, where it is rank 1
+   Collective over world: every rank calls it with the same sizes. It makes one split per
+   dimension, the last first (one that fails fails as pdp_comm_split says, its message then
+   prefixed "pdp_mesh_create: dimension k's groups: "), then agrees that every rank
+   succeeded, as pdp_comm_split does (a rank that cannot allocate its mesh makes the others
+   fail with PDP_ERR_COMM naming it); a failed call leaves *out NULL and nothing allocated.
+   names name the dimensions for pdp_mesh_format, each 1..15 characters (names, or one of
+   them, may be NULL: dimension k is then "k").
+   PDP_ERR_INVALID, before any collective and the same on every rank: the sizes' product
+   is not world's size (the message names the sizes and world's size), ndim outside
+   1..PDP_MESH_MAX_DIMS, a size below 1, NULL world, sizes or out, a name empty or too
+   long. The mesh owns its groups, not world: free it (with its groups) before world. */
+#define PDP_MESH_MAX_DIMS 8
+typedef struct pdp_mesh pdp_mesh;
+PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes,
+                                   const char *const *names);
+PDP_API void pdp_mesh_free(pdp_mesh *m);
+/* Dimension dim's group: this rank's communicator along it (NULL for a dim outside
+   0..ndim-1 or a NULL m); and this rank's coordinate c_dim, its rank in that group (-1). */
+PDP_API pdp_comm *pdp_mesh_group(const pdp_mesh *m, int dim);
+PDP_API int pdp_mesh_coord(const pdp_mesh *m, int dim);
+/* The world ranks of dimension dim's group, in their order in the group, into ranks
+   (sizes[dim] ints; NULL: only the count). Returns their count (0 for a bad dim). */
+PDP_API int pdp_mesh_members(const pdp_mesh *m, int dim, int *ranks);
+/* This rank's place in the mesh, one line into buf: its world rank, its coordinates, then
+   each dimension's group, "rank 5 (DP 1, PP 0, TP 1): DP {1 5}  PP {5 7}  TP {4 5}".
+   PDP_ERR_INVALID when it does not fit (naming the bytes it needs), or for NULL m or buf. */
+PDP_API pdp_status pdp_mesh_format(const pdp_mesh *m, char *buf, size_t bytes);
 
 /* Completes a collective and recycles its handle (NULL is fine). The error of
    a failed collective is returned here, with its message. */
@@ -15590,6 +15643,146 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
         *out = NULL;
     }
     return st;
+}
+
+/* ---- comm: process meshes ----
+   Dimension k's group is one pdp_comm_split of world: its colour is the group's first rank
+   (this rank with c_k = 0), the same for the ranks that differ in c_k alone and different
+   for every other group; its key is c_k, so the group ranks its members by c_k. */
+
+struct pdp_mesh {
+    int ndim, rank;                          /* rank: in world */
+    int size[PDP_MESH_MAX_DIMS], coord[PDP_MESH_MAX_DIMS], stride[PDP_MESH_MAX_DIMS];
+    char name[PDP_MESH_MAX_DIMS][16];
+    pdp_comm *group[PDP_MESH_MAX_DIMS];
+};
+
+PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes,
+                                   const char *const *names)
+{
+    static const char *fn = "pdp_mesh_create";
+    pdp_comm *group[PDP_MESH_MAX_DIMS] = {NULL};
+    pdp_mesh *m = NULL;
+    char dims[160] = ""; /* "DP 2 x PP 2 x TP 2", for the messages */
+    double ranks = 1;
+    pdp_status st = PDP_OK;
+    int k, n = 0, stride = 1;
+    if (out) *out = NULL;
+    if ((st = pdp__comm_check(world, fn))) return st;
+    if (!out || !sizes)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL (comm '%s')", fn, out ? "sizes" : "out",
+                        world->name);
+    if (ndim < 1 || ndim > PDP_MESH_MAX_DIMS)
+        return pdp__err(PDP_ERR_INVALID, "%s: %d dimensions; a mesh has 1..%d (comm '%s')", fn,
+                        ndim, PDP_MESH_MAX_DIMS, world->name);
+    for (k = 0; k < ndim; k++) {
+        const char *name = names ? names[k] : NULL;
+        if (name && (!*name || strlen(name) > 15))
+            return pdp__err(PDP_ERR_INVALID, "%s: dimension %d's name '%.40s' has %zu characters; "
+                            "a name has 1..15", fn, k, name, strlen(name));
+        n += snprintf(dims + n, sizeof dims - (size_t)n, "%s%s%s%d", k ? " x " : "",
+                      name ? name : "", name ? " " : "", sizes[k]);
+        ranks *= sizes[k];
+    }
+    for (k = 0; k < ndim; k++)
+        if (sizes[k] < 1)
+            return pdp__err(PDP_ERR_INVALID, "%s: %s: dimension %d has size %d; a size is >= 1", fn,
+                            dims, k, sizes[k]);
+    if (ranks != (double)world->size)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s makes %.0f ranks, but comm '%s' has %d", fn,
+                        dims, ranks, world->name, world->size);
+    for (k = ndim - 1; k >= 0 && st == PDP_OK; k--) { /* collective over world */
+        int coord = world->rank / stride % sizes[k];
+        if ((st = pdp_comm_split(world, world->rank - coord * stride, coord, &group[k])))
+            st = pdp__err_wrap(st, "%s: dimension %d's groups", fn, k);
+        stride *= sizes[k];
+    }
+    if (st == PDP_OK && !(m = (pdp_mesh *)pdp__calloc(sizeof *m)))
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: the mesh (comm '%s')", fn, world->rank,
+                      world->name);
+    if (st != PDP_ERR_TIMEOUT) /* after a timeout an agreement would wait as long */
+        st = pdp__comm_agree(world, st, fn);
+    if (st != PDP_OK) {
+        for (k = 0; k < ndim; k++) pdp_comm_free(group[k]);
+        pdp__dealloc(m);
+        return st;
+    }
+    m->ndim = ndim;
+    m->rank = world->rank;
+    for (k = ndim - 1, stride = 1; k >= 0; k--) {
+        m->size[k] = sizes[k];
+        m->stride[k] = stride;
+        m->coord[k] = world->rank / stride % sizes[k];
+        m->group[k] = group[k];
+        stride *= sizes[k];
+        if (names && names[k]) snprintf(m->name[k], sizeof m->name[k], "%s", names[k]);
+        else snprintf(m->name[k], sizeof m->name[k], "%d", k);
+    }
+    *out = m;
+    return PDP_OK;
+}
+
+PDP_API void pdp_mesh_free(pdp_mesh *m)
+{
+    if (!m) return;
+    for (int k = 0; k < m->ndim; k++) pdp_comm_free(m->group[k]);
+    pdp__dealloc(m);
+}
+
+PDP_API pdp_comm *pdp_mesh_group(const pdp_mesh *m, int dim)
+{
+    return m && dim >= 0 && dim < m->ndim ? m->group[dim] : NULL;
+}
+
+PDP_API int pdp_mesh_coord(const pdp_mesh *m, int dim)
+{
+    return m && dim >= 0 && dim < m->ndim ? m->coord[dim] : -1;
+}
+
+/* The world rank of member i of dimension k's group: this rank with c_k = i */
+PDP__PRIVATE int pdp__mesh_member(const pdp_mesh *m, int k, int i)
+{
+    return m->rank + (i - m->coord[k]) * m->stride[k];
+}
+
+PDP_API int pdp_mesh_members(const pdp_mesh *m, int dim, int *ranks)
+{
+    if (!m || dim < 0 || dim >= m->ndim) return 0;
+    for (int i = 0; ranks && i < m->size[dim]; i++) ranks[i] = pdp__mesh_member(m, dim, i);
+    return m->size[dim];
+}
+
+/* snprintf at buf + *n, where *n counts what the line needs so far, fitting or not */
+PDP__PRIVATE void pdp__mesh_put(char *buf, size_t bytes, size_t *n, const char *fmt, ...)
+{
+    va_list ap;
+    int w;
+    va_start(ap, fmt);
+    w = vsnprintf(buf + (*n < bytes ? *n : bytes), *n < bytes ? bytes - *n : 0, fmt, ap);
+    va_end(ap);
+    *n += w > 0 ? (size_t)w : 0;
+}
+
+PDP_API pdp_status pdp_mesh_format(const pdp_mesh *m, char *buf, size_t bytes)
+{
+    size_t n = 0;
+    int k, i;
+    if (!m || !buf)
+        return pdp__err(PDP_ERR_INVALID, "pdp_mesh_format: %s is NULL", m ? "buf" : "m");
+    pdp__mesh_put(buf, bytes, &n, "rank %d (", m->rank);
+    for (k = 0; k < m->ndim; k++)
+        pdp__mesh_put(buf, bytes, &n, "%s%s %d", k ? ", " : "", m->name[k], m->coord[k]);
+    pdp__mesh_put(buf, bytes, &n, "):");
+    for (k = 0; k < m->ndim; k++) { /* "  TP {4 5}" */
+        pdp__mesh_put(buf, bytes, &n, "%s%s {", k ? "  " : " ", m->name[k]);
+        for (i = 0; i < m->size[k]; i++)
+            pdp__mesh_put(buf, bytes, &n, i ? " %d" : "%d", pdp__mesh_member(m, k, i));
+        pdp__mesh_put(buf, bytes, &n, "}");
+    }
+    if (n >= bytes)
+        return pdp__err(PDP_ERR_INVALID, "pdp_mesh_format: rank %d's line needs %zu bytes, buf "
+                        "has %zu", m->rank, n + 1, bytes);
+    return PDP_OK;
 }
 
 PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)

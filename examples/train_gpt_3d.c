@@ -1,25 +1,24 @@
-/* train_gpt_3d.c - 3-D parallelism: the GPT on DP x TP x PP ranks, and their groups.
+/* train_gpt_3d.c - 3-D parallelism: the GPT on DP x PP x TP ranks, and their process groups.
 
-   Rank = (d pp + s) tp + t: a TP group's ranks are neighbours (the most traffic), then a
-   pipeline's stages s, then the data-parallel copies d. Three pdp_comm_split calls give each
-   rank its TP group (each block's weights split by heads, tp.h), its PP group (the blocks cut
-   into stages of equal estimated FLOPs, pp.h) and its DP group (the copies of a stage,
-   gradients averaged). Pipeline d trains on its 1/dp of each global batch; AdamW, clipping
-   to norm 1 over all three. Rank 0 first trains the same GPT on one device: both losses each
-   step (exit status 1 if they differ by more than 1e-5); then each rank's groups, memory,
-   TP and DP bytes sent a step beside the formulas (b T C 4: one micro-batch's activation),
-   and pdp_pp_report: its layers, PP bytes beside the formula, bubble beside pdp's and
-   Megatron's.
+   pdp_mesh_create lays the ranks out as a DP x PP x TP grid, rank = (d pp + s) tp + t: a TP
+   group's ranks are neighbours (the most traffic), then a pipeline's stages s, then the
+   data-parallel copies d; each rank gets a communicator per dimension. Over TP each block's
+   weights are split by heads (tp.h), over PP the blocks are cut into stages of equal
+   estimated FLOPs (pp.h), over DP each stage's gradients are averaged. Pipeline d trains on
+   its 1/dp of each global batch; AdamW, clipping to norm 1 over all three. Rank 0 first
+   trains the same GPT on one device: both losses each step (exit status 1 if they differ by
+   more than 1e-5); then each rank's groups, memory, TP and DP bytes sent a step beside the
+   formulas (b T C 4: one micro-batch's activation), and pdp_pp_report: its layers, PP bytes
+   beside the formula, bubble beside pdp's and Megatron's.
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt_3d.c -o train_gpt_3d -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_gpt_3d.c -o gpt_3d_mpi -lm
    Run:    ./train_gpt_3d              (2 x 2 x 2: 8 thread ranks; PDP_SHORT=1: 3 steps)
            ./train_gpt_3d -schedule interleaved -chunks 2    (v model chunks a stage)
            mpirun -np 8 ./gpt_3d_mpi -backend mpi     (make mpi-test checks its losses)
    Output (PDP_SHORT=1): "step 3  loss 4.894898  one device 4.894899 ...", "equal to one
-           device within 1e-05", then per rank: "rank 5 (dp 1, tp 1, pp 0): TP {4 5}  PP {5 7}
-           DP {1 5}", its memory, "TP 655360 (2(t-1)/t x 2 m R b T C 4 = 655360, ...)", DP
-           bytes likewise, "PP stage 0 of 2: layers 0..40, activations 1.41 MB (peak)", its
-           bytes, "bubble 0.186 measured over 3 steps; pdp's ...".
+           device within 1e-05", then per rank "rank 5 (DP 1, PP 0, TP 1): DP {1 5}  PP {5 7}
+           TP {4 5}", its memory, "TP 655360 (2(t-1)/t x 2 m R b T C 4 = 655360, ...)", DP's,
+           "PP stage 0 of 2: layers 0..40, ...", PP's bytes, "bubble 0.186 measured ...".
    Next:   pdp.h's manual, DISTRIBUTED, "Combinations" (the same groups and formulas). */
 
 #define PDP_IMPLEMENTATION
@@ -67,17 +66,12 @@ static pdp_status one_device(int64_t B, int32_t *x, int32_t *y) /* the reference
     return PDP_OK;
 }
 
-/* Rank r = (d pp + s) tp + t holds coordinates at = {t, s, d} along the strides {1, tp, tp pp}:
-   its group of kind k (0 TP, 1 PP, 2 DP) is the ranks that differ from it in at[k] alone,
-   r + (i - at[k]) stride[k] for i < size[k]. pdp_comm_split makes one communicator of each
-   group (its colour: the group's first rank; its key: at[k], the rank in the group). */
 static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 {
-    int r = ctx->rank, t = r % tp, s = r / tp % pp, d = r / (tp * pp), R = 0, n;
-    int at[3] = {t, s, d}, stride[3] = {1, tp, tp * pp}, size[3] = {tp, pp, dp};
+    enum { DP, PP, TP }; /* the mesh's dimensions, outermost first */
     int64_t B = (int64_t)dp * micro * 2, b = 2, act = b * g.context * g.dim * 4; /* b: windows */
     int32_t *x = malloc((size_t)(B * g.context) * 2 * sizeof *x), *y = x + B * g.context;
-    pdp_comm *c[3]; /* this rank's TP, PP and DP groups */
+    pdp_mesh *mesh; /* the grid of ranks, and this rank's group along each dimension */
     pdp_model *full, *m;
     pdp_pp *p;
     pdp_optim *o;
@@ -85,37 +79,34 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_tp_stats ts;
     pdp_comm_stats dp0, dp1;
     double worst = 0;
+    int R = 0;
     char groups[256], report[512];
     (void)user;
     if (!x) return PDP_ERR_OUT_OF_MEMORY;
-    if (ctx->world_size != dp * tp * pp) { /* mpirun -np N */
-        if (r == 0) fprintf(stderr, "train_gpt_3d: %d ranks, but -dp %d -tp %d -pp %d make %d\n",
-                            ctx->world_size, dp, tp, pp, dp * tp * pp);
-        return PDP_ERR_INVALID;
-    }
-    if (r == 0) {
+    PDP_TRY(pdp_mesh_create(&mesh, ctx->world, 3, (int[]){dp, pp, tp}, /* fails unless the */
+                            (const char *[]){"DP", "PP", "TP"}));    /* world has dp pp tp */
+    int d = pdp_mesh_coord(mesh, DP), s = pdp_mesh_coord(mesh, PP), t = pdp_mesh_coord(mesh, TP);
+    if (ctx->rank == 0) { /* the others wait meanwhile */
         printf("seed %lld: %s, backend %s, DP %d x TP %d x PP %d = %d ranks, schedule %s, %d "
                "micro-batches of %lld, GPT %d blocks, dim %d, context %d\n", (long long)seed,
                ds->source, backend, dp, tp, pp, ctx->world_size, sched, micro, (long long)b,
                (int)g.layers, (int)g.dim, (int)g.context);
-        PDP_TRY(one_device(B, x, y)); /* the others wait in the first split */
+        PDP_TRY(one_device(B, x, y));
     }
-    for (int k = 0; k < 3; k++) /* TP, PP (stage s is PP rank s), DP */
-        PDP_TRY(pdp_comm_split(ctx->world, r - at[k] * stride[k], at[k], &c[k]));
     pdp_gpt_desc gd = g;
-    gd.tp = tp > 1 ? c[0] : NULL;
+    gd.tp = tp > 1 ? pdp_mesh_group(mesh, TP) : NULL;
     PDP_TRY(pdp_gpt_create(&full, &gd)); /* this TP rank's slices of every block */
-    pdp_pp_desc pd = {.micro_batches = micro, .chunks = chunks, .dp = c[2], /* DP x PP */
+    pdp_pp_desc pd = {.micro_batches = micro, .chunks = chunks, .dp = pdp_mesh_group(mesh, DP),
                       .balance = PDP_PP_BALANCE_WORK, /* FLOPs of the layers and the loss */
                       .schedule = *sched == 'g'   ? PDP_PP_GPIPE /* gpipe, 1f1b, interleaved */
                                   : *sched == '1' ? PDP_PP_1F1B : PDP_PP_INTERLEAVED_1F1B};
-    PDP_TRY(pdp_pp_create(&p, full, c[1], &pd)); /* keeps this stage's blocks */
+    PDP_TRY(pdp_pp_create(&p, full, pdp_mesh_group(mesh, PP), &pd)); /* keeps stage s's blocks */
     pdp_model_free(full);
     m = pdp_pp_model(p);
     PDP_TRY(pdp_optim_create(&o, m, &od));
     PDP_TRY(pdp_tensor_wrap_ids(x + d * (B / dp) * g.context, pdp_cpu(), 2,
                                 (int64_t[]){B / dp, g.context}, &xt));
-    pdp_comm_get_stats(c[2], &dp0); /* after pdp_pp_create's broadcast over DP */
+    pdp_comm_get_stats(pdp_mesh_group(mesh, DP), &dp0); /* after pdp_pp_create's broadcast */
     for (int i = 0; i < steps; i++) {
         float loss;
         PDP_TRY(batch(i, B, x, y)); /* pipeline d takes rows [d B/dp, (d+1) B/dp) */
@@ -126,29 +117,21 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         loss = s == pp - 1 && t == 0 ? loss / dp : 0;
         PDP_TRY(pdp_comm_allreduce(ctx->world, &loss, 1, PDP_REDUCE_SUM, NULL));
         worst = fmax(worst, fabs((double)loss - one[i])); /* one[]: rank 0's */
-        if (r == 0)
+        if (ctx->rank == 0)
             printf("step %d  loss %.6f  one device %.6f  (difference %.1e)\n", i + 1,
                    (double)loss, (double)one[i], fabs((double)loss - one[i]));
     }
-    if (r == 0) { /* one[] is rank 0's */
+    if (ctx->rank == 0) { /* one[] is rank 0's */
         bad = !(worst <= 1e-5);
         printf("%s to one device within 1e-05 (largest difference %.1e over %d steps)\n",
                bad ? "NOT EQUAL" : "equal", worst, steps);
     }
     pdp_tp_get_stats(m, &ts); /* every step sends the same: the run's totals / steps */
-    pdp_comm_get_stats(c[2], &dp1);
+    pdp_comm_get_stats(pdp_mesh_group(mesh, DP), &dp1);
     for (int i = 0; i < pdp_model_num_layers(m); i++) /* the TP regions: attentions, MLPs */
         R += !strcmp(pdp_model_layer_name(m, i), "ColumnParallelLinear");
-    n = snprintf(groups, sizeof groups, "rank %d (dp %d, tp %d, pp %d):", r, d, t, s);
-    for (int k = 0; k < 3; k++) { /* its groups */
-        n += snprintf(groups + n, sizeof groups - n, " %s%s {", k ? " " : "",
-                      (const char *[]){"TP", "PP", "DP"}[k]);
-        for (int i = 0; i < size[k]; i++)
-            n += snprintf(groups + n, sizeof groups - n, i ? " %d" : "%d",
-                          r + (i - at[k]) * stride[k]);
-        n += snprintf(groups + n, sizeof groups - n, "}");
-    }
     double P = (double)pdp_model_param_count(m);
+    PDP_TRY(pdp_mesh_format(mesh, groups, sizeof groups)); /* its coordinates and groups */
     PDP_TRY(pdp_pp_report(p, report, sizeof report)); /* layers, PP bytes, bubble */
     PDP_TRY(pdp_print_by_rank(ctx->world, "%s\n  memory, MB: parameters %.2f  gradients %.2f  "
             "AdamW state %.2f\n  sent a step, bytes: TP %lld (2(t-1)/t x 2 m R b T C 4 = %.0f, "
@@ -157,12 +140,12 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
             2.0 * (tp - 1) / tp * 2 * micro * R * act, R,
             (long long)(dp1.bytes_sent - dp0.bytes_sent) / steps, 2.0 * (dp - 1) / dp * 4 * P,
             report)); /* rank 0 prints every rank's, in order */
-    if (r == 0 && sysconf(_SC_NPROCESSORS_ONLN) < ctx->world_size)
+    if (ctx->rank == 0 && sysconf(_SC_NPROCESSORS_ONLN) < ctx->world_size)
         printf("(%d ranks on %ld cores: the bubbles also count waiting for a core)\n",
                ctx->world_size, sysconf(_SC_NPROCESSORS_ONLN));
     pdp_optim_free(o);
     pdp_pp_free(p);
-    for (int k = 0; k < 3; k++) pdp_comm_free(c[k]);
+    pdp_mesh_free(mesh);
     free(x);
     return PDP_OK;
 }
@@ -185,9 +168,8 @@ int main(int argc, char **argv)
     PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
     PDP_CHECK(pdp_backend_from_name(backend, &ld.backend));
     g.seed = (uint64_t)seed;
-    pdp_token_dataset_desc td = {.context = g.context, .seed = (uint64_t)seed,
-                                 .max_tokens = 1 << 16};
-    PDP_CHECK(pdp_token_dataset_synthetic(&ds, &td));
+    PDP_CHECK(pdp_token_dataset_synthetic(&ds, &(pdp_token_dataset_desc){
+        .context = g.context, .seed = (uint64_t)seed, .max_tokens = 1 << 16}));
     PDP_CHECK(pdp_launch(dp * tp * pp, &ld, train_rank, NULL));
     pdp_token_dataset_free(ds);
     return bad;

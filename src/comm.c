@@ -431,6 +431,146 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
     return st;
 }
 
+/* ---- comm: process meshes ----
+   Dimension k's group is one pdp_comm_split of world: its colour is the group's first rank
+   (this rank with c_k = 0), the same for the ranks that differ in c_k alone and different
+   for every other group; its key is c_k, so the group ranks its members by c_k. */
+
+struct pdp_mesh {
+    int ndim, rank;                          /* rank: in world */
+    int size[PDP_MESH_MAX_DIMS], coord[PDP_MESH_MAX_DIMS], stride[PDP_MESH_MAX_DIMS];
+    char name[PDP_MESH_MAX_DIMS][16];
+    pdp_comm *group[PDP_MESH_MAX_DIMS];
+};
+
+PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes,
+                                   const char *const *names)
+{
+    static const char *fn = "pdp_mesh_create";
+    pdp_comm *group[PDP_MESH_MAX_DIMS] = {NULL};
+    pdp_mesh *m = NULL;
+    char dims[160] = ""; /* "DP 2 x PP 2 x TP 2", for the messages */
+    double ranks = 1;
+    pdp_status st = PDP_OK;
+    int k, n = 0, stride = 1;
+    if (out) *out = NULL;
+    if ((st = pdp__comm_check(world, fn))) return st;
+    if (!out || !sizes)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL (comm '%s')", fn, out ? "sizes" : "out",
+                        world->name);
+    if (ndim < 1 || ndim > PDP_MESH_MAX_DIMS)
+        return pdp__err(PDP_ERR_INVALID, "%s: %d dimensions; a mesh has 1..%d (comm '%s')", fn,
+                        ndim, PDP_MESH_MAX_DIMS, world->name);
+    for (k = 0; k < ndim; k++) {
+        const char *name = names ? names[k] : NULL;
+        if (name && (!*name || strlen(name) > 15))
+            return pdp__err(PDP_ERR_INVALID, "%s: dimension %d's name '%.40s' has %zu characters; "
+                            "a name has 1..15", fn, k, name, strlen(name));
+        n += snprintf(dims + n, sizeof dims - (size_t)n, "%s%s%s%d", k ? " x " : "",
+                      name ? name : "", name ? " " : "", sizes[k]);
+        ranks *= sizes[k];
+    }
+    for (k = 0; k < ndim; k++)
+        if (sizes[k] < 1)
+            return pdp__err(PDP_ERR_INVALID, "%s: %s: dimension %d has size %d; a size is >= 1", fn,
+                            dims, k, sizes[k]);
+    if (ranks != (double)world->size)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s makes %.0f ranks, but comm '%s' has %d", fn,
+                        dims, ranks, world->name, world->size);
+    for (k = ndim - 1; k >= 0 && st == PDP_OK; k--) { /* collective over world */
+        int coord = world->rank / stride % sizes[k];
+        if ((st = pdp_comm_split(world, world->rank - coord * stride, coord, &group[k])))
+            st = pdp__err_wrap(st, "%s: dimension %d's groups", fn, k);
+        stride *= sizes[k];
+    }
+    if (st == PDP_OK && !(m = (pdp_mesh *)pdp__calloc(sizeof *m)))
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: the mesh (comm '%s')", fn, world->rank,
+                      world->name);
+    if (st != PDP_ERR_TIMEOUT) /* after a timeout an agreement would wait as long */
+        st = pdp__comm_agree(world, st, fn);
+    if (st != PDP_OK) {
+        for (k = 0; k < ndim; k++) pdp_comm_free(group[k]);
+        pdp__dealloc(m);
+        return st;
+    }
+    m->ndim = ndim;
+    m->rank = world->rank;
+    for (k = ndim - 1, stride = 1; k >= 0; k--) {
+        m->size[k] = sizes[k];
+        m->stride[k] = stride;
+        m->coord[k] = world->rank / stride % sizes[k];
+        m->group[k] = group[k];
+        stride *= sizes[k];
+        if (names && names[k]) snprintf(m->name[k], sizeof m->name[k], "%s", names[k]);
+        else snprintf(m->name[k], sizeof m->name[k], "%d", k);
+    }
+    *out = m;
+    return PDP_OK;
+}
+
+PDP_API void pdp_mesh_free(pdp_mesh *m)
+{
+    if (!m) return;
+    for (int k = 0; k < m->ndim; k++) pdp_comm_free(m->group[k]);
+    pdp__dealloc(m);
+}
+
+PDP_API pdp_comm *pdp_mesh_group(const pdp_mesh *m, int dim)
+{
+    return m && dim >= 0 && dim < m->ndim ? m->group[dim] : NULL;
+}
+
+PDP_API int pdp_mesh_coord(const pdp_mesh *m, int dim)
+{
+    return m && dim >= 0 && dim < m->ndim ? m->coord[dim] : -1;
+}
+
+/* The world rank of member i of dimension k's group: this rank with c_k = i */
+PDP__PRIVATE int pdp__mesh_member(const pdp_mesh *m, int k, int i)
+{
+    return m->rank + (i - m->coord[k]) * m->stride[k];
+}
+
+PDP_API int pdp_mesh_members(const pdp_mesh *m, int dim, int *ranks)
+{
+    if (!m || dim < 0 || dim >= m->ndim) return 0;
+    for (int i = 0; ranks && i < m->size[dim]; i++) ranks[i] = pdp__mesh_member(m, dim, i);
+    return m->size[dim];
+}
+
+/* snprintf at buf + *n, where *n counts what the line needs so far, fitting or not */
+PDP__PRIVATE void pdp__mesh_put(char *buf, size_t bytes, size_t *n, const char *fmt, ...)
+{
+    va_list ap;
+    int w;
+    va_start(ap, fmt);
+    w = vsnprintf(buf + (*n < bytes ? *n : bytes), *n < bytes ? bytes - *n : 0, fmt, ap);
+    va_end(ap);
+    *n += w > 0 ? (size_t)w : 0;
+}
+
+PDP_API pdp_status pdp_mesh_format(const pdp_mesh *m, char *buf, size_t bytes)
+{
+    size_t n = 0;
+    int k, i;
+    if (!m || !buf)
+        return pdp__err(PDP_ERR_INVALID, "pdp_mesh_format: %s is NULL", m ? "buf" : "m");
+    pdp__mesh_put(buf, bytes, &n, "rank %d (", m->rank);
+    for (k = 0; k < m->ndim; k++)
+        pdp__mesh_put(buf, bytes, &n, "%s%s %d", k ? ", " : "", m->name[k], m->coord[k]);
+    pdp__mesh_put(buf, bytes, &n, "):");
+    for (k = 0; k < m->ndim; k++) { /* "  TP {4 5}" */
+        pdp__mesh_put(buf, bytes, &n, "%s%s {", k ? "  " : " ", m->name[k]);
+        for (i = 0; i < m->size[k]; i++)
+            pdp__mesh_put(buf, bytes, &n, i ? " %d" : "%d", pdp__mesh_member(m, k, i));
+        pdp__mesh_put(buf, bytes, &n, "}");
+    }
+    if (n >= bytes)
+        return pdp__err(PDP_ERR_INVALID, "pdp_mesh_format: rank %d's line needs %zu bytes, buf "
+                        "has %zu", m->rank, n + 1, bytes);
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
 {
     static const char *fn = "pdp_comm_broadcast_bytes";

@@ -241,6 +241,48 @@ PDP_API pdp_status pdp_comm_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n);
 #define PDP_COMM_SPLIT_NONE (-1)
 PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **out);
 
+/* ---- process meshes ----
+   The ranks of world as a grid of sizes[0] x ... x sizes[ndim - 1] (PyTorch's DeviceMesh,
+   Megatron's parallel_state), row-major: the last dimension varies fastest, so rank r sits
+   at coordinates (c_0, ..., c_{n-1}) with r = sum of c_k x stride_k, stride_{n-1} = 1 and
+   stride_k = sizes[k + 1] x stride_{k+1}. Along dimension k, the ranks that differ from this
+   one in c_k alone, r + (i - c_k) stride_k for i < sizes[k], form this rank's group of k:
+   pdp_mesh_group(m, k), a communicator made by pdp_comm_split (the backend, device and
+   timeout of world; named "<world's name>.<its first rank>"), ranked by c_k. E.g. 8 ranks
+   as DP x PP x TP = {2, 2, 2}: rank (d 2 + s) 2 + t; TP groups on neighbouring ranks {0 1}
+   {2 3} {4 5} {6 7} (the dimension with the most traffic goes last), pipelines {0 2} {1 3}
+   {4 6} {5 7}, data-parallel copies {0 4} {1 5} {2 6} {3 7}:
+     pdp_mesh *mesh;
+     CHECK(pdp_mesh_create(&mesh, world, 3, (int[]){2, 2, 2}, (const char *[]){"DP", "PP", "TP"}));
+     pdp_comm *tp_comm = pdp_mesh_group(mesh, 2);   // rank 5: {4 5}, where it is rank 1
+   Collective over world: every rank calls it with the same sizes. It makes one split per
+   dimension, the last first (one that fails fails as pdp_comm_split says, its message then
+   prefixed "pdp_mesh_create: dimension k's groups: "), then agrees that every rank
+   succeeded, as pdp_comm_split does (a rank that cannot allocate its mesh makes the others
+   fail with PDP_ERR_COMM naming it); a failed call leaves *out NULL and nothing allocated.
+   names name the dimensions for pdp_mesh_format, each 1..15 characters (names, or one of
+   them, may be NULL: dimension k is then "k").
+   PDP_ERR_INVALID, before any collective and the same on every rank: the sizes' product
+   is not world's size (the message names the sizes and world's size), ndim outside
+   1..PDP_MESH_MAX_DIMS, a size below 1, NULL world, sizes or out, a name empty or too
+   long. The mesh owns its groups, not world: free it (with its groups) before world. */
+#define PDP_MESH_MAX_DIMS 8
+typedef struct pdp_mesh pdp_mesh;
+PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes,
+                                   const char *const *names);
+PDP_API void pdp_mesh_free(pdp_mesh *m);
+/* Dimension dim's group: this rank's communicator along it (NULL for a dim outside
+   0..ndim-1 or a NULL m); and this rank's coordinate c_dim, its rank in that group (-1). */
+PDP_API pdp_comm *pdp_mesh_group(const pdp_mesh *m, int dim);
+PDP_API int pdp_mesh_coord(const pdp_mesh *m, int dim);
+/* The world ranks of dimension dim's group, in their order in the group, into ranks
+   (sizes[dim] ints; NULL: only the count). Returns their count (0 for a bad dim). */
+PDP_API int pdp_mesh_members(const pdp_mesh *m, int dim, int *ranks);
+/* This rank's place in the mesh, one line into buf: its world rank, its coordinates, then
+   each dimension's group, "rank 5 (DP 1, PP 0, TP 1): DP {1 5}  PP {5 7}  TP {4 5}".
+   PDP_ERR_INVALID when it does not fit (naming the bytes it needs), or for NULL m or buf. */
+PDP_API pdp_status pdp_mesh_format(const pdp_mesh *m, char *buf, size_t bytes);
+
 /* Completes a collective and recycles its handle (NULL is fine). The error of
    a failed collective is returned here, with its message. */
 PDP_API pdp_status pdp_work_wait(pdp_work *work);

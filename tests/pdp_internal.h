@@ -4522,6 +4522,36 @@ PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *
 
 /* PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **out) */
 
+/* ---- comm: process meshes ----
+   Dimension k's group is one pdp_comm_split of world: its colour is the group's first rank
+   (this rank with c_k = 0), the same for the ranks that differ in c_k alone and different
+   for every other group; its key is c_k, so the group ranks its members by c_k. */
+
+struct pdp_mesh {
+    int ndim, rank;                          /* rank: in world */
+    int size[PDP_MESH_MAX_DIMS], coord[PDP_MESH_MAX_DIMS], stride[PDP_MESH_MAX_DIMS];
+    char name[PDP_MESH_MAX_DIMS][16];
+    pdp_comm *group[PDP_MESH_MAX_DIMS];
+};
+
+/* PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes, const char *const *names) */
+
+/* PDP_API void pdp_mesh_free(pdp_mesh *m) */
+
+/* PDP_API pdp_comm *pdp_mesh_group(const pdp_mesh *m, int dim) */
+
+/* PDP_API int pdp_mesh_coord(const pdp_mesh *m, int dim) */
+
+/* The world rank of member i of dimension k's group: this rank with c_k = i */
+PDP__PRIVATE int pdp__mesh_member(const pdp_mesh *m, int k, int i);
+
+/* PDP_API int pdp_mesh_members(const pdp_mesh *m, int dim, int *ranks) */
+
+/* snprintf at buf + *n, where *n counts what the line needs so far, fitting or not */
+PDP__PRIVATE void pdp__mesh_put(char *buf, size_t bytes, size_t *n, const char *fmt, ...);
+
+/* PDP_API pdp_status pdp_mesh_format(const pdp_mesh *m, char *buf, size_t bytes) */
+
 /* PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root) */
 
 /* PDP_API pdp_status pdp_work_wait(pdp_work *w) */

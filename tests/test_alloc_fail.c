@@ -16,10 +16,10 @@
    every allocation from the k-th on failing (memory that stays short, so the error paths'
    own allocations fail too). Under `make sanitize` ASan also catches a double free or a
    read of freed memory on any of these paths.
-   Collective constructors (pdp_comm_split, DDP, ZeRO 1-3, pipelines, TP's first forward,
-   the TP and ZeRO checkpoint loads, saves and consolidation) run on 2 thread ranks: each
-   rank in turn counts its allocations in a run without failures, then fails each of them,
-   and leaves (frees its communicator) as soon as the call returns, except at its last
+   Collective constructors (pdp_comm_split, pdp_mesh_create, DDP, ZeRO 1-3, pipelines, TP's
+   first forward, the TP and ZeRO checkpoint loads, saves and consolidation) run on 2 thread
+   ranks: each rank in turn counts its allocations in a run without failures, then fails each
+   of them, and leaves (frees its communicator) as soon as the call returns, except at its last
    allocation (with only that one failing), where it holds its communicator, with a 0.3 s
    timeout, until the peer has returned. The peer must return an error too (never PDP_OK,
    never a hang), within the timeout plus slack; a failed wrap must leave each model whole
@@ -609,6 +609,7 @@ typedef struct rk {
     pdp_ddp *ddp;
     pdp_zero *z;
     pdp_pp *pp;
+    pdp_mesh *mesh;
     pdp_status setup_st, st;
     char msg[1024];
     long made;
@@ -679,6 +680,7 @@ static void *coll_main(void *arg)
         atomic_fetch_add(&coll_returned, 1);
     }
     pdp_pp_free(r->pp);
+    pdp_mesh_free(r->mesh);
     pdp_optim_free(r->o);
     pdp_zero_free(r->z);
     pdp_ddp_free(r->ddp);
@@ -696,6 +698,11 @@ static pdp_status cc_split(rk *r)
 {
     pdp_status st = pdp_comm_split(r->c, 0, r->world - r->rank, &r->sub);
     return OUT_NULL_ON_FAIL(st, r->sub);
+}
+static pdp_status cc_mesh(rk *r) /* two splits (groups of 2 and of 1), then the mesh */
+{
+    pdp_status st = pdp_mesh_create(&r->mesh, r->c, 2, (int[]){2, 1}, NULL);
+    return OUT_NULL_ON_FAIL(st, r->mesh);
 }
 static pdp_status cc_ddp(rk *r)
 {
@@ -887,6 +894,7 @@ static pdp_status cc_zero_consolidate(rk *r)
 
 static const coll_case coll_cases[] = {
     {"comm_split", "pdp_comm_split", WORLD, cs_none, cc_split, 0, 0},
+    {"mesh", "pdp_mesh_create", WORLD, cs_none, cc_mesh, 0, 0},
     {"ddp", "pdp_ddp_create", WORLD, cs_mlp, cc_ddp, 0, 0},
     {"zero_1", "pdp_zero_create", WORLD, cs_mlp, cc_zero1, 0, 0},
     {"zero_2", "pdp_zero_create", WORLD, cs_mlp, cc_zero2, 0, 0},

@@ -22,6 +22,7 @@
 #include "comm_conformance.h"
 
 #define MAXR 4
+#define MESH_MAXR 12 /* ranks of the largest mesh tested */
 
 /* ---- helpers: run one function on N rank threads ---- */
 
@@ -302,6 +303,173 @@ TEST comm_split_rejects_a_null_out_and_names_the_group(void)
     PASS();
 }
 
+/* ---- process meshes ----
+   The reference grid is built by counting, not by division: an odometer over the
+   coordinates, last dimension fastest, visits the ranks 0, 1, 2, ... in turn; a rank's group
+   along k is every rank whose coordinates equal its own except at k, in rank order. Each
+   rank then checks its mesh against it: coordinates, group sizes and ranks, the members,
+   the line pdp_mesh_format writes, and that each group's communicator joins exactly those
+   ranks (an all-gather of the world ranks over it). */
+
+typedef struct mesh_job {
+    int ndim, sizes[PDP_MESH_MAX_DIMS];
+    const char *const *names;
+    char why[MESH_MAXR][1100]; /* a rank's first mismatch, "" when none */
+} mesh_job;
+
+static const char *mesh_name(const mesh_job *j, int k)
+{
+    static const char *const number[PDP_MESH_MAX_DIMS] = {"0", "1", "2", "3", "4", "5", "6", "7"};
+    return j->names && j->names[k] ? j->names[k] : number[k];
+}
+
+/* coords[q * ndim + k]: rank q's coordinate along k, by the odometer */
+static int mesh_reference(const mesh_job *j, int *coords)
+{
+    int c[PDP_MESH_MAX_DIMS] = {0}, q = 0, k;
+    for (;;) {
+        memcpy(coords + q * j->ndim, c, (size_t)j->ndim * sizeof *c);
+        q++;
+        for (k = j->ndim - 1; k >= 0 && ++c[k] == j->sizes[k]; k--) c[k] = 0;
+        if (k < 0) return q;
+    }
+}
+
+static pdp_status mesh_check_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    mesh_job *j = (mesh_job *)user;
+    char *why = j->why[ctx->rank], line[512], want[512];
+    size_t wn = sizeof j->why[0];
+    int coords[MESH_MAXR * PDP_MESH_MAX_DIMS], members[MESH_MAXR];
+    int r = ctx->rank, n = mesh_reference(j, coords), k, q, len;
+    int *me = coords + r * j->ndim;
+    float got[MESH_MAXR], mine = (float)r;
+    pdp_mesh *m = NULL;
+    pdp_status st = pdp_mesh_create(&m, ctx->world, j->ndim, j->sizes, j->names);
+    if (st != PDP_OK) return st;
+    if (n != ctx->world_size) snprintf(why, wn, "the odometer counted %d ranks", n);
+    len = snprintf(want, sizeof want, "rank %d (", r);
+    for (k = 0; k < j->ndim; k++)
+        len += snprintf(want + len, sizeof want - (size_t)len, "%s%s %d", k ? ", " : "",
+                        mesh_name(j, k), me[k]);
+    len += snprintf(want + len, sizeof want - (size_t)len, "):");
+    for (k = 0; k < j->ndim && !*why; k++) {
+        pdp_comm *g = pdp_mesh_group(m, k);
+        int ref[MESH_MAXR], count = 0, i;
+        for (q = 0; q < n; q++) { /* the ranks that differ from r at k alone */
+            int same = 1;
+            for (i = 0; i < j->ndim; i++) same &= i == k || coords[q * j->ndim + i] == me[i];
+            if (same) ref[count++] = q;
+        }
+        len += snprintf(want + len, sizeof want - (size_t)len, "%s%s {", k ? "  " : " ",
+                        mesh_name(j, k));
+        for (i = 0; i < count; i++)
+            len += snprintf(want + len, sizeof want - (size_t)len, i ? " %d" : "%d", ref[i]);
+        len += snprintf(want + len, sizeof want - (size_t)len, "}");
+        if (pdp_mesh_coord(m, k) != me[k] || pdp_comm_rank(g) != me[k] ||
+            pdp_comm_size(g) != count || pdp_mesh_members(m, k, NULL) != count) {
+            snprintf(why, wn, "rank %d dim %d: coord %d, group rank %d of %d, want %d of %d", r, k,
+                     pdp_mesh_coord(m, k), pdp_comm_rank(g), pdp_comm_size(g), me[k], count);
+            break;
+        }
+        pdp_mesh_members(m, k, members);
+        if ((st = pdp_comm_allgather(g, &mine, got, 1, NULL)) != PDP_OK) break;
+        for (i = 0; i < count && !*why; i++)
+            if (members[i] != ref[i] || got[i] != (float)ref[i])
+                snprintf(why, wn, "rank %d dim %d member %d: pdp_mesh_members %d, the group's "
+                         "all-gather %g, want %d", r, k, i, members[i], (double)got[i], ref[i]);
+    }
+    if (st == PDP_OK && !*why) {
+        if ((st = pdp_mesh_format(m, line, sizeof line)) == PDP_OK && strcmp(line, want))
+            snprintf(why, wn, "format '%s', want '%s'", line, want);
+        if (pdp_mesh_group(m, j->ndim) || pdp_mesh_group(m, -1) ||
+            pdp_mesh_coord(m, j->ndim) != -1 || pdp_mesh_members(m, -1, NULL) != 0)
+            snprintf(why, wn, "rank %d: a dimension outside 0..%d answered", r, j->ndim - 1);
+    }
+    pdp_mesh_free(m);
+    return st;
+}
+
+TEST comm_mesh_groups_match_a_counted_grid(void)
+{
+    static const char *const dpt[] = {"DP", "PP", "TP"};
+    static const mesh_job shapes[] = {
+        {3, {2, 3, 2}, dpt, {{0}}},   /* 12 ranks, the middle dimension odd */
+        {3, {2, 2, 2}, dpt, {{0}}},   /* train_gpt_3d's */
+        {4, {1, 3, 1, 2}, NULL, {{0}}}, /* dimensions of size 1, unnamed */
+        {1, {5}, NULL, {{0}}},        /* one dimension: the whole world */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        static mesh_job j;
+        int np = 1;
+        j = shapes[i];
+        for (int k = 0; k < j.ndim; k++) np *= j.sizes[k];
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(np, NULL, mesh_check_rank, &j),
+                        pdp_status_name);
+        for (int r = 0; r < np; r++) ASSERT_STR_EQ("", j.why[r]);
+    }
+    PASS();
+}
+
+/* Bad dimensions fail before any collective, on every rank, naming the sizes and the
+   world's size; a line that does not fit names the bytes it needs. */
+static pdp_status mesh_wrong_world_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    pdp_mesh *m = (pdp_mesh *)ctx; /* must come back NULL */
+    pdp_status st = pdp_mesh_create(&m, ctx->world, 3, (int[]){2, 2, 2},
+                                    (const char *[]){"DP", "PP", "TP"});
+    (void)user;
+    return st == PDP_ERR_INVALID && m != NULL ? PDP_ERR_STATE : st;
+}
+
+TEST comm_mesh_rejects_bad_dimensions(void)
+{
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_mesh *m = (pdp_mesh *)&g; /* reset to NULL on failure */
+    char line[64];
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_launch(6, NULL, mesh_wrong_world_rank, NULL),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), " of 6: pdp_mesh_create: DP 2 x PP 2 x TP 2 makes 8 ranks, "
+                  "but comm 'world' has 6") != NULL);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, c, 2, (int[]){1, 2}, NULL),
+                   pdp_status_name);
+    ASSERT(m == NULL);
+    ASSERT_STR_EQ("pdp_mesh_create: 1 x 2 makes 2 ranks, but comm 'comm' has 1",
+                  pdp_last_error());
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, c, 2, (int[]){1, 0}, NULL),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "1 x 0: dimension 1 has size 0") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, c, 0, (int[]){1}, NULL), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "0 dimensions; a mesh has 1..8") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, c, PDP_MESH_MAX_DIMS + 1,
+                   (int[PDP_MESH_MAX_DIMS + 1]){1, 1, 1, 1, 1, 1, 1, 1, 1}, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, c, 1, (int[]){1},
+                   (const char *[]){"sixteen_letters_"}), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "dimension 0's name 'sixteen_letters_' has 16") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, c, 1, NULL, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, NULL, 1, (int[]){1}, NULL),
+                   pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(NULL, c, 1, (int[]){1}, NULL),
+                   pdp_status_name);
+    ASSERT(m == NULL);
+    /* one rank, 1 x 1: "rank 0 (0 0, x 0): 0 {0}  x {0}" needs 32 bytes */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_mesh_create(&m, c, 2, (int[]){1, 1}, (const char *[]){NULL, "x"}),
+                   pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_format(m, line, 31), pdp_status_name);
+    ASSERT_STR_EQ("pdp_mesh_format: rank 0's line needs 32 bytes, buf has 31", pdp_last_error());
+    ASSERT_ENUM_EQ(PDP_OK, pdp_mesh_format(m, line, 32), pdp_status_name);
+    ASSERT_STR_EQ("rank 0 (0 0, x 0): 0 {0}  x {0}", line);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_format(NULL, line, sizeof line), pdp_status_name);
+    pdp_mesh_free(m);
+    pdp_mesh_free(NULL);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
 SUITE(comm)
 {
     RUN_TEST(comm_16bit_conversions_round_to_nearest_even);
@@ -310,6 +478,8 @@ SUITE(comm)
     RUN_TEST(comm_rejects_bad_arguments);
     RUN_TEST(comm_desc_timeout_rule);
     RUN_TEST(comm_split_rejects_a_null_out_and_names_the_group);
+    RUN_TEST(comm_mesh_groups_match_a_counted_grid);
+    RUN_TEST(comm_mesh_rejects_bad_dimensions);
 }
 
 /* ---- the conformance suite (tests/comm_conformance.h) on thread ranks ---- */
