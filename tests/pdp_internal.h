@@ -4958,10 +4958,43 @@ PDP__PRIVATE void pdp__layers_norm_wgrad(const float *PDP__RESTRICT dy,
                                          float *PDP__RESTRICT dw, float *PDP__RESTRICT db,
                                          int64_t n);
 
-/* dx = rstd (dy w - mg - xh mgx) */
-PDP__PRIVATE void pdp__layers_norm_dx(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT w,
-                                      const float *PDP__RESTRICT x, float mean, float rstd,
-                                      float mg, float mgx, float *PDP__RESTRICT dx, int64_t n);
+/* dx = rstd (dy w - mg - xh mgx), and dw, db as pdp__layers_norm_wgrad, in one pass */
+PDP__PRIVATE void pdp__layers_norm_dx_wgrad(const float *PDP__RESTRICT dy,
+                                            const float *PDP__RESTRICT w,
+                                            const float *PDP__RESTRICT x, float mean, float rstd,
+                                            float mg, float mgx, float *PDP__RESTRICT dx,
+                                            float *PDP__RESTRICT dw, float *PDP__RESTRICT db,
+                                            int64_t n);
+
+/* dw += share's first n floats, db += its next n */
+PDP__PRIVATE void pdp__layers_norm_add_share(const float *PDP__RESTRICT share,
+                                             float *PDP__RESTRICT dw, float *PDP__RESTRICT db,
+                                             int64_t n);
+
+/* Backward by chunks of rows. Each chunk sums its rows' dw and db terms in row order into
+   its own share, computing dx on the way (one pass over dy and x); then the shares are added
+   to dw and db in chunk order. The chunk count depends on the shape only, never on the
+   thread count, so neither do the bits. One chunk (layers under PDP__ELEMWISE_PAR_MIN floats,
+   which run on one thread anyway) sums straight into dw and db. Otherwise the most chunks,
+   a power of two (so that 2 or 4 threads get equal work) up to PDP__LN_CHUNKS, of at least
+   PDP__LN_CHUNK_FLOATS floats each: adding a chunk's share costs 2 n floats against its
+   >= 2 x 16384 read, and the shares (2 n floats per chunk) live in io->work. At the GPT
+   bench's 2048 rows of 384: 32 chunks of 64 rows.
+   (The features split of dw and db this replaced read each row's half per thread in a pass
+   of its own: at 2048 x 384 it took 0.22 ms on one thread and 0.42 ms on two.) */
+#ifndef PDP__LN_CHUNKS
+#  define PDP__LN_CHUNKS 64
+#endif
+#ifndef PDP__LN_CHUNK_FLOATS
+#  define PDP__LN_CHUNK_FLOATS 16384
+#endif
+
+PDP__PRIVATE int64_t pdp__layernorm_chunks(int64_t rows, int64_t n);
+
+/* io->work's floats per sample for the shares: with k > 1 chunks, k <= rows n / CF <=
+   rows / q for q = floor(CF / n) (at least 1: then k <= rows), so the k shares' 2 n k floats
+   are at most batch 2 n positions / q. */
+PDP__PRIVATE int64_t pdp__layernorm_work(const pdp__layer *l);
 
 PDP__PRIVATE pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 
@@ -4973,32 +5006,27 @@ PDP__PRIVATE void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, p
 PDP__PRIVATE void pdp__layernorm_forward_rows(const pdp__layer *l, const pdp__layer_io *io,
                                               int64_t n, int64_t lo, int64_t hi);
 
-/* With xh = (x - mean) rstd and g = dy w:
-   dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy. */
-PDP__PRIVATE void pdp__layernorm_dx_rows(const pdp__layer_io *io, int64_t n, int64_t lo,
-                                         int64_t hi);
+/* Rows [lo, hi), dw and db summed into dw, db (of n floats): with xh = (x - mean) rstd and
+   g = dy w, dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy. */
+PDP__PRIVATE void pdp__layernorm_backward_rows(const pdp__layer_io *io, int64_t n, int64_t lo,
+                                               int64_t hi, float *dw, float *db);
 
-/* dw and db, features [lo, hi), summed over every row in row order. */
-PDP__PRIVATE void pdp__layernorm_wgrad_cols(const pdp__layer_io *io, int64_t rows, int64_t n,
-                                            int64_t lo, int64_t hi);
-
-/* The intra-op threads split the forward and dx by rows (each row whole) and dw, db by
-   features (each summed over the rows in order), so the bits do not depend on the thread
-   count; small layers (under PDP__ELEMWISE_PAR_MIN floats) stay on the caller. */
+/* The intra-op threads split the forward by rows (each row whole) and the backward by
+   chunks (whole chunks), so the bits do not depend on the thread count; small layers
+   (under PDP__ELEMWISE_PAR_MIN floats) stay on the caller. */
 typedef struct pdp__ln_job {
     const pdp__layer *l;
     const pdp__layer_io *io;
-    int64_t rows, n;
+    int64_t rows, n, chunks;
 } pdp__ln_job;
 
 PDP__PRIVATE int pdp__layernorm_parts(int64_t rows, int64_t n, int64_t items);
 
 PDP__PRIVATE void pdp__layernorm_forward_part(void *arg, int i, int parts);
 
-PDP__PRIVATE void pdp__layernorm_dx_part(void *arg, int i, int parts);
-
-/* features in blocks of 16 (whole vectors), the last part takes the rest */
-PDP__PRIVATE void pdp__layernorm_wgrad_part(void *arg, int i, int parts);
+/* chunks [c0, c1) of the k: chunk c holds rows [rows c / k, rows (c + 1) / k), and its share
+   is io->work's 2 n floats from 2 n c (dw's, then db's) */
+PDP__PRIVATE void pdp__layernorm_backward_part(void *arg, int i, int parts);
 
 PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io);
 
