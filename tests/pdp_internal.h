@@ -5879,7 +5879,8 @@ PDP__PRIVATE pdp_status pdp__tp_seq_reduce_scatter_forward(const pdp__layer *l,
    bias gradients over them go to the workspace, one all-reduce over TP sums the ranks'
    (Megatron-LM sums the same gradients, once a step), and the sum is added to dw and db,
    so every rank accumulates the full sequence's gradient, the same bits, before any
-   executor hears that the gradient is ready. */
+   executor hears that the gradient is ready. The layer's own workspace (LayerNorm's chunk
+   shares) follows them (pdp__tp_mark_sequence sizes the sum). */
 PDP__PRIVATE pdp_status pdp__tp_seq_backward(const pdp__layer *l, const pdp__layer_io *io,
                                              pdp_status (*backward)(const pdp__layer *,
                                                                     const pdp__layer_io *));
@@ -8264,8 +8265,8 @@ PDP__PRIVATE pdp_status pdp__tp_add_sequence(pdp_model *m, pdp__layer_kind kind,
 /* Marks the layers between a scatter (ScatterTo- or ReduceScatterToSequenceParallelRegion)
    and the next GatherFromSequenceParallelRegion as acting on this rank's positions
    (tp_seq, internal.h): their Dropout masks keyed from the slice's first element, their
-   parameters' gradients summed over TP in backward, in a workspace at least as large as
-   those parameters. Called by the builder once its last layer is added. */
+   parameters' gradients summed over TP in backward, in the workspace ahead of what the
+   layer itself uses there. Called by the builder once its last layer is added. */
 PDP__PRIVATE void pdp__tp_mark_sequence(pdp_model *m);
 
 /* PDP_API void pdp_tp_get_stats(const pdp_model *m, pdp_tp_stats *out) */
