@@ -4734,6 +4734,40 @@ PDP__PRIVATE pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes 
 #  define PDP__ELEMWISE_PAR_MIN 262144
 #endif
 
+/* Sums over a batch's rows (a LayerNorm's dw and db, a Linear's db) by chunks of rows. Each
+   chunk sums its rows in row order into its own share; then the shares are added in chunk
+   order. The chunk count depends on the shape only, never on the thread count, so neither
+   do the bits. One chunk (under PDP__ELEMWISE_PAR_MIN floats, which run on one thread
+   anyway) sums straight into the result. Otherwise the most chunks, a power of two (so
+   that 2 or 4 threads get equal work) up to PDP__SUM_CHUNKS, of at least
+   PDP__SUM_CHUNK_FLOATS floats each, so that adding a share (its row's length) costs little
+   beside its chunk's pass; the shares live in io->work. At bench/gpt's machine-sized model
+   (2048 rows of 384 to 1536): 32 chunks of 64 rows, 16 a thread on 2.
+   Splitting the threads by rows, not by columns (each thread its columns of every row), is
+   also what lets 2 threads go twice as fast on a 2-core Sapphire Rapids (Intel Xeon, 2
+   cores; 64-byte aligned buffers, 2048 rows, medians of 100 calls): by columns, LayerNorm's
+   dw and db over 384 took 0.22 ms on one thread and 0.31-0.32 ms on two, a fused GELU's
+   backward over 1536 columns (with db) 2.22-2.35 and 1.75-1.89 ms; by rows, that GELU
+   backward 2.25-2.41 and 1.08-1.09 ms. */
+#ifndef PDP__SUM_CHUNKS
+#  define PDP__SUM_CHUNKS 64
+#endif
+#ifndef PDP__SUM_CHUNK_FLOATS
+#  define PDP__SUM_CHUNK_FLOATS 16384
+#endif
+
+/* The chunks of rows x n floats. */
+PDP__PRIVATE int64_t pdp__layers_chunks(int64_t rows, int64_t n);
+
+/* io->work's floats per sample for the shares of `share` floats each, for samples of
+   `positions` rows of n: with k > 1 chunks, k <= rows n / CF <= rows / q for q = floor(CF /
+   n) (at least 1: then k <= rows), so the k shares are at most batch positions share / q
+   floats. */
+PDP__PRIVATE int64_t pdp__layers_shares_work(int64_t n, int64_t positions, int64_t share);
+
+/* Intra-op parts for rows x n floats in `items` pieces: 1 below PDP__ELEMWISE_PAR_MIN. */
+PDP__PRIVATE int pdp__layers_parts(int64_t rows, int64_t n, int64_t items);
+
 /* ---- layers: Linear ---- */
 
 /* Rows a per-position kind acts on in a batch: batch x T for [T, C] samples. */
@@ -4774,17 +4808,19 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
    Rapids, moved from 75-77 to 73-80 ms on 2 threads and from 132-138 to 132-136 ms on one
    (inside the runs' spread; an earlier, busier set gave 69-72 -> 64-68 ms on 2 threads).
 
-   Column passes (pdp__linear_cols_run): the ReLU's, the bias copied into every row
-   before the GEMM, db's sums without a ReLU. Large batches split the columns into
-   ranges of 16 over the intra-op threads: each column's sum keeps its order, so the
-   bits do not depend on the thread count. The bias and db passes write and read
-   batch x out floats each (28 MB a block at bench/gpt's machine-sized model), which
-   one thread alone would have to stream while the other waits. */
-typedef struct pdp__linear_cols_job {
+   Row passes (pdp__linear_rows_run): the ReLU's and the GELU's, the bias copied into every
+   row before the GEMM, db's sums without either. Large batches split the rows, in
+   pdp__layers_chunks's chunks, over the intra-op threads; db is summed in each chunk's share
+   of io->work (after the batch x out floats of the masked dy), the shares then added in
+   chunk order, so the bits do not depend on the thread count. The bias and db passes write
+   and read batch x out floats each (28 MB a block at bench/gpt's machine-sized model),
+   which one thread alone would have to stream while the other waits. */
+typedef struct pdp__linear_rows_job {
     const pdp__layer_io *io;
-    int64_t out;
-    void (*cols)(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1);
-} pdp__linear_cols_job;
+    int64_t out, chunks;
+    float *shares; /* the chunks' db shares, out floats each; NULL: into io->db */
+    void (*rows)(const pdp__layer_io *io, int64_t out, int64_t r0, int64_t r1, float *db);
+} pdp__linear_rows_job;
 
 PDP__PRIVATE void pdp__layers_relu_inplace(float *PDP__RESTRICT y, int64_t n);
 
@@ -4793,31 +4829,37 @@ PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy,
                                             const float *PDP__RESTRICT y, float *PDP__RESTRICT dz,
                                             float *PDP__RESTRICT db, int64_t n);
 
-PDP__PRIVATE void pdp__linear_relu_forward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
-                                                int64_t c1);
+/* Rows [r0, r1) of each pass; db (a chunk's share or io->db) is NULL when io->db is. */
+PDP__PRIVATE void pdp__linear_relu_forward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
+                                                int64_t r1, float *db);
 
-PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
-                                                 int64_t c1);
+PDP__PRIVATE void pdp__linear_relu_backward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
+                                                 int64_t r1, float *db);
 
-/* gelu_y = gelu(y), row by row (after a product that did not apply it) */
-PDP__PRIVATE void pdp__linear_gelu_forward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
-                                                int64_t c1);
+/* gelu_y = gelu(y) (after a product that did not apply it) */
+PDP__PRIVATE void pdp__linear_gelu_forward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
+                                                int64_t r1, float *db);
 
 /* dz = dy gelu'(y) into work (the GELU's backward), db += dz, row by row */
-PDP__PRIVATE void pdp__linear_gelu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
-                                                 int64_t c1);
+PDP__PRIVATE void pdp__linear_gelu_backward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
+                                                 int64_t r1, float *db);
 
 /* y's rows = b (the GEMM adds x W^T next, beta 1) */
-PDP__PRIVATE void pdp__linear_bias_cols(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1);
+PDP__PRIVATE void pdp__linear_bias_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
+                                        int64_t r1, float *db);
 
-/* db += column sums of dY, sample by sample */
-PDP__PRIVATE void pdp__linear_db_cols(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1);
+/* db += dY's rows, row by row */
+PDP__PRIVATE void pdp__linear_db_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
+                                      int64_t r1, float *db);
 
-PDP__PRIVATE void pdp__linear_cols_part(void *arg, int i, int parts);
+/* chunks [c0, c1) of the k: chunk c holds rows [batch c / k, batch (c + 1) / k) */
+PDP__PRIVATE void pdp__linear_rows_part(void *arg, int i, int parts);
 
-PDP__PRIVATE void pdp__linear_cols_run(const pdp__layer *l, const pdp__layer_io *io,
-                                       void (*cols)(const pdp__layer_io *, int64_t, int64_t,
-                                                    int64_t));
+/* One pass over the rows; `sums`: the pass adds to db (then through the chunks' shares). */
+PDP__PRIVATE void pdp__linear_rows_run(const pdp__layer *l, const pdp__layer_io *io,
+                                       void (*rows)(const pdp__layer_io *, int64_t, int64_t,
+                                                    int64_t, float *),
+                                       bool sums);
 
 /* io for the GEMMs: a [T, C] sample's T rows as rows of the batch */
 PDP__PRIVATE const pdp__layer_io *pdp__linear_rows_io(const pdp__layer *l, const pdp__layer_io *io,
@@ -4971,29 +5013,7 @@ PDP__PRIVATE void pdp__layers_norm_add_share(const float *PDP__RESTRICT share,
                                              float *PDP__RESTRICT dw, float *PDP__RESTRICT db,
                                              int64_t n);
 
-/* Backward by chunks of rows. Each chunk sums its rows' dw and db terms in row order into
-   its own share, computing dx on the way (one pass over dy and x); then the shares are added
-   to dw and db in chunk order. The chunk count depends on the shape only, never on the
-   thread count, so neither do the bits. One chunk (layers under PDP__ELEMWISE_PAR_MIN floats,
-   which run on one thread anyway) sums straight into dw and db. Otherwise the most chunks,
-   a power of two (so that 2 or 4 threads get equal work) up to PDP__LN_CHUNKS, of at least
-   PDP__LN_CHUNK_FLOATS floats each: adding a chunk's share costs 2 n floats against its
-   >= 2 x 16384 read, and the shares (2 n floats per chunk) live in io->work. At the GPT
-   bench's 2048 rows of 384: 32 chunks of 64 rows.
-   (The features split of dw and db this replaced read each row's half per thread in a pass
-   of its own: at 2048 x 384 it took 0.22 ms on one thread and 0.42 ms on two.) */
-#ifndef PDP__LN_CHUNKS
-#  define PDP__LN_CHUNKS 64
-#endif
-#ifndef PDP__LN_CHUNK_FLOATS
-#  define PDP__LN_CHUNK_FLOATS 16384
-#endif
-
-PDP__PRIVATE int64_t pdp__layernorm_chunks(int64_t rows, int64_t n);
-
-/* io->work's floats per sample for the shares: with k > 1 chunks, k <= rows n / CF <=
-   rows / q for q = floor(CF / n) (at least 1: then k <= rows), so the k shares' 2 n k floats
-   are at most batch 2 n positions / q. */
+/* io->work's floats per sample: backward's chunk shares (pdp__layers_chunks), 2 n each. */
 PDP__PRIVATE int64_t pdp__layernorm_work(const pdp__layer *l);
 
 PDP__PRIVATE pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
@@ -5012,15 +5032,14 @@ PDP__PRIVATE void pdp__layernorm_backward_rows(const pdp__layer_io *io, int64_t 
                                                int64_t hi, float *dw, float *db);
 
 /* The intra-op threads split the forward by rows (each row whole) and the backward by
-   chunks (whole chunks), so the bits do not depend on the thread count; small layers
+   chunks of rows (pdp__layers_chunks: dx on the way, dw and db into the chunk's share, in
+   one pass over dy and x), so the bits do not depend on the thread count; small layers
    (under PDP__ELEMWISE_PAR_MIN floats) stay on the caller. */
 typedef struct pdp__ln_job {
     const pdp__layer *l;
     const pdp__layer_io *io;
     int64_t rows, n, chunks;
 } pdp__ln_job;
-
-PDP__PRIVATE int pdp__layernorm_parts(int64_t rows, int64_t n, int64_t items);
 
 PDP__PRIVATE void pdp__layernorm_forward_part(void *arg, int i, int parts);
 

@@ -709,7 +709,7 @@ TEST gpt_layernorm_threads_bit_identical(void)
                     memset(&l, 0, sizeof l);
                     l.in_count = T * C;
                     l.positions = T; /* T 1: a (F) sample, one row */
-                    k = pdp__layernorm_chunks(B * T, C); /* 1: no shares */
+                    k = pdp__layers_chunks(B * T, C); /* 1: no shares */
                     ASSERT(k == 1 || 2 * C * k <= B * pdp__layernorm_work(&l));
                     chunked += k > 1;
                 }
