@@ -486,6 +486,56 @@ PDP__PRIVATE pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes 
 #  define PDP__ELEMWISE_PAR_MIN 262144
 #endif
 
+/* Sums over a batch's rows (a LayerNorm's dw and db, a Linear's db) by chunks of rows. Each
+   chunk sums its rows in row order into its own share; then the shares are added in chunk
+   order. The chunk count depends on the shape only, never on the thread count, so neither
+   do the bits. One chunk (under PDP__ELEMWISE_PAR_MIN floats, which run on one thread
+   anyway) sums straight into the result. Otherwise the most chunks, a power of two (so
+   that 2 or 4 threads get equal work) up to PDP__SUM_CHUNKS, of at least
+   PDP__SUM_CHUNK_FLOATS floats each, so that adding a share (its row's length) costs little
+   beside its chunk's pass; the shares live in io->work. At bench/gpt's machine-sized model
+   (2048 rows of 384 to 1536): 32 chunks of 64 rows, 16 a thread on 2.
+   Splitting the threads by rows, not by columns (each thread its columns of every row), is
+   also what lets 2 threads go twice as fast on a 2-core Sapphire Rapids (Intel Xeon, 2
+   cores; 64-byte aligned buffers, 2048 rows, medians of 100 calls): by columns, LayerNorm's
+   dw and db over 384 took 0.22 ms on one thread and 0.31-0.32 ms on two, a fused GELU's
+   backward over 1536 columns (with db) 2.22-2.35 and 1.75-1.89 ms; by rows, that GELU
+   backward 2.25-2.41 and 1.08-1.09 ms. */
+#ifndef PDP__SUM_CHUNKS
+#  define PDP__SUM_CHUNKS 64
+#endif
+#ifndef PDP__SUM_CHUNK_FLOATS
+#  define PDP__SUM_CHUNK_FLOATS 16384
+#endif
+
+/* The chunks of rows x n floats. */
+PDP__PRIVATE int64_t pdp__layers_chunks(int64_t rows, int64_t n)
+{
+    int64_t k = 1;
+    if (rows * n < PDP__ELEMWISE_PAR_MIN) return 1;
+    while (2 * k <= PDP__SUM_CHUNKS && 2 * k <= rows &&
+           rows * n / (2 * k) >= PDP__SUM_CHUNK_FLOATS)
+        k *= 2;
+    return k;
+}
+
+/* io->work's floats per sample for the shares of `share` floats each, for samples of
+   `positions` rows of n: with k > 1 chunks, k <= rows n / CF <= rows / q for q = floor(CF /
+   n) (at least 1: then k <= rows), so the k shares are at most batch positions share / q
+   floats. */
+PDP__PRIVATE int64_t pdp__layers_shares_work(int64_t n, int64_t positions, int64_t share)
+{
+    int64_t q = PDP__MAX((int64_t)1, PDP__SUM_CHUNK_FLOATS / n);
+    return (positions * share + q - 1) / q;
+}
+
+/* Intra-op parts for rows x n floats in `items` pieces: 1 below PDP__ELEMWISE_PAR_MIN. */
+PDP__PRIVATE int pdp__layers_parts(int64_t rows, int64_t n, int64_t items)
+{
+    if (rows * n < PDP__ELEMWISE_PAR_MIN) return 1;
+    return (int)PDP__MAX((int64_t)1, PDP__MIN((int64_t)pdp__threads_for_caller(), items));
+}
+
 /* ---- layers: Linear ---- */
 
 /* Rows a per-position kind acts on in a batch: batch x T for [T, C] samples. */
@@ -530,7 +580,9 @@ PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, 
     ps->wndim = 2;
     ps->bshape[0] = l->out_features;
     ps->bndim = 1;
-    l->work_per_sample = l->out_features * l->positions; /* a fused ReLU's or GELU's dy */
+    l->work_per_sample = l->out_features * l->positions + /* a fused ReLU's or GELU's dy, */
+                         pdp__layers_shares_work(l->out_features, l->positions,
+                                                 l->out_features); /* then db's shares */
     return PDP_OK;
 }
 
@@ -564,17 +616,19 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
    Rapids, moved from 75-77 to 73-80 ms on 2 threads and from 132-138 to 132-136 ms on one
    (inside the runs' spread; an earlier, busier set gave 69-72 -> 64-68 ms on 2 threads).
 
-   Column passes (pdp__linear_cols_run): the ReLU's, the bias copied into every row
-   before the GEMM, db's sums without a ReLU. Large batches split the columns into
-   ranges of 16 over the intra-op threads: each column's sum keeps its order, so the
-   bits do not depend on the thread count. The bias and db passes write and read
-   batch x out floats each (28 MB a block at bench/gpt's machine-sized model), which
-   one thread alone would have to stream while the other waits. */
-typedef struct pdp__linear_cols_job {
+   Row passes (pdp__linear_rows_run): the ReLU's and the GELU's, the bias copied into every
+   row before the GEMM, db's sums without either. Large batches split the rows, in
+   pdp__layers_chunks's chunks, over the intra-op threads; db is summed in each chunk's share
+   of io->work (after the batch x out floats of the masked dy), the shares then added in
+   chunk order, so the bits do not depend on the thread count. The bias and db passes write
+   and read batch x out floats each (28 MB a block at bench/gpt's machine-sized model),
+   which one thread alone would have to stream while the other waits. */
+typedef struct pdp__linear_rows_job {
     const pdp__layer_io *io;
-    int64_t out;
-    void (*cols)(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1);
-} pdp__linear_cols_job;
+    int64_t out, chunks;
+    float *shares; /* the chunks' db shares, out floats each; NULL: into io->db */
+    void (*rows)(const pdp__layer_io *io, int64_t out, int64_t r0, int64_t r1, float *db);
+} pdp__linear_rows_job;
 
 PDP__PRIVATE void pdp__layers_relu_inplace(float *PDP__RESTRICT y, int64_t n)
 {
@@ -593,83 +647,98 @@ PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy,
     });
 }
 
-PDP__PRIVATE void pdp__linear_relu_forward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
-                                                int64_t c1)
+/* Rows [r0, r1) of each pass; db (a chunk's share or io->db) is NULL when io->db is. */
+PDP__PRIVATE void pdp__linear_relu_forward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
+                                                int64_t r1, float *db)
 {
-    int64_t i;
-    for (i = 0; i < io->batch; i++) pdp__layers_relu_inplace(io->y + i * out + c0, c1 - c0);
+    (void)db;
+    pdp__layers_relu_inplace(io->y + r0 * out, (r1 - r0) * out);
 }
 
-PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
-                                                 int64_t c1)
+PDP__PRIVATE void pdp__linear_relu_backward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
+                                                 int64_t r1, float *db)
 {
     int64_t i, at;
-    for (i = 0; i < io->batch; i++) {
-        at = i * out + c0;
-        if (io->db)
-            pdp__layers_relu_grad_sum(io->dy + at, io->y + at, io->work + at, io->db + c0, c1 - c0);
+    for (i = r0; i < r1; i++) {
+        at = i * out;
+        if (db)
+            pdp__layers_relu_grad_sum(io->dy + at, io->y + at, io->work + at, db, out);
         else
-            pdp__layers_relu_grad(io->dy + at, io->y + at, io->work + at, c1 - c0);
+            pdp__layers_relu_grad(io->dy + at, io->y + at, io->work + at, out);
     }
 }
 
-/* gelu_y = gelu(y), row by row (after a product that did not apply it) */
-PDP__PRIVATE void pdp__linear_gelu_forward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
-                                                int64_t c1)
+/* gelu_y = gelu(y) (after a product that did not apply it) */
+PDP__PRIVATE void pdp__linear_gelu_forward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
+                                                int64_t r1, float *db)
 {
-    pdp__layers_gelu_simd_rows(pdp__layers_simd(), io->y + c0, NULL, io->gelu_y + c0, c1 - c0,
-                               io->batch, out);
+    (void)db;
+    pdp__layers_gelu_simd_rows(pdp__layers_simd(), io->y + r0 * out, NULL, io->gelu_y + r0 * out,
+                               out, r1 - r0, out);
 }
 
 /* dz = dy gelu'(y) into work (the GELU's backward), db += dz, row by row */
-PDP__PRIVATE void pdp__linear_gelu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
-                                                 int64_t c1)
+PDP__PRIVATE void pdp__linear_gelu_backward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
+                                                 int64_t r1, float *db)
 {
     int simd = pdp__layers_simd();
     int64_t i, at;
-    for (i = 0; i < io->batch; i++) {
-        at = i * out + c0;
-        pdp__layers_gelu_simd_run(simd, io->y + at, io->dy + at, io->work + at, c1 - c0);
-        if (io->db) pdp__layers_add(io->db + c0, io->work + at, c1 - c0);
+    for (i = r0; i < r1; i++) {
+        at = i * out;
+        pdp__layers_gelu_simd_run(simd, io->y + at, io->dy + at, io->work + at, out);
+        if (db) pdp__layers_add(db, io->work + at, out);
     }
 }
 
 /* y's rows = b (the GEMM adds x W^T next, beta 1) */
-PDP__PRIVATE void pdp__linear_bias_cols(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1)
+PDP__PRIVATE void pdp__linear_bias_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
+                                        int64_t r1, float *db)
 {
     int64_t i;
-    for (i = 0; i < io->batch; i++)
-        memcpy(io->y + i * out + c0, io->b + c0, (size_t)(c1 - c0) * sizeof(float));
+    (void)db;
+    for (i = r0; i < r1; i++) memcpy(io->y + i * out, io->b, (size_t)out * sizeof(float));
 }
 
-/* db += column sums of dY, sample by sample */
-PDP__PRIVATE void pdp__linear_db_cols(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1)
+/* db += dY's rows, row by row */
+PDP__PRIVATE void pdp__linear_db_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
+                                      int64_t r1, float *db)
 {
     int64_t i;
-    for (i = 0; i < io->batch; i++) pdp__layers_add(io->db + c0, io->dy + i * out + c0, c1 - c0);
+    for (i = r0; i < r1; i++) pdp__layers_add(db, io->dy + i * out, out);
 }
 
-PDP__PRIVATE void pdp__linear_cols_part(void *arg, int i, int parts)
+/* chunks [c0, c1) of the k: chunk c holds rows [batch c / k, batch (c + 1) / k) */
+PDP__PRIVATE void pdp__linear_rows_part(void *arg, int i, int parts)
 {
-    const pdp__linear_cols_job *job = (const pdp__linear_cols_job *)arg;
-    int64_t blocks = (job->out + 15) / 16;
-    int64_t c0 = PDP__MIN(job->out, blocks * i / parts * 16);
-    int64_t c1 = PDP__MIN(job->out, blocks * (i + 1) / parts * 16);
-    if (c0 < c1) job->cols(job->io, job->out, c0, c1);
+    const pdp__linear_rows_job *job = (const pdp__linear_rows_job *)arg;
+    int64_t k = job->chunks, B = job->io->batch, c, c0 = k * i / parts, c1 = k * (i + 1) / parts;
+    for (c = c0; c < c1; c++) {
+        float *db = job->io->db;
+        if (job->shares) {
+            db = job->shares + job->out * c;
+            memset(db, 0, (size_t)job->out * sizeof(float));
+        }
+        job->rows(job->io, job->out, B * c / k, B * (c + 1) / k, db);
+    }
 }
 
-PDP__PRIVATE void pdp__linear_cols_run(const pdp__layer *l, const pdp__layer_io *io,
-                                       void (*cols)(const pdp__layer_io *, int64_t, int64_t,
-                                                    int64_t))
+/* One pass over the rows; `sums`: the pass adds to db (then through the chunks' shares). */
+PDP__PRIVATE void pdp__linear_rows_run(const pdp__layer *l, const pdp__layer_io *io,
+                                       void (*rows)(const pdp__layer_io *, int64_t, int64_t,
+                                                    int64_t, float *),
+                                       bool sums)
 {
-    pdp__linear_cols_job job;
-    int parts = pdp__threads_for_caller();
+    pdp__linear_rows_job job;
+    int64_t c;
     job.io = io;
     job.out = l->out_features;
-    job.cols = cols;
-    if (io->batch * job.out < PDP__ELEMWISE_PAR_MIN) parts = 1;
-    parts = (int)PDP__MIN((int64_t)parts, (job.out + 15) / 16);
-    pdp__parallel_for(parts, pdp__linear_cols_part, &job);
+    job.rows = rows;
+    job.chunks = pdp__layers_chunks(io->batch, job.out);
+    job.shares = sums && io->db && job.chunks > 1 ? io->work + io->batch * job.out : NULL;
+    pdp__parallel_for(pdp__layers_parts(io->batch, job.out, job.chunks), pdp__linear_rows_part,
+                      &job);
+    for (c = 0; job.shares && c < job.chunks; c++) /* the shares, in chunk order */
+        pdp__layers_add(io->db, job.shares + job.out * c, job.out);
 }
 
 /* io for the GEMMs: a [T, C] sample's T rows as rows of the batch */
@@ -699,13 +768,13 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
                                         io->y, out))
         return PDP_OK;
     if (io->b) {
-        pdp__linear_cols_run(l, io, pdp__linear_bias_cols);
+        pdp__linear_rows_run(l, io, pdp__linear_bias_rows, false);
         beta = 1.0f;
     }
     (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in,
                                             io->w, in, beta, io->y, out);
-    if (io->fused_relu) pdp__linear_cols_run(l, io, pdp__linear_relu_forward_cols);
-    if (io->gelu_y) pdp__linear_cols_run(l, io, pdp__linear_gelu_forward_cols);
+    if (io->fused_relu) pdp__linear_rows_run(l, io, pdp__linear_relu_forward_rows, false);
+    if (io->gelu_y) pdp__linear_rows_run(l, io, pdp__linear_gelu_forward_rows, false);
     return PDP_OK;
 }
 
@@ -717,11 +786,11 @@ PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__lay
     int64_t out = l->out_features;
     const float *dy = io->dy;
     if (io->fused_relu || io->gelu_y) { /* dy masked (times gelu') into work, db's sums */
-        pdp__linear_cols_run(l, io, io->gelu_y ? pdp__linear_gelu_backward_cols
-                                               : pdp__linear_relu_backward_cols);
+        pdp__linear_rows_run(l, io, io->gelu_y ? pdp__linear_gelu_backward_rows
+                                               : pdp__linear_relu_backward_rows, true);
         dy = io->work;
     } else if (io->db) {
-        pdp__linear_cols_run(l, io, pdp__linear_db_cols);
+        pdp__linear_rows_run(l, io, pdp__linear_db_rows, true);
     }
     /* dW += dY^T X */
     (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, dy, out,
@@ -1087,14 +1156,39 @@ PDP__PRIVATE void pdp__layers_norm_wgrad(const float *PDP__RESTRICT dy,
     });
 }
 
-/* dx = rstd (dy w - mg - xh mgx) */
-PDP__PRIVATE void pdp__layers_norm_dx(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT w,
-                                      const float *PDP__RESTRICT x, float mean, float rstd,
-                                      float mg, float mgx, float *PDP__RESTRICT dx, int64_t n)
+/* dx = rstd (dy w - mg - xh mgx), and dw, db as pdp__layers_norm_wgrad, in one pass */
+PDP__PRIVATE void pdp__layers_norm_dx_wgrad(const float *PDP__RESTRICT dy,
+                                            const float *PDP__RESTRICT w,
+                                            const float *PDP__RESTRICT x, float mean, float rstd,
+                                            float mg, float mgx, float *PDP__RESTRICT dx,
+                                            float *PDP__RESTRICT dw, float *PDP__RESTRICT db,
+                                            int64_t n)
 {
-    PDP__FOR_BLOCKED(j, n, dx[j] = rstd * (dy[j] * w[j] - mg - (x[j] - mean) * rstd * mgx););
+    PDP__FOR_BLOCKED(j, n, {
+        float xh = (x[j] - mean) * rstd;
+        dx[j] = rstd * (dy[j] * w[j] - mg - xh * mgx);
+        dw[j] += dy[j] * xh;
+        db[j] += dy[j];
+    });
 }
 
+/* dw += share's first n floats, db += its next n */
+PDP__PRIVATE void pdp__layers_norm_add_share(const float *PDP__RESTRICT share,
+                                             float *PDP__RESTRICT dw, float *PDP__RESTRICT db,
+                                             int64_t n)
+{
+    PDP__FOR_BLOCKED(j, n, {
+        dw[j] += share[j];
+        db[j] += share[n + j];
+    });
+}
+
+/* io->work's floats per sample: backward's chunk shares (pdp__layers_chunks), 2 n each. */
+PDP__PRIVATE int64_t pdp__layernorm_work(const pdp__layer *l)
+{
+    int64_t n = pdp__layer_in_features(l);
+    return pdp__layers_shares_work(n, l->in_count / n, 2 * n);
+}
 
 PDP__PRIVATE pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
@@ -1111,6 +1205,7 @@ PDP__PRIVATE pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *p
         ps->wndim = ps->bndim = l->in_ndim;
     }
     l->saved_per_sample = 2 * l->positions; /* mean, rstd per row */
+    l->work_per_sample = pdp__layernorm_work(l); /* backward's shares */
     return PDP_OK;
 }
 
@@ -1142,45 +1237,34 @@ PDP__PRIVATE void pdp__layernorm_forward_rows(const pdp__layer *l, const pdp__la
     }
 }
 
-/* With xh = (x - mean) rstd and g = dy w:
-   dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy. */
-PDP__PRIVATE void pdp__layernorm_dx_rows(const pdp__layer_io *io, int64_t n, int64_t lo,
-                                         int64_t hi)
+/* Rows [lo, hi), dw and db summed into dw, db (of n floats): with xh = (x - mean) rstd and
+   g = dy w, dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy. */
+PDP__PRIVATE void pdp__layernorm_backward_rows(const pdp__layer_io *io, int64_t n, int64_t lo,
+                                               int64_t hi, float *dw, float *db)
 {
     int64_t s;
     for (s = lo; s < hi; s++) {
         const float *x = io->x + s * n, *dy = io->dy + s * n;
         float mean = io->saved[2 * s], rstd = io->saved[2 * s + 1], mg, mgx;
+        if (!io->dx) {
+            pdp__layers_norm_wgrad(dy, x, mean, rstd, dw, db, n);
+            continue;
+        }
         mg = (float)(pdp__layers_dot(dy, io->w, n) / (double)n);
         mgx = (float)(pdp__layers_dot3(dy, io->w, x, mean, n) * (double)rstd / (double)n);
-        pdp__layers_norm_dx(dy, io->w, x, mean, rstd, mg, mgx, io->dx + s * n, n);
+        pdp__layers_norm_dx_wgrad(dy, io->w, x, mean, rstd, mg, mgx, io->dx + s * n, dw, db, n);
     }
 }
 
-/* dw and db, features [lo, hi), summed over every row in row order. */
-PDP__PRIVATE void pdp__layernorm_wgrad_cols(const pdp__layer_io *io, int64_t rows, int64_t n,
-                                            int64_t lo, int64_t hi)
-{
-    int64_t s;
-    for (s = 0; s < rows; s++)
-        pdp__layers_norm_wgrad(io->dy + s * n + lo, io->x + s * n + lo, io->saved[2 * s],
-                               io->saved[2 * s + 1], io->dw + lo, io->db + lo, hi - lo);
-}
-
-/* The intra-op threads split the forward and dx by rows (each row whole) and dw, db by
-   features (each summed over the rows in order), so the bits do not depend on the thread
-   count; small layers (under PDP__ELEMWISE_PAR_MIN floats) stay on the caller. */
+/* The intra-op threads split the forward by rows (each row whole) and the backward by
+   chunks of rows (pdp__layers_chunks: dx on the way, dw and db into the chunk's share, in
+   one pass over dy and x), so the bits do not depend on the thread count; small layers
+   (under PDP__ELEMWISE_PAR_MIN floats) stay on the caller. */
 typedef struct pdp__ln_job {
     const pdp__layer *l;
     const pdp__layer_io *io;
-    int64_t rows, n;
+    int64_t rows, n, chunks;
 } pdp__ln_job;
-
-PDP__PRIVATE int pdp__layernorm_parts(int64_t rows, int64_t n, int64_t items)
-{
-    if (rows * n < PDP__ELEMWISE_PAR_MIN) return 1;
-    return (int)PDP__MAX((int64_t)1, PDP__MIN((int64_t)pdp__threads_for_caller(), items));
-}
 
 PDP__PRIVATE void pdp__layernorm_forward_part(void *arg, int i, int parts)
 {
@@ -1189,19 +1273,21 @@ PDP__PRIVATE void pdp__layernorm_forward_part(void *arg, int i, int parts)
                                 j->rows * (i + 1) / parts);
 }
 
-PDP__PRIVATE void pdp__layernorm_dx_part(void *arg, int i, int parts)
+/* chunks [c0, c1) of the k: chunk c holds rows [rows c / k, rows (c + 1) / k), and its share
+   is io->work's 2 n floats from 2 n c (dw's, then db's) */
+PDP__PRIVATE void pdp__layernorm_backward_part(void *arg, int i, int parts)
 {
     const pdp__ln_job *j = (const pdp__ln_job *)arg;
-    pdp__layernorm_dx_rows(j->io, j->n, j->rows * i / parts, j->rows * (i + 1) / parts);
-}
-
-/* features in blocks of 16 (whole vectors), the last part takes the rest */
-PDP__PRIVATE void pdp__layernorm_wgrad_part(void *arg, int i, int parts)
-{
-    const pdp__ln_job *j = (const pdp__ln_job *)arg;
-    int64_t blocks = (j->n + 15) / 16;
-    int64_t lo = 16 * (blocks * i / parts), hi = 16 * (blocks * (i + 1) / parts);
-    pdp__layernorm_wgrad_cols(j->io, j->rows, j->n, lo, PDP__MIN(hi, j->n));
+    int64_t k = j->chunks, c, c0 = k * i / parts, c1 = k * (i + 1) / parts;
+    for (c = c0; c < c1; c++) {
+        float *dw = j->io->dw, *db = j->io->db;
+        if (k > 1) {
+            dw = j->io->work + 2 * j->n * c;
+            db = dw + j->n;
+            memset(dw, 0, (size_t)(2 * j->n) * sizeof(float));
+        }
+        pdp__layernorm_backward_rows(j->io, j->n, j->rows * c / k, j->rows * (c + 1) / k, dw, db);
+    }
 }
 
 PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
@@ -1211,7 +1297,7 @@ PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__l
     j.io = io;
     j.rows = pdp__layer_rows(l, io->batch);
     j.n = l->in_count * io->batch / j.rows;
-    pdp__parallel_for(pdp__layernorm_parts(j.rows, j.n, j.rows), pdp__layernorm_forward_part,
+    pdp__parallel_for(pdp__layers_parts(j.rows, j.n, j.rows), pdp__layernorm_forward_part,
                       &j);
     return PDP_OK;
 }
@@ -1219,14 +1305,16 @@ PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__l
 PDP__PRIVATE pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__ln_job j;
+    int64_t c;
     j.l = l;
     j.io = io;
     j.rows = pdp__layer_rows(l, io->batch);
     j.n = l->in_count * io->batch / j.rows;
-    pdp__parallel_for(pdp__layernorm_parts(j.rows, j.n, (j.n + 15) / 16),
-                      pdp__layernorm_wgrad_part, &j);
-    if (io->dx)
-        pdp__parallel_for(pdp__layernorm_parts(j.rows, j.n, j.rows), pdp__layernorm_dx_part, &j);
+    j.chunks = pdp__layers_chunks(j.rows, j.n);
+    pdp__parallel_for(pdp__layers_parts(j.rows, j.n, j.chunks), pdp__layernorm_backward_part,
+                      &j);
+    for (c = 0; j.chunks > 1 && c < j.chunks; c++) /* the shares, in chunk order */
+        pdp__layers_norm_add_share(io->work + 2 * j.n * c, io->dw, io->db, j.n);
     return PDP_OK;
 }
 

@@ -320,7 +320,8 @@ PDP__PRIVATE pdp_status pdp__tp_seq_reduce_scatter_forward(const pdp__layer *l,
    bias gradients over them go to the workspace, one all-reduce over TP sums the ranks'
    (Megatron-LM sums the same gradients, once a step), and the sum is added to dw and db,
    so every rank accumulates the full sequence's gradient, the same bits, before any
-   executor hears that the gradient is ready. */
+   executor hears that the gradient is ready. The layer's own workspace (LayerNorm's chunk
+   shares) follows them (pdp__tp_mark_sequence sizes the sum). */
 PDP__PRIVATE pdp_status pdp__tp_seq_backward(const pdp__layer *l, const pdp__layer_io *io,
                                              pdp_status (*backward)(const pdp__layer *,
                                                                     const pdp__layer_io *))
@@ -333,6 +334,7 @@ PDP__PRIVATE pdp_status pdp__tp_seq_backward(const pdp__layer *l, const pdp__lay
     double t0;
     run.dw = io->work;
     run.db = nb ? io->work + nw : NULL;
+    run.work = io->work + nw + nb;
     if ((st = pdp__dev_memset0(io->device, io->work, (size_t)(nw + nb) * sizeof(float))) ||
         (st = backward(l, &run)) != PDP_OK)
         return st;

@@ -175,8 +175,8 @@ PDP__PRIVATE pdp_status pdp__tp_add_sequence(pdp_model *m, pdp__layer_kind kind,
 /* Marks the layers between a scatter (ScatterTo- or ReduceScatterToSequenceParallelRegion)
    and the next GatherFromSequenceParallelRegion as acting on this rank's positions
    (tp_seq, internal.h): their Dropout masks keyed from the slice's first element, their
-   parameters' gradients summed over TP in backward, in a workspace at least as large as
-   those parameters. Called by the builder once its last layer is added. */
+   parameters' gradients summed over TP in backward, in the workspace ahead of what the
+   layer itself uses there. Called by the builder once its last layer is added. */
 PDP__PRIVATE void pdp__tp_mark_sequence(pdp_model *m)
 {
     const pdp__layer *open = NULL;
@@ -193,7 +193,7 @@ PDP__PRIVATE void pdp__tp_mark_sequence(pdp_model *m)
         l->mask_first = l->tp_seq_lo * l->in_shape[1];
         for (p = l->param_first; p < l->param_first + l->nparams; p++)
             floats += m->params[p].count;
-        l->work_per_sample = PDP__MAX(l->work_per_sample, floats);
+        l->work_per_sample += floats; /* its parameters' gradients, then its own (layers_tp.c) */
     }
 }
 

@@ -4764,6 +4764,40 @@ PDP__PRIVATE pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes 
 #  define PDP__ELEMWISE_PAR_MIN 262144
 #endif
 
+/* Sums over a batch's rows (a LayerNorm's dw and db, a Linear's db) by chunks of rows. Each
+   chunk sums its rows in row order into its own share; then the shares are added in chunk
+   order. The chunk count depends on the shape only, never on the thread count, so neither
+   do the bits. One chunk (under PDP__ELEMWISE_PAR_MIN floats, which run on one thread
+   anyway) sums straight into the result. Otherwise the most chunks, a power of two (so
+   that 2 or 4 threads get equal work) up to PDP__SUM_CHUNKS, of at least
+   PDP__SUM_CHUNK_FLOATS floats each, so that adding a share (its row's length) costs little
+   beside its chunk's pass; the shares live in io->work. At bench/gpt's machine-sized model
+   (2048 rows of 384 to 1536): 32 chunks of 64 rows, 16 a thread on 2.
+   Splitting the threads by rows, not by columns (each thread its columns of every row), is
+   also what lets 2 threads go twice as fast on a 2-core Sapphire Rapids (Intel Xeon, 2
+   cores; 64-byte aligned buffers, 2048 rows, medians of 100 calls): by columns, LayerNorm's
+   dw and db over 384 took 0.22 ms on one thread and 0.31-0.32 ms on two, a fused GELU's
+   backward over 1536 columns (with db) 2.22-2.35 and 1.75-1.89 ms; by rows, that GELU
+   backward 2.25-2.41 and 1.08-1.09 ms. */
+#ifndef PDP__SUM_CHUNKS
+#  define PDP__SUM_CHUNKS 64
+#endif
+#ifndef PDP__SUM_CHUNK_FLOATS
+#  define PDP__SUM_CHUNK_FLOATS 16384
+#endif
+
+/* The chunks of rows x n floats. */
+PDP__PRIVATE int64_t pdp__layers_chunks(int64_t rows, int64_t n);
+
+/* io->work's floats per sample for the shares of `share` floats each, for samples of
+   `positions` rows of n: with k > 1 chunks, k <= rows n / CF <= rows / q for q = floor(CF /
+   n) (at least 1: then k <= rows), so the k shares are at most batch positions share / q
+   floats. */
+PDP__PRIVATE int64_t pdp__layers_shares_work(int64_t n, int64_t positions, int64_t share);
+
+/* Intra-op parts for rows x n floats in `items` pieces: 1 below PDP__ELEMWISE_PAR_MIN. */
+PDP__PRIVATE int pdp__layers_parts(int64_t rows, int64_t n, int64_t items);
+
 /* ---- layers: Linear ---- */
 
 /* Rows a per-position kind acts on in a batch: batch x T for [T, C] samples. */
@@ -4804,17 +4838,19 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
    Rapids, moved from 75-77 to 73-80 ms on 2 threads and from 132-138 to 132-136 ms on one
    (inside the runs' spread; an earlier, busier set gave 69-72 -> 64-68 ms on 2 threads).
 
-   Column passes (pdp__linear_cols_run): the ReLU's, the bias copied into every row
-   before the GEMM, db's sums without a ReLU. Large batches split the columns into
-   ranges of 16 over the intra-op threads: each column's sum keeps its order, so the
-   bits do not depend on the thread count. The bias and db passes write and read
-   batch x out floats each (28 MB a block at bench/gpt's machine-sized model), which
-   one thread alone would have to stream while the other waits. */
-typedef struct pdp__linear_cols_job {
+   Row passes (pdp__linear_rows_run): the ReLU's and the GELU's, the bias copied into every
+   row before the GEMM, db's sums without either. Large batches split the rows, in
+   pdp__layers_chunks's chunks, over the intra-op threads; db is summed in each chunk's share
+   of io->work (after the batch x out floats of the masked dy), the shares then added in
+   chunk order, so the bits do not depend on the thread count. The bias and db passes write
+   and read batch x out floats each (28 MB a block at bench/gpt's machine-sized model),
+   which one thread alone would have to stream while the other waits. */
+typedef struct pdp__linear_rows_job {
     const pdp__layer_io *io;
-    int64_t out;
-    void (*cols)(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1);
-} pdp__linear_cols_job;
+    int64_t out, chunks;
+    float *shares; /* the chunks' db shares, out floats each; NULL: into io->db */
+    void (*rows)(const pdp__layer_io *io, int64_t out, int64_t r0, int64_t r1, float *db);
+} pdp__linear_rows_job;
 
 PDP__PRIVATE void pdp__layers_relu_inplace(float *PDP__RESTRICT y, int64_t n);
 
@@ -4823,31 +4859,37 @@ PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy,
                                             const float *PDP__RESTRICT y, float *PDP__RESTRICT dz,
                                             float *PDP__RESTRICT db, int64_t n);
 
-PDP__PRIVATE void pdp__linear_relu_forward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
-                                                int64_t c1);
+/* Rows [r0, r1) of each pass; db (a chunk's share or io->db) is NULL when io->db is. */
+PDP__PRIVATE void pdp__linear_relu_forward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
+                                                int64_t r1, float *db);
 
-PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
-                                                 int64_t c1);
+PDP__PRIVATE void pdp__linear_relu_backward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
+                                                 int64_t r1, float *db);
 
-/* gelu_y = gelu(y), row by row (after a product that did not apply it) */
-PDP__PRIVATE void pdp__linear_gelu_forward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
-                                                int64_t c1);
+/* gelu_y = gelu(y) (after a product that did not apply it) */
+PDP__PRIVATE void pdp__linear_gelu_forward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
+                                                int64_t r1, float *db);
 
 /* dz = dy gelu'(y) into work (the GELU's backward), db += dz, row by row */
-PDP__PRIVATE void pdp__linear_gelu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
-                                                 int64_t c1);
+PDP__PRIVATE void pdp__linear_gelu_backward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
+                                                 int64_t r1, float *db);
 
 /* y's rows = b (the GEMM adds x W^T next, beta 1) */
-PDP__PRIVATE void pdp__linear_bias_cols(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1);
+PDP__PRIVATE void pdp__linear_bias_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
+                                        int64_t r1, float *db);
 
-/* db += column sums of dY, sample by sample */
-PDP__PRIVATE void pdp__linear_db_cols(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1);
+/* db += dY's rows, row by row */
+PDP__PRIVATE void pdp__linear_db_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
+                                      int64_t r1, float *db);
 
-PDP__PRIVATE void pdp__linear_cols_part(void *arg, int i, int parts);
+/* chunks [c0, c1) of the k: chunk c holds rows [batch c / k, batch (c + 1) / k) */
+PDP__PRIVATE void pdp__linear_rows_part(void *arg, int i, int parts);
 
-PDP__PRIVATE void pdp__linear_cols_run(const pdp__layer *l, const pdp__layer_io *io,
-                                       void (*cols)(const pdp__layer_io *, int64_t, int64_t,
-                                                    int64_t));
+/* One pass over the rows; `sums`: the pass adds to db (then through the chunks' shares). */
+PDP__PRIVATE void pdp__linear_rows_run(const pdp__layer *l, const pdp__layer_io *io,
+                                       void (*rows)(const pdp__layer_io *, int64_t, int64_t,
+                                                    int64_t, float *),
+                                       bool sums);
 
 /* io for the GEMMs: a [T, C] sample's T rows as rows of the batch */
 PDP__PRIVATE const pdp__layer_io *pdp__linear_rows_io(const pdp__layer *l, const pdp__layer_io *io,
@@ -4988,10 +5030,21 @@ PDP__PRIVATE void pdp__layers_norm_wgrad(const float *PDP__RESTRICT dy,
                                          float *PDP__RESTRICT dw, float *PDP__RESTRICT db,
                                          int64_t n);
 
-/* dx = rstd (dy w - mg - xh mgx) */
-PDP__PRIVATE void pdp__layers_norm_dx(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT w,
-                                      const float *PDP__RESTRICT x, float mean, float rstd,
-                                      float mg, float mgx, float *PDP__RESTRICT dx, int64_t n);
+/* dx = rstd (dy w - mg - xh mgx), and dw, db as pdp__layers_norm_wgrad, in one pass */
+PDP__PRIVATE void pdp__layers_norm_dx_wgrad(const float *PDP__RESTRICT dy,
+                                            const float *PDP__RESTRICT w,
+                                            const float *PDP__RESTRICT x, float mean, float rstd,
+                                            float mg, float mgx, float *PDP__RESTRICT dx,
+                                            float *PDP__RESTRICT dw, float *PDP__RESTRICT db,
+                                            int64_t n);
+
+/* dw += share's first n floats, db += its next n */
+PDP__PRIVATE void pdp__layers_norm_add_share(const float *PDP__RESTRICT share,
+                                             float *PDP__RESTRICT dw, float *PDP__RESTRICT db,
+                                             int64_t n);
+
+/* io->work's floats per sample: backward's chunk shares (pdp__layers_chunks), 2 n each. */
+PDP__PRIVATE int64_t pdp__layernorm_work(const pdp__layer *l);
 
 PDP__PRIVATE pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 
@@ -5003,32 +5056,26 @@ PDP__PRIVATE void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, p
 PDP__PRIVATE void pdp__layernorm_forward_rows(const pdp__layer *l, const pdp__layer_io *io,
                                               int64_t n, int64_t lo, int64_t hi);
 
-/* With xh = (x - mean) rstd and g = dy w:
-   dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy. */
-PDP__PRIVATE void pdp__layernorm_dx_rows(const pdp__layer_io *io, int64_t n, int64_t lo,
-                                         int64_t hi);
+/* Rows [lo, hi), dw and db summed into dw, db (of n floats): with xh = (x - mean) rstd and
+   g = dy w, dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy. */
+PDP__PRIVATE void pdp__layernorm_backward_rows(const pdp__layer_io *io, int64_t n, int64_t lo,
+                                               int64_t hi, float *dw, float *db);
 
-/* dw and db, features [lo, hi), summed over every row in row order. */
-PDP__PRIVATE void pdp__layernorm_wgrad_cols(const pdp__layer_io *io, int64_t rows, int64_t n,
-                                            int64_t lo, int64_t hi);
-
-/* The intra-op threads split the forward and dx by rows (each row whole) and dw, db by
-   features (each summed over the rows in order), so the bits do not depend on the thread
-   count; small layers (under PDP__ELEMWISE_PAR_MIN floats) stay on the caller. */
+/* The intra-op threads split the forward by rows (each row whole) and the backward by
+   chunks of rows (pdp__layers_chunks: dx on the way, dw and db into the chunk's share, in
+   one pass over dy and x), so the bits do not depend on the thread count; small layers
+   (under PDP__ELEMWISE_PAR_MIN floats) stay on the caller. */
 typedef struct pdp__ln_job {
     const pdp__layer *l;
     const pdp__layer_io *io;
-    int64_t rows, n;
+    int64_t rows, n, chunks;
 } pdp__ln_job;
-
-PDP__PRIVATE int pdp__layernorm_parts(int64_t rows, int64_t n, int64_t items);
 
 PDP__PRIVATE void pdp__layernorm_forward_part(void *arg, int i, int parts);
 
-PDP__PRIVATE void pdp__layernorm_dx_part(void *arg, int i, int parts);
-
-/* features in blocks of 16 (whole vectors), the last part takes the rest */
-PDP__PRIVATE void pdp__layernorm_wgrad_part(void *arg, int i, int parts);
+/* chunks [c0, c1) of the k: chunk c holds rows [rows c / k, rows (c + 1) / k), and its share
+   is io->work's 2 n floats from 2 n c (dw's, then db's) */
+PDP__PRIVATE void pdp__layernorm_backward_part(void *arg, int i, int parts);
 
 PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io);
 
@@ -5881,7 +5928,8 @@ PDP__PRIVATE pdp_status pdp__tp_seq_reduce_scatter_forward(const pdp__layer *l,
    bias gradients over them go to the workspace, one all-reduce over TP sums the ranks'
    (Megatron-LM sums the same gradients, once a step), and the sum is added to dw and db,
    so every rank accumulates the full sequence's gradient, the same bits, before any
-   executor hears that the gradient is ready. */
+   executor hears that the gradient is ready. The layer's own workspace (LayerNorm's chunk
+   shares) follows them (pdp__tp_mark_sequence sizes the sum). */
 PDP__PRIVATE pdp_status pdp__tp_seq_backward(const pdp__layer *l, const pdp__layer_io *io,
                                              pdp_status (*backward)(const pdp__layer *,
                                                                     const pdp__layer_io *));
@@ -8266,8 +8314,8 @@ PDP__PRIVATE pdp_status pdp__tp_add_sequence(pdp_model *m, pdp__layer_kind kind,
 /* Marks the layers between a scatter (ScatterTo- or ReduceScatterToSequenceParallelRegion)
    and the next GatherFromSequenceParallelRegion as acting on this rank's positions
    (tp_seq, internal.h): their Dropout masks keyed from the slice's first element, their
-   parameters' gradients summed over TP in backward, in a workspace at least as large as
-   those parameters. Called by the builder once its last layer is added. */
+   parameters' gradients summed over TP in backward, in the workspace ahead of what the
+   layer itself uses there. Called by the builder once its last layer is added. */
 PDP__PRIVATE void pdp__tp_mark_sequence(pdp_model *m);
 
 /* PDP_API void pdp_tp_get_stats(const pdp_model *m, pdp_tp_stats *out) */

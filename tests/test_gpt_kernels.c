@@ -38,6 +38,7 @@ static void ln_rows_io(pdp__layer *l, pdp__layer_io *io, int64_t N, int64_t C,
     l->in_count = l->out_count = C;
     l->eps = eps;
     l->saved_per_sample = 2;
+    l->work_per_sample = pdp__layernorm_work(l); /* as its setup sizes it */
     io->batch = N;
 }
 
@@ -57,7 +58,9 @@ static void ln_rows_forward(const float *x, const float *w, const float *b,
     (void)pdp__layernorm_forward(&l, &io);
 }
 
-/* dx written (skipped when NULL), dw and db accumulated (+=), from dy, x, w, saved. */
+/* dx written (skipped when NULL), dw and db accumulated (+=), from dy, x, w, saved; the
+   workspace (the chunks' shares) exactly as large as the model would make it, so that ASan
+   sees a share written past it. */
 static void ln_rows_backward(const float *x, const float *w, const float *saved,
                                               const float *dy, int64_t N, int64_t C, float *dx,
                                               float *dw, float *db)
@@ -65,6 +68,7 @@ static void ln_rows_backward(const float *x, const float *w, const float *saved,
     pdp__layer l;
     pdp__layer_io io;
     ln_rows_io(&l, &io, N, C, 0.0f);
+    io.work = (float *)malloc((size_t)(N * l.work_per_sample + 1) * sizeof(float));
     io.x = x;
     io.w = (float *)w; /* read only */
     io.saved = (float *)saved;
@@ -73,6 +77,7 @@ static void ln_rows_backward(const float *x, const float *w, const float *saved,
     io.dw = dw;
     io.db = db;
     (void)pdp__layernorm_backward(&l, &io);
+    free(io.work);
 }
 
 #define FD_H 1e-4
@@ -599,51 +604,117 @@ TEST gpt_layernorm_rows_match_naive_and_finite_differences(void)
 }
 
 /* Large enough to be split over the threads (rows x C >= layers.c's PDP__ELEMWISE_PAR_MIN,
-   262144): forward and dx split by rows, dw and db by features (C = 390: the last part is
-   not a whole number of 16-float blocks). 1 and 2 threads give the same bits, and dw, db
-   (which a wrong feature split would leave short) equal a double-precision sum. */
+   262144): the forward split by rows, the backward by chunks of rows whose dw and db shares
+   are added in chunk order. Shapes: 700 x 390 (16 chunks of 43 or 44 rows; C not a whole
+   number of 16-float blocks), 2048 x 384 (bench/gpt's: 32 chunks of 64) and 2700 x 390 (the
+   cap, 64 chunks). 1, 2 and 3 threads (3 do not divide the chunks) give the same bits, with
+   dx and without (the first layer's backward: dw and db alone); dy, dx, dw and db equal a
+   double-precision loop written here from the formulas (dw and db accumulated onto 0.5,
+   -0.25: a share added twice or lost, a row counted in two chunks or none, shows). And the
+   workspace the setup asks for holds the shares for every batch of [T, C] and (F) samples
+   it was tried on (ln_rows_backward's is exactly that large, for ASan). */
 TEST gpt_layernorm_threads_bit_identical(void)
 {
-    enum { N = 700, C = 390 };
-    float *x = (float *)malloc(N * C * sizeof(float));
-    float *dy = (float *)malloc(N * C * sizeof(float));
-    float *y[2], *dx[2], dw[2][C], db[2][C], saved[2][2 * N], w[C], b[C];
-    int k;
-    int64_t i, r;
-    fill(x, N * C, -2.0f, 3.0f);
-    fill(dy, N * C, -1.0f, 1.0f);
-    fill(w, C, 0.5f, 1.5f);
-    fill(b, C, -0.5f, 0.5f);
-    for (k = 0; k < 2; k++) {
-        y[k] = (float *)malloc(N * C * sizeof(float));
-        dx[k] = (float *)malloc(N * C * sizeof(float));
-        memset(dw[k], 0, sizeof dw[k]);
-        memset(db[k], 0, sizeof db[k]);
-        pdp_set_num_threads(k + 1);
-        ln_rows_forward(x, w, b, N, C, 1e-5f, y[k], saved[k]);
-        ln_rows_backward(x, w, saved[k], dy, N, C, dx[k], dw[k], db[k]);
-    }
-    pdp_set_num_threads(1);
-    ASSERT_MEM_EQ(y[0], y[1], N * C * sizeof(float));
-    ASSERT_MEM_EQ(dx[0], dx[1], N * C * sizeof(float));
-    ASSERT_MEM_EQ(dw[0], dw[1], sizeof dw[0]);
-    ASSERT_MEM_EQ(db[0], db[1], sizeof db[0]);
-    for (i = 0; i < C; i++) {
-        double sw = 0.0, sb = 0.0;
-        for (r = 0; r < N; r++) {
-            double xh = ((double)x[r * C + i] - saved[0][2 * r]) * saved[0][2 * r + 1];
-            sw += (double)dy[r * C + i] * xh;
-            sb += dy[r * C + i];
+    static const int64_t shapes[3][2] = {{700, 390}, {2048, 384}, {2700, 390}};
+    int si;
+    for (si = 0; si < 3; si++) {
+        int64_t N = shapes[si][0], C = shapes[si][1], i, r;
+        float *x = (float *)malloc((size_t)(N * C) * sizeof(float));
+        float *dy = (float *)malloc((size_t)(N * C) * sizeof(float));
+        float *y[3], *dx[3], *dw[4], *db[4], *saved[3], *w, *b;
+        int k;
+        w = (float *)malloc((size_t)C * sizeof(float));
+        b = (float *)malloc((size_t)C * sizeof(float));
+        fill(x, N * C, -2.0f, 3.0f);
+        fill(dy, N * C, -1.0f, 1.0f);
+        fill(w, C, 0.5f, 1.5f);
+        fill(b, C, -0.5f, 0.5f);
+        for (k = 0; k < 4; k++) {
+            dw[k] = (float *)malloc((size_t)C * sizeof(float));
+            db[k] = (float *)malloc((size_t)C * sizeof(float));
+            for (i = 0; i < C; i++) dw[k][i] = 0.5f, db[k][i] = -0.25f;
         }
-        ASSERT_IN_RANGE(sw, dw[1][i], 1e-4 * (1.0 + fabs(sw)));
-        ASSERT_IN_RANGE(sb, db[1][i], 1e-4 * (1.0 + fabs(sb)));
+        for (k = 0; k < 3; k++) {
+            y[k] = (float *)malloc((size_t)(N * C) * sizeof(float));
+            dx[k] = (float *)malloc((size_t)(N * C) * sizeof(float));
+            saved[k] = (float *)malloc((size_t)(2 * N) * sizeof(float));
+            pdp_set_num_threads(k + 1);
+            ln_rows_forward(x, w, b, N, C, 1e-5f, y[k], saved[k]);
+            ln_rows_backward(x, w, saved[k], dy, N, C, dx[k], dw[k], db[k]);
+        }
+        pdp_set_num_threads(2);
+        ln_rows_backward(x, w, saved[0], dy, N, C, NULL, dw[3], db[3]);
+        pdp_set_num_threads(1);
+        for (k = 1; k < 3; k++) {
+            ASSERT_MEM_EQ(y[0], y[k], (size_t)(N * C) * sizeof(float));
+            ASSERT_MEM_EQ(saved[0], saved[k], (size_t)(2 * N) * sizeof(float));
+            ASSERT_MEM_EQ(dx[0], dx[k], (size_t)(N * C) * sizeof(float));
+        }
+        for (k = 1; k < 4; k++) {
+            ASSERT_MEM_EQ(dw[0], dw[k], (size_t)C * sizeof(float));
+            ASSERT_MEM_EQ(db[0], db[k], (size_t)C * sizeof(float));
+        }
+        for (r = 0; r < N; r++) { /* dx = rstd (g - mean(g) - xh mean(g xh)), g = dy w */
+            const float *xr = x + r * C, *dyr = dy + r * C;
+            double mean = 0.0, var = 0.0, rstd, mg = 0.0, mgx = 0.0;
+            for (i = 0; i < C; i++) mean += xr[i];
+            mean /= (double)C;
+            for (i = 0; i < C; i++) var += (xr[i] - mean) * (xr[i] - mean);
+            rstd = 1.0 / sqrt(var / (double)C + 1e-5);
+            for (i = 0; i < C; i++) {
+                mg += (double)dyr[i] * w[i];
+                mgx += (double)dyr[i] * w[i] * (xr[i] - mean) * rstd;
+            }
+            mg /= (double)C;
+            mgx /= (double)C;
+            for (i = 0; i < C; i++) {
+                double ref = rstd * ((double)dyr[i] * w[i] - mg - (xr[i] - mean) * rstd * mgx);
+                ASSERT_IN_RANGE(ref, dx[1][r * C + i], 1e-4 * (1.0 + fabs(ref)));
+            }
+        }
+        for (i = 0; i < C; i++) { /* from the saved mean and rstd: dw's own sums, not those */
+            double sw = 0.5, sb = -0.25;
+            for (r = 0; r < N; r++) {
+                double xh = ((double)x[r * C + i] - saved[0][2 * r]) * saved[0][2 * r + 1];
+                sw += (double)dy[r * C + i] * xh;
+                sb += dy[r * C + i];
+            }
+            ASSERT_IN_RANGE(sw, dw[1][i], 1e-4 * (1.0 + fabs(sw)));
+            ASSERT_IN_RANGE(sb, db[1][i], 1e-4 * (1.0 + fabs(sb)));
+        }
+        for (k = 0; k < 4; k++) {
+            free(dw[k]);
+            free(db[k]);
+        }
+        for (k = 0; k < 3; k++) {
+            free(y[k]);
+            free(dx[k]);
+            free(saved[k]);
+        }
+        free(x);
+        free(dy);
+        free(w);
+        free(b);
     }
-    for (k = 0; k < 2; k++) {
-        free(y[k]);
-        free(dx[k]);
+    { /* the shares fit the workspace: [T, C] and (F) samples, batches 1 to 64 */
+        static const int64_t Ts[] = {1, 7, 64, 256, 1024}, Cs[] = {1, 5, 48, 384, 390, 4096,
+                                                                   16385, 300000};
+        size_t ti, ci;
+        int64_t B, k, chunked = 0;
+        for (ti = 0; ti < sizeof Ts / sizeof *Ts; ti++)
+            for (ci = 0; ci < sizeof Cs / sizeof *Cs; ci++)
+                for (B = 1; B <= 64; B++) {
+                    pdp__layer l;
+                    int64_t T = Ts[ti], C = Cs[ci];
+                    memset(&l, 0, sizeof l);
+                    l.in_count = T * C;
+                    l.positions = T; /* T 1: a (F) sample, one row */
+                    k = pdp__layers_chunks(B * T, C); /* 1: no shares */
+                    ASSERT(k == 1 || 2 * C * k <= B * pdp__layernorm_work(&l));
+                    chunked += k > 1;
+                }
+        ASSERT(chunked > 1000); /* the bound was tried */
     }
-    free(x);
-    free(dy);
     PASS();
 }
 

@@ -21,6 +21,9 @@
 /* Element-wise layers split over the threads from 256 floats instead of 262144: the
    thread-count test runs its ReLUs split. */
 #define PDP__ELEMWISE_PAR_MIN 256
+/* Sums over rows (LayerNorm's dw and db, a Linear's db) in chunks from 64 floats instead
+   of 16384: the small shapes here sum through several chunks' shares. */
+#define PDP__SUM_CHUNK_FLOATS 64
 #define PDP_MALLOC(bytes) test_malloc(bytes)
 #define PDP_FREE(ptr) test_free(ptr)
 static long test_allocs; /* allocations through PDP_MALLOC, counted with atomics */
@@ -619,8 +622,7 @@ static enum greatest_test_res fused_matches_apart(bool gelu, int64_t B, const in
 
 /* Linear -> ReLU: forward in place after the GEMM; backward masks dy into its workspace
    and sums db on the way; the ReLU is a view. Odd widths (37 -> 45 -> 130 -> 10: not
-   multiples of 16; the 130-wide one is split into column ranges over 2 threads), inputs
-   mostly negative (many ReLU zeros). */
+   multiples of 16), inputs mostly negative (many ReLU zeros). */
 TEST layers_linear_relu_fused_matches_unfused(void)
 {
     static const int64_t widths[3] = {45, 130, 10};
@@ -630,8 +632,8 @@ TEST layers_linear_relu_fused_matches_unfused(void)
 
 /* Linear -> GELU: forward writes both outputs (the GELU's input stays, its backward reads
    it; bf16: the GELU in the product's epilogue), backward takes the GELU's dy and leaves
-   the GELU out. 130 rows and a 2100-wide layer (the products and the column passes split
-   over 2 threads at this width), the last layer a fused GELU. */
+   the GELU out. 130 rows and a 2100-wide layer (the products and the row passes split
+   over 2 threads, db through chunks' shares), the last layer a fused GELU. */
 TEST layers_linear_gelu_fused_matches_unfused(void)
 {
     static const int64_t widths[3] = {45, 2100, 10};
@@ -1182,11 +1184,13 @@ TEST layers_results_do_not_depend_on_the_thread_count(void)
 }
 
 /* The Linear's bias (copied into each row before the GEMM) and db (column sums of dy)
-   are column passes split over the intra-op threads once batch x out reaches
-   PDP__ELEMWISE_PAR_MIN (262144): here 650 x 419 (not a multiple of 16) with 37 inputs.
-   1, 2 and 3 threads give the same bits for y, dx and the gradients; db equals a plain
-   loop that adds dy's rows in order (the same float sums, so bit for bit), and y a
-   double-precision x W^T + b. */
+   are row passes split over the intra-op threads once batch x out reaches
+   PDP__ELEMWISE_PAR_MIN: here 650 x 419 (not a multiple of 16) with 37 inputs, which
+   layers.c's pdp__layers_chunks cuts into its most chunks, 64, of 10 or 11 rows. 1, 2 and 3
+   threads give the same bits for y, dx and the gradients; db equals a plain loop that adds
+   each chunk's rows in order into a share from 0, then the shares in chunk order (the
+   same float sums, so bit for bit), and the double-precision sum; y a double-precision
+   x W^T + b. */
 TEST layers_linear_bias_and_db_split_over_threads(void)
 {
     enum { B = 650, IN = 37, OUT = 419 };
@@ -1228,9 +1232,19 @@ TEST layers_linear_bias_and_db_split_over_threads(void)
     }
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m[1], "0.weight", &w), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m[1], "0.bias", &bias), pdp_status_name);
-    for (i = 0; i < B; i++)
-        for (j = 0; j < OUT; j++) dbn[j] += dyd[i * OUT + j];
+    ASSERT_EQ(64, pdp__layers_chunks(B, OUT));
+    for (k = 0; k < 64; k++) { /* chunk k: rows [B k / 64, B (k + 1) / 64) */
+        float share[OUT] = {0};
+        for (i = B * k / 64; i < B * (k + 1) / 64; i++)
+            for (j = 0; j < OUT; j++) share[j] += dyd[i * OUT + j];
+        for (j = 0; j < OUT; j++) dbn[j] += share[j];
+    }
     ASSERT_MEM_EQ(dbn, bias.grad.data, OUT * sizeof(float));
+    for (j = 0; j < OUT; j++) {
+        double sum = 0.0;
+        for (i = 0; i < B; i++) sum += dyd[i * OUT + j];
+        ASSERT_IN_RANGE(sum, bias.grad.data[j], 1e-5 * (1.0 + fabs(sum)));
+    }
     for (i = 0; i < B; i++)
         for (j = 0; j < OUT; j++) {
             double z = bias.value.data[j];
