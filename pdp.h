@@ -349,8 +349,10 @@
    or torchrun (nccl; RANK, WORLD_SIZE, ...) this process is one rank of the
    launcher's world and fn runs once. It returns the first failing rank's status,
    its message prefixed "pdp_launch: rank R of N: ". PDP_CHECK(call) (print and
-   exit, for main) and PDP_TRY(call) (return the status, for fn) are for programs, as is
-   pdp_backend_from_name("local" | "mpi" | "nccl", &desc.backend) for a -backend argument.
+   exit, for main) and PDP_TRY(call) (return the status, for fn) are for programs, as are
+   pdp_backend_from_name("local" | "mpi" | "nccl", &desc.backend) for a -backend argument
+   and pdp_args_parse for "-name value" options (PDP_ARG_INT, _INT64, _DOUBLE, _STRING, and
+   _CHOICE: the index of one of "a|b|c" into an int, so choices in an enum's order give it).
 
    DataParallel, one process (dp.h)
    --------------------------------
@@ -4146,15 +4148,20 @@ PDP_API pdp_status pdp_print_by_rank(pdp_comm *c, const char *fmt, ...);
    option, whose value points at a variable that holds the default and receives the value
    given. pdp_args_parse reads argv[1..argc-1]; a number must parse whole and lie in
    [min, max] (both 0: any value of its type); a string with choices ("local|mpi|nccl") must
-   be one of them. On an unknown name, a name without a value or a value refused, it
-   returns PDP_ERR_INVALID and a message that names the option, the value and what it
-   accepts, then the usage: "usage: PROG [-np 2 (1..8)] [-backend local (local|mpi|nccl)]
-   ...", each option with its default. Variables already set stay set. */
+   be one of them; a choice (PDP_ARG_CHOICE) must be one of its choices, and its int
+   variable receives the choice's index: with "single|dp|ddp", "-strategy ddp" sets 2, so a
+   choices string in an enum's order gives the enum's value. On an unknown name, a name
+   without a value or a value refused, it returns PDP_ERR_INVALID and a message that names
+   the option, the value and what it accepts, then the usage: "usage: PROG [-np 2 (1..8)]
+   [-backend local (local|mpi|nccl)] ...", each option with its default (a choice's by
+   name). Variables already set stay set. A choice whose default is not the index of one
+   of its choices (or whose choices are NULL) fails before anything is parsed, naming it. */
 typedef enum pdp_arg_type {
     PDP_ARG_INT,     /* value: int * */
     PDP_ARG_INT64,   /* value: int64_t * */
     PDP_ARG_DOUBLE,  /* value: double * */
-    PDP_ARG_STRING   /* value: const char ** (points into argv) */
+    PDP_ARG_STRING,  /* value: const char ** (points into argv) */
+    PDP_ARG_CHOICE   /* value: int *, the index of the choice given among choices */
 } pdp_arg_type;
 
 typedef struct pdp_arg {
@@ -4162,7 +4169,7 @@ typedef struct pdp_arg {
     pdp_arg_type type;
     void *value;          /* the default in, the value given out */
     double min, max;      /* numbers: the accepted range, inclusive (both 0: any) */
-    const char *choices;  /* strings: the accepted values, "a|b|c" (NULL: any) */
+    const char *choices;  /* strings: the accepted values, "a|b|c" (NULL: any); choices: them */
 } pdp_arg;
 
 PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count);
@@ -33069,26 +33076,37 @@ PDP_API pdp_status pdp_print_by_rank(pdp_comm *c, const char *fmt, ...)
 
 /* ---- pdp_args_parse: a program's "-name value" options ---- */
 
-/* Whether text is one of choices, "a|b|c". */
-PDP__PRIVATE bool pdp__arg_is_choice(const char *choices, const char *text)
+/* The index of text among choices, "a|b|c" (0 for "a"), or -1. */
+PDP__PRIVATE int pdp__arg_choice_index(const char *choices, const char *text)
 {
     size_t n = strlen(text);
-    for (;;) {
-        const char *bar = strchr(choices, '|');
-        size_t len = bar ? (size_t)(bar - choices) : strlen(choices);
-        if (len == n && !strncmp(choices, text, n)) return true;
-        if (!bar) return false;
-        choices = bar + 1;
+    int k;
+    for (k = 0;; k++) {
+        size_t len = strcspn(choices, "|");
+        if (len == n && !strncmp(choices, text, n)) return k;
+        if (!choices[len]) return -1;
+        choices += len + 1;
     }
+}
+
+/* Choice k of choices, "a|b|c", into buf ("" when there is no choice k). */
+PDP__PRIVATE const char *pdp__arg_choice_name(const char *choices, int k, char *buf, size_t cap)
+{
+    for (; k > 0 && choices; k--)
+        if ((choices = strchr(choices, '|')) != NULL) choices++;
+    snprintf(buf, cap, "%.*s", choices && k == 0 ? (int)strcspn(choices, "|") : 0,
+             choices ? choices : "");
+    return buf;
 }
 
 /* What a accepts, "1..8" or "local|mpi|nccl", into buf ("" when anything of its type). */
 PDP__PRIVATE const char *pdp__arg_accepts(const pdp_arg *a, char *buf, size_t cap)
 {
+    bool text = a->type == PDP_ARG_STRING || a->type == PDP_ARG_CHOICE;
     buf[0] = '\0';
-    if (a->type == PDP_ARG_STRING && a->choices)
+    if (text && a->choices)
         snprintf(buf, cap, "%s", a->choices);
-    else if (a->type != PDP_ARG_STRING && (a->min != 0.0 || a->max != 0.0))
+    else if (!text && (a->min != 0.0 || a->max != 0.0))
         snprintf(buf, cap, "%.15g..%.15g", a->min, a->max);
     return buf;
 }
@@ -33102,9 +33120,14 @@ PDP__PRIVATE bool pdp__arg_set(const pdp_arg *a, const char *text)
     double v;
     long long i = 0;
     if (a->type == PDP_ARG_STRING) {
-        if (a->choices && !pdp__arg_is_choice(a->choices, text)) return false;
+        if (a->choices && pdp__arg_choice_index(a->choices, text) < 0) return false;
         *(const char **)a->value = text;
         return true;
+    }
+    if (a->type == PDP_ARG_CHOICE) {
+        int k = pdp__arg_choice_index(a->choices, text);
+        if (k >= 0) *(int *)a->value = k;
+        return k >= 0;
     }
     errno = 0;
     if (a->type == PDP_ARG_DOUBLE) {
@@ -33126,8 +33149,10 @@ PDP__PRIVATE bool pdp__arg_set(const pdp_arg *a, const char *text)
 PDP__PRIVATE void pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap)
 {
     size_t n = strlen(buf);
-    char value[64], accepts[128], paren[136] = "";
+    char value[64] = "", accepts[128], paren[136] = "";
     const char *str = a->type == PDP_ARG_STRING ? *(const char *const *)a->value : NULL;
+    if (a->type == PDP_ARG_CHOICE) /* its choice's name */
+        str = pdp__arg_choice_name(a->choices, *(const int *)a->value, value, sizeof value);
     if (a->type == PDP_ARG_INT) snprintf(value, sizeof value, "%d", *(const int *)a->value);
     if (a->type == PDP_ARG_INT64)
         snprintf(value, sizeof value, "%lld", (long long)*(const int64_t *)a->value);
@@ -33135,7 +33160,7 @@ PDP__PRIVATE void pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap)
     if (pdp__arg_accepts(a, accepts, sizeof accepts)[0])
         snprintf(paren, sizeof paren, " (%s)", accepts);
     snprintf(buf + n, cap - n, " [%s %s%s]", a->name,
-             a->type == PDP_ARG_STRING ? (str ? str : "") : value, paren);
+             str ? str : a->type == PDP_ARG_STRING ? "" : value, paren);
 }
 
 PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count)
@@ -33146,6 +33171,13 @@ PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, in
     if (argc < 0 || (argc > 0 && !argv) || count < 0 || (count > 0 && !args))
         return pdp__err(PDP_ERR_INVALID, "pdp_args_parse: argv or args is NULL (argc %d, count "
                         "%d)", argc, count);
+    for (k = 0; k < count; k++) /* a choice's default must be one of its choices */
+        if (args[k].type == PDP_ARG_CHOICE &&
+            (!args[k].choices || !pdp__arg_choice_name(args[k].choices, *(const int *)args[k].value,
+                                                       accepts, sizeof accepts)[0]))
+            return pdp__err(PDP_ERR_INVALID, "pdp_args_parse: %s's default %d is not the index of "
+                            "one of its choices (%s)", args[k].name, *(const int *)args[k].value,
+                            args[k].choices ? args[k].choices : "NULL");
     snprintf(usage, sizeof usage, "usage: %s", prog); /* before parsing: the defaults */
     for (k = 0; k < count; k++) pdp__arg_usage(&args[k], usage, sizeof usage);
     for (i = 1; i < argc && !why[0]; i += 2) {
@@ -33156,7 +33188,7 @@ PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, in
             snprintf(why, sizeof why, "%s needs a value", argv[i]);
         else if (!pdp__arg_set(&args[k], argv[i + 1])) {
             /* "-np '9' is not an integer in 1..8", "-backend 'x' is not one of local|mpi" */
-            bool str = args[k].type == PDP_ARG_STRING;
+            bool str = args[k].type == PDP_ARG_STRING || args[k].type == PDP_ARG_CHOICE;
             const char *kind = str ? "one of" : args[k].type == PDP_ARG_DOUBLE ? "a number"
                                                                                : "an integer";
             pdp__arg_accepts(&args[k], accepts, sizeof accepts);

@@ -9324,8 +9324,11 @@ PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d,
 
 /* ---- pdp_args_parse: a program's "-name value" options ---- */
 
-/* Whether text is one of choices, "a|b|c". */
-PDP__PRIVATE bool pdp__arg_is_choice(const char *choices, const char *text);
+/* The index of text among choices, "a|b|c" (0 for "a"), or -1. */
+PDP__PRIVATE int pdp__arg_choice_index(const char *choices, const char *text);
+
+/* Choice k of choices, "a|b|c", into buf ("" when there is no choice k). */
+PDP__PRIVATE const char *pdp__arg_choice_name(const char *choices, int k, char *buf, size_t cap);
 
 /* What a accepts, "1..8" or "local|mpi|nccl", into buf ("" when anything of its type). */
 PDP__PRIVATE const char *pdp__arg_accepts(const pdp_arg *a, char *buf, size_t cap);
