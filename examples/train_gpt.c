@@ -16,9 +16,8 @@
            ./train_gpt -strategy ddp -np 2 -tp 2 -sp 1 (4 thread ranks: 2 TP pairs)
            ./train_gpt_cuda -device cuda -strategy zero2 -np 2       (a thread per GPU)
    Output (one Sapphire Rapids thread, fortunes installed; README.md, "A GPT", has it all):
-           step  2000  loss 2.1028  val 2.1018  ...
-           rank 0: parameters 1.91 MB (4Psi 1.91), gradients 1.91 (4Psi 1.91), ...
-           The fartem nother lartraid tay countles of ...
+           "step  2000  loss 2.1028  val 2.1018  ...", "rank 0: parameters 1.91 MB (4Psi 1.91),
+           gradients 1.91 (4Psi 1.91), ...", then a sample, "The fartem nother lartraid tay ..."
    Next:   train_tp.c (each layer split across ranks instead of the batch or the state). */
 
 #define PDP_IMPLEMENTATION
@@ -36,11 +35,11 @@ static double lr = 3e-3; /* at dim 128, 2e-3 and 4e-3 beat nanoGPT's 1e-3 over 1
 static double dropout = 0, temperature = 0.8;
 static const char *path = PDP_FORTUNES_DIR, *prompt = "The ";
 
-/* Every rank builds the same GPT (DDP and ZeRO start every rank from rank 0's anyway), draws
-   the same global batch of B windows and trains on its slice of B / N: so every strategy
-   trains on single's windows, and its validation loss equals single's to float rounding. */
+/* Every rank builds the same GPT, draws the same global batch of B windows and trains on its
+   slice of B / N: every strategy trains on single's windows, its validation loss single's. */
 static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 {
+    enum { DP, TP }; /* the mesh's dimensions */
     const pdp_token_dataset *ds = user; /* the text, read once, shared by the ranks */
     int n = ctx->world_size / tp; /* the data-parallel size */
     int64_t T = g.context, b = B / n, every = steps >= 20 ? steps / 10 : steps, step;
@@ -51,17 +50,18 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_model *m;
     pdp_trainer *t;          /* the strategy's executor and its optimizer */
     pdp_tensor *xt, ids;     /* b windows on this rank's device, seen as ids [b, T] */
-    pdp_mesh *mesh; /* the ranks as DP x TP: {0..tp-1}, {tp..2tp-1}, ... split each block */
+    pdp_mesh *mesh = NULL;   /* -tp: DP x TP ranks, {0..tp-1}, {tp..2tp-1}, ... split a block */
     pdp_gpt_desc gd = g;
     pdp_tp_stats ts;
     pdp_dp_stats dps;
     pdp_zero_memory mm;
     pdp_rng r;
     if (!x || !text) return PDP_ERR_OUT_OF_MEMORY;
-    PDP_TRY(pdp_mesh_create(&mesh, ctx->world, 2, (int[]){n, tp}, (const char *[]){"DP", "TP"}));
-    int rank = pdp_mesh_coord(mesh, 0); /* the data-parallel rank */
-    gd.tp = tp > 1 ? pdp_mesh_group(mesh, 1) : NULL;
-    gd.sequence_parallel = sp; /* without -tp: pdp_gpt_create says what is missing */
+    if (tp > 1) /* a communicator along each dimension; without -tp, DP's is the world */
+        PDP_TRY(pdp_mesh_create(&mesh, ctx->world, 2, (int[]){n, tp}, NULL));
+    pdp_comm *dpc = mesh ? pdp_mesh_group(mesh, DP) : ctx->world; /* DDP's and ZeRO's */
+    int rank = pdp_comm_rank(dpc);     /* the data-parallel rank */
+    gd.tp = pdp_mesh_group(mesh, TP);  /* NULL without -tp */
     gd.device = ctx->device;   /* the CPU, or this rank's GPU */
     PDP_TRY(pdp_gpt_create(&m, &gd));
     PDP_TRY(pdp_tensor_create(&xt, ctx->device, 2, (int64_t[]){b, T}));
@@ -70,8 +70,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     PDP_TRY(pdp_gpt_activation_report(m, &gd, b, text, size, NULL));
     if (ctx->rank == 0) printf("%s", text);
     pdp_trainer_desc td = { /* DDP, ZeRO over the DP ranks; DP: np workers (-device cuda: GPUs) */
-        .strategy = (pdp_strategy)strategy,
-        .comm = strategy >= PDP_STRATEGY_DDP ? pdp_mesh_group(mesh, 0) : NULL,
+        .strategy = (pdp_strategy)strategy, .comm = strategy >= PDP_STRATEGY_DDP ? dpc : NULL,
         .optim = {.kind = PDP_OPTIM_ADAMW, .lr = lr, .beta1 = 0.9, .beta2 = 0.95,
                   .weight_decay = 0.1},
         .dp = {.num_workers = np}, .zero = {.bucket_cap_mb = 0.25, .first_bucket_mb = 0.25}};
@@ -97,8 +96,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         PDP_TRY(pdp_gpt_evaluate(m, ds, PDP_SPLIT_VAL, b, (short_run ? 1 : 8) * n, 1234, &val));
         if (ctx->rank == 0)
             printf("step %5lld  loss %.4f  val %.4f  %.0f tokens/s  %.1f s\n", (long long)step + 1,
-                   loss_sum / (double)(step % every + 1), val,
-                   (double)((step + 1) * B * T) / t_train, t_train);
+                   loss_sum / (step % every + 1), val, (step + 1) * B * T / t_train, t_train);
         fflush(stdout);
         loss_sum = 0;
     }
@@ -176,7 +174,7 @@ int main(int argc, char **argv)
         return 2;
     }
     PDP_CHECK(pdp_set_num_threads(threads));
-    g.dropout = (float)dropout, g.seed = (uint64_t)seed;
+    g.dropout = (float)dropout, g.seed = (uint64_t)seed, g.sequence_parallel = sp;
     g.precision = (pdp_precision)bf16, g.recompute = (pdp_recompute)recompute; /* in order */
     /* the text: fortunes by default, the synthetic text when they are not installed */
     pdp_token_dataset_desc td = {.context = g.context, .seed = (uint64_t)seed,
