@@ -271,13 +271,13 @@ PDP__PRIVATE int pdp__arg_choice_index(const char *choices, const char *text)
     }
 }
 
-/* Choice k of choices, "a|b|c", into buf ("" when there is no choice k). */
+/* Choice k of choices, "a|b|c", into buf; NULL when there is no choice k. */
 PDP__PRIVATE const char *pdp__arg_choice_name(const char *choices, int k, char *buf, size_t cap)
 {
-    for (; k > 0 && choices; k--)
+    for (; choices && k > 0; k--)
         if ((choices = strchr(choices, '|')) != NULL) choices++;
-    snprintf(buf, cap, "%.*s", choices && k == 0 ? (int)strcspn(choices, "|") : 0,
-             choices ? choices : "");
+    if (!choices || k < 0) return NULL;
+    snprintf(buf, cap, "%.*s", (int)strcspn(choices, "|"), choices);
     return buf;
 }
 
@@ -327,14 +327,16 @@ PDP__PRIVATE bool pdp__arg_set(const pdp_arg *a, const char *text)
     return true;
 }
 
-/* Appends " [-name value]" (the variable's value now) and " (what it accepts)" to buf. */
-PDP__PRIVATE void pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap)
+/* Appends " [-name value]" (the variable's value now, a choice's by name) and " (what it
+   accepts)" to buf; false, appending nothing, for a choice whose value names no choice. */
+PDP__PRIVATE bool pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap)
 {
     size_t n = strlen(buf);
-    char value[64] = "", accepts[128], paren[136] = "";
+    char value[64], accepts[128], paren[136] = "";
     const char *str = a->type == PDP_ARG_STRING ? *(const char *const *)a->value : NULL;
-    if (a->type == PDP_ARG_CHOICE) /* its choice's name */
-        str = pdp__arg_choice_name(a->choices, *(const int *)a->value, value, sizeof value);
+    if (a->type == PDP_ARG_CHOICE &&
+        !(str = pdp__arg_choice_name(a->choices, *(const int *)a->value, value, sizeof value)))
+        return false;
     if (a->type == PDP_ARG_INT) snprintf(value, sizeof value, "%d", *(const int *)a->value);
     if (a->type == PDP_ARG_INT64)
         snprintf(value, sizeof value, "%lld", (long long)*(const int64_t *)a->value);
@@ -343,6 +345,7 @@ PDP__PRIVATE void pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap)
         snprintf(paren, sizeof paren, " (%s)", accepts);
     snprintf(buf + n, cap - n, " [%s %s%s]", a->name,
              str ? str : a->type == PDP_ARG_STRING ? "" : value, paren);
+    return true;
 }
 
 PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count)
@@ -353,15 +356,12 @@ PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, in
     if (argc < 0 || (argc > 0 && !argv) || count < 0 || (count > 0 && !args))
         return pdp__err(PDP_ERR_INVALID, "pdp_args_parse: argv or args is NULL (argc %d, count "
                         "%d)", argc, count);
-    for (k = 0; k < count; k++) /* a choice's default must be one of its choices */
-        if (args[k].type == PDP_ARG_CHOICE &&
-            (!args[k].choices || !pdp__arg_choice_name(args[k].choices, *(const int *)args[k].value,
-                                                       accepts, sizeof accepts)[0]))
+    snprintf(usage, sizeof usage, "usage: %s", prog); /* before parsing: the defaults */
+    for (k = 0; k < count; k++)
+        if (!pdp__arg_usage(&args[k], usage, sizeof usage)) /* a program's mistake */
             return pdp__err(PDP_ERR_INVALID, "pdp_args_parse: %s's default %d is not the index of "
                             "one of its choices (%s)", args[k].name, *(const int *)args[k].value,
                             args[k].choices ? args[k].choices : "NULL");
-    snprintf(usage, sizeof usage, "usage: %s", prog); /* before parsing: the defaults */
-    for (k = 0; k < count; k++) pdp__arg_usage(&args[k], usage, sizeof usage);
     for (i = 1; i < argc && !why[0]; i += 2) {
         for (k = 0; k < count && strcmp(argv[i], args[k].name); k++) {}
         if (k == count)

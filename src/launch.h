@@ -115,7 +115,7 @@ typedef struct pdp_arg {
     pdp_arg_type type;
     void *value;          /* the default in, the value given out */
     double min, max;      /* numbers: the accepted range, inclusive (both 0: any) */
-    const char *choices;  /* strings: the accepted values, "a|b|c" (NULL: any); choices: them */
+    const char *choices;  /* the accepted values, "a|b|c": strings' (NULL: any), choices' */
 } pdp_arg;
 
 PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count);
