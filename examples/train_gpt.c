@@ -3,8 +3,8 @@
    nanoGPT's GPT (gpt.h) over the 256 byte values, trained as nanoGPT does (random windows of
    T + 1 bytes, AdamW, warm-up then cosine decay, gradients clipped to norm 1) on Debian's
    fortunes (apt-get install fortunes), -text FILE|DIR or pdp's synthetic text. One loop
-   (trainer.h) trains the same global batches single or, -strategy dp|ddp|zero1|zero2|zero3,
-   on -np workers or ranks; -tp N splits each block over N more ranks (by heads), -sp 1 adds
+   (trainer.h) trains the same global batches under every -strategy (dp, ddp, zero1-3: on -np
+   workers or ranks); -tp N splits each block over N more ranks (by heads), -sp 1 adds
    sequence parallelism, -recompute selective|full trades compute for activation memory. It
    prints one block's activations beside Megatron-LM's formulas, the losses, each rank's
    memory beside ZeRO's and TP's traffic beside its formula.
@@ -30,7 +30,7 @@
 static pdp_gpt_desc g = {.vocab = 256, .context = 64, .layers = 4, .heads = 4, .dim = 96};
 static int64_t B = 8, steps = 2000, n_new = 500, seed = 1; /* B: the global batch */
 static int np = 1, tp = 1, sp = 0, threads = 1, top_k = 40, short_run;
-static int strategy, cuda, recompute, bf16; /* the indices of -strategy's, -device's, ... choices */
+static int strategy, cuda, recompute, bf16; /* -strategy, -device, ...: their choice's index */
 static double lr = 3e-3; /* at dim 128, 2e-3 and 4e-3 beat nanoGPT's 1e-3 over 1200 steps */
 static double dropout = 0, temperature = 0.8;
 static const char *path = PDP_FORTUNES_DIR, *prompt = "The ";
@@ -60,9 +60,9 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     if (tp > 1) /* a communicator along each dimension; without -tp, DP's is the world */
         PDP_TRY(pdp_mesh_create(&mesh, ctx->world, 2, (int[]){n, tp}, NULL));
     pdp_comm *dpc = mesh ? pdp_mesh_group(mesh, DP) : ctx->world; /* DDP's and ZeRO's */
-    int rank = pdp_comm_rank(dpc);     /* the data-parallel rank */
-    gd.tp = pdp_mesh_group(mesh, TP);  /* NULL without -tp */
-    gd.device = ctx->device;   /* the CPU, or this rank's GPU */
+    int rank = pdp_comm_rank(dpc);    /* the data-parallel rank */
+    gd.tp = pdp_mesh_group(mesh, TP); /* NULL without -tp */
+    gd.device = ctx->device;          /* the CPU, or this rank's GPU */
     PDP_TRY(pdp_gpt_create(&m, &gd));
     PDP_TRY(pdp_tensor_create(&xt, ctx->device, 2, (int64_t[]){b, T}));
     PDP_TRY(pdp_tensor_wrap_ids((int32_t *)xt->data, ctx->device, 2, xt->shape, &ids));
