@@ -349,8 +349,10 @@
    or torchrun (nccl; RANK, WORLD_SIZE, ...) this process is one rank of the
    launcher's world and fn runs once. It returns the first failing rank's status,
    its message prefixed "pdp_launch: rank R of N: ". PDP_CHECK(call) (print and
-   exit, for main) and PDP_TRY(call) (return the status, for fn) are for programs, as is
-   pdp_backend_from_name("local" | "mpi" | "nccl", &desc.backend) for a -backend argument.
+   exit, for main) and PDP_TRY(call) (return the status, for fn) are for programs, as are
+   pdp_backend_from_name("local" | "mpi" | "nccl", &desc.backend) for a -backend argument
+   and pdp_args_parse for "-name value" options (PDP_ARG_INT, _INT64, _DOUBLE, _STRING, and
+   _CHOICE: the index of one of "a|b|c" into an int; listed in an enum's order, its value).
 
    DataParallel, one process (dp.h)
    --------------------------------
@@ -4146,15 +4148,20 @@ PDP_API pdp_status pdp_print_by_rank(pdp_comm *c, const char *fmt, ...);
    option, whose value points at a variable that holds the default and receives the value
    given. pdp_args_parse reads argv[1..argc-1]; a number must parse whole and lie in
    [min, max] (both 0: any value of its type); a string with choices ("local|mpi|nccl") must
-   be one of them. On an unknown name, a name without a value or a value refused, it
-   returns PDP_ERR_INVALID and a message that names the option, the value and what it
-   accepts, then the usage: "usage: PROG [-np 2 (1..8)] [-backend local (local|mpi|nccl)]
-   ...", each option with its default. Variables already set stay set. */
+   be one of them; a choice (PDP_ARG_CHOICE) must be one of its choices, and its int
+   variable receives the choice's index: with "single|dp|ddp", "-strategy ddp" sets 2, so a
+   choices string in an enum's order gives the enum's value. On an unknown name, a name
+   without a value or a value refused, it returns PDP_ERR_INVALID and a message that names
+   the option, the value and what it accepts, then the usage: "usage: PROG [-np 2 (1..8)]
+   [-backend local (local|mpi|nccl)] ...", each option with its default (a choice's by
+   name). Variables already set stay set. A choice whose default is not the index of one
+   of its choices (or whose choices are NULL) fails before anything is parsed, naming it. */
 typedef enum pdp_arg_type {
     PDP_ARG_INT,     /* value: int * */
     PDP_ARG_INT64,   /* value: int64_t * */
     PDP_ARG_DOUBLE,  /* value: double * */
-    PDP_ARG_STRING   /* value: const char ** (points into argv) */
+    PDP_ARG_STRING,  /* value: const char ** (points into argv) */
+    PDP_ARG_CHOICE   /* value: int *, the index of the choice given among choices */
 } pdp_arg_type;
 
 typedef struct pdp_arg {
@@ -4162,7 +4169,7 @@ typedef struct pdp_arg {
     pdp_arg_type type;
     void *value;          /* the default in, the value given out */
     double min, max;      /* numbers: the accepted range, inclusive (both 0: any) */
-    const char *choices;  /* strings: the accepted values, "a|b|c" (NULL: any) */
+    const char *choices;  /* the accepted values, "a|b|c": strings' (NULL: any), choices' */
 } pdp_arg;
 
 PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count);
@@ -33159,26 +33166,37 @@ PDP_API pdp_status pdp_print_by_rank(pdp_comm *c, const char *fmt, ...)
 
 /* ---- pdp_args_parse: a program's "-name value" options ---- */
 
-/* Whether text is one of choices, "a|b|c". */
-PDP__PRIVATE bool pdp__arg_is_choice(const char *choices, const char *text)
+/* The index of text among choices, "a|b|c" (0 for "a"), or -1. */
+PDP__PRIVATE int pdp__arg_choice_index(const char *choices, const char *text)
 {
     size_t n = strlen(text);
-    for (;;) {
-        const char *bar = strchr(choices, '|');
-        size_t len = bar ? (size_t)(bar - choices) : strlen(choices);
-        if (len == n && !strncmp(choices, text, n)) return true;
-        if (!bar) return false;
-        choices = bar + 1;
+    int k;
+    for (k = 0;; k++) {
+        size_t len = strcspn(choices, "|");
+        if (len == n && !strncmp(choices, text, n)) return k;
+        if (!choices[len]) return -1;
+        choices += len + 1;
     }
+}
+
+/* Choice k of choices, "a|b|c", into buf; NULL when there is no choice k. */
+PDP__PRIVATE const char *pdp__arg_choice_name(const char *choices, int k, char *buf, size_t cap)
+{
+    for (; choices && k > 0; k--)
+        if ((choices = strchr(choices, '|')) != NULL) choices++;
+    if (!choices || k < 0) return NULL;
+    snprintf(buf, cap, "%.*s", (int)strcspn(choices, "|"), choices);
+    return buf;
 }
 
 /* What a accepts, "1..8" or "local|mpi|nccl", into buf ("" when anything of its type). */
 PDP__PRIVATE const char *pdp__arg_accepts(const pdp_arg *a, char *buf, size_t cap)
 {
+    bool text = a->type == PDP_ARG_STRING || a->type == PDP_ARG_CHOICE;
     buf[0] = '\0';
-    if (a->type == PDP_ARG_STRING && a->choices)
+    if (text && a->choices)
         snprintf(buf, cap, "%s", a->choices);
-    else if (a->type != PDP_ARG_STRING && (a->min != 0.0 || a->max != 0.0))
+    else if (!text && (a->min != 0.0 || a->max != 0.0))
         snprintf(buf, cap, "%.15g..%.15g", a->min, a->max);
     return buf;
 }
@@ -33192,9 +33210,14 @@ PDP__PRIVATE bool pdp__arg_set(const pdp_arg *a, const char *text)
     double v;
     long long i = 0;
     if (a->type == PDP_ARG_STRING) {
-        if (a->choices && !pdp__arg_is_choice(a->choices, text)) return false;
+        if (a->choices && pdp__arg_choice_index(a->choices, text) < 0) return false;
         *(const char **)a->value = text;
         return true;
+    }
+    if (a->type == PDP_ARG_CHOICE) {
+        int k = pdp__arg_choice_index(a->choices, text);
+        if (k >= 0) *(int *)a->value = k;
+        return k >= 0;
     }
     errno = 0;
     if (a->type == PDP_ARG_DOUBLE) {
@@ -33212,12 +33235,16 @@ PDP__PRIVATE bool pdp__arg_set(const pdp_arg *a, const char *text)
     return true;
 }
 
-/* Appends " [-name value]" (the variable's value now) and " (what it accepts)" to buf. */
-PDP__PRIVATE void pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap)
+/* Appends " [-name value]" (the variable's value now, a choice's by name) and " (what it
+   accepts)" to buf; false, appending nothing, for a choice whose value names no choice. */
+PDP__PRIVATE bool pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap)
 {
     size_t n = strlen(buf);
     char value[64], accepts[128], paren[136] = "";
     const char *str = a->type == PDP_ARG_STRING ? *(const char *const *)a->value : NULL;
+    if (a->type == PDP_ARG_CHOICE &&
+        !(str = pdp__arg_choice_name(a->choices, *(const int *)a->value, value, sizeof value)))
+        return false;
     if (a->type == PDP_ARG_INT) snprintf(value, sizeof value, "%d", *(const int *)a->value);
     if (a->type == PDP_ARG_INT64)
         snprintf(value, sizeof value, "%lld", (long long)*(const int64_t *)a->value);
@@ -33225,7 +33252,8 @@ PDP__PRIVATE void pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap)
     if (pdp__arg_accepts(a, accepts, sizeof accepts)[0])
         snprintf(paren, sizeof paren, " (%s)", accepts);
     snprintf(buf + n, cap - n, " [%s %s%s]", a->name,
-             a->type == PDP_ARG_STRING ? (str ? str : "") : value, paren);
+             str ? str : a->type == PDP_ARG_STRING ? "" : value, paren);
+    return true;
 }
 
 PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count)
@@ -33237,7 +33265,11 @@ PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, in
         return pdp__err(PDP_ERR_INVALID, "pdp_args_parse: argv or args is NULL (argc %d, count "
                         "%d)", argc, count);
     snprintf(usage, sizeof usage, "usage: %s", prog); /* before parsing: the defaults */
-    for (k = 0; k < count; k++) pdp__arg_usage(&args[k], usage, sizeof usage);
+    for (k = 0; k < count; k++)
+        if (!pdp__arg_usage(&args[k], usage, sizeof usage)) /* a program's mistake */
+            return pdp__err(PDP_ERR_INVALID, "pdp_args_parse: %s's default %d is not the index of "
+                            "one of its choices (%s)", args[k].name, *(const int *)args[k].value,
+                            args[k].choices ? args[k].choices : "NULL");
     for (i = 1; i < argc && !why[0]; i += 2) {
         for (k = 0; k < count && strcmp(argv[i], args[k].name); k++) {}
         if (k == count)
@@ -33246,7 +33278,7 @@ PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, in
             snprintf(why, sizeof why, "%s needs a value", argv[i]);
         else if (!pdp__arg_set(&args[k], argv[i + 1])) {
             /* "-np '9' is not an integer in 1..8", "-backend 'x' is not one of local|mpi" */
-            bool str = args[k].type == PDP_ARG_STRING;
+            bool str = args[k].type == PDP_ARG_STRING || args[k].type == PDP_ARG_CHOICE;
             const char *kind = str ? "one of" : args[k].type == PDP_ARG_DOUBLE ? "a number"
                                                                                : "an integer";
             pdp__arg_accepts(&args[k], accepts, sizeof accepts);

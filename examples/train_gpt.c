@@ -1,27 +1,23 @@
 /* train_gpt.c - train a small GPT on text, byte by byte, on one core or on several ranks.
 
-   nanoGPT's GPT (gpt.h) over the 256 byte values, trained as nanoGPT does (windows of T + 1
-   bytes drawn at random, AdamW, warm-up then cosine decay, gradients clipped to norm 1) on
-   Debian's fortunes (apt-get install fortunes), -text FILE|DIR or pdp's synthetic text.
-   -strategy dp|ddp|zero1|zero2|zero3 trains the same global batches on -np DP workers or
-   ranks, by the same loop (trainer.h); -tp N splits each block over N more ranks (by heads),
-   -sp 1 adds sequence parallelism, -recompute selective|full trades compute for activation
-   memory, -device cuda trains on GPUs. It prints one block's activations beside Megatron-LM's
-   formulas, the losses, each rank's memory beside ZeRO's, TP's traffic beside its formula.
-
+   nanoGPT's GPT (gpt.h) over the 256 byte values, trained as nanoGPT does (random windows of
+   T + 1 bytes, AdamW, warm-up then cosine decay, gradients clipped to norm 1) on Debian's
+   fortunes (apt-get install fortunes), -text FILE|DIR or pdp's synthetic text. One loop
+   (trainer.h) trains the same global batches under every -strategy (dp, ddp, zero1-3: on -np
+   workers or ranks); -tp N splits each block over N more ranks (by heads), -sp 1 adds
+   sequence parallelism, -recompute selective|full trades compute for activation memory. It
+   prints one block's activations beside Megatron-LM's formulas, the losses, each rank's
+   memory beside ZeRO's and TP's traffic beside its formula.
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt.c -o train_gpt -lm -lpthread
            nvcc -O2 -arch=sm_90 -DPDP_CUDA -I. examples/train_gpt.c pdp_cuda.cu -o train_gpt_cuda \
                -lcublas -lnccl       (or make build/train_gpt; make cuda: build/cuda/train_gpt)
-   Run:    ./train_gpt                       (PDP_SHORT=1 for a few steps only)
-           ./train_gpt -strategy zero3 -np 2 -recompute selective
+   Run:    ./train_gpt     (PDP_SHORT=1 for a few steps; -prompt "Q: " -temperature 0.6 -top_k 10)
+           ./train_gpt -strategy zero3 -np 2 -recompute selective -precision bf16
            ./train_gpt -strategy ddp -np 2 -tp 2 -sp 1 (4 thread ranks: 2 TP pairs)
            ./train_gpt_cuda -device cuda -strategy zero2 -np 2       (a thread per GPU)
-           ./train_gpt -precision bf16 -prompt "Q: " -temperature 0.6 -top_k 10 -seed 2
-   Output (one Sapphire Rapids thread, fortunes installed; README.md, "A GPT", has more):
-           seed 1: /usr/share/games/fortunes (43 files), 2576674 bytes (the last 257668 ...
-           step  2000  loss 2.1028  val 2.1018  ...
-           rank 0: parameters 1.91 MB (4Psi 1.91), gradients 1.91 (4Psi 1.91), ...
-           The fartem nother lartraid tay countles of ...
+   Output (one Sapphire Rapids thread, fortunes installed; README.md, "A GPT", has it all):
+           "step  2000  loss 2.1028  val 2.1018  ...", "rank 0: parameters 1.91 MB (4Psi 1.91),
+           gradients 1.91 (4Psi 1.91), ...", then a sample, "The fartem nother lartraid tay ..."
    Next:   train_tp.c (each layer split across ranks instead of the batch or the state). */
 
 #define PDP_IMPLEMENTATION
@@ -33,21 +29,19 @@
 
 static pdp_gpt_desc g = {.vocab = 256, .context = 64, .layers = 4, .heads = 4, .dim = 96};
 static int64_t B = 8, steps = 2000, n_new = 500, seed = 1; /* B: the global batch */
-static int np = 1, tp = 1, sp = 0, threads = 1, top_k = 40;
+static int np = 1, tp = 1, sp = 0, threads = 1, top_k = 40, short_run;
+static int strategy, cuda, recompute, bf16; /* -strategy, -device, ...: their choice's index */
 static double lr = 3e-3; /* at dim 128, 2e-3 and 4e-3 beat nanoGPT's 1e-3 over 1200 steps */
 static double dropout = 0, temperature = 0.8;
-static const char *strategy_name = "single", *recompute = "none", *precision = "fp32",
-                  *path = PDP_FORTUNES_DIR, *prompt = "The ", *device = "cpu";
-static pdp_strategy strategy; /* single, DP, DDP or ZeRO 1-3 */
-static bool short_run;
+static const char *path = PDP_FORTUNES_DIR, *prompt = "The ";
 
-/* Every rank builds the same GPT (DDP and ZeRO start every rank from rank 0's anyway), draws
-   the same global batch of B windows and trains on its slice of B / N: so every strategy
-   trains on single's windows, and its validation loss equals single's to float rounding. */
+/* Every rank builds the same GPT, draws the same global batch of B windows and trains on its
+   slice of B / N: every strategy trains on single's windows, its validation loss single's. */
 static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 {
+    enum { DP, TP }; /* the mesh's dimensions */
     const pdp_token_dataset *ds = user; /* the text, read once, shared by the ranks */
-    int rank = ctx->rank / tp, n = ctx->world_size / tp; /* the data-parallel rank and size */
+    int n = ctx->world_size / tp; /* the data-parallel size */
     int64_t T = g.context, b = B / n, every = steps >= 20 ? steps / 10 : steps, step;
     size_t size = 4096 + strlen(prompt) + (size_t)n_new; /* the reports, then the text */
     int32_t *x = malloc(sizeof *x * (size_t)(2 * B * T)), *y = x + B * T;
@@ -56,20 +50,19 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_model *m;
     pdp_trainer *t;          /* the strategy's executor and its optimizer */
     pdp_tensor *xt, ids;     /* b windows on this rank's device, seen as ids [b, T] */
-    pdp_comm *tpc = NULL, *dpc = ctx->world;
+    pdp_mesh *mesh = NULL;   /* -tp: DP x TP ranks, {0..tp-1}, {tp..2tp-1}, ... split a block */
     pdp_gpt_desc gd = g;
     pdp_tp_stats ts;
     pdp_dp_stats dps;
     pdp_zero_memory mm;
     pdp_rng r;
     if (!x || !text) return PDP_ERR_OUT_OF_MEMORY;
-    if (tp > 1) { /* ranks {0..tp-1}, {tp..2tp-1}, ... split each block; across them, DP */
-        PDP_TRY(pdp_comm_split(ctx->world, rank, ctx->rank, &tpc));
-        PDP_TRY(pdp_comm_split(ctx->world, ctx->rank % tp, ctx->rank, &dpc));
-        gd.tp = tpc;
-    }
-    gd.sequence_parallel = sp; /* without -tp: pdp_gpt_create says what is missing */
-    gd.device = ctx->device;   /* the CPU, or this rank's GPU */
+    if (tp > 1) /* a communicator along each dimension; without -tp, DP's is the world */
+        PDP_TRY(pdp_mesh_create(&mesh, ctx->world, 2, (int[]){n, tp}, NULL));
+    pdp_comm *dpc = mesh ? pdp_mesh_group(mesh, DP) : ctx->world; /* DDP's and ZeRO's */
+    int rank = pdp_comm_rank(dpc);    /* the data-parallel rank */
+    gd.tp = pdp_mesh_group(mesh, TP); /* NULL without -tp */
+    gd.device = ctx->device;          /* the CPU, or this rank's GPU */
     PDP_TRY(pdp_gpt_create(&m, &gd));
     PDP_TRY(pdp_tensor_create(&xt, ctx->device, 2, (int64_t[]){b, T}));
     PDP_TRY(pdp_tensor_wrap_ids((int32_t *)xt->data, ctx->device, 2, xt->shape, &ids));
@@ -77,7 +70,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     PDP_TRY(pdp_gpt_activation_report(m, &gd, b, text, size, NULL));
     if (ctx->rank == 0) printf("%s", text);
     pdp_trainer_desc td = { /* DDP, ZeRO over the DP ranks; DP: np workers (-device cuda: GPUs) */
-        .strategy = strategy, .comm = strategy >= PDP_STRATEGY_DDP ? dpc : NULL,
+        .strategy = (pdp_strategy)strategy, .comm = strategy >= PDP_STRATEGY_DDP ? dpc : NULL,
         .optim = {.kind = PDP_OPTIM_ADAMW, .lr = lr, .beta1 = 0.9, .beta2 = 0.95,
                   .weight_decay = 0.1},
         .dp = {.num_workers = np}, .zero = {.bucket_cap_mb = 0.25, .first_bucket_mb = 0.25}};
@@ -103,8 +96,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         PDP_TRY(pdp_gpt_evaluate(m, ds, PDP_SPLIT_VAL, b, (short_run ? 1 : 8) * n, 1234, &val));
         if (ctx->rank == 0)
             printf("step %5lld  loss %.4f  val %.4f  %.0f tokens/s  %.1f s\n", (long long)step + 1,
-                   loss_sum / (double)(step % every + 1), val,
-                   (double)((step + 1) * B * T) / t_train, t_train);
+                   loss_sum / (step % every + 1), val, (step + 1) * B * T / t_train, t_train);
         fflush(stdout);
         loss_sum = 0;
     }
@@ -132,15 +124,13 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_trainer_free(t);                   /* so m is a whole model again */
     pdp_rng_seed(&r, (uint64_t)seed, 1);
     if (rank == 0) /* by every TP rank of the first copy: each forward is collective */
-        PDP_TRY(pdp_gpt_generate_text(m, prompt, n_new, (float)temperature, top_k, &r, text,
-                                      size));
+        PDP_TRY(pdp_gpt_generate_text(m, prompt, n_new, (float)temperature, top_k, &r, text, size));
     if (ctx->rank == 0)
         printf("sample (temperature %g, top-k %d, seed %lld):\n%s\n", temperature, top_k,
                (long long)seed, text);
     pdp_model_free(m);
     pdp_tensor_free(xt);
-    if (tpc) pdp_comm_free(dpc);
-    pdp_comm_free(tpc);
+    pdp_mesh_free(mesh);
     free(text);
     free(x);
     return PDP_OK;
@@ -149,13 +139,13 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 int main(int argc, char **argv)
 {
     const pdp_arg args[] = { /* option, type, variable (its default), min, max, choices */
-        {"-strategy", PDP_ARG_STRING, &strategy_name, 0, 0, "single|dp|ddp|zero1|zero2|zero3"},
+        {"-strategy", PDP_ARG_CHOICE, &strategy, 0, 0, "single|dp|ddp|zero1|zero2|zero3"},
         {"-np", PDP_ARG_INT, &np, 1, 64, NULL}, /* DP's workers, or thread ranks */
         {"-tp", PDP_ARG_INT, &tp, 1, 64, NULL}, /* thread ranks splitting each block */
         {"-sp", PDP_ARG_INT, &sp, 0, 1, NULL},  /* 1: sequence parallelism (with -tp) */
-        {"-device", PDP_ARG_STRING, &device, 0, 0, "cpu|cuda"},
-        {"-recompute", PDP_ARG_STRING, &recompute, 0, 0, "none|selective|full"},
-        {"-precision", PDP_ARG_STRING, &precision, 0, 0, "fp32|bf16"},
+        {"-device", PDP_ARG_CHOICE, &cuda, 0, 0, "cpu|cuda"}, /* cuda: a thread per GPU */
+        {"-recompute", PDP_ARG_CHOICE, &recompute, 0, 0, "none|selective|full"},
+        {"-precision", PDP_ARG_CHOICE, &bf16, 0, 0, "fp32|bf16"},
         {"-steps", PDP_ARG_INT64, &steps, 1, 1e9, NULL},
         {"-batch", PDP_ARG_INT64, &B, 1, 1 << 20, NULL}, /* global: at least 1 per rank */
         {"-context", PDP_ARG_INT64, &g.context, 1, 1 << 16, NULL},
@@ -172,10 +162,8 @@ int main(int argc, char **argv)
         {"-temperature", PDP_ARG_DOUBLE, &temperature, 0, 100, NULL},
         {"-top_k", PDP_ARG_INT, &top_k, 0, 256, NULL},
     };
-    pdp_launch_desc ld = {0};
     pdp_token_dataset *ds;
     PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
-    PDP_CHECK(pdp_strategy_from_name(strategy_name, &strategy));
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
     if (short_run) steps = 10, n_new = 40;
     if (strategy == PDP_STRATEGY_SINGLE) np = 1;
@@ -185,12 +173,9 @@ int main(int argc, char **argv)
                 "go with single, ddp or zero\n", (long long)B, ranks);
         return 2;
     }
-    if (!strcmp(device, "cuda")) ld.backend = PDP_BACKEND_NCCL; /* ctx->device: a rank's GPU */
     PDP_CHECK(pdp_set_num_threads(threads));
-    g.dropout = (float)dropout, g.seed = (uint64_t)seed;
-    g.precision = strcmp(precision, "bf16") ? PDP_PRECISION_FP32 : PDP_PRECISION_BF16;
-    g.recompute = !strcmp(recompute, "full")        ? PDP_RECOMPUTE_FULL
-                  : !strcmp(recompute, "selective") ? PDP_RECOMPUTE_SELECTIVE : PDP_RECOMPUTE_NONE;
+    g.dropout = (float)dropout, g.seed = (uint64_t)seed, g.sequence_parallel = sp;
+    g.precision = (pdp_precision)bf16, g.recompute = (pdp_recompute)recompute; /* in order */
     /* the text: fortunes by default, the synthetic text when they are not installed */
     pdp_token_dataset_desc td = {.context = g.context, .seed = (uint64_t)seed,
                                  .synthetic_fallback = !strcmp(path, PDP_FORTUNES_DIR)};
@@ -200,10 +185,12 @@ int main(int argc, char **argv)
     printf("GPT %d layers, %d heads, dim %lld, context %lld: %lld parameters; batch %lld, AdamW "
            "lr %g, %d thread(s), %s x %d%s, TP %d%s, recompute %s%s%s\n", g.layers, g.heads,
            (long long)g.dim, (long long)g.context, (long long)pdp_gpt_param_count(&g),
-           (long long)B, lr, threads, strategy_name, np, ld.backend ? " on CUDA" : "", tp,
-           sp ? " + SP" : "", recompute, g.precision ? ", bf16 " : "",
-           g.precision ? pdp_bf16_path_name(pdp_bf16_best_path()) : "");
+           (long long)B, lr, threads, pdp_strategy_name((pdp_strategy)strategy), np,
+           cuda ? " on CUDA" : "", tp, sp ? " + SP" : "",
+           (const char *[]){"none", "selective", "full"}[recompute], bf16 ? ", bf16 " : "",
+           bf16 ? pdp_bf16_path_name(pdp_bf16_best_path()) : "");
     fflush(stdout);
+    pdp_launch_desc ld = {.backend = cuda ? PDP_BACKEND_NCCL : PDP_BACKEND_LOCAL};
     PDP_CHECK(pdp_launch(ranks * tp, &ld, train_rank, ds)); /* single and DP: one rank */
     pdp_token_dataset_free(ds);
     return 0;

@@ -15,10 +15,10 @@
    Run:    ./train_gpt_3d              (2 x 2 x 2: 8 thread ranks; PDP_SHORT=1: 3 steps)
            ./train_gpt_3d -schedule interleaved -chunks 2    (v model chunks a stage)
            mpirun -np 8 ./gpt_3d_mpi -backend mpi     (make mpi-test checks its losses)
-   Output (PDP_SHORT=1): "step 3  loss 4.894898  one device 4.894899 ...", "equal to one
-           device within 1e-05", then per rank "rank 5 (DP 1, PP 0, TP 1): DP {1 5}  PP {5 7}
-           TP {4 5}", its memory, "TP 655360 (2(t-1)/t x 2 m R b T C 4 = 655360, ...)", DP's,
-           "PP stage 0 of 2: layers 0..40, ...", PP's bytes, "bubble 0.186 measured ...".
+   Output (PDP_SHORT=1): "step 3  loss 4.894898  one device 4.894899 ...", "equal to one device
+           within 1e-05", then per rank "rank 5 (DP 1, PP 0, TP 1): DP {1 5}  PP {5 7}  TP {4 5}",
+           its memory, "TP 655360 (2(t-1)/t x 2 m R b T C 4 = 655360, ...)", DP's, "PP stage 0
+           of 2: layers 0..40, ...", PP's bytes, "bubble 0.186 measured ...".
    Next:   pdp.h's manual, DISTRIBUTED, "Combinations" (the same groups and formulas). */
 
 #define PDP_IMPLEMENTATION
@@ -31,9 +31,9 @@
 #include <unistd.h>
 
 static pdp_gpt_desc g = {.vocab = 256, .context = 32, .layers = 4, .heads = 4, .dim = 64};
-static int dp = 2, tp = 2, pp = 2, micro = 4, chunks = 0, steps = 20, bad;
+static int dp = 2, tp = 2, pp = 2, micro = 4, chunks = 0, steps = 20, sched, bad; /* 1f1b */
 static int64_t seed = 1;
-static const char *backend = "local", *sched = "1f1b";
+static const char *backend = "local";
 static const pdp_optim_desc od = {.kind = PDP_OPTIM_ADAMW, .lr = 3e-3, .weight_decay = 0.1};
 static float one[1000]; /* the single-device losses */
 static pdp_token_dataset *ds;
@@ -89,8 +89,9 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     if (ctx->rank == 0) { /* the others wait meanwhile */
         printf("seed %lld: %s, backend %s, DP %d x TP %d x PP %d = %d ranks, schedule %s, %d "
                "micro-batches of %lld, GPT %d blocks, dim %d, context %d\n", (long long)seed,
-               ds->source, backend, dp, tp, pp, ctx->world_size, sched, micro, (long long)b,
-               (int)g.layers, (int)g.dim, (int)g.context);
+               ds->source, backend, dp, tp, pp, ctx->world_size,
+               (const char *[]){"1f1b", "gpipe", "interleaved"}[sched], micro, (long long)b,
+               g.layers, (int)g.dim, (int)g.context);
         PDP_TRY(one_device(B, x, y));
     }
     pdp_gpt_desc gd = g;
@@ -98,8 +99,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     PDP_TRY(pdp_gpt_create(&full, &gd)); /* this TP rank's slices of every block */
     pdp_pp_desc pd = {.micro_batches = micro, .chunks = chunks, .dp = pdp_mesh_group(mesh, DP),
                       .balance = PDP_PP_BALANCE_WORK, /* FLOPs of the layers and the loss */
-                      .schedule = *sched == 'g'   ? PDP_PP_GPIPE /* gpipe, 1f1b, interleaved */
-                                  : *sched == '1' ? PDP_PP_1F1B : PDP_PP_INTERLEAVED_1F1B};
+                      .schedule = (pdp_pp_schedule)sched};
     PDP_TRY(pdp_pp_create(&p, full, pdp_mesh_group(mesh, PP), &pd)); /* keeps stage s's blocks */
     pdp_model_free(full);
     m = pdp_pp_model(p);
@@ -157,7 +157,7 @@ int main(int argc, char **argv)
         {"-dp", PDP_ARG_INT, &dp, 1, 16, NULL},
         {"-tp", PDP_ARG_INT, &tp, 1, 4, NULL}, /* divides the 4 heads */
         {"-pp", PDP_ARG_INT, &pp, 1, 8, NULL}, /* at most the 8 residual regions */
-        {"-schedule", PDP_ARG_STRING, &sched, 0, 0, "gpipe|1f1b|interleaved"},
+        {"-schedule", PDP_ARG_CHOICE, &sched, 0, 0, "1f1b|gpipe|interleaved"}, /* its pdp_pp_schedule */
         {"-micro", PDP_ARG_INT, &micro, 1, 64, NULL}, /* micro-batches of 2 windows */
         {"-chunks", PDP_ARG_INT, &chunks, 0, 8, NULL}, /* interleaved: v; 0: its default, 2 */
         {"-steps", PDP_ARG_INT, &steps, 1, 1000, NULL},

@@ -258,26 +258,37 @@ PDP_API pdp_status pdp_print_by_rank(pdp_comm *c, const char *fmt, ...)
 
 /* ---- pdp_args_parse: a program's "-name value" options ---- */
 
-/* Whether text is one of choices, "a|b|c". */
-PDP__PRIVATE bool pdp__arg_is_choice(const char *choices, const char *text)
+/* The index of text among choices, "a|b|c" (0 for "a"), or -1. */
+PDP__PRIVATE int pdp__arg_choice_index(const char *choices, const char *text)
 {
     size_t n = strlen(text);
-    for (;;) {
-        const char *bar = strchr(choices, '|');
-        size_t len = bar ? (size_t)(bar - choices) : strlen(choices);
-        if (len == n && !strncmp(choices, text, n)) return true;
-        if (!bar) return false;
-        choices = bar + 1;
+    int k;
+    for (k = 0;; k++) {
+        size_t len = strcspn(choices, "|");
+        if (len == n && !strncmp(choices, text, n)) return k;
+        if (!choices[len]) return -1;
+        choices += len + 1;
     }
+}
+
+/* Choice k of choices, "a|b|c", into buf; NULL when there is no choice k. */
+PDP__PRIVATE const char *pdp__arg_choice_name(const char *choices, int k, char *buf, size_t cap)
+{
+    for (; choices && k > 0; k--)
+        if ((choices = strchr(choices, '|')) != NULL) choices++;
+    if (!choices || k < 0) return NULL;
+    snprintf(buf, cap, "%.*s", (int)strcspn(choices, "|"), choices);
+    return buf;
 }
 
 /* What a accepts, "1..8" or "local|mpi|nccl", into buf ("" when anything of its type). */
 PDP__PRIVATE const char *pdp__arg_accepts(const pdp_arg *a, char *buf, size_t cap)
 {
+    bool text = a->type == PDP_ARG_STRING || a->type == PDP_ARG_CHOICE;
     buf[0] = '\0';
-    if (a->type == PDP_ARG_STRING && a->choices)
+    if (text && a->choices)
         snprintf(buf, cap, "%s", a->choices);
-    else if (a->type != PDP_ARG_STRING && (a->min != 0.0 || a->max != 0.0))
+    else if (!text && (a->min != 0.0 || a->max != 0.0))
         snprintf(buf, cap, "%.15g..%.15g", a->min, a->max);
     return buf;
 }
@@ -291,9 +302,14 @@ PDP__PRIVATE bool pdp__arg_set(const pdp_arg *a, const char *text)
     double v;
     long long i = 0;
     if (a->type == PDP_ARG_STRING) {
-        if (a->choices && !pdp__arg_is_choice(a->choices, text)) return false;
+        if (a->choices && pdp__arg_choice_index(a->choices, text) < 0) return false;
         *(const char **)a->value = text;
         return true;
+    }
+    if (a->type == PDP_ARG_CHOICE) {
+        int k = pdp__arg_choice_index(a->choices, text);
+        if (k >= 0) *(int *)a->value = k;
+        return k >= 0;
     }
     errno = 0;
     if (a->type == PDP_ARG_DOUBLE) {
@@ -311,12 +327,16 @@ PDP__PRIVATE bool pdp__arg_set(const pdp_arg *a, const char *text)
     return true;
 }
 
-/* Appends " [-name value]" (the variable's value now) and " (what it accepts)" to buf. */
-PDP__PRIVATE void pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap)
+/* Appends " [-name value]" (the variable's value now, a choice's by name) and " (what it
+   accepts)" to buf; false, appending nothing, for a choice whose value names no choice. */
+PDP__PRIVATE bool pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap)
 {
     size_t n = strlen(buf);
     char value[64], accepts[128], paren[136] = "";
     const char *str = a->type == PDP_ARG_STRING ? *(const char *const *)a->value : NULL;
+    if (a->type == PDP_ARG_CHOICE &&
+        !(str = pdp__arg_choice_name(a->choices, *(const int *)a->value, value, sizeof value)))
+        return false;
     if (a->type == PDP_ARG_INT) snprintf(value, sizeof value, "%d", *(const int *)a->value);
     if (a->type == PDP_ARG_INT64)
         snprintf(value, sizeof value, "%lld", (long long)*(const int64_t *)a->value);
@@ -324,7 +344,8 @@ PDP__PRIVATE void pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap)
     if (pdp__arg_accepts(a, accepts, sizeof accepts)[0])
         snprintf(paren, sizeof paren, " (%s)", accepts);
     snprintf(buf + n, cap - n, " [%s %s%s]", a->name,
-             a->type == PDP_ARG_STRING ? (str ? str : "") : value, paren);
+             str ? str : a->type == PDP_ARG_STRING ? "" : value, paren);
+    return true;
 }
 
 PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count)
@@ -336,7 +357,11 @@ PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, in
         return pdp__err(PDP_ERR_INVALID, "pdp_args_parse: argv or args is NULL (argc %d, count "
                         "%d)", argc, count);
     snprintf(usage, sizeof usage, "usage: %s", prog); /* before parsing: the defaults */
-    for (k = 0; k < count; k++) pdp__arg_usage(&args[k], usage, sizeof usage);
+    for (k = 0; k < count; k++)
+        if (!pdp__arg_usage(&args[k], usage, sizeof usage)) /* a program's mistake */
+            return pdp__err(PDP_ERR_INVALID, "pdp_args_parse: %s's default %d is not the index of "
+                            "one of its choices (%s)", args[k].name, *(const int *)args[k].value,
+                            args[k].choices ? args[k].choices : "NULL");
     for (i = 1; i < argc && !why[0]; i += 2) {
         for (k = 0; k < count && strcmp(argv[i], args[k].name); k++) {}
         if (k == count)
@@ -345,7 +370,7 @@ PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, in
             snprintf(why, sizeof why, "%s needs a value", argv[i]);
         else if (!pdp__arg_set(&args[k], argv[i + 1])) {
             /* "-np '9' is not an integer in 1..8", "-backend 'x' is not one of local|mpi" */
-            bool str = args[k].type == PDP_ARG_STRING;
+            bool str = args[k].type == PDP_ARG_STRING || args[k].type == PDP_ARG_CHOICE;
             const char *kind = str ? "one of" : args[k].type == PDP_ARG_DOUBLE ? "a number"
                                                                                : "an integer";
             pdp__arg_accepts(&args[k], accepts, sizeof accepts);

@@ -94,15 +94,20 @@ PDP_API pdp_status pdp_print_by_rank(pdp_comm *c, const char *fmt, ...);
    option, whose value points at a variable that holds the default and receives the value
    given. pdp_args_parse reads argv[1..argc-1]; a number must parse whole and lie in
    [min, max] (both 0: any value of its type); a string with choices ("local|mpi|nccl") must
-   be one of them. On an unknown name, a name without a value or a value refused, it
-   returns PDP_ERR_INVALID and a message that names the option, the value and what it
-   accepts, then the usage: "usage: PROG [-np 2 (1..8)] [-backend local (local|mpi|nccl)]
-   ...", each option with its default. Variables already set stay set. */
+   be one of them; a choice (PDP_ARG_CHOICE) must be one of its choices, and its int
+   variable receives the choice's index: with "single|dp|ddp", "-strategy ddp" sets 2, so a
+   choices string in an enum's order gives the enum's value. On an unknown name, a name
+   without a value or a value refused, it returns PDP_ERR_INVALID and a message that names
+   the option, the value and what it accepts, then the usage: "usage: PROG [-np 2 (1..8)]
+   [-backend local (local|mpi|nccl)] ...", each option with its default (a choice's by
+   name). Variables already set stay set. A choice whose default is not the index of one
+   of its choices (or whose choices are NULL) fails before anything is parsed, naming it. */
 typedef enum pdp_arg_type {
     PDP_ARG_INT,     /* value: int * */
     PDP_ARG_INT64,   /* value: int64_t * */
     PDP_ARG_DOUBLE,  /* value: double * */
-    PDP_ARG_STRING   /* value: const char ** (points into argv) */
+    PDP_ARG_STRING,  /* value: const char ** (points into argv) */
+    PDP_ARG_CHOICE   /* value: int *, the index of the choice given among choices */
 } pdp_arg_type;
 
 typedef struct pdp_arg {
@@ -110,7 +115,7 @@ typedef struct pdp_arg {
     pdp_arg_type type;
     void *value;          /* the default in, the value given out */
     double min, max;      /* numbers: the accepted range, inclusive (both 0: any) */
-    const char *choices;  /* strings: the accepted values, "a|b|c" (NULL: any) */
+    const char *choices;  /* the accepted values, "a|b|c": strings' (NULL: any), choices' */
 } pdp_arg;
 
 PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count);

@@ -9372,8 +9372,11 @@ PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d,
 
 /* ---- pdp_args_parse: a program's "-name value" options ---- */
 
-/* Whether text is one of choices, "a|b|c". */
-PDP__PRIVATE bool pdp__arg_is_choice(const char *choices, const char *text);
+/* The index of text among choices, "a|b|c" (0 for "a"), or -1. */
+PDP__PRIVATE int pdp__arg_choice_index(const char *choices, const char *text);
+
+/* Choice k of choices, "a|b|c", into buf; NULL when there is no choice k. */
+PDP__PRIVATE const char *pdp__arg_choice_name(const char *choices, int k, char *buf, size_t cap);
 
 /* What a accepts, "1..8" or "local|mpi|nccl", into buf ("" when anything of its type). */
 PDP__PRIVATE const char *pdp__arg_accepts(const pdp_arg *a, char *buf, size_t cap);
@@ -9382,8 +9385,9 @@ PDP__PRIVATE const char *pdp__arg_accepts(const pdp_arg *a, char *buf, size_t ca
    it: not a whole number of a's type, outside a's range, not one of a's choices. */
 PDP__PRIVATE bool pdp__arg_set(const pdp_arg *a, const char *text);
 
-/* Appends " [-name value]" (the variable's value now) and " (what it accepts)" to buf. */
-PDP__PRIVATE void pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap);
+/* Appends " [-name value]" (the variable's value now, a choice's by name) and " (what it
+   accepts)" to buf; false, appending nothing, for a choice whose value names no choice. */
+PDP__PRIVATE bool pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap);
 
 /* PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count) */
 

@@ -291,6 +291,56 @@ TEST launch_args_parse(void)
     PASS();
 }
 
+/* PDP_ARG_CHOICE: the index of the choice given (the first, a middle one, the last; a
+   prefix and a longer name are refused, the variable untouched), the default printed by
+   name in the usage, and a default that names no choice refused before parsing. */
+TEST launch_args_choice(void)
+{
+    int strategy = 0, schedule = 1;
+    const pdp_arg args[] = {
+        {"-strategy", PDP_ARG_CHOICE, &strategy, 0, 0, "single|dp|ddp|zero1|zero2|zero3"},
+        {"-schedule", PDP_ARG_CHOICE, &schedule, 0, 0, "1f1b|gpipe|interleaved"},
+    };
+    const char *names[] = {"single", "dp", "ddp", "zero1", "zero2", "zero3"};
+    char *bad[][3] = {{"prog", "-strategy", "zero"}, {"prog", "-strategy", "zero33"},
+                      {"prog", "-strategy", ""}, {"prog", "-schedule", "1f1b|gpipe"}};
+    char *argv[] = {"prog", "-strategy", NULL, "-schedule", "interleaved"};
+    char *unknown[] = {"prog", "-x", "1"};
+    pdp_arg broken = {"-x", PDP_ARG_CHOICE, &schedule, 0, 0, "a|b"};
+    size_t i;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(3, unknown, args, 2), pdp_status_name);
+    ASSERT_STR_EQ("pdp_args_parse: prog: unknown option '-x'\nusage: prog [-strategy single "
+                  "(single|dp|ddp|zero1|zero2|zero3)] [-schedule gpipe (1f1b|gpipe|interleaved)]",
+                  pdp_last_error()); /* the defaults by name */
+    for (i = 0; i < 6; i++) { /* each name gives its index, in any order of the calls */
+        argv[2] = (char *)names[(i * 5) % 6];
+        ASSERT_ENUM_EQ(PDP_OK, pdp_args_parse(5, argv, args, 2), pdp_status_name);
+        ASSERT_EQ((int)((i * 5) % 6), strategy);
+        ASSERT_EQ(2, schedule);
+    }
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(3, bad[i], args, 2), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), " is not one of "));
+        ASSERT(strstr(pdp_last_error(), bad[i][2]));
+        ASSERT(strategy == 1 && schedule == 2); /* the last good value, "dp" */
+    }
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(3, bad[0], args, 2), pdp_status_name);
+    ASSERT_STR_EQ("pdp_args_parse: prog: -strategy 'zero' is not one of "
+                  "single|dp|ddp|zero1|zero2|zero3\nusage: prog [-strategy dp "
+                  "(single|dp|ddp|zero1|zero2|zero3)] [-schedule interleaved "
+                  "(1f1b|gpipe|interleaved)]", pdp_last_error());
+    schedule = 2; /* "a|b" has no choice 2 */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(1, argv, &broken, 1), pdp_status_name);
+    ASSERT_STR_EQ("pdp_args_parse: -x's default 2 is not the index of one of its choices (a|b)",
+                  pdp_last_error());
+    schedule = -1;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(1, argv, &broken, 1), pdp_status_name);
+    broken.choices = NULL, schedule = 0;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(1, argv, &broken, 1), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "(NULL)"));
+    PASS();
+}
+
 /* pdp_print_by_rank: the ranks call it in reverse rank order in time (rank r sleeps
    (n-1-r) x 20 ms), so printing as each arrives would give "rank 2, 1, 0"; stdout, taken
    into a file, must read 0, 1, 2 and hold nothing from the other ranks but rank 0's print. */
@@ -341,6 +391,7 @@ SUITE(launch)
     RUN_TEST(launch_helpers);
     RUN_TEST(launch_backend_from_name);
     RUN_TEST(launch_args_parse);
+    RUN_TEST(launch_args_choice);
     RUN_TEST(launch_print_by_rank);
 }
 
