@@ -2,8 +2,9 @@
    gradients against central finite differences for every layer kind on odd shapes,
    forward against naive loops, PyTorch's initialisation, dropout masks (eval
    identity, determinism, the same mask when a batch is split with sample_base), the
-   grad hook order, error messages, no allocation after the first step, and the
-   table of kinds (an entry per kind; pdp_model_layer_name, pdp_model_device).
+   grad hook order, error messages, no allocation after the first step, the
+   table of kinds (an entry per kind; pdp_model_layer_name, pdp_model_device), and a
+   LayerNorm on a slice of the sequence (TP + SP) summing by chunks as one device does.
 
    Finite differences: f(x) = sum(y * r) for a fixed random r, summed in double;
    df/dv ~ (f(v + eps) - f(v - eps)) / (2 eps) with eps = 1e-3, compared with the
@@ -22,7 +23,8 @@
    thread-count test runs its ReLUs split. */
 #define PDP__ELEMWISE_PAR_MIN 256
 /* Sums over rows (LayerNorm's dw and db, a Linear's db) in chunks from 64 floats instead
-   of 16384: the small shapes here sum through several chunks' shares. */
+   of 16384: the small shapes here sum through several chunks' shares (a tiny GPT's
+   sequence-parallel LayerNorms too). */
 #define PDP__SUM_CHUNK_FLOATS 64
 #define PDP_MALLOC(bytes) test_malloc(bytes)
 #define PDP_FREE(ptr) test_free(ptr)
@@ -1263,6 +1265,151 @@ TEST layers_linear_bias_and_db_split_over_threads(void)
     PASS();
 }
 
+/* A LayerNorm on a slice of the sequence (TP + SP, pdp_gpt_desc.sequence_parallel) sums its
+   weight and bias gradients over the slice's rows in the workspace, where layers_tp.c's
+   pdp__tp_seq_backward keeps them until the all-reduce over TP; its chunk shares must come
+   after them, or the first share overwrites them (the bug fixed by "SP: a LayerNorm on a slice of
+   the sequence gets its own workspace after its gradients'"). At this file's thresholds a
+   slice of B T / 2 = 16 rows of C = 16 (256 floats) runs as 4 chunks, asserted below; at the
+   default ones (test_gpt_sp) it would be 1. TP 2 + SP on 2 thread ranks, 2 SGD steps: each
+   rank's losses, replicated LayerNorm gradients (each step) and parameters (after the steps)
+   equal the single-device GPT's within 1e-5. */
+enum { SPB = 2, SPT = 16, SPC = 16, SPV = 11, SP_STEPS = 2 };
+
+typedef struct sp_chunk_case {
+    int32_t ids[SPB * SPT], tg[SPB * SPT];
+    const pdp_model *ref;             /* the single-device GPT after the steps */
+    const float *ref_grads[SP_STEPS]; /* its flat gradient at each step */
+    float losses[2][SP_STEPS];        /* each rank's */
+    int64_t chunks[2];                /* each rank's fewest chunks of a sliced LayerNorm */
+    int sliced[2];                    /* each rank's LayerNorms on a slice */
+    double grad_err[2], param_err[2]; /* each rank's largest relative errors against ref */
+} sp_chunk_case;
+
+static pdp_gpt_desc sp_chunk_desc(void)
+{
+    pdp_gpt_desc d;
+    memset(&d, 0, sizeof d);
+    d.vocab = SPV, d.context = SPT, d.layers = 1, d.heads = 2, d.dim = SPC, d.seed = 5;
+    return d;
+}
+
+/* SP_STEPS steps of SGD on m; each step's loss into losses, and grad(m, step, user) between
+   backward and the update. */
+static pdp_status sp_chunk_train(pdp_model *m, const sp_chunk_case *c, float *losses,
+                                 void (*grad)(const pdp_model *, int, void *), void *user)
+{
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    pdp_tensor x;
+    int64_t shape[2] = {SPB, SPT};
+    int s;
+    pdp_status st;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_SGD, od.lr = 0.5;
+    if ((st = pdp_optim_create(&o, m, &od)) != PDP_OK) return st;
+    pdp_tensor_wrap_ids((int32_t *)c->ids, pdp_cpu(), 2, shape, &x);
+    for (s = 0; s < SP_STEPS && st == PDP_OK; s++) {
+        if ((st = pdp_model_forward_backward(m, &x, c->tg, &losses[s])) != PDP_OK) break;
+        grad(m, s, user);
+        if ((st = pdp_optim_step(o)) == PDP_OK) pdp_optim_zero_grad(o);
+    }
+    pdp_optim_free(o);
+    return st;
+}
+
+static void sp_chunk_keep_grads(const pdp_model *m, int step, void *user)
+{
+    pdp_tensor g;
+    pdp_model_flat(m, NULL, &g);
+    memcpy(((float **)user)[step], g.data, (size_t)g.count * sizeof(float));
+}
+
+typedef struct sp_chunk_rank {
+    sp_chunk_case *c;
+    int rank;
+} sp_chunk_rank;
+
+/* the largest error of the rank's sliced LayerNorms' gradients against ref's at step */
+static void sp_chunk_check_grads(const pdp_model *m, int step, void *user)
+{
+    const sp_chunk_rank *r = (const sp_chunk_rank *)user;
+    int i;
+    for (i = 0; i < pdp_model_num_params(m); i++) {
+        pdp_param mine, full;
+        double e;
+        pdp_model_param(m, i, &mine);
+        if (!m->layers[mine.layer].tp_seq) continue;
+        if (pdp_model_find_param(r->c->ref, mine.name, &full) != PDP_OK || full.count != mine.count)
+            e = INFINITY;
+        else
+            e = fixture_rel_err(mine.grad.data, r->c->ref_grads[step] + full.offset, mine.count);
+        if (!(e <= r->c->grad_err[r->rank])) r->c->grad_err[r->rank] = e;
+    }
+}
+
+static pdp_status sp_chunk_run(const pdp_launch_ctx *ctx, void *user)
+{
+    sp_chunk_case *c = (sp_chunk_case *)user;
+    sp_chunk_rank me;
+    pdp_gpt_desc d = sp_chunk_desc();
+    pdp_model *m = NULL;
+    int i;
+    pdp_status st;
+    me.c = c, me.rank = ctx->rank;
+    d.tp = ctx->world;
+    d.sequence_parallel = true;
+    if ((st = pdp_gpt_create(&m, &d)) != PDP_OK) return st;
+    c->chunks[ctx->rank] = INT64_MAX;
+    for (i = 0; i < m->nlayers; i++) {
+        const pdp__layer *l = &m->layers[i];
+        if (!l->tp_seq || l->kind != PDP__LAYERNORM) continue;
+        c->sliced[ctx->rank]++;
+        c->chunks[ctx->rank] = PDP__MIN(c->chunks[ctx->rank],
+                                        pdp__layers_chunks(pdp__layer_rows(l, SPB),
+                                                           pdp__layer_in_features(l)));
+    }
+    if ((st = sp_chunk_train(m, c, c->losses[ctx->rank], sp_chunk_check_grads, &me)) == PDP_OK)
+        st = fixture_worst_by_name(m, c->ref, &c->param_err[ctx->rank]);
+    pdp_model_free(m);
+    return st;
+}
+
+TEST layers_sequence_parallel_layernorm_shares_keep_its_gradients(void)
+{
+    sp_chunk_case c;
+    pdp_gpt_desc d = sp_chunk_desc();
+    pdp_model *ref = NULL;
+    float *grads[SP_STEPS], losses[SP_STEPS];
+    int64_t i;
+    int r, s;
+    memset(&c, 0, sizeof c);
+    for (i = 0; i < SPB * SPT; i++) {
+        c.ids[i] = (int32_t)((i * 7 + 3) % SPV);
+        c.tg[i] = (int32_t)((i * 5 + 1) % SPV);
+    }
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&ref, &d), pdp_status_name);
+    for (s = 0; s < SP_STEPS; s++) {
+        grads[s] = (float *)malloc((size_t)pdp_model_param_count(ref) * sizeof(float));
+        ASSERT(grads[s] != NULL);
+        c.ref_grads[s] = grads[s];
+    }
+    ASSERT_ENUM_EQ(PDP_OK, sp_chunk_train(ref, &c, losses, sp_chunk_keep_grads, grads),
+                   pdp_status_name);
+    c.ref = ref;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_launch(2, NULL, sp_chunk_run, &c), pdp_status_name);
+    for (r = 0; r < 2; r++) {
+        ASSERT_EQ(3, c.sliced[r]); /* ln_1, ln_2, ln_f */
+        ASSERT_EQ(4, c.chunks[r]);
+        ASSERTm("LayerNorm gradients", c.grad_err[r] <= 1e-5);
+        ASSERTm("parameters", c.param_err[r] <= 1e-5);
+        for (s = 0; s < SP_STEPS; s++) ASSERT_IN_RANGE(losses[s], c.losses[r][s], 1e-5);
+    }
+    for (s = 0; s < SP_STEPS; s++) free(grads[s]);
+    pdp_model_free(ref);
+    PASS();
+}
+
 /* ---- the table of kinds, names and devices ---- */
 
 /* The table's PDP__LAYER_ELEMENTWISE is what tp.c accepts between a ColumnParallelLinear
@@ -1531,6 +1678,7 @@ SUITE(layers)
     RUN_TEST(layers_gradients_accumulate_across_backwards);
     RUN_TEST(layers_results_do_not_depend_on_the_thread_count);
     RUN_TEST(layers_linear_bias_and_db_split_over_threads);
+    RUN_TEST(layers_sequence_parallel_layernorm_shares_keep_its_gradients);
     RUN_TEST(layers_table_has_an_entry_for_every_kind);
     RUN_TEST(layers_elementwise_kinds_are_elementwise_and_fit_a_tp_block);
     RUN_TEST(layers_a_layer_status_reaches_the_caller_naming_the_layer);
