@@ -2391,13 +2391,48 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
 
 /* Packing op(A) with A not transposed, and op(B) with B transposed, is a transpose
    (the source is contiguous in k, the panel wants k-major). With AVX it goes 8 x 8
-   at a time through registers; the rest is plain loops. */
-#if !defined(PDP_NO_SIMD) && defined(__AVX__)
+   at a time through registers; the rest is plain loops.
+
+   pdp__sgemm_bf16 (round16) rounds each value to bf16 as it is packed, with
+   pdp__bf16_round_u32's bits (round to nearest even on the 16 bits dropped, a NaN made
+   quiet, subnormals rounded like any value), in registers where AVX2 or AVX-512 is:
+   the values pass through registers anyway, so the rounding costs a few integer
+   operations per vector, where a pass over the packed panels after packing cost
+   2-19% of a product (bench/bf16_paths, sgemm-rounded against fp32). */
+#if !defined(PDP_NO_SIMD) && (defined(__AVX__) || defined(__AVX512F__))
 #  include <immintrin.h>
+#endif
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+/* pdp__bf16_round_u32 on 16 lanes (the shift is the zero-masking form with every lane
+   kept, for gemm_bf16.c's PDP__BF16_UNPACKLO32 reason). */
+
+/* lo in the low half, hi in the high half (the masked form, its mask full: the plain one's
+   undefined source trips gcc's -Wmaybe-uninitialized, as gemm_bf16.c's PDP__BF16_HALF). */
+
+#endif
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX2__)
+/* pdp__bf16_round_u32 on 8 lanes (|u| and Inf compared as signed: both are below 2^31). */
+
+#endif
+
+/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
+   loop vectorises). */
+PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n);
+
+/* x rounded to bf16 (as an fp32) when round16, else x. */
+
+/* d[0, n) = s[0, n), rounded to bf16 when round16. */
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX__)
 #  define PDP__GEMM_T8 1
 
-/* dst[q * ldd + r] = s[r][p + q] for r, q in [0, 8). */
-PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, int64_t ldd);
+/* dst[q * ldd + r] = s[r][p + q] for r, q in [0, 8), rounded to bf16 when round16: on
+   AVX-512 into an A panel (ldd 8: two rows of the block are 16 adjacent floats), two
+   rows at a time in zmm (11 operations per 16 values, where ymm takes 20). */
+PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, int64_t ldd,
+                                       int round16);
 #else
 #  define PDP__GEMM_T8 0
 #endif
@@ -2408,7 +2443,8 @@ PDP__PRIVATE const float *pdp__gemm_row(const float *src, int64_t lds, const int
                                         int64_t r);
 
 /* rows x kc of a source contiguous in k (row r at pdp__gemm_row) into
-   dst[p * ldd + r]; the part of [0, ldd) past `rows` is zeroed. With AVX, groups of
+   dst[p * ldd + r], rounded to bf16 when round16; the part of [0, ldd) past `rows` is
+   zeroed. With AVX, groups of
    8 rows go through pdp__gemm_transpose8, and so does a last partial group when the
    panel has room for 8, its missing rows read from a row of zeros (a ragged edge,
    N = 25 say, would otherwise be packed and zeroed one strided float at a time). */
@@ -2417,32 +2453,29 @@ PDP__PRIVATE const float *pdp__gemm_row(const float *src, int64_t lds, const int
 #endif
 
 PDP__PRIVATE void pdp__gemm_pack_t(const float *src, int64_t lds, const int64_t *off, int rows,
-                                   int64_t kc, float *dst, int64_t ldd);
+                                   int64_t kc, float *dst, int64_t ldd, int round16);
 
 /* kc x cols of a source contiguous in the panel's fast index (row p at
-   pdp__gemm_row) into dst[p * ldd + j]; the part of [0, ldd) past `cols` is
-   zeroed. Always inlined with a constant ldd (MR
+   pdp__gemm_row) into dst[p * ldd + j], rounded to bf16 when round16; the part of
+   [0, ldd) past `cols` is zeroed. Always inlined with a constant ldd (MR
    or NR), so that a full row is a fixed-size copy the compiler turns into vector
    moves: the plain loop of unknown length stays scalar at -O2 and cost a fifth of
    a 512^3 NN or TN product. */
 
-/* op(A) rows [0, mr) x columns [0, kc) (a points at op(A)(0, 0)) into ap[p * MR + i]. */
+/* op(A) rows [0, mr) x columns [0, kc) (a points at op(A)(0, 0)) into ap[p * MR + i],
+   rounded to bf16 when round16. */
 PDP__PRIVATE void pdp__gemm_pack_a(pdp_trans ta, const float *a, int64_t lda, int mr, int64_t kc,
-                                   float *PDP__GEMM_RESTRICT ap);
+                                   float *PDP__GEMM_RESTRICT ap, int round16);
 
 /* op(B) rows [pc, pc + kc) x columns [jc, jc + nc) into panels of NR columns:
-   bp[(j / NR) * kc * NR + p * NR + j % NR]. B's storage row r starts at
-   b + r * ldb, or at b + brow[r] when the caller gave a row-offset table. */
+   bp[(j / NR) * kc * NR + p * NR + j % NR], rounded to bf16 when round16. B's storage
+   row r starts at b + r * ldb, or at b + brow[r] when the caller gave a row-offset
+   table. */
 PDP__PRIVATE void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, const int64_t *brow,
                                    int64_t pc, int64_t jc, int64_t kc, int64_t nc,
-                                   float *PDP__GEMM_RESTRICT bp);
+                                   float *PDP__GEMM_RESTRICT bp, int round16);
 
 /* ---- gemm: the blocked product on one thread ---- */
-
-/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
-   loop vectorises): pdp__sgemm_bf16's packed panels, right after packing, while they
-   are in L1 (A's MR x KC panel) or L2 (B's KC x NC block). */
-PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n);
 
 typedef struct pdp__gemm_args {
     pdp_trans ta, tb;
@@ -2455,7 +2488,8 @@ typedef struct pdp__gemm_args {
     int64_t lda, ldb, ldc;
     int64_t kb;   /* depth of each k block (the last may be shorter) */
     int split_n;  /* 1: parts are column ranges; 0: row ranges */
-    int round16;  /* pdp__sgemm_bf16: packed panels rounded to bf16 (never gathered) */
+    int round16;  /* pdp__sgemm_bf16: operands rounded to bf16 as they are packed (never
+                     gathered) */
 } pdp__gemm_args;
 
 PDP__PRIVATE int64_t pdp__gemm_round_up(int64_t x, int64_t to);
