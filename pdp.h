@@ -9214,17 +9214,19 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
 #endif
 
 #if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
-/* pdp__bf16_round_u32 on 16 lanes (the shift is the zero-masking form with every lane
-   kept, for gemm_bf16.c's PDP__BF16_UNPACKLO32 reason). */
+/* pdp__bf16_round_u32 on 16 lanes, in 7 operations where its plain form takes 10: t = u +
+   0x7fff, plus 1 where bit 16 (the kept half's last bit) is set; a NaN's t is u with the
+   quiet bit; then the low half cleared. */
 static inline PDP__ALWAYS_INLINE __m512i pdp__gemm_round_zmm(__m512i u)
 {
     const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
     const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
     const __m512i top = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x00400000);
-    __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32((__mmask16)0xffff, u, 16), one);
-    __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, half), lsb), top);
-    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
-    return _mm512_mask_and_epi32(r, nan, _mm512_or_si512(u, quiet), top);
+    const __m512i bit16 = _mm512_set1_epi32(0x10000);
+    __m512i t = _mm512_add_epi32(u, half);
+    t = _mm512_mask_add_epi32(t, _mm512_test_epi32_mask(u, bit16), t, one);
+    t = _mm512_mask_or_epi32(t, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf), u, quiet);
+    return _mm512_and_si512(t, top);
 }
 
 /* lo in the low half, hi in the high half (the masked form, its mask full: the plain one's
@@ -9244,11 +9246,19 @@ static inline PDP__ALWAYS_INLINE __m256 pdp__gemm_round_ymm(__m256 v)
     const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
     const __m256i top = _mm256_set1_epi32((int)0xffff0000u), quiet = _mm256_set1_epi32(0x00400000);
     __m256i u = _mm256_castps_si256(v);
+#  if defined(__AVX512VL__) /* pdp__gemm_round_zmm's 7 operations */
+    const __m256i bit16 = _mm256_set1_epi32(0x10000);
+    __m256i t = _mm256_add_epi32(u, half);
+    t = _mm256_mask_add_epi32(t, _mm256_test_epi32_mask(u, bit16), t, one);
+    t = _mm256_mask_or_epi32(t, _mm256_cmpgt_epi32_mask(_mm256_and_si256(u, abs), inf), u, quiet);
+    return _mm256_castsi256_ps(_mm256_and_si256(t, top));
+#  else
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
     __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, half), lsb), top);
     __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
     __m256i q = _mm256_and_si256(_mm256_or_si256(u, quiet), top);
     return _mm256_castsi256_ps(_mm256_blendv_epi8(r, q, nan));
+#  endif
 }
 #endif
 

@@ -2404,8 +2404,9 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
 #endif
 
 #if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
-/* pdp__bf16_round_u32 on 16 lanes (the shift is the zero-masking form with every lane
-   kept, for gemm_bf16.c's PDP__BF16_UNPACKLO32 reason). */
+/* pdp__bf16_round_u32 on 16 lanes, in 7 operations where its plain form takes 10: t = u +
+   0x7fff, plus 1 where bit 16 (the kept half's last bit) is set; a NaN's t is u with the
+   quiet bit; then the low half cleared. */
 
 /* lo in the low half, hi in the high half (the masked form, its mask full: the plain one's
    undefined source trips gcc's -Wmaybe-uninitialized, as gemm_bf16.c's PDP__BF16_HALF). */
