@@ -22,7 +22,11 @@
    (pdp_model_set_precision: AUTO's paths, per product), alternating, median of the
    rounds' samples/s.
 
-   make build/bench_bf16_paths && nice -n -10 ./build/bench_bf16_paths [quick] */
+   sgemm: as a CPU without bf16 instructions runs (the CPUID record's AVX512-BF16 and AMX
+   cleared, so AUTO takes sgemm-rounded for every product): the bf16 step against fp32
+   there.
+
+   make build/bench_bf16_paths && nice -n -10 ./build/bench_bf16_paths [quick] [sgemm] */
 
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
@@ -136,13 +140,19 @@ int main(int argc, char **argv)
     static const char *sizes[3] = {"large", "small m/n", "small k"};
     const shape *cls[3] = {large, small_mn, small_k};
     int ncls[3] = {3, 2, 1};
-    int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
-    int rounds = quick ? 3 : 15, l, z, p, r, i;
-    double budget = quick ? 0.005 : 0.01;
+    int quick = 0, sgemm = 0, rounds, l, z, p, r, i;
+    double budget;
     char cells[4 * 4];
     int avail[NPATHS];
     size_t big = 784 * 784;
+    for (i = 1; i < argc; i++) {
+        quick |= strcmp(argv[i], "quick") == 0;
+        sgemm |= strcmp(argv[i], "sgemm") == 0;
+    }
+    rounds = quick ? 3 : 15;
+    budget = quick ? 0.005 : 0.01;
     pdp_bf16_path_available(PDP_BF16_PATH_AUTO); /* CPUID read */
+    if (sgemm) pdp__bf16_this.avx512 = pdp__bf16_this.amx = 0;
     a_buf = (float *)malloc(big * sizeof(float));
     b_buf = (float *)malloc(big * sizeof(float));
     c_buf = (float *)malloc(big * sizeof(float));

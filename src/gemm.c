@@ -370,13 +370,124 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
 
 /* Packing op(A) with A not transposed, and op(B) with B transposed, is a transpose
    (the source is contiguous in k, the panel wants k-major). With AVX it goes 8 x 8
-   at a time through registers; the rest is plain loops. */
-#if !defined(PDP_NO_SIMD) && defined(__AVX__)
+   at a time through registers; the rest is plain loops.
+
+   pdp__sgemm_bf16 (round16) rounds each value to bf16 as it is packed, with
+   pdp__bf16_round_u32's bits (round to nearest even on the 16 bits dropped, a NaN made
+   quiet, subnormals rounded like any value), in registers where AVX2 or AVX-512 is:
+   the values pass through registers anyway, so the rounding costs a few integer
+   operations per vector, where a pass over the packed panels after packing cost 2-22%
+   of the MLP's products (one thread, Sapphire Rapids class; most where packing is a
+   large share: 10 x 512 x 512, 512 x 10 x 512). */
+#if !defined(PDP_NO_SIMD) && (defined(__AVX__) || defined(__AVX512F__))
 #  include <immintrin.h>
+#endif
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+/* pdp__bf16_round_u32 on 16 lanes, in 7 operations where its plain form takes 10: t = u +
+   0x7fff, plus 1 where bit 16 (the kept half's last bit) is set; a NaN's t is u with the
+   quiet bit; then the low half cleared. */
+static inline PDP__ALWAYS_INLINE __m512i pdp__gemm_round_zmm(__m512i u)
+{
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x00400000);
+    const __m512i bit16 = _mm512_set1_epi32(0x10000);
+    __m512i t = _mm512_add_epi32(u, half);
+    t = _mm512_mask_add_epi32(t, _mm512_test_epi32_mask(u, bit16), t, one);
+    t = _mm512_mask_or_epi32(t, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf), u, quiet);
+    return _mm512_and_si512(t, top);
+}
+
+/* lo in the low half, hi in the high half (the masked form, its mask full: the plain one's
+   undefined source trips gcc's -Wmaybe-uninitialized, as gemm_bf16.c's PDP__BF16_HALF). */
+static inline PDP__ALWAYS_INLINE __m512i pdp__gemm_join(__m256i lo, __m256i hi)
+{
+    __m512i w = _mm512_castsi256_si512(lo);
+    return _mm512_mask_inserti64x4(w, (__mmask8)0xff, w, hi, 1);
+}
+#endif
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX2__)
+/* pdp__bf16_round_u32 on 8 lanes (|u| and Inf compared as signed: both are below 2^31). */
+static inline PDP__ALWAYS_INLINE __m256 pdp__gemm_round_ymm(__m256 v)
+{
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+    const __m256i top = _mm256_set1_epi32((int)0xffff0000u), quiet = _mm256_set1_epi32(0x00400000);
+    __m256i u = _mm256_castps_si256(v);
+#  if defined(__AVX512VL__) /* pdp__gemm_round_zmm's 7 operations */
+    const __m256i bit16 = _mm256_set1_epi32(0x10000);
+    __m256i t = _mm256_add_epi32(u, half);
+    t = _mm256_mask_add_epi32(t, _mm256_test_epi32_mask(u, bit16), t, one);
+    t = _mm256_mask_or_epi32(t, _mm256_cmpgt_epi32_mask(_mm256_and_si256(u, abs), inf), u, quiet);
+    return _mm256_castsi256_ps(_mm256_and_si256(t, top));
+#  else
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+    __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, half), lsb), top);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
+    __m256i q = _mm256_and_si256(_mm256_or_si256(u, quiet), top);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(r, q, nan));
+#  endif
+}
+#endif
+
+/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
+   loop vectorises). */
+PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n)
+{
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    /* 16 at a time in zmm (gcc vectorises the loop below in ymm at -march=native: twice
+       the instructions) */
+    for (; n >= 16; n -= 16, p += 16)
+        _mm512_storeu_si512((void *)p, pdp__gemm_round_zmm(_mm512_loadu_si512((const void *)p)));
+#endif
+    PDP__FOR_BLOCKED(i, n, {
+        uint32_t u;
+        memcpy(&u, p + i, sizeof u);
+        u = pdp__bf16_round_u32(u);
+        memcpy(p + i, &u, sizeof u);
+    });
+}
+
+/* x rounded to bf16 (as an fp32) when round16, else x. */
+static inline float pdp__gemm_rounded(float x, int round16)
+{
+    return round16 ? pdp__bf16_round(x) : x;
+}
+
+/* d[0, n) = s[0, n), rounded to bf16 when round16. */
+static inline PDP__ALWAYS_INLINE void pdp__gemm_copy(float *d, const float *s, int n, int round16)
+{
+    int i = 0;
+    if (!round16) {
+        memcpy(d, s, (size_t)n * sizeof(float));
+        return;
+    }
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_si512((void *)(d + i),
+                            pdp__gemm_round_zmm(_mm512_loadu_si512((const void *)(s + i))));
+    if (i < n) { /* the last 1-15 (an A panel's MR = 8): masked, not one by one */
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_epi32((void *)(d + i), m,
+                                 pdp__gemm_round_zmm(_mm512_maskz_loadu_epi32(m, s + i)));
+        return;
+    }
+#elif !defined(PDP_NO_SIMD) && defined(__AVX2__)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, pdp__gemm_round_ymm(_mm256_loadu_ps(s + i)));
+#endif
+    for (; i < n; i++) d[i] = pdp__bf16_round(s[i]);
+}
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX__)
 #  define PDP__GEMM_T8 1
 
-/* dst[q * ldd + r] = s[r][p + q] for r, q in [0, 8). */
-PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, int64_t ldd)
+/* dst[q * ldd + r] = s[r][p + q] for r, q in [0, 8), rounded to bf16 when round16: on
+   AVX-512 into an A panel (ldd 8: two rows of the block are 16 adjacent floats), two
+   rows at a time in zmm (11 operations per 16 values, where ymm takes 20). */
+PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, int64_t ldd,
+                                       int round16)
 {
     __m256 r0 = _mm256_loadu_ps(s[0] + p), r1 = _mm256_loadu_ps(s[1] + p);
     __m256 r2 = _mm256_loadu_ps(s[2] + p), r3 = _mm256_loadu_ps(s[3] + p);
@@ -390,14 +501,31 @@ PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *
     __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
     __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
     __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
-    _mm256_storeu_ps(dst, _mm256_permute2f128_ps(u0, u4, 0x20));
-    _mm256_storeu_ps(dst + ldd, _mm256_permute2f128_ps(u1, u5, 0x20));
-    _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(u2, u6, 0x20));
-    _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(u3, u7, 0x20));
-    _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(u0, u4, 0x31));
-    _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));
-    _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
-    _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
+    __m256 o[8];
+    int q;
+    o[0] = _mm256_permute2f128_ps(u0, u4, 0x20), o[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    o[2] = _mm256_permute2f128_ps(u2, u6, 0x20), o[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    o[4] = _mm256_permute2f128_ps(u0, u4, 0x31), o[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    o[6] = _mm256_permute2f128_ps(u2, u6, 0x31), o[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+#  if defined(__AVX512F__)
+    if (round16 && ldd == 8) {
+        for (q = 0; q < 8; q += 2) {
+            _mm512_storeu_si512((void *)(dst + 8 * q),
+                                pdp__gemm_round_zmm(pdp__gemm_join(_mm256_castps_si256(o[q]),
+                                                                   _mm256_castps_si256(o[q + 1]))));
+        }
+        return;
+    }
+#  endif
+#  if defined(__AVX2__)
+    if (round16)
+        for (q = 0; q < 8; q++) o[q] = pdp__gemm_round_ymm(o[q]);
+#  endif
+    for (q = 0; q < 8; q++) _mm256_storeu_ps(dst + q * ldd, o[q]);
+#  if !defined(__AVX2__) /* AVX without its integer half: the 8 x 8 block rounded in L1 */
+    if (round16)
+        for (q = 0; q < 8; q++) pdp__gemm_round16(dst + q * ldd, 8);
+#  endif
 }
 #else
 #  define PDP__GEMM_T8 0
@@ -412,16 +540,17 @@ PDP__PRIVATE const float *pdp__gemm_row(const float *src, int64_t lds, const int
 }
 
 /* rows x kc of a source contiguous in k (row r at pdp__gemm_row) into
-   dst[p * ldd + r]; the part of [0, ldd) past `rows` is zeroed. With AVX, groups of
-   8 rows go through pdp__gemm_transpose8, and so does a last partial group when the
-   panel has room for 8, its missing rows read from a row of zeros (a ragged edge,
-   N = 25 say, would otherwise be packed and zeroed one strided float at a time). */
+   dst[p * ldd + r], rounded to bf16 when round16; the part of [0, ldd) past `rows` is
+   zeroed. With AVX, groups of 8 rows go through pdp__gemm_transpose8, and so does a
+   last partial group when the panel has room for 8, its missing rows read from a row of
+   zeros (a ragged edge, N = 25 say, would otherwise be packed and zeroed one strided
+   float at a time). */
 #if PDP__GEMM_T8
 static const float pdp__gemm_zeros[PDP__GEMM_KC] = {0};
 #endif
 
 PDP__PRIVATE void pdp__gemm_pack_t(const float *src, int64_t lds, const int64_t *off, int rows,
-                                   int64_t kc, float *dst, int64_t ldd)
+                                   int64_t kc, float *dst, int64_t ldd, int round16)
 {
     int r = 0;
     int64_t p;
@@ -431,9 +560,10 @@ PDP__PRIVATE void pdp__gemm_pack_t(const float *src, int64_t lds, const int64_t 
         int i;
         for (i = 0; i < 8; i++)
             s[i] = r + i < rows ? pdp__gemm_row(src, lds, off, r + i) : pdp__gemm_zeros;
-        for (p = 0; p + 8 <= kc; p += 8) pdp__gemm_transpose8(s, p, dst + p * ldd + r, ldd);
+        for (p = 0; p + 8 <= kc; p += 8)
+            pdp__gemm_transpose8(s, p, dst + p * ldd + r, ldd, round16);
         for (; p < kc; p++) {
-            for (i = 0; i < 8; i++) dst[p * ldd + r + i] = s[i][p];
+            for (i = 0; i < 8; i++) dst[p * ldd + r + i] = pdp__gemm_rounded(s[i][p], round16);
         }
     }
     if (r >= rows) { /* the rest of the panel: zero, 8 columns at a time */
@@ -443,7 +573,7 @@ PDP__PRIVATE void pdp__gemm_pack_t(const float *src, int64_t lds, const int64_t 
 #endif
     for (; r < rows; r++) {
         const float *s = pdp__gemm_row(src, lds, off, r);
-        for (p = 0; p < kc; p++) dst[p * ldd + r] = s[p];
+        for (p = 0; p < kc; p++) dst[p * ldd + r] = pdp__gemm_rounded(s[p], round16);
     }
     for (; r < ldd; r++) {
         for (p = 0; p < kc; p++) dst[p * ldd + r] = 0.0f;
@@ -451,88 +581,76 @@ PDP__PRIVATE void pdp__gemm_pack_t(const float *src, int64_t lds, const int64_t 
 }
 
 /* kc x cols of a source contiguous in the panel's fast index (row p at
-   pdp__gemm_row) into dst[p * ldd + j]; the part of [0, ldd) past `cols` is
-   zeroed. Always inlined with a constant ldd (MR
+   pdp__gemm_row) into dst[p * ldd + j], rounded to bf16 when round16; the part of
+   [0, ldd) past `cols` is zeroed. Always inlined with a constant ldd (MR
    or NR), so that a full row is a fixed-size copy the compiler turns into vector
    moves: the plain loop of unknown length stays scalar at -O2 and cost a fifth of
    a 512^3 NN or TN product. */
-static inline void pdp__gemm_pack_n(const float *src, int64_t lds, const int64_t *off, int cols,
-                                    int64_t kc, float *dst, const int ldd)
+static inline PDP__ALWAYS_INLINE void pdp__gemm_pack_n(const float *src, int64_t lds,
+                                                      const int64_t *off, int cols, int64_t kc,
+                                                      float *dst, const int ldd, int round16)
 {
-    int64_t p;
+    int64_t p = 0;
     int j;
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    if (round16 && ldd == 8 && cols == 8) { /* an A panel: two rows of 8 a zmm */
+        for (; p + 2 <= kc; p += 2) {
+            __m256i lo = _mm256_loadu_si256((const __m256i *)pdp__gemm_row(src, lds, off, p));
+            __m256i hi = _mm256_loadu_si256((const __m256i *)pdp__gemm_row(src, lds, off, p + 1));
+            _mm512_storeu_si512((void *)(dst + p * 8), pdp__gemm_round_zmm(pdp__gemm_join(lo, hi)));
+        }
+    }
+#endif
     if (cols == ldd) {
-        for (p = 0; p < kc; p++)
-            memcpy(dst + p * ldd, pdp__gemm_row(src, lds, off, p), (size_t)ldd * sizeof(float));
+        for (; p < kc; p++)
+            pdp__gemm_copy(dst + p * ldd, pdp__gemm_row(src, lds, off, p), ldd, round16);
         return;
     }
     for (p = 0; p < kc; p++) {
         const float *s = pdp__gemm_row(src, lds, off, p);
         float *d = dst + p * ldd;
-        for (j = 0; j < cols; j++) d[j] = s[j];
-        for (; j < ldd; j++) d[j] = 0.0f;
+        pdp__gemm_copy(d, s, cols, round16);
+        for (j = cols; j < ldd; j++) d[j] = 0.0f;
     }
 }
 
-/* op(A) rows [0, mr) x columns [0, kc) (a points at op(A)(0, 0)) into ap[p * MR + i]. */
+/* op(A) rows [0, mr) x columns [0, kc) (a points at op(A)(0, 0)) into ap[p * MR + i],
+   rounded to bf16 when round16. */
 PDP__PRIVATE void pdp__gemm_pack_a(pdp_trans ta, const float *a, int64_t lda, int mr, int64_t kc,
-                                   float *PDP__GEMM_RESTRICT ap)
+                                   float *PDP__GEMM_RESTRICT ap, int round16)
 {
     if (ta == PDP_NO_TRANS) /* op(A)(i, p) = a[i * lda + p] */
-        pdp__gemm_pack_t(a, lda, NULL, mr, kc, ap, PDP__GEMM_MR);
-    else /* op(A)(i, p) = a[p * lda + i] */
-        pdp__gemm_pack_n(a, lda, NULL, mr, kc, ap, PDP__GEMM_MR);
+        pdp__gemm_pack_t(a, lda, NULL, mr, kc, ap, PDP__GEMM_MR, round16);
+    else if (round16) /* op(A)(i, p) = a[p * lda + i]; round16 a constant to the inlined copy */
+        pdp__gemm_pack_n(a, lda, NULL, mr, kc, ap, PDP__GEMM_MR, 1);
+    else
+        pdp__gemm_pack_n(a, lda, NULL, mr, kc, ap, PDP__GEMM_MR, 0);
 }
 
 /* op(B) rows [pc, pc + kc) x columns [jc, jc + nc) into panels of NR columns:
-   bp[(j / NR) * kc * NR + p * NR + j % NR]. B's storage row r starts at
-   b + r * ldb, or at b + brow[r] when the caller gave a row-offset table. */
+   bp[(j / NR) * kc * NR + p * NR + j % NR], rounded to bf16 when round16. B's storage
+   row r starts at b + r * ldb, or at b + brow[r] when the caller gave a row-offset
+   table. */
 PDP__PRIVATE void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, const int64_t *brow,
                                    int64_t pc, int64_t jc, int64_t kc, int64_t nc,
-                                   float *PDP__GEMM_RESTRICT bp)
+                                   float *PDP__GEMM_RESTRICT bp, int round16)
 {
     int64_t j0;
     for (j0 = 0; j0 < nc; j0 += PDP__GEMM_NR) {
         int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - j0);
         int64_t j = jc + j0;
-        if (tb == PDP_NO_TRANS) /* op(B)(p, j) = storage row p, element j */
+        if (tb == PDP_NO_TRANS && round16) /* op(B)(p, j) = storage row p, element j */
+            pdp__gemm_pack_n(b + pc * ldb + j, ldb, NULL, nr, kc, bp + j0 * kc, PDP__GEMM_NR, 1);
+        else if (tb == PDP_NO_TRANS)
             pdp__gemm_pack_n(brow ? b + j : b + pc * ldb + j, ldb, brow ? brow + pc : NULL, nr,
-                             kc, bp + j0 * kc, PDP__GEMM_NR);
+                             kc, bp + j0 * kc, PDP__GEMM_NR, 0);
         else /* op(B)(p, j) = storage row j, element p */
             pdp__gemm_pack_t(brow ? b + pc : b + j * ldb + pc, ldb, brow ? brow + j : NULL, nr,
-                             kc, bp + j0 * kc, PDP__GEMM_NR);
+                             kc, bp + j0 * kc, PDP__GEMM_NR, round16);
     }
 }
 
 /* ---- gemm: the blocked product on one thread ---- */
-
-/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
-   loop vectorises): pdp__sgemm_bf16's packed panels, right after packing, while they
-   are in L1 (A's MR x KC panel) or L2 (B's KC x NC block). */
-PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n)
-{
-#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
-    /* 16 at a time in zmm (gcc vectorises the loop below in ymm at -march=native: twice
-       the instructions, a quarter of a 512 x 10 x 512 product's time) */
-    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
-    const __m512i top = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x00400000);
-    for (; n >= 16; n -= 16, p += 16) {
-        __m512i u = _mm512_loadu_si512((const void *)p);
-        __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32((__mmask16)0xffff, u, 16), one);
-        __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, half), lsb), top);
-        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
-        r = _mm512_mask_and_epi32(r, nan, _mm512_or_si512(u, quiet), top);
-        _mm512_storeu_si512((void *)p, r);
-    }
-#endif
-    PDP__FOR_BLOCKED(i, n, {
-        uint32_t u;
-        memcpy(&u, p + i, sizeof u);
-        u = pdp__bf16_round_u32(u);
-        memcpy(p + i, &u, sizeof u);
-    });
-}
 
 typedef struct pdp__gemm_args {
     pdp_trans ta, tb;
@@ -545,7 +663,8 @@ typedef struct pdp__gemm_args {
     int64_t lda, ldb, ldc;
     int64_t kb;   /* depth of each k block (the last may be shorter) */
     int split_n;  /* 1: parts are column ranges; 0: row ranges */
-    int round16;  /* pdp__sgemm_bf16: packed panels rounded to bf16 (never gathered) */
+    int round16;  /* pdp__sgemm_bf16: operands rounded to bf16 as they are packed (never
+                     gathered) */
 } pdp__gemm_args;
 
 PDP__PRIVATE int64_t pdp__gemm_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
@@ -575,7 +694,7 @@ PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m
                     int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m1 - ir);
                     const float *asrc = g->ta == PDP_NO_TRANS ? g->a + ir * g->lda + pc
                                                               : g->a + pc * g->lda + ir;
-                    pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap);
+                    pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap, 0);
                     for (jr = 0; jr < nc; jr += PDP__GEMM_NR) {
                         int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - jr);
                         pdp__gemm_kernel_rows(kc, ap, g->b + jc + jr, g->brow + pc,
@@ -586,8 +705,7 @@ PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m
                 continue;
             }
 #endif
-            pdp__gemm_pack_b(g->tb, g->b, g->ldb, g->brow, pc, jc, kc, nc, bp);
-            if (g->round16) pdp__gemm_round16(bp, kc * pdp__gemm_round_up(nc, PDP__GEMM_NR));
+            pdp__gemm_pack_b(g->tb, g->b, g->ldb, g->brow, pc, jc, kc, nc, bp, g->round16);
             for (ir = m0; ir < m1; ir += PDP__GEMM_MR) {
                 int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m1 - ir);
                 const float *asrc = g->ta == PDP_NO_TRANS ? g->a + ir * g->lda + pc
@@ -606,11 +724,10 @@ PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m
                     }
                     continue;
 #else
-                    pdp__gemm_pack_t(g->a + pc, 0, g->arow + ir, mr, kc, ap, PDP__GEMM_MR);
+                    pdp__gemm_pack_t(g->a + pc, 0, g->arow + ir, mr, kc, ap, PDP__GEMM_MR, 0);
 #endif
                 } else {
-                    pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap);
-                    if (g->round16) pdp__gemm_round16(ap, kc * PDP__GEMM_MR);
+                    pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap, g->round16);
                 }
                 for (jr = 0; jr < nc; jr += PDP__GEMM_NR) {
                     int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - jr);
@@ -919,7 +1036,7 @@ PDP__PRIVATE void pdp__sgemm_runs(int64_t m, int64_t k, const float *a, int64_t 
         for (ir = 0; ir < m; ir += PDP__GEMM_MR) {
             int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m - ir);
             int64_t t = 0, u = 0, r = 0; /* logical column L0 = (r runs + u) run + t */
-            pdp__gemm_pack_a(PDP_NO_TRANS, a + ir * lda + pc, lda, mr, kc, ap);
+            pdp__gemm_pack_a(PDP_NO_TRANS, a + ir * lda + pc, lda, mr, kc, ap, 0);
             for (L0 = 0; L0 < n; L0 += PDP__GEMM_RUNS_NR) {
                 int nr = (int)PDP__MIN((int64_t)PDP__GEMM_RUNS_NR, n - L0);
                 pdp__gemm_runs_tile(nr, run, runs, rstride, ustride, &t, &u, &r, soff, smask,

@@ -60,8 +60,9 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
                              first, and the hardware (measured on Sapphire Rapids) follows
                              neither order, so its bits may differ from the others' within
                              the fp32 summation bound (gemm_amx.c)
-     PDP_BF16_PATH_SGEMM     "sgemm-rounded": pdp_sgemm with the rounding done on its packed
-                             panels, at fp32's speed on any CPU; every build but -DPDP_CBLAS
+     PDP_BF16_PATH_SGEMM     "sgemm-rounded": pdp_sgemm rounding its operands to bf16 as it
+                             packs them, at about fp32's speed on any CPU; every build but
+                             -DPDP_CBLAS
      PDP_BF16_PATH_AUTO      per product, the path gemm_bf16.c's table of CPU families
                              (CPUID's vendor, family, model; built by bench/bf16_paths) names
                              for the product's shape class (its layout; large, m or n < 32,

@@ -2391,13 +2391,50 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
 
 /* Packing op(A) with A not transposed, and op(B) with B transposed, is a transpose
    (the source is contiguous in k, the panel wants k-major). With AVX it goes 8 x 8
-   at a time through registers; the rest is plain loops. */
-#if !defined(PDP_NO_SIMD) && defined(__AVX__)
+   at a time through registers; the rest is plain loops.
+
+   pdp__sgemm_bf16 (round16) rounds each value to bf16 as it is packed, with
+   pdp__bf16_round_u32's bits (round to nearest even on the 16 bits dropped, a NaN made
+   quiet, subnormals rounded like any value), in registers where AVX2 or AVX-512 is:
+   the values pass through registers anyway, so the rounding costs a few integer
+   operations per vector, where a pass over the packed panels after packing cost 2-22%
+   of the MLP's products (one thread, Sapphire Rapids class; most where packing is a
+   large share: 10 x 512 x 512, 512 x 10 x 512). */
+#if !defined(PDP_NO_SIMD) && (defined(__AVX__) || defined(__AVX512F__))
 #  include <immintrin.h>
+#endif
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+/* pdp__bf16_round_u32 on 16 lanes, in 7 operations where its plain form takes 10: t = u +
+   0x7fff, plus 1 where bit 16 (the kept half's last bit) is set; a NaN's t is u with the
+   quiet bit; then the low half cleared. */
+
+/* lo in the low half, hi in the high half (the masked form, its mask full: the plain one's
+   undefined source trips gcc's -Wmaybe-uninitialized, as gemm_bf16.c's PDP__BF16_HALF). */
+
+#endif
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX2__)
+/* pdp__bf16_round_u32 on 8 lanes (|u| and Inf compared as signed: both are below 2^31). */
+
+#endif
+
+/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
+   loop vectorises). */
+PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n);
+
+/* x rounded to bf16 (as an fp32) when round16, else x. */
+
+/* d[0, n) = s[0, n), rounded to bf16 when round16. */
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX__)
 #  define PDP__GEMM_T8 1
 
-/* dst[q * ldd + r] = s[r][p + q] for r, q in [0, 8). */
-PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, int64_t ldd);
+/* dst[q * ldd + r] = s[r][p + q] for r, q in [0, 8), rounded to bf16 when round16: on
+   AVX-512 into an A panel (ldd 8: two rows of the block are 16 adjacent floats), two
+   rows at a time in zmm (11 operations per 16 values, where ymm takes 20). */
+PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, int64_t ldd,
+                                       int round16);
 #else
 #  define PDP__GEMM_T8 0
 #endif
@@ -2408,41 +2445,39 @@ PDP__PRIVATE const float *pdp__gemm_row(const float *src, int64_t lds, const int
                                         int64_t r);
 
 /* rows x kc of a source contiguous in k (row r at pdp__gemm_row) into
-   dst[p * ldd + r]; the part of [0, ldd) past `rows` is zeroed. With AVX, groups of
-   8 rows go through pdp__gemm_transpose8, and so does a last partial group when the
-   panel has room for 8, its missing rows read from a row of zeros (a ragged edge,
-   N = 25 say, would otherwise be packed and zeroed one strided float at a time). */
+   dst[p * ldd + r], rounded to bf16 when round16; the part of [0, ldd) past `rows` is
+   zeroed. With AVX, groups of 8 rows go through pdp__gemm_transpose8, and so does a
+   last partial group when the panel has room for 8, its missing rows read from a row of
+   zeros (a ragged edge, N = 25 say, would otherwise be packed and zeroed one strided
+   float at a time). */
 #if PDP__GEMM_T8
 
 #endif
 
 PDP__PRIVATE void pdp__gemm_pack_t(const float *src, int64_t lds, const int64_t *off, int rows,
-                                   int64_t kc, float *dst, int64_t ldd);
+                                   int64_t kc, float *dst, int64_t ldd, int round16);
 
 /* kc x cols of a source contiguous in the panel's fast index (row p at
-   pdp__gemm_row) into dst[p * ldd + j]; the part of [0, ldd) past `cols` is
-   zeroed. Always inlined with a constant ldd (MR
+   pdp__gemm_row) into dst[p * ldd + j], rounded to bf16 when round16; the part of
+   [0, ldd) past `cols` is zeroed. Always inlined with a constant ldd (MR
    or NR), so that a full row is a fixed-size copy the compiler turns into vector
    moves: the plain loop of unknown length stays scalar at -O2 and cost a fifth of
    a 512^3 NN or TN product. */
 
-/* op(A) rows [0, mr) x columns [0, kc) (a points at op(A)(0, 0)) into ap[p * MR + i]. */
+/* op(A) rows [0, mr) x columns [0, kc) (a points at op(A)(0, 0)) into ap[p * MR + i],
+   rounded to bf16 when round16. */
 PDP__PRIVATE void pdp__gemm_pack_a(pdp_trans ta, const float *a, int64_t lda, int mr, int64_t kc,
-                                   float *PDP__GEMM_RESTRICT ap);
+                                   float *PDP__GEMM_RESTRICT ap, int round16);
 
 /* op(B) rows [pc, pc + kc) x columns [jc, jc + nc) into panels of NR columns:
-   bp[(j / NR) * kc * NR + p * NR + j % NR]. B's storage row r starts at
-   b + r * ldb, or at b + brow[r] when the caller gave a row-offset table. */
+   bp[(j / NR) * kc * NR + p * NR + j % NR], rounded to bf16 when round16. B's storage
+   row r starts at b + r * ldb, or at b + brow[r] when the caller gave a row-offset
+   table. */
 PDP__PRIVATE void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, const int64_t *brow,
                                    int64_t pc, int64_t jc, int64_t kc, int64_t nc,
-                                   float *PDP__GEMM_RESTRICT bp);
+                                   float *PDP__GEMM_RESTRICT bp, int round16);
 
 /* ---- gemm: the blocked product on one thread ---- */
-
-/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
-   loop vectorises): pdp__sgemm_bf16's packed panels, right after packing, while they
-   are in L1 (A's MR x KC panel) or L2 (B's KC x NC block). */
-PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n);
 
 typedef struct pdp__gemm_args {
     pdp_trans ta, tb;
@@ -2455,7 +2490,8 @@ typedef struct pdp__gemm_args {
     int64_t lda, ldb, ldc;
     int64_t kb;   /* depth of each k block (the last may be shorter) */
     int split_n;  /* 1: parts are column ranges; 0: row ranges */
-    int round16;  /* pdp__sgemm_bf16: packed panels rounded to bf16 (never gathered) */
+    int round16;  /* pdp__sgemm_bf16: operands rounded to bf16 as they are packed (never
+                     gathered) */
 } pdp__gemm_args;
 
 PDP__PRIVATE int64_t pdp__gemm_round_up(int64_t x, int64_t to);
@@ -3186,7 +3222,10 @@ PDP__PRIVATE void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uin
    tiles of A, tmm6-7 two of B; per k step two A and two B tile loads feed four
    TDPBF16PS) or, when n <= 16, 4 x 1 (64 x 16: tmm0-3 accumulate, four A tiles in
    tmm5-7 in turn, one B tile in tmm4), so that the 10-class layer does not pay for 16
-   zero columns in 32. k is cut into cache blocks of at most PDP__AMX_KC steps (the A
+   zero columns in 32, or, when m <= 16 < n, 1 x 2 (16 x 32: tmm0-1 accumulate, one A
+   tile in tmm4, two of B in tmm6-7), so that its dW (10 x 512 x 512 TN) does not pay for
+   16 zero rows in 32 (one thread, a loaded 2-core Sapphire Rapids: 51.5-52.8 -> 44.9-47.8
+   us a call). k is cut into cache blocks of at most PDP__AMX_KC steps (the A
    block's share, 24 KiB at 12 steps, stays in L1 while the B panels pass); between blocks the
    accumulators are stored to an fp32 buffer and loaded back, exactly, so each
    element's chain is one chain over the pairs from 0. After the last block a whole
@@ -3349,6 +3388,14 @@ PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel22(pdp__amx_tiles *e, int64_t s
                                                     const uint32_t *b, const float *in,
                                                     float *out, int64_t ldo);
 
+/* 1 x 2 tiles (16 x 32: tmm0-1 accumulate, tmm4 holds the A tile, tmm6-7 two of B), for
+   m <= 16, where 2 x 2 spends half its tile operations on zero rows (the 10-class layer's
+   dW, 10 x 512 x 512). The same sequence per element as kernel22. */
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel12(pdp__amx_tiles *e, int64_t steps,
+                                                    const uint32_t *a, const pdp__amx_alay *al,
+                                                    const uint32_t *b, const float *in,
+                                                    float *out, int64_t ldo);
+
 PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel41(pdp__amx_tiles *e, int64_t steps,
                                                     const uint32_t *a, const pdp__amx_alay *al,
                                                     const uint32_t *b, const float *in,
@@ -3446,7 +3493,7 @@ typedef void (*pdp__amx_out_fn)(const float *acc, int w, float *c, int64_t ldc, 
 typedef struct pdp__amx_ctx {
     const pdp__bf16_args *g;
     int emulate;     /* run on pdp__amx_tiles in memory (PDP__AMX_EMULATE builds) */
-    int mb, nb;      /* tiles per block of C: 2 x 2, or 4 x 1 when n <= 16 */
+    int mb, nb;      /* tiles per block of C: 2 x 2; 4 x 1 when n <= 16; 1 x 2 when m <= 16 */
     int split_n;     /* parts split the column panels (else the row blocks) */
     int a_rows;      /* pack_a writes rows (pdp__amx_pack_a_rows_avx512), not tile order */
     pdp__amx_pack_a_fn pack_a;

@@ -820,7 +820,8 @@ static enum greatest_test_res check_amx_emulated(const bcase *t)
 }
 
 /* The AMX cases: odd m, k, n (k odd, k = 1, m = 1, n = 1 .. 17: the 4 x 1 blocks below
-   17, the 2 x 2 above), k across several cache blocks (PDP__AMX_KC steps of 32 values),
+   17, the 2 x 2 above; the 1 x 2 at m <= 16: {1, 64, 17}, {10, 64, 66}, and across cache
+   blocks {10, 784, 40}), k across several cache blocks (PDP__AMX_KC steps of 32 values),
    whole blocks stored straight to C (alpha 1, beta 0: {129, 31, 70}, {128, 40, 16}),
    all four layouts, alpha and beta (beta 0 with NaN in C), padded strides, subnormal
    inputs, tiny values (FTZ). f is called on each. */
@@ -829,7 +830,8 @@ static enum greatest_test_res amx_cases(enum greatest_test_res (*f)(const bcase 
     static const int64_t shapes[][3] = {
         {1, 1, 1},    {7, 3, 5},    {33, 17, 9},  {1, 64, 17},  {16, 32, 16}, {31, 33, 33},
         {65, 1, 3},   {17, 95, 40}, {70, 784, 40}, {129, 31, 70}, {3, 257, 2}, {40, 600, 18},
-        {64, 512, 10}, {10, 64, 66}, {33, 70, 47}, {128, 40, 16}, {100, 130, 90}};
+        {64, 512, 10}, {10, 64, 66}, {33, 70, 47}, {128, 40, 16}, {100, 130, 90},
+        {10, 784, 40}};
     int s, ta, tb, n;
     for (s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++)
         for (ta = 0; ta < 2; ta++)

@@ -5,9 +5,9 @@
    matrices (the padding must stay untouched), and bit-identical results for 1, 2
    and 3 intra-op threads. The error bound is the classic one for a length-k dot
    product: |got - exact| <= (k + 4) * eps * (|alpha| sum |a||b| + |beta c|).
-   pdp__sgemm_bf16 (bf16's sgemm-rounded path): its rounding at packing gives
-   pdp_bf16_round's bits (ties, NaN payloads, subnormals, every tail length) and the
-   product pdp_sgemm's bits on the rounded operands. tests/test_gemm_nosimd.c builds this file again with -DPDP_NO_SIMD, so the
+   pdp__sgemm_bf16 (bf16's sgemm-rounded path): its rounding gives pdp_bf16_round's bits
+   (ties, NaN payloads, subnormals, every tail length) and the product pdp_sgemm's bits on
+   the rounded operands, those values among them. tests/test_gemm_nosimd.c builds this file again with -DPDP_NO_SIMD, so the
    portable kernel is tested too. */
 
 #define _POSIX_C_SOURCE 200809L
@@ -403,18 +403,25 @@ TEST gemm_runs_match_rows_on_the_wanted_columns(void)
 #endif
 }
 
-/* pdp__sgemm_bf16 (gemm_bf16.c's sgemm-rounded path) rounds the packed panels: its
-   rounding (pdp__gemm_round16, 16 lanes at a time where AVX-512 is, then one by one)
-   gives pdp_bf16_round's bits on ties, NaNs with payloads only in the low half, Inf,
+/* pdp__sgemm_bf16 (gemm_bf16.c's sgemm-rounded path) rounds its operands as it packs
+   them: pdp__gemm_round16 (16 lanes at a time where AVX-512 is, then one by one) gives
+   pdp_bf16_round's bits on ties, NaNs with payloads only in the low half, Inf,
    overflow, subnormals and random patterns, at every length up to 40 (the tail); and
    the product is pdp_sgemm on the rounded operands, bit for bit, in all layouts, with k
-   past one KC block, at 1 and 2 threads. Without the rounding it is pdp_sgemm on the
-   floats, which differs. */
+   past one KC block, at 1 and 2 threads, on operands salted with those values (ties
+   either way, subnormals, a signalling NaN in A), so that every packing route (the 8 x 8
+   register transposes, the vector copies, the scalar tails and ragged edges) rounds
+   them. Without the rounding it is pdp_sgemm on the floats, which differs. */
 TEST gemm_bf16_rounding_at_packing_is_sgemm_on_rounded_inputs(void)
 {
     static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x7f800001u, 0xff800001u,
                                        0x7fc00000u, 0x7f800000u, 0xff800000u, 0x7f7fffffu,
                                        0x007f8000u, 0x807fffffu, 0x00000001u, 0x80000000u};
+    /* the finite ones, for the product: ties (down, up, at other exponents), subnormals
+       rounding up to 2^-126 or down, a subnormal bf16, -0 */
+    static const uint32_t salt[] = {0x3f808000u, 0x3f818000u, 0xc0808000u, 0x41018000u,
+                                    0x007f8000u, 0x807fffffu, 0x00000001u, 0x80000000u,
+                                    0x00408000u, 0xbe7f8000u};
     float x[40], y[40];
     int len, i, ta, tb, threads;
     for (len = 0; len <= 40; len++) {
@@ -439,9 +446,19 @@ TEST gemm_bf16_rounding_at_packing_is_sgemm_on_rounded_inputs(void)
                 float *br = (float *)malloc(sizeof(float) * (size_t)(k * n));
                 float *c1 = (float *)malloc(sizeof(float) * (size_t)(m * n));
                 float *c2 = (float *)malloc(sizeof(float) * (size_t)(m * n));
+                uint32_t snan = 0x7f800001u;
                 int same;
-                for (i = 0; i < m * k; i++) ar[i] = pdp_bf16_round(a[i] = rnd());
-                for (i = 0; i < k * n; i++) br[i] = pdp_bf16_round(b[i] = rnd());
+                for (i = 0; i < m * k; i++) {
+                    a[i] = rnd();
+                    if (i % 5 == 0) memcpy(&a[i], &salt[(i / 5) % 10], sizeof(float));
+                }
+                for (i = 0; i < k * n; i++) {
+                    b[i] = rnd();
+                    if (i % 3 == 0) memcpy(&b[i], &salt[(i / 3) % 10], sizeof(float));
+                }
+                memcpy(&a[(m * k) / 2 + 3], &snan, sizeof snan);
+                for (i = 0; i < m * k; i++) ar[i] = pdp_bf16_round(a[i]);
+                for (i = 0; i < k * n; i++) br[i] = pdp_bf16_round(b[i]);
                 for (i = 0; i < m * n; i++) c1[i] = c2[i] = rnd();
                 pdp_set_num_threads(threads);
                 pdp__sgemm_bf16((pdp_trans)ta, (pdp_trans)tb, m, n, k, 0.5f, a, lda, b, ldb,
