@@ -60,9 +60,10 @@ $(B):
 # PDP_MALLOC / PDP_FREE when the test defines them (tests/pdp_linked.h).
 # - $(IMPL_OBJ), at $(OPT), as users build it, is linked by the examples (their own code at
 #   $(OPT) too) and by every test but OWN_TESTS: KERNEL_TESTS (test_gemm: its naive
-#   reference loops run 1.3 times longer at -Og) at $(OPT), LINKED_TESTS at $(TEST_OPT):
-#   -Og, gcc's level for debugging, compiles in a third to a half of -O2's time, and their
-#   runs take as long. (-Og's maybe-uninitialized misses some that -O2 reports after
+#   reference loops run 1.3 times longer at -Og; test_gpt_kernels: its finite differences 4.4
+#   times, so its compile and run take 1.4 s of CPU at -O2, 1.9 at -Og) at $(OPT),
+#   LINKED_TESTS at $(TEST_OPT): -Og, gcc's level for debugging, compiles in a third to a
+#   half of -O2's time, and their runs take as long. (-Og's maybe-uninitialized misses some that -O2 reports after
 #   inlining: one injected into pdp.h through an inlined helper, -O2 only. The library's code
 #   gets -O2's warnings in $(IMPL_OBJ) and test_build_cxx.sh; these tests' own code, -Og's.)
 #   (A second object at -Og, linked by the internal tests, cost 4 s of CPU in every make
@@ -81,7 +82,7 @@ $(B):
 #   split sizes), at $(TEST_OPT). test_harness has no pdp.h.
 # `make test TEST_OPT="$(OPT)"` builds the linked tests as the library ships.
 TEST_OPT      ?= -Og -march=native
-KERNEL_TESTS   = $(addprefix $(B)/test_,gemm)
+KERNEL_TESTS   = $(addprefix $(B)/test_,gemm gpt_kernels)
 OWN_OPT_TESTS  = $(addprefix $(B)/test_,gemm_nosimd bf16)
 OWN_TESTS      = $(OWN_OPT_TESTS) $(addprefix $(B)/test_,layers harness)
 LINKED_TESTS   = $(filter-out $(KERNEL_TESTS) $(OWN_TESTS),$(TESTS))
