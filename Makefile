@@ -63,9 +63,10 @@ $(B):
 #   reference loops run 1.3 times longer at -Og; test_gpt_kernels: its finite differences 4.4
 #   times, so its compile and run take 1.4 s of CPU at -O2, 1.9 at -Og) at $(OPT),
 #   LINKED_TESTS at $(TEST_OPT): -Og, gcc's level for debugging, compiles in a third to a
-#   half of -O2's time, and their runs take as long. (-Og's maybe-uninitialized misses some that -O2 reports after
-#   inlining: one injected into pdp.h through an inlined helper, -O2 only. The library's code
-#   gets -O2's warnings in $(IMPL_OBJ) and test_build_cxx.sh; these tests' own code, -Og's.)
+#   half of -O2's time, and their runs take as long. (-Og's maybe-uninitialized misses some
+#   that -O2 reports after inlining: one injected into pdp.h through an inlined helper, -O2
+#   only. The library's code gets -O2's warnings in $(IMPL_OBJ) and test_build_cxx.sh; these
+#   tests' own code, -Og's.)
 #   (A second object at -Og, linked by the internal tests, cost 4 s of CPU in every make
 #   test; it went in December 2026, and then the tests of the public API only, test_gpt,
 #   test_pp, test_loss and test_cuda, compiled at $(OPT) for its sake, 2 s more. `make test
