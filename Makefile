@@ -60,11 +60,13 @@ $(B):
 # PDP_MALLOC / PDP_FREE when the test defines them (tests/pdp_linked.h).
 # - $(IMPL_OBJ), at $(OPT), as users build it, is linked by the examples (their own code at
 #   $(OPT) too) and by every test but OWN_TESTS: KERNEL_TESTS (test_gemm: its naive
-#   reference loops run 1.3 times longer at -Og) at $(OPT), LINKED_TESTS at $(TEST_OPT):
-#   -Og, gcc's level for debugging, compiles in a third to a half of -O2's time, and their
-#   runs take as long. (-Og's maybe-uninitialized misses some that -O2 reports after
-#   inlining: one injected into pdp.h through an inlined helper, -O2 only. The library's code
-#   gets -O2's warnings in $(IMPL_OBJ) and test_build_cxx.sh; these tests' own code, -Og's.)
+#   reference loops run 1.3 times longer at -Og; test_gpt_kernels: its finite differences 4.4
+#   times, so its compile and run take 1.4 s of CPU at -O2, 1.9 at -Og) at $(OPT),
+#   LINKED_TESTS at $(TEST_OPT): -Og, gcc's level for debugging, compiles in a third to a
+#   half of -O2's time, and their runs take as long. (-Og's maybe-uninitialized misses some
+#   that -O2 reports after inlining: one injected into pdp.h through an inlined helper, -O2
+#   only. The library's code gets -O2's warnings in $(IMPL_OBJ) and test_build_cxx.sh; these
+#   tests' own code, -Og's.)
 #   (A second object at -Og, linked by the internal tests, cost 4 s of CPU in every make
 #   test; it went in December 2026, and then the tests of the public API only, test_gpt,
 #   test_pp, test_loss and test_cuda, compiled at $(OPT) for its sake, 2 s more. `make test
@@ -81,7 +83,7 @@ $(B):
 #   split sizes), at $(TEST_OPT). test_harness has no pdp.h.
 # `make test TEST_OPT="$(OPT)"` builds the linked tests as the library ships.
 TEST_OPT      ?= -Og -march=native
-KERNEL_TESTS   = $(addprefix $(B)/test_,gemm)
+KERNEL_TESTS   = $(addprefix $(B)/test_,gemm gpt_kernels)
 OWN_OPT_TESTS  = $(addprefix $(B)/test_,gemm_nosimd bf16)
 OWN_TESTS      = $(OWN_OPT_TESTS) $(addprefix $(B)/test_,layers harness)
 LINKED_TESTS   = $(filter-out $(KERNEL_TESTS) $(OWN_TESTS),$(TESTS))
@@ -268,11 +270,11 @@ $(CB)/%.o: examples/%.c pdp.h | $(CB)
 $(CB)/test_%.o: tests/test_%.c $(TEST_HEADERS) | $(CB)
 	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) $(TEST_LINKED) -c $< -o $@
 
-# the GPU bench compiles its own implementation (it relies on it for <stdlib.h>)
+# the GPU bench links $(CB)/pdp_impl.o too (it compiled its own: 10 s of CPU)
 $(CB)/bench_gpu.o: bench/cuda/gpu.c pdp.h | $(CB)
-	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) -c $< -o $@
+	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) $(IMPL_LINKED) -c $< -o $@
 
-$(CB)/bench_gpu $(CB)/train_mnist: $(CB)/%: $(CB)/%.o $(CB)/pdp_cuda.o
+$(CB)/train_mnist: $(CB)/%: $(CB)/%.o $(CB)/pdp_cuda.o
 	$(NVCC) $(CUDA_GENCODE) $^ -o $@ $(CUDA_LIBS)
 
 $(CB)/%: $(CB)/%.o $(CB)/pdp_impl.o $(CB)/pdp_cuda.o
@@ -338,13 +340,11 @@ fake-cuda-test: $(FAKE_CUDA_TESTS)
 #                       conventions, allocator and NCCL calls; NOT GPU timing, stream
 #                       concurrency or TF32 numerics (tests/gpu/run.sh).
 # Under sanitizers:     make emu-cuda-test B=build/asan OPT="-O1 -g -fsanitize=address,undefined"
-#                       (ASan warns once that it does not fully support swapcontext; the
-#                       emulator annotates its fiber switches and poisons their stacks itself,
-#                       so reports are genuine; EMU_SAME_FIGURES=0 skips the examples' CPU
-#                       reference runs, as .ci/run's ASan pass does) and
+#                       (the emulator annotates its fiber switches and keeps their stacks'
+#                       shadow itself, so reports are genuine; EMU_SAME_FIGURES=0 skips the
+#                       examples' CPU reference runs, as .ci/run's ASan pass does) and
 #                       make emu-cuda-test B=build/tsan OPT="-O1 -g -fsanitize=thread" (slow)
 EB               = $(B)/emu_cuda
-EMU_CUDA_DEVICES ?= 1 2 3
 # test_cuda's GPT cases are the emulator's slowest (the single-device one, rows of 130
 # positions: 20 s of each 25 s run; the NCCL ones, ZeRO and a pipeline on 2 GPUs: 9 s), and
 # more devices add nothing to them: the one-device case runs at 1 device only, the NCCL
@@ -355,7 +355,9 @@ EMU_CUDA_DEVICES ?= 1 2 3
 # covering set (measured on 2 shared cores: 10 s and 12 s of CPU, 8-30 s and 10-34 s wall at
 # load 5-13; under ASan 14 s and 18 s of CPU, 38 s wall each). test_optim's
 # and test_checkpoint's CUDA cases use device 0 alone, so they run at 1 device only (at 2 and
-# 3 they repeated the same cases: 22 s of the plain pass, more under ASan)
+# 3 they repeated the same cases: 22 s of the plain pass, more under ASan). (These figures
+# are from before the emulator's fibers stopped switching by swapcontext, which cut the
+# runs' CPU time about 4-fold: test_cuda at 1 device 26.1 -> 3.4 s.)
 EMU_GPT_AT_2 = -x cuda_gpt_training_matches_cpu
 EMU_NO_GPT   = -x gpt
 EMU_GPT_AT_3 = cuda_nccl_tp3_gpt_matches_cpu
@@ -379,8 +381,8 @@ $(EB)/cuda_emu.o: tests/cuda_emu/cuda_emu.cc $(EMU_HEADERS)
 
 # pdp.h's implementation with -DPDP_CUDA, compiled once (tests/pdp_impl.c, as make test does):
 # the tests and the examples link it (TEST_LINKED, IMPL_LINKED) instead of compiling the
-# implementation eight times (the GPU bench still compiles its own: bench/cuda/gpu.c relies on
-# the implementation for <stdlib.h>). The plain build's CPU time, measured: 91.6 s -> 30.9 s.
+# implementation nine times. The plain build's CPU time, measured: 91.6 s -> 30.9 s (the GPU
+# bench still compiling its own then).
 EMU_IMPL      = $(EB)/pdp_impl.o
 EMU_OBJS      = $(EMU_IMPL) $(EB)/pdp_cuda.o $(EB)/cuda_emu.o
 EMU_EXAMPLES  = $(addprefix $(EB)/train_,mnist dp ddp tp pp gpt)
@@ -405,11 +407,13 @@ EMU_STACK_CHECK = $(if $(findstring sanitize=address,$(OPT)),$(EB)/stack_check)
 $(EB)/stack_check: tests/cuda_emu/stack_check.cc $(EB)/cuda_emu.o $(EMU_HEADERS)
 	$(CXX) $(EMU_CXXFLAGS) $(OPT) $(CFLAGS) $< $(EB)/cuda_emu.o -o $@ $(LDLIBS)
 
+# the GPU bench links EMU_IMPL too (its own implementation was 11 s of the plain pass's CPU,
+# 18 s of the ASan pass's)
 $(EB)/bench_gpu.o: bench/cuda/gpu.c pdp.h
 	@mkdir -p $(@D)
-	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) -c $< -o $@
+	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) $(IMPL_LINKED) -c $< -o $@
 
-$(EB)/bench_gpu: $(EB)/bench_gpu.o $(EB)/pdp_cuda.o $(EB)/cuda_emu.o
+$(EB)/bench_gpu: $(EB)/bench_gpu.o $(EMU_OBJS)
 	$(CXX) $(OPT) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(EB)/train_%.o: examples/train_%.c pdp.h
@@ -429,68 +433,62 @@ $(EB)/train_%: $(EB)/train_%.o $(EMU_OBJS) # any example (train_cnn, train_zero 
 # GPUs, and train_ddp over NCCL with a thread per GPU; then model parallelism over NCCL (a thread
 # per GPU), against the same example on -backend local: train_tp on 2 GPUs, train_pp on 2
 # stages, 1F1B and GPipe; last a GPT (train_gpt: one block of dim 16, context 16, dropout
-# 0.1; the loss and validation loss) on one GPU and under DDP on 2, against the same run on
-# the CPU (measured with the CPU run, 2 busy cores: 12-13 s and 15-19 s). (train_cnn
-# -device cuda matches too, but takes 85 s on the emulator: run it by hand.)
+# 0.1; the loss and validation loss) on one GPU, under DDP on 2 and with TP + SP on 2, against
+# the same run on the CPU. (train_cnn -device cuda matches too, but takes long on the
+# emulator: run it by hand.)
+# Each run is a target, $(EB)/run/NAME (EMU_RUN_NAME is its command), so that make -j runs
+# them side by side (and each starts once the programs are built): its output goes to
+# $(EB)/run/NAME.log, under a first line with its command, and is printed whole when it ends
+# (a failure adds "== FAILED: NAME"). The longest are listed first.
 EMU_GPT = -layers 1 -dim 16 -heads 2 -context 16 -batch 4 -dropout 0.1
-emu-cuda-test: $(EMU_PROGRAMS) $(EB)/bench_gpu $(EMU_STACK_CHECK)
-	@if [ -n "$(EMU_STACK_CHECK)" ]; then \
-	    echo "== $(EB)/stack_check (ASan sees a kernel thread's stack overflow after a barrier)"; \
-	    ./$(EB)/stack_check 2>&1 | grep -q "no report" || { echo "stack_check failed"; exit 1; }; \
-	    ./$(EB)/stack_check overflow 2>&1 | grep -q stack-buffer-overflow || \
-	        { echo "stack_check overflow: ASan reported no stack-buffer-overflow"; exit 1; }; \
-	fi
-	@for t in $(EMU_CUDA_TESTS); do \
-	    for n in $(EMU_CUDA_DEVICES); do \
-	        [ "$${t##*/}" != test_cuda ] && [ $$n -gt 1 ] && continue; \
-	        x=; [ "$${t##*/}" = test_cuda ] && [ $$n -eq 2 ] && x="$(EMU_GPT_AT_2)"; \
-	        [ "$${t##*/}" = test_cuda ] && [ $$n -gt 2 ] && x="$(EMU_NO_GPT)"; \
-	        echo "== PDP_EMU_CUDA_DEVICES=$$n $$t $$x"; \
-	        PDP_EMU_CUDA_DEVICES=$$n PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$$t $$x || exit 1; \
-	        [ "$${t##*/}" = test_cuda ] && [ $$n -eq 3 ] || continue; \
-	        echo "== PDP_EMU_CUDA_DEVICES=3 $$t $(EMU_GPT_AT_3) (TP 3)"; \
-	        $(EMU_RUN_CASE) 3 ./$$t $(EMU_GPT_AT_3) || exit 1; \
-	    done; \
-	done
-	@echo "== PDP_EMU_CUDA_DEVICES=4 $(EB)/test_cuda -t cuda_nccl $(EMU_NO_GPT) (split 2 x 2, 2-D need 4 GPUs)"
-	@PDP_EMU_CUDA_DEVICES=4 PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$(EB)/test_cuda -t cuda_nccl $(EMU_NO_GPT)
-	@echo "== PDP_EMU_CUDA_DEVICES=4 $(EB)/test_cuda $(EMU_GPT_AT_4) (DP 2 x TP 2)"
-	@$(EMU_RUN_CASE) 4 ./$(EB)/test_cuda $(EMU_GPT_AT_4)
-	@echo "== PDP_EMU_CUDA_DEVICES=4 $(EB)/test_cuda -t conf_ (the conformance suite on 4 ranks)"
-	@PDP_EMU_CUDA_DEVICES=4 PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$(EB)/test_cuda -t conf_
-	@echo "== PDP_EMU_CUDA_DEVICES=1 $(EB)/bench_gpu --smoke"
-	@PDP_EMU_CUDA_DEVICES=1 timeout 600 ./$(EB)/bench_gpu --smoke
-	@echo "== $(EB)/train_mnist -device cuda, against -device cpu"
-	@PDP_EMU_CUDA_DEVICES=1 $(EMU_FIGURES) \
-	    "./$(EB)/train_mnist -device cpu" "./$(EB)/train_mnist -device cuda"
-	@echo "== $(EB)/train_dp -j 2 -gpus 2 (DP on GPUs), against -j 2 on the CPU"
-	@PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
-	    "./$(EB)/train_dp -j 2" "./$(EB)/train_dp -j 2 -gpus 2"
-	@echo "== $(EB)/train_ddp -backend nccl -np 2 (a thread per GPU), against -backend local"
-	@PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
-	    "./$(EB)/train_ddp -backend local -np 2" "./$(EB)/train_ddp -backend nccl -np 2"
-	@echo "== $(EB)/train_tp -backend nccl -np 2 (TP, a thread per GPU), against -backend local"
-	@PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
-	    "./$(EB)/train_tp -backend local -np 2" "./$(EB)/train_tp -backend nccl -np 2"
-	@echo "== $(EB)/train_pp -backend nccl -np 2 (PP 1F1B, a thread per GPU), against -backend local"
-	@PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
-	    "./$(EB)/train_pp -backend local -np 2" "./$(EB)/train_pp -backend nccl -np 2"
-	@if [ "$(EMU_SAME_FIGURES)" != 0 ]; then \
-	    echo "== $(EB)/train_pp -backend nccl -np 2 -schedule gpipe, against -backend local"; \
-	    PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
-	        "./$(EB)/train_pp -backend local -np 2 -schedule gpipe" \
-	        "./$(EB)/train_pp -backend nccl -np 2 -schedule gpipe" || exit 1; \
-	fi
-	@echo "== $(EB)/train_gpt -device cuda (a GPT on one GPU), against -device cpu"
-	@PDP_EMU_CUDA_DEVICES=1 $(EMU_FIGURES) \
-	    "./$(EB)/train_gpt -device cpu $(EMU_GPT)" "./$(EB)/train_gpt -device cuda $(EMU_GPT)"
-	@echo "== $(EB)/train_gpt -strategy ddp -np 2 -device cuda (a thread per GPU), against the CPU"
-	@PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
-	    "./$(EB)/train_gpt -strategy ddp -np 2 $(EMU_GPT)" \
-	    "./$(EB)/train_gpt -strategy ddp -np 2 -device cuda $(EMU_GPT)"
-	@echo "== $(EB)/train_gpt -tp 2 -sp 1 -device cuda (TP + SP, a thread per GPU), against the CPU"
-	@PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
-	    "./$(EB)/train_gpt -tp 2 -sp 1 $(EMU_GPT)" "./$(EB)/train_gpt -tp 2 -sp 1 -device cuda $(EMU_GPT)"
+EMU_REQ = PDP_TEST_REQUIRE_CUDA=1 timeout 600
+EMU_RUN_test_cuda-1         = PDP_EMU_CUDA_DEVICES=1 $(EMU_REQ) ./$(EB)/test_cuda
+EMU_RUN_test_cuda-2         = PDP_EMU_CUDA_DEVICES=2 $(EMU_REQ) ./$(EB)/test_cuda $(EMU_GPT_AT_2)
+EMU_RUN_test_cuda-3         = PDP_EMU_CUDA_DEVICES=3 $(EMU_REQ) ./$(EB)/test_cuda $(EMU_NO_GPT)
+EMU_RUN_test_cuda-3-tp3     = $(EMU_RUN_CASE) 3 ./$(EB)/test_cuda $(EMU_GPT_AT_3)
+# (split 2 x 2: the 2-D cases need 4 GPUs)
+EMU_RUN_test_cuda-4-nccl    = PDP_EMU_CUDA_DEVICES=4 $(EMU_REQ) ./$(EB)/test_cuda -t cuda_nccl \
+                              $(EMU_NO_GPT)
+EMU_RUN_test_cuda-4-dp_x_tp = $(EMU_RUN_CASE) 4 ./$(EB)/test_cuda $(EMU_GPT_AT_4)
+EMU_RUN_test_cuda-4-conf    = PDP_EMU_CUDA_DEVICES=4 $(EMU_REQ) ./$(EB)/test_cuda -t conf_
+EMU_RUN_test_optim          = PDP_EMU_CUDA_DEVICES=1 $(EMU_REQ) ./$(EB)/test_optim
+EMU_RUN_test_checkpoint     = PDP_EMU_CUDA_DEVICES=1 $(EMU_REQ) ./$(EB)/test_checkpoint
+EMU_RUN_bench_gpu           = PDP_EMU_CUDA_DEVICES=1 timeout 600 ./$(EB)/bench_gpu --smoke
+EMU_RUN_train_mnist         = PDP_EMU_CUDA_DEVICES=1 $(EMU_FIGURES) \
+    "./$(EB)/train_mnist -device cpu" "./$(EB)/train_mnist -device cuda"
+EMU_RUN_train_dp            = PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
+    "./$(EB)/train_dp -j 2" "./$(EB)/train_dp -j 2 -gpus 2"
+EMU_RUN_train_ddp           = PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
+    "./$(EB)/train_ddp -backend local -np 2" "./$(EB)/train_ddp -backend nccl -np 2"
+EMU_RUN_train_tp            = PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
+    "./$(EB)/train_tp -backend local -np 2" "./$(EB)/train_tp -backend nccl -np 2"
+EMU_RUN_train_pp            = PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
+    "./$(EB)/train_pp -backend local -np 2" "./$(EB)/train_pp -backend nccl -np 2"
+EMU_RUN_train_pp-gpipe      = PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
+    "./$(EB)/train_pp -backend local -np 2 -schedule gpipe" \
+    "./$(EB)/train_pp -backend nccl -np 2 -schedule gpipe"
+EMU_RUN_train_gpt           = PDP_EMU_CUDA_DEVICES=1 $(EMU_FIGURES) \
+    "./$(EB)/train_gpt -device cpu $(EMU_GPT)" "./$(EB)/train_gpt -device cuda $(EMU_GPT)"
+EMU_RUN_train_gpt-ddp       = PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
+    "./$(EB)/train_gpt -strategy ddp -np 2 $(EMU_GPT)" \
+    "./$(EB)/train_gpt -strategy ddp -np 2 -device cuda $(EMU_GPT)"
+EMU_RUN_train_gpt-tp_sp     = PDP_EMU_CUDA_DEVICES=2 $(EMU_FIGURES) \
+    "./$(EB)/train_gpt -tp 2 -sp 1 $(EMU_GPT)" "./$(EB)/train_gpt -tp 2 -sp 1 -device cuda $(EMU_GPT)"
+# under ASan only: a kernel thread's stack overflow after a barrier is reported
+EMU_RUN_stack_check         = ./$(EB)/stack_check 2>&1 | grep -q "no report" && \
+    ./$(EB)/stack_check overflow 2>&1 | grep -q stack-buffer-overflow
+EMU_RUNS = $(addprefix $(EB)/run/,test_cuda-1 test_cuda-2 test_cuda-4-dp_x_tp train_gpt \
+    train_gpt-ddp train_gpt-tp_sp test_cuda-3 test_cuda-3-tp3 train_ddp train_pp \
+    $(if $(filter 0,$(EMU_SAME_FIGURES)),,train_pp-gpipe) train_dp train_tp test_checkpoint \
+    bench_gpu train_mnist test_cuda-4-conf test_cuda-4-nccl test_optim \
+    $(if $(EMU_STACK_CHECK),stack_check))
+.PHONY: $(EMU_RUNS)
+emu-cuda-test: $(EMU_RUNS)
+$(EB)/run:
+	mkdir -p $@
+$(EMU_RUNS): $(EB)/run/%: $(EMU_PROGRAMS) $(EB)/bench_gpu $(EMU_STACK_CHECK) | $(EB)/run
+	@echo '== $(subst ','\'',$(EMU_RUN_$*))' > $@.log; $(EMU_RUN_$*) >> $@.log 2>&1; rc=$$?; \
+	    cat $@.log; [ $$rc -eq 0 ] || echo "== FAILED: $* (exit $$rc; $@.log)"; exit $$rc
 
 # ---- cross-test: ARM64 under QEMU user mode, and tcc (issue 27, items 3 and 4) ----
 # make cross-test   1. ARM64: builds CROSS_TESTS for aarch64 with $(CROSS_CC) (Debian's

@@ -747,11 +747,14 @@ PDP_TEST__FN void pdp_test__parse_options(int argc, char **argv)
 
 /* ---- pdp's own helper, not greatest's: a Python for the interop tests ----
  * pdp_test_python(modules): the first of $PDP_PYTHON, the PATH's python3 and /usr/bin/python3
- * that imports every module in `modules` (an import list, "numpy, safetensors.numpy"), to be
+ * that has every module in `modules` (an import list, "numpy, safetensors.numpy"), to be
  * run as `"<it>" -c ...`; NULL when none does. The PATH's python3 may lack numpy while the
- * system's has it: tests that took the first python3 skipped there. Found once per list
- * (8 lists cached). pdp_test_python_missing(modules) is the skip message naming what was
- * tried. system() runs a shell: POSIX hosts only (so do the tests that call it). */
+ * system's has it: tests that took the first python3 skipped there. "Has" is
+ * importlib.util.find_spec, which finds a module (importing its parent packages) without
+ * running it: importing torch to ask took 0.9 s of CPU, and the test's own script imports it
+ * again (a module found that does not import fails that test, by its script's output). Found
+ * once per list (8 lists cached). pdp_test_python_missing(modules) is the skip message naming
+ * what was tried. system() runs a shell: POSIX hosts only (so do the tests that call it). */
 PDP_TEST__FN const char *pdp_test_python_candidate(int i)
 {
     const char *env = getenv("PDP_PYTHON");
@@ -772,8 +775,10 @@ PDP_TEST__FN const char *pdp_test_python(const char *modules)
     for (i = 0; i < cached; i++)
         if (strcmp(cache[i].modules, modules) == 0) return cache[i].python;
     for (i = 0; (py = pdp_test_python_candidate(i)) != NULL; i++) {
-        if (strlen(py) + strlen(modules) + 64 > sizeof cmd) continue;
-        sprintf(cmd, "\"%s\" -c 'import %s' > /dev/null 2>&1", py, modules);
+        if (strlen(py) + strlen(modules) + 160 > sizeof cmd) continue;
+        sprintf(cmd, "\"%s\" -c 'import importlib.util as u; raise SystemExit(not all("
+                     "u.find_spec(m.strip()) for m in \"%s\".split(\",\")))' > /dev/null 2>&1",
+                py, modules);
         if (system(cmd) == 0) break;
     }
     if (cached < 8 && strlen(modules) < sizeof cache[0].modules) {

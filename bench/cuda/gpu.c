@@ -15,6 +15,7 @@
 #include "pdp.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 

@@ -11,7 +11,7 @@
    What it checks, each as a GPU would fail (an error code) plus a line
    "cuda_emu: ..." on stderr saying why:
    - Launches. Every block runs on the launching host thread, blocks in order;
-     a block's threads are coroutines (ucontext) that switch at __syncthreads
+     a block's threads are coroutines (fibers) that switch at __syncthreads
      and __shfl_down_sync, so barriers and warp exchanges really meet, in
      thread order and backwards on alternate phases (a missing barrier between
      a write and another thread's read changes the result). A bad
@@ -67,7 +67,6 @@
 
 #include "src/math.h" /* pdp.h's bf16/fp16 conversions: the 16-bit reductions */
 
-#include <ucontext.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -240,8 +239,47 @@ cudaError_t stream_begin(std::unique_lock<std::mutex> &lk, const char *what, cud
 enum { F_READY, F_BAR, F_WARP, F_DONE };
 const size_t STACK = 256 << 10;
 
+/* The switch between fibers. emu_switch(&from, to) saves what the SysV x86-64 ABI makes the
+   callee keep (rbx, rbp, r12-r15, the MXCSR and x87 control words) on the current stack,
+   stores the stack pointer in from, and resumes the context saved at to; fiber_init writes a
+   new stack's first context by hand, returning into fiber_main. No system call: glibc's
+   swapcontext sets the signal mask (rt_sigprocmask) at every switch, and getcontext at every
+   fiber start: 3.6 million system calls in PDP_SHORT=1 train_mnist -device cuda, which took
+   1.71 s of CPU with them and 0.90 s with emu_switch (perf stat). */
+#if !defined(__x86_64__)
+#  error "cuda_emu runs on x86-64 hosts: its fiber switch (emu_switch) is x86-64 assembly"
+#endif
+extern "C" void emu_switch(void **from, void *to);
+__asm__(".pushsection .text\n"
+        ".p2align 4\n"
+        ".type emu_switch, @function\n"
+        "emu_switch:\n"
+        "    pushq %rbp\n"
+        "    pushq %rbx\n"
+        "    pushq %r12\n"
+        "    pushq %r13\n"
+        "    pushq %r14\n"
+        "    pushq %r15\n"
+        "    subq $8, %rsp\n"
+        "    stmxcsr (%rsp)\n"
+        "    fnstcw 4(%rsp)\n"
+        "    movq %rsp, (%rdi)\n"
+        "    movq %rsi, %rsp\n"
+        "    ldmxcsr (%rsp)\n"
+        "    fldcw 4(%rsp)\n"
+        "    addq $8, %rsp\n"
+        "    popq %r15\n"
+        "    popq %r14\n"
+        "    popq %r13\n"
+        "    popq %r12\n"
+        "    popq %rbx\n"
+        "    popq %rbp\n"
+        "    ret\n"
+        ".size emu_switch, .-emu_switch\n"
+        ".popsection\n");
+
 struct Fiber {
-    ucontext_t uc;
+    void *sp = nullptr; /* its saved context (emu_switch), while it is switched out */
     char *stack = nullptr;
     int state = F_DONE;
     unsigned gen = 0; /* shuffles done: selects the exchange buffer */
@@ -255,7 +293,7 @@ struct Fiber {
 struct Block {
     std::vector<Fiber> fib;
     std::vector<uint64_t> xchg[2]; /* shuffle values by thread, double-buffered */
-    ucontext_t main;
+    void *main_sp = nullptr; /* the scheduler's saved context, while a fiber runs */
     unsigned n = 0, cur = 0;
     bool running = false;
     const char *error = nullptr;
@@ -298,7 +336,7 @@ void to_main(bool exiting)
 #ifdef EMU_TSAN
     __tsan_switch_to_fiber(b.main_tsan, 0);
 #endif
-    swapcontext(&f.uc, &b.main);
+    emu_switch(&f.sp, b.main_sp);
 #ifdef EMU_ASAN
     __sanitizer_finish_switch_fiber(f.fake, &b.main_bottom, &b.main_size);
 #endif
@@ -306,7 +344,7 @@ void to_main(bool exiting)
     set_thread_idx(b.cur);
 }
 
-void fiber_main()
+[[noreturn]] void fiber_main()
 {
     Block &b = blk;
 #ifdef EMU_ASAN
@@ -315,6 +353,7 @@ void fiber_main()
     b.body(b.ctx);
     b.fib[b.cur].state = F_DONE;
     to_main(true);
+    abort(); /* a finished fiber is never resumed (fiber_init starts it afresh) */
 }
 
 void resume(Block &b, unsigned t)
@@ -329,7 +368,7 @@ void resume(Block &b, unsigned t)
     b.main_tsan = __tsan_get_current_fiber();
     __tsan_switch_to_fiber(f.tsan, 0);
 #endif
-    swapcontext(&b.main, &f.uc);
+    emu_switch(&b.main_sp, f.sp);
 #ifdef EMU_ASAN
     __sanitizer_finish_switch_fiber(b.main_fake, nullptr, nullptr);
 #endif
@@ -346,36 +385,36 @@ void yield(int state)
     to_main(false);
 }
 
-/* (getcontext returns twice: kept out of the loops, which -Wclobbered watches)
-   ASan: a fiber that finished or was abandoned never returned from its last frames, so their
+/* ASan: a fiber that finished or was abandoned never returned from its last frames, so their
    redzones stay poisoned (every frame that returned unpoisoned itself). Those frames lie
    above where it last switched out (parked), so fiber_init unpoisons [parked - PARK_MARGIN,
-   top) only; the margin covers to_main's frame below its frame address. And uc_stack.ss_size
-   is set to 0 once makecontext has used it: ASan's swapcontext interceptor clears the shadow
-   of the target's whole uc_stack on every switch (32 KiB of shadow for a 256 KiB stack, at
-   each resume of each thread), which was 52% of an ASan run's time (perf, PDP_SHORT=1
-   train_dp -j 2 -gpus 2: 52.6 s -> 10.6 s), and which also unpoisoned a parked fiber's live
-   frames, hiding overflows of their locals (tests/cuda_emu/stack_check.cc: one past a local
-   array after __syncthreads went unreported; it is reported now). glibc's swapcontext does
-   not read uc_stack. */
+   top) only; the margin covers to_main's frame below its frame address. The rest of a stack's
+   shadow is left as the fiber's own frames set it: a parked fiber's live locals keep their
+   redzones, so an overflow of one after __syncthreads is reported
+   (tests/cuda_emu/stack_check.cc). (With glibc's swapcontext, ASan's interceptor cleared the
+   whole stack's shadow at every resume: half of an ASan run's time, and it hid that
+   overflow.) */
 const size_t PARK_MARGIN = 16 << 10;
 
-__attribute__((noinline)) void fiber_init(Fiber &f)
+void fiber_init(Fiber &f)
 {
+    uint64_t *top = (uint64_t *)(void *)(f.stack + STACK); /* 16-byte aligned (malloc) */
+    uint32_t mxcsr;
+    uint16_t fpcw;
 #ifdef EMU_ASAN
     char *from = f.stack;
     if (f.parked && f.parked >= f.stack + PARK_MARGIN && f.parked <= f.stack + STACK)
         from = f.parked - PARK_MARGIN;
     __asan_unpoison_memory_region(from, (size_t)(f.stack + STACK - from));
 #endif
-    getcontext(&f.uc);
-    f.uc.uc_stack.ss_sp = f.stack;
-    f.uc.uc_stack.ss_size = STACK;
-    f.uc.uc_link = nullptr;
-    makecontext(&f.uc, fiber_main, 0);
-#ifdef EMU_ASAN
-    f.uc.uc_stack.ss_size = 0; /* see above: ASan then leaves the shadow to fiber_init */
-#endif
+    /* the context emu_switch restores first: the control words it runs under now, six zero
+       registers, then a return into fiber_main, entered as a call would (rsp = 8 mod 16) */
+    __asm__ volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mxcsr), "=m"(fpcw));
+    top[-1] = 0;                              /* fiber_main's return address: it never returns */
+    top[-2] = (uint64_t)(uintptr_t)fiber_main;
+    for (int r = 3; r <= 8; r++) top[-r] = 0; /* rbp, rbx, r12-r15 */
+    top[-9] = (uint64_t)mxcsr | (uint64_t)fpcw << 32;
+    f.sp = top - 9;
     f.state = F_READY;
     f.gen = 0;
 }
