@@ -3418,7 +3418,9 @@ typedef struct pdp_trainer_desc {
    optimizer (pdp_optim_create on m, pdp_zero_optim_create under ZeRO). Collective over
    desc.comm under DDP and ZeRO (rank 0's parameters everywhere). A field out of range fails
    with PDP_ERR_INVALID naming it; an executor's failure keeps its status, its message after
-   "pdp_trainer_create (strategy S): ". desc may be NULL (single, SGD). */
+   "pdp_trainer_create (strategy S): ". Under DDP and ZeRO the ranks then agree: when the
+   optimizer or the executor failed on some ranks only, the others fail too, with
+   PDP_ERR_COMM naming a rank that failed. desc may be NULL (single, SGD). */
 PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
                                       const pdp_trainer_desc *desc);
 /* Frees the optimizer and the executor: the model is the caller's again (layers may be
@@ -4156,7 +4158,8 @@ PDP_API pdp_status pdp_print_by_rank(pdp_comm *c, const char *fmt, ...);
    the option, the value and what it accepts, then the usage: "usage: PROG [-np 2 (1..8)]
    [-backend local (local|mpi|nccl)] ...", each option with its default (a choice's by
    name). Variables already set stay set. A choice whose default is not the index of one
-   of its choices (or whose choices are NULL) fails before anything is parsed, naming it. */
+   of its choices (or whose choices are NULL), an option without a name or a value, or one
+   of no type above fails before anything is parsed, naming it. */
 typedef enum pdp_arg_type {
     PDP_ARG_INT,     /* value: int * */
     PDP_ARG_INT64,   /* value: int64_t * */
@@ -31333,9 +31336,16 @@ PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
     if (st == PDP_OK)
         st = t->z ? pdp_zero_optim_create(&t->opt, t->z, &d.optim)
                   : pdp_optim_create(&t->opt, m, &d.optim);
+    if (st != PDP_OK)
+        st = pdp__err_wrap(st, "%s (strategy %s)", fn, pdp_strategy_name(d.strategy));
+    /* The optimizer (and the executor after its collectives) can fail on one rank alone, an
+       allocation or a desc that differs: every rank learns it here instead of waiting in the
+       first step's collective for a rank that has left. After a timeout it would wait as
+       long. */
+    if (d.comm && st != PDP_ERR_TIMEOUT) st = pdp__comm_agree(d.comm, st, fn);
     if (st != PDP_OK) {
         pdp_trainer_free(t);
-        return pdp__err_wrap(st, "%s (strategy %s)", fn, pdp_strategy_name(d.strategy));
+        return st;
     }
     *out = t;
     return PDP_OK;

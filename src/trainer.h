@@ -65,7 +65,9 @@ typedef struct pdp_trainer_desc {
    optimizer (pdp_optim_create on m, pdp_zero_optim_create under ZeRO). Collective over
    desc.comm under DDP and ZeRO (rank 0's parameters everywhere). A field out of range fails
    with PDP_ERR_INVALID naming it; an executor's failure keeps its status, its message after
-   "pdp_trainer_create (strategy S): ". desc may be NULL (single, SGD). */
+   "pdp_trainer_create (strategy S): ". Under DDP and ZeRO the ranks then agree: when the
+   optimizer or the executor failed on some ranks only, the others fail too, with
+   PDP_ERR_COMM naming a rank that failed. desc may be NULL (single, SGD). */
 PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
                                       const pdp_trainer_desc *desc);
 /* Frees the optimizer and the executor: the model is the caller's again (layers may be
