@@ -55,7 +55,8 @@ typedef struct pdp_trainer_desc {
                                threads of this process: PDP_ERR_INVALID otherwise) */
     pdp_optim_desc optim;   /* the optimizer (optim.h; all zero: SGD, lr 0.01) */
     pdp_dp_desc dp;         /* DP: workers (0: one per core) and devices (NULL: the CPU; for
-                               a model on GPU g, GPUs g, g + 1, ..., one a worker) */
+                               a model on GPU g, GPUs g, g + 1, ..., one a worker, when
+                               num_workers is given: 0 there is pdp_dp_create's error) */
     pdp_ddp_desc ddp;       /* DDP: bucket sizes */
     pdp_zero_desc zero;     /* ZeRO: units and buffers; stage 0 (the strategy's) or the
                                strategy's own, any other PDP_ERR_INVALID */
