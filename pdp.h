@@ -3408,7 +3408,8 @@ typedef struct pdp_trainer_desc {
                                threads of this process: PDP_ERR_INVALID otherwise) */
     pdp_optim_desc optim;   /* the optimizer (optim.h; all zero: SGD, lr 0.01) */
     pdp_dp_desc dp;         /* DP: workers (0: one per core) and devices (NULL: the CPU; for
-                               a model on GPU g, GPUs g, g + 1, ..., one a worker) */
+                               a model on GPU g, GPUs g, g + 1, ..., one a worker, when
+                               num_workers is given: 0 there is pdp_dp_create's error) */
     pdp_ddp_desc ddp;       /* DDP: bucket sizes */
     pdp_zero_desc zero;     /* ZeRO: units and buffers; stage 0 (the strategy's) or the
                                strategy's own, any other PDP_ERR_INVALID */
@@ -3418,7 +3419,9 @@ typedef struct pdp_trainer_desc {
    optimizer (pdp_optim_create on m, pdp_zero_optim_create under ZeRO). Collective over
    desc.comm under DDP and ZeRO (rank 0's parameters everywhere). A field out of range fails
    with PDP_ERR_INVALID naming it; an executor's failure keeps its status, its message after
-   "pdp_trainer_create (strategy S): ". desc may be NULL (single, SGD). */
+   "pdp_trainer_create (strategy S): ". Under DDP and ZeRO the ranks then agree: when the
+   optimizer or the executor failed on some ranks only, the others fail too, with
+   PDP_ERR_COMM naming a rank that failed. desc may be NULL (single, SGD). */
 PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
                                       const pdp_trainer_desc *desc);
 /* Frees the optimizer and the executor: the model is the caller's again (layers may be
@@ -4156,7 +4159,8 @@ PDP_API pdp_status pdp_print_by_rank(pdp_comm *c, const char *fmt, ...);
    the option, the value and what it accepts, then the usage: "usage: PROG [-np 2 (1..8)]
    [-backend local (local|mpi|nccl)] ...", each option with its default (a choice's by
    name). Variables already set stay set. A choice whose default is not the index of one
-   of its choices (or whose choices are NULL) fails before anything is parsed, naming it. */
+   of its choices (or whose choices are NULL), an option without a name or a value, or one
+   of no type above fails before anything is parsed, naming it. */
 typedef enum pdp_arg_type {
     PDP_ARG_INT,     /* value: int * */
     PDP_ARG_INT64,   /* value: int64_t * */
@@ -15816,16 +15820,28 @@ struct pdp_mesh {
     pdp_comm *group[PDP_MESH_MAX_DIMS];
 };
 
+/* snprintf at buf + *n, where *n counts what the line needs so far, fitting or not */
+PDP__PRIVATE void pdp__mesh_put(char *buf, size_t bytes, size_t *n, const char *fmt, ...)
+{
+    va_list ap;
+    int w;
+    va_start(ap, fmt);
+    w = vsnprintf(buf + (*n < bytes ? *n : bytes), *n < bytes ? bytes - *n : 0, fmt, ap);
+    va_end(ap);
+    *n += w > 0 ? (size_t)w : 0;
+}
+
 PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes,
                                    const char *const *names)
 {
     static const char *fn = "pdp_mesh_create";
     pdp_comm *group[PDP_MESH_MAX_DIMS] = {NULL};
     pdp_mesh *m = NULL;
-    char dims[160] = ""; /* "DP 2 x PP 2 x TP 2", for the messages */
+    char dims[160] = ""; /* "DP 2 x PP 2 x TP 2", for the messages (cut if longer) */
     double ranks = 1;
     pdp_status st = PDP_OK;
-    int k, n = 0, stride = 1;
+    size_t n = 0;
+    int k, stride = 1;
     if (out) *out = NULL;
     if ((st = pdp__comm_check(world, fn))) return st;
     if (!out || !sizes)
@@ -15839,8 +15855,8 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
         if (name && (!*name || strlen(name) > 15))
             return pdp__err(PDP_ERR_INVALID, "%s: dimension %d's name '%.40s' has %zu characters; "
                             "a name has 1..15", fn, k, name, strlen(name));
-        n += snprintf(dims + n, sizeof dims - (size_t)n, "%s%s%s%d", k ? " x " : "",
-                      name ? name : "", name ? " " : "", sizes[k]);
+        pdp__mesh_put(dims, sizeof dims, &n, "%s%s%s%d", k ? " x " : "", name ? name : "",
+                      name ? " " : "", sizes[k]);
         ranks *= sizes[k];
     }
     for (k = 0; k < ndim; k++)
@@ -15909,17 +15925,6 @@ PDP_API int pdp_mesh_members(const pdp_mesh *m, int dim, int *ranks)
     if (!m || dim < 0 || dim >= m->ndim) return 0;
     for (int i = 0; ranks && i < m->size[dim]; i++) ranks[i] = pdp__mesh_member(m, dim, i);
     return m->size[dim];
-}
-
-/* snprintf at buf + *n, where *n counts what the line needs so far, fitting or not */
-PDP__PRIVATE void pdp__mesh_put(char *buf, size_t bytes, size_t *n, const char *fmt, ...)
-{
-    va_list ap;
-    int w;
-    va_start(ap, fmt);
-    w = vsnprintf(buf + (*n < bytes ? *n : bytes), *n < bytes ? bytes - *n : 0, fmt, ap);
-    va_end(ap);
-    *n += w > 0 ? (size_t)w : 0;
 }
 
 PDP_API pdp_status pdp_mesh_format(const pdp_mesh *m, char *buf, size_t bytes)
@@ -31332,9 +31337,16 @@ PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
     if (st == PDP_OK)
         st = t->z ? pdp_zero_optim_create(&t->opt, t->z, &d.optim)
                   : pdp_optim_create(&t->opt, m, &d.optim);
+    if (st != PDP_OK)
+        st = pdp__err_wrap(st, "%s (strategy %s)", fn, pdp_strategy_name(d.strategy));
+    /* The optimizer (and the executor after its collectives) can fail on one rank alone, an
+       allocation or a desc that differs: every rank learns it here instead of waiting in the
+       first step's collective for a rank that has left. After a timeout it would wait as
+       long. */
+    if (d.comm && st != PDP_ERR_TIMEOUT) st = pdp__comm_agree(d.comm, st, fn);
     if (st != PDP_OK) {
         pdp_trainer_free(t);
-        return pdp__err_wrap(st, "%s (strategy %s)", fn, pdp_strategy_name(d.strategy));
+        return st;
     }
     *out = t;
     return PDP_OK;
@@ -33416,6 +33428,13 @@ PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, in
     if (argc < 0 || (argc > 0 && !argv) || count < 0 || (count > 0 && !args))
         return pdp__err(PDP_ERR_INVALID, "pdp_args_parse: argv or args is NULL (argc %d, count "
                         "%d)", argc, count);
+    for (k = 0; k < count; k++) /* a program's mistakes, before anything is read or written */
+        if (!args[k].name || !args[k].value || (int)args[k].type < (int)PDP_ARG_INT ||
+            (int)args[k].type > (int)PDP_ARG_CHOICE)
+            return pdp__err(PDP_ERR_INVALID, "pdp_args_parse: args[%d] (%s): %s", k,
+                            args[k].name ? args[k].name : "NULL", !args[k].name ? "name is NULL"
+                            : !args[k].value ? "value is NULL (the variable that holds the default)"
+                            : "type is none of PDP_ARG_INT, _INT64, _DOUBLE, _STRING, _CHOICE");
     snprintf(usage, sizeof usage, "usage: %s", prog); /* before parsing: the defaults */
     for (k = 0; k < count; k++)
         if (!pdp__arg_usage(&args[k], usage, sizeof usage)) /* a program's mistake */

@@ -443,16 +443,28 @@ struct pdp_mesh {
     pdp_comm *group[PDP_MESH_MAX_DIMS];
 };
 
+/* snprintf at buf + *n, where *n counts what the line needs so far, fitting or not */
+PDP__PRIVATE void pdp__mesh_put(char *buf, size_t bytes, size_t *n, const char *fmt, ...)
+{
+    va_list ap;
+    int w;
+    va_start(ap, fmt);
+    w = vsnprintf(buf + (*n < bytes ? *n : bytes), *n < bytes ? bytes - *n : 0, fmt, ap);
+    va_end(ap);
+    *n += w > 0 ? (size_t)w : 0;
+}
+
 PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes,
                                    const char *const *names)
 {
     static const char *fn = "pdp_mesh_create";
     pdp_comm *group[PDP_MESH_MAX_DIMS] = {NULL};
     pdp_mesh *m = NULL;
-    char dims[160] = ""; /* "DP 2 x PP 2 x TP 2", for the messages */
+    char dims[160] = ""; /* "DP 2 x PP 2 x TP 2", for the messages (cut if longer) */
     double ranks = 1;
     pdp_status st = PDP_OK;
-    int k, n = 0, stride = 1;
+    size_t n = 0;
+    int k, stride = 1;
     if (out) *out = NULL;
     if ((st = pdp__comm_check(world, fn))) return st;
     if (!out || !sizes)
@@ -466,8 +478,8 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
         if (name && (!*name || strlen(name) > 15))
             return pdp__err(PDP_ERR_INVALID, "%s: dimension %d's name '%.40s' has %zu characters; "
                             "a name has 1..15", fn, k, name, strlen(name));
-        n += snprintf(dims + n, sizeof dims - (size_t)n, "%s%s%s%d", k ? " x " : "",
-                      name ? name : "", name ? " " : "", sizes[k]);
+        pdp__mesh_put(dims, sizeof dims, &n, "%s%s%s%d", k ? " x " : "", name ? name : "",
+                      name ? " " : "", sizes[k]);
         ranks *= sizes[k];
     }
     for (k = 0; k < ndim; k++)
@@ -536,17 +548,6 @@ PDP_API int pdp_mesh_members(const pdp_mesh *m, int dim, int *ranks)
     if (!m || dim < 0 || dim >= m->ndim) return 0;
     for (int i = 0; ranks && i < m->size[dim]; i++) ranks[i] = pdp__mesh_member(m, dim, i);
     return m->size[dim];
-}
-
-/* snprintf at buf + *n, where *n counts what the line needs so far, fitting or not */
-PDP__PRIVATE void pdp__mesh_put(char *buf, size_t bytes, size_t *n, const char *fmt, ...)
-{
-    va_list ap;
-    int w;
-    va_start(ap, fmt);
-    w = vsnprintf(buf + (*n < bytes ? *n : bytes), *n < bytes ? bytes - *n : 0, fmt, ap);
-    va_end(ap);
-    *n += w > 0 ? (size_t)w : 0;
 }
 
 PDP_API pdp_status pdp_mesh_format(const pdp_mesh *m, char *buf, size_t bytes)

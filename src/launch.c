@@ -356,6 +356,13 @@ PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, in
     if (argc < 0 || (argc > 0 && !argv) || count < 0 || (count > 0 && !args))
         return pdp__err(PDP_ERR_INVALID, "pdp_args_parse: argv or args is NULL (argc %d, count "
                         "%d)", argc, count);
+    for (k = 0; k < count; k++) /* a program's mistakes, before anything is read or written */
+        if (!args[k].name || !args[k].value || (int)args[k].type < (int)PDP_ARG_INT ||
+            (int)args[k].type > (int)PDP_ARG_CHOICE)
+            return pdp__err(PDP_ERR_INVALID, "pdp_args_parse: args[%d] (%s): %s", k,
+                            args[k].name ? args[k].name : "NULL", !args[k].name ? "name is NULL"
+                            : !args[k].value ? "value is NULL (the variable that holds the default)"
+                            : "type is none of PDP_ARG_INT, _INT64, _DOUBLE, _STRING, _CHOICE");
     snprintf(usage, sizeof usage, "usage: %s", prog); /* before parsing: the defaults */
     for (k = 0; k < count; k++)
         if (!pdp__arg_usage(&args[k], usage, sizeof usage)) /* a program's mistake */

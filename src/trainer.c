@@ -91,9 +91,16 @@ PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
     if (st == PDP_OK)
         st = t->z ? pdp_zero_optim_create(&t->opt, t->z, &d.optim)
                   : pdp_optim_create(&t->opt, m, &d.optim);
+    if (st != PDP_OK)
+        st = pdp__err_wrap(st, "%s (strategy %s)", fn, pdp_strategy_name(d.strategy));
+    /* The optimizer (and the executor after its collectives) can fail on one rank alone, an
+       allocation or a desc that differs: every rank learns it here instead of waiting in the
+       first step's collective for a rank that has left. After a timeout it would wait as
+       long. */
+    if (d.comm && st != PDP_ERR_TIMEOUT) st = pdp__comm_agree(d.comm, st, fn);
     if (st != PDP_OK) {
         pdp_trainer_free(t);
-        return pdp__err_wrap(st, "%s (strategy %s)", fn, pdp_strategy_name(d.strategy));
+        return st;
     }
     *out = t;
     return PDP_OK;

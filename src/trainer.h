@@ -55,7 +55,8 @@ typedef struct pdp_trainer_desc {
                                threads of this process: PDP_ERR_INVALID otherwise) */
     pdp_optim_desc optim;   /* the optimizer (optim.h; all zero: SGD, lr 0.01) */
     pdp_dp_desc dp;         /* DP: workers (0: one per core) and devices (NULL: the CPU; for
-                               a model on GPU g, GPUs g, g + 1, ..., one a worker) */
+                               a model on GPU g, GPUs g, g + 1, ..., one a worker, when
+                               num_workers is given: 0 there is pdp_dp_create's error) */
     pdp_ddp_desc ddp;       /* DDP: bucket sizes */
     pdp_zero_desc zero;     /* ZeRO: units and buffers; stage 0 (the strategy's) or the
                                strategy's own, any other PDP_ERR_INVALID */
@@ -65,7 +66,9 @@ typedef struct pdp_trainer_desc {
    optimizer (pdp_optim_create on m, pdp_zero_optim_create under ZeRO). Collective over
    desc.comm under DDP and ZeRO (rank 0's parameters everywhere). A field out of range fails
    with PDP_ERR_INVALID naming it; an executor's failure keeps its status, its message after
-   "pdp_trainer_create (strategy S): ". desc may be NULL (single, SGD). */
+   "pdp_trainer_create (strategy S): ". Under DDP and ZeRO the ranks then agree: when the
+   optimizer or the executor failed on some ranks only, the others fail too, with
+   PDP_ERR_COMM naming a rank that failed. desc may be NULL (single, SGD). */
 PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
                                       const pdp_trainer_desc *desc);
 /* Frees the optimizer and the executor: the model is the caller's again (layers may be

@@ -4581,6 +4581,9 @@ struct pdp_mesh {
     pdp_comm *group[PDP_MESH_MAX_DIMS];
 };
 
+/* snprintf at buf + *n, where *n counts what the line needs so far, fitting or not */
+PDP__PRIVATE void pdp__mesh_put(char *buf, size_t bytes, size_t *n, const char *fmt, ...);
+
 /* PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes, const char *const *names) */
 
 /* PDP_API void pdp_mesh_free(pdp_mesh *m) */
@@ -4593,9 +4596,6 @@ struct pdp_mesh {
 PDP__PRIVATE int pdp__mesh_member(const pdp_mesh *m, int k, int i);
 
 /* PDP_API int pdp_mesh_members(const pdp_mesh *m, int dim, int *ranks) */
-
-/* snprintf at buf + *n, where *n counts what the line needs so far, fitting or not */
-PDP__PRIVATE void pdp__mesh_put(char *buf, size_t bytes, size_t *n, const char *fmt, ...);
 
 /* PDP_API pdp_status pdp_mesh_format(const pdp_mesh *m, char *buf, size_t bytes) */
 

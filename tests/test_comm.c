@@ -449,6 +449,17 @@ TEST comm_mesh_rejects_bad_dimensions(void)
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, c, 1, (int[]){1},
                    (const char *[]){"sixteen_letters_"}), pdp_status_name);
     ASSERT(strstr(pdp_last_error(), "dimension 0's name 'sixteen_letters_' has 16") != NULL);
+    /* the message's "A n x B n ..." cut at its buffer, not written past it (8 names of 15
+       and sizes of 11 characters need 237 bytes; an ASan build caught the overflow) */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, c, PDP_MESH_MAX_DIMS,
+                   (int[PDP_MESH_MAX_DIMS]){INT_MIN, INT_MIN, INT_MIN, INT_MIN, INT_MIN, INT_MIN,
+                                            INT_MIN, INT_MIN},
+                   (const char *[PDP_MESH_MAX_DIMS]){"fifteen_letters", "fifteen_letters",
+                   "fifteen_letters", "fifteen_letters", "fifteen_letters", "fifteen_letters",
+                   "fifteen_letters", "fifteen_letters"}), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), ": dimension 0 has size -2147483648; a size is >= 1") != NULL);
+    ASSERT(strncmp(pdp_last_error(), "pdp_mesh_create: fifteen_letters -2147483648 x fifteen_",
+                   50) == 0);
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, c, 1, NULL, NULL), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, NULL, 1, (int[]){1}, NULL),
                    pdp_status_name);

@@ -291,6 +291,29 @@ TEST launch_args_parse(void)
     PASS();
 }
 
+/* An option table's own mistakes (no name, no variable, a type of none of the five) are
+   PDP_ERR_INVALID naming the entry, before the usage line reads any variable. */
+TEST launch_args_refuse_malformed_options(void)
+{
+    int v = 0;
+    char *argv[] = {"prog", "-n", "3"};
+    pdp_arg args[2] = {{"-n", PDP_ARG_INT, &v, 0, 0, NULL}, {"-m", PDP_ARG_INT, NULL, 0, 0, NULL}};
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(3, argv, args, 2), pdp_status_name);
+    ASSERT_STR_EQ("pdp_args_parse: args[1] (-m): value is NULL (the variable that holds the "
+                  "default)", pdp_last_error());
+    args[1].value = &v, args[1].name = NULL;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(3, argv, args, 2), pdp_status_name);
+    ASSERT_STR_EQ("pdp_args_parse: args[1] (NULL): name is NULL", pdp_last_error());
+    args[1].name = "-m", args[1].type = (pdp_arg_type)(PDP_ARG_CHOICE + 1);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(3, argv, args, 2), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "args[1] (-m): type is none of PDP_ARG_INT"));
+    ASSERT_EQ(0, v); /* nothing parsed */
+    args[1].type = PDP_ARG_INT;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_args_parse(3, argv, args, 2), pdp_status_name);
+    ASSERT_EQ(3, v);
+    PASS();
+}
+
 /* PDP_ARG_CHOICE: the index of the choice given (the first, a middle one, the last; a
    prefix and a longer name are refused, the variable untouched), the default printed by
    name in the usage, and a default that names no choice refused before parsing. */
@@ -392,6 +415,7 @@ SUITE(launch)
     RUN_TEST(launch_backend_from_name);
     RUN_TEST(launch_args_parse);
     RUN_TEST(launch_args_choice);
+    RUN_TEST(launch_args_refuse_malformed_options);
     RUN_TEST(launch_print_by_rank);
 }
 

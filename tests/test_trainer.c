@@ -272,10 +272,57 @@ TEST trainer_refuses_bad_descs_naming_the_field(void)
     PASS();
 }
 
+/* An optimizer refused on rank 1 alone (its lr): rank 0's executor and optimizer are fine,
+   but it must not return a trainer whose first step waits for a rank that has left. */
+typedef struct lone_job {
+    pdp_strategy strategy;
+    pdp_status st[2];
+    char msg[2][1024]; /* pdp_last_error's size */
+} lone_job;
+
+static pdp_status lone_failure_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    lone_job *j = (lone_job *)user;
+    pdp_model *m = small_gpt();
+    pdp_trainer *t = NULL;
+    pdp_trainer_desc d;
+    if (!m) return PDP_ERR_OUT_OF_MEMORY;
+    memset(&d, 0, sizeof d);
+    d.strategy = j->strategy;
+    d.comm = ctx->world;
+    d.optim.lr = ctx->rank == 1 ? -0.1 : 0.0;
+    j->st[ctx->rank] = pdp_trainer_create(&t, m, &d);
+    snprintf(j->msg[ctx->rank], sizeof j->msg[0], "%s", pdp_last_error());
+    if (j->st[ctx->rank] == PDP_OK && t == NULL) j->st[ctx->rank] = PDP_ERR_STATE;
+    pdp_trainer_free(t); /* no collective: a wrongly built trainer cannot hang the test */
+    pdp_model_free(m);
+    return PDP_OK;
+}
+
+TEST trainer_create_fails_on_every_rank_when_one_fails(void)
+{
+    static const pdp_strategy strategies[] = {PDP_STRATEGY_DDP, PDP_STRATEGY_ZERO2};
+    int s;
+    for (s = 0; s < 2; s++) {
+        lone_job j;
+        memset(&j, 0, sizeof j);
+        j.strategy = strategies[s];
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(2, NULL, lone_failure_rank, &j),
+                        pdp_status_name);
+        ASSERT_ENUM_EQm(j.msg[1], PDP_ERR_INVALID, j.st[1], pdp_status_name);
+        ASSERT(strstr(j.msg[1], "lr") != NULL);
+        ASSERT_ENUM_EQm(j.msg[0], PDP_ERR_COMM, j.st[0], pdp_status_name);
+        ASSERT_STR_EQ("pdp_trainer_create: rank 0: rank 1 of comm 'world' failed (see its "
+                      "message)", j.msg[0]);
+    }
+    PASS();
+}
+
 SUITE(trainer)
 {
     RUN_TEST(trainer_every_strategy_equals_one_device);
     RUN_TEST(trainer_refuses_bad_descs_naming_the_field);
+    RUN_TEST(trainer_create_fails_on_every_rank_when_one_fails);
 }
 
 GREATEST_MAIN_DEFS();
