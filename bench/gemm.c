@@ -18,7 +18,10 @@
    uses (forward NT: x W^T, dW TN: dY^T X, dX NN: dY W; the 512 x 512 x 512 NN is also the
    square 512) and the squares 1024 and 2048 - two tables. fp32: pdp_sgemm, OpenBLAS, and PyTorch's torch.matmul and oneDNN inner
    product (bench/gemm_torch.py under /usr/bin/python3, one child per round, after ours).
-   bf16: PyTorch's torch.matmul in bf16 (oneDNN on a CPU with AVX512-BF16 or AMX),
+   bf16: PyTorch's torch.matmul in bf16 (oneDNN on a CPU with AVX512-BF16 or AMX) twice:
+   on tensors already in bf16, and from fp32 tensors converted to bf16 with the product
+   (a.bfloat16(), as autocast casts a Linear's fp32 inputs; pdp_gemm_bf16 takes fp32 and
+   converts as it packs, so this is its like-for-like peer), then
    pdp_gemm_bf16 (the path it chooses) and pdp_gemm_bf16_on on each path pdp names
    (the enum from PDP_BF16_PATH_EMULATED on while pdp_bf16_path_name knows it;
    "absent" where the CPU or build lacks it). Ratios against the peers, and fractions of
@@ -182,18 +185,19 @@ static double measure_capped(void (*fn)(const problem *), const problem *p)
 }
 
 /* PyTorch's figures for every shape, one child process (bench/gemm_torch.py under
-   /usr/bin/python3, one thread): torch[i][0..2] = matmul fp32, oneDNN fp32, matmul bf16;
-   0 when torch is absent or the child failed. */
-static int torch_peer(const shape *sh, int count, double torch[][3])
+   /usr/bin/python3, one thread): torch[i][0..3] = matmul fp32, oneDNN fp32, matmul bf16
+   on bf16 tensors, matmul bf16 from fp32 tensors (the conversions timed with it); 0 when
+   torch is absent or the child failed. */
+static int torch_peer(const shape *sh, int count, double torch[][4])
 {
     char cmd[2048], line[256], key[64];
     const char *script = access("bench/gemm_torch.py", R_OK) == 0 ? "bench/gemm_torch.py"
                                                                    : "../bench/gemm_torch.py";
     size_t used;
-    double r[3];
+    double r[4];
     FILE *f;
     int i, got = 0;
-    memset(torch, 0, sizeof(double) * 3 * (size_t)count);
+    memset(torch, 0, sizeof(double) * 4 * (size_t)count);
     used = (size_t)snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s --threads 1 --reps 5 "
                             "--rep-s 0.08", script);
     for (i = 0; i < count && used < sizeof cmd; i++)
@@ -201,7 +205,7 @@ static int torch_peer(const shape *sh, int count, double torch[][3])
                                  (int)sh[i].k, (int)sh[i].n, layout(&sh[i]));
     if (!(f = popen(cmd, "r"))) return 0;
     while (fgets(line, sizeof line, f))
-        if (sscanf(line, "%63s %lf %lf %lf", key, &r[0], &r[1], &r[2]) == 4)
+        if (sscanf(line, "%63s %lf %lf %lf %lf", key, &r[0], &r[1], &r[2], &r[3]) == 5)
             for (i = 0; i < count; i++) {
                 char want[64];
                 snprintf(want, sizeof want, "%d:%d:%d:%s", (int)sh[i].m, (int)sh[i].k,
@@ -241,11 +245,12 @@ static void bench_peers(int quick)
         {2048, 2048, 2048, PDP_NO_TRANS, PDP_NO_TRANS},
     };
     enum { MLP_SHAPES = 8 };
-    /* [shape][round]: pdp fp32, OpenBLAS, torch matmul fp32, oneDNN fp32, oneDNN bf16,
-       pdp_gemm_bf16 (auto), then one per path */
-    enum { C_PDP, C_OB, C_TM, C_DNN, C_DNN16, C_AUTO, C_PATH, NCOL = C_PATH + PEER_PATHS };
+    /* [shape][round]: pdp fp32, OpenBLAS, torch matmul fp32, oneDNN fp32, oneDNN bf16 on
+       bf16 tensors, oneDNN bf16 from fp32 tensors, pdp_gemm_bf16 (auto), then one per path */
+    enum { C_PDP, C_OB, C_TM, C_DNN, C_DNN16, C_DNNCV, C_AUTO, C_PATH,
+           NCOL = C_PATH + PEER_PATHS };
     static double v[PEER_SHAPES][NCOL][ROUNDS];
-    double med[PEER_SHAPES][NCOL], torch[PEER_SHAPES][3], sum[NCOL];
+    double med[PEER_SHAPES][NCOL], torch[PEER_SHAPES][4], sum[NCOL];
     double peak32 = bench_peak_gflops(BENCH_PEAK_FP32), peakdot = bench_peak_gflops(BENCH_PEAK_BF16_DOT);
     double peakamx = bench_peak_gflops(BENCH_PEAK_AMX_BF16), peakpath[PEER_PATHS];
     pdp_bf16_path best = pdp_bf16_best_path();
@@ -253,7 +258,7 @@ static void bench_peers(int quick)
     int have_torch = system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
     int torch_failed = 0;
     int i, c, r, q;
-    char cpu[320], b1[8], b2[8], b3[8], name[32];
+    char cpu[320], b1[8], b2[8], name[32];
     problem p[PEER_SHAPES];
 
     /* the paths pdp names: the enum from EMULATED on, while pdp_bf16_path_name knows it */
@@ -306,6 +311,7 @@ static void bench_peers(int quick)
             v[i][C_TM][r] = torch[i][0];
             v[i][C_DNN][r] = torch[i][1] > 0 ? torch[i][1] : 0.0;
             v[i][C_DNN16][r] = torch[i][2];
+            v[i][C_DNNCV][r] = torch[i][3];
         }
         fprintf(stderr, "  peers: round %d of %d done\n", r + 1, rounds);
     }
@@ -344,35 +350,43 @@ static void bench_peers(int quick)
     }
     printf("pdp/OB: pdp / OpenBLAS; pdp/oDNN: pdp / oneDNN fp32; %%FMA: pdp / the fp32 FMA "
            "peak\n");
-    printf("\nbf16 (inputs rounded to bf16, fp32 sums): oneDNN (torch.matmul in bf16) | "
-           "pdp_gemm_bf16 (auto: %s) | pdp_gemm_bf16_on each path\n", pdp_bf16_path_name(best));
-    printf("%-14s %-2s | %7s | %7s", "shape", "op", "oneDNN", "pdp");
+    printf("\nbf16 (inputs rounded to bf16, fp32 sums): oneDNN (torch.matmul in bf16) on two "
+           "inputs - oD(bf16): tensors already in bf16 (half the bytes read, nothing "
+           "converted); oD(fp32): fp32 tensors, a.bfloat16() and b.bfloat16() timed with the "
+           "product (autocast's Linear on fp32 inputs) | pdp_gemm_bf16 (auto: %s; takes fp32 "
+           "and converts as it packs, as oD(fp32) does) | pdp_gemm_bf16_on each path\n",
+           pdp_bf16_path_name(best));
+    printf("%-14s %-2s | %8s %8s | %7s", "shape", "op", "oD(bf16)", "oD(fp32)", "pdp");
     for (q = 0; q < npath; q++)
         printf(" %11.11s", pdp_bf16_path_name((pdp_bf16_path)(PDP_BF16_PATH_EMULATED + q)));
-    printf(" | %8s %6s %6s | %9s\n", "pdp/oDNN", "pdp%pk", "oDNN%A", "pdp16/32");
+    printf(" | %12s %12s %6s %6s | %8s\n", "pdp/oD(bf16)", "pdp/oD(fp32)", "pdp%pk", "oDNN%A",
+           "pdp16/32");
     for (i = 0; i < count; i++) {
         double auto_peak = peakpath[best - PDP_BF16_PATH_EMULATED];
         snprintf(name, sizeof name, "%dx%dx%d", (int)sh[i].m, (int)sh[i].k, (int)sh[i].n);
-        printf("%-14s %-2s | %7.1f | %7.1f", name, layout(&sh[i]), med[i][C_DNN16],
-               med[i][C_AUTO]);
+        printf("%-14s %-2s | %8.1f %8.1f | %7.1f", name, layout(&sh[i]), med[i][C_DNN16],
+               med[i][C_DNNCV], med[i][C_AUTO]);
         for (q = 0; q < npath; q++) {
             if (med[i][C_PATH + q] > 0) printf(" %11.1f", med[i][C_PATH + q]);
             else printf(" %11s", "absent");
         }
-        printf(" | %8.2f %6s %6s | %9.2f\n",
+        printf(" | %12.2f %12.2f %6s %6s | %8.2f\n",
                med[i][C_DNN16] > 0 ? med[i][C_AUTO] / med[i][C_DNN16] : 0.0,
+               med[i][C_DNNCV] > 0 ? med[i][C_AUTO] / med[i][C_DNNCV] : 0.0,
                pct(b1, med[i][C_AUTO], auto_peak), pct(b2, med[i][C_DNN16], peakamx),
                med[i][C_AUTO] / med[i][C_PDP]);
     }
-    (void)b3;
-    printf("pdp/oDNN: pdp_gemm_bf16 / oneDNN bf16 (the issue's target: >= 1.0 on the MLP's "
-           "shapes, one thread); pdp%%pk: pdp_gemm_bf16 / the peak of the path it took "
-           "(AMX tdpbf16ps, vdpbf16ps, or the fp32 FMA for the emulation); oDNN%%A: oneDNN bf16 "
+    printf("pdp/oD(bf16): pdp_gemm_bf16 / oneDNN on bf16 tensors (the issue's target: >= 1.0 "
+           "on the MLP's shapes, one thread; oneDNN converts nothing there, pdp converts its "
+           "fp32 operands); pdp/oD(fp32): pdp_gemm_bf16 / oneDNN with the conversions, both "
+           "sides starting from fp32; pdp%%pk: pdp_gemm_bf16 / the peak of the path it took "
+           "(AMX tdpbf16ps, vdpbf16ps, or the fp32 FMA for the emulation); oDNN%%A: oD(bf16) "
            "/ the AMX peak; pdp16/32: pdp_gemm_bf16 / pdp_sgemm\n");
     if (count >= MLP_SHAPES)
         printf("the MLP step's eight products, batch 512, at these speeds: pdp fp32 %.2f ms, "
-               "pdp bf16 %.2f ms, oneDNN bf16 %.2f ms, oneDNN fp32 %.2f ms\n", 1e3 * sum[C_PDP],
-               1e3 * sum[C_AUTO], have_torch ? 1e3 * sum[C_DNN16] : 0.0,
+               "pdp bf16 %.2f ms, oneDNN bf16 on bf16 tensors %.2f ms, from fp32 tensors "
+               "%.2f ms, oneDNN fp32 %.2f ms\n", 1e3 * sum[C_PDP], 1e3 * sum[C_AUTO],
+               have_torch ? 1e3 * sum[C_DNN16] : 0.0, have_torch ? 1e3 * sum[C_DNNCV] : 0.0,
                have_torch ? 1e3 * sum[C_DNN] : 0.0);
     if (torch_failed)
         printf("PyTorch: /usr/bin/python3 bench/gemm_torch.py failed: its columns are 0\n");

@@ -4,7 +4,7 @@
 For each shape M:K:N:OP (OP as bench/gemm.c writes it: NN is A*B, NT is A*B^T, TN is
 A^T*B, with A and B row-major as pdp_sgemm takes them) prints one line
 
-    <M:K:N:OP> <matmul fp32> <oneDNN fp32> <matmul bf16>
+    <M:K:N:OP> <matmul fp32> <oneDNN fp32> <matmul bf16> <matmul fp32->bf16>
 
 in GFLOP/s (2 M N K flops per call), each the median of `reps` timed repetitions of
 about `rep_s` seconds after a warm-up:
@@ -19,7 +19,16 @@ about `rep_s` seconds after a warm-up:
                -1 when this torch has no mkldnn.
   matmul bf16  torch.matmul on bfloat16 views laid out as the shape says: on a CPU
                with AVX512-BF16 or AMX, PyTorch sends it to oneDNN (what
-               torch.autocast's Linear runs).
+               torch.autocast's Linear runs), on operands already in bf16: it reads
+               half the bytes of an fp32 operand and converts nothing.
+  matmul fp32->bf16
+               torch.matmul(a.bfloat16(), b.bfloat16()) on the float32 views of the
+               first column: the two conversions (each keeps its operand's strides, as
+               autocast's cast does) are timed with the product, as autocast pays them
+               where a Linear's inputs arrive in fp32 (the forward: activations and
+               weights; its backward reuses the bf16 copies autocast saved). This is
+               the like-for-like peer of pdp_gemm_bf16, which takes fp32 and rounds to
+               bf16 as it packs.
 
 The thread count goes into OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and
 MKL_NUM_THREADS before torch is imported (the BLAS's own pool ignores
@@ -92,7 +101,9 @@ def main(argv):
             rdnn = rate(lambda: torch._C._nn.mkldnn_linear(am, wm, None), flops, reps, rep_s)
         a16, b16 = operands(torch, m, k, n, op, torch.bfloat16)
         r16 = rate(lambda: torch.matmul(a16, b16), flops, reps, rep_s)
-        print("%d:%d:%d:%s %.1f %.1f %.1f" % (m, k, n, op, r32, rdnn, r16), flush=True)
+        rcvt = rate(lambda: torch.matmul(a.bfloat16(), b.bfloat16()), flops, reps, rep_s)
+        print("%d:%d:%d:%s %.1f %.1f %.1f %.1f" % (m, k, n, op, r32, rdnn, r16, rcvt),
+              flush=True)
 
 
 if __name__ == "__main__":

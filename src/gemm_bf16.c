@@ -39,7 +39,7 @@
    products summed in pdp_sgemm's order: gemm.h's bound). PDP_BF16_PATH_AUTO takes, per
    product, the path a table of CPU families names for the product's shape class,
    measured by bench/bf16_paths: a bf16 instruction path only where it beat
-   sgemm-rounded, whose speed is about fp32's.
+   sgemm-rounded, whose speed is near fp32's (the table's rows say how near).
 
    Invariants:
    - Two arithmetics (gemm.h states both): on the emulated, AVX512 and AMX paths, per
@@ -234,7 +234,8 @@ PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path)
    k < 32 (packing and C's traffic dominate: the 10-class layer's dX = dY W), min(m, n)
    < 32 (a partial tile row or column: its forward and dW), else large. The rows are
    bench/bf16_paths's output on the CPUs named, pasted: each cell sgemm-rounded
-   (pdp__sgemm_bf16, pdp_sgemm plus the rounding at packing: about fp32's speed) unless
+   (pdp__sgemm_bf16, pdp_sgemm plus the rounding at packing: near fp32's speed, the
+   figures in the table's rows) unless
    AVX512-BF16 or AMX was faster by the bench's margin. A CPU no row names, or a cell's
    path it lacks: AMX, else AVX512-BF16 on AMD (the Zen 4 row's choice), else
    sgemm-rounded, else AVX512-BF16 (a -DPDP_CBLAS build), else the emulation. */
@@ -264,13 +265,14 @@ static const pdp__bf16_row pdp__bf16_table[] = {
        figures leave the manual"): AVX512-BF16 everywhere. */
     {PDP__BF16_AMD, 0x19, -1, -1, 1, 0, "BBB BBB BBB BBB"},
     /* Intel Xeon, Sapphire Rapids class (AMX): bench/bf16_paths on family 6 model 0xa7 as
-       a VM reports such a Xeon (2 cores; one thread pinned, load 1.3-1.5), with the AMX
-       driver of gemm_amx.c: AMX 5.4-5.6x fp32 on large products and 2.1-2.4x at small m
-       or n, but 0.45-0.51x at small k (packing a k < 32 panel costs more than its few
-       tile products), where sgemm-rounded is 0.97-0.98x; AVX512-BF16 0.63-0.92x
-       everywhere (the vdpbf16ps peak is about half the FMA peak on this core). The same
-       cells for model 0x8f (Sapphire Rapids) and 0xcf (Emerald Rapids), not measured:
-       the same cores. */
+       a VM reports such a Xeon (2 cores; one thread, chrt -f 1, 3 runs, load 0.3-0.9),
+       with gemm_amx.c's driver and sgemm-rounded rounding as it packs, against
+       pdp_sgemm: AMX 4.9-5.7x on large products and 2.2-2.9x at small m or n, but
+       0.46-0.53x at small k (packing a k < 32 panel costs more than its few tile
+       products), where sgemm-rounded is 0.97-1.02x (0.98-1.01x large, 0.88-0.97x small
+       m or n); AVX512-BF16 0.61-0.96x everywhere (the vdpbf16ps peak is about half the
+       FMA peak on this core). The same cells for model 0x8f (Sapphire Rapids) and 0xcf
+       (Emerald Rapids), not measured: the same cores. */
     PDP__BF16_SPR_ROW(0x8f),
     PDP__BF16_SPR_ROW(0xa7),
     PDP__BF16_SPR_ROW(0xcf),

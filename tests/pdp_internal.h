@@ -2670,7 +2670,7 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
    products summed in pdp_sgemm's order: gemm.h's bound). PDP_BF16_PATH_AUTO takes, per
    product, the path a table of CPU families names for the product's shape class,
    measured by bench/bf16_paths: a bf16 instruction path only where it beat
-   sgemm-rounded, whose speed is about fp32's.
+   sgemm-rounded, whose speed is near fp32's (the table's rows say how near).
 
    Invariants:
    - Two arithmetics (gemm.h states both): on the emulated, AVX512 and AMX paths, per
@@ -2777,7 +2777,8 @@ PDP__PRIVATE bool pdp__bf16_cpu_has(const pdp__bf16_cpu *cpu, pdp_bf16_path path
    k < 32 (packing and C's traffic dominate: the 10-class layer's dX = dY W), min(m, n)
    < 32 (a partial tile row or column: its forward and dW), else large. The rows are
    bench/bf16_paths's output on the CPUs named, pasted: each cell sgemm-rounded
-   (pdp__sgemm_bf16, pdp_sgemm plus the rounding at packing: about fp32's speed) unless
+   (pdp__sgemm_bf16, pdp_sgemm plus the rounding at packing: near fp32's speed, the
+   figures in the table's rows) unless
    AVX512-BF16 or AMX was faster by the bench's margin. A CPU no row names, or a cell's
    path it lacks: AMX, else AVX512-BF16 on AMD (the Zen 4 row's choice), else
    sgemm-rounded, else AVX512-BF16 (a -DPDP_CBLAS build), else the emulation. */
