@@ -61,8 +61,8 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
                              neither order, so its bits may differ from the others' within
                              the fp32 summation bound (gemm_amx.c)
      PDP_BF16_PATH_SGEMM     "sgemm-rounded": pdp_sgemm rounding its operands to bf16 as it
-                             packs them, at about fp32's speed on any CPU; every build but
-                             -DPDP_CBLAS
+                             packs them, on any CPU, near fp32's speed (measured a little
+                             below it: CHANGELOG.md); every build but -DPDP_CBLAS
      PDP_BF16_PATH_AUTO      per product, the path gemm_bf16.c's table of CPU families
                              (CPUID's vendor, family, model; built by bench/bf16_paths) names
                              for the product's shape class (its layout; large, m or n < 32,
