@@ -1,15 +1,13 @@
 /* train_gpt_3d.c - 3-D parallelism: the GPT on DP x PP x TP ranks, and their process groups.
 
-   pdp_mesh_create lays the ranks out as a DP x PP x TP grid, rank = (d pp + s) tp + t: a TP
-   group's ranks are neighbours (the most traffic), then a pipeline's stages s, then the
-   data-parallel copies d; each rank gets a communicator per dimension. Over TP each block's
-   weights are split by heads (tp.h), over PP the blocks are cut into stages of equal
-   estimated FLOPs (pp.h), over DP each stage's gradients are averaged. Pipeline d trains on
-   its 1/dp of each global batch; AdamW, clipping to norm 1 over all three. Rank 0 first
+   pdp_mesh_create lays the ranks out as a DP x PP x TP grid, rank = (d pp + s) tp + t (a TP
+   group's ranks are neighbours: the most traffic), with a communicator per dimension: over TP
+   each block's weights are split by heads (tp.h), over PP the blocks are cut into stages of
+   equal estimated FLOPs (pp.h), over DP each stage's gradients are averaged. Pipeline d trains
+   on its 1/dp of each global batch; AdamW, clipping to norm 1 over all three. Rank 0 first
    trains the same GPT on one device: both losses each step (exit status 1 if they differ by
-   more than 1e-5); then each rank's groups, memory, TP and DP bytes sent a step beside the
-   formulas (b T C 4: one micro-batch's activation), and pdp_pp_report: its layers, PP bytes
-   beside the formula, bubble beside pdp's and Megatron's.
+   more than 1e-5); then each rank's groups, memory and bytes sent a step beside the formulas
+   (b T C 4: one micro-batch's activation), and its layers and bubble (pdp_pp_report).
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt_3d.c -o train_gpt_3d -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_gpt_3d.c -o gpt_3d_mpi -lm
    Run:    ./train_gpt_3d              (2 x 2 x 2: 8 thread ranks; PDP_SHORT=1: 3 steps)
@@ -157,7 +155,7 @@ int main(int argc, char **argv)
         {"-dp", PDP_ARG_INT, &dp, 1, 16, NULL},
         {"-tp", PDP_ARG_INT, &tp, 1, 4, NULL}, /* divides the 4 heads */
         {"-pp", PDP_ARG_INT, &pp, 1, 8, NULL}, /* at most the 8 residual regions */
-        {"-schedule", PDP_ARG_CHOICE, &sched, 0, 0, "1f1b|gpipe|interleaved"}, /* its pdp_pp_schedule */
+        {"-schedule", PDP_ARG_CHOICE, &sched, 0, 0, "1f1b|gpipe|interleaved"}, /* enum order */
         {"-micro", PDP_ARG_INT, &micro, 1, 64, NULL}, /* micro-batches of 2 windows */
         {"-chunks", PDP_ARG_INT, &chunks, 0, 8, NULL}, /* interleaved: v; 0: its default, 2 */
         {"-steps", PDP_ARG_INT, &steps, 1, 1000, NULL},
