@@ -99,7 +99,7 @@ static pdp_status trainer_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_trainer_free(t);
     t = NULL;
     if ((st = pdp_model_flat(m, &p, NULL)) != PDP_OK) goto done;
-    c->count = p.count;
+    if (r == 0) c->count = p.count; /* the same on every rank: one writer */
     if ((c->params[r] = (float *)malloc((size_t)p.count * sizeof(float))) != NULL)
         memcpy(c->params[r], p.data, (size_t)p.count * sizeof(float));
 done:
