@@ -134,7 +134,10 @@
        nvcc -O2 -arch=sm_90 -DPDP_CUDA app.c pdp_cuda.cu -lcublas -lnccl
        aarch64-linux-gnu-gcc -O2 app.c -lm -lpthread    ARM64 (Linux)
        tcc app.c -lm -lpthread                          Tiny C Compiler
-       x86_64-w64-mingw32-gcc -O2 app.c -static -lws2_32    Windows (MinGW-w64)
+       x86_64-w64-mingw32-gcc -O2 -Wa,-muse-unaligned-vector-move app.c -static -lws2_32
+                                                    Windows (MinGW-w64; the -Wa option: GCC
+                                                    spills AVX-512 registers to a stack it
+                                                    aligns to 16 bytes only, bug 54412)
        cl /std:c11 /O2 app.c ws2_32.lib                 Windows (MSVC: not compiled here)
        cc -O2 app.c                                     macOS (not tested here)
    Platforms built and tested here (make test, make cross-test): Linux x86-64 with gcc,
