@@ -596,7 +596,9 @@
    dimension alone (one pdp_comm_split of the world each: colour the group's first rank, key
    the rank's coordinate). pdp_mesh_coord is the coordinate, pdp_mesh_members the group's
    world ranks, pdp_mesh_format the line "rank 5 (DP 1, PP 0, TP 1): DP {1 5}  PP {5 7}  TP
-   {4 5}"; free the mesh (its groups) before the world. Sizes whose product is not the
+   {4 5}". Each group is named for its dimension and the coordinates its members share,
+   rank 5's TP group "world.TP(DP 1, PP 0)", so a timeout or mismatch message names the
+   group; free the mesh (its groups) before the world. Sizes whose product is not the
    world's size fail on every rank, naming both. Here rank = (d pp + s) tp + t puts a TP
    group, whose collectives are the most and are synchronous, on neighbouring ranks, then a
    pipeline's stages, then the data-parallel copies. Build the GPT with .tp = tp_comm, give it
@@ -1922,7 +1924,7 @@ typedef struct pdp_comm_desc {
                              NaN or infinite value (or above 1e9) is PDP_ERR_INVALID naming
                              the function and the field */
     pdp_device device;    /* where buffers live; default CPU (NCCL: the rank's GPU) */
-    const char *name;     /* for messages and the trace; default "comm" */
+    const char *name;     /* for messages and the trace; default "comm"; cut at 63 chars */
     pdp_log_fn log;       /* optional: the MPI start-up watchdog reports through it; NULL */
     void *log_user;       /* passed to log */
 } pdp_comm_desc;
@@ -2116,7 +2118,11 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
    stride_k = sizes[k + 1] x stride_{k+1}. Along dimension k, the ranks that differ from this
    one in c_k alone, r + (i - c_k) stride_k for i < sizes[k], form this rank's group of k:
    pdp_mesh_group(m, k), a communicator made by pdp_comm_split (the backend, device and
-   timeout of world; named "<world's name>.<its first rank>"), ranked by c_k. E.g. 8 ranks
+   timeout of world), ranked by c_k and named for the dimension and the coordinates its
+   members share, so that a collective's timeout or mismatch message says which group it
+   was: "<world's name>.<k's name>(<j's name> c_j, ...)" over the other dimensions j, e.g.
+   rank 5's TP group below is "world.TP(DP 1, PP 0)" (an unnamed dimension j is "dim<j>"
+   there; world's name is cut at 24 characters, the whole at 63). E.g. 8 ranks
    as DP x PP x TP = {2, 2, 2}: rank (d 2 + s) 2 + t; TP groups on neighbouring ranks {0 1}
    {2 3} {4 5} {6 7} (the dimension with the most traffic goes last), pipelines {0 2} {1 3}
    {4 6} {5 7}, data-parallel copies {0 4} {1 5} {2 6} {3 7}:
@@ -2419,7 +2425,9 @@ typedef struct pdp_ddp_desc {
 
 /* Wraps m (which stays owned by the caller and must outlive ddp; adding layers to it
    fails until pdp_ddp_free, and so does a second executor on it: model.h, "Wrapped
-   models") and c (the same). Collective: every rank of c must call it. Checks
+   models") and c (the same). Collective: every rank of c must call it. A rank that
+   fails before the collectives (a desc field out of range, no memory) makes every
+   rank fail at once: the others with PDP_ERR_COMM naming it. Checks
    that every rank has the same parameter names and shapes (a mismatch fails on
    every rank with PDP_ERR_INVALID naming the first differing parameter), then
    copies rank 0's parameters to every rank, zeroes the gradients and installs
@@ -3181,12 +3189,12 @@ typedef struct pdp_zero_desc {
 /* Wraps m and c as pdp_ddp_create does (collective; same checks; rank 0's
    parameters everywhere), then shards: frees the model's gradient block (and at
    stage 3 its parameter block) and points its layers at ZeRO's buffers. A rank that
-   cannot allocate its shards and buffers makes every rank fail: the others with
-   PDP_ERR_COMM naming it. A failed create leaves each model whole (with rank 0's
-   parameters once their broadcast has run), except at stage 3 when the failure came after
-   the shards (the buffers): each model then holds its slices only, as after pdp_zero_free
-   (the block is freed before the buffers are allocated, which keeps the peak of creation
-   under DDP's). */
+   fails alone (a desc field out of range, no memory for its shards and buffers or
+   before) makes every rank fail: the others with PDP_ERR_COMM naming it. A failed
+   create leaves each model whole (with rank 0's parameters once their broadcast has
+   run), except at stage 3 when the failure came after the shards (the buffers): each
+   model then holds its slices only, as after pdp_zero_free (the block is freed before
+   the buffers are allocated, which keeps the peak of creation under DDP's). */
 PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
                                    const pdp_zero_desc *desc);
 /* Waits for collectives in flight and gives the model back its gradient block
@@ -3658,8 +3666,8 @@ typedef struct pdp_pp_desc {
    dp. full: the same model on every rank; it is read, not kept. A model with fewer
    layers than stages (pieces), an interleaved m that is not a multiple of p, or
    boundaries that differ from rank 0's, fail with PDP_ERR_INVALID. A rank
-   that cannot allocate its stage makes every rank fail: the others with PDP_ERR_COMM
-   naming it. PDP_TRACE=out.json traces the schedule. */
+   that fails alone (a desc field out of range, no memory for its stage) makes every rank
+   fail: the others with PDP_ERR_COMM naming it. PDP_TRACE=out.json traces the schedule. */
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc);
 PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
@@ -5664,14 +5672,19 @@ typedef struct pdp__comm_ops {
        are NULL */
     pdp_status (*sendrecv)(pdp_comm *c, const pdp_p2p *ops, int n, pdp_work **w);
     /* collective over c: comm.c has exchanged every rank's (colour, key) and computed this
-       rank's place (new_rank of new_size; leader: the old rank of new rank 0); colour < 0
-       joins nothing (*out stays NULL) but takes part */
+       rank's place (new_rank of new_size; leader: the old rank of new rank 0) and the new
+       communicator's name (cut to PDP__COMM_NAME_CAP); colour < 0 joins nothing (*out
+       stays NULL) but takes part */
     pdp_status (*split)(pdp_comm *c, int colour, int key, int new_rank, int new_size, int leader,
-                        pdp_comm **out);
+                        const char *name, pdp_comm **out);
     pdp_status (*wait)(pdp_work *w);
     bool (*done)(pdp_work *w);
     void (*destroy)(pdp_comm *c);
 } pdp__comm_ops;
+
+/* A communicator's name with its NUL (desc.name, a split's "<parent>.<colour>", a mesh
+   group's "<world>.TP(DP 1, PP 0)"): a longer one is cut. */
+#define PDP__COMM_NAME_CAP 64
 
 /* Common head of every communicator; a backend keeps its state behind impl. */
 struct pdp_comm {
@@ -5680,7 +5693,7 @@ struct pdp_comm {
     int rank, size;
     double timeout_s;
     pdp_device device;
-    char name[32];
+    char name[PDP__COMM_NAME_CAP];
     pdp_comm_stats stats;
     void *impl;
 };
@@ -13171,7 +13184,7 @@ struct pdp_local_group {
     int size;
     double timeout_s;
     pdp_device device;
-    char name[32];
+    char name[PDP__COMM_NAME_CAP];
     pdp__mutex mu;
     pdp__cond cv;        /* barrier progress, departures, breakage */
     int arrived;              /* ranks in the current barrier */
@@ -13697,18 +13710,17 @@ PDP__PRIVATE void pdp__local_destroy(pdp_comm *c)
    group frees itself with the last of them) and every rank broadcasts the pointer of
    the group it made, or NULL, over c; each member then joins its leader's group. */
 PDP__PRIVATE pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank,
-                                         int new_size, int leader, pdp_comm **out)
+                                         int new_size, int leader, const char *name,
+                                         pdp_comm **out)
 {
     pdp_local_group *mine = NULL, *g = NULL;
     pdp_comm_desc d;
-    char name[48];
     int r;
     pdp_status st = PDP_OK;
     (void)key;
     if (colour >= 0 && new_rank == 0) {
         memset(&d, 0, sizeof d);
         d.timeout_s = c->timeout_s;
-        snprintf(name, sizeof name, "%.20s.%d", c->name, colour);
         d.name = name;
         /* on failure the leader still takes part below: its NULL tells the members (and
            pdp_comm_split's agreement keeps every rank in step) */
@@ -14409,7 +14421,7 @@ PDP__PRIVATE void pdp__mpi_destroy(pdp_comm *c)
 }
 
 PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                       int leader, pdp_comm **out);
+                                       int leader, const char *name, pdp_comm **out);
 
 static const pdp__comm_ops pdp__mpi_ops = {
     pdp__workq_allreduce, pdp__workq_broadcast, pdp__workq_reduce_scatter,
@@ -14724,7 +14736,7 @@ PDP__PRIVATE pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char
     }
     mc->traced = true;
     if (pdp__trace_enabled()) {
-        char track[48];
+        char track[PDP__COMM_NAME_CAP + 16];
         snprintf(track, sizeof track, "comm %s (mpi)", mc->head.name);
         mc->q.trace_pid = world_rank;
         mc->q.trace_tid = pdp__trace_track(world_rank, track);
@@ -14749,12 +14761,11 @@ fail:
    collectives (MPI forbids two threads in collectives on one communicator); comm.c's
    colour exchange has already proved every rank arrived, so it does not block long. */
 PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                       int leader, pdp_comm **out)
+                                       int leader, const char *name, pdp_comm **out)
 {
     MPI_Comm nc = MPI_COMM_NULL;
     pdp__coll_args a;
     pdp_work *w = NULL;
-    char name[48];
     pdp_status st;
     (void)new_rank;
     (void)new_size;
@@ -14774,7 +14785,6 @@ PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new
         return st;
     }
     MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
-    snprintf(name, sizeof name, "%.20s.%d", c->name, colour);
     return pdp__mpi_wrap(out, nc, name, c->timeout_s, "pdp_comm_split");
 }
 #endif /* PDP_MPI */
@@ -14849,7 +14859,7 @@ PDP__PRIVATE pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_d
 struct pdp_nccl_group {
     int n;
     double timeout_s;
-    char name[32];
+    char name[PDP__COMM_NAME_CAP];
     pdp_device *devices;
 #ifdef PDP_CUDA
     pdp_cudak_nccl **handles; /* taken by pdp_comm_create_nccl (NULL once taken) */
@@ -15185,11 +15195,11 @@ PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int de
    colours over c, so every rank is here; the key orders the new ranks as
    comm.c's new_rank does (ties by rank in c, as NCCL's). */
 PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank,
-                                        int new_size, int leader, pdp_comm **out)
+                                        int new_size, int leader, const char *name,
+                                        pdp_comm **out)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp_cudak_nccl *h = NULL;
-    char name[48];
     pdp_status st;
     (void)leader;
     if ((st = pdp__nccl_flush(c)) != PDP_OK)
@@ -15199,7 +15209,6 @@ PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int ne
         return pdp__err(st, "split of comm '%s' (rank %d of %d, colour %d): pdp_cuda: %s",
                         c->name, c->rank, c->size, colour, pdp_cudak_error());
     if (colour < 0) return PDP_OK;
-    snprintf(name, sizeof name, "%.20s.%d", c->name, colour);
     if ((st = pdp__nccl_wrap(out, h, c->device.ordinal, new_rank, new_size, c->timeout_s, name,
                              nc->traced_process, "split")) != PDP_OK)
         return st;
@@ -15242,7 +15251,7 @@ PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int de
     if (pdp__trace_open(process_rank && size > 1 ? rank : -1) == PDP_OK) {
         nc->traced = true;
         if (pdp__trace_enabled()) {
-            char track[48];
+            char track[PDP__COMM_NAME_CAP + 16];
             snprintf(track, sizeof track, "comm %s (nccl)", nc->head.name);
             nc->trace_tid = pdp__trace_track(rank, track);
         }
@@ -15729,13 +15738,19 @@ PDP_API pdp_status pdp_comm_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n)
     return first;
 }
 
-/* ---- comm: agreement at the end of a collective constructor ----
-   pdp_comm_split, pdp_zero_create and pdp_pp_create allocate after their last collective: a
-   rank whose allocation fails there would leave the others an object whose peer does not
-   exist, and they would learn of it only at its first collective. So each rank passes its
-   status st through one all-reduce (a count of failed ranks and the sum of their numbers):
-   a failed rank gets its own status and message back; a rank that succeeded fails with
-   PDP_ERR_COMM naming the failed rank when there is one. */
+/* ---- comm: agreement in a collective constructor ----
+   A constructor that is collective over c (a split, a mesh, DDP, ZeRO, a pipeline, a
+   trainer) can fail on one rank alone: a desc that rank got wrong, an allocation. Where
+   that rank returns and the others go on into a collective, they wait there for it until
+   the timeout; where it happens after the last collective, they return an object whose peer
+   does not exist and learn of it at its first collective. So every such constructor passes
+   each rank's status st through this one all-reduce (a count of failed ranks and the sum of
+   their numbers) at each point where a rank-local stretch ends: before its first collective
+   (pdp_ddp_create, pdp_zero_create, pdp_pp_create: their arguments, desc and plan) and after
+   its last (what they allocate after it; pdp_comm_split and pdp_mesh_create too, whose
+   checks before their first collective are of arguments every rank passes alike), a failed
+   rank going straight there. A failed rank gets its own status and message back; a rank that
+   succeeded fails with PDP_ERR_COMM naming the failed rank when there is one. */
 PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *fn)
 {
     char why[1024]; /* the thread-local message's size */
@@ -15768,10 +15783,13 @@ PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *
 
 #define PDP__SPLIT_MAX_RANKS 4096 /* the (colour, key) table lives on the stack */
 
-PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **out)
+/* pdp_comm_split, with the new communicator's name (NULL: "<name of c>.<colour>"). */
+PDP__PRIVATE pdp_status pdp__comm_split(pdp_comm *c, int colour, int key, const char *name,
+                                        pdp_comm **out)
 {
     static const char *fn = "pdp_comm_split";
     int table[2 * PDP__SPLIT_MAX_RANKS], r, new_rank = 0, new_size = 0, leader = -1;
+    char dflt[PDP__COMM_NAME_CAP];
     pdp_status st;
     if (out) *out = NULL;
     if ((st = pdp__comm_check(c, fn))) return st;
@@ -15803,7 +15821,11 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
         lk = leader < 0 ? 0 : table[2 * leader + 1];
         if (leader < 0 || k < lk) leader = r;
     }
-    if ((st = c->ops->split(c, colour, key, new_rank, new_size, leader, out)) != PDP_OK)
+    if (!name) {
+        snprintf(dflt, sizeof dflt, "%.40s.%d", c->name, colour);
+        name = dflt;
+    }
+    if ((st = c->ops->split(c, colour, key, new_rank, new_size, leader, name, out)) != PDP_OK)
         st = pdp__err_wrap(st, "%s", fn);
     if (st == PDP_ERR_TIMEOUT) return st; /* c timed out: an agreement would wait as long */
     if ((st = pdp__comm_agree(c, st, fn)) != PDP_OK && *out) { /* a member is missing */
@@ -15813,10 +15835,16 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
     return st;
 }
 
+PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **out)
+{
+    return pdp__comm_split(c, colour, key, NULL, out);
+}
+
 /* ---- comm: process meshes ----
-   Dimension k's group is one pdp_comm_split of world: its colour is the group's first rank
-   (this rank with c_k = 0), the same for the ranks that differ in c_k alone and different
-   for every other group; its key is c_k, so the group ranks its members by c_k. */
+   Dimension k's group is one split of world: its colour is the group's first rank (this
+   rank with c_k = 0), the same for the ranks that differ in c_k alone and different for
+   every other group; its key is c_k, so the group ranks its members by c_k. Its name says
+   the dimension and the coordinates its members share: "<world>.TP(DP 1, PP 0)". */
 
 struct pdp_mesh {
     int ndim, rank;                          /* rank: in world */
@@ -15836,6 +15864,27 @@ PDP__PRIVATE void pdp__mesh_put(char *buf, size_t bytes, size_t *n, const char *
     *n += w > 0 ? (size_t)w : 0;
 }
 
+/* Dimension k's group name into buf: world's name (its first 24 characters), the
+   dimension's name, then the other dimensions' names and this rank's coordinates along
+   them, "world.TP(DP 1, PP 0)"; an unnamed dimension j is "dim<j>" here. Cut at bytes. */
+PDP__PRIVATE void pdp__mesh_group_name(char *buf, size_t bytes, const pdp_comm *world, int ndim,
+                                       const char *const *names, const int *coord, int k)
+{
+    size_t n = 0;
+    int j, first = 1;
+    pdp__mesh_put(buf, bytes, &n, "%.24s.", world->name);
+    if (names && names[k]) pdp__mesh_put(buf, bytes, &n, "%s", names[k]);
+    else pdp__mesh_put(buf, bytes, &n, "dim%d", k);
+    for (j = 0; j < ndim; j++) {
+        if (j == k) continue;
+        pdp__mesh_put(buf, bytes, &n, first ? "(" : ", ");
+        if (names && names[j]) pdp__mesh_put(buf, bytes, &n, "%s %d", names[j], coord[j]);
+        else pdp__mesh_put(buf, bytes, &n, "dim%d %d", j, coord[j]);
+        first = 0;
+    }
+    if (!first) pdp__mesh_put(buf, bytes, &n, ")");
+}
+
 PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes,
                                    const char *const *names)
 {
@@ -15843,10 +15892,12 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
     pdp_comm *group[PDP_MESH_MAX_DIMS] = {NULL};
     pdp_mesh *m = NULL;
     char dims[160] = ""; /* "DP 2 x PP 2 x TP 2", for the messages (cut if longer) */
+    char gname[PDP__COMM_NAME_CAP];
+    int coord[PDP_MESH_MAX_DIMS], stride[PDP_MESH_MAX_DIMS];
     double ranks = 1;
     pdp_status st = PDP_OK;
     size_t n = 0;
-    int k, stride = 1;
+    int k;
     if (out) *out = NULL;
     if ((st = pdp__comm_check(world, fn))) return st;
     if (!out || !sizes)
@@ -15871,11 +15922,15 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
     if (ranks != (double)world->size)
         return pdp__err(PDP_ERR_INVALID, "%s: %s makes %.0f ranks, but comm '%s' has %d", fn,
                         dims, ranks, world->name, world->size);
+    for (k = ndim - 1; k >= 0; k--) { /* row-major: the last dimension varies fastest */
+        stride[k] = k == ndim - 1 ? 1 : stride[k + 1] * sizes[k + 1];
+        coord[k] = world->rank / stride[k] % sizes[k];
+    }
     for (k = ndim - 1; k >= 0 && st == PDP_OK; k--) { /* collective over world */
-        int coord = world->rank / stride % sizes[k];
-        if ((st = pdp_comm_split(world, world->rank - coord * stride, coord, &group[k])))
+        pdp__mesh_group_name(gname, sizeof gname, world, ndim, names, coord, k);
+        if ((st = pdp__comm_split(world, world->rank - coord[k] * stride[k], coord[k], gname,
+                                  &group[k])))
             st = pdp__err_wrap(st, "%s: dimension %d's groups", fn, k);
-        stride *= sizes[k];
     }
     if (st == PDP_OK && !(m = (pdp_mesh *)pdp__calloc(sizeof *m)))
         st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: the mesh (comm '%s')", fn, world->rank,
@@ -15889,12 +15944,11 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
     }
     m->ndim = ndim;
     m->rank = world->rank;
-    for (k = ndim - 1, stride = 1; k >= 0; k--) {
+    for (k = 0; k < ndim; k++) {
         m->size[k] = sizes[k];
-        m->stride[k] = stride;
-        m->coord[k] = world->rank / stride % sizes[k];
+        m->stride[k] = stride[k];
+        m->coord[k] = coord[k];
         m->group[k] = group[k];
-        stride *= sizes[k];
         if (names && names[k]) snprintf(m->name[k], sizeof m->name[k], "%s", names[k]);
         else snprintf(m->name[k], sizeof m->name[k], "%d", k);
     }
@@ -27546,16 +27600,12 @@ out:
 }
 
 
-/* Sets up r (zeroed memory, owned by the executor) on m and c: checks that the
-   model can take a reducer, plans the buckets, and then, collectively (every
-   rank of c runs the same calls), checks that every rank has the same
-   parameters, copies rank 0's parameters to every rank, zeroes the gradients,
-   opens the trace and installs the grad hook. On failure the executor calls
-   pdp__reducer_release(r). */
+/* Sets up r (zeroed memory, owned by the executor) on m and c, on this rank alone: checks
+   that the model can take a reducer and plans the buckets. Then pdp__reducer_join. On
+   failure of either the executor calls pdp__reducer_release(r). */
 PDP__PRIVATE pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
                                           const pdp__reducer_desc *desc, const char *fn)
 {
-    pdp_status st;
     PDP_ASSERT(desc && desc->reduce && desc->op_name && desc->finish_names);
     if (m->params_shared)
         return pdp__err(PDP_ERR_STATE, "%s: the model is a DataParallel replica", fn);
@@ -27578,8 +27628,20 @@ PDP__PRIVATE pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_com
         pdp__dev_alloc(c->device, sizeof(float), (void **)&r->dcount) != PDP_OK)
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no device memory for the batch "
                         "size's all-reduce", fn, c->rank);
-    /* collective from here on: every rank runs the same calls */
-    if ((st = pdp__reducer_check_params(m, c, desc->batch_mean, fn)) != PDP_OK) return st;
+    return PDP_OK;
+}
+
+/* The collective half of the set-up, after pdp__reducer_init succeeded on every rank (the
+   executor agrees on it first, pdp__comm_agree): checks that every rank has the same
+   parameters, copies rank 0's parameters to every rank, zeroes the gradients, opens the
+   trace and installs the grad hook. A failure here is every rank's (the check's verdicts
+   are all-gathered; a failed broadcast fails everywhere or times out). */
+PDP__PRIVATE pdp_status pdp__reducer_join(pdp__reducer *r, const char *fn)
+{
+    pdp_model *m = r->m;
+    pdp_comm *c = r->c;
+    pdp_status st;
+    if ((st = pdp__reducer_check_params(m, c, r->desc.batch_mean, fn)) != PDP_OK) return st;
     if (m->param_count &&
         (st = pdp_comm_broadcast(c, m->param_block, m->param_count, 0, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: broadcasting rank 0's parameters", fn, c->rank);
@@ -27587,7 +27649,7 @@ PDP__PRIVATE pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_com
     if (pdp__trace_open(c->backend == PDP_BACKEND_LOCAL ? -1 : c->rank) == PDP_OK) {
         r->traced = true;
         if (pdp__trace_enabled()) {
-            char name[64];
+            char name[PDP__COMM_NAME_CAP + 8];
             r->trace_compute = pdp__trace_track(c->rank, "compute");
             snprintf(name, sizeof name, "comm %s", c->name);
             r->trace_comm = pdp__trace_track(c->rank, name);
@@ -28139,23 +28201,21 @@ PDP__PRIVATE pdp_status pdp__ddp_desc_defaults(const pdp_model *m, const pdp_ddp
     return PDP_OK;
 }
 
-PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
-                                  const pdp_ddp_desc *desc)
+/* pdp_ddp_create's half on this rank alone: the model, the desc, the wrap and the
+   reducer's plan. *out gets what was built, on failure too (pdp_ddp_free takes it). */
+PDP__PRIVATE pdp_status pdp__ddp_prepare(pdp_ddp **out, pdp_model *m, pdp_comm *c,
+                                         const pdp_ddp_desc *desc, const char *fn)
 {
-    static const char *fn = "pdp_ddp_create";
     pdp__reducer_desc rd;
     pdp_ddp_desc dd;
     pdp_ddp *d;
     pdp_status st;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if ((st = pdp__ddp_desc_defaults(m, desc, &dd, fn)) != PDP_OK) return st;
     if ((st = pdp__model_wrap(m, PDP__WRAP_DDP, 0, fn)) != PDP_OK) return st;
-    d = (pdp_ddp *)pdp__calloc(sizeof *d);
-    if (!d) {
+    if (!(*out = d = (pdp_ddp *)pdp__calloc(sizeof *d))) {
         pdp__model_unwrap(m);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", fn, c->rank);
     }
     d->held = m;
     d->desc = dd;
@@ -28168,7 +28228,24 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
     rd.backward_names = "pdp_ddp_forward_backward or pdp_ddp_backward";
     rd.batch_mean = d->desc.batch_mean;
     rd.user = d;
-    if ((st = pdp__reducer_init(&d->r, m, c, &rd, fn)) != PDP_OK) {
+    return pdp__reducer_init(&d->r, m, c, &rd, fn);
+}
+
+/* Collective over c: this rank's half, then every rank learns whether every rank's half
+   succeeded (one that failed alone would leave its peers waiting for it in the collectives
+   that follow, until the timeout), then the reducer's collectives. */
+PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
+                                  const pdp_ddp_desc *desc)
+{
+    static const char *fn = "pdp_ddp_create";
+    pdp_ddp *d = NULL;
+    pdp_status st;
+    if (out) *out = NULL;
+    if (!c) return pdp__err(PDP_ERR_INVALID, "%s: comm is NULL", fn);
+    if (!out) st = pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    else st = pdp__ddp_prepare(&d, m, c, desc, fn);
+    if ((st = pdp__comm_agree(c, st, fn)) == PDP_OK) st = pdp__reducer_join(&d->r, fn);
+    if (st != PDP_OK) {
         pdp_ddp_free(d);
         return st;
     }
@@ -30030,38 +30107,30 @@ PDP__PRIVATE pdp_status pdp__zero_plan_layers(pdp_zero *z, int asked, const char
     return PDP_OK;
 }
 
-PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
-                                   const pdp_zero_desc *desc)
+/* pdp_zero_create's first half on this rank alone: the model, the desc, the wrap and
+   the reducer's plan. *out gets what was built, on failure too (pdp_zero_free takes it). */
+PDP__PRIVATE pdp_status pdp__zero_prepare(pdp_zero **out, pdp_model *m, pdp_comm *c,
+                                          const pdp_zero_desc *desc, const char *fn)
 {
-    static const char *fn = "pdp_zero_create";
     pdp__reducer_desc rd;
     pdp_zero_desc zd;
-    pdp_comm_stats cs;
     pdp_zero *z;
     pdp_status st;
-    int64_t acc, base;
-    int b, l, n;
-    bool joined = false;
-    char why[1024]; /* the thread-local message's size */
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if ((st = pdp__zero_desc_defaults(m, desc, &zd, fn)) != PDP_OK) return st;
     /* the units, shards and (stage 3) the parameter block are this layout's */
     if ((st = pdp__model_wrap(m, PDP__WRAP_ZERO, zd.stage, fn)) != PDP_OK) return st;
-    z = (pdp_zero *)pdp__calloc(sizeof *z);
-    if (!z) {
+    if (!(*out = z = (pdp_zero *)pdp__calloc(sizeof *z))) {
         pdp__model_unwrap(m);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", fn, c->rank);
     }
     z->m = m; /* pdp_zero_free unwraps it, on failure too */
     z->dev = m->device;
     z->desc = zd; /* grad_buffers is cut to the units below */
     z->stage = z->desc.stage;
-    z->m = m;
     z->c = c;
     z->rank = c->rank;
-    z->size = n = c->size;
+    z->size = c->size;
     memset(&rd, 0, sizeof rd);
     rd.cap_bytes = z->desc.bucket_cap_mb * 1048576.0;
     rd.first_bytes = z->desc.first_bucket_mb * 1048576.0;
@@ -30074,10 +30143,33 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     rd.backward_names = "pdp_zero_forward_backward or pdp_zero_backward";
     rd.batch_mean = z->desc.batch_mean;
     rd.user = z;
-    if ((st = pdp__reducer_init(&z->r, m, c, &rd, fn)) != PDP_OK) goto fail;
-    joined = true; /* past the collectives: a failure from here on is agreed (pdp__comm_agree) */
+    return pdp__reducer_init(&z->r, m, c, &rd, fn);
+}
+
+/* Collective over c: the first half on this rank, then every rank learns whether every
+   rank's succeeded (one that failed alone would leave its peers waiting for it in the
+   reducer's collectives, until the timeout), then those collectives; what follows them
+   (the shards and buffers) is agreed on once more at the end. */
+PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
+                                   const pdp_zero_desc *desc)
+{
+    static const char *fn = "pdp_zero_create";
+    pdp_comm_stats cs;
+    pdp_zero *z = NULL;
+    pdp_status st;
+    int64_t acc, base;
+    int b, l, n;
+    char why[1024]; /* the thread-local message's size */
+    if (out) *out = NULL;
+    if (!c) return pdp__err(PDP_ERR_INVALID, "%s: comm is NULL", fn);
+    if (!out) st = pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    else st = pdp__zero_prepare(&z, m, c, desc, fn);
+    if ((st = pdp__comm_agree(c, st, fn)) != PDP_OK ||
+        (st = pdp__reducer_join(&z->r, fn)) != PDP_OK)
+        goto release;
+    n = z->size; /* past the collectives: a failure from here on is agreed (at fail) */
     if (z->r.trace_comm) { /* the reduce-scatters on the reducer's lane, the gathers on this */
-        char lane[64];
+        char lane[PDP__COMM_NAME_CAP + 16];
         snprintf(lane, sizeof lane, "allgather %s", c->name);
         z->trace_gather = pdp__trace_track(z->rank, lane);
     }
@@ -30180,7 +30272,7 @@ oom:
                   "buffers (%lld floats of parameters, %d units)", fn, c->rank, z->stage,
                   (long long)m->param_count, z->nunits);
 fail:
-    if (joined) st = pdp__comm_agree(c, st, fn);
+    st = pdp__comm_agree(c, st, fn);
 release: /* pdp_zero_free's best-effort allocations must not replace the message */
     snprintf(why, sizeof why, "%s", pdp_last_error());
     pdp_zero_free(z);
@@ -32137,18 +32229,15 @@ PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp)
     return PDP_OK;
 }
 
-PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
-                                 const pdp_pp_desc *desc)
+/* pdp_pp_create's first half on this rank alone: the model, the desc and the split
+   into stages (by time: measured on rank 0). *out gets what was built, on failure too
+   (pdp_pp_free takes it). */
+PDP__PRIVATE pdp_status pdp__pp_prepare(pdp_pp **out, const pdp_model *full, pdp_comm *c,
+                                        const pdp_pp_desc *desc, const char *fn)
 {
-    static const char *fn = "pdp_pp_create";
     pdp_pp *pp;
     pdp_status st;
-    int k;
-    bool agreed = false;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!full || !c)
-        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, full ? "comm" : "model");
+    if (!full) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if (c->size > PDP_PP_MAX_STAGES)
         return pdp__err(PDP_ERR_INVALID, "%s: %d ranks (at most PDP_PP_MAX_STAGES = %d stages)",
                         fn, c->size, PDP_PP_MAX_STAGES);
@@ -32156,14 +32245,13 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
                         fn, full->device.kind, full->device.ordinal, c->name, c->device.kind,
                         c->device.ordinal);
-
-    pp = (pdp_pp *)pdp__calloc(sizeof *pp);
-    if (!pp) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (!(*out = pp = (pdp_pp *)pdp__calloc(sizeof *pp)))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", fn, c->rank);
     pp->c = c;
     pp->stage = c->rank;
     pp->p = c->size;
     if ((st = pdp__pp_desc_defaults(desc, &pp->desc, full->nlayers, pp->p, fn)) != PDP_OK)
-        goto fail;
+        return st;
     pp->dp = pp->desc.dp;
     pp->mb = pp->desc.micro_batches;
     pp->v = pp->desc.chunks;
@@ -32171,11 +32259,28 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     pp->one_stream = c->backend == PDP_BACKEND_NCCL;
     pp->first = (int *)pdp__calloc((size_t)(pp->pieces + 1) * sizeof *pp->first);
     pp->ck = (pdp__pp_chunk *)pdp__calloc((size_t)pp->v * sizeof *pp->ck);
-    if (!pp->first || !pp->ck) {
-        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", fn, pp->stage);
-        goto fail;
-    }
-    if ((st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK ||
+    if (!pp->first || !pp->ck)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", fn, pp->stage);
+    return pdp__pp_split(pp, full, fn);
+}
+
+/* Collective over c: the first half on this rank, then every rank learns whether every
+   rank's succeeded (one that failed alone would leave its peers waiting for it in the
+   collectives that follow, until the timeout), then the checks of the split against rank
+   0's; what follows them is agreed on once more at the end. */
+PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
+                                 const pdp_pp_desc *desc)
+{
+    static const char *fn = "pdp_pp_create";
+    pdp_pp *pp = NULL;
+    pdp_status st;
+    int k;
+    bool agreed = false;
+    if (out) *out = NULL;
+    if (!c) return pdp__err(PDP_ERR_INVALID, "%s: comm is NULL", fn);
+    if (!out) st = pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    else st = pdp__pp_prepare(&pp, full, c, desc, fn);
+    if ((st = pdp__comm_agree(c, st, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK ||
         (st = pdp__pp_agree_timed(pp, full, fn)) != PDP_OK)
         goto fail;
     agreed = true; /* past the split's collectives: a failure from here on is agreed */

@@ -347,13 +347,19 @@ PDP_API pdp_status pdp_comm_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n)
     return first;
 }
 
-/* ---- comm: agreement at the end of a collective constructor ----
-   pdp_comm_split, pdp_zero_create and pdp_pp_create allocate after their last collective: a
-   rank whose allocation fails there would leave the others an object whose peer does not
-   exist, and they would learn of it only at its first collective. So each rank passes its
-   status st through one all-reduce (a count of failed ranks and the sum of their numbers):
-   a failed rank gets its own status and message back; a rank that succeeded fails with
-   PDP_ERR_COMM naming the failed rank when there is one. */
+/* ---- comm: agreement in a collective constructor ----
+   A constructor that is collective over c (a split, a mesh, DDP, ZeRO, a pipeline, a
+   trainer) can fail on one rank alone: a desc that rank got wrong, an allocation. Where
+   that rank returns and the others go on into a collective, they wait there for it until
+   the timeout; where it happens after the last collective, they return an object whose peer
+   does not exist and learn of it at its first collective. So every such constructor passes
+   each rank's status st through this one all-reduce (a count of failed ranks and the sum of
+   their numbers) at each point where a rank-local stretch ends: before its first collective
+   (pdp_ddp_create, pdp_zero_create, pdp_pp_create: their arguments, desc and plan) and after
+   its last (what they allocate after it; pdp_comm_split and pdp_mesh_create too, whose
+   checks before their first collective are of arguments every rank passes alike), a failed
+   rank going straight there. A failed rank gets its own status and message back; a rank that
+   succeeded fails with PDP_ERR_COMM naming the failed rank when there is one. */
 PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *fn)
 {
     char why[1024]; /* the thread-local message's size */
@@ -386,10 +392,13 @@ PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *
 
 #define PDP__SPLIT_MAX_RANKS 4096 /* the (colour, key) table lives on the stack */
 
-PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **out)
+/* pdp_comm_split, with the new communicator's name (NULL: "<name of c>.<colour>"). */
+PDP__PRIVATE pdp_status pdp__comm_split(pdp_comm *c, int colour, int key, const char *name,
+                                        pdp_comm **out)
 {
     static const char *fn = "pdp_comm_split";
     int table[2 * PDP__SPLIT_MAX_RANKS], r, new_rank = 0, new_size = 0, leader = -1;
+    char dflt[PDP__COMM_NAME_CAP];
     pdp_status st;
     if (out) *out = NULL;
     if ((st = pdp__comm_check(c, fn))) return st;
@@ -421,7 +430,11 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
         lk = leader < 0 ? 0 : table[2 * leader + 1];
         if (leader < 0 || k < lk) leader = r;
     }
-    if ((st = c->ops->split(c, colour, key, new_rank, new_size, leader, out)) != PDP_OK)
+    if (!name) {
+        snprintf(dflt, sizeof dflt, "%.40s.%d", c->name, colour);
+        name = dflt;
+    }
+    if ((st = c->ops->split(c, colour, key, new_rank, new_size, leader, name, out)) != PDP_OK)
         st = pdp__err_wrap(st, "%s", fn);
     if (st == PDP_ERR_TIMEOUT) return st; /* c timed out: an agreement would wait as long */
     if ((st = pdp__comm_agree(c, st, fn)) != PDP_OK && *out) { /* a member is missing */
@@ -431,10 +444,16 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
     return st;
 }
 
+PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **out)
+{
+    return pdp__comm_split(c, colour, key, NULL, out);
+}
+
 /* ---- comm: process meshes ----
-   Dimension k's group is one pdp_comm_split of world: its colour is the group's first rank
-   (this rank with c_k = 0), the same for the ranks that differ in c_k alone and different
-   for every other group; its key is c_k, so the group ranks its members by c_k. */
+   Dimension k's group is one split of world: its colour is the group's first rank (this
+   rank with c_k = 0), the same for the ranks that differ in c_k alone and different for
+   every other group; its key is c_k, so the group ranks its members by c_k. Its name says
+   the dimension and the coordinates its members share: "<world>.TP(DP 1, PP 0)". */
 
 struct pdp_mesh {
     int ndim, rank;                          /* rank: in world */
@@ -454,6 +473,27 @@ PDP__PRIVATE void pdp__mesh_put(char *buf, size_t bytes, size_t *n, const char *
     *n += w > 0 ? (size_t)w : 0;
 }
 
+/* Dimension k's group name into buf: world's name (its first 24 characters), the
+   dimension's name, then the other dimensions' names and this rank's coordinates along
+   them, "world.TP(DP 1, PP 0)"; an unnamed dimension j is "dim<j>" here. Cut at bytes. */
+PDP__PRIVATE void pdp__mesh_group_name(char *buf, size_t bytes, const pdp_comm *world, int ndim,
+                                       const char *const *names, const int *coord, int k)
+{
+    size_t n = 0;
+    int j, first = 1;
+    pdp__mesh_put(buf, bytes, &n, "%.24s.", world->name);
+    if (names && names[k]) pdp__mesh_put(buf, bytes, &n, "%s", names[k]);
+    else pdp__mesh_put(buf, bytes, &n, "dim%d", k);
+    for (j = 0; j < ndim; j++) {
+        if (j == k) continue;
+        pdp__mesh_put(buf, bytes, &n, first ? "(" : ", ");
+        if (names && names[j]) pdp__mesh_put(buf, bytes, &n, "%s %d", names[j], coord[j]);
+        else pdp__mesh_put(buf, bytes, &n, "dim%d %d", j, coord[j]);
+        first = 0;
+    }
+    if (!first) pdp__mesh_put(buf, bytes, &n, ")");
+}
+
 PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes,
                                    const char *const *names)
 {
@@ -461,10 +501,12 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
     pdp_comm *group[PDP_MESH_MAX_DIMS] = {NULL};
     pdp_mesh *m = NULL;
     char dims[160] = ""; /* "DP 2 x PP 2 x TP 2", for the messages (cut if longer) */
+    char gname[PDP__COMM_NAME_CAP];
+    int coord[PDP_MESH_MAX_DIMS], stride[PDP_MESH_MAX_DIMS];
     double ranks = 1;
     pdp_status st = PDP_OK;
     size_t n = 0;
-    int k, stride = 1;
+    int k;
     if (out) *out = NULL;
     if ((st = pdp__comm_check(world, fn))) return st;
     if (!out || !sizes)
@@ -489,11 +531,15 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
     if (ranks != (double)world->size)
         return pdp__err(PDP_ERR_INVALID, "%s: %s makes %.0f ranks, but comm '%s' has %d", fn,
                         dims, ranks, world->name, world->size);
+    for (k = ndim - 1; k >= 0; k--) { /* row-major: the last dimension varies fastest */
+        stride[k] = k == ndim - 1 ? 1 : stride[k + 1] * sizes[k + 1];
+        coord[k] = world->rank / stride[k] % sizes[k];
+    }
     for (k = ndim - 1; k >= 0 && st == PDP_OK; k--) { /* collective over world */
-        int coord = world->rank / stride % sizes[k];
-        if ((st = pdp_comm_split(world, world->rank - coord * stride, coord, &group[k])))
+        pdp__mesh_group_name(gname, sizeof gname, world, ndim, names, coord, k);
+        if ((st = pdp__comm_split(world, world->rank - coord[k] * stride[k], coord[k], gname,
+                                  &group[k])))
             st = pdp__err_wrap(st, "%s: dimension %d's groups", fn, k);
-        stride *= sizes[k];
     }
     if (st == PDP_OK && !(m = (pdp_mesh *)pdp__calloc(sizeof *m)))
         st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: the mesh (comm '%s')", fn, world->rank,
@@ -507,12 +553,11 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
     }
     m->ndim = ndim;
     m->rank = world->rank;
-    for (k = ndim - 1, stride = 1; k >= 0; k--) {
+    for (k = 0; k < ndim; k++) {
         m->size[k] = sizes[k];
-        m->stride[k] = stride;
-        m->coord[k] = world->rank / stride % sizes[k];
+        m->stride[k] = stride[k];
+        m->coord[k] = coord[k];
         m->group[k] = group[k];
-        stride *= sizes[k];
         if (names && names[k]) snprintf(m->name[k], sizeof m->name[k], "%s", names[k]);
         else snprintf(m->name[k], sizeof m->name[k], "%d", k);
     }

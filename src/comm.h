@@ -54,7 +54,7 @@ typedef struct pdp_comm_desc {
                              NaN or infinite value (or above 1e9) is PDP_ERR_INVALID naming
                              the function and the field */
     pdp_device device;    /* where buffers live; default CPU (NCCL: the rank's GPU) */
-    const char *name;     /* for messages and the trace; default "comm" */
+    const char *name;     /* for messages and the trace; default "comm"; cut at 63 chars */
     pdp_log_fn log;       /* optional: the MPI start-up watchdog reports through it; NULL */
     void *log_user;       /* passed to log */
 } pdp_comm_desc;
@@ -248,7 +248,11 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
    stride_k = sizes[k + 1] x stride_{k+1}. Along dimension k, the ranks that differ from this
    one in c_k alone, r + (i - c_k) stride_k for i < sizes[k], form this rank's group of k:
    pdp_mesh_group(m, k), a communicator made by pdp_comm_split (the backend, device and
-   timeout of world; named "<world's name>.<its first rank>"), ranked by c_k. E.g. 8 ranks
+   timeout of world), ranked by c_k and named for the dimension and the coordinates its
+   members share, so that a collective's timeout or mismatch message says which group it
+   was: "<world's name>.<k's name>(<j's name> c_j, ...)" over the other dimensions j, e.g.
+   rank 5's TP group below is "world.TP(DP 1, PP 0)" (an unnamed dimension j is "dim<j>"
+   there; world's name is cut at 24 characters, the whole at 63). E.g. 8 ranks
    as DP x PP x TP = {2, 2, 2}: rank (d 2 + s) 2 + t; TP groups on neighbouring ranks {0 1}
    {2 3} {4 5} {6 7} (the dimension with the most traffic goes last), pipelines {0 2} {1 3}
    {4 6} {5 7}, data-parallel copies {0 4} {1 5} {2 6} {3 7}:

@@ -52,7 +52,7 @@ struct pdp_local_group {
     int size;
     double timeout_s;
     pdp_device device;
-    char name[32];
+    char name[PDP__COMM_NAME_CAP];
     pdp__mutex mu;
     pdp__cond cv;        /* barrier progress, departures, breakage */
     int arrived;              /* ranks in the current barrier */
@@ -578,18 +578,17 @@ PDP__PRIVATE void pdp__local_destroy(pdp_comm *c)
    group frees itself with the last of them) and every rank broadcasts the pointer of
    the group it made, or NULL, over c; each member then joins its leader's group. */
 PDP__PRIVATE pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank,
-                                         int new_size, int leader, pdp_comm **out)
+                                         int new_size, int leader, const char *name,
+                                         pdp_comm **out)
 {
     pdp_local_group *mine = NULL, *g = NULL;
     pdp_comm_desc d;
-    char name[48];
     int r;
     pdp_status st = PDP_OK;
     (void)key;
     if (colour >= 0 && new_rank == 0) {
         memset(&d, 0, sizeof d);
         d.timeout_s = c->timeout_s;
-        snprintf(name, sizeof name, "%.20s.%d", c->name, colour);
         d.name = name;
         /* on failure the leader still takes part below: its NULL tells the members (and
            pdp_comm_split's agreement keeps every rank in step) */

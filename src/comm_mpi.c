@@ -615,7 +615,7 @@ PDP__PRIVATE void pdp__mpi_destroy(pdp_comm *c)
 }
 
 PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                       int leader, pdp_comm **out);
+                                       int leader, const char *name, pdp_comm **out);
 
 static const pdp__comm_ops pdp__mpi_ops = {
     pdp__workq_allreduce, pdp__workq_broadcast, pdp__workq_reduce_scatter,
@@ -930,7 +930,7 @@ PDP__PRIVATE pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char
     }
     mc->traced = true;
     if (pdp__trace_enabled()) {
-        char track[48];
+        char track[PDP__COMM_NAME_CAP + 16];
         snprintf(track, sizeof track, "comm %s (mpi)", mc->head.name);
         mc->q.trace_pid = world_rank;
         mc->q.trace_tid = pdp__trace_track(world_rank, track);
@@ -955,12 +955,11 @@ fail:
    collectives (MPI forbids two threads in collectives on one communicator); comm.c's
    colour exchange has already proved every rank arrived, so it does not block long. */
 PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                       int leader, pdp_comm **out)
+                                       int leader, const char *name, pdp_comm **out)
 {
     MPI_Comm nc = MPI_COMM_NULL;
     pdp__coll_args a;
     pdp_work *w = NULL;
-    char name[48];
     pdp_status st;
     (void)new_rank;
     (void)new_size;
@@ -980,7 +979,6 @@ PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new
         return st;
     }
     MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
-    snprintf(name, sizeof name, "%.20s.%d", c->name, colour);
     return pdp__mpi_wrap(out, nc, name, c->timeout_s, "pdp_comm_split");
 }
 #endif /* PDP_MPI */

@@ -51,7 +51,7 @@ PDP__PRIVATE pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_d
 struct pdp_nccl_group {
     int n;
     double timeout_s;
-    char name[32];
+    char name[PDP__COMM_NAME_CAP];
     pdp_device *devices;
 #ifdef PDP_CUDA
     pdp_cudak_nccl **handles; /* taken by pdp_comm_create_nccl (NULL once taken) */
@@ -387,11 +387,11 @@ PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int de
    colours over c, so every rank is here; the key orders the new ranks as
    comm.c's new_rank does (ties by rank in c, as NCCL's). */
 PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank,
-                                        int new_size, int leader, pdp_comm **out)
+                                        int new_size, int leader, const char *name,
+                                        pdp_comm **out)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp_cudak_nccl *h = NULL;
-    char name[48];
     pdp_status st;
     (void)leader;
     if ((st = pdp__nccl_flush(c)) != PDP_OK)
@@ -401,7 +401,6 @@ PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int ne
         return pdp__err(st, "split of comm '%s' (rank %d of %d, colour %d): pdp_cuda: %s",
                         c->name, c->rank, c->size, colour, pdp_cudak_error());
     if (colour < 0) return PDP_OK;
-    snprintf(name, sizeof name, "%.20s.%d", c->name, colour);
     if ((st = pdp__nccl_wrap(out, h, c->device.ordinal, new_rank, new_size, c->timeout_s, name,
                              nc->traced_process, "split")) != PDP_OK)
         return st;
@@ -444,7 +443,7 @@ PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int de
     if (pdp__trace_open(process_rank && size > 1 ? rank : -1) == PDP_OK) {
         nc->traced = true;
         if (pdp__trace_enabled()) {
-            char track[48];
+            char track[PDP__COMM_NAME_CAP + 16];
             snprintf(track, sizeof track, "comm %s (nccl)", nc->head.name);
             nc->trace_tid = pdp__trace_track(rank, track);
         }

@@ -107,23 +107,21 @@ PDP__PRIVATE pdp_status pdp__ddp_desc_defaults(const pdp_model *m, const pdp_ddp
     return PDP_OK;
 }
 
-PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
-                                  const pdp_ddp_desc *desc)
+/* pdp_ddp_create's half on this rank alone: the model, the desc, the wrap and the
+   reducer's plan. *out gets what was built, on failure too (pdp_ddp_free takes it). */
+PDP__PRIVATE pdp_status pdp__ddp_prepare(pdp_ddp **out, pdp_model *m, pdp_comm *c,
+                                         const pdp_ddp_desc *desc, const char *fn)
 {
-    static const char *fn = "pdp_ddp_create";
     pdp__reducer_desc rd;
     pdp_ddp_desc dd;
     pdp_ddp *d;
     pdp_status st;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if ((st = pdp__ddp_desc_defaults(m, desc, &dd, fn)) != PDP_OK) return st;
     if ((st = pdp__model_wrap(m, PDP__WRAP_DDP, 0, fn)) != PDP_OK) return st;
-    d = (pdp_ddp *)pdp__calloc(sizeof *d);
-    if (!d) {
+    if (!(*out = d = (pdp_ddp *)pdp__calloc(sizeof *d))) {
         pdp__model_unwrap(m);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", fn, c->rank);
     }
     d->held = m;
     d->desc = dd;
@@ -136,7 +134,24 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
     rd.backward_names = "pdp_ddp_forward_backward or pdp_ddp_backward";
     rd.batch_mean = d->desc.batch_mean;
     rd.user = d;
-    if ((st = pdp__reducer_init(&d->r, m, c, &rd, fn)) != PDP_OK) {
+    return pdp__reducer_init(&d->r, m, c, &rd, fn);
+}
+
+/* Collective over c: this rank's half, then every rank learns whether every rank's half
+   succeeded (one that failed alone would leave its peers waiting for it in the collectives
+   that follow, until the timeout), then the reducer's collectives. */
+PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
+                                  const pdp_ddp_desc *desc)
+{
+    static const char *fn = "pdp_ddp_create";
+    pdp_ddp *d = NULL;
+    pdp_status st;
+    if (out) *out = NULL;
+    if (!c) return pdp__err(PDP_ERR_INVALID, "%s: comm is NULL", fn);
+    if (!out) st = pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    else st = pdp__ddp_prepare(&d, m, c, desc, fn);
+    if ((st = pdp__comm_agree(c, st, fn)) == PDP_OK) st = pdp__reducer_join(&d->r, fn);
+    if (st != PDP_OK) {
         pdp_ddp_free(d);
         return st;
     }

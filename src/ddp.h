@@ -104,7 +104,9 @@ typedef struct pdp_ddp_desc {
 
 /* Wraps m (which stays owned by the caller and must outlive ddp; adding layers to it
    fails until pdp_ddp_free, and so does a second executor on it: model.h, "Wrapped
-   models") and c (the same). Collective: every rank of c must call it. Checks
+   models") and c (the same). Collective: every rank of c must call it. A rank that
+   fails before the collectives (a desc field out of range, no memory) makes every
+   rank fail at once: the others with PDP_ERR_COMM naming it. Checks
    that every rank has the same parameter names and shapes (a mismatch fails on
    every rank with PDP_ERR_INVALID naming the first differing parameter), then
    copies rank 0's parameters to every rank, zeroes the gradients and installs

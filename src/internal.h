@@ -787,14 +787,19 @@ typedef struct pdp__comm_ops {
        are NULL */
     pdp_status (*sendrecv)(pdp_comm *c, const pdp_p2p *ops, int n, pdp_work **w);
     /* collective over c: comm.c has exchanged every rank's (colour, key) and computed this
-       rank's place (new_rank of new_size; leader: the old rank of new rank 0); colour < 0
-       joins nothing (*out stays NULL) but takes part */
+       rank's place (new_rank of new_size; leader: the old rank of new rank 0) and the new
+       communicator's name (cut to PDP__COMM_NAME_CAP); colour < 0 joins nothing (*out
+       stays NULL) but takes part */
     pdp_status (*split)(pdp_comm *c, int colour, int key, int new_rank, int new_size, int leader,
-                        pdp_comm **out);
+                        const char *name, pdp_comm **out);
     pdp_status (*wait)(pdp_work *w);
     bool (*done)(pdp_work *w);
     void (*destroy)(pdp_comm *c);
 } pdp__comm_ops;
+
+/* A communicator's name with its NUL (desc.name, a split's "<parent>.<colour>", a mesh
+   group's "<world>.TP(DP 1, PP 0)"): a longer one is cut. */
+#define PDP__COMM_NAME_CAP 64
 
 /* Common head of every communicator; a backend keeps its state behind impl. */
 struct pdp_comm {
@@ -803,7 +808,7 @@ struct pdp_comm {
     int rank, size;
     double timeout_s;
     pdp_device device;
-    char name[32];
+    char name[PDP__COMM_NAME_CAP];
     pdp_comm_stats stats;
     void *impl;
 };

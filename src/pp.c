@@ -697,18 +697,15 @@ PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp)
     return PDP_OK;
 }
 
-PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
-                                 const pdp_pp_desc *desc)
+/* pdp_pp_create's first half on this rank alone: the model, the desc and the split
+   into stages (by time: measured on rank 0). *out gets what was built, on failure too
+   (pdp_pp_free takes it). */
+PDP__PRIVATE pdp_status pdp__pp_prepare(pdp_pp **out, const pdp_model *full, pdp_comm *c,
+                                        const pdp_pp_desc *desc, const char *fn)
 {
-    static const char *fn = "pdp_pp_create";
     pdp_pp *pp;
     pdp_status st;
-    int k;
-    bool agreed = false;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!full || !c)
-        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, full ? "comm" : "model");
+    if (!full) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if (c->size > PDP_PP_MAX_STAGES)
         return pdp__err(PDP_ERR_INVALID, "%s: %d ranks (at most PDP_PP_MAX_STAGES = %d stages)",
                         fn, c->size, PDP_PP_MAX_STAGES);
@@ -716,14 +713,13 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
                         fn, full->device.kind, full->device.ordinal, c->name, c->device.kind,
                         c->device.ordinal);
-
-    pp = (pdp_pp *)pdp__calloc(sizeof *pp);
-    if (!pp) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (!(*out = pp = (pdp_pp *)pdp__calloc(sizeof *pp)))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", fn, c->rank);
     pp->c = c;
     pp->stage = c->rank;
     pp->p = c->size;
     if ((st = pdp__pp_desc_defaults(desc, &pp->desc, full->nlayers, pp->p, fn)) != PDP_OK)
-        goto fail;
+        return st;
     pp->dp = pp->desc.dp;
     pp->mb = pp->desc.micro_batches;
     pp->v = pp->desc.chunks;
@@ -731,11 +727,28 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     pp->one_stream = c->backend == PDP_BACKEND_NCCL;
     pp->first = (int *)pdp__calloc((size_t)(pp->pieces + 1) * sizeof *pp->first);
     pp->ck = (pdp__pp_chunk *)pdp__calloc((size_t)pp->v * sizeof *pp->ck);
-    if (!pp->first || !pp->ck) {
-        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", fn, pp->stage);
-        goto fail;
-    }
-    if ((st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK ||
+    if (!pp->first || !pp->ck)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", fn, pp->stage);
+    return pdp__pp_split(pp, full, fn);
+}
+
+/* Collective over c: the first half on this rank, then every rank learns whether every
+   rank's succeeded (one that failed alone would leave its peers waiting for it in the
+   collectives that follow, until the timeout), then the checks of the split against rank
+   0's; what follows them is agreed on once more at the end. */
+PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
+                                 const pdp_pp_desc *desc)
+{
+    static const char *fn = "pdp_pp_create";
+    pdp_pp *pp = NULL;
+    pdp_status st;
+    int k;
+    bool agreed = false;
+    if (out) *out = NULL;
+    if (!c) return pdp__err(PDP_ERR_INVALID, "%s: comm is NULL", fn);
+    if (!out) st = pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    else st = pdp__pp_prepare(&pp, full, c, desc, fn);
+    if ((st = pdp__comm_agree(c, st, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK ||
         (st = pdp__pp_agree_timed(pp, full, fn)) != PDP_OK)
         goto fail;
     agreed = true; /* past the split's collectives: a failure from here on is agreed */

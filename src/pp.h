@@ -179,8 +179,8 @@ typedef struct pdp_pp_desc {
    dp. full: the same model on every rank; it is read, not kept. A model with fewer
    layers than stages (pieces), an interleaved m that is not a multiple of p, or
    boundaries that differ from rank 0's, fail with PDP_ERR_INVALID. A rank
-   that cannot allocate its stage makes every rank fail: the others with PDP_ERR_COMM
-   naming it. PDP_TRACE=out.json traces the schedule. */
+   that fails alone (a desc field out of range, no memory for its stage) makes every rank
+   fail: the others with PDP_ERR_COMM naming it. PDP_TRACE=out.json traces the schedule. */
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc);
 PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */

@@ -480,16 +480,12 @@ out:
 }
 
 
-/* Sets up r (zeroed memory, owned by the executor) on m and c: checks that the
-   model can take a reducer, plans the buckets, and then, collectively (every
-   rank of c runs the same calls), checks that every rank has the same
-   parameters, copies rank 0's parameters to every rank, zeroes the gradients,
-   opens the trace and installs the grad hook. On failure the executor calls
-   pdp__reducer_release(r). */
+/* Sets up r (zeroed memory, owned by the executor) on m and c, on this rank alone: checks
+   that the model can take a reducer and plans the buckets. Then pdp__reducer_join. On
+   failure of either the executor calls pdp__reducer_release(r). */
 PDP__PRIVATE pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
                                           const pdp__reducer_desc *desc, const char *fn)
 {
-    pdp_status st;
     PDP_ASSERT(desc && desc->reduce && desc->op_name && desc->finish_names);
     if (m->params_shared)
         return pdp__err(PDP_ERR_STATE, "%s: the model is a DataParallel replica", fn);
@@ -512,8 +508,20 @@ PDP__PRIVATE pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_com
         pdp__dev_alloc(c->device, sizeof(float), (void **)&r->dcount) != PDP_OK)
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no device memory for the batch "
                         "size's all-reduce", fn, c->rank);
-    /* collective from here on: every rank runs the same calls */
-    if ((st = pdp__reducer_check_params(m, c, desc->batch_mean, fn)) != PDP_OK) return st;
+    return PDP_OK;
+}
+
+/* The collective half of the set-up, after pdp__reducer_init succeeded on every rank (the
+   executor agrees on it first, pdp__comm_agree): checks that every rank has the same
+   parameters, copies rank 0's parameters to every rank, zeroes the gradients, opens the
+   trace and installs the grad hook. A failure here is every rank's (the check's verdicts
+   are all-gathered; a failed broadcast fails everywhere or times out). */
+PDP__PRIVATE pdp_status pdp__reducer_join(pdp__reducer *r, const char *fn)
+{
+    pdp_model *m = r->m;
+    pdp_comm *c = r->c;
+    pdp_status st;
+    if ((st = pdp__reducer_check_params(m, c, r->desc.batch_mean, fn)) != PDP_OK) return st;
     if (m->param_count &&
         (st = pdp_comm_broadcast(c, m->param_block, m->param_count, 0, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: broadcasting rank 0's parameters", fn, c->rank);
@@ -521,7 +529,7 @@ PDP__PRIVATE pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_com
     if (pdp__trace_open(c->backend == PDP_BACKEND_LOCAL ? -1 : c->rank) == PDP_OK) {
         r->traced = true;
         if (pdp__trace_enabled()) {
-            char name[64];
+            char name[PDP__COMM_NAME_CAP + 8];
             r->trace_compute = pdp__trace_track(c->rank, "compute");
             snprintf(name, sizeof name, "comm %s", c->name);
             r->trace_comm = pdp__trace_track(c->rank, name);

@@ -606,38 +606,30 @@ PDP__PRIVATE pdp_status pdp__zero_plan_layers(pdp_zero *z, int asked, const char
     return PDP_OK;
 }
 
-PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
-                                   const pdp_zero_desc *desc)
+/* pdp_zero_create's first half on this rank alone: the model, the desc, the wrap and
+   the reducer's plan. *out gets what was built, on failure too (pdp_zero_free takes it). */
+PDP__PRIVATE pdp_status pdp__zero_prepare(pdp_zero **out, pdp_model *m, pdp_comm *c,
+                                          const pdp_zero_desc *desc, const char *fn)
 {
-    static const char *fn = "pdp_zero_create";
     pdp__reducer_desc rd;
     pdp_zero_desc zd;
-    pdp_comm_stats cs;
     pdp_zero *z;
     pdp_status st;
-    int64_t acc, base;
-    int b, l, n;
-    bool joined = false;
-    char why[1024]; /* the thread-local message's size */
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if ((st = pdp__zero_desc_defaults(m, desc, &zd, fn)) != PDP_OK) return st;
     /* the units, shards and (stage 3) the parameter block are this layout's */
     if ((st = pdp__model_wrap(m, PDP__WRAP_ZERO, zd.stage, fn)) != PDP_OK) return st;
-    z = (pdp_zero *)pdp__calloc(sizeof *z);
-    if (!z) {
+    if (!(*out = z = (pdp_zero *)pdp__calloc(sizeof *z))) {
         pdp__model_unwrap(m);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", fn, c->rank);
     }
     z->m = m; /* pdp_zero_free unwraps it, on failure too */
     z->dev = m->device;
     z->desc = zd; /* grad_buffers is cut to the units below */
     z->stage = z->desc.stage;
-    z->m = m;
     z->c = c;
     z->rank = c->rank;
-    z->size = n = c->size;
+    z->size = c->size;
     memset(&rd, 0, sizeof rd);
     rd.cap_bytes = z->desc.bucket_cap_mb * 1048576.0;
     rd.first_bytes = z->desc.first_bucket_mb * 1048576.0;
@@ -650,10 +642,33 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     rd.backward_names = "pdp_zero_forward_backward or pdp_zero_backward";
     rd.batch_mean = z->desc.batch_mean;
     rd.user = z;
-    if ((st = pdp__reducer_init(&z->r, m, c, &rd, fn)) != PDP_OK) goto fail;
-    joined = true; /* past the collectives: a failure from here on is agreed (pdp__comm_agree) */
+    return pdp__reducer_init(&z->r, m, c, &rd, fn);
+}
+
+/* Collective over c: the first half on this rank, then every rank learns whether every
+   rank's succeeded (one that failed alone would leave its peers waiting for it in the
+   reducer's collectives, until the timeout), then those collectives; what follows them
+   (the shards and buffers) is agreed on once more at the end. */
+PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
+                                   const pdp_zero_desc *desc)
+{
+    static const char *fn = "pdp_zero_create";
+    pdp_comm_stats cs;
+    pdp_zero *z = NULL;
+    pdp_status st;
+    int64_t acc, base;
+    int b, l, n;
+    char why[1024]; /* the thread-local message's size */
+    if (out) *out = NULL;
+    if (!c) return pdp__err(PDP_ERR_INVALID, "%s: comm is NULL", fn);
+    if (!out) st = pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    else st = pdp__zero_prepare(&z, m, c, desc, fn);
+    if ((st = pdp__comm_agree(c, st, fn)) != PDP_OK ||
+        (st = pdp__reducer_join(&z->r, fn)) != PDP_OK)
+        goto release;
+    n = z->size; /* past the collectives: a failure from here on is agreed (at fail) */
     if (z->r.trace_comm) { /* the reduce-scatters on the reducer's lane, the gathers on this */
-        char lane[64];
+        char lane[PDP__COMM_NAME_CAP + 16];
         snprintf(lane, sizeof lane, "allgather %s", c->name);
         z->trace_gather = pdp__trace_track(z->rank, lane);
     }
@@ -756,7 +771,7 @@ oom:
                   "buffers (%lld floats of parameters, %d units)", fn, c->rank, z->stage,
                   (long long)m->param_count, z->nunits);
 fail:
-    if (joined) st = pdp__comm_agree(c, st, fn);
+    st = pdp__comm_agree(c, st, fn);
 release: /* pdp_zero_free's best-effort allocations must not replace the message */
     snprintf(why, sizeof why, "%s", pdp_last_error());
     pdp_zero_free(z);

@@ -187,12 +187,12 @@ typedef struct pdp_zero_desc {
 /* Wraps m and c as pdp_ddp_create does (collective; same checks; rank 0's
    parameters everywhere), then shards: frees the model's gradient block (and at
    stage 3 its parameter block) and points its layers at ZeRO's buffers. A rank that
-   cannot allocate its shards and buffers makes every rank fail: the others with
-   PDP_ERR_COMM naming it. A failed create leaves each model whole (with rank 0's
-   parameters once their broadcast has run), except at stage 3 when the failure came after
-   the shards (the buffers): each model then holds its slices only, as after pdp_zero_free
-   (the block is freed before the buffers are allocated, which keeps the peak of creation
-   under DDP's). */
+   fails alone (a desc field out of range, no memory for its shards and buffers or
+   before) makes every rank fail: the others with PDP_ERR_COMM naming it. A failed
+   create leaves each model whole (with rank 0's parameters once their broadcast has
+   run), except at stage 3 when the failure came after the shards (the buffers): each
+   model then holds its slices only, as after pdp_zero_free (the block is freed before
+   the buffers are allocated, which keeps the peak of creation under DDP's). */
 PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
                                    const pdp_zero_desc *desc);
 /* Waits for collectives in flight and gives the model back its gradient block

@@ -1159,14 +1159,19 @@ typedef struct pdp__comm_ops {
        are NULL */
     pdp_status (*sendrecv)(pdp_comm *c, const pdp_p2p *ops, int n, pdp_work **w);
     /* collective over c: comm.c has exchanged every rank's (colour, key) and computed this
-       rank's place (new_rank of new_size; leader: the old rank of new rank 0); colour < 0
-       joins nothing (*out stays NULL) but takes part */
+       rank's place (new_rank of new_size; leader: the old rank of new rank 0) and the new
+       communicator's name (cut to PDP__COMM_NAME_CAP); colour < 0 joins nothing (*out
+       stays NULL) but takes part */
     pdp_status (*split)(pdp_comm *c, int colour, int key, int new_rank, int new_size, int leader,
-                        pdp_comm **out);
+                        const char *name, pdp_comm **out);
     pdp_status (*wait)(pdp_work *w);
     bool (*done)(pdp_work *w);
     void (*destroy)(pdp_comm *c);
 } pdp__comm_ops;
+
+/* A communicator's name with its NUL (desc.name, a split's "<parent>.<colour>", a mesh
+   group's "<world>.TP(DP 1, PP 0)"): a longer one is cut. */
+#define PDP__COMM_NAME_CAP 64
 
 /* Common head of every communicator; a backend keeps its state behind impl. */
 struct pdp_comm {
@@ -1175,7 +1180,7 @@ struct pdp_comm {
     int rank, size;
     double timeout_s;
     pdp_device device;
-    char name[32];
+    char name[PDP__COMM_NAME_CAP];
     pdp_comm_stats stats;
     void *impl;
 };
@@ -3862,7 +3867,7 @@ struct pdp_local_group {
     int size;
     double timeout_s;
     pdp_device device;
-    char name[32];
+    char name[PDP__COMM_NAME_CAP];
     pdp__mutex mu;
     pdp__cond cv;        /* barrier progress, departures, breakage */
     int arrived;              /* ranks in the current barrier */
@@ -3978,7 +3983,8 @@ PDP__PRIVATE void pdp__local_destroy(pdp_comm *c);
    group frees itself with the last of them) and every rank broadcasts the pointer of
    the group it made, or NULL, over c; each member then joins its leader's group. */
 PDP__PRIVATE pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank,
-                                         int new_size, int leader, pdp_comm **out);
+                                         int new_size, int leader, const char *name,
+                                         pdp_comm **out);
 
 /* PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int rank) */
 
@@ -4196,7 +4202,7 @@ PDP__PRIVATE void pdp__mpi_release(void);
 PDP__PRIVATE void pdp__mpi_destroy(pdp_comm *c);
 
 PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                       int leader, pdp_comm **out);
+                                       int leader, const char *name, pdp_comm **out);
 
 /* ---- comm_mpi: bounded start-up ----
    MPI_Init_thread cannot be interrupted and has no timeout: a rank that never
@@ -4260,7 +4266,7 @@ PDP__PRIVATE pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char
    collectives (MPI forbids two threads in collectives on one communicator); comm.c's
    colour exchange has already proved every rank arrived, so it does not block long. */
 PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                       int leader, pdp_comm **out);
+                                       int leader, const char *name, pdp_comm **out);
 #endif /* PDP_MPI */
 
 /* ---- comm_mpi: pdp_comm_init_env ---- */
@@ -4315,7 +4321,7 @@ PDP__PRIVATE pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_d
 struct pdp_nccl_group {
     int n;
     double timeout_s;
-    char name[32];
+    char name[PDP__COMM_NAME_CAP];
     pdp_device *devices;
 #ifdef PDP_CUDA
     pdp_cudak_nccl **handles; /* taken by pdp_comm_create_nccl (NULL once taken) */
@@ -4421,7 +4427,8 @@ PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int de
    colours over c, so every rank is here; the key orders the new ranks as
    comm.c's new_rank does (ties by rank in c, as NCCL's). */
 PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank,
-                                        int new_size, int leader, pdp_comm **out);
+                                        int new_size, int leader, const char *name,
+                                        pdp_comm **out);
 
 /* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
 PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank,
@@ -4555,25 +4562,36 @@ PDP__PRIVATE pdp_status pdp__comm_check_p2p(const pdp_comm *c, int peer, int tag
 
 /* PDP_API pdp_status pdp_comm_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n) */
 
-/* ---- comm: agreement at the end of a collective constructor ----
-   pdp_comm_split, pdp_zero_create and pdp_pp_create allocate after their last collective: a
-   rank whose allocation fails there would leave the others an object whose peer does not
-   exist, and they would learn of it only at its first collective. So each rank passes its
-   status st through one all-reduce (a count of failed ranks and the sum of their numbers):
-   a failed rank gets its own status and message back; a rank that succeeded fails with
-   PDP_ERR_COMM naming the failed rank when there is one. */
+/* ---- comm: agreement in a collective constructor ----
+   A constructor that is collective over c (a split, a mesh, DDP, ZeRO, a pipeline, a
+   trainer) can fail on one rank alone: a desc that rank got wrong, an allocation. Where
+   that rank returns and the others go on into a collective, they wait there for it until
+   the timeout; where it happens after the last collective, they return an object whose peer
+   does not exist and learn of it at its first collective. So every such constructor passes
+   each rank's status st through this one all-reduce (a count of failed ranks and the sum of
+   their numbers) at each point where a rank-local stretch ends: before its first collective
+   (pdp_ddp_create, pdp_zero_create, pdp_pp_create: their arguments, desc and plan) and after
+   its last (what they allocate after it; pdp_comm_split and pdp_mesh_create too, whose
+   checks before their first collective are of arguments every rank passes alike), a failed
+   rank going straight there. A failed rank gets its own status and message back; a rank that
+   succeeded fails with PDP_ERR_COMM naming the failed rank when there is one. */
 PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *fn);
 
 /* ---- comm: process groups ---- */
 
 #define PDP__SPLIT_MAX_RANKS 4096 /* the (colour, key) table lives on the stack */
 
+/* pdp_comm_split, with the new communicator's name (NULL: "<name of c>.<colour>"). */
+PDP__PRIVATE pdp_status pdp__comm_split(pdp_comm *c, int colour, int key, const char *name,
+                                        pdp_comm **out);
+
 /* PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **out) */
 
 /* ---- comm: process meshes ----
-   Dimension k's group is one pdp_comm_split of world: its colour is the group's first rank
-   (this rank with c_k = 0), the same for the ranks that differ in c_k alone and different
-   for every other group; its key is c_k, so the group ranks its members by c_k. */
+   Dimension k's group is one split of world: its colour is the group's first rank (this
+   rank with c_k = 0), the same for the ranks that differ in c_k alone and different for
+   every other group; its key is c_k, so the group ranks its members by c_k. Its name says
+   the dimension and the coordinates its members share: "<world>.TP(DP 1, PP 0)". */
 
 struct pdp_mesh {
     int ndim, rank;                          /* rank: in world */
@@ -4584,6 +4602,12 @@ struct pdp_mesh {
 
 /* snprintf at buf + *n, where *n counts what the line needs so far, fitting or not */
 PDP__PRIVATE void pdp__mesh_put(char *buf, size_t bytes, size_t *n, const char *fmt, ...);
+
+/* Dimension k's group name into buf: world's name (its first 24 characters), the
+   dimension's name, then the other dimensions' names and this rank's coordinates along
+   them, "world.TP(DP 1, PP 0)"; an unnamed dimension j is "dim<j>" here. Cut at bytes. */
+PDP__PRIVATE void pdp__mesh_group_name(char *buf, size_t bytes, const pdp_comm *world, int ndim,
+                                       const char *const *names, const int *coord, int k);
 
 /* PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes, const char *const *names) */
 
@@ -8128,14 +8152,18 @@ PDP__PRIVATE pdp_status pdp__reducer_allgather_host(pdp_comm *c, const float *se
 PDP__PRIVATE pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c,
                                                   pdp_batch_mean mean, const char *fn);
 
-/* Sets up r (zeroed memory, owned by the executor) on m and c: checks that the
-   model can take a reducer, plans the buckets, and then, collectively (every
-   rank of c runs the same calls), checks that every rank has the same
-   parameters, copies rank 0's parameters to every rank, zeroes the gradients,
-   opens the trace and installs the grad hook. On failure the executor calls
-   pdp__reducer_release(r). */
+/* Sets up r (zeroed memory, owned by the executor) on m and c, on this rank alone: checks
+   that the model can take a reducer and plans the buckets. Then pdp__reducer_join. On
+   failure of either the executor calls pdp__reducer_release(r). */
 PDP__PRIVATE pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
                                           const pdp__reducer_desc *desc, const char *fn);
+
+/* The collective half of the set-up, after pdp__reducer_init succeeded on every rank (the
+   executor agrees on it first, pdp__comm_agree): checks that every rank has the same
+   parameters, copies rank 0's parameters to every rank, zeroes the gradients, opens the
+   trace and installs the grad hook. A failure here is every rank's (the check's verdicts
+   are all-gathered; a failed broadcast fails everywhere or times out). */
+PDP__PRIVATE pdp_status pdp__reducer_join(pdp__reducer *r, const char *fn);
 
 /* Waits for buckets still in flight, removes the hook, frees the buckets. */
 PDP__PRIVATE void pdp__reducer_release(pdp__reducer *r);
@@ -8275,6 +8303,14 @@ PDP__PRIVATE pdp_ddp_comm_hook pdp__hook_compress(pdp_dtype *dt);
 PDP__PRIVATE pdp_status pdp__ddp_desc_defaults(const pdp_model *m, const pdp_ddp_desc *in,
                                                pdp_ddp_desc *out, const char *fn);
 
+/* pdp_ddp_create's half on this rank alone: the model, the desc, the wrap and the
+   reducer's plan. *out gets what was built, on failure too (pdp_ddp_free takes it). */
+PDP__PRIVATE pdp_status pdp__ddp_prepare(pdp_ddp **out, pdp_model *m, pdp_comm *c,
+                                         const pdp_ddp_desc *desc, const char *fn);
+
+/* Collective over c: this rank's half, then every rank learns whether every rank's half
+   succeeded (one that failed alone would leave its peers waiting for it in the collectives
+   that follow, until the timeout), then the reducer's collectives. */
 /* PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c, const pdp_ddp_desc *desc) */
 
 /* PDP_API pdp_ddp_desc pdp_ddp_get_desc(const pdp_ddp *d) */
@@ -8753,6 +8789,15 @@ PDP__PRIVATE int pdp__zero_pinned(const pdp_model *m, const pdp__red_bucket *uni
    otherwise; the default grows to what is needed. */
 PDP__PRIVATE pdp_status pdp__zero_plan_layers(pdp_zero *z, int asked, const char *fn);
 
+/* pdp_zero_create's first half on this rank alone: the model, the desc, the wrap and
+   the reducer's plan. *out gets what was built, on failure too (pdp_zero_free takes it). */
+PDP__PRIVATE pdp_status pdp__zero_prepare(pdp_zero **out, pdp_model *m, pdp_comm *c,
+                                          const pdp_zero_desc *desc, const char *fn);
+
+/* Collective over c: the first half on this rank, then every rank learns whether every
+   rank's succeeded (one that failed alone would leave its peers waiting for it in the
+   reducer's collectives, until the timeout), then those collectives; what follows them
+   (the shards and buffers) is agreed on once more at the end. */
 /* PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c, const pdp_zero_desc *desc) */
 
 /* PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp_optim_desc *desc) */
@@ -9245,6 +9290,16 @@ PDP__PRIVATE pdp_status pdp__pp_find_tied(pdp_pp *pp, const pdp_model *full, con
    its own after each pass, for pdp_tp_get_stats. */
 PDP__PRIVATE pdp_status pdp__pp_join(pdp_pp *pp);
 
+/* pdp_pp_create's first half on this rank alone: the model, the desc and the split
+   into stages (by time: measured on rank 0). *out gets what was built, on failure too
+   (pdp_pp_free takes it). */
+PDP__PRIVATE pdp_status pdp__pp_prepare(pdp_pp **out, const pdp_model *full, pdp_comm *c,
+                                        const pdp_pp_desc *desc, const char *fn);
+
+/* Collective over c: the first half on this rank, then every rank learns whether every
+   rank's succeeded (one that failed alone would leave its peers waiting for it in the
+   collectives that follow, until the timeout), then the checks of the split against rank
+   0's; what follows them is agreed on once more at the end. */
 /* PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c, const pdp_pp_desc *desc) */
 
 PDP__PRIVATE void pdp__pp_free_buffers(pdp_pp *pp);

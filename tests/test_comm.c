@@ -8,8 +8,10 @@
    split, count bounds, a missing rank, stats. What stays here is the local backend's
    own: a rank that frees its communicator makes the others fail at once; ranks that
    issue different collectives fail instead of corrupting memory; group creation and
-   its arguments; the desc's timeout rule; the 16-bit conversions (round to nearest
-   even: ties, overflow, subnormals). Run under TSan by `make tsan`.
+   its arguments; meshes (their groups against a counted grid, their names, and a failure
+   on a group naming its dimension and coordinates); the desc's timeout rule; the 16-bit
+   conversions (round to nearest even: ties, overflow, subnormals). Run under TSan by
+   `make tsan`.
 
    Each conformance case was seen to fail on a broken backend (CHANGELOG, issue 22):
    e.g. comm_local.c's all-reduce perturbing one element of rank 0's slice failed
@@ -323,6 +325,24 @@ static const char *mesh_name(const mesh_job *j, int k)
     return j->names && j->names[k] ? j->names[k] : number[k];
 }
 
+/* Dimension k's group name as comm.h spells it, for a rank at coordinates me: "world.TP(DP 1,
+   PP 0)", an unnamed dimension j "dim<j>" */
+static void mesh_group_name(const mesh_job *j, int k, const int *me, char *buf, size_t cap)
+{
+    char label[24];
+    int i, len = 0, first = 1;
+    for (i = -1; i < j->ndim; i++) {
+        int d = i < 0 ? k : i;
+        if (i == k) continue;
+        if (j->names && j->names[d]) snprintf(label, sizeof label, "%s", j->names[d]);
+        else snprintf(label, sizeof label, "dim%d", d);
+        if (i < 0) len += snprintf(buf + len, cap - (size_t)len, "world.%s", label);
+        else len += snprintf(buf + len, cap - (size_t)len, "%s%s %d", first ? "(" : ", ", label,
+                             me[d]), first = 0;
+    }
+    if (!first) snprintf(buf + len, cap - (size_t)len, ")");
+}
+
 /* coords[q * ndim + k]: rank q's coordinate along k, by the odometer */
 static int mesh_reference(const mesh_job *j, int *coords)
 {
@@ -338,7 +358,7 @@ static int mesh_reference(const mesh_job *j, int *coords)
 static pdp_status mesh_check_rank(const pdp_launch_ctx *ctx, void *user)
 {
     mesh_job *j = (mesh_job *)user;
-    char *why = j->why[ctx->rank], line[512], want[512];
+    char *why = j->why[ctx->rank], line[512], want[512], gname[128];
     size_t wn = sizeof j->why[0];
     int coords[MESH_MAXR * PDP_MESH_MAX_DIMS], members[MESH_MAXR];
     int r = ctx->rank, n = mesh_reference(j, coords), k, q, len;
@@ -370,6 +390,12 @@ static pdp_status mesh_check_rank(const pdp_launch_ctx *ctx, void *user)
             pdp_comm_size(g) != count || pdp_mesh_members(m, k, NULL) != count) {
             snprintf(why, wn, "rank %d dim %d: coord %d, group rank %d of %d, want %d of %d", r, k,
                      pdp_mesh_coord(m, k), pdp_comm_rank(g), pdp_comm_size(g), me[k], count);
+            break;
+        }
+        mesh_group_name(j, k, me, gname, sizeof gname);
+        if (strcmp(pdp_comm_get_desc(g).name, gname)) {
+            snprintf(why, wn, "rank %d dim %d: group name '%s', want '%s'", r, k,
+                     pdp_comm_get_desc(g).name, gname);
             break;
         }
         pdp_mesh_members(m, k, members);
@@ -408,6 +434,67 @@ TEST comm_mesh_groups_match_a_counted_grid(void)
                         pdp_status_name);
         for (int r = 0; r < np; r++) ASSERT_STR_EQ("", j.why[r]);
     }
+    PASS();
+}
+
+/* A collective's failure on a mesh group names the group: its dimension and the coordinates
+   its members share. 8 ranks as DP x PP x TP = 2 x 2 x 2, 0.3 s timeout: in rank 5's TP group
+   {4 5} (DP 1, PP 0) the two ranks issue all-reduces of different counts, which fails both;
+   in its pipeline {5 7} (DP 1, TP 1) rank 7 issues a barrier that rank 5 never joins (it
+   holds its communicators until rank 7 has failed), which times out. Before groups had these
+   names, both messages said only "comm 'world.4'" and "comm 'world.5'". */
+typedef struct mesh_fail_job {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int rank7_done;
+    pdp_status st[8];
+    char msg[8][1024];
+} mesh_fail_job;
+
+static pdp_status mesh_fail_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    mesh_fail_job *j = (mesh_fail_job *)user;
+    int r = ctx->rank;
+    float buf[2] = {1.0f, 2.0f};
+    pdp_mesh *m = NULL;
+    pdp_status st = pdp_mesh_create(&m, ctx->world, 3, (int[]){2, 2, 2},
+                                    (const char *[]){"DP", "PP", "TP"});
+    if (st != PDP_OK) return st;
+    st = pdp_comm_allreduce(pdp_mesh_group(m, 2), buf, r == 5 ? 2 : 1, PDP_REDUCE_SUM, NULL);
+    if (r == 7 && st == PDP_OK) st = pdp_comm_barrier(pdp_mesh_group(m, 1), NULL);
+    j->st[r] = st;
+    snprintf(j->msg[r], sizeof j->msg[r], "%s", pdp_last_error());
+    pthread_mutex_lock(&j->mu);
+    if (r == 7) j->rank7_done = 1, pthread_cond_broadcast(&j->cv);
+    while (r == 5 && !j->rank7_done) pthread_cond_wait(&j->cv, &j->mu);
+    pthread_mutex_unlock(&j->mu);
+    pdp_mesh_free(m);
+    return PDP_OK;
+}
+
+TEST comm_mesh_group_failures_name_the_dimension(void)
+{
+    static mesh_fail_job j;
+    pdp_launch_desc ld;
+    memset(&j, 0, sizeof j);
+    memset(&ld, 0, sizeof ld);
+    ld.timeout_s = PDP_TEST_TIMEOUT(0.3);
+    pthread_mutex_init(&j.mu, NULL);
+    pthread_cond_init(&j.cv, NULL);
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(8, &ld, mesh_fail_rank, &j),
+                    pdp_status_name);
+    pthread_mutex_destroy(&j.mu);
+    pthread_cond_destroy(&j.cv);
+    for (int r = 4; r <= 5; r++) {
+        ASSERT_ENUM_EQm(j.msg[r], PDP_ERR_INVALID, j.st[r], pdp_status_name);
+        ASSERTm(j.msg[r], strstr(j.msg[r], "collectives differ across ranks on comm "
+                                 "'world.TP(DP 1, PP 0)'") != NULL);
+    }
+    ASSERT_ENUM_EQm(j.msg[7], PDP_ERR_TIMEOUT, j.st[7], pdp_status_name);
+    ASSERTm(j.msg[7], strstr(j.msg[7], "barrier #0 (count 0) on comm 'world.PP(DP 1, TP 1)', "
+                             "rank 1 of 2: no arrival within") != NULL);
+    for (int r = 0; r < 8; r++)
+        if (r != 4 && r != 5 && r != 7) ASSERT_ENUM_EQm(j.msg[r], PDP_OK, j.st[r], pdp_status_name);
     PASS();
 }
 
@@ -475,6 +562,14 @@ TEST comm_mesh_rejects_bad_dimensions(void)
     ASSERT_STR_EQ("rank 0 (0 0, x 0): 0 {0}  x {0}", line);
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_format(NULL, line, sizeof line), pdp_status_name);
     pdp_mesh_free(m);
+    /* a group name longer than 63 characters is cut there (this one needs 75) */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_mesh_create(&m, c, PDP_MESH_MAX_DIMS,
+                   (int[PDP_MESH_MAX_DIMS]){1, 1, 1, 1, 1, 1, 1, 1},
+                   (const char *[PDP_MESH_MAX_DIMS]){"dimension_zero_", "dimension_one__",
+                   "d2", "d3", "d4", "d5", "d6", "d7"}), pdp_status_name);
+    ASSERT_STR_EQ("comm.dimension_one__(dimension_zero_ 0, d2 0, d3 0, d4 0, d5 0,",
+                  pdp_comm_get_desc(pdp_mesh_group(m, 1)).name);
+    pdp_mesh_free(m);
     pdp_mesh_free(NULL);
     pdp_comm_free(c);
     pdp_local_group_free(g);
@@ -491,6 +586,7 @@ SUITE(comm)
     RUN_TEST(comm_split_rejects_a_null_out_and_names_the_group);
     RUN_TEST(comm_mesh_groups_match_a_counted_grid);
     RUN_TEST(comm_mesh_rejects_bad_dimensions);
+    RUN_TEST(comm_mesh_group_failures_name_the_dimension);
 }
 
 /* ---- the conformance suite (tests/comm_conformance.h) on thread ranks ---- */

@@ -8,7 +8,9 @@
    bucket to one bucket, and with no_sync gradient accumulation. Faults: a
    parameter mismatch fails on every rank naming the parameter; a rank that
    never arrives makes the others time out naming the bucket and the rank; a
-   rank that dies mid-backward makes the others fail at once. The hot loop
+   rank that dies mid-backward makes the others fail at once; a rank that fails
+   alone creating DDP, ZeRO or a pipeline (a bad desc, no memory) makes the other
+   fail at once, naming it. The hot loop
    allocates nothing (PDP_MALLOC counts). The reducer seam: a reducer with its
    own collective and after-step hook (as ZeRO will have) launches every bucket
    once per synchronised backward, in bucket order, and runs the hook once per
@@ -29,8 +31,10 @@
 #include <stdlib.h>
 #include <stdatomic.h>
 static atomic_long test_allocs;
+static __thread int test_out_of_memory; /* this thread's allocations fail while it is set */
 static void *test_malloc(size_t n)
 {
+    if (test_out_of_memory) return NULL;
     atomic_fetch_add(&test_allocs, 1);
     return malloc(n);
 }
@@ -1012,6 +1016,7 @@ TEST reducer_collective_and_after_step_are_parameters(void)
     ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 0), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp__reducer_init(&r, m, c, &rd, "seam"), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp__reducer_join(&r, "seam"), pdp_status_name);
     ASSERT_EQ(m->nparams, r.nbuckets);
     ASSERT(m->hook != NULL);
     pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
@@ -1114,6 +1119,100 @@ TEST ddp_rank_dying_mid_backward_fails_the_others_at_once(void)
     }
     ASSERT_ENUM_EQm(ctx[1].msg, PDP_ERR_STATE, ctx[1].st, pdp_status_name);
     ASSERTm(ctx[1].msg, strstr(ctx[1].msg, "failed after launching 2 of 6 buckets") != NULL);
+    PASS();
+}
+
+/* ---- collective constructors: a rank that fails alone ----
+   Rank 1 alone fails in the first, rank-local half of pdp_ddp_create, pdp_zero_create
+   (stages 1 and 3) or pdp_pp_create: a desc field only it got wrong, or its first
+   allocation. It then holds its communicator until rank 0 has returned, as a process under
+   MPI or NCCL would (freeing a local communicator would fail the peer at once anyway).
+   Rank 0 must fail with PDP_ERR_COMM naming rank 1, well before the 2 s timeout; rank 1 with
+   its own error. Without the agreement before the first collective, rank 0 waited there for
+   rank 1 and failed with PDP_ERR_TIMEOUT after 2 s (seen in all 8 cases). */
+
+typedef struct lone_job {
+    int creator; /* 0 DDP, 1 ZeRO-1, 2 ZeRO-3, 3 a pipeline */
+    int fault;   /* 0 a bad desc field on rank 1, 1 no memory on rank 1 */
+    pdp_status st[2];
+    char msg[2][1024];
+    double elapsed[2];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int rank0_done;
+} lone_job;
+
+static pdp_status lone_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    lone_job *j = (lone_job *)user;
+    int r = ctx->rank, lone = r == 1;
+    pdp_model *m = NULL;
+    pdp_ddp *d = NULL;
+    pdp_zero *z = NULL;
+    pdp_pp *pp = NULL;
+    pdp_ddp_desc dd;
+    pdp_zero_desc zd;
+    pdp_pp_desc pd;
+    pdp_status st;
+    double t0;
+    if ((st = build_model(&m, 1, 0)) != PDP_OK) return st;
+    memset(&dd, 0, sizeof dd);
+    memset(&zd, 0, sizeof zd);
+    memset(&pd, 0, sizeof pd);
+    zd.stage = j->creator == 2 ? 3 : 1;
+    if (lone && j->fault == 0) dd.bucket_cap_mb = zd.bucket_cap_mb = -1.0, pd.micro_batches = -1;
+    t0 = pdp_seconds();
+    test_out_of_memory = lone && j->fault == 1;
+    if (j->creator == 0) st = pdp_ddp_create(&d, m, ctx->world, &dd);
+    else if (j->creator <= 2) st = pdp_zero_create(&z, m, ctx->world, &zd);
+    else st = pdp_pp_create(&pp, m, ctx->world, &pd);
+    test_out_of_memory = 0;
+    j->elapsed[r] = pdp_seconds() - t0;
+    j->st[r] = st == PDP_OK && !d && !z && !pp ? PDP_ERR_STATE : st;
+    snprintf(j->msg[r], sizeof j->msg[r], "%s", pdp_last_error());
+    pthread_mutex_lock(&j->mu);
+    if (r == 0) j->rank0_done = 1, pthread_cond_broadcast(&j->cv);
+    while (!j->rank0_done) pthread_cond_wait(&j->cv, &j->mu);
+    pthread_mutex_unlock(&j->mu);
+    pdp_pp_free(pp);
+    pdp_zero_free(z);
+    pdp_ddp_free(d);
+    pdp_model_free(m);
+    return PDP_OK;
+}
+
+TEST collective_constructors_fail_on_every_rank_when_one_fails(void)
+{
+    static const char *const creators[4] = {"pdp_ddp_create", "pdp_zero_create",
+                                            "pdp_zero_create", "pdp_pp_create"};
+    pdp_launch_desc ld;
+    memset(&ld, 0, sizeof ld);
+    ld.timeout_s = PDP_TEST_TIMEOUT(2.0);
+    for (int c = 0; c < 4; c++)
+        for (int f = 0; f < 2; f++) {
+            static lone_job j;
+            char what[1200];
+            memset(&j, 0, sizeof j);
+            pthread_mutex_init(&j.mu, NULL);
+            pthread_cond_init(&j.cv, NULL);
+            j.creator = c;
+            j.fault = f;
+            ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(2, &ld, lone_rank, &j),
+                            pdp_status_name);
+            pthread_mutex_destroy(&j.mu);
+            pthread_cond_destroy(&j.cv);
+            snprintf(what, sizeof what, "creator %d fault %d: %s", c, f, j.msg[0]);
+            ASSERT_ENUM_EQm(what, PDP_ERR_COMM, j.st[0], pdp_status_name);
+            ASSERTm(what, strncmp(j.msg[0], creators[c], strlen(creators[c])) == 0);
+            ASSERTm(what, strstr(j.msg[0], "rank 1 of comm 'world' failed") != NULL);
+            snprintf(what, sizeof what, "creator %d fault %d: %s", c, f, j.msg[1]);
+            ASSERT_ENUM_EQm(what, f ? PDP_ERR_OUT_OF_MEMORY : PDP_ERR_INVALID, j.st[1],
+                            pdp_status_name);
+            ASSERTm(what, strncmp(j.msg[1], creators[c], strlen(creators[c])) == 0);
+            ASSERTm(what, strstr(j.msg[1], f ? "rank 1: no memory" : c == 3 ? "micro_batches -1"
+                                                                   : "bucket_cap_mb -1") != NULL);
+            for (int r = 0; r < 2; r++) ASSERTm(what, j.elapsed[r] < ld.timeout_s / 4);
+        }
     PASS();
 }
 
@@ -1715,6 +1814,7 @@ SUITE(ddp)
     RUN_TEST(ddp_param_mismatch_fails_on_every_rank);
     RUN_TEST(ddp_absent_rank_times_out_naming_bucket_and_rank);
     RUN_TEST(ddp_rank_dying_mid_backward_fails_the_others_at_once);
+    RUN_TEST(collective_constructors_fail_on_every_rank_when_one_fails);
     RUN_TEST(ddp_wrapped_model_refuses_layout_changes);
     RUN_TEST(ddp_tied_weight_bucket_launches_once_after_the_embedding);
 }
