@@ -1,23 +1,19 @@
-/* train_gpt.c - train a small GPT on text, byte by byte, on one core or on several ranks.
+/* train_gpt.c - train a small GPT on text, byte by byte, under every data-parallel strategy.
 
-   nanoGPT's GPT (gpt.h) over the 256 byte values, trained as nanoGPT does (random windows of
-   T + 1 bytes, AdamW, warm-up then cosine decay, gradients clipped to norm 1) on Debian's
-   fortunes (apt-get install fortunes), -text FILE|DIR or pdp's synthetic text. One loop
-   (trainer.h) trains the same global batches under every -strategy (dp, ddp, zero1-3: on -np
-   workers or ranks); -tp N splits each block over N more ranks (by heads), -sp 1 adds
-   sequence parallelism, -recompute selective|full trades compute for activation memory. It
-   prints one block's activations beside Megatron-LM's formulas, the losses, each rank's
-   memory beside ZeRO's and TP's traffic beside its formula.
+   nanoGPT's GPT (gpt.h) on bytes, trained as nanoGPT does (AdamW, warm-up then cosine decay,
+   clipping) on Debian's fortunes (apt-get install fortunes), -text FILE|DIR or a synthetic
+   text; then it writes text. One loop (trainer.h) trains the same batches under every
+   -strategy; -tp N splits each block over N ranks (-sp 1: the sequence too), -recompute
+   trades compute for memory. Printed beside their formulas: a block's activations
+   (Megatron's), each rank's memory (ZeRO's) and the TP traffic.
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt.c -o train_gpt -lm -lpthread
            nvcc -O2 -arch=sm_90 -DPDP_CUDA -I. examples/train_gpt.c pdp_cuda.cu -o train_gpt_cuda \
                -lcublas -lnccl       (or make build/train_gpt; make cuda: build/cuda/train_gpt)
-   Run:    ./train_gpt     (PDP_SHORT=1 for a few steps; -prompt "Q: " -temperature 0.6 -top_k 10)
-           ./train_gpt -strategy zero3 -np 2 -recompute selective -precision bf16
-           ./train_gpt -strategy ddp -np 2 -tp 2 -sp 1 (4 thread ranks: 2 TP pairs)
+   Run:    ./train_gpt     (PDP_SHORT=1: a few steps; -prompt "Q: " -temperature 0.6 -top_k 10)
+           ./train_gpt -strategy zero3 -np 2 -tp 2 -sp 1 -recompute selective -precision bf16
            ./train_gpt_cuda -device cuda -strategy zero2 -np 2       (a thread per GPU)
-   Output (one Sapphire Rapids thread, fortunes installed; README.md, "A GPT", has it all):
-           "step  2000  loss 2.1028  val 2.1018  ...", "rank 0: parameters 1.91 MB (4Psi 1.91),
-           gradients 1.91 (4Psi 1.91), ...", then a sample, "The fartem nother lartraid tay ..."
+   Output: "step  2000  loss 2.1028  val 2.1018  ...", "rank 0: parameters 1.91 MB (4Psi 1.91),
+           ...", a sample "The fartem nother lartraid tay ..." (README.md, "A GPT", has it all)
    Next:   train_tp.c (each layer split across ranks instead of the batch or the state). */
 
 #define PDP_IMPLEMENTATION
@@ -53,7 +49,6 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_mesh *mesh = NULL;   /* -tp: DP x TP ranks, {0..tp-1}, {tp..2tp-1}, ... split a block */
     pdp_gpt_desc gd = g;
     pdp_tp_stats ts;
-    pdp_dp_stats dps;
     pdp_zero_memory mm;
     pdp_rng r;
     if (!x || !text) return PDP_ERR_OUT_OF_MEMORY;
@@ -101,17 +96,11 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         loss_sum = 0;
     }
 
-    if (strategy == PDP_STRATEGY_DP) { /* DP's workers are threads of this one rank */
-        PDP_TRY(pdp_dp_get_stats(pdp_trainer_dp(t), &dps));
-        printf("DP, %d workers: the master holds %.2f MB (parameters, gradients, AdamW's state, "
-               "its activations,\n  the gathered outputs), each other worker %.2f MB: DP saves "
-               "nothing and overloads worker 0\n", np, dps.master_bytes / 1e6,
-               dps.replica_bytes / 1e6);
-    } else { /* this rank's memory beside ZeRO's formulas (single's and DDP's: stage 0's) */
-        PDP_TRY(pdp_trainer_get_memory(t, &mm));
-        PDP_TRY(pdp_gpt_memory_report(m, &mm, b, text, size));
-        PDP_TRY(pdp_print_by_rank(ctx->world, "rank %d: %s", ctx->rank, text));
-    }
+    /* this rank's memory beside ZeRO's formulas (single's and DDP's: stage 0's); DP's workers
+       are threads of this one rank: its master's memory, and the other workers' */
+    PDP_TRY(pdp_trainer_memory_report(t, b, text, size));
+    PDP_TRY(pdp_print_by_rank(ctx->world, "rank %d: %s", ctx->rank, text));
+    PDP_TRY(pdp_trainer_get_memory(t, &mm)); /* the formulas for every stage, below */
     if (ctx->rank == 0 && tp > 1) { /* the last step's TP traffic beside its formula */
         PDP_TRY(pdp_gpt_tp_report(&gd, b, &ts, text, size, NULL));
         printf("%s", text);
