@@ -76,6 +76,7 @@
    examples/train_gpt.c is the whole loop (AdamW, validation loss, generation; one
    pdp_trainer for every -strategy, DISTRIBUTED), with the helpers a training script
    wants: pdp_gpt_param_count (the parameters a desc describes, before building),
+   pdp_gpt_desc_format (a desc, its parameters, TP, precision and recomputation as one line),
    pdp_gpt_evaluate (the mean loss over the same
    windows every call, no dropout, the model on any device and split by TP or ZeRO-3),
    pdp_gpt_activation_report (one block's activations from the layer table beside
@@ -2910,6 +2911,19 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc);
    count, which desc.tp splits over its ranks (pdp_model_param_count of a rank's model is its
    slices'). 0 for a NULL desc or a context, layers or dim below 1. */
 PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc);
+
+/* desc as one line a program prints above its run, into buf (NUL ended): the sizes, the
+   fields that differ from their defaults (vocab 256, sequence = context, dropout 0), the
+   whole model's parameters (pdp_gpt_param_count), desc->tp's size (and "+ SP" with
+   sequence parallelism), the precision (bf16 on the CPU with the path its products take,
+   pdp_bf16_best_path) and the recomputation:
+       GPT 4 layers, 4 heads, dim 96, context 64: 478272 parameters, fp32, recompute none
+       GPT 2 layers, 4 heads, dim 48, context 16, vocab 67, dropout 0.1: 60624 parameters,
+       TP 2 + SP, bf16 amx-bf16, recompute selective
+   PDP_ERR_INVALID naming the call for a NULL argument, a size pdp_gpt_create refuses
+   (layers, heads, dim or context below 1, a negative vocab or sequence, an unknown
+   recompute) or a buf too short. examples/train_gpt.c prints it. */
+PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size_t bytes);
 
 /* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room
    for n + n_new), each drawn from the model's next-token distribution at the last
@@ -29034,6 +29048,40 @@ PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc)
     V = desc->vocab ? desc->vocab : 256;
     C = desc->dim;
     return V * C + desc->context * C + desc->layers * (12 * C * C + 13 * C) + 2 * C;
+}
+
+PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size_t bytes)
+{
+    const char *fn = "pdp_gpt_desc_format";
+    static const char *modes[3] = {"none", "selective", "full"};
+    const pdp_gpt_desc *d = desc;
+    char vocab[32] = "", seq[32] = "", drop[32] = "", tp[32] = ""; /* what is not a default */
+    bool cpu_bf16;
+    int n;
+    if (!d || !buf) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (d->layers < 1 || d->heads < 1 || d->dim < 1 || d->context < 1 || d->vocab < 0 ||
+        d->sequence < 0 || (int)d->recompute < 0 || (int)d->recompute > 2)
+        return pdp__err(PDP_ERR_INVALID, "%s: layers %d, heads %d, dim %lld, context %lld, vocab "
+                        "%lld, sequence %lld or recompute %d out of range", fn, d->layers,
+                        d->heads, (long long)d->dim, (long long)d->context, (long long)d->vocab,
+                        (long long)d->sequence, (int)d->recompute);
+    if (d->vocab && d->vocab != 256)
+        snprintf(vocab, sizeof vocab, ", vocab %lld", (long long)d->vocab);
+    if (d->sequence && d->sequence != d->context)
+        snprintf(seq, sizeof seq, ", sequence %lld", (long long)d->sequence);
+    if (d->dropout > 0) snprintf(drop, sizeof drop, ", dropout %g", (double)d->dropout);
+    if (d->tp)
+        snprintf(tp, sizeof tp, ", TP %d%s", pdp_comm_size(d->tp),
+                 d->sequence_parallel ? " + SP" : "");
+    cpu_bf16 = d->precision == PDP_PRECISION_BF16 && d->device.kind == PDP_DEVICE_CPU;
+    n = snprintf(buf, bytes, "GPT %d layers, %d heads, dim %lld, context %lld%s%s%s: %lld "
+                 "parameters%s, %s%s%s, recompute %s", d->layers, d->heads, (long long)d->dim,
+                 (long long)d->context, vocab, seq, drop, (long long)pdp_gpt_param_count(d), tp,
+                 d->precision == PDP_PRECISION_BF16 ? "bf16" : "fp32", cpu_bf16 ? " " : "",
+                 cpu_bf16 ? pdp_bf16_path_name(pdp_bf16_best_path()) : "", modes[d->recompute]);
+    if (n < 0 || (size_t)n >= bytes)
+        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the line", fn, bytes);
+    return PDP_OK;
 }
 
 PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)

@@ -2,10 +2,9 @@
 
    nanoGPT's GPT (gpt.h) on bytes, trained as nanoGPT does (AdamW, warm-up then cosine decay,
    clipping) on Debian's fortunes (apt-get install fortunes), -text FILE|DIR or a synthetic
-   text; then it writes text. One loop (trainer.h) trains the same batches under every
-   -strategy; -tp N splits each block over N ranks (-sp 1: the sequence too), -recompute
-   trades compute for memory. Printed beside their formulas: a block's activations
-   (Megatron's), each rank's memory (ZeRO's) and the TP traffic.
+   text, then it writes text. One loop (trainer.h) for every -strategy; -tp N splits each block
+   over N ranks (-sp 1: the sequence too), -recompute trades compute for memory. Printed beside
+   their formulas: a block's activations (Megatron's), each rank's memory (ZeRO's), TP traffic.
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt.c -o train_gpt -lm -lpthread
            nvcc -O2 -arch=sm_90 -DPDP_CUDA -I. examples/train_gpt.c pdp_cuda.cu -o train_gpt_cuda \
                -lcublas -lnccl       (or make build/train_gpt; make cuda: build/cuda/train_gpt)
@@ -58,6 +57,10 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     int rank = pdp_comm_rank(dpc);    /* the data-parallel rank */
     gd.tp = pdp_mesh_group(mesh, TP); /* NULL without -tp */
     gd.device = ctx->device;          /* the CPU, or this rank's GPU */
+    PDP_TRY(pdp_gpt_desc_format(&gd, text, size)); /* its sizes, parameters, TP, precision */
+    if (ctx->rank == 0)
+        printf("%s; batch %lld, AdamW lr %g, %d thread(s), %s x %d%s\n", text, (long long)B, lr,
+               threads, pdp_strategy_name((pdp_strategy)strategy), np, cuda ? " on CUDA" : "");
     PDP_TRY(pdp_gpt_create(&m, &gd));
     PDP_TRY(pdp_tensor_create(&xt, ctx->device, 2, (int64_t[]){b, T}));
     PDP_TRY(pdp_tensor_wrap_ids((int32_t *)xt->data, ctx->device, 2, xt->shape, &ids));
@@ -75,7 +78,6 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     for (step = 0; step < steps; step++) { /* the same loop for every strategy */
         double t0 = pdp_seconds();
         float loss, val;
-        if (step == steps - 1) pdp_tp_reset_stats(m); /* the last step's TP traffic */
         PDP_TRY(pdp_optim_set_lr(pdp_trainer_optim(t),
                                  pdp_lr_warmup_cosine(step, steps / 20, steps, lr, lr / 10)));
         PDP_TRY(pdp_token_dataset_sample(ds, PDP_SPLIT_TRAIN, &r, B, x, y)); /* the global batch */
@@ -84,7 +86,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         PDP_TRY(pdp_trainer_clip_grad_norm(t, 1.0f, NULL)); /* once DDP, ZeRO have averaged */
         PDP_TRY(pdp_trainer_step(t)); /* AdamW (ZeRO: this rank's shard, then all-gathers) */
         t_train += pdp_seconds() - t0;
-        if (step == steps - 1) pdp_tp_get_stats(m, &ts);
+        if (step == 0) pdp_tp_get_stats(m, &ts); /* TP's traffic: every step's, before eval's */
         loss_sum += loss;
         if ((step + 1) % every && step + 1 < steps) continue; /* a line every tenth */
         /* the same validation windows every time; every rank: collective under ZeRO-3 */
@@ -101,14 +103,13 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     PDP_TRY(pdp_trainer_memory_report(t, b, text, size));
     PDP_TRY(pdp_print_by_rank(ctx->world, "rank %d: %s", ctx->rank, text));
     PDP_TRY(pdp_trainer_get_memory(t, &mm)); /* the formulas for every stage, below */
-    if (ctx->rank == 0 && tp > 1) { /* the last step's TP traffic beside its formula */
+    if (ctx->rank == 0 && tp > 1) { /* a step's TP traffic beside its formula */
         PDP_TRY(pdp_gpt_tp_report(&gd, b, &ts, text, size, NULL));
         printf("%s", text);
     }
     if (ctx->rank == 0 && n > 1 && pdp_zero_memory_format(&mm, text, size) > 0)
-        printf("%s(the losses above are rank 0's, over its slice of each global batch; the "
-               "validation losses are\n single's. Activations shrink with the slice, under DDP "
-               "and ZeRO alike, and with -recompute;\n ZeRO shards the rest)\n", text);
+        printf("%s(the losses above: rank 0's, on its slice of each batch; validation: single's;\n"
+               " activations shrink with the slice and -recompute, ZeRO shards the rest)\n", text);
     PDP_TRY(pdp_trainer_gather_params(t)); /* ZeRO-3: the full parameters back, */
     pdp_trainer_free(t);                   /* so m is a whole model again */
     pdp_rng_seed(&r, (uint64_t)seed, 1);
@@ -171,14 +172,7 @@ int main(int argc, char **argv)
     PDP_CHECK(pdp_token_dataset_load(&ds, path, &td));
     printf("seed %lld: %s, %lld bytes (the last %lld validate)\n", (long long)seed, ds->source,
            (long long)ds->count, (long long)(ds->count - ds->split_at));
-    printf("GPT %d layers, %d heads, dim %lld, context %lld: %lld parameters; batch %lld, AdamW "
-           "lr %g, %d thread(s), %s x %d%s, TP %d%s, recompute %s%s%s\n", g.layers, g.heads,
-           (long long)g.dim, (long long)g.context, (long long)pdp_gpt_param_count(&g),
-           (long long)B, lr, threads, pdp_strategy_name((pdp_strategy)strategy), np,
-           cuda ? " on CUDA" : "", tp, sp ? " + SP" : "",
-           (const char *[]){"none", "selective", "full"}[recompute], bf16 ? ", bf16 " : "",
-           bf16 ? pdp_bf16_path_name(pdp_bf16_best_path()) : "");
-    fflush(stdout);
+    fflush(stdout); /* before the ranks print, and before an error on stderr */
     pdp_launch_desc ld = {.backend = cuda ? PDP_BACKEND_NCCL : PDP_BACKEND_LOCAL};
     PDP_CHECK(pdp_launch(ranks * tp, &ld, train_rank, ds)); /* single and DP: one rank */
     pdp_token_dataset_free(ds);

@@ -8481,6 +8481,8 @@ PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d);
 
 /* PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc) */
 
+/* PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size_t bytes) */
+
 /* PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc) */
 
 /* ---- gpt: generation ---- */
