@@ -98,8 +98,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         loss_sum = 0;
     }
 
-    /* this rank's memory beside ZeRO's formulas (single's and DDP's: stage 0's); DP's workers
-       are threads of this one rank: its master's memory, and the other workers' */
+    /* this rank's memory beside ZeRO's formulas (DP's workers, threads of one rank: their own) */
     PDP_TRY(pdp_trainer_memory_report(t, b, text, size));
     PDP_TRY(pdp_print_by_rank(ctx->world, "rank %d: %s", ctx->rank, text));
     PDP_TRY(pdp_trainer_get_memory(t, &mm)); /* the formulas for every stage, below */

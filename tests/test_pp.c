@@ -1516,6 +1516,7 @@ typedef struct gpt_case {
     char report[GMAXR][512];   /* each rank's pdp_pp_report after the run */
     pdp_status early[GMAXR], short_buf[GMAXR]; /* pdp_pp_report before the first pass, and
                                                   after the run into 64 bytes */
+    pdp_recompute recompute;   /* the GPT's (pdp_gpt_desc.recompute) */
     bool rank_reports;         /* pdp_pp_rank_report's checks (below), each rank's: */
     char rank_report[GMAXR][1024];
     pdp_status rank_st[GMAXR][4]; /* before the first pass, another model's optimizer, 64
@@ -1587,6 +1588,7 @@ static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
     pd.balance = c->balance;
     d.tp = tp > 1 ? tc : NULL;
     d.sequence_parallel = c->sp;
+    d.recompute = c->recompute;
     if ((st = pdp_gpt_create(&full, &d)) != PDP_OK ||
         (st = pdp_pp_create(&pp, full, pc, &pd)) != PDP_OK)
         goto out;
@@ -2024,32 +2026,35 @@ TEST pp_report_is_the_stats_beside_the_formulas(void)
    ColumnParallelLinear layers and b the rows of a micro-batch (equal micro-batches), DP
    2 (d - 1) / d x 4 P; the measured bytes equal the formulas; then pdp_pp_report's lines,
    indented. On DP 2 x TP 2 x PP 2 (train_gpt_3d's mesh), TP 2 x PP 2 interleaved (v 2: the
-   chunks' TP counters summed) and DP 2 x PP 2 (no TP: 0 bytes, R = 0). Refused: before the
+   chunks' TP counters summed), DP 2 x PP 2 (no TP: 0 bytes, R = 0) and TP 2 x PP 2 with FULL
+   recomputation (each g again: 3 m R). Refused: before the
    first pass (PDP_ERR_STATE), the optimizer of another model and a short buffer
    (PDP_ERR_INVALID), a sequence-parallel stage (PDP_ERR_UNSUPPORTED), NULL. */
 TEST pp_rank_report_is_the_counters_beside_the_formulas(void)
 {
     static gpt_case c;
-    static const struct { int p, v, m, tp, dp; bool sp; } k[4] = {
-        {2, 1, 3, 2, 2, false}, {2, 2, 2, 2, 1, false}, {2, 1, 3, 1, 2, false},
-        {2, 1, 2, 2, 1, true}};
+    static const struct { int p, v, m, tp, dp; bool sp, full; } k[5] = {
+        {2, 1, 3, 2, 2, false, false}, {2, 2, 2, 2, 1, false, false},
+        {2, 1, 3, 1, 2, false, false}, {2, 1, 2, 2, 1, false, true}, {2, 1, 2, 2, 1, true, false}};
     pdp_gpt_desc gd = gpt_desc(4);
     char want[1024], msg[64];
     int i, r;
-    for (i = 0; i < 4; i++) {
-        int ranks = k[i].p * k[i].tp * k[i].dp;
+    for (i = 0; i < 5; i++) {
+        int ranks = k[i].p * k[i].tp * k[i].dp, regions = k[i].full ? 3 : 2;
         gpt_data(&c);
         c.layers = 4, c.steps = STEPS, c.m = k[i].m, c.tp = k[i].tp, c.dp = k[i].dp;
         c.chunks = k[i].v > 1 ? k[i].v : 0, c.sp = k[i].sp, c.rank_reports = true;
+        c.recompute = k[i].full ? PDP_RECOMPUTE_FULL : PDP_RECOMPUTE_NONE;
         c.schedule = k[i].v > 1 ? PDP_PP_INTERLEAVED_1F1B : PDP_PP_1F1B;
-        snprintf(msg, sizeof msg, "p %d v %d m %d TP %d DP %d%s", k[i].p, k[i].v, c.m, c.tp,
-                 c.dp, c.sp ? " SP" : "");
+        snprintf(msg, sizeof msg, "p %d v %d m %d TP %d DP %d%s%s", k[i].p, k[i].v, c.m, c.tp,
+                 c.dp, c.sp ? " SP" : "", k[i].full ? " FULL" : "");
         ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(ranks, NULL, gpt_rank, &c),
                         pdp_status_name);
         for (r = 0; r < ranks; r++) {
             double P = (double)c.params[r], t = c.tp, d = c.dp;
             int64_t b = GB / c.dp / c.m, tp_sent = c.tps[r].bytes_sent / STEPS;
-            double tp_formula = 2.0 * (t - 1) / t * 2 * c.m * c.regions[r] * b * GT * gd.dim * 4;
+            double tp_formula = 2.0 * (t - 1) / t * regions * c.m * c.regions[r] * b * GT *
+                                gd.dim * 4; /* FULL recomputation runs each g again */
             ASSERT_ENUM_EQm(msg, PDP_ERR_STATE, c.rank_st[r][0], pdp_status_name);
             ASSERT_ENUM_EQm(msg, PDP_ERR_INVALID, c.rank_st[r][1], pdp_status_name);
             if (c.sp) {
@@ -2062,9 +2067,9 @@ TEST pp_rank_report_is_the_counters_beside_the_formulas(void)
             ASSERT_IN_RANGEm(msg, tp_formula, (double)tp_sent, 0.5); /* measured = formula */
             ASSERT_IN_RANGEm(msg, 2.0 * (d - 1) / d * 4 * P, (double)(c.dp_sent[r] / STEPS), 0.5);
             snprintf(want, sizeof want, "  memory, MB: parameters %.2f  gradients %.2f  AdamW "
-                     "state %.2f\n  sent a step, bytes: TP %lld (2(t-1)/t x 2 m R b T C 4 = %.0f, "
+                     "state %.2f\n  sent a step, bytes: TP %lld (2(t-1)/t x %d m R b T C 4 = %.0f, "
                      "R = %d TP regions)\n    DP %lld (2(d-1)/d x 4 params = %.0f)\n  %s",
-                     4 * P / 1e6, 4 * P / 1e6, 8 * P / 1e6, (long long)tp_sent, tp_formula,
+                     4 * P / 1e6, 4 * P / 1e6, 8 * P / 1e6, (long long)tp_sent, regions, tp_formula,
                      c.regions[r], (long long)(c.dp_sent[r] / STEPS), 2.0 * (d - 1) / d * 4 * P,
                      c.report[r]);
             ASSERT_STR_EQm(msg, want, c.rank_report[r]);
