@@ -1,10 +1,9 @@
 /* train_gpt.c - train a small GPT on text, byte by byte, under every data-parallel strategy.
 
-   nanoGPT's GPT (gpt.h) on bytes, trained as nanoGPT does (AdamW, warm-up then cosine decay,
-   clipping) on Debian's fortunes (apt-get install fortunes), -text FILE|DIR or a synthetic
-   text, then it writes text. One loop (trainer.h) for every -strategy; -tp N splits each block
-   over N ranks (-sp 1: the sequence too), -recompute trades compute for memory. Printed beside
-   their formulas: a block's activations (Megatron's), each rank's memory (ZeRO's), TP traffic.
+   nanoGPT's GPT (gpt.h) on the bytes of Debian's fortunes (apt-get install fortunes), -text
+   FILE|DIR or a synthetic text, trained as nanoGPT does by one loop (trainer.h) under every
+   -strategy, with -tp N (-sp 1: the sequence too) and -recompute; it prints a block's
+   activations, each rank's memory and TP's traffic beside their formulas, then writes text.
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt.c -o train_gpt -lm -lpthread
            nvcc -O2 -arch=sm_90 -DPDP_CUDA -I. examples/train_gpt.c pdp_cuda.cu -o train_gpt_cuda \
                -lcublas -lnccl       (or make build/train_gpt; make cuda: build/cuda/train_gpt)
@@ -86,7 +85,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         PDP_TRY(pdp_trainer_clip_grad_norm(t, 1.0f, NULL)); /* once DDP, ZeRO have averaged */
         PDP_TRY(pdp_trainer_step(t)); /* AdamW (ZeRO: this rank's shard, then all-gathers) */
         t_train += pdp_seconds() - t0;
-        if (step == 0) pdp_tp_get_stats(m, &ts); /* TP's traffic: every step's, before eval's */
+        if (step == 0) pdp_tp_get_stats(m, &ts); /* TP: every step sends the same; no eval yet */
         loss_sum += loss;
         if ((step + 1) % every && step + 1 < steps) continue; /* a line every tenth */
         /* the same validation windows every time; every rank: collective under ZeRO-3 */

@@ -1642,7 +1642,7 @@ PDP_API pdp_status pdp_pp_rank_report(const pdp_pp *pp, const pdp_optim *o, char
     const pdp_model *m;
     pdp_tp_stats ts;
     pdp_comm_stats dc;
-    double P, t, d, tp_floats = 0; /* tp_floats: what f and g all-reduce, per sample */
+    double P, t, d, tp_formula, tp_floats = 0; /* what f and g all-reduce, a sample */
     int64_t steps, dp_sent = 0;
     int i, R = 0, g_runs, n;
     if (!pp || !o || !buf) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
@@ -1671,12 +1671,14 @@ PDP_API pdp_status pdp_pp_rank_report(const pdp_pp *pp, const pdp_optim *o, char
     }
     P = (double)m->param_count;
     t = m->tp.comm ? m->tp.size : 1, d = pp->dp ? pp->dp->size : 1;
+    tp_formula = 2.0 * (t - 1) / t * (double)pp->mb * (double)pp->mb_rows[0] * 4 * tp_floats;
     n = snprintf(buf, bytes, "  memory, MB: parameters %.2f  gradients %.2f  %s state %.2f\n  "
                  "sent a step, bytes: TP %lld (2(t-1)/t x %d m R b T C 4 = %.0f, R = %d TP "
-                 "regions)\n    DP %lld (2(d-1)/d x 4 params = %.0f)\n  ", 4 * P / 1e6, 4 * P / 1e6,
-                 pdp_optim_kind_name(o->desc.kind), 4.0 * o->nstate * (double)(o->hi - o->lo) / 1e6, (long long)(ts.bytes_sent / steps),
-                 1 + g_runs, 2.0 * (t - 1) / t * (double)pp->mb * (double)pp->mb_rows[0] * 4 *
-                 tp_floats, R, (long long)dp_sent, 2.0 * (d - 1) / d * 4 * P);
+                 "regions)\n    DP %lld (2(d-1)/d x 4 params = %.0f)\n  ", 4 * P / 1e6,
+                 4 * P / 1e6, pdp_optim_kind_name(o->desc.kind),
+                 4.0 * o->nstate * (double)(o->hi - o->lo) / 1e6, /* its state, allocated */
+                 (long long)(ts.bytes_sent / steps), 1 + g_runs, tp_formula, R,
+                 (long long)dp_sent, 2.0 * (d - 1) / d * 4 * P);
     if (n < 0 || (size_t)n >= bytes)
         return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
     return pdp_pp_report(pp, buf + n, bytes - (size_t)n) == PDP_OK ? PDP_OK :

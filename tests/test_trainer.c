@@ -403,7 +403,8 @@ TEST trainer_memory_report_names_each_strategy_s_memory(void)
             ASSERT_ENUM_EQm(msg, PDP_OK, j.st[r][3], pdp_status_name);
             ASSERT_STR_EQm(msg, j.want[r], j.text[r]);
             if (k[i].s == PDP_STRATEGY_DP) continue;
-            snprintf(want, sizeof want, "(4Psi%s %.2f)", n > 1 ? "/N" : "", 4.0 * j.count / n / 1e6);
+            snprintf(want, sizeof want, "(4Psi%s %.2f)", n > 1 ? "/N" : "",
+                     4.0 * (double)j.count / n / 1e6);
             ASSERTm(msg, strstr(j.text[r], want) != NULL);
             snprintf(want, sizeof want, "activations %.2f (%d sequences)", j.act / 1e6,
                      BATCH / k[i].ranks);
