@@ -66,12 +66,11 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     PDP_TRY(pdp_model_reserve(m, b)); /* activations for b sequences: steps allocate nothing */
     PDP_TRY(pdp_gpt_activation_report(m, &gd, b, text, size, NULL));
     if (ctx->rank == 0) printf("%s", text);
-    pdp_trainer_desc td = { /* DDP, ZeRO over the DP ranks; DP: np workers (-device cuda: GPUs) */
+    PDP_TRY(pdp_trainer_create(&t, m, &(pdp_trainer_desc){ /* DDP, ZeRO: over the DP ranks */
         .strategy = (pdp_strategy)strategy, .comm = strategy >= PDP_STRATEGY_DDP ? dpc : NULL,
         .optim = {.kind = PDP_OPTIM_ADAMW, .lr = lr, .beta1 = 0.9, .beta2 = 0.95,
-                  .weight_decay = 0.1},
-        .dp = {.num_workers = np}, .zero = {.bucket_cap_mb = 0.25, .first_bucket_mb = 0.25}};
-    PDP_TRY(pdp_trainer_create(&t, m, &td)); /* ZeRO's units: 0.25 MiB, whole layers */
+                  .weight_decay = 0.1}, /* DP: np workers (cuda: GPUs); ZeRO: units of 0.25 MiB */
+        .dp = {.num_workers = np}, .zero = {.bucket_cap_mb = 0.25, .first_bucket_mb = 0.25}}));
 
     pdp_rng_seed(&r, (uint64_t)seed, 0);
     for (step = 0; step < steps; step++) { /* the same loop for every strategy */
@@ -165,9 +164,8 @@ int main(int argc, char **argv)
     g.dropout = (float)dropout, g.seed = (uint64_t)seed, g.sequence_parallel = sp;
     g.precision = (pdp_precision)bf16, g.recompute = (pdp_recompute)recompute; /* in order */
     /* the text: fortunes by default, the synthetic text when they are not installed */
-    pdp_token_dataset_desc td = {.context = g.context, .seed = (uint64_t)seed,
-                                 .synthetic_fallback = !strcmp(path, PDP_FORTUNES_DIR)};
-    PDP_CHECK(pdp_token_dataset_load(&ds, path, &td));
+    PDP_CHECK(pdp_token_dataset_load(&ds, path, &(pdp_token_dataset_desc){.context = g.context,
+        .seed = (uint64_t)seed, .synthetic_fallback = !strcmp(path, PDP_FORTUNES_DIR)}));
     printf("seed %lld: %s, %lld bytes (the last %lld validate)\n", (long long)seed, ds->source,
            (long long)ds->count, (long long)(ds->count - ds->split_at));
     fflush(stdout); /* before the ranks print, and before an error on stderr */
