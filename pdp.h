@@ -76,6 +76,7 @@
    examples/train_gpt.c is the whole loop (AdamW, validation loss, generation; one
    pdp_trainer for every -strategy, DISTRIBUTED), with the helpers a training script
    wants: pdp_gpt_param_count (the parameters a desc describes, before building),
+   pdp_gpt_desc_format (a desc, its parameters, TP, precision and recomputation as one line),
    pdp_gpt_evaluate (the mean loss over the same
    windows every call, no dropout, the model on any device and split by TP or ZeRO-3),
    pdp_gpt_activation_report (one block's activations from the layer table beside
@@ -476,7 +477,9 @@
    the strategy's, a communicator given to single or DP or missing under DDP and ZeRO,
    and an unknown strategy are PDP_ERR_INVALID naming the field. pdp_trainer_get_memory
    gives every strategy's bytes as zero.h's report (ZeRO's measured, single's and DDP's
-   planned as stage 0, DP's master's); pdp_trainer_gather_params puts ZeRO-3's full
+   planned as stage 0, DP's master's) and pdp_trainer_memory_report as a person reads it
+   (beside ZeRO's formulas with the activations, or DP's master and workers measured);
+   pdp_trainer_gather_params puts ZeRO-3's full
    parameters back before pdp_trainer_free; pdp_trainer_optim (pdp_optim_set_lr),
    pdp_trainer_dp, _ddp and _zero reach the parts (stats, hooks, checkpoints, no_sync).
    examples/train_gpt.c trains with it.
@@ -609,8 +612,9 @@
    all-reduce forward and one backward a region and micro-batch); PP m (2 v - [s = 0] -
    [s = p - 1]) messages of b T C 4, and on the first and last stages the tied weight's
    gradient, V C 4; DP 2 (d - 1) / d x 4 bytes a parameter of its stage. The example prints
-   each rank's groups, memory and these bytes beside the formulas (equal on 2 x 2 x 2), its
-   bubble beside pdp's and Megatron's formulas, and its loss beside one device's (within
+   each rank's groups (pdp_mesh_format), then pdp_pp_rank_report: its memory, these bytes
+   measured beside the formulas (equal on 2 x 2 x 2) and pdp_pp_report's lines, its bubble
+   beside pdp's and Megatron's formulas; and rank 0 the loss beside one device's (within
    1e-5, on thread ranks and under mpirun -np 8: make mpi-test holds the MPI run's losses to
    the local run's), with every schedule (-schedule interleaved -tp 2 too).
 
@@ -2916,6 +2920,19 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc);
    slices'). 0 for a NULL desc or a context, layers or dim below 1. */
 PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc);
 
+/* desc as one line a program prints above its run, into buf (NUL ended): the sizes, the
+   fields that differ from their defaults (vocab 256, sequence = context, dropout 0), the
+   whole model's parameters (pdp_gpt_param_count), desc->tp's size (and "+ SP" with
+   sequence parallelism), the precision (bf16 on the CPU with the path its products take,
+   pdp_bf16_best_path) and the recomputation:
+       GPT 4 layers, 4 heads, dim 96, context 64: 478272 parameters, fp32, recompute none
+       GPT 2 layers, 4 heads, dim 48, context 16, vocab 67, dropout 0.1: 60624 parameters,
+       TP 2 + SP, bf16 amx-bf16, recompute selective
+   PDP_ERR_INVALID naming the call for a NULL argument, a size pdp_gpt_create refuses
+   (layers, heads, dim or context below 1, a negative vocab or sequence, an unknown
+   recompute) or a buf too short. examples/train_gpt.c prints it. */
+PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size_t bytes);
+
 /* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room
    for n + n_new), each drawn from the model's next-token distribution at the last
    position: logits / temperature, only the top_k largest kept (top_k 0: all), softmax,
@@ -3469,6 +3486,21 @@ PDP_API pdp_status pdp_trainer_step(pdp_trainer *t);
    (pdp_dp_get_stats(pdp_trainer_dp(t)) has the master's and the replicas' peaks, activations
    and gathered outputs included). PDP_ERR_INVALID for a NULL t or out. */
 PDP_API pdp_status pdp_trainer_get_memory(const pdp_trainer *t, pdp_zero_memory *out);
+/* This rank's memory in a step, as a person reads it, into buf (NUL ended): under single,
+   DDP and ZeRO pdp_trainer_get_memory's parameters, gradients and optimizer state beside
+   ZeRO's formulas, then the model's activations at batch sequences (this rank's: its slice
+   of the global batch), the buffers and the sum, as pdp_gpt_memory_report writes them (any
+   model, a GPT's or not); under DP, whose workers are threads of this rank, the master's
+   peak and the largest other worker's (pdp_dp_stats, measured: after a step; batch is
+   then unused), two lines:
+       DP, 2 workers: the master holds 24.20 MB (parameters, gradients, AdamW's state, its
+       activations,\n  the gathered outputs), each other worker 11.97 MB: DP saves nothing
+       and overloads worker 0
+   PDP_ERR_INVALID for a NULL argument, batch < 1 or when buf's bytes do not hold it;
+   PDP_ERR_STATE under DP before the first step. examples/train_gpt.c prints it for every
+   rank. */
+PDP_API pdp_status pdp_trainer_memory_report(const pdp_trainer *t, int64_t batch, char *buf,
+                                             size_t bytes);
 /* ZeRO-3: all-gathers the full parameters into the model's block (pdp_zero_gather_params(z,
    NULL): collective; valid until the next step), so that after pdp_trainer_free the model is
    whole; an evaluation forward needs none of this (ZeRO-3's forward gathers). Every other
@@ -3783,6 +3815,27 @@ PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes);
    (a GPT's); b is the first micro-batch's rows. examples/train_gpt_3d.c prints it for every
    rank beside its TP and DP traffic. */
 PDP_API pdp_status pdp_pp_report(const pdp_pp *pp, char *buf, size_t bytes);
+/* This rank's share of a DP x TP x PP step (a stage of a TP model, desc.dp for the copies)
+   beside the formulas, into buf (NUL ended): its memory (the stage's parameters and
+   gradients, 4 bytes a parameter, and o's state); the bytes it sent a step over each
+   dimension, measured (averaged over the passes: every pass sends the same) beside the
+   formulas, TP 2 (t - 1) / t x 2 m R b T C 4 (a ring all-reduce forward, g, and one
+   backward, f, of each of the stage's R TP regions, a micro-batch's b T C floats each; FULL
+   recomputation runs each g again: 3 m R), DP 2 (d - 1) / d x 4 bytes a parameter (the
+   gradients' average, counted from the end of pdp_pp_create, whose broadcasts it leaves
+   out); then pdp_pp_report's three lines, indented:
+         memory, MB: parameters 0.31  gradients 0.31  AdamW state 0.62
+         sent a step, bytes: TP 655360 (2(t-1)/t x 2 m R b T C 4 = 655360, R = 5 TP regions)
+           DP 309120 (2(d-1)/d x 4 params = 309120)
+         PP stage 0 of 2: layers 0..40, ...
+   t is the TP group's size (1 without one), d desc.dp's (1 without), b the first
+   micro-batch's rows, T C the floats f and g exchange a sample. o: the optimizer of
+   pdp_pp_model(pp). PDP_ERR_INVALID for a NULL argument, another model's optimizer or when
+   the lines do not fit; PDP_ERR_STATE before the first pass; PDP_ERR_UNSUPPORTED on a
+   sequence-parallel stage (its collectives are pdp_gpt_tp_report's, for the whole model).
+   Not collective. examples/train_gpt_3d.c prints it for every rank under its groups. */
+PDP_API pdp_status pdp_pp_rank_report(const pdp_pp *pp, const pdp_optim *o, char *buf,
+                                      size_t bytes);
 /* ---- end src/pp.h ---- */
 
 /* ---- begin src/cuda.h ---- */
@@ -29074,6 +29127,40 @@ PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc)
     return V * C + desc->context * C + desc->layers * (12 * C * C + 13 * C) + 2 * C;
 }
 
+PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size_t bytes)
+{
+    const char *fn = "pdp_gpt_desc_format";
+    static const char *modes[3] = {"none", "selective", "full"};
+    const pdp_gpt_desc *d = desc;
+    char vocab[32] = "", seq[32] = "", drop[32] = "", tp[32] = ""; /* what is not a default */
+    bool cpu_bf16;
+    int n;
+    if (!d || !buf) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (d->layers < 1 || d->heads < 1 || d->dim < 1 || d->context < 1 || d->vocab < 0 ||
+        d->sequence < 0 || (int)d->recompute < 0 || (int)d->recompute > 2)
+        return pdp__err(PDP_ERR_INVALID, "%s: layers %d, heads %d, dim %lld, context %lld, vocab "
+                        "%lld, sequence %lld or recompute %d out of range", fn, d->layers,
+                        d->heads, (long long)d->dim, (long long)d->context, (long long)d->vocab,
+                        (long long)d->sequence, (int)d->recompute);
+    if (d->vocab && d->vocab != 256)
+        snprintf(vocab, sizeof vocab, ", vocab %lld", (long long)d->vocab);
+    if (d->sequence && d->sequence != d->context)
+        snprintf(seq, sizeof seq, ", sequence %lld", (long long)d->sequence);
+    if (d->dropout > 0) snprintf(drop, sizeof drop, ", dropout %g", (double)d->dropout);
+    if (d->tp)
+        snprintf(tp, sizeof tp, ", TP %d%s", pdp_comm_size(d->tp),
+                 d->sequence_parallel ? " + SP" : "");
+    cpu_bf16 = d->precision == PDP_PRECISION_BF16 && d->device.kind == PDP_DEVICE_CPU;
+    n = snprintf(buf, bytes, "GPT %d layers, %d heads, dim %lld, context %lld%s%s%s: %lld "
+                 "parameters%s, %s%s%s, recompute %s", d->layers, d->heads, (long long)d->dim,
+                 (long long)d->context, vocab, seq, drop, (long long)pdp_gpt_param_count(d), tp,
+                 d->precision == PDP_PRECISION_BF16 ? "bf16" : "fp32", cpu_bf16 ? " " : "",
+                 cpu_bf16 ? pdp_bf16_path_name(pdp_bf16_best_path()) : "", modes[d->recompute]);
+    if (n < 0 || (size_t)n >= bytes)
+        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the line", fn, bytes);
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
 {
     const char *fn = "pdp_gpt_create";
@@ -31516,6 +31603,33 @@ PDP_API pdp_status pdp_trainer_get_memory(const pdp_trainer *t, pdp_zero_memory 
                                 out);
 }
 
+PDP_API pdp_status pdp_trainer_memory_report(const pdp_trainer *t, int64_t batch, char *buf,
+                                             size_t bytes)
+{
+    const char *fn = "pdp_trainer_memory_report";
+    pdp_dp_stats s;
+    pdp_zero_memory mm;
+    int len;
+    if (!t || !buf || batch < 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s", fn, !t ? "trainer is NULL" : !buf ?
+                        "buf is NULL" : "batch < 1");
+    if (!t->dp) { /* ZeRO's measured split, or a whole replica's planned (stage 0) */
+        PDP_TRY(pdp_trainer_get_memory(t, &mm));
+        if (pdp_gpt_memory_report(t->m, &mm, batch, buf, bytes) == PDP_OK) return PDP_OK;
+        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
+    }
+    PDP_TRY(pdp_dp_get_stats(t->dp, &s));
+    if (!s.steps) return pdp__err(PDP_ERR_STATE, "%s: DP's peaks are measured: no step yet", fn);
+    len = snprintf(buf, bytes, "DP, %d workers: the master holds %.2f MB (parameters, gradients, "
+                   "%s's state, its activations,\n  the gathered outputs), each other worker "
+                   "%.2f MB: DP saves nothing and overloads worker 0\n", s.num_workers,
+                   (double)s.master_bytes / 1e6, pdp_optim_kind_name(t->desc.optim.kind),
+                   (double)s.replica_bytes / 1e6);
+    if (len < 0 || (size_t)len >= bytes)
+        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_trainer_gather_params(pdp_trainer *t)
 {
     if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_trainer_gather_params: trainer is NULL");
@@ -31662,6 +31776,7 @@ struct pdp_pp {
     uint64_t steps;
     double t_compute;             /* when the current action's compute began (after its waits) */
     pdp_pp_stats stats;
+    pdp_comm_stats dp_created;    /* dp's counters once created: pdp_pp_rank_report's start */
     bool one_stream;              /* NCCL: a rank's batches run in order on one stream */
     bool traced;
     int trace_pid, trace_tid;
@@ -32338,6 +32453,7 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         pdp_pp_free(pp);
         return st;
     }
+    if (pp->dp) pdp_comm_get_stats(pp->dp, &pp->dp_created); /* after its broadcasts */
     *out = pp;
     return PDP_OK;
 oom:
@@ -33176,6 +33292,56 @@ PDP_API pdp_status pdp_pp_report(const pdp_pp *pp, char *buf, size_t bytes)
     if (n < 0 || (size_t)n >= bytes)
         return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
     return PDP_OK;
+}
+
+PDP_API pdp_status pdp_pp_rank_report(const pdp_pp *pp, const pdp_optim *o, char *buf,
+                                      size_t bytes)
+{
+    const char *fn = "pdp_pp_rank_report";
+    const pdp_model *m;
+    pdp_tp_stats ts;
+    pdp_comm_stats dc;
+    double P, t, d, tp_formula, tp_floats = 0; /* what f and g all-reduce, a sample */
+    int64_t steps, dp_sent = 0;
+    int i, R = 0, g_runs, n;
+    if (!pp || !o || !buf) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (!(steps = pp->stats.steps))
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d (stage %d): no pass yet", fn, pp->c->rank,
+                        pp->stage);
+    if (o->model != pp->m)
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d (stage %d): the optimizer is not of this "
+                        "stage's model (pdp_pp_model)", fn, pp->c->rank, pp->stage);
+    m = pp->m;
+    g_runs = m->recompute == PDP_RECOMPUTE_FULL ? 2 : 1; /* FULL runs each region's g again */
+    for (i = 0; i < m->nlayers; i++) {
+        const pdp__layer *l = &m->layers[i];
+        if (l->kind == PDP__SEQ_GATHER || l->kind == PDP__SEQ_REDUCE_SCATTER)
+            return pdp__err(PDP_ERR_UNSUPPORTED, "%s: rank %d (stage %d): a sequence-parallel "
+                            "stage (its TP bytes: pdp_gpt_tp_report's formula, whole model)", fn,
+                            pp->c->rank, pp->stage);
+        R += l->kind == PDP__TP_COPY; /* a region: f's backward all-reduces its input's */
+        if (l->kind == PDP__TP_COPY) tp_floats += (double)l->in_count;
+        if (l->kind == PDP__TP_REDUCE) tp_floats += g_runs * (double)l->out_count; /* g's */
+    }
+    pdp_tp_get_stats(m, &ts); /* every pass sends the same: the totals over the passes */
+    if (pp->dp) {
+        pdp_comm_get_stats(pp->dp, &dc);
+        dp_sent = (dc.bytes_sent - pp->dp_created.bytes_sent) / steps;
+    }
+    P = (double)m->param_count;
+    t = m->tp.comm ? m->tp.size : 1, d = pp->dp ? pp->dp->size : 1;
+    tp_formula = 2.0 * (t - 1) / t * (double)pp->mb * (double)pp->mb_rows[0] * 4 * tp_floats;
+    n = snprintf(buf, bytes, "  memory, MB: parameters %.2f  gradients %.2f  %s state %.2f\n  "
+                 "sent a step, bytes: TP %lld (2(t-1)/t x %d m R b T C 4 = %.0f, R = %d TP "
+                 "regions)\n    DP %lld (2(d-1)/d x 4 params = %.0f)\n  ", 4 * P / 1e6,
+                 4 * P / 1e6, pdp_optim_kind_name(o->desc.kind),
+                 4.0 * o->nstate * (double)(o->hi - o->lo) / 1e6, /* its state, allocated */
+                 (long long)(ts.bytes_sent / steps), 1 + g_runs, tp_formula, R,
+                 (long long)dp_sent, 2.0 * (d - 1) / d * 4 * P);
+    if (n < 0 || (size_t)n >= bytes)
+        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
+    return pdp_pp_report(pp, buf + n, bytes - (size_t)n) == PDP_OK ? PDP_OK :
+           pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
 }
 /* ---- end src/pp.c ---- */
 

@@ -1,23 +1,17 @@
-/* train_gpt.c - train a small GPT on text, byte by byte, on one core or on several ranks.
+/* train_gpt.c - train a small GPT on text, byte by byte, under every data-parallel strategy.
 
-   nanoGPT's GPT (gpt.h) over the 256 byte values, trained as nanoGPT does (random windows of
-   T + 1 bytes, AdamW, warm-up then cosine decay, gradients clipped to norm 1) on Debian's
-   fortunes (apt-get install fortunes), -text FILE|DIR or pdp's synthetic text. One loop
-   (trainer.h) trains the same global batches under every -strategy (dp, ddp, zero1-3: on -np
-   workers or ranks); -tp N splits each block over N more ranks (by heads), -sp 1 adds
-   sequence parallelism, -recompute selective|full trades compute for activation memory. It
-   prints one block's activations beside Megatron-LM's formulas, the losses, each rank's
-   memory beside ZeRO's and TP's traffic beside its formula.
+   nanoGPT's GPT (gpt.h) on the bytes of Debian's fortunes (apt-get install fortunes), -text
+   FILE|DIR or a synthetic text, trained as nanoGPT does by one loop (trainer.h) under every
+   -strategy, with -tp N (-sp 1: the sequence too) and -recompute; it prints a block's
+   activations, each rank's memory and TP's traffic beside their formulas, then writes text.
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt.c -o train_gpt -lm -lpthread
            nvcc -O2 -arch=sm_90 -DPDP_CUDA -I. examples/train_gpt.c pdp_cuda.cu -o train_gpt_cuda \
                -lcublas -lnccl       (or make build/train_gpt; make cuda: build/cuda/train_gpt)
-   Run:    ./train_gpt     (PDP_SHORT=1 for a few steps; -prompt "Q: " -temperature 0.6 -top_k 10)
-           ./train_gpt -strategy zero3 -np 2 -recompute selective -precision bf16
-           ./train_gpt -strategy ddp -np 2 -tp 2 -sp 1 (4 thread ranks: 2 TP pairs)
+   Run:    ./train_gpt     (PDP_SHORT=1: a few steps; -prompt "Q: " -temperature 0.6 -top_k 10)
+           ./train_gpt -strategy zero3 -np 2 -tp 2 -sp 1 -recompute selective -precision bf16
            ./train_gpt_cuda -device cuda -strategy zero2 -np 2       (a thread per GPU)
-   Output (one Sapphire Rapids thread, fortunes installed; README.md, "A GPT", has it all):
-           "step  2000  loss 2.1028  val 2.1018  ...", "rank 0: parameters 1.91 MB (4Psi 1.91),
-           gradients 1.91 (4Psi 1.91), ...", then a sample, "The fartem nother lartraid tay ..."
+   Output: "step  2000  loss 2.1028  val 2.1018  ...", "rank 0: parameters 1.91 MB (4Psi 1.91),
+           ...", a sample "The fartem nother lartraid tay ..." (README.md, "A GPT", has it all)
    Next:   train_tp.c (each layer split across ranks instead of the batch or the state). */
 
 #define PDP_IMPLEMENTATION
@@ -53,7 +47,6 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_mesh *mesh = NULL;   /* -tp: DP x TP ranks, {0..tp-1}, {tp..2tp-1}, ... split a block */
     pdp_gpt_desc gd = g;
     pdp_tp_stats ts;
-    pdp_dp_stats dps;
     pdp_zero_memory mm;
     pdp_rng r;
     if (!x || !text) return PDP_ERR_OUT_OF_MEMORY;
@@ -63,24 +56,26 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     int rank = pdp_comm_rank(dpc);    /* the data-parallel rank */
     gd.tp = pdp_mesh_group(mesh, TP); /* NULL without -tp */
     gd.device = ctx->device;          /* the CPU, or this rank's GPU */
+    PDP_TRY(pdp_gpt_desc_format(&gd, text, size)); /* its sizes, parameters, TP, precision */
+    if (ctx->rank == 0)
+        printf("%s; batch %lld, AdamW lr %g, %d thread(s), %s x %d%s\n", text, (long long)B, lr,
+               threads, pdp_strategy_name((pdp_strategy)strategy), np, cuda ? " on CUDA" : "");
     PDP_TRY(pdp_gpt_create(&m, &gd));
     PDP_TRY(pdp_tensor_create(&xt, ctx->device, 2, (int64_t[]){b, T}));
     PDP_TRY(pdp_tensor_wrap_ids((int32_t *)xt->data, ctx->device, 2, xt->shape, &ids));
     PDP_TRY(pdp_model_reserve(m, b)); /* activations for b sequences: steps allocate nothing */
     PDP_TRY(pdp_gpt_activation_report(m, &gd, b, text, size, NULL));
     if (ctx->rank == 0) printf("%s", text);
-    pdp_trainer_desc td = { /* DDP, ZeRO over the DP ranks; DP: np workers (-device cuda: GPUs) */
+    PDP_TRY(pdp_trainer_create(&t, m, &(pdp_trainer_desc){ /* DDP, ZeRO: over the DP ranks */
         .strategy = (pdp_strategy)strategy, .comm = strategy >= PDP_STRATEGY_DDP ? dpc : NULL,
         .optim = {.kind = PDP_OPTIM_ADAMW, .lr = lr, .beta1 = 0.9, .beta2 = 0.95,
-                  .weight_decay = 0.1},
-        .dp = {.num_workers = np}, .zero = {.bucket_cap_mb = 0.25, .first_bucket_mb = 0.25}};
-    PDP_TRY(pdp_trainer_create(&t, m, &td)); /* ZeRO's units: 0.25 MiB, whole layers */
+                  .weight_decay = 0.1}, /* DP: np workers (cuda: GPUs); ZeRO: units of 0.25 MiB */
+        .dp = {.num_workers = np}, .zero = {.bucket_cap_mb = 0.25, .first_bucket_mb = 0.25}}));
 
     pdp_rng_seed(&r, (uint64_t)seed, 0);
     for (step = 0; step < steps; step++) { /* the same loop for every strategy */
         double t0 = pdp_seconds();
         float loss, val;
-        if (step == steps - 1) pdp_tp_reset_stats(m); /* the last step's TP traffic */
         PDP_TRY(pdp_optim_set_lr(pdp_trainer_optim(t),
                                  pdp_lr_warmup_cosine(step, steps / 20, steps, lr, lr / 10)));
         PDP_TRY(pdp_token_dataset_sample(ds, PDP_SPLIT_TRAIN, &r, B, x, y)); /* the global batch */
@@ -89,7 +84,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         PDP_TRY(pdp_trainer_clip_grad_norm(t, 1.0f, NULL)); /* once DDP, ZeRO have averaged */
         PDP_TRY(pdp_trainer_step(t)); /* AdamW (ZeRO: this rank's shard, then all-gathers) */
         t_train += pdp_seconds() - t0;
-        if (step == steps - 1) pdp_tp_get_stats(m, &ts);
+        if (step == 0) pdp_tp_get_stats(m, &ts); /* TP: every step sends the same; no eval yet */
         loss_sum += loss;
         if ((step + 1) % every && step + 1 < steps) continue; /* a line every tenth */
         /* the same validation windows every time; every rank: collective under ZeRO-3 */
@@ -101,25 +96,17 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         loss_sum = 0;
     }
 
-    if (strategy == PDP_STRATEGY_DP) { /* DP's workers are threads of this one rank */
-        PDP_TRY(pdp_dp_get_stats(pdp_trainer_dp(t), &dps));
-        printf("DP, %d workers: the master holds %.2f MB (parameters, gradients, AdamW's state, "
-               "its activations,\n  the gathered outputs), each other worker %.2f MB: DP saves "
-               "nothing and overloads worker 0\n", np, dps.master_bytes / 1e6,
-               dps.replica_bytes / 1e6);
-    } else { /* this rank's memory beside ZeRO's formulas (single's and DDP's: stage 0's) */
-        PDP_TRY(pdp_trainer_get_memory(t, &mm));
-        PDP_TRY(pdp_gpt_memory_report(m, &mm, b, text, size));
-        PDP_TRY(pdp_print_by_rank(ctx->world, "rank %d: %s", ctx->rank, text));
-    }
-    if (ctx->rank == 0 && tp > 1) { /* the last step's TP traffic beside its formula */
+    /* this rank's memory beside ZeRO's formulas (DP's workers, threads of one rank: their own) */
+    PDP_TRY(pdp_trainer_memory_report(t, b, text, size));
+    PDP_TRY(pdp_print_by_rank(ctx->world, "rank %d: %s", ctx->rank, text));
+    PDP_TRY(pdp_trainer_get_memory(t, &mm)); /* the formulas for every stage, below */
+    if (ctx->rank == 0 && tp > 1) { /* a step's TP traffic beside its formula */
         PDP_TRY(pdp_gpt_tp_report(&gd, b, &ts, text, size, NULL));
         printf("%s", text);
     }
     if (ctx->rank == 0 && n > 1 && pdp_zero_memory_format(&mm, text, size) > 0)
-        printf("%s(the losses above are rank 0's, over its slice of each global batch; the "
-               "validation losses are\n single's. Activations shrink with the slice, under DDP "
-               "and ZeRO alike, and with -recompute;\n ZeRO shards the rest)\n", text);
+        printf("%s(the losses above: rank 0's, on its slice of each batch; validation: single's;\n"
+               " activations shrink with the slice and -recompute, ZeRO shards the rest)\n", text);
     PDP_TRY(pdp_trainer_gather_params(t)); /* ZeRO-3: the full parameters back, */
     pdp_trainer_free(t);                   /* so m is a whole model again */
     pdp_rng_seed(&r, (uint64_t)seed, 1);
@@ -177,19 +164,11 @@ int main(int argc, char **argv)
     g.dropout = (float)dropout, g.seed = (uint64_t)seed, g.sequence_parallel = sp;
     g.precision = (pdp_precision)bf16, g.recompute = (pdp_recompute)recompute; /* in order */
     /* the text: fortunes by default, the synthetic text when they are not installed */
-    pdp_token_dataset_desc td = {.context = g.context, .seed = (uint64_t)seed,
-                                 .synthetic_fallback = !strcmp(path, PDP_FORTUNES_DIR)};
-    PDP_CHECK(pdp_token_dataset_load(&ds, path, &td));
+    PDP_CHECK(pdp_token_dataset_load(&ds, path, &(pdp_token_dataset_desc){.context = g.context,
+        .seed = (uint64_t)seed, .synthetic_fallback = !strcmp(path, PDP_FORTUNES_DIR)}));
     printf("seed %lld: %s, %lld bytes (the last %lld validate)\n", (long long)seed, ds->source,
            (long long)ds->count, (long long)(ds->count - ds->split_at));
-    printf("GPT %d layers, %d heads, dim %lld, context %lld: %lld parameters; batch %lld, AdamW "
-           "lr %g, %d thread(s), %s x %d%s, TP %d%s, recompute %s%s%s\n", g.layers, g.heads,
-           (long long)g.dim, (long long)g.context, (long long)pdp_gpt_param_count(&g),
-           (long long)B, lr, threads, pdp_strategy_name((pdp_strategy)strategy), np,
-           cuda ? " on CUDA" : "", tp, sp ? " + SP" : "",
-           (const char *[]){"none", "selective", "full"}[recompute], bf16 ? ", bf16 " : "",
-           bf16 ? pdp_bf16_path_name(pdp_bf16_best_path()) : "");
-    fflush(stdout);
+    fflush(stdout); /* before the ranks print, and before an error on stderr */
     pdp_launch_desc ld = {.backend = cuda ? PDP_BACKEND_NCCL : PDP_BACKEND_LOCAL};
     PDP_CHECK(pdp_launch(ranks * tp, &ld, train_rank, ds)); /* single and DP: one rank */
     pdp_token_dataset_free(ds);

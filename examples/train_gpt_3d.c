@@ -1,22 +1,19 @@
 /* train_gpt_3d.c - 3-D parallelism: the GPT on DP x PP x TP ranks, and their process groups.
 
-   pdp_mesh_create lays the ranks out as a DP x PP x TP grid, rank = (d pp + s) tp + t (a TP
-   group's ranks are neighbours: the most traffic), with a communicator per dimension: over TP
-   each block's weights are split by heads (tp.h), over PP the blocks are cut into stages of
-   equal estimated FLOPs (pp.h), over DP each stage's gradients are averaged. Pipeline d trains
-   on its 1/dp of each global batch; AdamW, clipping to norm 1 over all three. Rank 0 first
-   trains the same GPT on one device: both losses each step (exit status 1 if they differ by
-   more than 1e-5); then each rank's groups, memory and bytes sent a step beside the formulas
-   (b T C 4: one micro-batch's activation), and its layers and bubble (pdp_pp_report).
+   pdp_mesh_create lays the ranks out as a grid, rank = (d pp + s) tp + t (a TP group, the
+   most traffic, on neighbours), a communicator per dimension: over TP each block is split by
+   heads (tp.h), over PP the blocks are cut into stages (pp.h), over DP each stage's gradients
+   are averaged. Rank 0 first trains the GPT on one device: both losses each step (exit status
+   1 if they differ by more than 1e-5); then each rank's groups, memory, bytes a step and
+   bubble beside the formulas.
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt_3d.c -o train_gpt_3d -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_gpt_3d.c -o gpt_3d_mpi -lm
    Run:    ./train_gpt_3d              (2 x 2 x 2: 8 thread ranks; PDP_SHORT=1: 3 steps)
            ./train_gpt_3d -schedule interleaved -chunks 2    (v model chunks a stage)
            mpirun -np 8 ./gpt_3d_mpi -backend mpi     (make mpi-test checks its losses)
    Output (PDP_SHORT=1): "step 3  loss 4.894898  one device 4.894899 ...", "equal to one device
-           within 1e-05", then per rank "rank 5 (DP 1, PP 0, TP 1): DP {1 5}  PP {5 7}  TP {4 5}",
-           its memory, "TP 655360 (2(t-1)/t x 2 m R b T C 4 = 655360, ...)", DP's, "PP stage 0
-           of 2: layers 0..40, ...", PP's bytes, "bubble 0.186 measured ...".
+           within 1e-05", then "rank 5 (DP 1, PP 0, TP 1): DP {1 5}  PP {5 7}  TP {4 5}", its
+           memory, "TP 655360 (2(t-1)/t x 2 m R b T C 4 = 655360, ...)", DP's, PP's, its bubble.
    Next:   pdp.h's manual, DISTRIBUTED, "Combinations" (the same groups and formulas). */
 
 #define PDP_IMPLEMENTATION
@@ -25,7 +22,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 static pdp_gpt_desc g = {.vocab = 256, .context = 32, .layers = 4, .heads = 4, .dim = 64};
@@ -67,18 +63,15 @@ static pdp_status one_device(int64_t B, int32_t *x, int32_t *y) /* the reference
 static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 {
     enum { DP, PP, TP }; /* the mesh's dimensions, outermost first */
-    int64_t B = (int64_t)dp * micro * 2, b = 2, act = b * g.context * g.dim * 4; /* b: windows */
+    int64_t B = (int64_t)dp * micro * 2, b = 2; /* b: windows a micro-batch */
     int32_t *x = malloc((size_t)(B * g.context) * 2 * sizeof *x), *y = x + B * g.context;
     pdp_mesh *mesh; /* the grid of ranks, and this rank's group along each dimension */
-    pdp_model *full, *m;
+    pdp_model *full;
     pdp_pp *p;
     pdp_optim *o;
     pdp_tensor xt;
-    pdp_tp_stats ts;
-    pdp_comm_stats dp0, dp1;
     double worst = 0;
-    int R = 0;
-    char groups[256], report[512];
+    char groups[256], report[1024];
     (void)user;
     if (!x) return PDP_ERR_OUT_OF_MEMORY;
     PDP_TRY(pdp_mesh_create(&mesh, ctx->world, 3, (int[]){dp, pp, tp}, /* fails unless the */
@@ -100,11 +93,9 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
                       .schedule = (pdp_pp_schedule)sched};
     PDP_TRY(pdp_pp_create(&p, full, pdp_mesh_group(mesh, PP), &pd)); /* keeps stage s's blocks */
     pdp_model_free(full);
-    m = pdp_pp_model(p);
-    PDP_TRY(pdp_optim_create(&o, m, &od));
+    PDP_TRY(pdp_optim_create(&o, pdp_pp_model(p), &od)); /* this stage's parameters */
     PDP_TRY(pdp_tensor_wrap_ids(x + d * (B / dp) * g.context, pdp_cpu(), 2,
                                 (int64_t[]){B / dp, g.context}, &xt));
-    pdp_comm_get_stats(pdp_mesh_group(mesh, DP), &dp0); /* after pdp_pp_create's broadcast */
     for (int i = 0; i < steps; i++) {
         float loss;
         PDP_TRY(batch(i, B, x, y)); /* pipeline d takes rows [d B/dp, (d+1) B/dp) */
@@ -124,20 +115,9 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         printf("%s to one device within 1e-05 (largest difference %.1e over %d steps)\n",
                bad ? "NOT EQUAL" : "equal", worst, steps);
     }
-    pdp_tp_get_stats(m, &ts); /* every step sends the same: the run's totals / steps */
-    pdp_comm_get_stats(pdp_mesh_group(mesh, DP), &dp1);
-    for (int i = 0; i < pdp_model_num_layers(m); i++) /* the TP regions: attentions, MLPs */
-        R += !strcmp(pdp_model_layer_name(m, i), "ColumnParallelLinear");
-    double P = (double)pdp_model_param_count(m);
     PDP_TRY(pdp_mesh_format(mesh, groups, sizeof groups)); /* its coordinates and groups */
-    PDP_TRY(pdp_pp_report(p, report, sizeof report)); /* layers, PP bytes, bubble */
-    PDP_TRY(pdp_print_by_rank(ctx->world, "%s\n  memory, MB: parameters %.2f  gradients %.2f  "
-            "AdamW state %.2f\n  sent a step, bytes: TP %lld (2(t-1)/t x 2 m R b T C 4 = %.0f, "
-            "R = %d TP regions)\n    DP %lld (2(d-1)/d x 4 params = %.0f)\n  %s", groups,
-            4 * P / 1e6, 4 * P / 1e6, 8 * P / 1e6, (long long)ts.bytes_sent / steps,
-            2.0 * (tp - 1) / tp * 2 * micro * R * act, R,
-            (long long)(dp1.bytes_sent - dp0.bytes_sent) / steps, 2.0 * (dp - 1) / dp * 4 * P,
-            report)); /* rank 0 prints every rank's, in order */
+    PDP_TRY(pdp_pp_rank_report(p, o, report, sizeof report)); /* memory, bytes, bubble */
+    PDP_TRY(pdp_print_by_rank(ctx->world, "%s\n%s", groups, report)); /* rank 0 prints all */
     if (ctx->rank == 0 && sysconf(_SC_NPROCESSORS_ONLN) < ctx->world_size)
         printf("(%d ranks on %ld cores: the bubbles also count waiting for a core)\n",
                ctx->world_size, sysconf(_SC_NPROCESSORS_ONLN));

@@ -155,6 +155,40 @@ PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc)
     return V * C + desc->context * C + desc->layers * (12 * C * C + 13 * C) + 2 * C;
 }
 
+PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size_t bytes)
+{
+    const char *fn = "pdp_gpt_desc_format";
+    static const char *modes[3] = {"none", "selective", "full"};
+    const pdp_gpt_desc *d = desc;
+    char vocab[32] = "", seq[32] = "", drop[32] = "", tp[32] = ""; /* what is not a default */
+    bool cpu_bf16;
+    int n;
+    if (!d || !buf) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (d->layers < 1 || d->heads < 1 || d->dim < 1 || d->context < 1 || d->vocab < 0 ||
+        d->sequence < 0 || (int)d->recompute < 0 || (int)d->recompute > 2)
+        return pdp__err(PDP_ERR_INVALID, "%s: layers %d, heads %d, dim %lld, context %lld, vocab "
+                        "%lld, sequence %lld or recompute %d out of range", fn, d->layers,
+                        d->heads, (long long)d->dim, (long long)d->context, (long long)d->vocab,
+                        (long long)d->sequence, (int)d->recompute);
+    if (d->vocab && d->vocab != 256)
+        snprintf(vocab, sizeof vocab, ", vocab %lld", (long long)d->vocab);
+    if (d->sequence && d->sequence != d->context)
+        snprintf(seq, sizeof seq, ", sequence %lld", (long long)d->sequence);
+    if (d->dropout > 0) snprintf(drop, sizeof drop, ", dropout %g", (double)d->dropout);
+    if (d->tp)
+        snprintf(tp, sizeof tp, ", TP %d%s", pdp_comm_size(d->tp),
+                 d->sequence_parallel ? " + SP" : "");
+    cpu_bf16 = d->precision == PDP_PRECISION_BF16 && d->device.kind == PDP_DEVICE_CPU;
+    n = snprintf(buf, bytes, "GPT %d layers, %d heads, dim %lld, context %lld%s%s%s: %lld "
+                 "parameters%s, %s%s%s, recompute %s", d->layers, d->heads, (long long)d->dim,
+                 (long long)d->context, vocab, seq, drop, (long long)pdp_gpt_param_count(d), tp,
+                 d->precision == PDP_PRECISION_BF16 ? "bf16" : "fp32", cpu_bf16 ? " " : "",
+                 cpu_bf16 ? pdp_bf16_path_name(pdp_bf16_best_path()) : "", modes[d->recompute]);
+    if (n < 0 || (size_t)n >= bytes)
+        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the line", fn, bytes);
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
 {
     const char *fn = "pdp_gpt_create";

@@ -109,6 +109,19 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc);
    slices'). 0 for a NULL desc or a context, layers or dim below 1. */
 PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc);
 
+/* desc as one line a program prints above its run, into buf (NUL ended): the sizes, the
+   fields that differ from their defaults (vocab 256, sequence = context, dropout 0), the
+   whole model's parameters (pdp_gpt_param_count), desc->tp's size (and "+ SP" with
+   sequence parallelism), the precision (bf16 on the CPU with the path its products take,
+   pdp_bf16_best_path) and the recomputation:
+       GPT 4 layers, 4 heads, dim 96, context 64: 478272 parameters, fp32, recompute none
+       GPT 2 layers, 4 heads, dim 48, context 16, vocab 67, dropout 0.1: 60624 parameters,
+       TP 2 + SP, bf16 amx-bf16, recompute selective
+   PDP_ERR_INVALID naming the call for a NULL argument, a size pdp_gpt_create refuses
+   (layers, heads, dim or context below 1, a negative vocab or sequence, an unknown
+   recompute) or a buf too short. examples/train_gpt.c prints it. */
+PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size_t bytes);
+
 /* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room
    for n + n_new), each drawn from the model's next-token distribution at the last
    position: logits / temperature, only the top_k largest kept (top_k 0: all), softmax,

@@ -130,6 +130,7 @@ struct pdp_pp {
     uint64_t steps;
     double t_compute;             /* when the current action's compute began (after its waits) */
     pdp_pp_stats stats;
+    pdp_comm_stats dp_created;    /* dp's counters once created: pdp_pp_rank_report's start */
     bool one_stream;              /* NCCL: a rank's batches run in order on one stream */
     bool traced;
     int trace_pid, trace_tid;
@@ -806,6 +807,7 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         pdp_pp_free(pp);
         return st;
     }
+    if (pp->dp) pdp_comm_get_stats(pp->dp, &pp->dp_created); /* after its broadcasts */
     *out = pp;
     return PDP_OK;
 oom:
@@ -1644,4 +1646,54 @@ PDP_API pdp_status pdp_pp_report(const pdp_pp *pp, char *buf, size_t bytes)
     if (n < 0 || (size_t)n >= bytes)
         return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
     return PDP_OK;
+}
+
+PDP_API pdp_status pdp_pp_rank_report(const pdp_pp *pp, const pdp_optim *o, char *buf,
+                                      size_t bytes)
+{
+    const char *fn = "pdp_pp_rank_report";
+    const pdp_model *m;
+    pdp_tp_stats ts;
+    pdp_comm_stats dc;
+    double P, t, d, tp_formula, tp_floats = 0; /* what f and g all-reduce, a sample */
+    int64_t steps, dp_sent = 0;
+    int i, R = 0, g_runs, n;
+    if (!pp || !o || !buf) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (!(steps = pp->stats.steps))
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d (stage %d): no pass yet", fn, pp->c->rank,
+                        pp->stage);
+    if (o->model != pp->m)
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d (stage %d): the optimizer is not of this "
+                        "stage's model (pdp_pp_model)", fn, pp->c->rank, pp->stage);
+    m = pp->m;
+    g_runs = m->recompute == PDP_RECOMPUTE_FULL ? 2 : 1; /* FULL runs each region's g again */
+    for (i = 0; i < m->nlayers; i++) {
+        const pdp__layer *l = &m->layers[i];
+        if (l->kind == PDP__SEQ_GATHER || l->kind == PDP__SEQ_REDUCE_SCATTER)
+            return pdp__err(PDP_ERR_UNSUPPORTED, "%s: rank %d (stage %d): a sequence-parallel "
+                            "stage (its TP bytes: pdp_gpt_tp_report's formula, whole model)", fn,
+                            pp->c->rank, pp->stage);
+        R += l->kind == PDP__TP_COPY; /* a region: f's backward all-reduces its input's */
+        if (l->kind == PDP__TP_COPY) tp_floats += (double)l->in_count;
+        if (l->kind == PDP__TP_REDUCE) tp_floats += g_runs * (double)l->out_count; /* g's */
+    }
+    pdp_tp_get_stats(m, &ts); /* every pass sends the same: the totals over the passes */
+    if (pp->dp) {
+        pdp_comm_get_stats(pp->dp, &dc);
+        dp_sent = (dc.bytes_sent - pp->dp_created.bytes_sent) / steps;
+    }
+    P = (double)m->param_count;
+    t = m->tp.comm ? m->tp.size : 1, d = pp->dp ? pp->dp->size : 1;
+    tp_formula = 2.0 * (t - 1) / t * (double)pp->mb * (double)pp->mb_rows[0] * 4 * tp_floats;
+    n = snprintf(buf, bytes, "  memory, MB: parameters %.2f  gradients %.2f  %s state %.2f\n  "
+                 "sent a step, bytes: TP %lld (2(t-1)/t x %d m R b T C 4 = %.0f, R = %d TP "
+                 "regions)\n    DP %lld (2(d-1)/d x 4 params = %.0f)\n  ", 4 * P / 1e6,
+                 4 * P / 1e6, pdp_optim_kind_name(o->desc.kind),
+                 4.0 * o->nstate * (double)(o->hi - o->lo) / 1e6, /* its state, allocated */
+                 (long long)(ts.bytes_sent / steps), 1 + g_runs, tp_formula, R,
+                 (long long)dp_sent, 2.0 * (d - 1) / d * 4 * P);
+    if (n < 0 || (size_t)n >= bytes)
+        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
+    return pdp_pp_report(pp, buf + n, bytes - (size_t)n) == PDP_OK ? PDP_OK :
+           pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
 }

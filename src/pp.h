@@ -296,3 +296,24 @@ PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes);
    (a GPT's); b is the first micro-batch's rows. examples/train_gpt_3d.c prints it for every
    rank beside its TP and DP traffic. */
 PDP_API pdp_status pdp_pp_report(const pdp_pp *pp, char *buf, size_t bytes);
+/* This rank's share of a DP x TP x PP step (a stage of a TP model, desc.dp for the copies)
+   beside the formulas, into buf (NUL ended): its memory (the stage's parameters and
+   gradients, 4 bytes a parameter, and o's state); the bytes it sent a step over each
+   dimension, measured (averaged over the passes: every pass sends the same) beside the
+   formulas, TP 2 (t - 1) / t x 2 m R b T C 4 (a ring all-reduce forward, g, and one
+   backward, f, of each of the stage's R TP regions, a micro-batch's b T C floats each; FULL
+   recomputation runs each g again: 3 m R), DP 2 (d - 1) / d x 4 bytes a parameter (the
+   gradients' average, counted from the end of pdp_pp_create, whose broadcasts it leaves
+   out); then pdp_pp_report's three lines, indented:
+         memory, MB: parameters 0.31  gradients 0.31  AdamW state 0.62
+         sent a step, bytes: TP 655360 (2(t-1)/t x 2 m R b T C 4 = 655360, R = 5 TP regions)
+           DP 309120 (2(d-1)/d x 4 params = 309120)
+         PP stage 0 of 2: layers 0..40, ...
+   t is the TP group's size (1 without one), d desc.dp's (1 without), b the first
+   micro-batch's rows, T C the floats f and g exchange a sample. o: the optimizer of
+   pdp_pp_model(pp). PDP_ERR_INVALID for a NULL argument, another model's optimizer or when
+   the lines do not fit; PDP_ERR_STATE before the first pass; PDP_ERR_UNSUPPORTED on a
+   sequence-parallel stage (its collectives are pdp_gpt_tp_report's, for the whole model).
+   Not collective. examples/train_gpt_3d.c prints it for every rank under its groups. */
+PDP_API pdp_status pdp_pp_rank_report(const pdp_pp *pp, const pdp_optim *o, char *buf,
+                                      size_t bytes);

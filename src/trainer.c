@@ -173,6 +173,33 @@ PDP_API pdp_status pdp_trainer_get_memory(const pdp_trainer *t, pdp_zero_memory 
                                 out);
 }
 
+PDP_API pdp_status pdp_trainer_memory_report(const pdp_trainer *t, int64_t batch, char *buf,
+                                             size_t bytes)
+{
+    const char *fn = "pdp_trainer_memory_report";
+    pdp_dp_stats s;
+    pdp_zero_memory mm;
+    int len;
+    if (!t || !buf || batch < 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s", fn, !t ? "trainer is NULL" : !buf ?
+                        "buf is NULL" : "batch < 1");
+    if (!t->dp) { /* ZeRO's measured split, or a whole replica's planned (stage 0) */
+        PDP_TRY(pdp_trainer_get_memory(t, &mm));
+        if (pdp_gpt_memory_report(t->m, &mm, batch, buf, bytes) == PDP_OK) return PDP_OK;
+        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
+    }
+    PDP_TRY(pdp_dp_get_stats(t->dp, &s));
+    if (!s.steps) return pdp__err(PDP_ERR_STATE, "%s: DP's peaks are measured: no step yet", fn);
+    len = snprintf(buf, bytes, "DP, %d workers: the master holds %.2f MB (parameters, gradients, "
+                   "%s's state, its activations,\n  the gathered outputs), each other worker "
+                   "%.2f MB: DP saves nothing and overloads worker 0\n", s.num_workers,
+                   (double)s.master_bytes / 1e6, pdp_optim_kind_name(t->desc.optim.kind),
+                   (double)s.replica_bytes / 1e6);
+    if (len < 0 || (size_t)len >= bytes)
+        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_trainer_gather_params(pdp_trainer *t)
 {
     if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_trainer_gather_params: trainer is NULL");

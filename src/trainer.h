@@ -105,6 +105,21 @@ PDP_API pdp_status pdp_trainer_step(pdp_trainer *t);
    (pdp_dp_get_stats(pdp_trainer_dp(t)) has the master's and the replicas' peaks, activations
    and gathered outputs included). PDP_ERR_INVALID for a NULL t or out. */
 PDP_API pdp_status pdp_trainer_get_memory(const pdp_trainer *t, pdp_zero_memory *out);
+/* This rank's memory in a step, as a person reads it, into buf (NUL ended): under single,
+   DDP and ZeRO pdp_trainer_get_memory's parameters, gradients and optimizer state beside
+   ZeRO's formulas, then the model's activations at batch sequences (this rank's: its slice
+   of the global batch), the buffers and the sum, as pdp_gpt_memory_report writes them (any
+   model, a GPT's or not); under DP, whose workers are threads of this rank, the master's
+   peak and the largest other worker's (pdp_dp_stats, measured: after a step; batch is
+   then unused), two lines:
+       DP, 2 workers: the master holds 24.20 MB (parameters, gradients, AdamW's state, its
+       activations,\n  the gathered outputs), each other worker 11.97 MB: DP saves nothing
+       and overloads worker 0
+   PDP_ERR_INVALID for a NULL argument, batch < 1 or when buf's bytes do not hold it;
+   PDP_ERR_STATE under DP before the first step. examples/train_gpt.c prints it for every
+   rank. */
+PDP_API pdp_status pdp_trainer_memory_report(const pdp_trainer *t, int64_t batch, char *buf,
+                                             size_t bytes);
 /* ZeRO-3: all-gathers the full parameters into the model's block (pdp_zero_gather_params(z,
    NULL): collective; valid until the next step), so that after pdp_trainer_free the model is
    whole; an evaluation forward needs none of this (ZeRO-3's forward gathers). Every other

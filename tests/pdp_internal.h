@@ -8517,6 +8517,8 @@ PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d);
 
 /* PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc) */
 
+/* PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size_t bytes) */
+
 /* PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc) */
 
 /* ---- gpt: generation ---- */
@@ -9051,6 +9053,8 @@ PDP__PRIVATE pdp_status pdp__trainer_desc_defaults(const pdp_trainer_desc *in,
 
 /* PDP_API pdp_status pdp_trainer_get_memory(const pdp_trainer *t, pdp_zero_memory *out) */
 
+/* PDP_API pdp_status pdp_trainer_memory_report(const pdp_trainer *t, int64_t batch, char *buf, size_t bytes) */
+
 /* PDP_API pdp_status pdp_trainer_gather_params(pdp_trainer *t) */
 
 /* PDP_API pdp_model *pdp_trainer_model(const pdp_trainer *t) */
@@ -9192,6 +9196,7 @@ struct pdp_pp {
     uint64_t steps;
     double t_compute;             /* when the current action's compute began (after its waits) */
     pdp_pp_stats stats;
+    pdp_comm_stats dp_created;    /* dp's counters once created: pdp_pp_rank_report's start */
     bool one_stream;              /* NCCL: a rank's batches run in order on one stream */
     bool traced;
     int trace_pid, trace_tid;
@@ -9411,6 +9416,8 @@ PDP__PRIVATE pdp_status pdp__pp_staging(const pdp_pp *pp, const pdp_optim *o, pd
 /* PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes) */
 
 /* PDP_API pdp_status pdp_pp_report(const pdp_pp *pp, char *buf, size_t bytes) */
+
+/* PDP_API pdp_status pdp_pp_rank_report(const pdp_pp *pp, const pdp_optim *o, char *buf, size_t bytes) */
 
 /* ---- src/launch.c ---- */
 /* launch: pdp_launch runs a function on every rank (launch.h), PDP_CHECK's failure path and

@@ -1505,8 +1505,59 @@ TEST gpt_memory_report_is_each_stages_formula_beside_the_bytes(void)
     PASS();
 }
 
+/* pdp_gpt_desc_format: a plain desc's line against one written here with the parameters of
+   the model pdp_gpt_create builds (pdp_model_param_count, not the formula), then a desc with
+   every optional field (vocab, sequence, dropout, TP 2 + SP on 2 thread ranks, bf16 on the
+   CPU with its path, selective recomputation): its count the whole model's, the plain
+   model's; refused: NULL, layers 0, an unknown recompute, a short buffer. */
+static pdp_status desc_format_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    pdp_gpt_desc d = tp_desc();
+    d.dropout = 0.1f, d.tp = ctx->world, d.sequence = TP_T / 2, d.sequence_parallel = true;
+    d.precision = PDP_PRECISION_BF16, d.recompute = PDP_RECOMPUTE_SELECTIVE;
+    return ctx->rank == 0 ? pdp_gpt_desc_format(&d, (char *)user, 512) : PDP_OK;
+}
+
+TEST gpt_desc_format_reads_the_desc(void)
+{
+    pdp_gpt_desc d = tp_desc();
+    pdp_model *m = NULL;
+    char got[512], want[512];
+    int64_t count;
+    d.dropout = 0.0f, d.vocab = 0; /* the defaults: left out of the line */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&m, &d), pdp_status_name);
+    count = pdp_model_param_count(m);
+    pdp_model_free(m);
+    snprintf(want, sizeof want, "GPT %d layers, 6 heads, dim %d, context %d: %lld parameters, "
+             "fp32, recompute none", TP_L, TP_C, TP_T, (long long)count);
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_gpt_desc_format(&d, got, sizeof got),
+                    pdp_status_name);
+    ASSERT_STR_EQ(want, got);
+    d = tp_desc(); /* vocab 13, dropout 0.1 */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&m, &d), pdp_status_name);
+    count = pdp_model_param_count(m);
+    pdp_model_free(m);
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(2, NULL, desc_format_rank, got),
+                    pdp_status_name);
+    snprintf(want, sizeof want, "GPT %d layers, 6 heads, dim %d, context %d, vocab 13, sequence "
+             "%d, dropout 0.1: %lld parameters, TP 2 + SP, bf16 %s, recompute selective", TP_L,
+             TP_C, TP_T, TP_T / 2, (long long)count, pdp_bf16_path_name(pdp_bf16_best_path()));
+    ASSERT_STR_EQ(want, got);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_desc_format(&d, got, 20), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_gpt_desc_format: 20 bytes"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_desc_format(NULL, got, sizeof got), pdp_status_name);
+    d.layers = 0;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_desc_format(&d, got, sizeof got), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_gpt_desc_format: layers 0"));
+    d.layers = 1, d.recompute = (pdp_recompute)3;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_desc_format(&d, got, sizeof got), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "recompute 3"));
+    PASS();
+}
+
 SUITE(gpt)
 {
+    RUN_TEST(gpt_desc_format_reads_the_desc);
     RUN_TEST(gpt_recomputation_under_ddp_and_zero_equals_one_device);
     RUN_TEST(gpt_dp_x_tp_under_ddp_and_zero1_equals_one_device);
     RUN_TEST(gpt_3d_dp_tp_pp_equals_one_device);

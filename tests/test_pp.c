@@ -24,7 +24,9 @@
    local/MPI's and NCCL's rules, every schedule over p = 2..8, v = 1..4, m = p..4p
    (deadlock-free; without Megatron's pairs the interleaved lists are not on NCCL, and the
    rule without its 2 (p - s - 1) is not anywhere);
-   checkpoints resumed at another stage count; its errors and its stats line. */
+   checkpoints resumed at another stage count; its errors and its stats line. The reports:
+   pdp_pp_report's figures and pdp_pp_rank_report's bytes over TP and DP (DP x TP x PP)
+   against the test's own counters and the formulas computed here. */
 
 #define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
 #include "counting_alloc.h"
@@ -1514,6 +1516,14 @@ typedef struct gpt_case {
     char report[GMAXR][512];   /* each rank's pdp_pp_report after the run */
     pdp_status early[GMAXR], short_buf[GMAXR]; /* pdp_pp_report before the first pass, and
                                                   after the run into 64 bytes */
+    pdp_recompute recompute;   /* the GPT's (pdp_gpt_desc.recompute) */
+    bool rank_reports;         /* pdp_pp_rank_report's checks (below), each rank's: */
+    char rank_report[GMAXR][1024];
+    pdp_status rank_st[GMAXR][4]; /* before the first pass, another model's optimizer, 64
+                                     bytes, then the report after the run */
+    int64_t params[GMAXR];     /* the stage's parameters (pdp_model_param_count) */
+    int regions[GMAXR];        /* its ColumnParallelLinear layers: a TP region each */
+    int64_t dp_sent[GMAXR];    /* the bytes its DP group sent from after pdp_pp_create */
 } gpt_case;
 
 /* steps AdamW steps of the GPT with clipping at 0.5 (unless no_clip) on one device (the
@@ -1556,10 +1566,12 @@ static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_pp_desc pd;
     pdp_optim *o = NULL;
     pdp_optim_desc od = adamw();
+    pdp_optim *other = NULL;
     pdp_tensor x;
+    pdp_comm_stats dp0, dp1;
     int64_t rows = GB / dp, shape[2] = {GB / dp, GT};
     float loss, norm = 0.0f;
-    int s;
+    int s, i;
     pdp_status st = PDP_OK;
     if (tp > 1 || dp > 1) {
         pc = NULL;
@@ -1576,6 +1588,7 @@ static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
     pd.balance = c->balance;
     d.tp = tp > 1 ? tc : NULL;
     d.sequence_parallel = c->sp;
+    d.recompute = c->recompute;
     if ((st = pdp_gpt_create(&full, &d)) != PDP_OK ||
         (st = pdp_pp_create(&pp, full, pc, &pd)) != PDP_OK)
         goto out;
@@ -1584,6 +1597,12 @@ static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
     if (c->load && (st = pdp_pp_checkpoint_load(pp, o, c->load)) != PDP_OK) goto out;
     pdp_tensor_wrap_ids(c->ids + dd * rows * GT, pdp_cpu(), 2, shape, &x);
     c->early[ctx->rank] = pdp_pp_report(pp, c->report[ctx->rank], sizeof c->report[0]);
+    if (c->rank_reports) {
+        char *buf = c->rank_report[ctx->rank];
+        if (dc) pdp_comm_get_stats(dc, &dp0); /* after pdp_pp_create's broadcasts */
+        c->rank_st[ctx->rank][0] = pdp_pp_rank_report(pp, o, buf, sizeof c->rank_report[0]);
+        if ((st = pdp_optim_create(&other, full, &od)) != PDP_OK) goto out;
+    }
     for (s = 0; s < c->steps; s++) {
         if ((st = pdp_pp_forward_backward(pp, &x, c->tg + dd * rows * GT, &loss)) != PDP_OK ||
             (!c->no_clip && (st = pdp_pp_clip_grad_norm(pp, 0.5f, &norm)) != PDP_OK) ||
@@ -1596,6 +1615,19 @@ static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_tp_get_stats(m, &c->tps[ctx->rank]);
     c->short_buf[ctx->rank] = pdp_pp_report(pp, c->report[ctx->rank], 64);
     if ((st = pdp_pp_report(pp, c->report[ctx->rank], sizeof c->report[0])) != PDP_OK) goto out;
+    if (c->rank_reports) {
+        char *buf = c->rank_report[ctx->rank];
+        c->params[ctx->rank] = pdp_model_param_count(m);
+        for (i = c->regions[ctx->rank] = 0; i < pdp_model_num_layers(m); i++)
+            c->regions[ctx->rank] += !strcmp(pdp_model_layer_name(m, i), "ColumnParallelLinear");
+        if (dc) {
+            pdp_comm_get_stats(dc, &dp1);
+            c->dp_sent[ctx->rank] = dp1.bytes_sent - dp0.bytes_sent;
+        }
+        c->rank_st[ctx->rank][1] = pdp_pp_rank_report(pp, other, buf, sizeof c->rank_report[0]);
+        c->rank_st[ctx->rank][2] = pdp_pp_rank_report(pp, o, buf, 64);
+        c->rank_st[ctx->rank][3] = pdp_pp_rank_report(pp, o, buf, sizeof c->rank_report[0]);
+    }
     memcpy(c->first[ctx->rank], pdp_pp_get_desc(pp).first_layer,
            (size_t)(p * PDP__MAX(c->chunks, 1) + 1) * sizeof **c->first);
     if (c->save && (st = pdp_pp_checkpoint_save(pp, o, c->save)) != PDP_OK) goto out;
@@ -1603,6 +1635,7 @@ static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
     if (c->ref) st = fixture_worst_by_name(m, c->ref, &c->worst[ctx->rank]); /* the head's
                                                                                copy of wte too */
 out:
+    pdp_optim_free(other);
     pdp_optim_free(o);
     pdp_pp_free(pp);
     pdp_model_free(full);
@@ -1986,6 +2019,68 @@ TEST pp_report_is_the_stats_beside_the_formulas(void)
     PASS();
 }
 
+/* pdp_pp_rank_report: a rank's memory and the bytes it sent a step over TP and DP, measured
+   by the test itself (pdp_tp_get_stats of the stage model over the run, and the DP group's
+   counters from after pdp_pp_create to after the run, over the steps), beside the formulas
+   computed here from the GPT's sizes: TP 2 (t - 1) / t x 2 m R b T C 4 with R the stage's
+   ColumnParallelLinear layers and b the rows of a micro-batch (equal micro-batches), DP
+   2 (d - 1) / d x 4 P; the measured bytes equal the formulas; then pdp_pp_report's lines,
+   indented. On DP 2 x TP 2 x PP 2 (train_gpt_3d's mesh), TP 2 x PP 2 interleaved (v 2: the
+   chunks' TP counters summed), DP 2 x PP 2 (no TP: 0 bytes, R = 0) and TP 2 x PP 2 with FULL
+   recomputation (each g again: 3 m R). Refused: before the
+   first pass (PDP_ERR_STATE), the optimizer of another model and a short buffer
+   (PDP_ERR_INVALID), a sequence-parallel stage (PDP_ERR_UNSUPPORTED), NULL. */
+TEST pp_rank_report_is_the_counters_beside_the_formulas(void)
+{
+    static gpt_case c;
+    static const struct { int p, v, m, tp, dp; bool sp, full; } k[5] = {
+        {2, 1, 3, 2, 2, false, false}, {2, 2, 2, 2, 1, false, false},
+        {2, 1, 3, 1, 2, false, false}, {2, 1, 2, 2, 1, false, true}, {2, 1, 2, 2, 1, true, false}};
+    pdp_gpt_desc gd = gpt_desc(4);
+    char want[1024], msg[64];
+    int i, r;
+    for (i = 0; i < 5; i++) {
+        int ranks = k[i].p * k[i].tp * k[i].dp, regions = k[i].full ? 3 : 2;
+        gpt_data(&c);
+        c.layers = 4, c.steps = STEPS, c.m = k[i].m, c.tp = k[i].tp, c.dp = k[i].dp;
+        c.chunks = k[i].v > 1 ? k[i].v : 0, c.sp = k[i].sp, c.rank_reports = true;
+        c.recompute = k[i].full ? PDP_RECOMPUTE_FULL : PDP_RECOMPUTE_NONE;
+        c.schedule = k[i].v > 1 ? PDP_PP_INTERLEAVED_1F1B : PDP_PP_1F1B;
+        snprintf(msg, sizeof msg, "p %d v %d m %d TP %d DP %d%s%s", k[i].p, k[i].v, c.m, c.tp,
+                 c.dp, c.sp ? " SP" : "", k[i].full ? " FULL" : "");
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(ranks, NULL, gpt_rank, &c),
+                        pdp_status_name);
+        for (r = 0; r < ranks; r++) {
+            double P = (double)c.params[r], t = c.tp, d = c.dp;
+            int64_t b = GB / c.dp / c.m, tp_sent = c.tps[r].bytes_sent / STEPS;
+            double tp_formula = 2.0 * (t - 1) / t * regions * c.m * c.regions[r] * b * GT *
+                                gd.dim * 4; /* FULL recomputation runs each g again */
+            ASSERT_ENUM_EQm(msg, PDP_ERR_STATE, c.rank_st[r][0], pdp_status_name);
+            ASSERT_ENUM_EQm(msg, PDP_ERR_INVALID, c.rank_st[r][1], pdp_status_name);
+            if (c.sp) {
+                ASSERT_ENUM_EQm(msg, PDP_ERR_UNSUPPORTED, c.rank_st[r][3], pdp_status_name);
+                continue;
+            }
+            ASSERT_ENUM_EQm(msg, PDP_ERR_INVALID, c.rank_st[r][2], pdp_status_name);
+            ASSERT_ENUM_EQm(msg, PDP_OK, c.rank_st[r][3], pdp_status_name);
+            ASSERTm(msg, c.tp == 1 || c.regions[r] > 0);
+            ASSERT_IN_RANGEm(msg, tp_formula, (double)tp_sent, 0.5); /* measured = formula */
+            ASSERT_IN_RANGEm(msg, 2.0 * (d - 1) / d * 4 * P, (double)(c.dp_sent[r] / STEPS), 0.5);
+            snprintf(want, sizeof want, "  memory, MB: parameters %.2f  gradients %.2f  AdamW "
+                     "state %.2f\n  sent a step, bytes: TP %lld (2(t-1)/t x %d m R b T C 4 = %.0f, "
+                     "R = %d TP regions)\n    DP %lld (2(d-1)/d x 4 params = %.0f)\n  %s",
+                     4 * P / 1e6, 4 * P / 1e6, 8 * P / 1e6, (long long)tp_sent, regions, tp_formula,
+                     c.regions[r], (long long)(c.dp_sent[r] / STEPS), 2.0 * (d - 1) / d * 4 * P,
+                     c.report[r]);
+            ASSERT_STR_EQm(msg, want, c.rank_report[r]);
+        }
+    }
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_pp_rank_report(NULL, NULL, want, sizeof want),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_pp_rank_report"));
+    PASS();
+}
+
 TEST pp_interleaved_stats_format(void)
 {
     pdp_pp_stats st;
@@ -2034,6 +2129,7 @@ SUITE(pp)
     RUN_TEST(pp_interleaved_errors);
     RUN_TEST(pp_interleaved_stats_format);
     RUN_TEST(pp_report_is_the_stats_beside_the_formulas);
+    RUN_TEST(pp_rank_report_is_the_counters_beside_the_formulas);
 }
 
 GREATEST_MAIN_DEFS();

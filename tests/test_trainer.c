@@ -14,6 +14,8 @@
    optimizer's refusal, each PDP_ERR_INVALID with a message naming pdp_trainer_create and
    the field; the model is free again after a refused create; strategy names round-trip and
    an unknown one is refused; pdp_trainer_get_desc fills the defaults in.
+   pdp_trainer_memory_report: DP's line from pdp_dp_get_stats, the others' from
+   pdp_trainer_get_memory with Psi and the activations counted here; its refusals.
 
    cc -std=c99 -O2 -Itests -I. tests/test_trainer.c -lm -lpthread (or make) */
 #define _POSIX_C_SOURCE 200809L
@@ -318,8 +320,106 @@ TEST trainer_create_fails_on_every_rank_when_one_fails(void)
     PASS();
 }
 
+/* pdp_trainer_memory_report after a step, under single, DP (2 workers), DDP and ZeRO-3 (2
+   ranks): DP's two lines are pdp_dp_get_stats' master and worker peaks (the master holding
+   more), the others pdp_gpt_memory_report of pdp_trainer_get_memory's split, whose
+   parameters read 4 Psi (4 Psi / N at ZeRO-3) with Psi counted here, and whose activations
+   are the model's at this rank's batch. Refused: DP before its first step (PDP_ERR_STATE),
+   batch 0, 16 bytes of buffer, a NULL trainer (PDP_ERR_INVALID naming the call). */
+typedef struct mem_job {
+    pdp_strategy strategy;
+    int workers;
+    int64_t count, act;                     /* rank 0's parameters and activations */
+    pdp_status st[MAXR][4];                 /* before the step, batch 0, 16 bytes, the report */
+    char text[MAXR][1024], want[MAXR][1024];
+} mem_job;
+
+static pdp_status memory_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    mem_job *j = (mem_job *)user;
+    int r = ctx->rank, i;
+    int64_t b = BATCH / ctx->world_size, shape[2];
+    int32_t ids[BATCH * T], tg[BATCH * T];
+    pdp_model *m = small_gpt();
+    pdp_trainer *t = NULL;
+    pdp_trainer_desc td;
+    pdp_zero_memory mm;
+    pdp_dp_stats ds;
+    pdp_tensor x;
+    float loss;
+    pdp_status st;
+    if (!m) return PDP_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < BATCH * T; i++) ids[i] = (i * 5 + 1) % V, tg[i] = (i * 3 + 2) % V;
+    shape[0] = b, shape[1] = T;
+    pdp_tensor_wrap_ids(ids + r * b * T, pdp_cpu(), 2, shape, &x);
+    memset(&td, 0, sizeof td);
+    td.strategy = j->strategy, td.optim = adamw(), td.dp.num_workers = j->workers;
+    td.comm = j->strategy >= PDP_STRATEGY_DDP ? ctx->world : NULL;
+    if (r == 0) j->count = pdp_model_param_count(m);
+    if (r == 0) j->act = pdp_model_activation_bytes(m, 0, pdp_model_num_layers(m), b);
+    if ((st = pdp_trainer_create(&t, m, &td)) != PDP_OK) goto done;
+    j->st[r][0] = pdp_trainer_memory_report(t, b, j->text[r], sizeof j->text[r]);
+    if ((st = pdp_trainer_forward_backward(t, &x, tg + r * b * T, &loss)) != PDP_OK ||
+        (st = pdp_trainer_step(t)) != PDP_OK)
+        goto done;
+    j->st[r][1] = pdp_trainer_memory_report(t, 0, j->text[r], sizeof j->text[r]);
+    j->st[r][2] = pdp_trainer_memory_report(t, b, j->text[r], 16);
+    j->st[r][3] = pdp_trainer_memory_report(t, b, j->text[r], sizeof j->text[r]);
+    if (j->strategy == PDP_STRATEGY_DP) {
+        if ((st = pdp_dp_get_stats(pdp_trainer_dp(t), &ds)) != PDP_OK) goto done;
+        snprintf(j->want[r], sizeof j->want[r], "DP, %d workers: the master holds %.2f MB "
+                 "(parameters, gradients, AdamW's state, its activations,\n  the gathered "
+                 "outputs), each other worker %.2f MB: DP saves nothing and overloads worker 0\n",
+                 j->workers, (double)ds.master_bytes / 1e6, (double)ds.replica_bytes / 1e6);
+        if (ds.master_bytes <= ds.replica_bytes || !ds.replica_bytes) st = PDP_ERR_STATE;
+    } else if ((st = pdp_trainer_get_memory(t, &mm)) == PDP_OK)
+        st = pdp_gpt_memory_report(m, &mm, b, j->want[r], sizeof j->want[r]);
+done:
+    pdp_trainer_free(t);
+    pdp_model_free(m);
+    return st;
+}
+
+TEST trainer_memory_report_names_each_strategy_s_memory(void)
+{
+    static mem_job j;
+    static const struct { pdp_strategy s; int ranks, workers; } k[4] = {
+        {PDP_STRATEGY_SINGLE, 1, 0}, {PDP_STRATEGY_DP, 1, 2}, {PDP_STRATEGY_DDP, 2, 0},
+        {PDP_STRATEGY_ZERO3, 2, 0}};
+    char want[128];
+    int i, r;
+    for (i = 0; i < 4; i++) {
+        const char *msg = pdp_strategy_name(k[i].s);
+        memset(&j, 0, sizeof j);
+        j.strategy = k[i].s, j.workers = k[i].workers;
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(k[i].ranks, NULL, memory_rank, &j),
+                        pdp_status_name);
+        for (r = 0; r < k[i].ranks; r++) {
+            double n = k[i].s == PDP_STRATEGY_ZERO3 ? 2 : 1;
+            ASSERT_ENUM_EQm(msg, k[i].s == PDP_STRATEGY_DP ? PDP_ERR_STATE : PDP_OK, j.st[r][0],
+                            pdp_status_name);
+            ASSERT_ENUM_EQm(msg, PDP_ERR_INVALID, j.st[r][1], pdp_status_name);
+            ASSERT_ENUM_EQm(msg, PDP_ERR_INVALID, j.st[r][2], pdp_status_name);
+            ASSERT_ENUM_EQm(msg, PDP_OK, j.st[r][3], pdp_status_name);
+            ASSERT_STR_EQm(msg, j.want[r], j.text[r]);
+            if (k[i].s == PDP_STRATEGY_DP) continue;
+            snprintf(want, sizeof want, "(4Psi%s %.2f)", n > 1 ? "/N" : "",
+                     4.0 * (double)j.count / n / 1e6);
+            ASSERTm(msg, strstr(j.text[r], want) != NULL);
+            snprintf(want, sizeof want, "activations %.2f (%d sequences)", j.act / 1e6,
+                     BATCH / k[i].ranks);
+            ASSERTm(msg, strstr(j.text[r], want) != NULL);
+        }
+    }
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_trainer_memory_report(NULL, 1, want, sizeof want),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_trainer_memory_report: trainer is NULL"));
+    PASS();
+}
+
 SUITE(trainer)
 {
+    RUN_TEST(trainer_memory_report_names_each_strategy_s_memory);
     RUN_TEST(trainer_every_strategy_equals_one_device);
     RUN_TEST(trainer_refuses_bad_descs_naming_the_field);
     RUN_TEST(trainer_create_fails_on_every_rank_when_one_fails);
