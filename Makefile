@@ -83,9 +83,9 @@ $(B):
 #   split sizes), at $(TEST_OPT). test_harness has no pdp.h.
 # `make test TEST_OPT="$(OPT)"` builds the linked tests as the library ships.
 TEST_OPT      ?= -Og -march=native
-KERNEL_TESTS   = $(addprefix $(B)/test_,gemm gpt_kernels)
-OWN_OPT_TESTS  = $(addprefix $(B)/test_,gemm_nosimd bf16)
-OWN_TESTS      = $(OWN_OPT_TESTS) $(addprefix $(B)/test_,layers harness)
+KERNEL_TESTS   = $(addprefix $(B)/test_,gemm gpt_kernels bf16)
+OWN_OPT_TESTS  = $(B)/test_gemm_nosimd
+OWN_TESTS      = $(OWN_OPT_TESTS) $(B)/test_harness
 LINKED_TESTS   = $(filter-out $(KERNEL_TESTS) $(OWN_TESTS),$(TESTS))
 IMPL_LINKED    = -DPDP__IMPLEMENTATION_INCLUDED -DPDP_TEST_SHARED_IMPL
 TEST_LINKED    = $(IMPL_LINKED) -DPDP__INTERNAL_API

@@ -2,6 +2,10 @@
 
 #include "internal.h"
 
+#ifdef PDP__TEST_LINKAGE
+PDP__PRIVATE pdp__test_knob_set pdp__test_knobs = {0}; /* internal.h: PDP__TEST_KNOB */
+#endif
+
 #ifndef PDP__TLS_KEY
 static PDP__THREAD_LOCAL char pdp__errbuf[1024];
 #else
