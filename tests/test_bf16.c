@@ -44,7 +44,7 @@
      C 15 -> O 32: the dW share transposed; C 8 -> O 8, k 3, pad 0: dW as rows, dy
      apart from the padded dy; C 1 -> O 16: the dW dot products), on the best path and
      forced onto the emulated one (layers_conv.c's PDP__CONV_BF16_PATH, through
-     internal.h's test knob): y, dW, db and dX (the model's input gradient) against
+     base.c's test knob): y, dW, db and dX (the model's input gradient) against
      double sums of the bf16-rounded inputs within (terms + 2) 2^-24 sum |products|
      (+ chunks), and the same bits at 1 and 2 threads.
    - The model switch: a bf16 Linear model's forward and backward equal the same
@@ -65,7 +65,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 /* the Conv2d implicit path's bf16 products: the path AUTO takes for the forward product, or
-   the one a test forces through internal.h's test knob (pdp__test_knobs.conv_bf16_path; 0: not
+   the one a test forces through base.c's test knob (pdp__test_knobs.conv_bf16_path; 0: not
    forced), which exists under the tests' linkage: compiled alone, this test asks for it too */
 #ifndef PDP__TEST_LINKAGE
 #  define PDP__TEST_LINKAGE

@@ -12,7 +12,7 @@
    round identically in both evaluations, so the float noise stays near 1e-4. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
-/* The test knobs (internal.h's PDP__TEST_KNOB; main sets them) exist under the tests'
+/* The test knobs (base.c's PDP__TEST_KNOB; main sets them) exist under the tests'
    linkage: compiled alone, this test asks for it too. */
 #ifndef PDP__TEST_LINKAGE
 #  define PDP__TEST_LINKAGE
