@@ -145,7 +145,8 @@ typedef struct pdp__bf16_cpu {
 #define PDP__BF16_AMD 2
 
 static pdp__once pdp__bf16_once = PDP__ONCE_INIT;
-PDP__PRIVATE pdp__bf16_cpu pdp__bf16_this = {0}; /* written once under pdp__bf16_once */
+/* written once under pdp__bf16_once (each member named: C++ warns of a missing one) */
+PDP__PRIVATE pdp__bf16_cpu pdp__bf16_this = {0, 0, 0, 0, 0, 0, 0};
 
 PDP__PRIVATE void pdp__bf16_detect(void)
 {

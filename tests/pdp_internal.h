@@ -2770,7 +2770,8 @@ typedef struct pdp__bf16_cpu {
 #define PDP__BF16_INTEL 1
 #define PDP__BF16_AMD 2
 
-extern pdp__bf16_cpu pdp__bf16_this; /* written once under pdp__bf16_once */
+/* written once under pdp__bf16_once (each member named: C++ warns of a missing one) */
+extern pdp__bf16_cpu pdp__bf16_this;
 
 PDP__PRIVATE void pdp__bf16_detect(void);
 
