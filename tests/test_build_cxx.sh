@@ -13,8 +13,8 @@
 QUIET="-Wall -Wextra -Werror -I."
 have() { command -v "$1" > /dev/null; }
 
-# ---- the implementation as C++ (the longest check first: its compile takes 8 s of CPU, the
-# README's training 5 s) ----
+# ---- the implementation as C++ (the longest check first: its compile takes 9.5 s of CPU, the
+# README's training 0.7 s on 6432 samples, 6.7 s on the 60000 of one epoch) ----
 # One object at -O2 (the README's flags, -std=c++11 -pedantic, and no -march, as users on
 # other machines build), linked by the README's C++ quick start, which trains, and by
 # tu_bf16_paths.c: every bf16 path this CPU has against the naive loop. gcc 12's
