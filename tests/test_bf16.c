@@ -1258,6 +1258,15 @@ static void conv_result_free(conv_result *r)
     memset(r, 0, sizeof *r);
 }
 
+/* x rounded to bf16 (pdp_bf16_round), as doubles: a reference's operands */
+static double *bf16_rounded(const float *x, int64_t n)
+{
+    double *r = (double *)malloc(sizeof(double) * (size_t)n);
+    int64_t i;
+    for (i = 0; i < n; i++) r[i] = pdp_bf16_round(x[i]);
+    return r;
+}
+
 static float *copy_of(const float *x, int64_t n)
 {
     float *c = (float *)malloc(sizeof(float) * (size_t)n);
@@ -1310,11 +1319,13 @@ static enum greatest_test_res check_conv_gemms(int64_t C, int64_t O, int64_t K, 
     pdp_model_zero_grad(m);
     ASSERT_EQ(PDP_OK, fixture_backward_with_dx(m, dy, dx)); /* the first layer's dX too */
     pdp_set_num_threads(1);
-#define W_(o, c, ki, kj)                                                                       \
-    ((double)pdp_bf16_round(w.value.data[(((o) * C + (c)) * K + (ki)) * K + (kj)]))
-#define X_(n, c, ih, iw) ((double)pdp_bf16_round(xd[(((n) * C + (c)) * H + (ih)) * H + (iw)]))
-#define DY_(n, o, oh, ow) ((double)pdp_bf16_round(dy[(((n) * O + (o)) * Ho + (oh)) * Ho + (ow)]))
+#define W_(o, c, ki, kj) wr[(((o) * C + (c)) * K + (ki)) * K + (kj)]
+#define X_(n, c, ih, iw) xr[(((n) * C + (c)) * H + (ih)) * H + (iw)]
+#define DY_(n, o, oh, ow) dyr[(((n) * O + (o)) * Ho + (oh)) * Ho + (ow)]
     if (threads == 1) { /* more threads: held to 1 thread's bits by the caller */
+        /* the bf16-rounded operands, each value rounded once (not once per product) */
+        double *wr = bf16_rounded(w.value.data, O * C * K * K);
+        double *xr = bf16_rounded(xd, N * C * H * H), *dyr = bf16_rounded(dy, y->count);
         for (n = 0; n < N; n++)
             for (o = 0; o < O; o++)
                 for (oh = 0; oh < Ho; oh++)
@@ -1377,6 +1388,9 @@ static enum greatest_test_res check_conv_gemms(int64_t C, int64_t O, int64_t K, 
                         ASSERT_IN_RANGE(ref, dx[((n * C + c) * H + ih) * H + iw],
                                         (O * K * K + 2) * ldexp(mag, -24));
                     }
+        free(wr);
+        free(xr);
+        free(dyr);
     }
 #undef W_
 #undef X_
