@@ -24,6 +24,7 @@ Usage:
 The output is byte-identical on every run: no timestamps, no absolute paths.
 Python standard library only.
 """
+import functools
 import os
 import re
 import sys
@@ -137,10 +138,20 @@ NAME_RE = re.compile(r"\b(pdp__?[A-Za-z0-9_]*)\b")
 TAG_RE = re.compile(r"(?:struct|union|enum)\s+$")
 
 
+SPECIAL_RE = re.compile(r"/\*|//|[\"']")
+
+
+@functools.lru_cache(maxsize=None)  # scan, file_scope_statements, declarations: the same texts
 def blank_comments(text):
     out = []
     i, n = 0, len(text)
     while i < n:
+        m = SPECIAL_RE.search(text, i)  # copy up to the next comment or literal in one piece
+        if not m:
+            out.append(text[i:])
+            break
+        out.append(text[i:m.start()])
+        i = m.start()
         c = text[i]
         if text.startswith("/*", i):
             j = text.find("*/", i + 2)

@@ -1,6 +1,24 @@
-/* base: status names, the thread-local error message, aligned allocation. */
+/* base: the tests' knobs, status names, the thread-local error message, aligned allocation. */
 
 #include "internal.h"
+
+/* Test knobs: sizes pdp's tests make small, so that their small shapes take the paths big
+   ones take (test_layers: Conv2d chunks, element-wise splits, row-sum chunks), and the
+   Conv2d bf16 path test_bf16 forces. PDP__TEST_KNOB(name, value) is the constant value in
+   every user's build; in the tests' implementation object (PDP__TEST_LINKAGE, the Makefile)
+   it is pdp__test_knobs.name when the test has set it (its main thread, between calls into
+   the library), value while it is 0. Each use sits where a call sets up its work, outside
+   the loops. */
+#ifdef PDP__TEST_LINKAGE
+typedef struct pdp__test_knob_set {
+    int64_t conv_chunk_floats, conv_implicit_chunk, elemwise_par_min, sum_chunk_floats;
+    int64_t conv_bf16_path; /* a pdp_bf16_path */
+} pdp__test_knob_set;
+PDP__PRIVATE pdp__test_knob_set pdp__test_knobs = {0};
+#  define PDP__TEST_KNOB(name, value) (pdp__test_knobs.name ? pdp__test_knobs.name : (value))
+#else
+#  define PDP__TEST_KNOB(name, value) (value)
+#endif
 
 #ifndef PDP__TLS_KEY
 static PDP__THREAD_LOCAL char pdp__errbuf[1024];

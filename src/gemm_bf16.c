@@ -145,7 +145,8 @@ typedef struct pdp__bf16_cpu {
 #define PDP__BF16_AMD 2
 
 static pdp__once pdp__bf16_once = PDP__ONCE_INIT;
-static pdp__bf16_cpu pdp__bf16_this; /* written once under pdp__bf16_once */
+/* written once under pdp__bf16_once (each member named: C++ warns of a missing one) */
+PDP__PRIVATE pdp__bf16_cpu pdp__bf16_this = {0, 0, 0, 0, 0, 0, 0};
 
 PDP__PRIVATE void pdp__bf16_detect(void)
 {
@@ -258,7 +259,7 @@ typedef struct pdp__bf16_row {
 } pdp__bf16_row;
 
 #define PDP__BF16_SPR_ROW(model) {PDP__BF16_INTEL, 6, model, model, 1, 1, "AAS AAS AAS AAS"}
-static const pdp__bf16_row pdp__bf16_table[] = {
+PDP__PRIVATE const pdp__bf16_row pdp__bf16_table[] = {
     /* AMD Zen 4 (family 0x19 with AVX512-BF16; Zen 3, also 0x19, lacks it: the default).
        Measured in an earlier session, by step, not by class: on an AVX512-BF16 EPYC
        core the bf16 MLP and CNN steps were faster than fp32's (CHANGELOG.md, "Speed
@@ -277,6 +278,7 @@ static const pdp__bf16_row pdp__bf16_table[] = {
     PDP__BF16_SPR_ROW(0xa7),
     PDP__BF16_SPR_ROW(0xcf),
 };
+PDP__PRIVATE const size_t pdp__bf16_rows = sizeof pdp__bf16_table / sizeof pdp__bf16_table[0];
 
 PDP__PRIVATE pdp_bf16_path pdp__bf16_cell(const char *cells, int cls)
 {
@@ -295,7 +297,7 @@ PDP__PRIVATE pdp_bf16_path pdp__bf16_cell(const char *cells, int cls)
 PDP__PRIVATE const pdp__bf16_row *pdp__bf16_row_of(const pdp__bf16_cpu *cpu)
 {
     size_t i;
-    for (i = 0; i < sizeof pdp__bf16_table / sizeof pdp__bf16_table[0]; i++) {
+    for (i = 0; i < pdp__bf16_rows; i++) {
         const pdp__bf16_row *r = &pdp__bf16_table[i];
         if (r->vendor == cpu->vendor && r->family == cpu->family &&
             (r->model_lo < 0 || (cpu->model >= r->model_lo && cpu->model <= r->model_hi)))

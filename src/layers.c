@@ -483,7 +483,7 @@ PDP__PRIVATE pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes 
    spin, a threshold of 16384 gained 1-3% on that step, inside the host's noise, so
    the threshold stayed.) */
 #ifndef PDP__ELEMWISE_PAR_MIN
-#  define PDP__ELEMWISE_PAR_MIN 262144
+#  define PDP__ELEMWISE_PAR_MIN PDP__TEST_KNOB(elemwise_par_min, 262144)
 #endif
 
 /* Sums over a batch's rows (a LayerNorm's dw and db, a Linear's db) by chunks of rows. Each
@@ -505,7 +505,7 @@ PDP__PRIVATE pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes 
 #  define PDP__SUM_CHUNKS 64
 #endif
 #ifndef PDP__SUM_CHUNK_FLOATS
-#  define PDP__SUM_CHUNK_FLOATS 16384
+#  define PDP__SUM_CHUNK_FLOATS PDP__TEST_KNOB(sum_chunk_floats, 16384)
 #endif
 
 /* The chunks of rows x n floats. */

@@ -213,20 +213,22 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
    not on the thread count. */
 
 #ifndef PDP__CONV_CHUNK_FLOATS
-#  define PDP__CONV_CHUNK_FLOATS 65536
+#  define PDP__CONV_CHUNK_FLOATS PDP__TEST_KNOB(conv_chunk_floats, 65536)
 #endif
 /* Samples per chunk on the implicit path: wide GEMMs and few dW shares, and still
    8 chunks for each of two threads at batch 128. */
 #ifndef PDP__CONV_IMPLICIT_CHUNK
-#  define PDP__CONV_IMPLICIT_CHUNK 8
+#  define PDP__CONV_IMPLICIT_CHUNK PDP__TEST_KNOB(conv_implicit_chunk, 8)
 #endif
 
 /* Implicit path in bf16: the pdp_bf16_path of the products, the one AUTO takes for the
-   forward product's shape (test_bf16 defines it to run the emulated path on a CPU with
+   forward product's shape (test_bf16 sets its knob to run the emulated path on a CPU with
    a faster one). */
 #ifndef PDP__CONV_BF16_PATH
 #  define PDP__CONV_BF16_PATH()                                                               \
-      pdp_bf16_path_for(PDP_NO_TRANS, PDP_NO_TRANS, job->g.O, job->g.Ho * job->g.Wo, job->g.ckk)
+      ((pdp_bf16_path)PDP__TEST_KNOB(conv_bf16_path,                                           \
+                                     pdp_bf16_path_for(PDP_NO_TRANS, PDP_NO_TRANS, job->g.O,   \
+                                                       job->g.Ho * job->g.Wo, job->g.ckk)))
 #endif
 
 /* Implicit path: products of at least this depth (C k k forward, O k k for dx)

@@ -7,6 +7,9 @@
    -DPDP__IMPLEMENTATION_INCLUDED, so their own `#define PDP_IMPLEMENTATION` adds nothing. */
 #define _POSIX_C_SOURCE 200809L
 #define PDP__TEST_LINKAGE
+/* the AMX driver on emulated tiles as well (gemm_amx.c), for test_bf16; a build whose CPU has
+   AMX then tests each tile operation's `e` (NULL: the instruction) */
+#define PDP__AMX_EMULATE 1
 #include "counting_alloc.h"
 #define PDP_IMPLEMENTATION
 #include "pdp.h"

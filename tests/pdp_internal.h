@@ -1480,9 +1480,27 @@ PDP__PRIVATE bool pdp__amx_permit(void);
 #endif
 
 /* ---- src/base.c ---- */
-/* base: status names, the thread-local error message, aligned allocation. */
+/* base: the tests' knobs, status names, the thread-local error message, aligned allocation. */
 
 /* #include "internal.h" (above) */
+
+/* Test knobs: sizes pdp's tests make small, so that their small shapes take the paths big
+   ones take (test_layers: Conv2d chunks, element-wise splits, row-sum chunks), and the
+   Conv2d bf16 path test_bf16 forces. PDP__TEST_KNOB(name, value) is the constant value in
+   every user's build; in the tests' implementation object (PDP__TEST_LINKAGE, the Makefile)
+   it is pdp__test_knobs.name when the test has set it (its main thread, between calls into
+   the library), value while it is 0. Each use sits where a call sets up its work, outside
+   the loops. */
+#ifdef PDP__TEST_LINKAGE
+typedef struct pdp__test_knob_set {
+    int64_t conv_chunk_floats, conv_implicit_chunk, elemwise_par_min, sum_chunk_floats;
+    int64_t conv_bf16_path; /* a pdp_bf16_path */
+} pdp__test_knob_set;
+extern pdp__test_knob_set pdp__test_knobs;
+#  define PDP__TEST_KNOB(name, value) (pdp__test_knobs.name ? pdp__test_knobs.name : (value))
+#else
+#  define PDP__TEST_KNOB(name, value) (value)
+#endif
 
 #ifndef PDP__TLS_KEY
 
@@ -2757,7 +2775,8 @@ typedef struct pdp__bf16_cpu {
 #define PDP__BF16_INTEL 1
 #define PDP__BF16_AMD 2
 
- /* written once under pdp__bf16_once */
+/* written once under pdp__bf16_once (each member named: C++ warns of a missing one) */
+extern pdp__bf16_cpu pdp__bf16_this;
 
 PDP__PRIVATE void pdp__bf16_detect(void);
 
@@ -2801,6 +2820,8 @@ typedef struct pdp__bf16_row {
 } pdp__bf16_row;
 
 #define PDP__BF16_SPR_ROW(model) {PDP__BF16_INTEL, 6, model, model, 1, 1, "AAS AAS AAS AAS"}
+extern const pdp__bf16_row pdp__bf16_table[];
+extern const size_t pdp__bf16_rows;
 
 PDP__PRIVATE pdp_bf16_path pdp__bf16_cell(const char *cells, int cls);
 
@@ -4833,7 +4854,7 @@ PDP__PRIVATE pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes 
    spin, a threshold of 16384 gained 1-3% on that step, inside the host's noise, so
    the threshold stayed.) */
 #ifndef PDP__ELEMWISE_PAR_MIN
-#  define PDP__ELEMWISE_PAR_MIN 262144
+#  define PDP__ELEMWISE_PAR_MIN PDP__TEST_KNOB(elemwise_par_min, 262144)
 #endif
 
 /* Sums over a batch's rows (a LayerNorm's dw and db, a Linear's db) by chunks of rows. Each
@@ -4855,7 +4876,7 @@ PDP__PRIVATE pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes 
 #  define PDP__SUM_CHUNKS 64
 #endif
 #ifndef PDP__SUM_CHUNK_FLOATS
-#  define PDP__SUM_CHUNK_FLOATS 16384
+#  define PDP__SUM_CHUNK_FLOATS PDP__TEST_KNOB(sum_chunk_floats, 16384)
 #endif
 
 /* The chunks of rows x n floats. */
@@ -5343,20 +5364,22 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
    not on the thread count. */
 
 #ifndef PDP__CONV_CHUNK_FLOATS
-#  define PDP__CONV_CHUNK_FLOATS 65536
+#  define PDP__CONV_CHUNK_FLOATS PDP__TEST_KNOB(conv_chunk_floats, 65536)
 #endif
 /* Samples per chunk on the implicit path: wide GEMMs and few dW shares, and still
    8 chunks for each of two threads at batch 128. */
 #ifndef PDP__CONV_IMPLICIT_CHUNK
-#  define PDP__CONV_IMPLICIT_CHUNK 8
+#  define PDP__CONV_IMPLICIT_CHUNK PDP__TEST_KNOB(conv_implicit_chunk, 8)
 #endif
 
 /* Implicit path in bf16: the pdp_bf16_path of the products, the one AUTO takes for the
-   forward product's shape (test_bf16 defines it to run the emulated path on a CPU with
+   forward product's shape (test_bf16 sets its knob to run the emulated path on a CPU with
    a faster one). */
 #ifndef PDP__CONV_BF16_PATH
 #  define PDP__CONV_BF16_PATH()                                                               \
-      pdp_bf16_path_for(PDP_NO_TRANS, PDP_NO_TRANS, job->g.O, job->g.Ho * job->g.Wo, job->g.ckk)
+      ((pdp_bf16_path)PDP__TEST_KNOB(conv_bf16_path,                                           \
+                                     pdp_bf16_path_for(PDP_NO_TRANS, PDP_NO_TRANS, job->g.O,   \
+                                                       job->g.Ho * job->g.Wo, job->g.ckk)))
 #endif
 
 /* Implicit path: products of at least this depth (C k k forward, O k k for dx)

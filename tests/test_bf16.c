@@ -43,10 +43,10 @@
    - Conv2d deep enough for the implicit path's GEMMs (C 16 -> O 32, k 5, 14x14 and
      C 15 -> O 32: the dW share transposed; C 8 -> O 8, k 3, pad 0: dW as rows, dy
      apart from the padded dy; C 1 -> O 16: the dW dot products), on the best path and
-     forced onto the emulated one (layers_conv.c's PDP__CONV_BF16_PATH): y, dW, db and
-     dX (the model's input gradient) against double sums of the bf16-rounded inputs
-     within (terms + 2) 2^-24 sum |products| (+ chunks), and the same bits at 1 and 2
-     threads.
+     forced onto the emulated one (layers_conv.c's PDP__CONV_BF16_PATH, through
+     base.c's test knob): y, dW, db and dX (the model's input gradient) against
+     double sums of the bf16-rounded inputs within (terms + 2) 2^-24 sum |products|
+     (+ chunks), and the same bits at 1 and 2 threads.
    - The model switch: a bf16 Linear model's forward and backward equal the same
      GEMMs called by hand through pdp_gemm_bf16 (bit for bit), and switching back to
      fp32 gives the fp32 bits again; errors name the function; a CUDA model may be bf16
@@ -64,14 +64,14 @@
      the fixture. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
-/* the Conv2d implicit path's bf16 products: the path AUTO takes for the forward product,
-   or the one a test forces (layers_conv.c's hook; 0: not forced) */
-static int conv_path_force;
-#define PDP__CONV_BF16_PATH()                                                                  \
-    (conv_path_force ? (pdp_bf16_path)conv_path_force                                          \
-                     : pdp_bf16_path_for(PDP_NO_TRANS, PDP_NO_TRANS, job->g.O,                 \
-                                         job->g.Ho * job->g.Wo, job->g.ckk))
-/* the AMX driver on emulated tiles too (gemm_amx.c: pdp__amx_gemm_emulated) */
+/* the Conv2d implicit path's bf16 products: the path AUTO takes for the forward product, or
+   the one a test forces through base.c's test knob (pdp__test_knobs.conv_bf16_path; 0: not
+   forced), which exists under the tests' linkage: compiled alone, this test asks for it too */
+#ifndef PDP__TEST_LINKAGE
+#  define PDP__TEST_LINKAGE
+#endif
+/* the AMX driver on emulated tiles too (gemm_amx.c: pdp__amx_gemm_emulated; tests/pdp_impl.c
+   defines it as well) */
 #define PDP__AMX_EMULATE 1
 #define PDP_IMPLEMENTATION
 #include "counting_alloc.h"
@@ -1258,6 +1258,15 @@ static void conv_result_free(conv_result *r)
     memset(r, 0, sizeof *r);
 }
 
+/* x rounded to bf16 (pdp_bf16_round), as doubles: a reference's operands */
+static double *bf16_rounded(const float *x, int64_t n)
+{
+    double *r = (double *)malloc(sizeof(double) * (size_t)n);
+    int64_t i;
+    for (i = 0; i < n; i++) r[i] = pdp_bf16_round(x[i]);
+    return r;
+}
+
 static float *copy_of(const float *x, int64_t n)
 {
     float *c = (float *)malloc(sizeof(float) * (size_t)n);
@@ -1266,9 +1275,9 @@ static float *copy_of(const float *x, int64_t n)
 }
 
 /* One Conv2d (C -> O, k K, stride 1, padding pad) in bf16 on N samples of H x H, on the
-   path conv_path_force names: y, dW, db and dX against double sums of the bf16-rounded
-   inputs, (terms + 2 + chunks) 2^-24 sum |products| (fp32 sums of exact products; the
-   chunks' dW shares summed once more), at 1 thread; the results kept in *out (the caller
+   path pdp__test_knobs.conv_bf16_path names: y, dW, db and dX against double sums of the
+   bf16-rounded inputs, (terms + 2 + chunks) 2^-24 sum |products| (fp32 sums of exact
+   products; the chunks' dW shares summed once more), at 1 thread; the results kept in *out (the caller
    holds a run on more threads to those bits, so it skips the double sums). */
 static enum greatest_test_res check_conv_gemms(int64_t C, int64_t O, int64_t K, int64_t pad,
                                                int64_t H, int64_t N, int threads,
@@ -1310,11 +1319,13 @@ static enum greatest_test_res check_conv_gemms(int64_t C, int64_t O, int64_t K, 
     pdp_model_zero_grad(m);
     ASSERT_EQ(PDP_OK, fixture_backward_with_dx(m, dy, dx)); /* the first layer's dX too */
     pdp_set_num_threads(1);
-#define W_(o, c, ki, kj)                                                                       \
-    ((double)pdp_bf16_round(w.value.data[(((o) * C + (c)) * K + (ki)) * K + (kj)]))
-#define X_(n, c, ih, iw) ((double)pdp_bf16_round(xd[(((n) * C + (c)) * H + (ih)) * H + (iw)]))
-#define DY_(n, o, oh, ow) ((double)pdp_bf16_round(dy[(((n) * O + (o)) * Ho + (oh)) * Ho + (ow)]))
+#define W_(o, c, ki, kj) wr[(((o) * C + (c)) * K + (ki)) * K + (kj)]
+#define X_(n, c, ih, iw) xr[(((n) * C + (c)) * H + (ih)) * H + (iw)]
+#define DY_(n, o, oh, ow) dyr[(((n) * O + (o)) * Ho + (oh)) * Ho + (ow)]
     if (threads == 1) { /* more threads: held to 1 thread's bits by the caller */
+        /* the bf16-rounded operands, each value rounded once (not once per product) */
+        double *wr = bf16_rounded(w.value.data, O * C * K * K);
+        double *xr = bf16_rounded(xd, N * C * H * H), *dyr = bf16_rounded(dy, y->count);
         for (n = 0; n < N; n++)
             for (o = 0; o < O; o++)
                 for (oh = 0; oh < Ho; oh++)
@@ -1377,6 +1388,9 @@ static enum greatest_test_res check_conv_gemms(int64_t C, int64_t O, int64_t K, 
                         ASSERT_IN_RANGE(ref, dx[((n * C + c) * H + ih) * H + iw],
                                         (O * K * K + 2) * ldexp(mag, -24));
                     }
+        free(wr);
+        free(xr);
+        free(dyr);
     }
 #undef W_
 #undef X_
@@ -1418,11 +1432,11 @@ TEST bf16_model_conv2d_implicit_gemms_match_reference(void)
             enum greatest_test_res res;
             memset(&r1, 0, sizeof r1);
             memset(&r2, 0, sizeof r2);
-            conv_path_force = paths[p];
+            pdp__test_knobs.conv_bf16_path = paths[p];
             res = check_conv_gemms(k[0], k[1], k[2], k[3], k[4], k[5], 1, &r1);
             if (res == GREATEST_TEST_RES_PASS)
                 res = check_conv_gemms(k[0], k[1], k[2], k[3], k[4], k[5], 2, &r2);
-            conv_path_force = 0;
+            pdp__test_knobs.conv_bf16_path = 0;
             if (res != GREATEST_TEST_RES_PASS) {
                 conv_result_free(&r1);
                 conv_result_free(&r2);
@@ -1950,7 +1964,7 @@ TEST bf16_path_choice_is_a_function_of_cpu_and_shape(void)
                 ASSERT(pdp__bf16_choose(&spr_no_amx, a, b, m, n, k) != PDP_BF16_PATH_AMX);
             }
     /* every cell of every row: a path the row's CPUs have, and 12 of them */
-    for (r = 0; r < sizeof pdp__bf16_table / sizeof pdp__bf16_table[0]; r++) {
+    for (r = 0; r < pdp__bf16_rows; r++) {
         const pdp__bf16_row *row = &pdp__bf16_table[r];
         pdp__bf16_cpu named = {row->vendor, row->family, row->model_lo, row->avx512, row->amx,
                                row->avx512, 1};

@@ -7,10 +7,13 @@
 # PDP_STATIC in two translation units of one program, the second (tu_alloc.c) with its own
 # PDP_MALLOC / PDP_FREE, whose counts it checks: they compile side by side, then link and run
 # ($FAST_CC: 0.7 s of CPU where gcc took 5; gcc compiles PDP_STATIC with its own PDP_MALLOC in
-# make test: test_layers)
+# make test: test_gemm_nosimd, counting_alloc.h's, with PDP_NO_SIMD.) The second unit is built
+# with -march=native, as make test builds: the kernels that need it (gemm.c's AVX-512 and AVX2
+# ones) under PDP_STATIC and an own PDP_MALLOC too (test_layers compiled them so, by gcc,
+# until it linked build/pdp_impl.o).
 static_twice() {
     $FAST_CC $STRICT -DTU_MAIN -c tests/compile/tu_static.c -o "$B/sa.o" & a=$!
-    $FAST_CC $STRICT -c tests/compile/tu_alloc.c -o "$B/sb.o" && wait $a &&
+    $FAST_CC $STRICT -march=native -c tests/compile/tu_alloc.c -o "$B/sb.o" && wait $a &&
         $FAST_CC "$B/sa.o" "$B/sb.o" -o "$B/static2" -lm -lpthread && "$B/static2"
 }
 check static_twice_in_one_program_malloc_free_overrides_count_every_allocation static_twice

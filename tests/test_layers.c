@@ -12,20 +12,12 @@
    round identically in both evaluations, so the float noise stays near 1e-4. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
+/* The test knobs (base.c's PDP__TEST_KNOB; main sets them) exist under the tests'
+   linkage: compiled alone, this test asks for it too. */
+#ifndef PDP__TEST_LINKAGE
+#  define PDP__TEST_LINKAGE
+#endif
 #define PDP_IMPLEMENTATION
-/* Conv2d chunks of ~512 floats instead of 64K: these small shapes then run as
-   several chunks (of 1, 2 or 3 samples, the last one partial), split over threads. */
-#define PDP__CONV_CHUNK_FLOATS 512
-/* Stride-1 Conv2d (the implicit-GEMM path) in chunks of 3 samples instead of 8: a
-   batch of 5 is a full chunk and a partial one. */
-#define PDP__CONV_IMPLICIT_CHUNK 3
-/* Element-wise layers split over the threads from 256 floats instead of 262144: the
-   thread-count test runs its ReLUs split. */
-#define PDP__ELEMWISE_PAR_MIN 256
-/* Sums over rows (LayerNorm's dw and db, a Linear's db) in chunks from 64 floats instead
-   of 16384: the small shapes here sum through several chunks' shares (a tiny GPT's
-   sequence-parallel LayerNorms too). */
-#define PDP__SUM_CHUNK_FLOATS 64
 #define PDP_MALLOC(bytes) test_malloc(bytes)
 #define PDP_FREE(ptr) test_free(ptr)
 static long test_allocs; /* allocations through PDP_MALLOC, counted with atomics */
@@ -1693,6 +1685,18 @@ GREATEST_MAIN_DEFS();
 
 int main(int argc, char **argv)
 {
+    /* Conv2d chunks of ~512 floats instead of 64K: these small shapes then run as several
+       chunks (of 1, 2 or 3 samples, the last one partial), split over threads. Stride-1
+       Conv2d (the implicit-GEMM path) in chunks of 3 samples instead of 8: a batch of 5 is a
+       full chunk and a partial one. Element-wise layers split over the threads from 256
+       floats instead of 262144: the thread-count test runs its ReLUs split. Sums over rows
+       (LayerNorm's dw and db, a Linear's db) in chunks from 64 floats instead of 16384: the
+       small shapes here sum through several chunks' shares (a tiny GPT's sequence-parallel
+       LayerNorms too). */
+    pdp__test_knobs.conv_chunk_floats = 512;
+    pdp__test_knobs.conv_implicit_chunk = 3;
+    pdp__test_knobs.elemwise_par_min = 256;
+    pdp__test_knobs.sum_chunk_floats = 64;
     GREATEST_MAIN_BEGIN();
     RUN_SUITE(layers);
     GREATEST_MAIN_END();
