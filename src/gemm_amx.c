@@ -697,7 +697,9 @@ pdp__amx_cvt_pairs(const float *x, int64_t ld, int cols, int64_t vals, uint32_t 
 
 /* pdp__amx_kernel41 over all k steps, A converted as it goes: rows [0, rows) of op(A)
    stored along k from a (lda floats apart), the B panel packed at b, the accumulators
-   from zero stored to out (row stride ldo floats); buf: 2 x 1024 words of scratch. */
+   from zero stored to out (row stride ldo floats); buf: 2 x 1024 words of scratch. The
+   buffers' rows past `rows` are left as they are: only their own accumulator rows, never
+   stored, read them. */
 PDP__AMX_SIMD_TARGET PDP__PRIVATE void pdp__amx_kernel41_stream(pdp__amx_tiles *e,
                                                                 const float *a, int64_t lda,
                                                                 int rows, int64_t k,
@@ -706,10 +708,6 @@ PDP__AMX_SIMD_TARGET PDP__PRIVATE void pdp__amx_kernel41_stream(pdp__amx_tiles *
 {
     const int64_t so = ldo * 4, steps = (k + 31) / 32;
     int64_t s;
-    if (rows < 64) { /* rows past op(A)'s: zero words in both buffers, never written */
-        memset(buf + 16 * rows, 0, (size_t)(64 - rows) * 64);
-        memset(buf + 1024 + 16 * rows, 0, (size_t)(64 - rows) * 64);
-    }
     pdp__amx_cvt_rows(a, lda, rows, k, buf);
     PDP__AMX_ZERO(e, 0);
     PDP__AMX_ZERO(e, 1);

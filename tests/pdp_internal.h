@@ -3511,7 +3511,9 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, 
 
 /* pdp__amx_kernel41 over all k steps, A converted as it goes: rows [0, rows) of op(A)
    stored along k from a (lda floats apart), the B panel packed at b, the accumulators
-   from zero stored to out (row stride ldo floats); buf: 2 x 1024 words of scratch. */
+   from zero stored to out (row stride ldo floats); buf: 2 x 1024 words of scratch. The
+   buffers' rows past `rows` are left as they are: only their own accumulator rows, never
+   stored, read them. */
 PDP__AMX_SIMD_TARGET PDP__PRIVATE void pdp__amx_kernel41_stream(pdp__amx_tiles *e,
                                                                 const float *a, int64_t lda,
                                                                 int rows, int64_t k,
