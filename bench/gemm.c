@@ -31,6 +31,13 @@
    first round). The CPU is named (bench.h's bench_cpu_name). Ends with the MLP step's
    eight products summed at each side's speed: the GEMM time a step cannot go below.
 
+   Operands start on a 64-byte boundary, as pdp's tensors and PyTorch's do (the MLP's
+   case); PDP_BENCH_MISALIGN=16 starts them 16 bytes past one, where glibc's malloc put
+   them before (a 64-byte load of a row then spans two cache lines: pdp_gemm_bf16 on the
+   AMX path took 13-30% longer a call there on 512^3 NT and NN and 512 x 512 x 10 NT, one
+   thread, one run each, on an Intel Xeon, Sapphire Rapids class; oneDNN's tensors stay
+   aligned).
+
    make bench        (links OpenBLAS and defines PDP_BENCH_OPENBLAS when pkg-config
                       finds it; without it only our figures are printed)
    ./build/bench_gemm [quick|bf16]   quick: fewer shapes, one round, for a smoke run; bf16:
