@@ -25,9 +25,9 @@
    op(B) stored k x n), each of its values meets one tile product, so it is not packed:
    pdp__amx_kernel41_stream and pdp__amx_kernel12_stream convert it one k step at a time
    into two 4 KiB buffers that stay in L1, among the tile operations, over all of k (no
-   cache blocks: the packed side is one panel or one block of rows). One thread, operands
-   64-byte aligned, medians of 15 calls on a loaded 2-core Sapphire Rapids: 512 x 512 x 10
-   NT 27.1 -> 20.8 us, 10 x 512 x 512 TN 40.1 -> 27.5 us.
+   cache blocks: the packed side is one panel or one block of rows). bench/gemm bf16 (one
+   thread, operands 64-byte aligned, medians of 3 runs, a loaded 2-core Sapphire Rapids):
+   512 x 512 x 10 NT 27 -> 20 us a call, 10 x 512 x 512 TN 39 -> 27 us.
 
    Kernel. A block of C is 2 x 2 tiles (32 x 32: tmm0-3 accumulate, tmm4-5 hold two
    tiles of A, tmm6-7 two of B; per k step two A and two B tile loads feed four
