@@ -31,10 +31,20 @@
    first round). The CPU is named (bench.h's bench_cpu_name). Ends with the MLP step's
    eight products summed at each side's speed: the GEMM time a step cannot go below.
 
+   Operands start on a 64-byte boundary, as pdp's tensors and PyTorch's do (the MLP's
+   case); PDP_BENCH_MISALIGN=16 starts them 16 bytes past one, where glibc's malloc put
+   them before (a 64-byte load of a row then spans two cache lines: pdp_gemm_bf16 on the
+   AMX path took 13-30% longer a call there on 512^3 NT and NN and 512 x 512 x 10 NT, one
+   thread, one run each, on an Intel Xeon, Sapphire Rapids class; oneDNN's tensors stay
+   aligned).
+
    make bench        (links OpenBLAS and defines PDP_BENCH_OPENBLAS when pkg-config
                       finds it; without it only our figures are printed)
    ./build/bench_gemm [quick|bf16]   quick: fewer shapes, one round, for a smoke run; bf16:
-                                     only the peers section, all its shapes */
+                                     only the peers section, all its shapes
+   ./build/bench_gemm bf16 [auto] [M:K:N:OP ...]
+                                     the peers section on these shapes only (at most 10);
+                                     auto: pdp_gemm_bf16 alone, no column per path */
 
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
@@ -56,6 +66,7 @@ typedef struct shape {
 typedef struct problem {
     shape s;
     float *a, *b, *c;
+    void *mem[3]; /* the allocations a, b and c lie in */
     int64_t lda, ldb;
 } problem;
 
@@ -140,6 +151,18 @@ static double measure_one(void (*fn)(const problem *), const problem *p)
     return bench_median(r, REPS);
 }
 
+/* count floats at a 64-byte boundary, as pdp's tensors and PyTorch's are (the MLP's
+   operands), plus PDP_BENCH_MISALIGN bytes when set (16: where glibc's malloc puts a
+   large block, each 64-byte load of a row then spans two cache lines); *mem: the
+   allocation to free; NULL when out of memory. */
+static float *operand(void **mem, size_t count)
+{
+    const char *env = getenv("PDP_BENCH_MISALIGN");
+    size_t off = env ? (size_t)atoi(env) / 4 * 4 % 64 : 0;
+    if (posix_memalign(mem, 64, sizeof(float) * count + 64)) return *mem = NULL;
+    return (float *)(void *)((char *)*mem + off);
+}
+
 /* Operands of p->s filled with the same values as the fp32 section; 0 when out of memory. */
 static int problem_alloc(problem *p)
 {
@@ -148,9 +171,9 @@ static int problem_alloc(problem *p)
     size_t j;
     p->lda = p->s.ta == PDP_NO_TRANS ? p->s.k : p->s.m;
     p->ldb = p->s.tb == PDP_NO_TRANS ? p->s.n : p->s.k;
-    p->a = (float *)malloc(sizeof(float) * (size_t)(arows * p->lda));
-    p->b = (float *)malloc(sizeof(float) * (size_t)(brows * p->ldb));
-    p->c = (float *)malloc(sizeof(float) * (size_t)(p->s.m * p->s.n));
+    p->a = operand(&p->mem[0], (size_t)(arows * p->lda));
+    p->b = operand(&p->mem[1], (size_t)(brows * p->ldb));
+    p->c = operand(&p->mem[2], (size_t)(p->s.m * p->s.n));
     if (!p->a || !p->b || !p->c) return 0;
     for (j = 0; j < (size_t)(arows * p->lda); j++) p->a[j] = (float)((j * 7 + 3) % 13) * 0.1f - 0.6f;
     for (j = 0; j < (size_t)(brows * p->ldb); j++) p->b[j] = (float)((j * 5 + 1) % 11) * 0.1f - 0.5f;
@@ -233,10 +256,12 @@ static const char *pct(char *buf, double x, double peak)
     return buf;
 }
 
-/* The peers section: quick, the first two shapes and one round. */
-static void bench_peers(int quick)
+/* The peers section: quick, the first two shapes and one round; sel, when not NULL, the
+   shapes to run instead of the table (nsel of them, at most PEER_SHAPES); paths == 0
+   leaves out the per-path columns. */
+static void bench_peers(int quick, const shape *sel, int nsel, int paths)
 {
-    static const shape sh[PEER_SHAPES] = {
+    static const shape table[PEER_SHAPES] = {
         {512, 784, 512, PDP_NO_TRANS, PDP_TRANS},    {512, 512, 512, PDP_NO_TRANS, PDP_TRANS},
         {512, 512, 10, PDP_NO_TRANS, PDP_TRANS},     {512, 512, 784, PDP_TRANS, PDP_NO_TRANS},
         {512, 512, 512, PDP_TRANS, PDP_NO_TRANS},    {10, 512, 512, PDP_TRANS, PDP_NO_TRANS},
@@ -244,6 +269,7 @@ static void bench_peers(int quick)
         {1024, 1024, 1024, PDP_NO_TRANS, PDP_NO_TRANS},
         {2048, 2048, 2048, PDP_NO_TRANS, PDP_NO_TRANS},
     };
+    const shape *sh = sel ? sel : table;
     enum { MLP_SHAPES = 8 };
     /* [shape][round]: pdp fp32, OpenBLAS, torch matmul fp32, oneDNN fp32, oneDNN bf16 on
        bf16 tensors, oneDNN bf16 from fp32 tensors, pdp_gemm_bf16 (auto), then one per path */
@@ -252,9 +278,9 @@ static void bench_peers(int quick)
     static double v[PEER_SHAPES][NCOL][ROUNDS];
     double med[PEER_SHAPES][NCOL], torch[PEER_SHAPES][4], sum[NCOL];
     double peak32 = bench_peak_gflops(BENCH_PEAK_FP32), peakdot = bench_peak_gflops(BENCH_PEAK_BF16_DOT);
-    double peakamx = bench_peak_gflops(BENCH_PEAK_AMX_BF16), peakpath[PEER_PATHS];
+    double peakamx = bench_peak_gflops(BENCH_PEAK_AMX_BF16);
     pdp_bf16_path best = pdp_bf16_best_path();
-    int count = quick ? 2 : PEER_SHAPES, rounds = quick ? 1 : ROUNDS, npath = 0;
+    int count = sel ? nsel : quick ? 2 : PEER_SHAPES, rounds = quick ? 1 : ROUNDS, npath = 0;
     int have_torch = system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
     int torch_failed = 0;
     int i, c, r, q;
@@ -262,13 +288,10 @@ static void bench_peers(int quick)
     problem p[PEER_SHAPES];
 
     /* the paths pdp names: the enum from EMULATED on, while pdp_bf16_path_name knows it */
-    while (npath < PEER_PATHS &&
+    while (paths && npath < PEER_PATHS &&
            strcmp(pdp_bf16_path_name((pdp_bf16_path)(PDP_BF16_PATH_EMULATED + npath)),
                   "unknown") != 0)
         npath++;
-    for (q = 0; q < npath; q++)
-        peakpath[q] = path_peak((pdp_bf16_path)(PDP_BF16_PATH_EMULATED + q), peak32, peakdot,
-                                peakamx);
     memset(v, 0, sizeof v);
     for (i = 0; i < count; i++) {
         p[i].s = sh[i];
@@ -320,9 +343,6 @@ static void bench_peers(int quick)
     peak32 = PEAK_MAX(peak32, bench_peak_gflops(BENCH_PEAK_FP32));
     peakdot = PEAK_MAX(peakdot, bench_peak_gflops(BENCH_PEAK_BF16_DOT));
     peakamx = PEAK_MAX(peakamx, bench_peak_gflops(BENCH_PEAK_AMX_BF16));
-    for (q = 0; q < npath; q++)
-        peakpath[q] = path_peak((pdp_bf16_path)(PDP_BF16_PATH_EMULATED + q), peak32, peakdot,
-                                peakamx);
     pdp_shutdown_threads();
     memset(sum, 0, sizeof sum);
     for (i = 0; i < count; i++)
@@ -362,7 +382,7 @@ static void bench_peers(int quick)
     printf(" | %12s %12s %6s %6s | %8s\n", "pdp/oD(bf16)", "pdp/oD(fp32)", "pdp%pk", "oDNN%A",
            "pdp16/32");
     for (i = 0; i < count; i++) {
-        double auto_peak = peakpath[best - PDP_BF16_PATH_EMULATED];
+        double auto_peak = path_peak(best, peak32, peakdot, peakamx);
         snprintf(name, sizeof name, "%dx%dx%d", (int)sh[i].m, (int)sh[i].k, (int)sh[i].n);
         printf("%-14s %-2s | %8.1f %8.1f | %7.1f", name, layout(&sh[i]), med[i][C_DNN16],
                med[i][C_DNNCV], med[i][C_AUTO]);
@@ -382,7 +402,7 @@ static void bench_peers(int quick)
            "sides starting from fp32; pdp%%pk: pdp_gemm_bf16 / the peak of the path it took "
            "(AMX tdpbf16ps, vdpbf16ps, or the fp32 FMA for the emulation); oDNN%%A: oD(bf16) "
            "/ the AMX peak; pdp16/32: pdp_gemm_bf16 / pdp_sgemm\n");
-    if (count >= MLP_SHAPES)
+    if (!sel && count >= MLP_SHAPES)
         printf("the MLP step's eight products, batch 512, at these speeds: pdp fp32 %.2f ms, "
                "pdp bf16 %.2f ms, oneDNN bf16 on bf16 tensors %.2f ms, from fp32 tensors "
                "%.2f ms, oneDNN fp32 %.2f ms\n", 1e3 * sum[C_PDP], 1e3 * sum[C_AUTO],
@@ -397,9 +417,9 @@ static void bench_peers(int quick)
     printf("OpenBLAS: absent from this build (its column is 0)\n");
 #endif
     for (i = 0; i < count; i++) {
-        free(p[i].a);
-        free(p[i].b);
-        free(p[i].c);
+        free(p[i].mem[0]);
+        free(p[i].mem[1]);
+        free(p[i].mem[2]);
     }
 }
 
@@ -430,7 +450,28 @@ int main(int argc, char **argv)
     double peak;
 
     if (bf16_only) {
-        bench_peers(0);
+        shape sel[PEER_SHAPES];
+        int nsel = 0, paths = 1, a;
+        for (a = 2; a < argc; a++) {
+            int m, k, n;
+            char op[3];
+            shape *s = &sel[nsel];
+            if (strcmp(argv[a], "auto") == 0) {
+                paths = 0;
+                continue;
+            }
+            if (nsel == PEER_SHAPES || sscanf(argv[a], "%d:%d:%d:%2[NT]", &m, &k, &n, op) != 4 ||
+                m <= 0 || k <= 0 || n <= 0 || strlen(op) != 2) {
+                fprintf(stderr, "bench_gemm: bad shape '%s' (M:K:N:OP, OP one of NN NT TN TT; "
+                        "at most %d)\n", argv[a], PEER_SHAPES);
+                return 1;
+            }
+            s->m = m, s->k = k, s->n = n;
+            s->ta = op[0] == 'T' ? PDP_TRANS : PDP_NO_TRANS;
+            s->tb = op[1] == 'T' ? PDP_TRANS : PDP_NO_TRANS;
+            nsel++;
+        }
+        bench_peers(0, nsel ? sel : NULL, nsel, paths);
         bench_print_load("end", 1.0); /* one busy thread */
         pdp_shutdown_threads();
         return 0;
@@ -494,13 +535,13 @@ int main(int argc, char **argv)
                ours[0], 100.0 * ours[0] / peak, ours[1], 50.0 * ours[1] / peak,
                ours[1] / ours[0]);
 #endif
-        free(problems[i].a);
-        free(problems[i].b);
-        free(problems[i].c);
+        free(problems[i].mem[0]);
+        free(problems[i].mem[1]);
+        free(problems[i].mem[2]);
     }
     printf("ratio: ours / OpenBLAS at the same thread count; peak: ours / (threads x the measured "
            "peak); ours x: our 2-thread speed-up. %.0f s\n", bench_now() - start);
-    bench_peers(quick);
+    bench_peers(quick, NULL, 0, 1);
     bench_print_load("end", BENCH_OWN_LOAD_1_2);
     pdp_shutdown_threads();
     return 0;

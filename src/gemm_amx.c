@@ -20,6 +20,15 @@
    otherwise, and for a gathered B, pdp__bf16_bits and gemm_bf16.c's panel packing. The
    words are the same up to subnormals, which every kernel reads as zero.
 
+   Streaming. Where one side of C is at most 16 and, with AVX512-BF16, the other operand
+   is stored along the rows its tiles take (n <= 16 and op(A) stored along k; m <= 16 and
+   op(B) stored k x n), each of its values meets one tile product, so it is not packed:
+   pdp__amx_kernel41_stream and pdp__amx_kernel12_stream convert it one k step at a time
+   into two 4 KiB buffers that stay in L1, among the tile operations, over all of k (no
+   cache blocks: the packed side is one panel or one block of rows). bench/gemm bf16 (one
+   thread, operands 64-byte aligned, medians of 3 runs, a loaded 2-core Sapphire Rapids):
+   512 x 512 x 10 NT 27 -> 20 us a call, 10 x 512 x 512 TN 39 -> 27 us.
+
    Kernel. A block of C is 2 x 2 tiles (32 x 32: tmm0-3 accumulate, tmm4-5 hold two
    tiles of A, tmm6-7 two of B; per k step two A and two B tile loads feed four
    TDPBF16PS) or, when n <= 16, 4 x 1 (64 x 16: tmm0-3 accumulate, four A tiles in
@@ -630,6 +639,143 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, 
 #    undef PDP__AMX_RNE
 #  endif
 
+/* ---- gemm_amx: streaming kernels ----
+   Where one side of C is at most 16 (n <= 16: 4 x 1 blocks, one panel; m <= 16: 1 x 2
+   blocks, one row block), each value of the other operand meets one tile product only, so
+   packing it first buys no reuse: it would be converted, written out, then read back by
+   the tile loads (512 x 512 x 10 NT, one thread: packing A was 63% of the call). These
+   kernels convert it one k step at a time into two 4 KiB buffers that stay in L1, the
+   next step's conversion issued after this step's tile products (whose tile loads read
+   the other buffer, stored a step earlier), so the vector conversion runs beside the
+   tile unit. The words and the sequence of TDPBF16PS per element are those of
+   pdp__amx_kernel41 and pdp__amx_kernel12 on packed operands. */
+#  if PDP__BF16_X86
+#    if PDP__BF16_AMX
+#      define PDP__AMX_SIMD_TARGET                                                          \
+          PDP__TARGET("avx512f,avx512bw,avx512dq,avx512bf16,amx-tile,amx-bf16")
+#    else
+#      define PDP__AMX_SIMD_TARGET PDP__BF16_TARGET
+#    endif
+
+/* One k step of rows [0, rows) of op(A) stored along k (x: row 0's first value of the
+   step, rows ld floats apart; vals: the values of k left from the step's first, the step
+   holds min(32, vals)) as tile rows, row i at d + 16 i: pdp__amx_pack_a_rows_avx512's
+   words. */
+PDP__BF16_TARGET static inline PDP__ALWAYS_INLINE void
+pdp__amx_cvt_rows(const float *x, int64_t ld, int rows, int64_t vals, uint32_t *d)
+{
+    int i;
+    if (vals >= 32) {
+        for (i = 0; i < rows; i++, x += ld)
+            _mm512_storeu_si512((void *)(d + 16 * i),
+                                pdp__bf16_cvt2(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)));
+    } else {
+        __mmask16 mlo = (__mmask16)(vals >= 16 ? 0xffff : (1u << vals) - 1);
+        __mmask16 mhi = (__mmask16)(vals <= 16 ? 0 : (1u << (vals - 16)) - 1);
+        for (i = 0; i < rows; i++, x += ld)
+            _mm512_storeu_si512((void *)(d + 16 * i),
+                                pdp__bf16_cvt2(_mm512_maskz_loadu_ps(mlo, x),
+                                               _mm512_maskz_loadu_ps(mhi, x + 16)));
+    }
+}
+
+/* One k step of columns [0, 32) of op(B) stored k x n (x: the step's first row, rows ld
+   floats apart; cols of the 32 inside n, the rest zero; vals as above) as two tiles of
+   [pair][column] words, the second at d + 256: pdp__amx_pack_b_avx512's words. */
+PDP__BF16_TARGET static inline PDP__ALWAYS_INLINE void
+pdp__amx_cvt_pairs(const float *x, int64_t ld, int cols, int64_t vals, uint32_t *d)
+{
+    const __mmask16 m0 = (__mmask16)(cols >= 16 ? 0xffff : (1u << cols) - 1);
+    const __mmask16 m1 = (__mmask16)(cols >= 32 ? 0xffff : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
+    const __m512 zero = _mm512_setzero_ps();
+    int p, pairs = (int)PDP__MIN((int64_t)16, (vals + 1) / 2);
+    for (p = 0; p < pairs; p++, x += 2 * ld) {
+        int odd = 2 * p + 1 < vals;
+        _mm512_storeu_si512((void *)(d + 16 * p),
+                            pdp__amx_pairs16(_mm512_maskz_loadu_ps(m0, x),
+                                             odd ? _mm512_maskz_loadu_ps(m0, x + ld) : zero));
+        _mm512_storeu_si512((void *)(d + 256 + 16 * p),
+                            pdp__amx_pairs16(_mm512_maskz_loadu_ps(m1, x + 16),
+                                             odd ? _mm512_maskz_loadu_ps(m1, x + ld + 16) : zero));
+    }
+    for (; p < 16; p++) {
+        _mm512_storeu_si512((void *)(d + 16 * p), _mm512_setzero_si512());
+        _mm512_storeu_si512((void *)(d + 256 + 16 * p), _mm512_setzero_si512());
+    }
+}
+
+/* pdp__amx_kernel41 over all k steps, A converted as it goes: rows [0, rows) of op(A)
+   stored along k from a (lda floats apart), the B panel packed at b, the accumulators
+   from zero stored to out (row stride ldo floats); buf: 2 x 1024 words of scratch. The
+   buffers' rows past `rows` are left as they are: only their own accumulator rows, never
+   stored, read them. */
+PDP__AMX_SIMD_TARGET PDP__PRIVATE void pdp__amx_kernel41_stream(pdp__amx_tiles *e,
+                                                                const float *a, int64_t lda,
+                                                                int rows, int64_t k,
+                                                                const uint32_t *b, uint32_t *buf,
+                                                                float *out, int64_t ldo)
+{
+    const int64_t so = ldo * 4, steps = (k + 31) / 32;
+    int64_t s;
+    pdp__amx_cvt_rows(a, lda, rows, k, buf);
+    PDP__AMX_ZERO(e, 0);
+    PDP__AMX_ZERO(e, 1);
+    PDP__AMX_ZERO(e, 2);
+    PDP__AMX_ZERO(e, 3);
+    for (s = 0; s < steps; s++, b += 16 * 16) {
+        const uint32_t *t = buf + (s & 1) * 1024;
+        PDP__AMX_LOAD(e, 4, b, 64);
+        PDP__AMX_LOAD(e, 5, t, 64);
+        PDP__AMX_LOAD(e, 6, t + 256, 64);
+        PDP__AMX_DP(e, 0, 5, 4);
+        PDP__AMX_LOAD(e, 7, t + 512, 64);
+        PDP__AMX_DP(e, 1, 6, 4);
+        PDP__AMX_LOAD(e, 5, t + 768, 64);
+        PDP__AMX_DP(e, 2, 7, 4);
+        PDP__AMX_DP(e, 3, 5, 4);
+        if (s + 1 < steps)
+            pdp__amx_cvt_rows(a + 32 * (s + 1), lda, rows, k - 32 * (s + 1),
+                              buf + ((s + 1) & 1) * 1024);
+    }
+    PDP__AMX_STORE(e, 0, out, so);
+    PDP__AMX_STORE(e, 1, out + 16 * ldo, so);
+    PDP__AMX_STORE(e, 2, out + 32 * ldo, so);
+    PDP__AMX_STORE(e, 3, out + 48 * ldo, so);
+}
+
+/* pdp__amx_kernel12 over all k steps, B converted as it goes: columns [0, cols) of op(B)
+   stored k x n from b (ldb floats a row), the block's A packed at a (al), the
+   accumulators from zero stored to out; buf: 2 x 512 words of scratch. */
+PDP__AMX_SIMD_TARGET PDP__PRIVATE void pdp__amx_kernel12_stream(pdp__amx_tiles *e,
+                                                                const uint32_t *a,
+                                                                const pdp__amx_alay *al,
+                                                                const float *b, int64_t ldb,
+                                                                int cols, int64_t k,
+                                                                uint32_t *buf, float *out,
+                                                                int64_t ldo)
+{
+    const int64_t so = ldo * 4, steps = (k + 31) / 32;
+    int64_t s;
+    pdp__amx_cvt_pairs(b, ldb, cols, k, buf);
+    PDP__AMX_ZERO(e, 0);
+    PDP__AMX_ZERO(e, 1);
+    for (s = 0; s < steps; s++, a += al->step) {
+        const uint32_t *t = buf + (s & 1) * 512;
+        PDP__AMX_LOAD(e, 4, a, al->stride);
+        PDP__AMX_LOAD(e, 6, t, 64);
+        PDP__AMX_LOAD(e, 7, t + 256, 64);
+        PDP__AMX_DP(e, 0, 4, 6);
+        PDP__AMX_DP(e, 1, 4, 7);
+        if (s + 1 < steps)
+            pdp__amx_cvt_pairs(b + 32 * (s + 1) * ldb, ldb, cols, k - 32 * (s + 1),
+                               buf + ((s + 1) & 1) * 512);
+    }
+    PDP__AMX_STORE(e, 0, out, so);
+    PDP__AMX_STORE(e, 1, out + 16, so);
+}
+#    undef PDP__AMX_SIMD_TARGET
+#  endif
+
 /* ---- gemm_amx: driver ---- */
 
 typedef void (*pdp__amx_pack_a_fn)(const pdp__bf16_args *g, int64_t r0, int rows, int height,
@@ -645,6 +791,7 @@ typedef struct pdp__amx_ctx {
     int mb, nb;      /* tiles per block of C: 2 x 2; 4 x 1 when n <= 16; 1 x 2 when m <= 16 */
     int split_n;     /* parts split the column panels (else the row blocks) */
     int a_rows;      /* pack_a writes rows (pdp__amx_pack_a_rows_avx512), not tile order */
+    int stream;      /* 1: A converted in the kernel (n <= 16); 2: B (m <= 16); 0: neither */
     pdp__amx_pack_a_fn pack_a;
     pdp__amx_pack_b_fn pack_b;
     pdp__amx_out_fn out;
@@ -672,6 +819,73 @@ PDP__PRIVATE void pdp__amx_element(const pdp__bf16_args *g, int64_t i, int64_t j
     if (g->gelu) pdp__bf16_gelu_tile(g, i, j, 1, 1);
 }
 
+#  if PDP__BF16_X86
+/* pdp__amx_block with the streamed operand (x->stream; the streaming kernels say why):
+   1, n <= 16 and op(A) stored along k: B's one panel packed, each block of 64 rows of A
+   converted inside pdp__amx_kernel41_stream; 2, m <= 16 and op(B) stored k x n: the one
+   block of A packed, each panel of B converted inside pdp__amx_kernel12_stream. No k
+   cache blocks: the packed operand is one panel or one block of rows, in L1 or L2. A
+   block's epilogue runs after the next block's kernel, as in pdp__amx_block. */
+PDP__PRIVATE void pdp__amx_block_stream(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64_t m0,
+                                        int64_t m1, int64_t n0, int64_t n1)
+{
+    const pdp__bf16_args *g = x->g;
+    const int height = 16 * x->mb, w = 16 * x->nb, along_a = x->stream == 1;
+    const int64_t steps = (g->k + 31) / 32, count = along_a ? m1 - m0 : n1 - n0;
+    const int64_t unit = along_a ? height : w; /* rows or columns per kernel call */
+    size_t packed = (size_t)(along_a ? w * steps * PDP__AMX_KT
+                                     : height * (x->a_rows ? PDP__AMX_AROW(steps)
+                                                           : steps * PDP__AMX_KT));
+    uint32_t *pk = (uint32_t *)pdp__thread_scratch((packed + 2048 + 2 * (size_t)(height * w)) * 4);
+    uint32_t *buf;
+    float *accbuf;
+    pdp__amx_alay al;
+    int64_t u, i, j;
+    int prev = 0; /* the previous call's rows or columns, its epilogue still to run */
+    if (!pk) {
+        for (i = m0; i < m1; i++)
+            for (j = n0; j < n1; j++) pdp__amx_element(g, i, j);
+        return;
+    }
+    buf = pk + packed;
+    accbuf = (float *)(void *)(buf + 2048);
+    al.step = x->a_rows ? PDP__AMX_KT : height * 16;
+    al.tile = x->a_rows ? 16 * PDP__AMX_AROW(steps) : PDP__AMX_TW;
+    al.stride = x->a_rows ? 4 * PDP__AMX_AROW(steps) : 64;
+    if (along_a)
+        x->pack_b(g, n0, n1, w, steps, pk);
+    else
+        x->pack_a(g, m0, (int)(m1 - m0), height, steps, pk);
+    for (u = 0; u < count; u += unit) {
+        int64_t i0 = along_a ? m0 + u : m0, j0 = along_a ? n0 : n0 + u;
+        int rows = (int)(along_a ? PDP__MIN(unit, m1 - i0) : m1 - m0);
+        int cols = (int)(along_a ? n1 - n0 : PDP__MIN(unit, n1 - j0));
+        float *acc = accbuf + (u / unit % 2) * height * w, *c = g->c + i0 * g->ldc + j0;
+        int direct = g->alpha == 1.0f && g->beta == 0.0f && !g->bias && !g->relu && !g->gelu &&
+                     rows == height && cols == w;
+        if (along_a)
+            pdp__amx_kernel41_stream(e, g->a + i0 * g->lda, g->lda, rows, g->k, pk, buf,
+                                     direct ? c : acc, direct ? g->ldc : w);
+        else
+            pdp__amx_kernel12_stream(e, pk, &al, g->b + j0, g->ldb, cols, g->k, buf,
+                                     direct ? c : acc, direct ? g->ldc : w);
+        if (prev) { /* the previous call's block: acc's other half */
+            int64_t pi = along_a ? i0 - unit : i0, pj = along_a ? j0 : j0 - unit;
+            x->out(accbuf + ((u / unit + 1) % 2) * height * w, w, g->c + pi * g->ldc + pj,
+                   g->ldc, along_a ? (int)unit : rows, along_a ? cols : (int)unit, g->alpha,
+                   g->beta, g->bias ? g->bias + pj : NULL, g->relu);
+        }
+        prev = !direct;
+        if (prev && u + unit >= count) { /* the last block: nothing left to overlap */
+            x->out(acc, w, c, g->ldc, rows, cols, g->alpha, g->beta,
+                   g->bias ? g->bias + j0 : NULL, g->relu);
+            prev = 0;
+        }
+    }
+    if (g->gelu) pdp__bf16_gelu_tile(g, m0, n0, (int)(m1 - m0), (int)(n1 - n0));
+}
+#  endif
+
 /* C[m0, m1) x [n0, n1) (m0, n0 on the block grid), tiles on e (NULL: the hardware's,
    configured by the caller). */
 PDP__PRIVATE void pdp__amx_block(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64_t m0, int64_t m1,
@@ -690,9 +904,16 @@ PDP__PRIVATE void pdp__amx_block(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64
     size_t bwords = (size_t)(panels * w * padded);
     size_t awords = (size_t)(height * (x->a_rows ? PDP__AMX_AROW(steps) : padded));
     size_t accs = (size_t)(panels * height * w);
-    uint32_t *bp = (uint32_t *)pdp__thread_scratch((bwords + awords + accs) * 4), *ap;
+    uint32_t *bp, *ap;
     float *accbuf;
     pdp__amx_alay al;
+#  if PDP__BF16_X86
+    if (x->stream) {
+        pdp__amx_block_stream(x, e, m0, m1, n0, n1);
+        return;
+    }
+#  endif
+    bp = (uint32_t *)pdp__thread_scratch((bwords + awords + accs) * 4);
     al.step = x->a_rows ? PDP__AMX_KT : height * 16;
     al.tile = x->a_rows ? 16 * PDP__AMX_AROW(steps) : PDP__AMX_TW;
     al.stride = x->a_rows ? 4 * PDP__AMX_AROW(steps) : 64;
@@ -783,6 +1004,7 @@ PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate)
     x.nb = g->n <= 16 ? 1 : 2;
     x.mb = g->m <= 16 && x.nb == 2 ? 1 : 4 / x.nb;
     x.a_rows = 0;
+    x.stream = 0;
     x.pack_a = pdp__amx_pack_a;
     x.pack_b = pdp__amx_pack_b;
     x.out = pdp__amx_out;
@@ -792,6 +1014,9 @@ PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate)
         x.pack_a = x.a_rows ? pdp__amx_pack_a_rows_avx512 : pdp__amx_pack_a_avx512;
         x.pack_b = pdp__amx_pack_b_avx512;
         x.out = pdp__amx_out_avx512;
+        /* one panel (n <= 16) or one block of rows (m <= 16): the other operand streams */
+        x.stream = x.nb == 1 && g->ta == PDP_NO_TRANS && !g->ah   ? 1
+                   : x.mb == 1 && g->tb == PDP_NO_TRANS && !g->bh ? 2 : 0;
     }
 #  endif
     threads = pdp__threads_for_caller();

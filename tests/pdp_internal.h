@@ -3245,6 +3245,15 @@ PDP__PRIVATE void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uin
    otherwise, and for a gathered B, pdp__bf16_bits and gemm_bf16.c's panel packing. The
    words are the same up to subnormals, which every kernel reads as zero.
 
+   Streaming. Where one side of C is at most 16 and, with AVX512-BF16, the other operand
+   is stored along the rows its tiles take (n <= 16 and op(A) stored along k; m <= 16 and
+   op(B) stored k x n), each of its values meets one tile product, so it is not packed:
+   pdp__amx_kernel41_stream and pdp__amx_kernel12_stream convert it one k step at a time
+   into two 4 KiB buffers that stay in L1, among the tile operations, over all of k (no
+   cache blocks: the packed side is one panel or one block of rows). bench/gemm bf16 (one
+   thread, operands 64-byte aligned, medians of 3 runs, a loaded 2-core Sapphire Rapids):
+   512 x 512 x 10 NT 27 -> 20 us a call, 10 x 512 x 512 TN 39 -> 27 us.
+
    Kernel. A block of C is 2 x 2 tiles (32 x 32: tmm0-3 accumulate, tmm4-5 hold two
    tiles of A, tmm6-7 two of B; per k step two A and two B tile loads feed four
    TDPBF16PS) or, when n <= 16, 4 x 1 (64 x 16: tmm0-3 accumulate, four A tiles in
@@ -3508,6 +3517,57 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, 
 #    undef PDP__AMX_RNE
 #  endif
 
+/* ---- gemm_amx: streaming kernels ----
+   Where one side of C is at most 16 (n <= 16: 4 x 1 blocks, one panel; m <= 16: 1 x 2
+   blocks, one row block), each value of the other operand meets one tile product only, so
+   packing it first buys no reuse: it would be converted, written out, then read back by
+   the tile loads (512 x 512 x 10 NT, one thread: packing A was 63% of the call). These
+   kernels convert it one k step at a time into two 4 KiB buffers that stay in L1, the
+   next step's conversion issued after this step's tile products (whose tile loads read
+   the other buffer, stored a step earlier), so the vector conversion runs beside the
+   tile unit. The words and the sequence of TDPBF16PS per element are those of
+   pdp__amx_kernel41 and pdp__amx_kernel12 on packed operands. */
+#  if PDP__BF16_X86
+#    if PDP__BF16_AMX
+#      define PDP__AMX_SIMD_TARGET                                                          \
+          PDP__TARGET("avx512f,avx512bw,avx512dq,avx512bf16,amx-tile,amx-bf16")
+#    else
+#      define PDP__AMX_SIMD_TARGET PDP__BF16_TARGET
+#    endif
+
+/* One k step of rows [0, rows) of op(A) stored along k (x: row 0's first value of the
+   step, rows ld floats apart; vals: the values of k left from the step's first, the step
+   holds min(32, vals)) as tile rows, row i at d + 16 i: pdp__amx_pack_a_rows_avx512's
+   words. */
+
+/* One k step of columns [0, 32) of op(B) stored k x n (x: the step's first row, rows ld
+   floats apart; cols of the 32 inside n, the rest zero; vals as above) as two tiles of
+   [pair][column] words, the second at d + 256: pdp__amx_pack_b_avx512's words. */
+
+/* pdp__amx_kernel41 over all k steps, A converted as it goes: rows [0, rows) of op(A)
+   stored along k from a (lda floats apart), the B panel packed at b, the accumulators
+   from zero stored to out (row stride ldo floats); buf: 2 x 1024 words of scratch. The
+   buffers' rows past `rows` are left as they are: only their own accumulator rows, never
+   stored, read them. */
+PDP__AMX_SIMD_TARGET PDP__PRIVATE void pdp__amx_kernel41_stream(pdp__amx_tiles *e,
+                                                                const float *a, int64_t lda,
+                                                                int rows, int64_t k,
+                                                                const uint32_t *b, uint32_t *buf,
+                                                                float *out, int64_t ldo);
+
+/* pdp__amx_kernel12 over all k steps, B converted as it goes: columns [0, cols) of op(B)
+   stored k x n from b (ldb floats a row), the block's A packed at a (al), the
+   accumulators from zero stored to out; buf: 2 x 512 words of scratch. */
+PDP__AMX_SIMD_TARGET PDP__PRIVATE void pdp__amx_kernel12_stream(pdp__amx_tiles *e,
+                                                                const uint32_t *a,
+                                                                const pdp__amx_alay *al,
+                                                                const float *b, int64_t ldb,
+                                                                int cols, int64_t k,
+                                                                uint32_t *buf, float *out,
+                                                                int64_t ldo);
+#    undef PDP__AMX_SIMD_TARGET
+#  endif
+
 /* ---- gemm_amx: driver ---- */
 
 typedef void (*pdp__amx_pack_a_fn)(const pdp__bf16_args *g, int64_t r0, int rows, int height,
@@ -3523,6 +3583,7 @@ typedef struct pdp__amx_ctx {
     int mb, nb;      /* tiles per block of C: 2 x 2; 4 x 1 when n <= 16; 1 x 2 when m <= 16 */
     int split_n;     /* parts split the column panels (else the row blocks) */
     int a_rows;      /* pack_a writes rows (pdp__amx_pack_a_rows_avx512), not tile order */
+    int stream;      /* 1: A converted in the kernel (n <= 16); 2: B (m <= 16); 0: neither */
     pdp__amx_pack_a_fn pack_a;
     pdp__amx_pack_b_fn pack_b;
     pdp__amx_out_fn out;
@@ -3531,6 +3592,17 @@ typedef struct pdp__amx_ctx {
 /* Element (i, j) of C by the pseudo-code's chain (the emulated tiles' bits), unpacked:
    the fallback without scratch. */
 PDP__PRIVATE void pdp__amx_element(const pdp__bf16_args *g, int64_t i, int64_t j);
+
+#  if PDP__BF16_X86
+/* pdp__amx_block with the streamed operand (x->stream; the streaming kernels say why):
+   1, n <= 16 and op(A) stored along k: B's one panel packed, each block of 64 rows of A
+   converted inside pdp__amx_kernel41_stream; 2, m <= 16 and op(B) stored k x n: the one
+   block of A packed, each panel of B converted inside pdp__amx_kernel12_stream. No k
+   cache blocks: the packed operand is one panel or one block of rows, in L1 or L2. A
+   block's epilogue runs after the next block's kernel, as in pdp__amx_block. */
+PDP__PRIVATE void pdp__amx_block_stream(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64_t m0,
+                                        int64_t m1, int64_t n0, int64_t n1);
+#  endif
 
 /* C[m0, m1) x [n0, n1) (m0, n0 on the block grid), tiles on e (NULL: the hardware's,
    configured by the caller). */

@@ -764,9 +764,13 @@ static void amx_operands(const bcase *t, mat *a, mat *b, mat *c)
 
 /* C of case t by the AMX driver on `how`: 0 the hardware path (pdp_gemm_bf16_on), 1 the
    emulated tiles with the path's packing and epilogue (AVX-512 where it exists), 2 the
-   emulated tiles with the portable ones. */
+   emulated tiles with the portable ones; after amx_poison fills the thread's scratch
+   with NaN words, so that a word a kernel reads but this call did not write shows. */
+static int amx_poison; /* amx_run fills the caller's scratch with NaN words first */
 static void amx_run(int how, const bcase *t, const mat *a, const mat *b, float *c, int64_t ldc)
 {
+    void *scratch = amx_poison ? pdp__thread_scratch(1 << 16) : NULL;
+    if (scratch) memset(scratch, 0xff, 1 << 16);
     if (how == 0)
         (void)pdp_gemm_bf16_on(PDP_BF16_PATH_AMX, t->ta, t->tb, t->m, t->n, t->k, t->alpha, a->p,
                                a->ld, b->p, b->ld, t->beta, c, ldc);
@@ -959,6 +963,66 @@ TEST bf16_amx_hardware_matches_emulated_tiles(void)
     CHECK_CALL(amx_cases(check_amx_hardware));
     snprintf(msg, sizeof msg, "within the bound: %ld of %ld elements bit for bit, worst %.2g of "
              "the bound", amx_hw_same, amx_hw_total, amx_hw_worst);
+    PASSm(msg);
+}
+
+/* The streaming kernels (gemm_amx.c: one side of C at most 16, the other operand
+   converted a k step at a time inside the kernel, on a CPU with AVX512-BF16): n = 1, 15,
+   16 with op(A) stored along k, and m = 1, 15, 16 with op(B) stored k x n, against the
+   other side across the 4 x 1 and 1 x 2 blocks (1, 15, 16, 17, 33, 64, 65, 130) and k =
+   1, 31, 33, 100, 529 (a step's tail; several steps), the other operand in both layouts;
+   alpha 1 and beta 0 (whole blocks stored straight to C) or not, padded strides,
+   subnormal inputs, tiny values. f on each. */
+static enum greatest_test_res amx_stream_cases(enum greatest_test_res (*f)(const bcase *t))
+{
+    static const int64_t small[] = {1, 15, 16}, other[] = {1, 15, 16, 17, 33, 64, 65, 130};
+    static const int64_t ks[] = {1, 31, 33, 100, 529};
+    int side, i, j, q, count = 0;
+    for (side = 0; side < 2; side++)
+        for (i = 0; i < 3; i++)
+            for (j = 0; j < 8; j++)
+                for (q = 0; q < 5; q++) {
+                    bcase t;
+                    memset(&t, 0, sizeof t);
+                    count++;
+                    t.m = side ? small[i] : other[j];
+                    t.n = side ? other[j] : small[i];
+                    t.k = ks[q];
+                    t.ta = side ? (pdp_trans)(count % 2) : PDP_NO_TRANS; /* side 0: A streams */
+                    t.tb = side ? PDP_NO_TRANS : (pdp_trans)(count % 2); /* side 1: B */
+                    t.alpha = count % 3 ? 1.0f : 0.5f;
+                    t.beta = count % 4 == 1 ? 0.25f : 0.0f;
+                    t.nan_c = t.beta == 0.0f;
+                    t.pad = count % 5 == 0 ? 3 : 0;
+                    t.subnormals = count % 7 == 3 ? 1 : count % 7 == 5 ? 2 : 0;
+                    CHECK_CALL(f(&t));
+                }
+    PASS();
+}
+
+/* The streaming kernels on emulated tiles against the pseudo-code's loop, bit for bit
+   (check_amx_emulated: their words and tile order are those of the packed path), and on
+   the hardware against the emulated tiles (check_amx_hardware), each call on a scratch
+   of NaN words (amx_poison: the zero pairs past k must be written, not found). */
+TEST bf16_amx_streamed_operand_matches_sdm_loop(void)
+{
+    static char msg[160];
+    enum greatest_test_res r;
+    amx_poison = 1;
+    r = amx_stream_cases(check_amx_emulated);
+    amx_poison = 0;
+    CHECK_CALL(r);
+    if (!pdp_bf16_path_available(PDP_BF16_PATH_AMX))
+        SKIPm("the emulated tiles pass; the hardware's: bf16 path amx-bf16 not available on "
+              "this CPU or build");
+    amx_hw_same = amx_hw_total = 0;
+    amx_hw_worst = 0.0;
+    amx_poison = 1;
+    r = amx_stream_cases(check_amx_hardware);
+    amx_poison = 0;
+    CHECK_CALL(r);
+    snprintf(msg, sizeof msg, "hardware within the bound: %ld of %ld elements bit for bit, "
+             "worst %.2g of the bound", amx_hw_same, amx_hw_total, amx_hw_worst);
     PASSm(msg);
 }
 
@@ -1157,13 +1221,15 @@ static int bias_run(int v, int fused, int64_t m, int64_t n, int64_t k, const flo
    by the Linear's old pass (relu(b + C), and C = b then beta 1 without the ReLU), and a
    GELU there those of C = b + C and the GELU layer's kernel after, C kept, on every chain
    path and kernel this CPU has and on the emulated tiles: odd shapes (n across the AMX
-   4 x 1 and 2 x 2 blocks and several panels, k across its cache blocks), padded C and G
+   4 x 1 and 2 x 2 blocks and several panels, k across its cache blocks; m = 130 at n = 10:
+   the streamed A's row blocks, each epilogue after the next block's kernel), padded C and G
    whose padding stays untouched, a bias with -0 and values that make sums negative and
    large enough to reach the GELU's saturation, a NaN row of x, 1 and 2 threads. */
 TEST bf16_bias_in_epilogue_matches_two_passes(void)
 {
-    static const int64_t shape[][3] = {{1, 1, 1},   {5, 16, 3},   {37, 17, 19}, {70, 45, 100},
-                                       {67, 96, 33}, {33, 130, 401}, {96, 80, 160}};
+    static const int64_t shape[][3] = {{1, 1, 1},    {5, 16, 3},    {37, 17, 19}, {70, 45, 100},
+                                       {67, 96, 33}, {33, 130, 401}, {96, 80, 160},
+                                       {130, 10, 70}};
     int s, v, act, has_bias, threads, ran = 0;
     char msg[256];
     for (s = 0; s < (int)(sizeof shape / sizeof shape[0]); s++) {
@@ -2033,6 +2099,7 @@ SUITE(bf16)
     RUN_TEST(bf16_amx_emulated_gathered_match_materialised);
     RUN_TEST(bf16_bias_in_epilogue_matches_two_passes);
     RUN_TEST(bf16_amx_hardware_matches_emulated_tiles);
+    RUN_TEST(bf16_amx_streamed_operand_matches_sdm_loop);
     RUN_TEST(bf16_amx_hardware_pair_rounding_recorded);
     RUN_TEST(bf16_gemm_auto_takes_the_best_path_and_names_missing_ones);
     RUN_TEST(bf16_model_linear_uses_bf16_gemms_and_switches_back);
