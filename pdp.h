@@ -9108,6 +9108,106 @@ PDP__PRIVATE void pdp__gemm_scale_c(int64_t m, int64_t n, float beta, float *c, 
     }
 }
 
+/* ---- gemm: bf16 rounding ----
+   pdp__bf16_round_u32 on vectors: pdp__sgemm_bf16 rounds its operands with it as it packs
+   them (section "packing"), and Conv2d rounds its padded image and dy with
+   pdp__gemm_round16 (a pass, in every build: with PDP_CBLAS too). */
+
+#if !defined(PDP_NO_SIMD) && (defined(__AVX__) || defined(__AVX512F__))
+#  include <immintrin.h>
+#endif
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+/* pdp__bf16_round_u32 on 16 lanes, in 7 operations where its plain form takes 10: t = u +
+   0x7fff, plus 1 where bit 16 (the kept half's last bit) is set; a NaN's t is u with the
+   quiet bit; then the low half cleared. */
+static inline PDP__ALWAYS_INLINE __m512i pdp__gemm_round_zmm(__m512i u)
+{
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x00400000);
+    const __m512i bit16 = _mm512_set1_epi32(0x10000);
+    __m512i t = _mm512_add_epi32(u, half);
+    t = _mm512_mask_add_epi32(t, _mm512_test_epi32_mask(u, bit16), t, one);
+    t = _mm512_mask_or_epi32(t, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf), u, quiet);
+    return _mm512_and_si512(t, top);
+}
+
+/* lo in the low half, hi in the high half (the masked form, its mask full: the plain one's
+   undefined source trips gcc's -Wmaybe-uninitialized, as gemm_bf16.c's PDP__BF16_HALF). */
+static inline PDP__ALWAYS_INLINE __m512i pdp__gemm_join(__m256i lo, __m256i hi)
+{
+    __m512i w = _mm512_castsi256_si512(lo);
+    return _mm512_mask_inserti64x4(w, (__mmask8)0xff, w, hi, 1);
+}
+#endif
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX2__)
+/* pdp__bf16_round_u32 on 8 lanes (|u| and Inf compared as signed: both are below 2^31). */
+static inline PDP__ALWAYS_INLINE __m256 pdp__gemm_round_ymm(__m256 v)
+{
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+    const __m256i top = _mm256_set1_epi32((int)0xffff0000u), quiet = _mm256_set1_epi32(0x00400000);
+    __m256i u = _mm256_castps_si256(v);
+#  if defined(__AVX512VL__) /* pdp__gemm_round_zmm's 7 operations */
+    const __m256i bit16 = _mm256_set1_epi32(0x10000);
+    __m256i t = _mm256_add_epi32(u, half);
+    t = _mm256_mask_add_epi32(t, _mm256_test_epi32_mask(u, bit16), t, one);
+    t = _mm256_mask_or_epi32(t, _mm256_cmpgt_epi32_mask(_mm256_and_si256(u, abs), inf), u, quiet);
+    return _mm256_castsi256_ps(_mm256_and_si256(t, top));
+#  else
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+    __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, half), lsb), top);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
+    __m256i q = _mm256_and_si256(_mm256_or_si256(u, quiet), top);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(r, q, nan));
+#  endif
+}
+#endif
+
+/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
+   loop vectorises). */
+PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n)
+{
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    /* 16 at a time in zmm (gcc vectorises the loop below in ymm at -march=native: twice
+       the instructions) */
+    for (; n >= 16; n -= 16, p += 16)
+        _mm512_storeu_si512((void *)p, pdp__gemm_round_zmm(_mm512_loadu_si512((const void *)p)));
+#endif
+    PDP__FOR_BLOCKED(i, n, {
+        uint32_t u;
+        memcpy(&u, p + i, sizeof u);
+        u = pdp__bf16_round_u32(u);
+        memcpy(p + i, &u, sizeof u);
+    });
+}
+
+/* d[0, n) = s[0, n), rounded to bf16 when round16 (pdp__bf16_round_u32's bits). */
+static inline PDP__ALWAYS_INLINE void pdp__gemm_copy(float *d, const float *s, int n, int round16)
+{
+    int i = 0;
+    if (!round16) {
+        memcpy(d, s, (size_t)n * sizeof(float));
+        return;
+    }
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_si512((void *)(d + i),
+                            pdp__gemm_round_zmm(_mm512_loadu_si512((const void *)(s + i))));
+    if (i < n) { /* the last 1-15 (an A panel's MR = 8): masked, not one by one */
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_epi32((void *)(d + i), m,
+                                 pdp__gemm_round_zmm(_mm512_maskz_loadu_epi32(m, s + i)));
+        return;
+    }
+#elif !defined(PDP_NO_SIMD) && defined(__AVX2__)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, pdp__gemm_round_ymm(_mm256_loadu_ps(s + i)));
+#endif
+    for (; i < n; i++) d[i] = pdp__bf16_round(s[i]);
+}
+
 #if defined(PDP_CBLAS)
 #  include <cblas.h>
 
@@ -9433,105 +9533,11 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
    operations per vector, where a pass over the packed panels after packing cost 2-22%
    of the MLP's products (one thread, Sapphire Rapids class; most where packing is a
    large share: 10 x 512 x 512, 512 x 10 x 512). */
-#if !defined(PDP_NO_SIMD) && (defined(__AVX__) || defined(__AVX512F__))
-#  include <immintrin.h>
-#endif
-
-#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
-/* pdp__bf16_round_u32 on 16 lanes, in 7 operations where its plain form takes 10: t = u +
-   0x7fff, plus 1 where bit 16 (the kept half's last bit) is set; a NaN's t is u with the
-   quiet bit; then the low half cleared. */
-static inline PDP__ALWAYS_INLINE __m512i pdp__gemm_round_zmm(__m512i u)
-{
-    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
-    const __m512i top = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x00400000);
-    const __m512i bit16 = _mm512_set1_epi32(0x10000);
-    __m512i t = _mm512_add_epi32(u, half);
-    t = _mm512_mask_add_epi32(t, _mm512_test_epi32_mask(u, bit16), t, one);
-    t = _mm512_mask_or_epi32(t, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf), u, quiet);
-    return _mm512_and_si512(t, top);
-}
-
-/* lo in the low half, hi in the high half (the masked form, its mask full: the plain one's
-   undefined source trips gcc's -Wmaybe-uninitialized, as gemm_bf16.c's PDP__BF16_HALF). */
-static inline PDP__ALWAYS_INLINE __m512i pdp__gemm_join(__m256i lo, __m256i hi)
-{
-    __m512i w = _mm512_castsi256_si512(lo);
-    return _mm512_mask_inserti64x4(w, (__mmask8)0xff, w, hi, 1);
-}
-#endif
-
-#if !defined(PDP_NO_SIMD) && defined(__AVX2__)
-/* pdp__bf16_round_u32 on 8 lanes (|u| and Inf compared as signed: both are below 2^31). */
-static inline PDP__ALWAYS_INLINE __m256 pdp__gemm_round_ymm(__m256 v)
-{
-    const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-    const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
-    const __m256i top = _mm256_set1_epi32((int)0xffff0000u), quiet = _mm256_set1_epi32(0x00400000);
-    __m256i u = _mm256_castps_si256(v);
-#  if defined(__AVX512VL__) /* pdp__gemm_round_zmm's 7 operations */
-    const __m256i bit16 = _mm256_set1_epi32(0x10000);
-    __m256i t = _mm256_add_epi32(u, half);
-    t = _mm256_mask_add_epi32(t, _mm256_test_epi32_mask(u, bit16), t, one);
-    t = _mm256_mask_or_epi32(t, _mm256_cmpgt_epi32_mask(_mm256_and_si256(u, abs), inf), u, quiet);
-    return _mm256_castsi256_ps(_mm256_and_si256(t, top));
-#  else
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
-    __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, half), lsb), top);
-    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
-    __m256i q = _mm256_and_si256(_mm256_or_si256(u, quiet), top);
-    return _mm256_castsi256_ps(_mm256_blendv_epi8(r, q, nan));
-#  endif
-}
-#endif
-
-/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
-   loop vectorises). */
-PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n)
-{
-#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
-    /* 16 at a time in zmm (gcc vectorises the loop below in ymm at -march=native: twice
-       the instructions) */
-    for (; n >= 16; n -= 16, p += 16)
-        _mm512_storeu_si512((void *)p, pdp__gemm_round_zmm(_mm512_loadu_si512((const void *)p)));
-#endif
-    PDP__FOR_BLOCKED(i, n, {
-        uint32_t u;
-        memcpy(&u, p + i, sizeof u);
-        u = pdp__bf16_round_u32(u);
-        memcpy(p + i, &u, sizeof u);
-    });
-}
 
 /* x rounded to bf16 (as an fp32) when round16, else x. */
 static inline float pdp__gemm_rounded(float x, int round16)
 {
     return round16 ? pdp__bf16_round(x) : x;
-}
-
-/* d[0, n) = s[0, n), rounded to bf16 when round16. */
-static inline PDP__ALWAYS_INLINE void pdp__gemm_copy(float *d, const float *s, int n, int round16)
-{
-    int i = 0;
-    if (!round16) {
-        memcpy(d, s, (size_t)n * sizeof(float));
-        return;
-    }
-#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_si512((void *)(d + i),
-                            pdp__gemm_round_zmm(_mm512_loadu_si512((const void *)(s + i))));
-    if (i < n) { /* the last 1-15 (an A panel's MR = 8): masked, not one by one */
-        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        _mm512_mask_storeu_epi32((void *)(d + i), m,
-                                 pdp__gemm_round_zmm(_mm512_maskz_loadu_epi32(m, s + i)));
-        return;
-    }
-#elif !defined(PDP_NO_SIMD) && defined(__AVX2__)
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, pdp__gemm_round_ymm(_mm256_loadu_ps(s + i)));
-#endif
-    for (; i < n; i++) d[i] = pdp__bf16_round(s[i]);
 }
 
 #if !defined(PDP_NO_SIMD) && defined(__AVX__)
@@ -17832,6 +17838,19 @@ PDP__PRIVATE void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, flo
             memcpy(dst + p * dp + r * dr, src + p * sp + r * sr, (size_t)n * sizeof(float));
 }
 
+/* The same, each value rounded to bf16 as it is copied (pdp__bf16_round_u32's bits; a row
+   is one to two 16-lane vectors with AVX-512): the padded image in bf16 on the fp32
+   kernels, without a pass over it (its bands and padding are zeros). */
+PDP__PRIVATE void pdp__conv_copy2d_bf16(const float *src, int64_t sp, int64_t sr, float *dst,
+                                        int64_t dp, int64_t dr, int64_t planes, int64_t rows,
+                                        int64_t n)
+{
+    int64_t p, r;
+    for (p = 0; p < planes; p++)
+        for (r = 0; r < rows; r++)
+            pdp__gemm_copy(dst + p * dp + r * dr, src + p * sp + r * sr, (int)n, 1);
+}
+
 /* `body` for j in [0, n) of a short row (an image row: 28, 14 or 7 floats) in
    blocks of 16, 8 and 4, the remainder as the last 4 once more: constant trip
    counts, which gcc -O2 vectorises where PDP__FOR_BLOCKED's scalar tail would
@@ -17960,16 +17979,40 @@ typedef struct pdp__conv_job {
                          pdp__gemm_bf16_rows_h / _arows_h on the image and dy converted */
 } pdp__conv_job;
 
-/* bf16: p[0, n) rounded in place (pdp__bf16_round_u32 on the bits, in
-   PDP__FOR_BLOCKED's blocks that gcc -O2 vectorises). */
-PDP__PRIVATE void pdp__conv_bf16(float *p, int64_t n)
+/* bf16: p[0, n) rounded in place (pdp__bf16_round_u32's bits): gemm.c's pass, 16 lanes at a
+   time with AVX-512 (gcc's vectorisation of the plain loop, 8 lanes in 10 operations, was
+   2.7% of the CNN's bf16 step on sgemm-rounded, one Sapphire Rapids class thread). */
+PDP__PRIVATE void pdp__conv_bf16(float *p, int64_t n) { pdp__gemm_round16(p, n); }
+
+/* bf16: pdp__layers_sum(x, n), the same bits (its 16 lanes, then its tail and the lanes
+   into a double, in its order), with x rounded in place in the same pass, each value after
+   the sum took it: Conv2d's db share from dy, then dy for the products, in one read. */
+PDP__PRIVATE double pdp__conv_sum_bf16(float *x, int64_t n)
 {
-    PDP__FOR_BLOCKED(i, n, {
-        uint32_t u;
-        memcpy(&u, p + i, sizeof u);
-        u = pdp__bf16_round_u32(u);
-        memcpy(p + i, &u, sizeof u);
-    });
+    float lane[16] = {0};
+    double s = 0.0;
+    int64_t i = 0;
+    int k;
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        __m512i u = _mm512_loadu_si512((const void *)(x + i));
+        acc = _mm512_add_ps(acc, _mm512_castsi512_ps(u));
+        _mm512_storeu_si512((void *)(x + i), pdp__gemm_round_zmm(u));
+    }
+    _mm512_storeu_ps(lane, acc);
+#endif
+    for (; i + 16 <= n; i += 16)
+        for (k = 0; k < 16; k++) {
+            lane[k] += x[i + k];
+            x[i + k] = pdp__bf16_round(x[i + k]);
+        }
+    for (; i < n; i++) {
+        s += x[i];
+        x[i] = pdp__bf16_round(x[i]);
+    }
+    for (k = 0; k < 16; k++) s += lane[k];
+    return s;
 }
 
 /* Chunk c: its samples [s0, s1), where its dW and db shares go ([O, C k k] then
@@ -18037,11 +18080,11 @@ PDP__PRIVATE void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__c
     int64_t c, o, ki, kj, s, ns = k->s1 - k->s0;
     memset(k->xp, 0, (size_t)(g->C * g->Hp * k->wt + g->k) * sizeof(float));
     for (s = 0; s < ns; s++)
-        pdp__conv_copy2d(job->io->x + (k->s0 + s) * job->l->in_count, g->H * g->W, g->W,
-                         k->xp + g->pad * k->wt + g->pad + s * (g->W + g->pad), g->Hp * k->wt,
-                         k->wt, g->C, g->H, g->W);
-    if (job->io->bf16 && (!job->packed16 || (backward && g->dw_dots)))
-        pdp__conv_bf16(k->xp, g->C * g->Hp * k->wt + g->k);
+        (job->io->bf16 && (!job->packed16 || (backward && g->dw_dots)) ? pdp__conv_copy2d_bf16
+                                                                       : pdp__conv_copy2d)(
+            job->io->x + (k->s0 + s) * job->l->in_count, g->H * g->W, g->W,
+            k->xp + g->pad * k->wt + g->pad + s * (g->W + g->pad), g->Hp * k->wt, k->wt, g->C,
+            g->H, g->W);
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->k; ki++)
             for (kj = 0; kj < g->k; kj++)
@@ -18117,14 +18160,16 @@ PDP__PRIVATE void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
                 pdp__conv_copy_dy(io, s, job->l, k.grid + (s - k.s0) * (g->W + g->pad), cols,
                                   k.wt);
         }
+        /* db's share from dy; in bf16 on the fp32 kernels (and the packed path's dots) dy is
+           rounded for the products in the same pass, after db took it: the grid's rows hold
+           every value of dy (a "same" convolution's padded dy has zeros elsewhere) */
         for (o = 0; o < g->O; o++)
-            k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(grid + o * ldg, cols);
-        if (io->bf16 && !job->packed16) { /* dy rounded after db took it, for the products */
-            if (io->dx) pdp__conv_bf16(k.dyp, g->O * g->Hq * k.wqt + g->k);
-            if (grid == k.grid) pdp__conv_bf16(k.grid, g->O * cols);
-        } else if (io->bf16 && g->dw_dots) { /* packed path: the dots' dy only */
-            for (o = 0; o < g->O; o++) pdp__conv_bf16(grid + o * ldg, cols);
-        }
+            k.share[g->O * g->ckk + o] =
+                (float)(io->bf16 && (!job->packed16 || g->dw_dots)
+                            ? pdp__conv_sum_bf16(grid + o * ldg, cols)
+                            : pdp__layers_sum(grid + o * ldg, cols));
+        if (io->bf16 && !job->packed16 && io->dx && grid == k.grid) /* the padded dy apart */
+            pdp__conv_bf16(k.dyp, g->O * g->Hq * k.wqt + g->k);
         if (g->dw_dots)
             pdp__sgemm_dots(g->O, g->ckk, cols, grid, ldg, k.xp, k.offx, k.share, g->ckk);
         else if (job->packed16) { /* the image in bf16, in place: the column matrix's pairs

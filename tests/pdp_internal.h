@@ -2279,6 +2279,36 @@ PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, 
    is written without being read. pdp_gemm_bf16 shares it. */
 PDP__PRIVATE void pdp__gemm_scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc);
 
+/* ---- gemm: bf16 rounding ----
+   pdp__bf16_round_u32 on vectors: pdp__sgemm_bf16 rounds its operands with it as it packs
+   them (section "packing"), and Conv2d rounds its padded image and dy with
+   pdp__gemm_round16 (a pass, in every build: with PDP_CBLAS too). */
+
+#if !defined(PDP_NO_SIMD) && (defined(__AVX__) || defined(__AVX512F__))
+#  include <immintrin.h>
+#endif
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+/* pdp__bf16_round_u32 on 16 lanes, in 7 operations where its plain form takes 10: t = u +
+   0x7fff, plus 1 where bit 16 (the kept half's last bit) is set; a NaN's t is u with the
+   quiet bit; then the low half cleared. */
+
+/* lo in the low half, hi in the high half (the masked form, its mask full: the plain one's
+   undefined source trips gcc's -Wmaybe-uninitialized, as gemm_bf16.c's PDP__BF16_HALF). */
+
+#endif
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX2__)
+/* pdp__bf16_round_u32 on 8 lanes (|u| and Inf compared as signed: both are below 2^31). */
+
+#endif
+
+/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
+   loop vectorises). */
+PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n);
+
+/* d[0, n) = s[0, n), rounded to bf16 when round16 (pdp__bf16_round_u32's bits). */
+
 #if defined(PDP_CBLAS)
 #  include <cblas.h>
 
@@ -2400,32 +2430,8 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
    operations per vector, where a pass over the packed panels after packing cost 2-22%
    of the MLP's products (one thread, Sapphire Rapids class; most where packing is a
    large share: 10 x 512 x 512, 512 x 10 x 512). */
-#if !defined(PDP_NO_SIMD) && (defined(__AVX__) || defined(__AVX512F__))
-#  include <immintrin.h>
-#endif
-
-#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
-/* pdp__bf16_round_u32 on 16 lanes, in 7 operations where its plain form takes 10: t = u +
-   0x7fff, plus 1 where bit 16 (the kept half's last bit) is set; a NaN's t is u with the
-   quiet bit; then the low half cleared. */
-
-/* lo in the low half, hi in the high half (the masked form, its mask full: the plain one's
-   undefined source trips gcc's -Wmaybe-uninitialized, as gemm_bf16.c's PDP__BF16_HALF). */
-
-#endif
-
-#if !defined(PDP_NO_SIMD) && defined(__AVX2__)
-/* pdp__bf16_round_u32 on 8 lanes (|u| and Inf compared as signed: both are below 2^31). */
-
-#endif
-
-/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
-   loop vectorises). */
-PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n);
 
 /* x rounded to bf16 (as an fp32) when round16, else x. */
-
-/* d[0, n) = s[0, n), rounded to bf16 when round16. */
 
 #if !defined(PDP_NO_SIMD) && defined(__AVX__)
 #  define PDP__GEMM_T8 1
@@ -5399,6 +5405,13 @@ PDP__PRIVATE void pdp__col2im(const pdp__conv_geom *g, const float *PDP__RESTRIC
 PDP__PRIVATE void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, float *dst, int64_t dp,
                                    int64_t dr, int64_t planes, int64_t rows, int64_t n);
 
+/* The same, each value rounded to bf16 as it is copied (pdp__bf16_round_u32's bits; a row
+   is one to two 16-lane vectors with AVX-512): the padded image in bf16 on the fp32
+   kernels, without a pass over it (its bands and padding are zeros). */
+PDP__PRIVATE void pdp__conv_copy2d_bf16(const float *src, int64_t sp, int64_t sr, float *dst,
+                                        int64_t dp, int64_t dr, int64_t planes, int64_t rows,
+                                        int64_t n);
+
 /* `body` for j in [0, n) of a short row (an image row: 28, 14 or 7 floats) in
    blocks of 16, 8 and 4, the remainder as the last 4 once more: constant trip
    counts, which gcc -O2 vectorises where PDP__FOR_BLOCKED's scalar tail would
@@ -5475,9 +5488,15 @@ typedef struct pdp__conv_job {
                          pdp__gemm_bf16_rows_h / _arows_h on the image and dy converted */
 } pdp__conv_job;
 
-/* bf16: p[0, n) rounded in place (pdp__bf16_round_u32 on the bits, in
-   PDP__FOR_BLOCKED's blocks that gcc -O2 vectorises). */
+/* bf16: p[0, n) rounded in place (pdp__bf16_round_u32's bits): gemm.c's pass, 16 lanes at a
+   time with AVX-512 (gcc's vectorisation of the plain loop, 8 lanes in 10 operations, was
+   2.7% of the CNN's bf16 step on sgemm-rounded, one Sapphire Rapids class thread). */
 PDP__PRIVATE void pdp__conv_bf16(float *p, int64_t n);
+
+/* bf16: pdp__layers_sum(x, n), the same bits (its 16 lanes, then its tail and the lanes
+   into a double, in its order), with x rounded in place in the same pass, each value after
+   the sum took it: Conv2d's db share from dy, then dy for the products, in one read. */
+PDP__PRIVATE double pdp__conv_sum_bf16(float *x, int64_t n);
 
 /* Chunk c: its samples [s0, s1), where its dW and db shares go ([O, C k k] then
    [O]), and the scratch of the part that runs it. Workspace: the fixed part, the
