@@ -2437,8 +2437,11 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
 #  define PDP__GEMM_T8 1
 
 /* dst[q * ldd + r] = s[r][p + q] for r, q in [0, 8), rounded to bf16 when round16: on
-   AVX-512 into an A panel (ldd 8: two rows of the block are 16 adjacent floats), two
-   rows at a time in zmm (11 operations per 16 values, where ymm takes 20). */
+   AVX-512 two rows of the block at a time in zmm (11 operations per 16 values, where ymm
+   takes 20), stored as one zmm into an A panel (ldd 8: the two rows are 16 adjacent
+   floats) or as its two halves into a B panel (ldd 32: 13 operations; rounding a
+   512 x 512 op(B) of NT as it packs went from 17-19 us over pdp_sgemm's packing to 7-8,
+   one Sapphire Rapids class thread, best of 200). */
 PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, int64_t ldd,
                                        int round16);
 #else
