@@ -672,6 +672,8 @@ PDP__PRIVATE void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, co
 
 /* ---- gemm: the blocked product on one thread ---- */
 
+enum { PDP__GEMM_ROUND_A = 1, PDP__GEMM_ROUND_B = 2 }; /* pdp__gemm_args.round16 */
+
 typedef struct pdp__gemm_args {
     pdp_trans ta, tb;
     int64_t m, n, k;
@@ -683,8 +685,8 @@ typedef struct pdp__gemm_args {
     int64_t lda, ldb, ldc;
     int64_t kb;   /* depth of each k block (the last may be shorter) */
     int split_n;  /* 1: parts are column ranges; 0: row ranges */
-    int round16;  /* pdp__sgemm_bf16: operands rounded to bf16 as they are packed (never
-                     gathered) */
+    int round16;  /* pdp__sgemm_bf16: the operands rounded to bf16 as they are packed (never
+                     gathered): PDP__GEMM_ROUND_A | PDP__GEMM_ROUND_B, or one of them */
 } pdp__gemm_args;
 
 PDP__PRIVATE int64_t pdp__gemm_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
@@ -725,7 +727,8 @@ PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m
                 continue;
             }
 #endif
-            pdp__gemm_pack_b(g->tb, g->b, g->ldb, g->brow, pc, jc, kc, nc, bp, g->round16);
+            pdp__gemm_pack_b(g->tb, g->b, g->ldb, g->brow, pc, jc, kc, nc, bp,
+                             (g->round16 & PDP__GEMM_ROUND_B) != 0);
             for (ir = m0; ir < m1; ir += PDP__GEMM_MR) {
                 int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m1 - ir);
                 const float *asrc = g->ta == PDP_NO_TRANS ? g->a + ir * g->lda + pc
@@ -747,7 +750,8 @@ PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m
                     pdp__gemm_pack_t(g->a + pc, 0, g->arow + ir, mr, kc, ap, PDP__GEMM_MR, 0);
 #endif
                 } else {
-                    pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap, g->round16);
+                    pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap,
+                                     (g->round16 & PDP__GEMM_ROUND_A) != 0);
                 }
                 for (jr = 0; jr < nc; jr += PDP__GEMM_NR) {
                     int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - jr);
@@ -772,7 +776,8 @@ PDP__PRIVATE void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_
                                                 : g->a[p * g->lda + i];
                 float y = g->tb == PDP_NO_TRANS ? pdp__gemm_row(g->b, g->ldb, g->brow, p)[j]
                                                 : pdp__gemm_row(g->b, g->ldb, g->brow, j)[p];
-                if (g->round16) x = pdp__bf16_round(x), y = pdp__bf16_round(y);
+                if (g->round16 & PDP__GEMM_ROUND_A) x = pdp__bf16_round(x);
+                if (g->round16 & PDP__GEMM_ROUND_B) y = pdp__bf16_round(y);
                 acc += x * y;
             }
             *cij = g->beta != 0.0f ? g->alpha * acc + g->beta * *cij : g->alpha * acc;
@@ -802,7 +807,8 @@ PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n)
         pdp__gemm_unpacked(g, m0, m1, n0, n1);
 }
 
-/* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb. */
+/* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb; round16:
+   the operands rounded to bf16 as they are packed (pdp__sgemm_bf16, _bf16_b). */
 PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
                                 float alpha, const float *a, int64_t lda, const int64_t *arow,
                                 const float *b, int64_t ldb, const int64_t *brow, float beta,
@@ -875,7 +881,21 @@ PDP__PRIVATE void pdp__sgemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t
                                   float alpha, const float *a, int64_t lda, const float *b,
                                   int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc, 1);
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc,
+                  PDP__GEMM_ROUND_A | PDP__GEMM_ROUND_B);
+}
+
+/* pdp__sgemm_bf16 where op(A) holds bf16 values already (the caller rounded it, by
+   construction: Linear's dY, rounded by its ReLU's backward pass): only op(B) is rounded
+   as it is packed. Rounding is idempotent, so the bits are pdp__sgemm_bf16's; the
+   packing of op(A) is pdp_sgemm's (a transpose in NN: rounding there cost 12-20 us per
+   512 x 512 over fp32's packing, one Sapphire Rapids class thread). */
+PDP__PRIVATE void pdp__sgemm_bf16_b(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                    float alpha, const float *a, int64_t lda, const float *b,
+                                    int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc,
+                  PDP__GEMM_ROUND_B);
 }
 
 /* ---- gemm: gathered B ----

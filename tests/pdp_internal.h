@@ -2488,6 +2488,8 @@ PDP__PRIVATE void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, co
 
 /* ---- gemm: the blocked product on one thread ---- */
 
+enum { PDP__GEMM_ROUND_A = 1, PDP__GEMM_ROUND_B = 2 }; /* pdp__gemm_args.round16 */
+
 typedef struct pdp__gemm_args {
     pdp_trans ta, tb;
     int64_t m, n, k;
@@ -2499,8 +2501,8 @@ typedef struct pdp__gemm_args {
     int64_t lda, ldb, ldc;
     int64_t kb;   /* depth of each k block (the last may be shorter) */
     int split_n;  /* 1: parts are column ranges; 0: row ranges */
-    int round16;  /* pdp__sgemm_bf16: operands rounded to bf16 as they are packed (never
-                     gathered) */
+    int round16;  /* pdp__sgemm_bf16: the operands rounded to bf16 as they are packed (never
+                     gathered): PDP__GEMM_ROUND_A | PDP__GEMM_ROUND_B, or one of them */
 } pdp__gemm_args;
 
 PDP__PRIVATE int64_t pdp__gemm_round_up(int64_t x, int64_t to);
@@ -2521,7 +2523,8 @@ PDP__PRIVATE void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_
 /* Part i of n: an equal share of the MR-row or NR-column panels. */
 PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n);
 
-/* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb. */
+/* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb; round16:
+   the operands rounded to bf16 as they are packed (pdp__sgemm_bf16, _bf16_b). */
 PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
                                 float alpha, const float *a, int64_t lda, const int64_t *arow,
                                 const float *b, int64_t ldb, const int64_t *brow, float beta,
@@ -2537,6 +2540,15 @@ PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n
 PDP__PRIVATE void pdp__sgemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
                                   float alpha, const float *a, int64_t lda, const float *b,
                                   int64_t ldb, float beta, float *c, int64_t ldc);
+
+/* pdp__sgemm_bf16 where op(A) holds bf16 values already (the caller rounded it, by
+   construction: Linear's dY, rounded by its ReLU's backward pass): only op(B) is rounded
+   as it is packed. Rounding is idempotent, so the bits are pdp__sgemm_bf16's; the
+   packing of op(A) is pdp_sgemm's (a transpose in NN: rounding there cost 12-20 us per
+   512 x 512 over fp32's packing, one Sapphire Rapids class thread). */
+PDP__PRIVATE void pdp__sgemm_bf16_b(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                    float alpha, const float *a, int64_t lda, const float *b,
+                                    int64_t ldb, float beta, float *c, int64_t ldc);
 
 /* ---- gemm: gathered B ----
    pdp_sgemm whose B rows are anywhere: storage row r of B starts at b + brow[r], so
@@ -4916,12 +4928,24 @@ PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy,
                                             const float *PDP__RESTRICT y, float *PDP__RESTRICT dz,
                                             float *PDP__RESTRICT db, int64_t n);
 
+/* The same in bf16: dz rounded to bf16 (pdp__bf16_round_u32's bits) as it is stored, db
+   summing the unrounded values (db is fp32: only the products' inputs are rounded); db
+   NULL: no sums. The products read dz as their op(A), which is then bf16 by construction
+   (pdp__linear_gemm_bf16). */
+PDP__PRIVATE void pdp__layers_relu_grad16(const float *PDP__RESTRICT dy,
+                                          const float *PDP__RESTRICT y, float *PDP__RESTRICT dz,
+                                          float *PDP__RESTRICT db, int64_t n);
+
 /* Rows [r0, r1) of each pass; db (a chunk's share or io->db) is NULL when io->db is. */
 PDP__PRIVATE void pdp__linear_relu_forward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
                                                 int64_t r1, float *db);
 
 PDP__PRIVATE void pdp__linear_relu_backward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
                                                  int64_t r1, float *db);
+
+/* pdp__linear_relu_backward_rows in bf16: work rounded (pdp__layers_relu_grad16) */
+PDP__PRIVATE void pdp__linear_relu_backward_rows16(const pdp__layer_io *io, int64_t out,
+                                                   int64_t r0, int64_t r1, float *db);
 
 /* gelu_y = gelu(y) (after a product that did not apply it) */
 PDP__PRIVATE void pdp__linear_gelu_forward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
@@ -4953,6 +4977,15 @@ PDP__PRIVATE const pdp__layer_io *pdp__linear_rows_io(const pdp__layer *l, const
                                                       pdp__layer_io *rows);
 
 PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io_in);
+
+/* pdp_gemm_bf16, told whether op(A) holds bf16 values already (a16: the ReLU's backward
+   pass rounded dY): where the product runs sgemm-rounded, only op(B) is rounded as it is
+   packed (pdp__sgemm_bf16_b; the bits of pdp_gemm_bf16, rounding being idempotent); the
+   other paths round both, as always. */
+PDP__PRIVATE void pdp__linear_gemm_bf16(bool a16, pdp_trans ta, pdp_trans tb, int64_t m,
+                                        int64_t n, int64_t k, const float *a, int64_t lda,
+                                        const float *b, int64_t ldb, float beta, float *c,
+                                        int64_t ldc);
 
 PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io_in);
 
