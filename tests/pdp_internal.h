@@ -5351,14 +5351,16 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
    converted to bf16 words in place (pdp__gemm_bf16_convert: each value once, not once
    per kernel tap; the padded dy after the dW share, which reads it as floats in a
    "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
-   dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image and the
-   grid's dy rounded in place (db summed from dy before). On the sgemm-rounded and the
-   emulated paths the fp32 kernels multiply bf16-rounded inputs exactly and sum in fp32
-   (pdp_gemm_bf16's sgemm-rounded arithmetic; the emulated path's chain is not run
-   here): the padded image, the padded dy and the grid's dy are rounded in place after
-   they are loaded, W' when it is built, and W for forward into the workspace's fixed
-   region (free in forward). Either way the bits depend on the geometry and the path,
-   not on the thread count. */
+   dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image rounded
+   as it is copied in and the grid's dy rounded in db's sum pass (db from the unrounded
+   values). On the sgemm-rounded and the emulated paths the fp32 kernels multiply
+   bf16-rounded inputs exactly and sum in fp32 (pdp_gemm_bf16's sgemm-rounded arithmetic;
+   the emulated path's chain is not run here): the padded image is rounded as it is
+   copied in (pdp__conv_copy2d_bf16), the grid's dy in db's sum pass (pdp__conv_sum_bf16:
+   in a "same" convolution the grid is the padded dy's interior, which holds all of dy),
+   the padded dy apart otherwise, W' when it is built, and W for forward into the
+   workspace's fixed region (free in forward). Either way the bits depend on the geometry
+   and the path, not on the thread count. */
 
 #ifndef PDP__CONV_CHUNK_FLOATS
 #  define PDP__CONV_CHUNK_FLOATS 65536
