@@ -9192,6 +9192,106 @@ PDP__PRIVATE void pdp__gemm_scale_c(int64_t m, int64_t n, float beta, float *c, 
     }
 }
 
+/* ---- gemm: bf16 rounding ----
+   pdp__bf16_round_u32 on vectors: pdp__sgemm_bf16 rounds its operands with it as it packs
+   them (section "packing"), and Conv2d rounds its padded image and dy with
+   pdp__gemm_round16 (a pass, in every build: with PDP_CBLAS too). */
+
+#if !defined(PDP_NO_SIMD) && (defined(__AVX__) || defined(__AVX512F__))
+#  include <immintrin.h>
+#endif
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+/* pdp__bf16_round_u32 on 16 lanes, in 7 operations where its plain form takes 10: t = u +
+   0x7fff, plus 1 where bit 16 (the kept half's last bit) is set; a NaN's t is u with the
+   quiet bit; then the low half cleared. */
+static inline PDP__ALWAYS_INLINE __m512i pdp__gemm_round_zmm(__m512i u)
+{
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x00400000);
+    const __m512i bit16 = _mm512_set1_epi32(0x10000);
+    __m512i t = _mm512_add_epi32(u, half);
+    t = _mm512_mask_add_epi32(t, _mm512_test_epi32_mask(u, bit16), t, one);
+    t = _mm512_mask_or_epi32(t, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf), u, quiet);
+    return _mm512_and_si512(t, top);
+}
+
+/* lo in the low half, hi in the high half (the masked form, its mask full: the plain one's
+   undefined source trips gcc's -Wmaybe-uninitialized, as gemm_bf16.c's PDP__BF16_HALF). */
+static inline PDP__ALWAYS_INLINE __m512i pdp__gemm_join(__m256i lo, __m256i hi)
+{
+    __m512i w = _mm512_castsi256_si512(lo);
+    return _mm512_mask_inserti64x4(w, (__mmask8)0xff, w, hi, 1);
+}
+#endif
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX2__)
+/* pdp__bf16_round_u32 on 8 lanes (|u| and Inf compared as signed: both are below 2^31). */
+static inline PDP__ALWAYS_INLINE __m256 pdp__gemm_round_ymm(__m256 v)
+{
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+    const __m256i top = _mm256_set1_epi32((int)0xffff0000u), quiet = _mm256_set1_epi32(0x00400000);
+    __m256i u = _mm256_castps_si256(v);
+#  if defined(__AVX512VL__) /* pdp__gemm_round_zmm's 7 operations */
+    const __m256i bit16 = _mm256_set1_epi32(0x10000);
+    __m256i t = _mm256_add_epi32(u, half);
+    t = _mm256_mask_add_epi32(t, _mm256_test_epi32_mask(u, bit16), t, one);
+    t = _mm256_mask_or_epi32(t, _mm256_cmpgt_epi32_mask(_mm256_and_si256(u, abs), inf), u, quiet);
+    return _mm256_castsi256_ps(_mm256_and_si256(t, top));
+#  else
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+    __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, half), lsb), top);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
+    __m256i q = _mm256_and_si256(_mm256_or_si256(u, quiet), top);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(r, q, nan));
+#  endif
+}
+#endif
+
+/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
+   loop vectorises). */
+PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n)
+{
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    /* 16 at a time in zmm (gcc vectorises the loop below in ymm at -march=native: twice
+       the instructions) */
+    for (; n >= 16; n -= 16, p += 16)
+        _mm512_storeu_si512((void *)p, pdp__gemm_round_zmm(_mm512_loadu_si512((const void *)p)));
+#endif
+    PDP__FOR_BLOCKED(i, n, {
+        uint32_t u;
+        memcpy(&u, p + i, sizeof u);
+        u = pdp__bf16_round_u32(u);
+        memcpy(p + i, &u, sizeof u);
+    });
+}
+
+/* d[0, n) = s[0, n), rounded to bf16 when round16 (pdp__bf16_round_u32's bits). */
+static inline PDP__ALWAYS_INLINE void pdp__gemm_copy(float *d, const float *s, int n, int round16)
+{
+    int i = 0;
+    if (!round16) {
+        memcpy(d, s, (size_t)n * sizeof(float));
+        return;
+    }
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_si512((void *)(d + i),
+                            pdp__gemm_round_zmm(_mm512_loadu_si512((const void *)(s + i))));
+    if (i < n) { /* the last 1-15 (an A panel's MR = 8): masked, not one by one */
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_epi32((void *)(d + i), m,
+                                 pdp__gemm_round_zmm(_mm512_maskz_loadu_epi32(m, s + i)));
+        return;
+    }
+#elif !defined(PDP_NO_SIMD) && defined(__AVX2__)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, pdp__gemm_round_ymm(_mm256_loadu_ps(s + i)));
+#endif
+    for (; i < n; i++) d[i] = pdp__bf16_round(s[i]);
+}
+
 #if defined(PDP_CBLAS)
 #  include <cblas.h>
 
@@ -9517,76 +9617,6 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
    operations per vector, where a pass over the packed panels after packing cost 2-22%
    of the MLP's products (one thread, Sapphire Rapids class; most where packing is a
    large share: 10 x 512 x 512, 512 x 10 x 512). */
-#if !defined(PDP_NO_SIMD) && (defined(__AVX__) || defined(__AVX512F__))
-#  include <immintrin.h>
-#endif
-
-#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
-/* pdp__bf16_round_u32 on 16 lanes, in 7 operations where its plain form takes 10: t = u +
-   0x7fff, plus 1 where bit 16 (the kept half's last bit) is set; a NaN's t is u with the
-   quiet bit; then the low half cleared. */
-static inline PDP__ALWAYS_INLINE __m512i pdp__gemm_round_zmm(__m512i u)
-{
-    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
-    const __m512i top = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x00400000);
-    const __m512i bit16 = _mm512_set1_epi32(0x10000);
-    __m512i t = _mm512_add_epi32(u, half);
-    t = _mm512_mask_add_epi32(t, _mm512_test_epi32_mask(u, bit16), t, one);
-    t = _mm512_mask_or_epi32(t, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf), u, quiet);
-    return _mm512_and_si512(t, top);
-}
-
-/* lo in the low half, hi in the high half (the masked form, its mask full: the plain one's
-   undefined source trips gcc's -Wmaybe-uninitialized, as gemm_bf16.c's PDP__BF16_HALF). */
-static inline PDP__ALWAYS_INLINE __m512i pdp__gemm_join(__m256i lo, __m256i hi)
-{
-    __m512i w = _mm512_castsi256_si512(lo);
-    return _mm512_mask_inserti64x4(w, (__mmask8)0xff, w, hi, 1);
-}
-#endif
-
-#if !defined(PDP_NO_SIMD) && defined(__AVX2__)
-/* pdp__bf16_round_u32 on 8 lanes (|u| and Inf compared as signed: both are below 2^31). */
-static inline PDP__ALWAYS_INLINE __m256 pdp__gemm_round_ymm(__m256 v)
-{
-    const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-    const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
-    const __m256i top = _mm256_set1_epi32((int)0xffff0000u), quiet = _mm256_set1_epi32(0x00400000);
-    __m256i u = _mm256_castps_si256(v);
-#  if defined(__AVX512VL__) /* pdp__gemm_round_zmm's 7 operations */
-    const __m256i bit16 = _mm256_set1_epi32(0x10000);
-    __m256i t = _mm256_add_epi32(u, half);
-    t = _mm256_mask_add_epi32(t, _mm256_test_epi32_mask(u, bit16), t, one);
-    t = _mm256_mask_or_epi32(t, _mm256_cmpgt_epi32_mask(_mm256_and_si256(u, abs), inf), u, quiet);
-    return _mm256_castsi256_ps(_mm256_and_si256(t, top));
-#  else
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
-    __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, half), lsb), top);
-    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
-    __m256i q = _mm256_and_si256(_mm256_or_si256(u, quiet), top);
-    return _mm256_castsi256_ps(_mm256_blendv_epi8(r, q, nan));
-#  endif
-}
-#endif
-
-/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
-   loop vectorises). */
-PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n)
-{
-#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
-    /* 16 at a time in zmm (gcc vectorises the loop below in ymm at -march=native: twice
-       the instructions) */
-    for (; n >= 16; n -= 16, p += 16)
-        _mm512_storeu_si512((void *)p, pdp__gemm_round_zmm(_mm512_loadu_si512((const void *)p)));
-#endif
-    PDP__FOR_BLOCKED(i, n, {
-        uint32_t u;
-        memcpy(&u, p + i, sizeof u);
-        u = pdp__bf16_round_u32(u);
-        memcpy(p + i, &u, sizeof u);
-    });
-}
 
 /* x rounded to bf16 (as an fp32) when round16, else x. */
 static inline float pdp__gemm_rounded(float x, int round16)
@@ -9594,36 +9624,15 @@ static inline float pdp__gemm_rounded(float x, int round16)
     return round16 ? pdp__bf16_round(x) : x;
 }
 
-/* d[0, n) = s[0, n), rounded to bf16 when round16. */
-static inline PDP__ALWAYS_INLINE void pdp__gemm_copy(float *d, const float *s, int n, int round16)
-{
-    int i = 0;
-    if (!round16) {
-        memcpy(d, s, (size_t)n * sizeof(float));
-        return;
-    }
-#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_si512((void *)(d + i),
-                            pdp__gemm_round_zmm(_mm512_loadu_si512((const void *)(s + i))));
-    if (i < n) { /* the last 1-15 (an A panel's MR = 8): masked, not one by one */
-        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        _mm512_mask_storeu_epi32((void *)(d + i), m,
-                                 pdp__gemm_round_zmm(_mm512_maskz_loadu_epi32(m, s + i)));
-        return;
-    }
-#elif !defined(PDP_NO_SIMD) && defined(__AVX2__)
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, pdp__gemm_round_ymm(_mm256_loadu_ps(s + i)));
-#endif
-    for (; i < n; i++) d[i] = pdp__bf16_round(s[i]);
-}
-
 #if !defined(PDP_NO_SIMD) && defined(__AVX__)
 #  define PDP__GEMM_T8 1
 
 /* dst[q * ldd + r] = s[r][p + q] for r, q in [0, 8), rounded to bf16 when round16: on
-   AVX-512 into an A panel (ldd 8: two rows of the block are 16 adjacent floats), two
-   rows at a time in zmm (11 operations per 16 values, where ymm takes 20). */
+   AVX-512 two rows of the block at a time in zmm (11 operations per 16 values, where ymm
+   takes 20), stored as one zmm into an A panel (ldd 8: the two rows are 16 adjacent
+   floats) or as its two halves into a B panel (ldd 32: 13 operations; rounding a
+   512 x 512 op(B) of NT as it packs went from 17-19 us over pdp_sgemm's packing to 7-8,
+   one Sapphire Rapids class thread, best of 200). */
 PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, int64_t ldd,
                                        int round16)
 {
@@ -9651,6 +9660,17 @@ PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *
             _mm512_storeu_si512((void *)(dst + 8 * q),
                                 pdp__gemm_round_zmm(pdp__gemm_join(_mm256_castps_si256(o[q]),
                                                                    _mm256_castps_si256(o[q + 1]))));
+        }
+        return;
+    }
+    if (round16) { /* a B panel: two rows a zmm too, stored apart */
+        for (q = 0; q < 8; q += 2) {
+            __m512i r = pdp__gemm_round_zmm(
+                pdp__gemm_join(_mm256_castps_si256(o[q]), _mm256_castps_si256(o[q + 1])));
+            _mm256_storeu_si256((__m256i *)(void *)(dst + q * ldd),
+                                _mm512_maskz_extracti64x4_epi64((__mmask8)0xff, r, 0));
+            _mm256_storeu_si256((__m256i *)(void *)(dst + (q + 1) * ldd),
+                                _mm512_maskz_extracti64x4_epi64((__mmask8)0xff, r, 1));
         }
         return;
     }
@@ -9790,6 +9810,8 @@ PDP__PRIVATE void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, co
 
 /* ---- gemm: the blocked product on one thread ---- */
 
+enum { PDP__GEMM_ROUND_A = 1, PDP__GEMM_ROUND_B = 2 }; /* pdp__gemm_args.round16 */
+
 typedef struct pdp__gemm_args {
     pdp_trans ta, tb;
     int64_t m, n, k;
@@ -9801,8 +9823,8 @@ typedef struct pdp__gemm_args {
     int64_t lda, ldb, ldc;
     int64_t kb;   /* depth of each k block (the last may be shorter) */
     int split_n;  /* 1: parts are column ranges; 0: row ranges */
-    int round16;  /* pdp__sgemm_bf16: operands rounded to bf16 as they are packed (never
-                     gathered) */
+    int round16;  /* pdp__sgemm_bf16: the operands rounded to bf16 as they are packed (never
+                     gathered): PDP__GEMM_ROUND_A | PDP__GEMM_ROUND_B, or one of them */
 } pdp__gemm_args;
 
 PDP__PRIVATE int64_t pdp__gemm_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
@@ -9843,7 +9865,8 @@ PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m
                 continue;
             }
 #endif
-            pdp__gemm_pack_b(g->tb, g->b, g->ldb, g->brow, pc, jc, kc, nc, bp, g->round16);
+            pdp__gemm_pack_b(g->tb, g->b, g->ldb, g->brow, pc, jc, kc, nc, bp,
+                             (g->round16 & PDP__GEMM_ROUND_B) != 0);
             for (ir = m0; ir < m1; ir += PDP__GEMM_MR) {
                 int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m1 - ir);
                 const float *asrc = g->ta == PDP_NO_TRANS ? g->a + ir * g->lda + pc
@@ -9865,7 +9888,8 @@ PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m
                     pdp__gemm_pack_t(g->a + pc, 0, g->arow + ir, mr, kc, ap, PDP__GEMM_MR, 0);
 #endif
                 } else {
-                    pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap, g->round16);
+                    pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap,
+                                     (g->round16 & PDP__GEMM_ROUND_A) != 0);
                 }
                 for (jr = 0; jr < nc; jr += PDP__GEMM_NR) {
                     int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - jr);
@@ -9890,7 +9914,8 @@ PDP__PRIVATE void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_
                                                 : g->a[p * g->lda + i];
                 float y = g->tb == PDP_NO_TRANS ? pdp__gemm_row(g->b, g->ldb, g->brow, p)[j]
                                                 : pdp__gemm_row(g->b, g->ldb, g->brow, j)[p];
-                if (g->round16) x = pdp__bf16_round(x), y = pdp__bf16_round(y);
+                if (g->round16 & PDP__GEMM_ROUND_A) x = pdp__bf16_round(x);
+                if (g->round16 & PDP__GEMM_ROUND_B) y = pdp__bf16_round(y);
                 acc += x * y;
             }
             *cij = g->beta != 0.0f ? g->alpha * acc + g->beta * *cij : g->alpha * acc;
@@ -9920,7 +9945,8 @@ PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n)
         pdp__gemm_unpacked(g, m0, m1, n0, n1);
 }
 
-/* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb. */
+/* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb; round16:
+   the operands rounded to bf16 as they are packed (pdp__sgemm_bf16, _bf16_b). */
 PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
                                 float alpha, const float *a, int64_t lda, const int64_t *arow,
                                 const float *b, int64_t ldb, const int64_t *brow, float beta,
@@ -9993,7 +10019,21 @@ PDP__PRIVATE void pdp__sgemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t
                                   float alpha, const float *a, int64_t lda, const float *b,
                                   int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc, 1);
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc,
+                  PDP__GEMM_ROUND_A | PDP__GEMM_ROUND_B);
+}
+
+/* pdp__sgemm_bf16 where op(A) holds bf16 values already (the caller rounded it, by
+   construction: Linear's dY, rounded by its ReLU's backward pass): only op(B) is rounded
+   as it is packed. Rounding is idempotent, so the bits are pdp__sgemm_bf16's; the
+   packing of op(A) is pdp_sgemm's (a transpose in NN: rounding there cost 12-20 us per
+   512 x 512 over fp32's packing, one Sapphire Rapids class thread). */
+PDP__PRIVATE void pdp__sgemm_bf16_b(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                    float alpha, const float *a, int64_t lda, const float *b,
+                                    int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc,
+                  PDP__GEMM_ROUND_B);
 }
 
 /* ---- gemm: gathered B ----
@@ -17051,6 +17091,31 @@ PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy,
     });
 }
 
+/* The same in bf16: dz rounded to bf16 (pdp__bf16_round_u32's bits) as it is stored, db
+   summing the unrounded values (db is fp32: only the products' inputs are rounded); db
+   NULL: no sums. The products read dz as their op(A), which is then bf16 by construction
+   (pdp__linear_gemm_bf16). */
+PDP__PRIVATE void pdp__layers_relu_grad16(const float *PDP__RESTRICT dy,
+                                          const float *PDP__RESTRICT y, float *PDP__RESTRICT dz,
+                                          float *PDP__RESTRICT db, int64_t n)
+{
+    int64_t i = 0;
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    const __m512 zero = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) { /* pdp__relu_grad: 0 where y <= 0 (NaN y: dy) */
+        __m512 d = _mm512_maskz_mov_ps(
+            _mm512_cmp_ps_mask(_mm512_loadu_ps(y + i), zero, _CMP_NLE_UQ), _mm512_loadu_ps(dy + i));
+        if (db) _mm512_storeu_ps(db + i, _mm512_add_ps(_mm512_loadu_ps(db + i), d));
+        _mm512_storeu_si512((void *)(dz + i), pdp__gemm_round_zmm(_mm512_castps_si512(d)));
+    }
+#endif
+    for (; i < n; i++) {
+        float d = pdp__relu_grad(dy[i], y[i]);
+        if (db) db[i] += d;
+        dz[i] = pdp__bf16_round(d);
+    }
+}
+
 /* Rows [r0, r1) of each pass; db (a chunk's share or io->db) is NULL when io->db is. */
 PDP__PRIVATE void pdp__linear_relu_forward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
                                                 int64_t r1, float *db)
@@ -17069,6 +17134,17 @@ PDP__PRIVATE void pdp__linear_relu_backward_rows(const pdp__layer_io *io, int64_
             pdp__layers_relu_grad_sum(io->dy + at, io->y + at, io->work + at, db, out);
         else
             pdp__layers_relu_grad(io->dy + at, io->y + at, io->work + at, out);
+    }
+}
+
+/* pdp__linear_relu_backward_rows in bf16: work rounded (pdp__layers_relu_grad16) */
+PDP__PRIVATE void pdp__linear_relu_backward_rows16(const pdp__layer_io *io, int64_t out,
+                                                   int64_t r0, int64_t r1, float *db)
+{
+    int64_t i, at;
+    for (i = r0; i < r1; i++) {
+        at = i * out;
+        pdp__layers_relu_grad16(io->dy + at, io->y + at, io->work + at, db, out);
     }
 }
 
@@ -17182,6 +17258,25 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
     return PDP_OK;
 }
 
+/* pdp_gemm_bf16, told whether op(A) holds bf16 values already (a16: the ReLU's backward
+   pass rounded dY): where the product runs sgemm-rounded, only op(B) is rounded as it is
+   packed (pdp__sgemm_bf16_b; the bits of pdp_gemm_bf16, rounding being idempotent); the
+   other paths round both, as always. */
+PDP__PRIVATE void pdp__linear_gemm_bf16(bool a16, pdp_trans ta, pdp_trans tb, int64_t m,
+                                        int64_t n, int64_t k, const float *a, int64_t lda,
+                                        const float *b, int64_t ldb, float beta, float *c,
+                                        int64_t ldc)
+{
+#if PDP__BF16_HAS_SGEMM
+    if (a16 && pdp_bf16_path_for(ta, tb, m, n, k) == PDP_BF16_PATH_SGEMM) {
+        pdp__sgemm_bf16_b(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+#endif
+    (void)a16;
+    pdp_gemm_bf16(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+}
+
 PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io_in)
 {
     pdp__layer_io rows;
@@ -17189,19 +17284,28 @@ PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__lay
     int64_t B = io->batch, in = pdp__layer_in_features(l);
     int64_t out = l->out_features;
     const float *dy = io->dy;
+    /* bf16 with a ReLU: the masked dy rounded as it is stored, for both products */
+    bool dy16 = io->bf16 && io->fused_relu && !io->gelu_y;
     if (io->fused_relu || io->gelu_y) { /* dy masked (times gelu') into work, db's sums */
         pdp__linear_rows_run(l, io, io->gelu_y ? pdp__linear_gelu_backward_rows
+                                    : dy16     ? pdp__linear_relu_backward_rows16
                                                : pdp__linear_relu_backward_rows, true);
         dy = io->work;
     } else if (io->db) {
         pdp__linear_rows_run(l, io, pdp__linear_db_rows, true);
     }
     /* dW += dY^T X */
-    (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, dy, out,
-                                            io->x, in, 1.0f, io->dw, in);
-    if (io->dx) /* dX = dY W */
-        (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, dy,
-                                                out, io->w, in, 0.0f, io->dx, in);
+    if (io->bf16)
+        pdp__linear_gemm_bf16(dy16, PDP_TRANS, PDP_NO_TRANS, out, in, B, dy, out, io->x, in, 1.0f,
+                              io->dw, in);
+    else
+        pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, dy, out, io->x, in, 1.0f, io->dw, in);
+    if (io->dx && io->bf16) /* dX = dY W */
+        pdp__linear_gemm_bf16(dy16, PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, dy, out, io->w, in,
+                              0.0f, io->dx, in);
+    else if (io->dx)
+        pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, dy, out, io->w, in, 0.0f, io->dx,
+                  in);
     return PDP_OK;
 }
 
@@ -17989,14 +18093,16 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
    converted to bf16 words in place (pdp__gemm_bf16_convert: each value once, not once
    per kernel tap; the padded dy after the dW share, which reads it as floats in a
    "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
-   dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image and the
-   grid's dy rounded in place (db summed from dy before). On the sgemm-rounded and the
-   emulated paths the fp32 kernels multiply bf16-rounded inputs exactly and sum in fp32
-   (pdp_gemm_bf16's sgemm-rounded arithmetic; the emulated path's chain is not run
-   here): the padded image, the padded dy and the grid's dy are rounded in place after
-   they are loaded, W' when it is built, and W for forward into the workspace's fixed
-   region (free in forward). Either way the bits depend on the geometry and the path,
-   not on the thread count. */
+   dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image rounded
+   as it is copied in and the grid's dy rounded in db's sum pass (db from the unrounded
+   values). On the sgemm-rounded and the emulated paths the fp32 kernels multiply
+   bf16-rounded inputs exactly and sum in fp32 (pdp_gemm_bf16's sgemm-rounded arithmetic;
+   the emulated path's chain is not run here): the padded image is rounded as it is
+   copied in (pdp__conv_copy2d_bf16), the grid's dy in db's sum pass (pdp__conv_sum_bf16:
+   in a "same" convolution the grid is the padded dy's interior, which holds all of dy),
+   the padded dy apart otherwise, W' when it is built, and W for forward into the
+   workspace's fixed region (free in forward). Either way the bits depend on the geometry
+   and the path, not on the thread count. */
 
 #ifndef PDP__CONV_CHUNK_FLOATS
 #  define PDP__CONV_CHUNK_FLOATS PDP__TEST_KNOB(conv_chunk_floats, 65536)
@@ -18186,6 +18292,19 @@ PDP__PRIVATE void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, flo
             memcpy(dst + p * dp + r * dr, src + p * sp + r * sr, (size_t)n * sizeof(float));
 }
 
+/* The same, each value rounded to bf16 as it is copied (pdp__bf16_round_u32's bits; a row
+   is one to two 16-lane vectors with AVX-512): the padded image in bf16 on the fp32
+   kernels, without a pass over it (its bands and padding are zeros). */
+PDP__PRIVATE void pdp__conv_copy2d_bf16(const float *src, int64_t sp, int64_t sr, float *dst,
+                                        int64_t dp, int64_t dr, int64_t planes, int64_t rows,
+                                        int64_t n)
+{
+    int64_t p, r;
+    for (p = 0; p < planes; p++)
+        for (r = 0; r < rows; r++)
+            pdp__gemm_copy(dst + p * dp + r * dr, src + p * sp + r * sr, (int)n, 1);
+}
+
 /* `body` for j in [0, n) of a short row (an image row: 28, 14 or 7 floats) in
    blocks of 16, 8 and 4, the remainder as the last 4 once more: constant trip
    counts, which gcc -O2 vectorises where PDP__FOR_BLOCKED's scalar tail would
@@ -18314,16 +18433,40 @@ typedef struct pdp__conv_job {
                          pdp__gemm_bf16_rows_h / _arows_h on the image and dy converted */
 } pdp__conv_job;
 
-/* bf16: p[0, n) rounded in place (pdp__bf16_round_u32 on the bits, in
-   PDP__FOR_BLOCKED's blocks that gcc -O2 vectorises). */
-PDP__PRIVATE void pdp__conv_bf16(float *p, int64_t n)
+/* bf16: p[0, n) rounded in place (pdp__bf16_round_u32's bits): gemm.c's pass, 16 lanes at a
+   time with AVX-512 (gcc's vectorisation of the plain loop, 8 lanes in 10 operations, was
+   2.7% of the CNN's bf16 step on sgemm-rounded, one Sapphire Rapids class thread). */
+PDP__PRIVATE void pdp__conv_bf16(float *p, int64_t n) { pdp__gemm_round16(p, n); }
+
+/* bf16: pdp__layers_sum(x, n), the same bits (its 16 lanes, then its tail and the lanes
+   into a double, in its order), with x rounded in place in the same pass, each value after
+   the sum took it: Conv2d's db share from dy, then dy for the products, in one read. */
+PDP__PRIVATE double pdp__conv_sum_bf16(float *x, int64_t n)
 {
-    PDP__FOR_BLOCKED(i, n, {
-        uint32_t u;
-        memcpy(&u, p + i, sizeof u);
-        u = pdp__bf16_round_u32(u);
-        memcpy(p + i, &u, sizeof u);
-    });
+    float lane[16] = {0};
+    double s = 0.0;
+    int64_t i = 0;
+    int k;
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        __m512i u = _mm512_loadu_si512((const void *)(x + i));
+        acc = _mm512_add_ps(acc, _mm512_castsi512_ps(u));
+        _mm512_storeu_si512((void *)(x + i), pdp__gemm_round_zmm(u));
+    }
+    _mm512_storeu_ps(lane, acc);
+#endif
+    for (; i + 16 <= n; i += 16)
+        for (k = 0; k < 16; k++) {
+            lane[k] += x[i + k];
+            x[i + k] = pdp__bf16_round(x[i + k]);
+        }
+    for (; i < n; i++) {
+        s += x[i];
+        x[i] = pdp__bf16_round(x[i]);
+    }
+    for (k = 0; k < 16; k++) s += lane[k];
+    return s;
 }
 
 /* Chunk c: its samples [s0, s1), where its dW and db shares go ([O, C k k] then
@@ -18391,11 +18534,11 @@ PDP__PRIVATE void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__c
     int64_t c, o, ki, kj, s, ns = k->s1 - k->s0;
     memset(k->xp, 0, (size_t)(g->C * g->Hp * k->wt + g->k) * sizeof(float));
     for (s = 0; s < ns; s++)
-        pdp__conv_copy2d(job->io->x + (k->s0 + s) * job->l->in_count, g->H * g->W, g->W,
-                         k->xp + g->pad * k->wt + g->pad + s * (g->W + g->pad), g->Hp * k->wt,
-                         k->wt, g->C, g->H, g->W);
-    if (job->io->bf16 && (!job->packed16 || (backward && g->dw_dots)))
-        pdp__conv_bf16(k->xp, g->C * g->Hp * k->wt + g->k);
+        (job->io->bf16 && (!job->packed16 || (backward && g->dw_dots)) ? pdp__conv_copy2d_bf16
+                                                                       : pdp__conv_copy2d)(
+            job->io->x + (k->s0 + s) * job->l->in_count, g->H * g->W, g->W,
+            k->xp + g->pad * k->wt + g->pad + s * (g->W + g->pad), g->Hp * k->wt, k->wt, g->C,
+            g->H, g->W);
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->k; ki++)
             for (kj = 0; kj < g->k; kj++)
@@ -18471,14 +18614,16 @@ PDP__PRIVATE void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
                 pdp__conv_copy_dy(io, s, job->l, k.grid + (s - k.s0) * (g->W + g->pad), cols,
                                   k.wt);
         }
+        /* db's share from dy; in bf16 on the fp32 kernels (and the packed path's dots) dy is
+           rounded for the products in the same pass, after db took it: the grid's rows hold
+           every value of dy (a "same" convolution's padded dy has zeros elsewhere) */
         for (o = 0; o < g->O; o++)
-            k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(grid + o * ldg, cols);
-        if (io->bf16 && !job->packed16) { /* dy rounded after db took it, for the products */
-            if (io->dx) pdp__conv_bf16(k.dyp, g->O * g->Hq * k.wqt + g->k);
-            if (grid == k.grid) pdp__conv_bf16(k.grid, g->O * cols);
-        } else if (io->bf16 && g->dw_dots) { /* packed path: the dots' dy only */
-            for (o = 0; o < g->O; o++) pdp__conv_bf16(grid + o * ldg, cols);
-        }
+            k.share[g->O * g->ckk + o] =
+                (float)(io->bf16 && (!job->packed16 || g->dw_dots)
+                            ? pdp__conv_sum_bf16(grid + o * ldg, cols)
+                            : pdp__layers_sum(grid + o * ldg, cols));
+        if (io->bf16 && !job->packed16 && io->dx && grid == k.grid) /* the padded dy apart */
+            pdp__conv_bf16(k.dyp, g->O * g->Hq * k.wqt + g->k);
         if (g->dw_dots)
             pdp__sgemm_dots(g->O, g->ckk, cols, grid, ldg, k.xp, k.offx, k.share, g->ckk);
         else if (job->packed16) { /* the image in bf16, in place: the column matrix's pairs

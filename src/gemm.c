@@ -54,6 +54,106 @@ PDP__PRIVATE void pdp__gemm_scale_c(int64_t m, int64_t n, float beta, float *c, 
     }
 }
 
+/* ---- gemm: bf16 rounding ----
+   pdp__bf16_round_u32 on vectors: pdp__sgemm_bf16 rounds its operands with it as it packs
+   them (section "packing"), and Conv2d rounds its padded image and dy with
+   pdp__gemm_round16 (a pass, in every build: with PDP_CBLAS too). */
+
+#if !defined(PDP_NO_SIMD) && (defined(__AVX__) || defined(__AVX512F__))
+#  include <immintrin.h>
+#endif
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+/* pdp__bf16_round_u32 on 16 lanes, in 7 operations where its plain form takes 10: t = u +
+   0x7fff, plus 1 where bit 16 (the kept half's last bit) is set; a NaN's t is u with the
+   quiet bit; then the low half cleared. */
+static inline PDP__ALWAYS_INLINE __m512i pdp__gemm_round_zmm(__m512i u)
+{
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x00400000);
+    const __m512i bit16 = _mm512_set1_epi32(0x10000);
+    __m512i t = _mm512_add_epi32(u, half);
+    t = _mm512_mask_add_epi32(t, _mm512_test_epi32_mask(u, bit16), t, one);
+    t = _mm512_mask_or_epi32(t, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf), u, quiet);
+    return _mm512_and_si512(t, top);
+}
+
+/* lo in the low half, hi in the high half (the masked form, its mask full: the plain one's
+   undefined source trips gcc's -Wmaybe-uninitialized, as gemm_bf16.c's PDP__BF16_HALF). */
+static inline PDP__ALWAYS_INLINE __m512i pdp__gemm_join(__m256i lo, __m256i hi)
+{
+    __m512i w = _mm512_castsi256_si512(lo);
+    return _mm512_mask_inserti64x4(w, (__mmask8)0xff, w, hi, 1);
+}
+#endif
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX2__)
+/* pdp__bf16_round_u32 on 8 lanes (|u| and Inf compared as signed: both are below 2^31). */
+static inline PDP__ALWAYS_INLINE __m256 pdp__gemm_round_ymm(__m256 v)
+{
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+    const __m256i top = _mm256_set1_epi32((int)0xffff0000u), quiet = _mm256_set1_epi32(0x00400000);
+    __m256i u = _mm256_castps_si256(v);
+#  if defined(__AVX512VL__) /* pdp__gemm_round_zmm's 7 operations */
+    const __m256i bit16 = _mm256_set1_epi32(0x10000);
+    __m256i t = _mm256_add_epi32(u, half);
+    t = _mm256_mask_add_epi32(t, _mm256_test_epi32_mask(u, bit16), t, one);
+    t = _mm256_mask_or_epi32(t, _mm256_cmpgt_epi32_mask(_mm256_and_si256(u, abs), inf), u, quiet);
+    return _mm256_castsi256_ps(_mm256_and_si256(t, top));
+#  else
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+    __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, half), lsb), top);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
+    __m256i q = _mm256_and_si256(_mm256_or_si256(u, quiet), top);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(r, q, nan));
+#  endif
+}
+#endif
+
+/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
+   loop vectorises). */
+PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n)
+{
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    /* 16 at a time in zmm (gcc vectorises the loop below in ymm at -march=native: twice
+       the instructions) */
+    for (; n >= 16; n -= 16, p += 16)
+        _mm512_storeu_si512((void *)p, pdp__gemm_round_zmm(_mm512_loadu_si512((const void *)p)));
+#endif
+    PDP__FOR_BLOCKED(i, n, {
+        uint32_t u;
+        memcpy(&u, p + i, sizeof u);
+        u = pdp__bf16_round_u32(u);
+        memcpy(p + i, &u, sizeof u);
+    });
+}
+
+/* d[0, n) = s[0, n), rounded to bf16 when round16 (pdp__bf16_round_u32's bits). */
+static inline PDP__ALWAYS_INLINE void pdp__gemm_copy(float *d, const float *s, int n, int round16)
+{
+    int i = 0;
+    if (!round16) {
+        memcpy(d, s, (size_t)n * sizeof(float));
+        return;
+    }
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_si512((void *)(d + i),
+                            pdp__gemm_round_zmm(_mm512_loadu_si512((const void *)(s + i))));
+    if (i < n) { /* the last 1-15 (an A panel's MR = 8): masked, not one by one */
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_epi32((void *)(d + i), m,
+                                 pdp__gemm_round_zmm(_mm512_maskz_loadu_epi32(m, s + i)));
+        return;
+    }
+#elif !defined(PDP_NO_SIMD) && defined(__AVX2__)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, pdp__gemm_round_ymm(_mm256_loadu_ps(s + i)));
+#endif
+    for (; i < n; i++) d[i] = pdp__bf16_round(s[i]);
+}
+
 #if defined(PDP_CBLAS)
 #  include <cblas.h>
 
@@ -379,76 +479,6 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
    operations per vector, where a pass over the packed panels after packing cost 2-22%
    of the MLP's products (one thread, Sapphire Rapids class; most where packing is a
    large share: 10 x 512 x 512, 512 x 10 x 512). */
-#if !defined(PDP_NO_SIMD) && (defined(__AVX__) || defined(__AVX512F__))
-#  include <immintrin.h>
-#endif
-
-#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
-/* pdp__bf16_round_u32 on 16 lanes, in 7 operations where its plain form takes 10: t = u +
-   0x7fff, plus 1 where bit 16 (the kept half's last bit) is set; a NaN's t is u with the
-   quiet bit; then the low half cleared. */
-static inline PDP__ALWAYS_INLINE __m512i pdp__gemm_round_zmm(__m512i u)
-{
-    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
-    const __m512i top = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x00400000);
-    const __m512i bit16 = _mm512_set1_epi32(0x10000);
-    __m512i t = _mm512_add_epi32(u, half);
-    t = _mm512_mask_add_epi32(t, _mm512_test_epi32_mask(u, bit16), t, one);
-    t = _mm512_mask_or_epi32(t, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf), u, quiet);
-    return _mm512_and_si512(t, top);
-}
-
-/* lo in the low half, hi in the high half (the masked form, its mask full: the plain one's
-   undefined source trips gcc's -Wmaybe-uninitialized, as gemm_bf16.c's PDP__BF16_HALF). */
-static inline PDP__ALWAYS_INLINE __m512i pdp__gemm_join(__m256i lo, __m256i hi)
-{
-    __m512i w = _mm512_castsi256_si512(lo);
-    return _mm512_mask_inserti64x4(w, (__mmask8)0xff, w, hi, 1);
-}
-#endif
-
-#if !defined(PDP_NO_SIMD) && defined(__AVX2__)
-/* pdp__bf16_round_u32 on 8 lanes (|u| and Inf compared as signed: both are below 2^31). */
-static inline PDP__ALWAYS_INLINE __m256 pdp__gemm_round_ymm(__m256 v)
-{
-    const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-    const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
-    const __m256i top = _mm256_set1_epi32((int)0xffff0000u), quiet = _mm256_set1_epi32(0x00400000);
-    __m256i u = _mm256_castps_si256(v);
-#  if defined(__AVX512VL__) /* pdp__gemm_round_zmm's 7 operations */
-    const __m256i bit16 = _mm256_set1_epi32(0x10000);
-    __m256i t = _mm256_add_epi32(u, half);
-    t = _mm256_mask_add_epi32(t, _mm256_test_epi32_mask(u, bit16), t, one);
-    t = _mm256_mask_or_epi32(t, _mm256_cmpgt_epi32_mask(_mm256_and_si256(u, abs), inf), u, quiet);
-    return _mm256_castsi256_ps(_mm256_and_si256(t, top));
-#  else
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
-    __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, half), lsb), top);
-    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
-    __m256i q = _mm256_and_si256(_mm256_or_si256(u, quiet), top);
-    return _mm256_castsi256_ps(_mm256_blendv_epi8(r, q, nan));
-#  endif
-}
-#endif
-
-/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
-   loop vectorises). */
-PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n)
-{
-#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
-    /* 16 at a time in zmm (gcc vectorises the loop below in ymm at -march=native: twice
-       the instructions) */
-    for (; n >= 16; n -= 16, p += 16)
-        _mm512_storeu_si512((void *)p, pdp__gemm_round_zmm(_mm512_loadu_si512((const void *)p)));
-#endif
-    PDP__FOR_BLOCKED(i, n, {
-        uint32_t u;
-        memcpy(&u, p + i, sizeof u);
-        u = pdp__bf16_round_u32(u);
-        memcpy(p + i, &u, sizeof u);
-    });
-}
 
 /* x rounded to bf16 (as an fp32) when round16, else x. */
 static inline float pdp__gemm_rounded(float x, int round16)
@@ -456,36 +486,15 @@ static inline float pdp__gemm_rounded(float x, int round16)
     return round16 ? pdp__bf16_round(x) : x;
 }
 
-/* d[0, n) = s[0, n), rounded to bf16 when round16. */
-static inline PDP__ALWAYS_INLINE void pdp__gemm_copy(float *d, const float *s, int n, int round16)
-{
-    int i = 0;
-    if (!round16) {
-        memcpy(d, s, (size_t)n * sizeof(float));
-        return;
-    }
-#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_si512((void *)(d + i),
-                            pdp__gemm_round_zmm(_mm512_loadu_si512((const void *)(s + i))));
-    if (i < n) { /* the last 1-15 (an A panel's MR = 8): masked, not one by one */
-        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        _mm512_mask_storeu_epi32((void *)(d + i), m,
-                                 pdp__gemm_round_zmm(_mm512_maskz_loadu_epi32(m, s + i)));
-        return;
-    }
-#elif !defined(PDP_NO_SIMD) && defined(__AVX2__)
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, pdp__gemm_round_ymm(_mm256_loadu_ps(s + i)));
-#endif
-    for (; i < n; i++) d[i] = pdp__bf16_round(s[i]);
-}
-
 #if !defined(PDP_NO_SIMD) && defined(__AVX__)
 #  define PDP__GEMM_T8 1
 
 /* dst[q * ldd + r] = s[r][p + q] for r, q in [0, 8), rounded to bf16 when round16: on
-   AVX-512 into an A panel (ldd 8: two rows of the block are 16 adjacent floats), two
-   rows at a time in zmm (11 operations per 16 values, where ymm takes 20). */
+   AVX-512 two rows of the block at a time in zmm (11 operations per 16 values, where ymm
+   takes 20), stored as one zmm into an A panel (ldd 8: the two rows are 16 adjacent
+   floats) or as its two halves into a B panel (ldd 32: 13 operations; rounding a
+   512 x 512 op(B) of NT as it packs went from 17-19 us over pdp_sgemm's packing to 7-8,
+   one Sapphire Rapids class thread, best of 200). */
 PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, int64_t ldd,
                                        int round16)
 {
@@ -513,6 +522,17 @@ PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *
             _mm512_storeu_si512((void *)(dst + 8 * q),
                                 pdp__gemm_round_zmm(pdp__gemm_join(_mm256_castps_si256(o[q]),
                                                                    _mm256_castps_si256(o[q + 1]))));
+        }
+        return;
+    }
+    if (round16) { /* a B panel: two rows a zmm too, stored apart */
+        for (q = 0; q < 8; q += 2) {
+            __m512i r = pdp__gemm_round_zmm(
+                pdp__gemm_join(_mm256_castps_si256(o[q]), _mm256_castps_si256(o[q + 1])));
+            _mm256_storeu_si256((__m256i *)(void *)(dst + q * ldd),
+                                _mm512_maskz_extracti64x4_epi64((__mmask8)0xff, r, 0));
+            _mm256_storeu_si256((__m256i *)(void *)(dst + (q + 1) * ldd),
+                                _mm512_maskz_extracti64x4_epi64((__mmask8)0xff, r, 1));
         }
         return;
     }
@@ -652,6 +672,8 @@ PDP__PRIVATE void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, co
 
 /* ---- gemm: the blocked product on one thread ---- */
 
+enum { PDP__GEMM_ROUND_A = 1, PDP__GEMM_ROUND_B = 2 }; /* pdp__gemm_args.round16 */
+
 typedef struct pdp__gemm_args {
     pdp_trans ta, tb;
     int64_t m, n, k;
@@ -663,8 +685,8 @@ typedef struct pdp__gemm_args {
     int64_t lda, ldb, ldc;
     int64_t kb;   /* depth of each k block (the last may be shorter) */
     int split_n;  /* 1: parts are column ranges; 0: row ranges */
-    int round16;  /* pdp__sgemm_bf16: operands rounded to bf16 as they are packed (never
-                     gathered) */
+    int round16;  /* pdp__sgemm_bf16: the operands rounded to bf16 as they are packed (never
+                     gathered): PDP__GEMM_ROUND_A | PDP__GEMM_ROUND_B, or one of them */
 } pdp__gemm_args;
 
 PDP__PRIVATE int64_t pdp__gemm_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
@@ -705,7 +727,8 @@ PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m
                 continue;
             }
 #endif
-            pdp__gemm_pack_b(g->tb, g->b, g->ldb, g->brow, pc, jc, kc, nc, bp, g->round16);
+            pdp__gemm_pack_b(g->tb, g->b, g->ldb, g->brow, pc, jc, kc, nc, bp,
+                             (g->round16 & PDP__GEMM_ROUND_B) != 0);
             for (ir = m0; ir < m1; ir += PDP__GEMM_MR) {
                 int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m1 - ir);
                 const float *asrc = g->ta == PDP_NO_TRANS ? g->a + ir * g->lda + pc
@@ -727,7 +750,8 @@ PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m
                     pdp__gemm_pack_t(g->a + pc, 0, g->arow + ir, mr, kc, ap, PDP__GEMM_MR, 0);
 #endif
                 } else {
-                    pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap, g->round16);
+                    pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap,
+                                     (g->round16 & PDP__GEMM_ROUND_A) != 0);
                 }
                 for (jr = 0; jr < nc; jr += PDP__GEMM_NR) {
                     int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - jr);
@@ -752,7 +776,8 @@ PDP__PRIVATE void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_
                                                 : g->a[p * g->lda + i];
                 float y = g->tb == PDP_NO_TRANS ? pdp__gemm_row(g->b, g->ldb, g->brow, p)[j]
                                                 : pdp__gemm_row(g->b, g->ldb, g->brow, j)[p];
-                if (g->round16) x = pdp__bf16_round(x), y = pdp__bf16_round(y);
+                if (g->round16 & PDP__GEMM_ROUND_A) x = pdp__bf16_round(x);
+                if (g->round16 & PDP__GEMM_ROUND_B) y = pdp__bf16_round(y);
                 acc += x * y;
             }
             *cij = g->beta != 0.0f ? g->alpha * acc + g->beta * *cij : g->alpha * acc;
@@ -782,7 +807,8 @@ PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n)
         pdp__gemm_unpacked(g, m0, m1, n0, n1);
 }
 
-/* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb. */
+/* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb; round16:
+   the operands rounded to bf16 as they are packed (pdp__sgemm_bf16, _bf16_b). */
 PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
                                 float alpha, const float *a, int64_t lda, const int64_t *arow,
                                 const float *b, int64_t ldb, const int64_t *brow, float beta,
@@ -855,7 +881,21 @@ PDP__PRIVATE void pdp__sgemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t
                                   float alpha, const float *a, int64_t lda, const float *b,
                                   int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc, 1);
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc,
+                  PDP__GEMM_ROUND_A | PDP__GEMM_ROUND_B);
+}
+
+/* pdp__sgemm_bf16 where op(A) holds bf16 values already (the caller rounded it, by
+   construction: Linear's dY, rounded by its ReLU's backward pass): only op(B) is rounded
+   as it is packed. Rounding is idempotent, so the bits are pdp__sgemm_bf16's; the
+   packing of op(A) is pdp_sgemm's (a transpose in NN: rounding there cost 12-20 us per
+   512 x 512 over fp32's packing, one Sapphire Rapids class thread). */
+PDP__PRIVATE void pdp__sgemm_bf16_b(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                    float alpha, const float *a, int64_t lda, const float *b,
+                                    int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc,
+                  PDP__GEMM_ROUND_B);
 }
 
 /* ---- gemm: gathered B ----

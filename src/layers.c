@@ -647,6 +647,31 @@ PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy,
     });
 }
 
+/* The same in bf16: dz rounded to bf16 (pdp__bf16_round_u32's bits) as it is stored, db
+   summing the unrounded values (db is fp32: only the products' inputs are rounded); db
+   NULL: no sums. The products read dz as their op(A), which is then bf16 by construction
+   (pdp__linear_gemm_bf16). */
+PDP__PRIVATE void pdp__layers_relu_grad16(const float *PDP__RESTRICT dy,
+                                          const float *PDP__RESTRICT y, float *PDP__RESTRICT dz,
+                                          float *PDP__RESTRICT db, int64_t n)
+{
+    int64_t i = 0;
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    const __m512 zero = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) { /* pdp__relu_grad: 0 where y <= 0 (NaN y: dy) */
+        __m512 d = _mm512_maskz_mov_ps(
+            _mm512_cmp_ps_mask(_mm512_loadu_ps(y + i), zero, _CMP_NLE_UQ), _mm512_loadu_ps(dy + i));
+        if (db) _mm512_storeu_ps(db + i, _mm512_add_ps(_mm512_loadu_ps(db + i), d));
+        _mm512_storeu_si512((void *)(dz + i), pdp__gemm_round_zmm(_mm512_castps_si512(d)));
+    }
+#endif
+    for (; i < n; i++) {
+        float d = pdp__relu_grad(dy[i], y[i]);
+        if (db) db[i] += d;
+        dz[i] = pdp__bf16_round(d);
+    }
+}
+
 /* Rows [r0, r1) of each pass; db (a chunk's share or io->db) is NULL when io->db is. */
 PDP__PRIVATE void pdp__linear_relu_forward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
                                                 int64_t r1, float *db)
@@ -665,6 +690,17 @@ PDP__PRIVATE void pdp__linear_relu_backward_rows(const pdp__layer_io *io, int64_
             pdp__layers_relu_grad_sum(io->dy + at, io->y + at, io->work + at, db, out);
         else
             pdp__layers_relu_grad(io->dy + at, io->y + at, io->work + at, out);
+    }
+}
+
+/* pdp__linear_relu_backward_rows in bf16: work rounded (pdp__layers_relu_grad16) */
+PDP__PRIVATE void pdp__linear_relu_backward_rows16(const pdp__layer_io *io, int64_t out,
+                                                   int64_t r0, int64_t r1, float *db)
+{
+    int64_t i, at;
+    for (i = r0; i < r1; i++) {
+        at = i * out;
+        pdp__layers_relu_grad16(io->dy + at, io->y + at, io->work + at, db, out);
     }
 }
 
@@ -778,6 +814,25 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
     return PDP_OK;
 }
 
+/* pdp_gemm_bf16, told whether op(A) holds bf16 values already (a16: the ReLU's backward
+   pass rounded dY): where the product runs sgemm-rounded, only op(B) is rounded as it is
+   packed (pdp__sgemm_bf16_b; the bits of pdp_gemm_bf16, rounding being idempotent); the
+   other paths round both, as always. */
+PDP__PRIVATE void pdp__linear_gemm_bf16(bool a16, pdp_trans ta, pdp_trans tb, int64_t m,
+                                        int64_t n, int64_t k, const float *a, int64_t lda,
+                                        const float *b, int64_t ldb, float beta, float *c,
+                                        int64_t ldc)
+{
+#if PDP__BF16_HAS_SGEMM
+    if (a16 && pdp_bf16_path_for(ta, tb, m, n, k) == PDP_BF16_PATH_SGEMM) {
+        pdp__sgemm_bf16_b(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+#endif
+    (void)a16;
+    pdp_gemm_bf16(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+}
+
 PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io_in)
 {
     pdp__layer_io rows;
@@ -785,19 +840,28 @@ PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__lay
     int64_t B = io->batch, in = pdp__layer_in_features(l);
     int64_t out = l->out_features;
     const float *dy = io->dy;
+    /* bf16 with a ReLU: the masked dy rounded as it is stored, for both products */
+    bool dy16 = io->bf16 && io->fused_relu && !io->gelu_y;
     if (io->fused_relu || io->gelu_y) { /* dy masked (times gelu') into work, db's sums */
         pdp__linear_rows_run(l, io, io->gelu_y ? pdp__linear_gelu_backward_rows
+                                    : dy16     ? pdp__linear_relu_backward_rows16
                                                : pdp__linear_relu_backward_rows, true);
         dy = io->work;
     } else if (io->db) {
         pdp__linear_rows_run(l, io, pdp__linear_db_rows, true);
     }
     /* dW += dY^T X */
-    (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, dy, out,
-                                            io->x, in, 1.0f, io->dw, in);
-    if (io->dx) /* dX = dY W */
-        (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, dy,
-                                                out, io->w, in, 0.0f, io->dx, in);
+    if (io->bf16)
+        pdp__linear_gemm_bf16(dy16, PDP_TRANS, PDP_NO_TRANS, out, in, B, dy, out, io->x, in, 1.0f,
+                              io->dw, in);
+    else
+        pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, dy, out, io->x, in, 1.0f, io->dw, in);
+    if (io->dx && io->bf16) /* dX = dY W */
+        pdp__linear_gemm_bf16(dy16, PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, dy, out, io->w, in,
+                              0.0f, io->dx, in);
+    else if (io->dx)
+        pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, dy, out, io->w, in, 0.0f, io->dx,
+                  in);
     return PDP_OK;
 }
 

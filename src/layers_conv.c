@@ -203,14 +203,16 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
    converted to bf16 words in place (pdp__gemm_bf16_convert: each value once, not once
    per kernel tap; the padded dy after the dW share, which reads it as floats in a
    "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
-   dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image and the
-   grid's dy rounded in place (db summed from dy before). On the sgemm-rounded and the
-   emulated paths the fp32 kernels multiply bf16-rounded inputs exactly and sum in fp32
-   (pdp_gemm_bf16's sgemm-rounded arithmetic; the emulated path's chain is not run
-   here): the padded image, the padded dy and the grid's dy are rounded in place after
-   they are loaded, W' when it is built, and W for forward into the workspace's fixed
-   region (free in forward). Either way the bits depend on the geometry and the path,
-   not on the thread count. */
+   dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image rounded
+   as it is copied in and the grid's dy rounded in db's sum pass (db from the unrounded
+   values). On the sgemm-rounded and the emulated paths the fp32 kernels multiply
+   bf16-rounded inputs exactly and sum in fp32 (pdp_gemm_bf16's sgemm-rounded arithmetic;
+   the emulated path's chain is not run here): the padded image is rounded as it is
+   copied in (pdp__conv_copy2d_bf16), the grid's dy in db's sum pass (pdp__conv_sum_bf16:
+   in a "same" convolution the grid is the padded dy's interior, which holds all of dy),
+   the padded dy apart otherwise, W' when it is built, and W for forward into the
+   workspace's fixed region (free in forward). Either way the bits depend on the geometry
+   and the path, not on the thread count. */
 
 #ifndef PDP__CONV_CHUNK_FLOATS
 #  define PDP__CONV_CHUNK_FLOATS PDP__TEST_KNOB(conv_chunk_floats, 65536)
@@ -400,6 +402,19 @@ PDP__PRIVATE void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, flo
             memcpy(dst + p * dp + r * dr, src + p * sp + r * sr, (size_t)n * sizeof(float));
 }
 
+/* The same, each value rounded to bf16 as it is copied (pdp__bf16_round_u32's bits; a row
+   is one to two 16-lane vectors with AVX-512): the padded image in bf16 on the fp32
+   kernels, without a pass over it (its bands and padding are zeros). */
+PDP__PRIVATE void pdp__conv_copy2d_bf16(const float *src, int64_t sp, int64_t sr, float *dst,
+                                        int64_t dp, int64_t dr, int64_t planes, int64_t rows,
+                                        int64_t n)
+{
+    int64_t p, r;
+    for (p = 0; p < planes; p++)
+        for (r = 0; r < rows; r++)
+            pdp__gemm_copy(dst + p * dp + r * dr, src + p * sp + r * sr, (int)n, 1);
+}
+
 /* `body` for j in [0, n) of a short row (an image row: 28, 14 or 7 floats) in
    blocks of 16, 8 and 4, the remainder as the last 4 once more: constant trip
    counts, which gcc -O2 vectorises where PDP__FOR_BLOCKED's scalar tail would
@@ -528,16 +543,40 @@ typedef struct pdp__conv_job {
                          pdp__gemm_bf16_rows_h / _arows_h on the image and dy converted */
 } pdp__conv_job;
 
-/* bf16: p[0, n) rounded in place (pdp__bf16_round_u32 on the bits, in
-   PDP__FOR_BLOCKED's blocks that gcc -O2 vectorises). */
-PDP__PRIVATE void pdp__conv_bf16(float *p, int64_t n)
+/* bf16: p[0, n) rounded in place (pdp__bf16_round_u32's bits): gemm.c's pass, 16 lanes at a
+   time with AVX-512 (gcc's vectorisation of the plain loop, 8 lanes in 10 operations, was
+   2.7% of the CNN's bf16 step on sgemm-rounded, one Sapphire Rapids class thread). */
+PDP__PRIVATE void pdp__conv_bf16(float *p, int64_t n) { pdp__gemm_round16(p, n); }
+
+/* bf16: pdp__layers_sum(x, n), the same bits (its 16 lanes, then its tail and the lanes
+   into a double, in its order), with x rounded in place in the same pass, each value after
+   the sum took it: Conv2d's db share from dy, then dy for the products, in one read. */
+PDP__PRIVATE double pdp__conv_sum_bf16(float *x, int64_t n)
 {
-    PDP__FOR_BLOCKED(i, n, {
-        uint32_t u;
-        memcpy(&u, p + i, sizeof u);
-        u = pdp__bf16_round_u32(u);
-        memcpy(p + i, &u, sizeof u);
-    });
+    float lane[16] = {0};
+    double s = 0.0;
+    int64_t i = 0;
+    int k;
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        __m512i u = _mm512_loadu_si512((const void *)(x + i));
+        acc = _mm512_add_ps(acc, _mm512_castsi512_ps(u));
+        _mm512_storeu_si512((void *)(x + i), pdp__gemm_round_zmm(u));
+    }
+    _mm512_storeu_ps(lane, acc);
+#endif
+    for (; i + 16 <= n; i += 16)
+        for (k = 0; k < 16; k++) {
+            lane[k] += x[i + k];
+            x[i + k] = pdp__bf16_round(x[i + k]);
+        }
+    for (; i < n; i++) {
+        s += x[i];
+        x[i] = pdp__bf16_round(x[i]);
+    }
+    for (k = 0; k < 16; k++) s += lane[k];
+    return s;
 }
 
 /* Chunk c: its samples [s0, s1), where its dW and db shares go ([O, C k k] then
@@ -605,11 +644,11 @@ PDP__PRIVATE void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__c
     int64_t c, o, ki, kj, s, ns = k->s1 - k->s0;
     memset(k->xp, 0, (size_t)(g->C * g->Hp * k->wt + g->k) * sizeof(float));
     for (s = 0; s < ns; s++)
-        pdp__conv_copy2d(job->io->x + (k->s0 + s) * job->l->in_count, g->H * g->W, g->W,
-                         k->xp + g->pad * k->wt + g->pad + s * (g->W + g->pad), g->Hp * k->wt,
-                         k->wt, g->C, g->H, g->W);
-    if (job->io->bf16 && (!job->packed16 || (backward && g->dw_dots)))
-        pdp__conv_bf16(k->xp, g->C * g->Hp * k->wt + g->k);
+        (job->io->bf16 && (!job->packed16 || (backward && g->dw_dots)) ? pdp__conv_copy2d_bf16
+                                                                       : pdp__conv_copy2d)(
+            job->io->x + (k->s0 + s) * job->l->in_count, g->H * g->W, g->W,
+            k->xp + g->pad * k->wt + g->pad + s * (g->W + g->pad), g->Hp * k->wt, k->wt, g->C,
+            g->H, g->W);
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->k; ki++)
             for (kj = 0; kj < g->k; kj++)
@@ -685,14 +724,16 @@ PDP__PRIVATE void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
                 pdp__conv_copy_dy(io, s, job->l, k.grid + (s - k.s0) * (g->W + g->pad), cols,
                                   k.wt);
         }
+        /* db's share from dy; in bf16 on the fp32 kernels (and the packed path's dots) dy is
+           rounded for the products in the same pass, after db took it: the grid's rows hold
+           every value of dy (a "same" convolution's padded dy has zeros elsewhere) */
         for (o = 0; o < g->O; o++)
-            k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(grid + o * ldg, cols);
-        if (io->bf16 && !job->packed16) { /* dy rounded after db took it, for the products */
-            if (io->dx) pdp__conv_bf16(k.dyp, g->O * g->Hq * k.wqt + g->k);
-            if (grid == k.grid) pdp__conv_bf16(k.grid, g->O * cols);
-        } else if (io->bf16 && g->dw_dots) { /* packed path: the dots' dy only */
-            for (o = 0; o < g->O; o++) pdp__conv_bf16(grid + o * ldg, cols);
-        }
+            k.share[g->O * g->ckk + o] =
+                (float)(io->bf16 && (!job->packed16 || g->dw_dots)
+                            ? pdp__conv_sum_bf16(grid + o * ldg, cols)
+                            : pdp__layers_sum(grid + o * ldg, cols));
+        if (io->bf16 && !job->packed16 && io->dx && grid == k.grid) /* the padded dy apart */
+            pdp__conv_bf16(k.dyp, g->O * g->Hq * k.wqt + g->k);
         if (g->dw_dots)
             pdp__sgemm_dots(g->O, g->ckk, cols, grid, ldg, k.xp, k.offx, k.share, g->ckk);
         else if (job->packed16) { /* the image in bf16, in place: the column matrix's pairs

@@ -2302,6 +2302,36 @@ PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, 
    is written without being read. pdp_gemm_bf16 shares it. */
 PDP__PRIVATE void pdp__gemm_scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc);
 
+/* ---- gemm: bf16 rounding ----
+   pdp__bf16_round_u32 on vectors: pdp__sgemm_bf16 rounds its operands with it as it packs
+   them (section "packing"), and Conv2d rounds its padded image and dy with
+   pdp__gemm_round16 (a pass, in every build: with PDP_CBLAS too). */
+
+#if !defined(PDP_NO_SIMD) && (defined(__AVX__) || defined(__AVX512F__))
+#  include <immintrin.h>
+#endif
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+/* pdp__bf16_round_u32 on 16 lanes, in 7 operations where its plain form takes 10: t = u +
+   0x7fff, plus 1 where bit 16 (the kept half's last bit) is set; a NaN's t is u with the
+   quiet bit; then the low half cleared. */
+
+/* lo in the low half, hi in the high half (the masked form, its mask full: the plain one's
+   undefined source trips gcc's -Wmaybe-uninitialized, as gemm_bf16.c's PDP__BF16_HALF). */
+
+#endif
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX2__)
+/* pdp__bf16_round_u32 on 8 lanes (|u| and Inf compared as signed: both are below 2^31). */
+
+#endif
+
+/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
+   loop vectorises). */
+PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n);
+
+/* d[0, n) = s[0, n), rounded to bf16 when round16 (pdp__bf16_round_u32's bits). */
+
 #if defined(PDP_CBLAS)
 #  include <cblas.h>
 
@@ -2423,39 +2453,18 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
    operations per vector, where a pass over the packed panels after packing cost 2-22%
    of the MLP's products (one thread, Sapphire Rapids class; most where packing is a
    large share: 10 x 512 x 512, 512 x 10 x 512). */
-#if !defined(PDP_NO_SIMD) && (defined(__AVX__) || defined(__AVX512F__))
-#  include <immintrin.h>
-#endif
-
-#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
-/* pdp__bf16_round_u32 on 16 lanes, in 7 operations where its plain form takes 10: t = u +
-   0x7fff, plus 1 where bit 16 (the kept half's last bit) is set; a NaN's t is u with the
-   quiet bit; then the low half cleared. */
-
-/* lo in the low half, hi in the high half (the masked form, its mask full: the plain one's
-   undefined source trips gcc's -Wmaybe-uninitialized, as gemm_bf16.c's PDP__BF16_HALF). */
-
-#endif
-
-#if !defined(PDP_NO_SIMD) && defined(__AVX2__)
-/* pdp__bf16_round_u32 on 8 lanes (|u| and Inf compared as signed: both are below 2^31). */
-
-#endif
-
-/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
-   loop vectorises). */
-PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n);
 
 /* x rounded to bf16 (as an fp32) when round16, else x. */
-
-/* d[0, n) = s[0, n), rounded to bf16 when round16. */
 
 #if !defined(PDP_NO_SIMD) && defined(__AVX__)
 #  define PDP__GEMM_T8 1
 
 /* dst[q * ldd + r] = s[r][p + q] for r, q in [0, 8), rounded to bf16 when round16: on
-   AVX-512 into an A panel (ldd 8: two rows of the block are 16 adjacent floats), two
-   rows at a time in zmm (11 operations per 16 values, where ymm takes 20). */
+   AVX-512 two rows of the block at a time in zmm (11 operations per 16 values, where ymm
+   takes 20), stored as one zmm into an A panel (ldd 8: the two rows are 16 adjacent
+   floats) or as its two halves into a B panel (ldd 32: 13 operations; rounding a
+   512 x 512 op(B) of NT as it packs went from 17-19 us over pdp_sgemm's packing to 7-8,
+   one Sapphire Rapids class thread, best of 200). */
 PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, int64_t ldd,
                                        int round16);
 #else
@@ -2502,6 +2511,8 @@ PDP__PRIVATE void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, co
 
 /* ---- gemm: the blocked product on one thread ---- */
 
+enum { PDP__GEMM_ROUND_A = 1, PDP__GEMM_ROUND_B = 2 }; /* pdp__gemm_args.round16 */
+
 typedef struct pdp__gemm_args {
     pdp_trans ta, tb;
     int64_t m, n, k;
@@ -2513,8 +2524,8 @@ typedef struct pdp__gemm_args {
     int64_t lda, ldb, ldc;
     int64_t kb;   /* depth of each k block (the last may be shorter) */
     int split_n;  /* 1: parts are column ranges; 0: row ranges */
-    int round16;  /* pdp__sgemm_bf16: operands rounded to bf16 as they are packed (never
-                     gathered) */
+    int round16;  /* pdp__sgemm_bf16: the operands rounded to bf16 as they are packed (never
+                     gathered): PDP__GEMM_ROUND_A | PDP__GEMM_ROUND_B, or one of them */
 } pdp__gemm_args;
 
 PDP__PRIVATE int64_t pdp__gemm_round_up(int64_t x, int64_t to);
@@ -2535,7 +2546,8 @@ PDP__PRIVATE void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_
 /* Part i of n: an equal share of the MR-row or NR-column panels. */
 PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n);
 
-/* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb. */
+/* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb; round16:
+   the operands rounded to bf16 as they are packed (pdp__sgemm_bf16, _bf16_b). */
 PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
                                 float alpha, const float *a, int64_t lda, const int64_t *arow,
                                 const float *b, int64_t ldb, const int64_t *brow, float beta,
@@ -2551,6 +2563,15 @@ PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n
 PDP__PRIVATE void pdp__sgemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
                                   float alpha, const float *a, int64_t lda, const float *b,
                                   int64_t ldb, float beta, float *c, int64_t ldc);
+
+/* pdp__sgemm_bf16 where op(A) holds bf16 values already (the caller rounded it, by
+   construction: Linear's dY, rounded by its ReLU's backward pass): only op(B) is rounded
+   as it is packed. Rounding is idempotent, so the bits are pdp__sgemm_bf16's; the
+   packing of op(A) is pdp_sgemm's (a transpose in NN: rounding there cost 12-20 us per
+   512 x 512 over fp32's packing, one Sapphire Rapids class thread). */
+PDP__PRIVATE void pdp__sgemm_bf16_b(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                    float alpha, const float *a, int64_t lda, const float *b,
+                                    int64_t ldb, float beta, float *c, int64_t ldc);
 
 /* ---- gemm: gathered B ----
    pdp_sgemm whose B rows are anywhere: storage row r of B starts at b + brow[r], so
@@ -5024,12 +5045,24 @@ PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy,
                                             const float *PDP__RESTRICT y, float *PDP__RESTRICT dz,
                                             float *PDP__RESTRICT db, int64_t n);
 
+/* The same in bf16: dz rounded to bf16 (pdp__bf16_round_u32's bits) as it is stored, db
+   summing the unrounded values (db is fp32: only the products' inputs are rounded); db
+   NULL: no sums. The products read dz as their op(A), which is then bf16 by construction
+   (pdp__linear_gemm_bf16). */
+PDP__PRIVATE void pdp__layers_relu_grad16(const float *PDP__RESTRICT dy,
+                                          const float *PDP__RESTRICT y, float *PDP__RESTRICT dz,
+                                          float *PDP__RESTRICT db, int64_t n);
+
 /* Rows [r0, r1) of each pass; db (a chunk's share or io->db) is NULL when io->db is. */
 PDP__PRIVATE void pdp__linear_relu_forward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
                                                 int64_t r1, float *db);
 
 PDP__PRIVATE void pdp__linear_relu_backward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
                                                  int64_t r1, float *db);
+
+/* pdp__linear_relu_backward_rows in bf16: work rounded (pdp__layers_relu_grad16) */
+PDP__PRIVATE void pdp__linear_relu_backward_rows16(const pdp__layer_io *io, int64_t out,
+                                                   int64_t r0, int64_t r1, float *db);
 
 /* gelu_y = gelu(y) (after a product that did not apply it) */
 PDP__PRIVATE void pdp__linear_gelu_forward_rows(const pdp__layer_io *io, int64_t out, int64_t r0,
@@ -5061,6 +5094,15 @@ PDP__PRIVATE const pdp__layer_io *pdp__linear_rows_io(const pdp__layer *l, const
                                                       pdp__layer_io *rows);
 
 PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io_in);
+
+/* pdp_gemm_bf16, told whether op(A) holds bf16 values already (a16: the ReLU's backward
+   pass rounded dY): where the product runs sgemm-rounded, only op(B) is rounded as it is
+   packed (pdp__sgemm_bf16_b; the bits of pdp_gemm_bf16, rounding being idempotent); the
+   other paths round both, as always. */
+PDP__PRIVATE void pdp__linear_gemm_bf16(bool a16, pdp_trans ta, pdp_trans tb, int64_t m,
+                                        int64_t n, int64_t k, const float *a, int64_t lda,
+                                        const float *b, int64_t ldb, float beta, float *c,
+                                        int64_t ldc);
 
 PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io_in);
 
@@ -5426,14 +5468,16 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
    converted to bf16 words in place (pdp__gemm_bf16_convert: each value once, not once
    per kernel tap; the padded dy after the dW share, which reads it as floats in a
    "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
-   dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image and the
-   grid's dy rounded in place (db summed from dy before). On the sgemm-rounded and the
-   emulated paths the fp32 kernels multiply bf16-rounded inputs exactly and sum in fp32
-   (pdp_gemm_bf16's sgemm-rounded arithmetic; the emulated path's chain is not run
-   here): the padded image, the padded dy and the grid's dy are rounded in place after
-   they are loaded, W' when it is built, and W for forward into the workspace's fixed
-   region (free in forward). Either way the bits depend on the geometry and the path,
-   not on the thread count. */
+   dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image rounded
+   as it is copied in and the grid's dy rounded in db's sum pass (db from the unrounded
+   values). On the sgemm-rounded and the emulated paths the fp32 kernels multiply
+   bf16-rounded inputs exactly and sum in fp32 (pdp_gemm_bf16's sgemm-rounded arithmetic;
+   the emulated path's chain is not run here): the padded image is rounded as it is
+   copied in (pdp__conv_copy2d_bf16), the grid's dy in db's sum pass (pdp__conv_sum_bf16:
+   in a "same" convolution the grid is the padded dy's interior, which holds all of dy),
+   the padded dy apart otherwise, W' when it is built, and W for forward into the
+   workspace's fixed region (free in forward). Either way the bits depend on the geometry
+   and the path, not on the thread count. */
 
 #ifndef PDP__CONV_CHUNK_FLOATS
 #  define PDP__CONV_CHUNK_FLOATS PDP__TEST_KNOB(conv_chunk_floats, 65536)
@@ -5518,6 +5562,13 @@ PDP__PRIVATE void pdp__col2im(const pdp__conv_geom *g, const float *PDP__RESTRIC
 PDP__PRIVATE void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, float *dst, int64_t dp,
                                    int64_t dr, int64_t planes, int64_t rows, int64_t n);
 
+/* The same, each value rounded to bf16 as it is copied (pdp__bf16_round_u32's bits; a row
+   is one to two 16-lane vectors with AVX-512): the padded image in bf16 on the fp32
+   kernels, without a pass over it (its bands and padding are zeros). */
+PDP__PRIVATE void pdp__conv_copy2d_bf16(const float *src, int64_t sp, int64_t sr, float *dst,
+                                        int64_t dp, int64_t dr, int64_t planes, int64_t rows,
+                                        int64_t n);
+
 /* `body` for j in [0, n) of a short row (an image row: 28, 14 or 7 floats) in
    blocks of 16, 8 and 4, the remainder as the last 4 once more: constant trip
    counts, which gcc -O2 vectorises where PDP__FOR_BLOCKED's scalar tail would
@@ -5594,9 +5645,15 @@ typedef struct pdp__conv_job {
                          pdp__gemm_bf16_rows_h / _arows_h on the image and dy converted */
 } pdp__conv_job;
 
-/* bf16: p[0, n) rounded in place (pdp__bf16_round_u32 on the bits, in
-   PDP__FOR_BLOCKED's blocks that gcc -O2 vectorises). */
+/* bf16: p[0, n) rounded in place (pdp__bf16_round_u32's bits): gemm.c's pass, 16 lanes at a
+   time with AVX-512 (gcc's vectorisation of the plain loop, 8 lanes in 10 operations, was
+   2.7% of the CNN's bf16 step on sgemm-rounded, one Sapphire Rapids class thread). */
 PDP__PRIVATE void pdp__conv_bf16(float *p, int64_t n);
+
+/* bf16: pdp__layers_sum(x, n), the same bits (its 16 lanes, then its tail and the lanes
+   into a double, in its order), with x rounded in place in the same pass, each value after
+   the sum took it: Conv2d's db share from dy, then dy for the products, in one read. */
+PDP__PRIVATE double pdp__conv_sum_bf16(float *x, int64_t n);
 
 /* Chunk c: its samples [s0, s1), where its dW and db shares go ([O, C k k] then
    [O]), and the scratch of the part that runs it. Workspace: the fixed part, the

@@ -7,7 +7,9 @@
    product: |got - exact| <= (k + 4) * eps * (|alpha| sum |a||b| + |beta c|).
    pdp__sgemm_bf16 (bf16's sgemm-rounded path): its rounding gives pdp_bf16_round's bits
    (ties, NaN payloads, subnormals, every tail length) and the product pdp_sgemm's bits on
-   the rounded operands, those values among them. tests/test_gemm_nosimd.c builds this file again with -DPDP_NO_SIMD, so the
+   the rounded operands, those values among them; pdp__sgemm_bf16_b (op(A) bf16 already)
+   its bits, and a bf16 MLP's weight gradients (the ReLU's backward rounding dY once) those
+   of pdp_gemm_bf16 by hand. tests/test_gemm_nosimd.c builds this file again with -DPDP_NO_SIMD, so the
    portable kernel is tested too. */
 
 #define _POSIX_C_SOURCE 200809L
@@ -494,6 +496,102 @@ TEST gemm_bf16_rounding_at_packing_is_sgemm_on_rounded_inputs(void)
     PASS();
 }
 
+/* pdp__sgemm_bf16_b (op(A) bf16 already: only op(B) rounded at packing) is
+   pdp__sgemm_bf16's bits when A holds bf16 values, in all layouts, and B's rounding is not
+   skipped (B salted with ties). Then the model: a bf16 MLP 37-45-29-10 (two Linears with a
+   fused ReLU, whose backward rounds the masked dY as it stores it, and whose products
+   then skip op(A)'s rounding where they run sgemm-rounded: in test_gemm_nosimd, where
+   AUTO takes it for every product) has the weight gradients of the same GEMMs called by
+   hand through pdp_gemm_bf16 on unrounded dY, bit for bit: it fails if the ReLU's pass
+   does not round (sgemm-rounded then multiplies unrounded dY). */
+TEST gemm_bf16_b_and_the_relu_backward_round_dy_once(void)
+{
+    enum { B = 13 };
+    static const int64_t width[4] = {37, 45, 29, 10};
+    float x[B * 37], h[3][B * 45], dh[B * 45], dz[B * 45], dy[B * 10], gw[3][45 * 37];
+    int64_t i, L, shape[2] = {B, 37};
+    int ta, tb;
+    pdp_model_desc d;
+    pdp_model *m = NULL;
+    pdp_tensor xt, dyt;
+    const pdp_tensor *y = NULL;
+    for (ta = 0; ta < 2; ta++)
+        for (tb = 0; tb < 2; tb++) {
+            int64_t mm = 19, n = 35, k = 530, lda = ta ? mm : k, ldb = tb ? k : n;
+            float *a = (float *)malloc(sizeof(float) * (size_t)(mm * k));
+            float *b = (float *)malloc(sizeof(float) * (size_t)(k * n));
+            float *c1 = (float *)malloc(sizeof(float) * (size_t)(mm * n));
+            float *c2 = (float *)malloc(sizeof(float) * (size_t)(mm * n));
+            uint32_t tie = 0x3f818000u; /* 1.01171875 + half an ulp of bf16: rounds up */
+            int same;
+            for (i = 0; i < mm * k; i++) a[i] = pdp_bf16_round(rnd());
+            for (i = 0; i < k * n; i++) {
+                b[i] = rnd();
+                if (i % 3 == 0) memcpy(&b[i], &tie, sizeof tie);
+            }
+            for (i = 0; i < mm * n; i++) c1[i] = c2[i] = rnd();
+            pdp__sgemm_bf16_b((pdp_trans)ta, (pdp_trans)tb, mm, n, k, 0.5f, a, lda, b, ldb, 2.0f,
+                              c1, n);
+            pdp__sgemm_bf16((pdp_trans)ta, (pdp_trans)tb, mm, n, k, 0.5f, a, lda, b, ldb, 2.0f, c2,
+                            n);
+            same = memcmp(c1, c2, sizeof(float) * (size_t)(mm * n)) == 0;
+            free(a), free(b), free(c1), free(c2);
+            ASSERTm(layout_name((pdp_trans)ta, (pdp_trans)tb), same);
+        }
+    memset(&d, 0, sizeof d);
+    d.input_shape[0] = 37;
+    d.seed = 5;
+    d.precision = PDP_PRECISION_BF16;
+    ASSERT_EQ(PDP_OK, pdp_model_create(&m, &d));
+    ASSERT_EQ(PDP_OK, pdp_model_add_linear(m, 45));
+    ASSERT_EQ(PDP_OK, pdp_model_add_relu(m));
+    ASSERT_EQ(PDP_OK, pdp_model_add_linear(m, 29));
+    ASSERT_EQ(PDP_OK, pdp_model_add_relu(m));
+    ASSERT_EQ(PDP_OK, pdp_model_add_linear(m, 10));
+    for (i = 0; i < B * 37; i++) x[i] = rnd();
+    for (i = 0; i < B * 10; i++) dy[i] = rnd();
+    pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+    ASSERT_EQ(PDP_OK, pdp_model_forward(m, &xt, &y));
+    pdp_tensor_wrap(dy, pdp_cpu(), 2, y->shape, &dyt);
+    pdp_model_zero_grad(m);
+    ASSERT_EQ(PDP_OK, pdp_model_backward(m, &dyt));
+    /* by hand: h[L] = relu(h[L-1] W_L^T + b_L) (h[0] the input), then backward */
+    memcpy(h[0], x, sizeof x);
+    for (L = 0; L < 3; L++) {
+        pdp_param w, bb;
+        char name[16];
+        int64_t in = width[L], out = width[L + 1];
+        float *o = L < 2 ? h[L + 1] : dz; /* the output's logits: dz, unused as such */
+        snprintf(name, sizeof name, "%d.weight", (int)(2 * L));
+        pdp_model_find_param(m, name, &w);
+        snprintf(name, sizeof name, "%d.bias", (int)(2 * L));
+        pdp_model_find_param(m, name, &bb);
+        for (i = 0; i < B * out; i++) o[i] = bb.value.data[i % out];
+        pdp_gemm_bf16(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, L ? h[L] : x, in, w.value.data,
+                      in, 1.0f, o, out);
+        if (L < 2)
+            for (i = 0; i < B * out; i++) o[i] = o[i] > 0.0f ? o[i] : 0.0f;
+    }
+    memcpy(dz, dy, sizeof dy); /* the last Linear's dY: no ReLU */
+    for (L = 2; L >= 0; L--) {
+        pdp_param w;
+        char name[16];
+        int64_t in = width[L], out = width[L + 1];
+        snprintf(name, sizeof name, "%d.weight", (int)(2 * L));
+        pdp_model_find_param(m, name, &w);
+        memset(gw[L], 0, sizeof gw[L]);
+        pdp_gemm_bf16(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, dz, out, L ? h[L] : x, in, 1.0f,
+                      gw[L], in);
+        ASSERT_MEM_EQ(gw[L], w.grad.data, sizeof(float) * (size_t)(out * in));
+        if (L == 0) break;
+        pdp_gemm_bf16(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, dz, out, w.value.data, in,
+                      0.0f, dh, in);
+        for (i = 0; i < B * in; i++) dz[i] = h[L][i] <= 0.0f ? 0.0f : dh[i];
+    }
+    pdp_model_free(m);
+    PASS();
+}
+
 SUITE(gemm)
 {
     RUN_TEST(gemm_kernel_matches_target);
@@ -508,6 +606,7 @@ SUITE(gemm)
     RUN_TEST(gemm_dots_match_a_double_loop);
     RUN_TEST(gemm_runs_match_rows_on_the_wanted_columns);
     RUN_TEST(gemm_bf16_rounding_at_packing_is_sgemm_on_rounded_inputs);
+    RUN_TEST(gemm_bf16_b_and_the_relu_backward_round_dy_once);
 }
 
 GREATEST_MAIN_DEFS();
