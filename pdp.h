@@ -2126,7 +2126,9 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
    members share, so that a collective's timeout or mismatch message says which group it
    was: "<world's name>.<k's name>(<j's name> c_j, ...)" over the other dimensions j, e.g.
    rank 5's TP group below is "world.TP(DP 1, PP 0)" (an unnamed dimension j is "dim<j>"
-   there; world's name is cut at 24 characters, the whole at 63). E.g. 8 ranks
+   there; world's name is cut at 24 characters; a name over 63 characters, which would lose
+   the coordinates at its end, is "<world's name>.<k's name>(first rank r)" instead, r the
+   group's first world rank). E.g. 8 ranks
    as DP x PP x TP = {2, 2, 2}: rank (d 2 + s) 2 + t; TP groups on neighbouring ranks {0 1}
    {2 3} {4 5} {6 7} (the dimension with the most traffic goes last), pipelines {0 2} {1 3}
    {4 6} {5 7}, data-parallel copies {0 4} {1 5} {2 6} {3 7}:
@@ -16204,9 +16206,12 @@ PDP__PRIVATE void pdp__mesh_put(char *buf, size_t bytes, size_t *n, const char *
 
 /* Dimension k's group name into buf: world's name (its first 24 characters), the
    dimension's name, then the other dimensions' names and this rank's coordinates along
-   them, "world.TP(DP 1, PP 0)"; an unnamed dimension j is "dim<j>" here. Cut at bytes. */
+   them, "world.TP(DP 1, PP 0)"; an unnamed dimension j is "dim<j>" here. A name that bytes
+   cannot hold would lose coordinates at its end, and two groups their difference: it is
+   then "world.TP(first rank 4)", the group's first world rank (its split's colour). */
 PDP__PRIVATE void pdp__mesh_group_name(char *buf, size_t bytes, const pdp_comm *world, int ndim,
-                                       const char *const *names, const int *coord, int k)
+                                       const char *const *names, const int *coord, int k,
+                                       int first_rank)
 {
     size_t n = 0;
     int j, first = 1;
@@ -16221,6 +16226,12 @@ PDP__PRIVATE void pdp__mesh_group_name(char *buf, size_t bytes, const pdp_comm *
         first = 0;
     }
     if (!first) pdp__mesh_put(buf, bytes, &n, ")");
+    if (n < bytes) return;
+    n = 0; /* 24 + 1 + 15 + 12 + 10 + 1 = 63 characters at most: it fits */
+    pdp__mesh_put(buf, bytes, &n, "%.24s.", world->name);
+    if (names && names[k]) pdp__mesh_put(buf, bytes, &n, "%s", names[k]);
+    else pdp__mesh_put(buf, bytes, &n, "dim%d", k);
+    pdp__mesh_put(buf, bytes, &n, "(first rank %d)", first_rank);
 }
 
 PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes,
@@ -16265,9 +16276,9 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
         coord[k] = world->rank / stride[k] % sizes[k];
     }
     for (k = ndim - 1; k >= 0 && st == PDP_OK; k--) { /* collective over world */
-        pdp__mesh_group_name(gname, sizeof gname, world, ndim, names, coord, k);
-        if ((st = pdp__comm_split(world, world->rank - coord[k] * stride[k], coord[k], gname,
-                                  &group[k])))
+        int colour = world->rank - coord[k] * stride[k];
+        pdp__mesh_group_name(gname, sizeof gname, world, ndim, names, coord, k, colour);
+        if ((st = pdp__comm_split(world, colour, coord[k], gname, &group[k])))
             st = pdp__err_wrap(st, "%s: dimension %d's groups", fn, k);
     }
     if (st == PDP_OK && !(m = (pdp_mesh *)pdp__calloc(sizeof *m)))
