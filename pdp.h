@@ -2144,8 +2144,8 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
    them, may be NULL: dimension k is then "k").
    PDP_ERR_INVALID, before any collective and the same on every rank: the sizes' product
    is not world's size (the message names the sizes and world's size), ndim outside
-   1..PDP_MESH_MAX_DIMS, a size below 1, NULL world, sizes or out, a name empty or too
-   long. The mesh owns its groups, not world: free it (with its groups) before world. */
+   1..PDP_MESH_MAX_DIMS, a size below 1, NULL world, sizes or out, a name empty, too
+   long or another dimension's. The mesh owns its groups, not world: free it (with its groups) before world. */
 #define PDP_MESH_MAX_DIMS 8
 typedef struct pdp_mesh pdp_mesh;
 PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes,
@@ -16246,7 +16246,7 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
     double ranks = 1;
     pdp_status st = PDP_OK;
     size_t n = 0;
-    int k;
+    int k, j;
     if (out) *out = NULL;
     if ((st = pdp__comm_check(world, fn))) return st;
     if (!out || !sizes)
@@ -16268,6 +16268,11 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
         if (sizes[k] < 1)
             return pdp__err(PDP_ERR_INVALID, "%s: %s: dimension %d has size %d; a size is >= 1", fn,
                             dims, k, sizes[k]);
+    for (k = 1; names && k < ndim; k++) /* the groups' names and the line tell them apart */
+        for (j = 0; j < k; j++)
+            if (names[k] && names[j] && !strcmp(names[k], names[j]))
+                return pdp__err(PDP_ERR_INVALID, "%s: %s: dimensions %d and %d are both named "
+                                "'%s'", fn, dims, j, k, names[k]);
     if (ranks != (double)world->size)
         return pdp__err(PDP_ERR_INVALID, "%s: %s makes %.0f ranks, but comm '%s' has %d", fn,
                         dims, ranks, world->name, world->size);

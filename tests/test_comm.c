@@ -548,6 +548,13 @@ TEST comm_mesh_rejects_bad_dimensions(void)
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, c, 1, (int[]){1},
                    (const char *[]){"sixteen_letters_"}), pdp_status_name);
     ASSERT(strstr(pdp_last_error(), "dimension 0's name 'sixteen_letters_' has 16") != NULL);
+    /* two dimensions of one name: both of rank 0's groups were "comm.X(X 0)", its line
+       "rank 0 (X 0, X 0): X {0}  X {0}" */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, c, 2, (int[]){1, 1},
+                   (const char *[]){"X", "X"}), pdp_status_name);
+    ASSERT_STR_EQ("pdp_mesh_create: X 1 x X 1: dimensions 0 and 1 are both named 'X'",
+                  pdp_last_error());
+    ASSERT(m == NULL);
     /* the message's "A n x B n ..." cut at its buffer, not written past it (8 names of 15
        and sizes of 11 characters need 237 bytes; an ASan build caught the overflow) */
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, c, PDP_MESH_MAX_DIMS,
