@@ -2126,7 +2126,9 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
    members share, so that a collective's timeout or mismatch message says which group it
    was: "<world's name>.<k's name>(<j's name> c_j, ...)" over the other dimensions j, e.g.
    rank 5's TP group below is "world.TP(DP 1, PP 0)" (an unnamed dimension j is "dim<j>"
-   there; world's name is cut at 24 characters, the whole at 63). E.g. 8 ranks
+   there; world's name is cut at 24 characters; a name over 63 characters, which would lose
+   the coordinates at its end, is "<world's name>.<k's name>(first rank r)" instead, r the
+   group's first world rank). E.g. 8 ranks
    as DP x PP x TP = {2, 2, 2}: rank (d 2 + s) 2 + t; TP groups on neighbouring ranks {0 1}
    {2 3} {4 5} {6 7} (the dimension with the most traffic goes last), pipelines {0 2} {1 3}
    {4 6} {5 7}, data-parallel copies {0 4} {1 5} {2 6} {3 7}:
@@ -2142,8 +2144,8 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
    them, may be NULL: dimension k is then "k").
    PDP_ERR_INVALID, before any collective and the same on every rank: the sizes' product
    is not world's size (the message names the sizes and world's size), ndim outside
-   1..PDP_MESH_MAX_DIMS, a size below 1, NULL world, sizes or out, a name empty or too
-   long. The mesh owns its groups, not world: free it (with its groups) before world. */
+   1..PDP_MESH_MAX_DIMS, a size below 1, NULL world, sizes or out, a name empty, too
+   long or another dimension's. The mesh owns its groups, not world: free it (with its groups) before world. */
 #define PDP_MESH_MAX_DIMS 8
 typedef struct pdp_mesh pdp_mesh;
 PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes,
@@ -2930,7 +2932,7 @@ PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc);
        TP 2 + SP, bf16 amx-bf16, recompute selective
    PDP_ERR_INVALID naming the call for a NULL argument, a size pdp_gpt_create refuses
    (layers, heads, dim or context below 1, a negative vocab or sequence, an unknown
-   recompute) or a buf too short. examples/train_gpt.c prints it. */
+   recompute or precision) or a buf too short. examples/train_gpt.c prints it. */
 PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size_t bytes);
 
 /* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room
@@ -16204,9 +16206,12 @@ PDP__PRIVATE void pdp__mesh_put(char *buf, size_t bytes, size_t *n, const char *
 
 /* Dimension k's group name into buf: world's name (its first 24 characters), the
    dimension's name, then the other dimensions' names and this rank's coordinates along
-   them, "world.TP(DP 1, PP 0)"; an unnamed dimension j is "dim<j>" here. Cut at bytes. */
+   them, "world.TP(DP 1, PP 0)"; an unnamed dimension j is "dim<j>" here. A name that bytes
+   cannot hold would lose coordinates at its end, and two groups their difference: it is
+   then "world.TP(first rank 4)", the group's first world rank (its split's colour). */
 PDP__PRIVATE void pdp__mesh_group_name(char *buf, size_t bytes, const pdp_comm *world, int ndim,
-                                       const char *const *names, const int *coord, int k)
+                                       const char *const *names, const int *coord, int k,
+                                       int first_rank)
 {
     size_t n = 0;
     int j, first = 1;
@@ -16221,6 +16226,12 @@ PDP__PRIVATE void pdp__mesh_group_name(char *buf, size_t bytes, const pdp_comm *
         first = 0;
     }
     if (!first) pdp__mesh_put(buf, bytes, &n, ")");
+    if (n < bytes) return;
+    n = 0; /* 24 + 1 + 15 + 12 + 10 + 1 = 63 characters at most: it fits */
+    pdp__mesh_put(buf, bytes, &n, "%.24s.", world->name);
+    if (names && names[k]) pdp__mesh_put(buf, bytes, &n, "%s", names[k]);
+    else pdp__mesh_put(buf, bytes, &n, "dim%d", k);
+    pdp__mesh_put(buf, bytes, &n, "(first rank %d)", first_rank);
 }
 
 PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes,
@@ -16235,7 +16246,7 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
     double ranks = 1;
     pdp_status st = PDP_OK;
     size_t n = 0;
-    int k;
+    int k, j;
     if (out) *out = NULL;
     if ((st = pdp__comm_check(world, fn))) return st;
     if (!out || !sizes)
@@ -16257,6 +16268,11 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
         if (sizes[k] < 1)
             return pdp__err(PDP_ERR_INVALID, "%s: %s: dimension %d has size %d; a size is >= 1", fn,
                             dims, k, sizes[k]);
+    for (k = 1; names && k < ndim; k++) /* the groups' names and the line tell them apart */
+        for (j = 0; j < k; j++)
+            if (names[k] && names[j] && !strcmp(names[k], names[j]))
+                return pdp__err(PDP_ERR_INVALID, "%s: %s: dimensions %d and %d are both named "
+                                "'%s'", fn, dims, j, k, names[k]);
     if (ranks != (double)world->size)
         return pdp__err(PDP_ERR_INVALID, "%s: %s makes %.0f ranks, but comm '%s' has %d", fn,
                         dims, ranks, world->name, world->size);
@@ -16265,9 +16281,9 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
         coord[k] = world->rank / stride[k] % sizes[k];
     }
     for (k = ndim - 1; k >= 0 && st == PDP_OK; k--) { /* collective over world */
-        pdp__mesh_group_name(gname, sizeof gname, world, ndim, names, coord, k);
-        if ((st = pdp__comm_split(world, world->rank - coord[k] * stride[k], coord[k], gname,
-                                  &group[k])))
+        int colour = world->rank - coord[k] * stride[k];
+        pdp__mesh_group_name(gname, sizeof gname, world, ndim, names, coord, k, colour);
+        if ((st = pdp__comm_split(world, colour, coord[k], gname, &group[k])))
             st = pdp__err_wrap(st, "%s: dimension %d's groups", fn, k);
     }
     if (st == PDP_OK && !(m = (pdp_mesh *)pdp__calloc(sizeof *m)))
@@ -29527,13 +29543,15 @@ PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size
     char vocab[32] = "", seq[32] = "", drop[32] = "", tp[32] = ""; /* what is not a default */
     bool cpu_bf16;
     int n;
-    if (!d || !buf) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (!d || !buf) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, d ? "buf" : "desc");
     if (d->layers < 1 || d->heads < 1 || d->dim < 1 || d->context < 1 || d->vocab < 0 ||
-        d->sequence < 0 || (int)d->recompute < 0 || (int)d->recompute > 2)
+        d->sequence < 0 || (int)d->recompute < 0 || (int)d->recompute > 2 ||
+        (d->precision != PDP_PRECISION_FP32 && d->precision != PDP_PRECISION_BF16))
         return pdp__err(PDP_ERR_INVALID, "%s: layers %d, heads %d, dim %lld, context %lld, vocab "
-                        "%lld, sequence %lld or recompute %d out of range", fn, d->layers,
-                        d->heads, (long long)d->dim, (long long)d->context, (long long)d->vocab,
-                        (long long)d->sequence, (int)d->recompute);
+                        "%lld, sequence %lld, recompute %d or precision %d out of range", fn,
+                        d->layers, d->heads, (long long)d->dim, (long long)d->context,
+                        (long long)d->vocab, (long long)d->sequence, (int)d->recompute,
+                        (int)d->precision);
     if (d->vocab && d->vocab != 256)
         snprintf(vocab, sizeof vocab, ", vocab %lld", (long long)d->vocab);
     if (d->sequence && d->sequence != d->context)
@@ -33696,7 +33714,8 @@ PDP_API pdp_status pdp_pp_rank_report(const pdp_pp *pp, const pdp_optim *o, char
     double P, t, d, tp_formula, tp_floats = 0; /* what f and g all-reduce, a sample */
     int64_t steps, dp_sent = 0;
     int i, R = 0, g_runs, n;
-    if (!pp || !o || !buf) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (!pp || !o || !buf)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, !pp ? "pp" : !o ? "o" : "buf");
     if (!(steps = pp->stats.steps))
         return pdp__err(PDP_ERR_STATE, "%s: rank %d (stage %d): no pass yet", fn, pp->c->rank,
                         pp->stage);

@@ -475,9 +475,12 @@ PDP__PRIVATE void pdp__mesh_put(char *buf, size_t bytes, size_t *n, const char *
 
 /* Dimension k's group name into buf: world's name (its first 24 characters), the
    dimension's name, then the other dimensions' names and this rank's coordinates along
-   them, "world.TP(DP 1, PP 0)"; an unnamed dimension j is "dim<j>" here. Cut at bytes. */
+   them, "world.TP(DP 1, PP 0)"; an unnamed dimension j is "dim<j>" here. A name that bytes
+   cannot hold would lose coordinates at its end, and two groups their difference: it is
+   then "world.TP(first rank 4)", the group's first world rank (its split's colour). */
 PDP__PRIVATE void pdp__mesh_group_name(char *buf, size_t bytes, const pdp_comm *world, int ndim,
-                                       const char *const *names, const int *coord, int k)
+                                       const char *const *names, const int *coord, int k,
+                                       int first_rank)
 {
     size_t n = 0;
     int j, first = 1;
@@ -492,6 +495,12 @@ PDP__PRIVATE void pdp__mesh_group_name(char *buf, size_t bytes, const pdp_comm *
         first = 0;
     }
     if (!first) pdp__mesh_put(buf, bytes, &n, ")");
+    if (n < bytes) return;
+    n = 0; /* 24 + 1 + 15 + 12 + 10 + 1 = 63 characters at most: it fits */
+    pdp__mesh_put(buf, bytes, &n, "%.24s.", world->name);
+    if (names && names[k]) pdp__mesh_put(buf, bytes, &n, "%s", names[k]);
+    else pdp__mesh_put(buf, bytes, &n, "dim%d", k);
+    pdp__mesh_put(buf, bytes, &n, "(first rank %d)", first_rank);
 }
 
 PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes,
@@ -506,7 +515,7 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
     double ranks = 1;
     pdp_status st = PDP_OK;
     size_t n = 0;
-    int k;
+    int k, j;
     if (out) *out = NULL;
     if ((st = pdp__comm_check(world, fn))) return st;
     if (!out || !sizes)
@@ -528,6 +537,11 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
         if (sizes[k] < 1)
             return pdp__err(PDP_ERR_INVALID, "%s: %s: dimension %d has size %d; a size is >= 1", fn,
                             dims, k, sizes[k]);
+    for (k = 1; names && k < ndim; k++) /* the groups' names and the line tell them apart */
+        for (j = 0; j < k; j++)
+            if (names[k] && names[j] && !strcmp(names[k], names[j]))
+                return pdp__err(PDP_ERR_INVALID, "%s: %s: dimensions %d and %d are both named "
+                                "'%s'", fn, dims, j, k, names[k]);
     if (ranks != (double)world->size)
         return pdp__err(PDP_ERR_INVALID, "%s: %s makes %.0f ranks, but comm '%s' has %d", fn,
                         dims, ranks, world->name, world->size);
@@ -536,9 +550,9 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
         coord[k] = world->rank / stride[k] % sizes[k];
     }
     for (k = ndim - 1; k >= 0 && st == PDP_OK; k--) { /* collective over world */
-        pdp__mesh_group_name(gname, sizeof gname, world, ndim, names, coord, k);
-        if ((st = pdp__comm_split(world, world->rank - coord[k] * stride[k], coord[k], gname,
-                                  &group[k])))
+        int colour = world->rank - coord[k] * stride[k];
+        pdp__mesh_group_name(gname, sizeof gname, world, ndim, names, coord, k, colour);
+        if ((st = pdp__comm_split(world, colour, coord[k], gname, &group[k])))
             st = pdp__err_wrap(st, "%s: dimension %d's groups", fn, k);
     }
     if (st == PDP_OK && !(m = (pdp_mesh *)pdp__calloc(sizeof *m)))

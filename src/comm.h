@@ -252,7 +252,9 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
    members share, so that a collective's timeout or mismatch message says which group it
    was: "<world's name>.<k's name>(<j's name> c_j, ...)" over the other dimensions j, e.g.
    rank 5's TP group below is "world.TP(DP 1, PP 0)" (an unnamed dimension j is "dim<j>"
-   there; world's name is cut at 24 characters, the whole at 63). E.g. 8 ranks
+   there; world's name is cut at 24 characters; a name over 63 characters, which would lose
+   the coordinates at its end, is "<world's name>.<k's name>(first rank r)" instead, r the
+   group's first world rank). E.g. 8 ranks
    as DP x PP x TP = {2, 2, 2}: rank (d 2 + s) 2 + t; TP groups on neighbouring ranks {0 1}
    {2 3} {4 5} {6 7} (the dimension with the most traffic goes last), pipelines {0 2} {1 3}
    {4 6} {5 7}, data-parallel copies {0 4} {1 5} {2 6} {3 7}:
@@ -268,8 +270,8 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
    them, may be NULL: dimension k is then "k").
    PDP_ERR_INVALID, before any collective and the same on every rank: the sizes' product
    is not world's size (the message names the sizes and world's size), ndim outside
-   1..PDP_MESH_MAX_DIMS, a size below 1, NULL world, sizes or out, a name empty or too
-   long. The mesh owns its groups, not world: free it (with its groups) before world. */
+   1..PDP_MESH_MAX_DIMS, a size below 1, NULL world, sizes or out, a name empty, too
+   long or another dimension's. The mesh owns its groups, not world: free it (with its groups) before world. */
 #define PDP_MESH_MAX_DIMS 8
 typedef struct pdp_mesh pdp_mesh;
 PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes,

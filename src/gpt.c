@@ -163,13 +163,15 @@ PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size
     char vocab[32] = "", seq[32] = "", drop[32] = "", tp[32] = ""; /* what is not a default */
     bool cpu_bf16;
     int n;
-    if (!d || !buf) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (!d || !buf) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, d ? "buf" : "desc");
     if (d->layers < 1 || d->heads < 1 || d->dim < 1 || d->context < 1 || d->vocab < 0 ||
-        d->sequence < 0 || (int)d->recompute < 0 || (int)d->recompute > 2)
+        d->sequence < 0 || (int)d->recompute < 0 || (int)d->recompute > 2 ||
+        (d->precision != PDP_PRECISION_FP32 && d->precision != PDP_PRECISION_BF16))
         return pdp__err(PDP_ERR_INVALID, "%s: layers %d, heads %d, dim %lld, context %lld, vocab "
-                        "%lld, sequence %lld or recompute %d out of range", fn, d->layers,
-                        d->heads, (long long)d->dim, (long long)d->context, (long long)d->vocab,
-                        (long long)d->sequence, (int)d->recompute);
+                        "%lld, sequence %lld, recompute %d or precision %d out of range", fn,
+                        d->layers, d->heads, (long long)d->dim, (long long)d->context,
+                        (long long)d->vocab, (long long)d->sequence, (int)d->recompute,
+                        (int)d->precision);
     if (d->vocab && d->vocab != 256)
         snprintf(vocab, sizeof vocab, ", vocab %lld", (long long)d->vocab);
     if (d->sequence && d->sequence != d->context)

@@ -119,7 +119,7 @@ PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc);
        TP 2 + SP, bf16 amx-bf16, recompute selective
    PDP_ERR_INVALID naming the call for a NULL argument, a size pdp_gpt_create refuses
    (layers, heads, dim or context below 1, a negative vocab or sequence, an unknown
-   recompute) or a buf too short. examples/train_gpt.c prints it. */
+   recompute or precision) or a buf too short. examples/train_gpt.c prints it. */
 PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size_t bytes);
 
 /* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room

@@ -1658,7 +1658,8 @@ PDP_API pdp_status pdp_pp_rank_report(const pdp_pp *pp, const pdp_optim *o, char
     double P, t, d, tp_formula, tp_floats = 0; /* what f and g all-reduce, a sample */
     int64_t steps, dp_sent = 0;
     int i, R = 0, g_runs, n;
-    if (!pp || !o || !buf) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (!pp || !o || !buf)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, !pp ? "pp" : !o ? "o" : "buf");
     if (!(steps = pp->stats.steps))
         return pdp__err(PDP_ERR_STATE, "%s: rank %d (stage %d): no pass yet", fn, pp->c->rank,
                         pp->stage);

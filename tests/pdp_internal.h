@@ -4719,9 +4719,12 @@ PDP__PRIVATE void pdp__mesh_put(char *buf, size_t bytes, size_t *n, const char *
 
 /* Dimension k's group name into buf: world's name (its first 24 characters), the
    dimension's name, then the other dimensions' names and this rank's coordinates along
-   them, "world.TP(DP 1, PP 0)"; an unnamed dimension j is "dim<j>" here. Cut at bytes. */
+   them, "world.TP(DP 1, PP 0)"; an unnamed dimension j is "dim<j>" here. A name that bytes
+   cannot hold would lose coordinates at its end, and two groups their difference: it is
+   then "world.TP(first rank 4)", the group's first world rank (its split's colour). */
 PDP__PRIVATE void pdp__mesh_group_name(char *buf, size_t bytes, const pdp_comm *world, int ndim,
-                                       const char *const *names, const int *coord, int k);
+                                       const char *const *names, const int *coord, int k,
+                                       int first_rank);
 
 /* PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes, const char *const *names) */
 

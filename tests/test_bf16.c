@@ -19,11 +19,13 @@
      TDPBF16PS (k padded to 16 pairs, the even product first, FMA, DAZ/FTZ): bit for bit,
      on odd shapes (k odd, k = 1, m = 1, n = 1 .. 17), all four layouts, alpha/beta
      (beta 0 with NaN in C), padded strides, subnormal and tiny inputs (sums in the
-     subnormal range); gathered operands against the materialised ones. Where the CPU
-     has AMX, the hardware path against the emulated tiles, within the fp32 summation
-     bound (the hardware does not follow the pseudo-code's order: measured, see
-     check_amx_hardware), the same bits at 1 and 2 threads, and one TDPBF16PS's
-     rounding of a lone pair as measured; skipped, by name, elsewhere.
+     subnormal range); gathered operands against the materialised ones; the streaming
+     kernels (one side of C at most 16: the other operand converted a k step at a time)
+     too, on a scratch of NaN words. Where the CPU has AMX, the hardware path against
+     the emulated tiles, within the fp32 summation bound (the hardware does not follow
+     the pseudo-code's order: measured, see check_amx_hardware), the same bits at 1 and
+     2 threads, and one TDPBF16PS's rounding of a lone pair as measured; skipped, by
+     name, elsewhere.
    - The bias and ReLU or GELU in the epilogue (pdp__gemm_bf16_bias, the Linear's
      forward): on every chain kernel the CPU has, AMX and its emulated tiles, the bits of
      the product followed by the old pass relu(b + C) (and of C = b then beta 1), or by

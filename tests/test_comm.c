@@ -326,8 +326,10 @@ static const char *mesh_name(const mesh_job *j, int k)
 }
 
 /* Dimension k's group name as comm.h spells it, for a rank at coordinates me: "world.TP(DP 1,
-   PP 0)", an unnamed dimension j "dim<j>" */
-static void mesh_group_name(const mesh_job *j, int k, const int *me, char *buf, size_t cap)
+   PP 0)", an unnamed dimension j "dim<j>"; over 63 characters, "world.TP(first rank r)", r
+   the group's first world rank */
+static void mesh_group_name(const mesh_job *j, int k, const int *me, int first_rank, char *buf,
+                            size_t cap)
 {
     char label[24];
     int i, len = 0, first = 1;
@@ -340,7 +342,12 @@ static void mesh_group_name(const mesh_job *j, int k, const int *me, char *buf, 
         else len += snprintf(buf + len, cap - (size_t)len, "%s%s %d", first ? "(" : ", ", label,
                              me[d]), first = 0;
     }
-    if (!first) snprintf(buf + len, cap - (size_t)len, ")");
+    if (!first) len += snprintf(buf + len, cap - (size_t)len, ")");
+    if (len > 63) {
+        if (j->names && j->names[k]) snprintf(label, sizeof label, "%s", j->names[k]);
+        else snprintf(label, sizeof label, "dim%d", k);
+        snprintf(buf, cap, "world.%s(first rank %d)", label, first_rank);
+    }
 }
 
 /* coords[q * ndim + k]: rank q's coordinate along k, by the odometer */
@@ -392,7 +399,7 @@ static pdp_status mesh_check_rank(const pdp_launch_ctx *ctx, void *user)
                      pdp_mesh_coord(m, k), pdp_comm_rank(g), pdp_comm_size(g), me[k], count);
             break;
         }
-        mesh_group_name(j, k, me, gname, sizeof gname);
+        mesh_group_name(j, k, me, ref[0], gname, sizeof gname);
         if (strcmp(pdp_comm_get_desc(g).name, gname)) {
             snprintf(why, wn, "rank %d dim %d: group name '%s', want '%s'", r, k,
                      pdp_comm_get_desc(g).name, gname);
@@ -419,11 +426,16 @@ static pdp_status mesh_check_rank(const pdp_launch_ctx *ctx, void *user)
 TEST comm_mesh_groups_match_a_counted_grid(void)
 {
     static const char *const dpt[] = {"DP", "PP", "TP"};
+    /* names whose groups' full names are 77 characters: cut at 63, both dimension-0 groups
+       were "world.data_parallel_(pipeline_stage_ 0, tensor_parallel 0, expe" */
+    static const char *const wide[] = {"data_parallel_", "pipeline_stage_", "tensor_parallel",
+                                       "expert_parallel"};
     static const mesh_job shapes[] = {
         {3, {2, 3, 2}, dpt, {{0}}},   /* 12 ranks, the middle dimension odd */
         {3, {2, 2, 2}, dpt, {{0}}},   /* train_gpt_3d's */
         {4, {1, 3, 1, 2}, NULL, {{0}}}, /* dimensions of size 1, unnamed */
         {1, {5}, NULL, {{0}}},        /* one dimension: the whole world */
+        {4, {1, 1, 1, 2}, wide, {{0}}}, /* group names too long to hold every coordinate */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         static mesh_job j;
@@ -536,6 +548,13 @@ TEST comm_mesh_rejects_bad_dimensions(void)
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, c, 1, (int[]){1},
                    (const char *[]){"sixteen_letters_"}), pdp_status_name);
     ASSERT(strstr(pdp_last_error(), "dimension 0's name 'sixteen_letters_' has 16") != NULL);
+    /* two dimensions of one name: both of rank 0's groups were "comm.X(X 0)", its line
+       "rank 0 (X 0, X 0): X {0}  X {0}" */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, c, 2, (int[]){1, 1},
+                   (const char *[]){"X", "X"}), pdp_status_name);
+    ASSERT_STR_EQ("pdp_mesh_create: X 1 x X 1: dimensions 0 and 1 are both named 'X'",
+                  pdp_last_error());
+    ASSERT(m == NULL);
     /* the message's "A n x B n ..." cut at its buffer, not written past it (8 names of 15
        and sizes of 11 characters need 237 bytes; an ASan build caught the overflow) */
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, c, PDP_MESH_MAX_DIMS,
@@ -562,12 +581,13 @@ TEST comm_mesh_rejects_bad_dimensions(void)
     ASSERT_STR_EQ("rank 0 (0 0, x 0): 0 {0}  x {0}", line);
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_format(NULL, line, sizeof line), pdp_status_name);
     pdp_mesh_free(m);
-    /* a group name longer than 63 characters is cut there (this one needs 75) */
+    /* a group name longer than 63 characters (this one needs 75), which cut there would lose
+       coordinates, names the group's first rank instead */
     ASSERT_ENUM_EQ(PDP_OK, pdp_mesh_create(&m, c, PDP_MESH_MAX_DIMS,
                    (int[PDP_MESH_MAX_DIMS]){1, 1, 1, 1, 1, 1, 1, 1},
                    (const char *[PDP_MESH_MAX_DIMS]){"dimension_zero_", "dimension_one__",
                    "d2", "d3", "d4", "d5", "d6", "d7"}), pdp_status_name);
-    ASSERT_STR_EQ("comm.dimension_one__(dimension_zero_ 0, d2 0, d3 0, d4 0, d5 0,",
+    ASSERT_STR_EQ("comm.dimension_one__(first rank 0)",
                   pdp_comm_get_desc(pdp_mesh_group(m, 1)).name);
     pdp_mesh_free(m);
     pdp_mesh_free(NULL);

@@ -1546,7 +1546,13 @@ TEST gpt_desc_format_reads_the_desc(void)
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_desc_format(&d, got, 20), pdp_status_name);
     ASSERT(strstr(pdp_last_error(), "pdp_gpt_desc_format: 20 bytes"));
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_desc_format(NULL, got, sizeof got), pdp_status_name);
-    d.layers = 0;
+    ASSERT_STR_EQ("pdp_gpt_desc_format: desc is NULL", pdp_last_error());
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_desc_format(&d, NULL, 8), pdp_status_name);
+    ASSERT_STR_EQ("pdp_gpt_desc_format: buf is NULL", pdp_last_error());
+    d.precision = (pdp_precision)2; /* printed as fp32 before it was refused */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_desc_format(&d, got, sizeof got), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "precision 2 out of range"));
+    d.precision = PDP_PRECISION_FP32, d.layers = 0;
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_desc_format(&d, got, sizeof got), pdp_status_name);
     ASSERT(strstr(pdp_last_error(), "pdp_gpt_desc_format: layers 0"));
     d.layers = 1, d.recompute = (pdp_recompute)3;

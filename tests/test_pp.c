@@ -2077,7 +2077,7 @@ TEST pp_rank_report_is_the_counters_beside_the_formulas(void)
     }
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_pp_rank_report(NULL, NULL, want, sizeof want),
                    pdp_status_name);
-    ASSERT(strstr(pdp_last_error(), "pdp_pp_rank_report"));
+    ASSERT_STR_EQ("pdp_pp_rank_report: pp is NULL", pdp_last_error());
     PASS();
 }
 
