@@ -1658,6 +1658,7 @@ PDP_API pdp_status pdp_pp_rank_report(const pdp_pp *pp, const pdp_optim *o, char
     double P, t, d, tp_formula, tp_floats = 0; /* what f and g all-reduce, a sample */
     int64_t steps, dp_sent = 0;
     int i, R = 0, g_runs, n;
+    pdp_status st;
     if (!pp || !o || !buf)
         return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, !pp ? "pp" : !o ? "o" : "buf");
     if (!(steps = pp->stats.steps))
@@ -1695,6 +1696,6 @@ PDP_API pdp_status pdp_pp_rank_report(const pdp_pp *pp, const pdp_optim *o, char
                  (long long)dp_sent, 2.0 * (d - 1) / d * 4 * P);
     if (n < 0 || (size_t)n >= bytes)
         return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
-    return pdp_pp_report(pp, buf + n, bytes - (size_t)n) == PDP_OK ? PDP_OK :
-           pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
+    st = pdp_pp_report(pp, buf + n, bytes - (size_t)n); /* its lines after ours */
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s", fn);
 }

@@ -184,9 +184,9 @@ PDP_API pdp_status pdp_trainer_memory_report(const pdp_trainer *t, int64_t batch
         return pdp__err(PDP_ERR_INVALID, "%s: %s", fn, !t ? "trainer is NULL" : !buf ?
                         "buf is NULL" : "batch < 1");
     if (!t->dp) { /* ZeRO's measured split, or a whole replica's planned (stage 0) */
-        PDP_TRY(pdp_trainer_get_memory(t, &mm));
-        if (pdp_gpt_memory_report(t->m, &mm, batch, buf, bytes) == PDP_OK) return PDP_OK;
-        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
+        pdp_status st = pdp_trainer_get_memory(t, &mm);
+        if (st == PDP_OK) st = pdp_gpt_memory_report(t->m, &mm, batch, buf, bytes);
+        return st == PDP_OK ? st : pdp__err_wrap(st, "%s", fn); /* its own reason, named */
     }
     PDP_TRY(pdp_dp_get_stats(t->dp, &s));
     if (!s.steps) return pdp__err(PDP_ERR_STATE, "%s: DP's peaks are measured: no step yet", fn);
