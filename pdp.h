@@ -16213,11 +16213,12 @@ PDP__PRIVATE void pdp__mesh_group_name(char *buf, size_t bytes, const pdp_comm *
                                        const char *const *names, const int *coord, int k,
                                        int first_rank)
 {
-    size_t n = 0;
+    size_t n = 0, head;
     int j, first = 1;
     pdp__mesh_put(buf, bytes, &n, "%.24s.", world->name);
     if (names && names[k]) pdp__mesh_put(buf, bytes, &n, "%s", names[k]);
     else pdp__mesh_put(buf, bytes, &n, "dim%d", k);
+    head = n; /* "world.TP" */
     for (j = 0; j < ndim; j++) {
         if (j == k) continue;
         pdp__mesh_put(buf, bytes, &n, first ? "(" : ", ");
@@ -16227,10 +16228,7 @@ PDP__PRIVATE void pdp__mesh_group_name(char *buf, size_t bytes, const pdp_comm *
     }
     if (!first) pdp__mesh_put(buf, bytes, &n, ")");
     if (n < bytes) return;
-    n = 0; /* 24 + 1 + 15 + 12 + 10 + 1 = 63 characters at most: it fits */
-    pdp__mesh_put(buf, bytes, &n, "%.24s.", world->name);
-    if (names && names[k]) pdp__mesh_put(buf, bytes, &n, "%s", names[k]);
-    else pdp__mesh_put(buf, bytes, &n, "dim%d", k);
+    n = head; /* 24 + 1 + 15 + 12 + 10 + 1 = 63 characters at most: it fits */
     pdp__mesh_put(buf, bytes, &n, "(first rank %d)", first_rank);
 }
 
@@ -32024,9 +32022,9 @@ PDP_API pdp_status pdp_trainer_memory_report(const pdp_trainer *t, int64_t batch
         return pdp__err(PDP_ERR_INVALID, "%s: %s", fn, !t ? "trainer is NULL" : !buf ?
                         "buf is NULL" : "batch < 1");
     if (!t->dp) { /* ZeRO's measured split, or a whole replica's planned (stage 0) */
-        PDP_TRY(pdp_trainer_get_memory(t, &mm));
-        if (pdp_gpt_memory_report(t->m, &mm, batch, buf, bytes) == PDP_OK) return PDP_OK;
-        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
+        pdp_status st = pdp_trainer_get_memory(t, &mm);
+        if (st == PDP_OK) st = pdp_gpt_memory_report(t->m, &mm, batch, buf, bytes);
+        return st == PDP_OK ? st : pdp__err_wrap(st, "%s", fn); /* its own reason, named */
     }
     PDP_TRY(pdp_dp_get_stats(t->dp, &s));
     if (!s.steps) return pdp__err(PDP_ERR_STATE, "%s: DP's peaks are measured: no step yet", fn);
@@ -33714,6 +33712,7 @@ PDP_API pdp_status pdp_pp_rank_report(const pdp_pp *pp, const pdp_optim *o, char
     double P, t, d, tp_formula, tp_floats = 0; /* what f and g all-reduce, a sample */
     int64_t steps, dp_sent = 0;
     int i, R = 0, g_runs, n;
+    pdp_status st;
     if (!pp || !o || !buf)
         return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, !pp ? "pp" : !o ? "o" : "buf");
     if (!(steps = pp->stats.steps))
@@ -33751,8 +33750,8 @@ PDP_API pdp_status pdp_pp_rank_report(const pdp_pp *pp, const pdp_optim *o, char
                  (long long)dp_sent, 2.0 * (d - 1) / d * 4 * P);
     if (n < 0 || (size_t)n >= bytes)
         return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
-    return pdp_pp_report(pp, buf + n, bytes - (size_t)n) == PDP_OK ? PDP_OK :
-           pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
+    st = pdp_pp_report(pp, buf + n, bytes - (size_t)n); /* its lines after ours */
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s", fn);
 }
 /* ---- end src/pp.c ---- */
 

@@ -482,11 +482,12 @@ PDP__PRIVATE void pdp__mesh_group_name(char *buf, size_t bytes, const pdp_comm *
                                        const char *const *names, const int *coord, int k,
                                        int first_rank)
 {
-    size_t n = 0;
+    size_t n = 0, head;
     int j, first = 1;
     pdp__mesh_put(buf, bytes, &n, "%.24s.", world->name);
     if (names && names[k]) pdp__mesh_put(buf, bytes, &n, "%s", names[k]);
     else pdp__mesh_put(buf, bytes, &n, "dim%d", k);
+    head = n; /* "world.TP" */
     for (j = 0; j < ndim; j++) {
         if (j == k) continue;
         pdp__mesh_put(buf, bytes, &n, first ? "(" : ", ");
@@ -496,10 +497,7 @@ PDP__PRIVATE void pdp__mesh_group_name(char *buf, size_t bytes, const pdp_comm *
     }
     if (!first) pdp__mesh_put(buf, bytes, &n, ")");
     if (n < bytes) return;
-    n = 0; /* 24 + 1 + 15 + 12 + 10 + 1 = 63 characters at most: it fits */
-    pdp__mesh_put(buf, bytes, &n, "%.24s.", world->name);
-    if (names && names[k]) pdp__mesh_put(buf, bytes, &n, "%s", names[k]);
-    else pdp__mesh_put(buf, bytes, &n, "dim%d", k);
+    n = head; /* 24 + 1 + 15 + 12 + 10 + 1 = 63 characters at most: it fits */
     pdp__mesh_put(buf, bytes, &n, "(first rank %d)", first_rank);
 }
 
