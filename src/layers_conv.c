@@ -543,11 +543,6 @@ typedef struct pdp__conv_job {
                          pdp__gemm_bf16_rows_h / _arows_h on the image and dy converted */
 } pdp__conv_job;
 
-/* bf16: p[0, n) rounded in place (pdp__bf16_round_u32's bits): gemm.c's pass, 16 lanes at a
-   time with AVX-512 (gcc's vectorisation of the plain loop, 8 lanes in 10 operations, was
-   2.7% of the CNN's bf16 step on sgemm-rounded, one Sapphire Rapids class thread). */
-PDP__PRIVATE void pdp__conv_bf16(float *p, int64_t n) { pdp__gemm_round16(p, n); }
-
 /* bf16: pdp__layers_sum(x, n), the same bits (its 16 lanes, then its tail and the lanes
    into a double, in its order), with x rounded in place in the same pass, each value after
    the sum took it: Conv2d's db share from dy, then dy for the products, in one read. */
@@ -629,7 +624,7 @@ PDP__PRIVATE void pdp__conv_implicit_setup(pdp__conv_job *job)
                 for (kj = 0; kj < g->k; kj++)
                     wt[c * okk + (o * g->k + ki) * g->k + kj] =
                         job->io->w[((o * g->C + c) * g->k + k1 - ki) * g->k + k1 - kj];
-    if (job->io->bf16 && !job->packed16) pdp__conv_bf16(wt, g->C * okk);
+    if (job->io->bf16 && !job->packed16) pdp__gemm_round16(wt, g->C * okk);
     job->wt = wt;
 }
 
@@ -733,7 +728,7 @@ PDP__PRIVATE void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
                             ? pdp__conv_sum_bf16(grid + o * ldg, cols)
                             : pdp__layers_sum(grid + o * ldg, cols));
         if (io->bf16 && !job->packed16 && io->dx && grid == k.grid) /* the padded dy apart */
-            pdp__conv_bf16(k.dyp, g->O * g->Hq * k.wqt + g->k);
+            pdp__gemm_round16(k.dyp, g->O * g->Hq * k.wqt + g->k);
         if (g->dw_dots)
             pdp__sgemm_dots(g->O, g->ckk, cols, grid, ldg, k.xp, k.offx, k.share, g->ckk);
         else if (job->packed16) { /* the image in bf16, in place: the column matrix's pairs
@@ -852,7 +847,7 @@ PDP__PRIVATE void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l,
     if (job->g.implicit && backward && io->dx) pdp__conv_implicit_setup(job);
     if (job->g.implicit && !backward && io->bf16 && !job->packed16) { /* W' in backward */
         memcpy(io->work, io->w, (size_t)(job->g.O * job->g.ckk) * sizeof(float));
-        pdp__conv_bf16(io->work, job->g.O * job->g.ckk);
+        pdp__gemm_round16(io->work, job->g.O * job->g.ckk);
         job->w = io->work;
     }
 }

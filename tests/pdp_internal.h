@@ -5648,11 +5648,6 @@ typedef struct pdp__conv_job {
                          pdp__gemm_bf16_rows_h / _arows_h on the image and dy converted */
 } pdp__conv_job;
 
-/* bf16: p[0, n) rounded in place (pdp__bf16_round_u32's bits): gemm.c's pass, 16 lanes at a
-   time with AVX-512 (gcc's vectorisation of the plain loop, 8 lanes in 10 operations, was
-   2.7% of the CNN's bf16 step on sgemm-rounded, one Sapphire Rapids class thread). */
-PDP__PRIVATE void pdp__conv_bf16(float *p, int64_t n);
-
 /* bf16: pdp__layers_sum(x, n), the same bits (its 16 lanes, then its tail and the lanes
    into a double, in its order), with x rounded in place in the same pass, each value after
    the sum took it: Conv2d's db share from dy, then dy for the products, in one read. */
