@@ -155,14 +155,15 @@ $(B)/run/%.built: $(B)/% ; @:
 # make -j starts these in the order listed, once pdp.h is made (everything here reads it, the
 # build tests too): the implementation object first (10 s of CPU at -O2: most tests and the
 # examples wait for it), then the longest build test (test_build_cxx.sh, 21 s of CPU: the C++
-# compile at -O2 is 10), test_build_docs.sh (1 s), test_bf16 (the longest test run: 5.2 s of
-# CPU, 1.5 of them the streamed AMX operand's case), the other build tests, then the tests and
-# the examples. make reads the list in order and waits at the first run it has no job slot
-# for; a run it reads while the object is still being built, it starts only once it has read
-# the whole list (GNU make 4.3): so a short build test goes between them, to take the slot
-# that the object frees and give it back soon. (Started beside the build tests' side-by-side compiles, the tests that wait on
-# timeouts took longer, no less wall time in all, and in one run, chrt -r at load 11,
-# test_alloc_fail's 2.5 s bound failed.)
+# compile at -O2 is 10), test_build_docs.sh (1 s), test_bf16 (among the longest test runs
+# with test_zero: 5.2 s of CPU, 1.5 of them the streamed AMX operand's case), the other build
+# tests, then the tests and the examples. make reads the list in order and waits at the first
+# run it has no job slot for; a run it reads while the object is still being built, it starts
+# only once it has read the whole list (GNU make 4.3): so a short build test goes between
+# them, to take the slot that the object frees and give it back soon. (Started beside the
+# build tests' side-by-side compiles, the tests that wait on timeouts took longer, no less
+# wall time in all, and in one run, chrt -r at load 11, test_alloc_fail's 2.5 s bound
+# failed.)
 # (filtered from RUNS: make sanitize and make tsan run no build test)
 FIRST_RUNS = $(addprefix $(B)/run/,test_build_cxx.sh.rc test_build_docs.sh.rc test_bf16.rc)
 test: $(IMPL_OBJ) $(filter $(RUNS),$(FIRST_RUNS)) $(filter %.sh.rc,$(RUNS)) $(RUNS)
