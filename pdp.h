@@ -225,9 +225,10 @@
    fp32. pdp_gemm_bf16 has four paths: AMX tiles (where the CPU has AMX-BF16 and Linux
    grants the tile state, asked once), AVX512-BF16 (vdpbf16ps), an emulation with
    vdpbf16ps's arithmetic on any CPU (AVX-512F or AVX2 FMAs under DAZ/FTZ: its bits;
-   portable C: its bits but where a product falls below 2^-126), and sgemm-rounded: pdp_sgemm with the
-   inputs rounded as it packs them, on any CPU, near fp32's speed (measured a little below
-   it: CHANGELOG.md), the same exact products summed in pdp_sgemm's order (gemm.h states its bound against the others). AMX's hardware
+   portable C: its bits but where a product falls below 2^-126), and sgemm-rounded:
+   pdp_sgemm with the inputs rounded as it packs them, on any CPU, near fp32's speed
+   (measured a little below it: CHANGELOG.md), the same exact products summed in
+   pdp_sgemm's order (gemm.h states its bound against the others). AMX's hardware
    sums each pair in an order Intel does not document (measured: neither the pseudo-code's
    nor the others'), so its bits may differ within a stated bound (gemm.h, gemm_amx.c):
    tests/test_bf16.c runs the AMX driver on emulated tiles on every CPU, bit for bit

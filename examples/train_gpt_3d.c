@@ -118,9 +118,10 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     PDP_TRY(pdp_mesh_format(mesh, groups, sizeof groups)); /* its coordinates and groups */
     PDP_TRY(pdp_pp_rank_report(p, o, report, sizeof report)); /* memory, bytes, bubble */
     PDP_TRY(pdp_print_by_rank(ctx->world, "%s\n%s", groups, report)); /* rank 0 prints all */
-    if (ctx->rank == 0 && sysconf(_SC_NPROCESSORS_ONLN) < ctx->world_size)
-        printf("(%d ranks on %ld cores: the bubbles also count waiting for a core)\n",
-               ctx->world_size, sysconf(_SC_NPROCESSORS_ONLN));
+    if (ctx->rank == 0) /* why a measured bubble is above the formulas */
+        printf("(the formulas take stages of equal time and free hand-offs: a stage that "
+               "computes less waits more%s)\n", sysconf(_SC_NPROCESSORS_ONLN) < ctx->world_size
+               ? "; and with more ranks than cores, ranks wait for a core" : "");
     pdp_optim_free(o);
     pdp_pp_free(p);
     pdp_mesh_free(mesh);
