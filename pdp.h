@@ -9230,25 +9230,27 @@ static inline PDP__ALWAYS_INLINE __m512i pdp__gemm_join(__m256i lo, __m256i hi)
 #endif
 
 #if !defined(PDP_NO_SIMD) && defined(__AVX2__)
-/* pdp__bf16_round_u32 on 8 lanes (|u| and Inf compared as signed: both are below 2^31). */
+/* pdp__bf16_round_u32 on 8 lanes. */
 static inline PDP__ALWAYS_INLINE __m256 pdp__gemm_round_ymm(__m256 v)
 {
-    const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
     const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
     const __m256i top = _mm256_set1_epi32((int)0xffff0000u), quiet = _mm256_set1_epi32(0x00400000);
     __m256i u = _mm256_castps_si256(v);
 #  if defined(__AVX512VL__) /* pdp__gemm_round_zmm's 7 operations */
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
     const __m256i bit16 = _mm256_set1_epi32(0x10000);
     __m256i t = _mm256_add_epi32(u, half);
     t = _mm256_mask_add_epi32(t, _mm256_test_epi32_mask(u, bit16), t, one);
     t = _mm256_mask_or_epi32(t, _mm256_cmpgt_epi32_mask(_mm256_and_si256(u, abs), inf), u, quiet);
     return _mm256_castsi256_ps(_mm256_and_si256(t, top));
 #  else
+    /* 8 operations where 10 took 30-40% longer to round a 512 x 512 B panel (Zen 3): the
+       NaN test is the unordered compare, the low half cleared once, after the select */
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
-    __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, half), lsb), top);
-    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
-    __m256i q = _mm256_and_si256(_mm256_or_si256(u, quiet), top);
-    return _mm256_castsi256_ps(_mm256_blendv_epi8(r, q, nan));
+    __m256 r = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_add_epi32(u, half), lsb));
+    __m256 q = _mm256_castsi256_ps(_mm256_or_si256(u, quiet));
+    __m256 t = _mm256_blendv_ps(r, q, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    return _mm256_and_ps(t, _mm256_castsi256_ps(top));
 #  endif
 }
 #endif
@@ -9682,6 +9684,16 @@ PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *
     if (round16)
         for (q = 0; q < 8; q++) o[q] = pdp__gemm_round_ymm(o[q]);
 #  endif
+#  if PDP__GEMM_MR == 6
+    if (ldd == 6) { /* an A panel of the AVX2 kernel, rows 6 and 7 the zeros row: each of the
+                       first 7 stored 8 wide (its 2 lanes past the 6 are the next one's to
+                       overwrite), the last as 4 + 2, so nothing lands past the block */
+        for (q = 0; q < 7; q++) _mm256_storeu_ps(dst + q * 6, o[q]);
+        _mm_storeu_ps(dst + 42, _mm256_castps256_ps128(o[7]));
+        _mm_storel_epi64((__m128i *)(void *)(dst + 46), _mm_castps_si128(_mm256_extractf128_ps(o[7], 1)));
+        return;
+    }
+#  endif
     for (q = 0; q < 8; q++) _mm256_storeu_ps(dst + q * ldd, o[q]);
 #  if !defined(__AVX2__) /* AVX without its integer half: the 8 x 8 block rounded in L1 */
     if (round16)
@@ -9715,6 +9727,20 @@ PDP__PRIVATE void pdp__gemm_pack_t(const float *src, int64_t lds, const int64_t 
 {
     int r = 0;
     int64_t p;
+#if PDP__GEMM_T8 && PDP__GEMM_MR == 6
+    if (ldd == 6 && kc <= PDP__GEMM_KC) { /* an A panel of the AVX2 kernel: 8 x 8 blocks of
+                                             its 6 rows and 2 of zeros (scalar, rounding
+                                             included, it took 3-4 times as long) */
+        const float *s[8];
+        int i;
+        for (i = 0; i < 8; i++)
+            s[i] = i < rows ? pdp__gemm_row(src, lds, off, i) : pdp__gemm_zeros;
+        for (p = 0; p + 8 <= kc; p += 8) pdp__gemm_transpose8(s, p, dst + p * 6, 6, round16);
+        for (; p < kc; p++)
+            for (i = 0; i < 6; i++) dst[p * 6 + i] = pdp__gemm_rounded(s[i][p], round16);
+        return;
+    }
+#endif
 #if PDP__GEMM_T8
     for (; r + 8 <= ldd && (r + 8 <= rows || (r < rows && kc <= PDP__GEMM_KC)); r += 8) {
         const float *s[8];
@@ -9760,6 +9786,16 @@ static inline PDP__ALWAYS_INLINE void pdp__gemm_pack_n(const float *src, int64_t
             __m256i hi = _mm256_loadu_si256((const __m256i *)pdp__gemm_row(src, lds, off, p + 1));
             _mm512_storeu_si512((void *)(dst + p * 8), pdp__gemm_round_zmm(pdp__gemm_join(lo, hi)));
         }
+    }
+#endif
+#if !defined(PDP_NO_SIMD) && defined(__AVX2__) && PDP__GEMM_MR == 6
+    if (round16 && ldd == 6 && cols == 6) { /* an A panel of the AVX2 kernel: a row's 6 read
+                                               masked, stored 8 wide but the last (the next
+                                               row overwrites the 2 past) */
+        const __m256i six = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
+        for (; p + 1 < kc; p++)
+            _mm256_storeu_ps(dst + p * 6,
+                             pdp__gemm_round_ymm(_mm256_maskload_ps(pdp__gemm_row(src, lds, off, p), six)));
     }
 #endif
     if (cols == ldd) {
@@ -10237,12 +10273,27 @@ PDP__PRIVATE void pdp__sgemm_runs(int64_t m, int64_t k, const float *a, int64_t 
    dW share of a layer with few weights: 16 x 25 over thousands of columns): row i of
    A at a + i lda, row j of B at b + brow[j]. Blocks of 4 x 5 dot products (20
    accumulators, 9 loads per 20 FMAs; 16 x 25 is 4 x 5 whole blocks, where 4 x 4
-   blocks computed 28 columns for 25) run in 16-float lanes over k in slices of
+   blocks computed 28 columns for 25) run in 16-float lanes (AVX2: 4 x 3 blocks in 8)
+   over k in slices of
    PDP__GEMM_DOTS_KC (A's and B's slices stay in L1), the lanes kept on the stack
    between slices, and are reduced at the end in a fixed order: the bits depend on
    m, n, k and the data only (not on the block shape). */
-#define PDP__GEMM_DOTS_MI 4    /* rows of A per block */
-#define PDP__GEMM_DOTS_NJ 5    /* rows of B per block */
+#if !defined(PDP_CBLAS) && !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+#  define PDP__GEMM_DOTS_VL 16
+#  define PDP__GEMM_DOTS_MI 4 /* rows of A per block */
+#  define PDP__GEMM_DOTS_NJ 5 /* rows of B per block */
+#elif !defined(PDP_CBLAS) && !defined(PDP_NO_SIMD) && defined(__AVX2__) && defined(__FMA__)
+/* AVX2 has 16 ymm registers: 4 x 3 blocks (12 accumulators and 4 rows of A; B from
+   memory, as the FMA's operand). Scalar, these dots were half of bench.h's CNN step on a
+   Zen 3 core. */
+#  define PDP__GEMM_DOTS_VL 8
+#  define PDP__GEMM_DOTS_MI 4
+#  define PDP__GEMM_DOTS_NJ 3
+#else
+#  define PDP__GEMM_DOTS_VL 1
+#  define PDP__GEMM_DOTS_MI 4
+#  define PDP__GEMM_DOTS_NJ 5
+#endif
 #define PDP__GEMM_DOTS_MAX 512 /* lanes of the blocks, counted whole */
 #define PDP__GEMM_DOTS_KC 512
 
@@ -10254,12 +10305,12 @@ PDP__PRIVATE int pdp__sgemm_dots_fits(int64_t m, int64_t n)
            PDP__GEMM_DOTS_MAX;
 }
 
-#if !defined(PDP_CBLAS) && !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+#if PDP__GEMM_DOTS_VL == 16
 /* The sum of v's 16 lanes as gcc's _mm512_reduce_add_ps adds them (halves, then quarters,
    then pairs), from the zero-masking extract: gcc's header builds the reduction on
    _mm512_extractf64x4_pd, whose _mm256_undefined_pd() merge source g++ reports as
    -Wmaybe-uninitialized (see gemm_bf16.c's PDP__BF16_HALF) */
-static inline float pdp__sum16(__m512 v)
+static inline float pdp__gemm_dots_sum(__m512 v)
 {
     __m512d d = _mm512_castps_pd(v);
     __m256 h = _mm256_add_ps(_mm256_castpd_ps(_mm512_maskz_extractf64x4_pd((__mmask8)0xf, d, 1)),
@@ -10268,20 +10319,60 @@ static inline float pdp__sum16(__m512 v)
     q = _mm_add_ps(q, _mm_movehl_ps(q, q));
     return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
 }
+#  define PDP__GEMM_DOTS_V __m512
+#  define PDP__GEMM_DOTS_ZERO() _mm512_setzero_ps()
+#  define PDP__GEMM_DOTS_LOAD(x) _mm512_loadu_ps(x)
+#  define PDP__GEMM_DOTS_MASK(left) ((__mmask16)((1u << (left)) - 1))
+#  define PDP__GEMM_DOTS_MASK_T __mmask16
+#  define PDP__GEMM_DOTS_LOADM(x, mk) _mm512_maskz_loadu_ps(mk, x)
+#  define PDP__GEMM_DOTS_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#elif PDP__GEMM_DOTS_VL == 8
+/* The sum of v's 8 lanes: halves, then pairs, as pdp__gemm_dots_sum's last three steps */
+static inline float pdp__gemm_dots_sum(__m256 v)
+{
+    __m128 q = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+}
+#  define PDP__GEMM_DOTS_V __m256
+#  define PDP__GEMM_DOTS_ZERO() _mm256_setzero_ps()
+#  define PDP__GEMM_DOTS_LOAD(x) _mm256_loadu_ps(x)
+#  define PDP__GEMM_DOTS_MASK(left) \
+      _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(left)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+#  define PDP__GEMM_DOTS_MASK_T __m256i
+#  define PDP__GEMM_DOTS_LOADM(x, mk) _mm256_maskload_ps(x, mk)
+#  define PDP__GEMM_DOTS_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#endif
+
+#if PDP__GEMM_DOTS_VL > 1
+/* One block's MI x NJ accumulators over columns [p, p1), whole vectors (LOAD) or the
+   last part of one (LOADM, the lanes past p1 zero in A and B: they add 0) */
+#  define PDP__GEMM_DOTS_STEP(LOADA, LOADB)                                                    \
+      do {                                                                                     \
+          PDP__GEMM_DOTS_V va[MI];                                                             \
+          _Pragma("GCC unroll 8") for (i = 0; i < MI; i++) va[i] = LOADA(ar[i] + p);           \
+          _Pragma("GCC unroll 8") for (j = 0; j < NJ; j++) {                                   \
+              PDP__GEMM_DOTS_V vb = LOADB(br[j] + p);                                          \
+              _Pragma("GCC unroll 8") for (i = 0; i < MI; i++) {                               \
+                  acc[i][j] = PDP__GEMM_DOTS_FMA(va[i], vb, acc[i][j]);                        \
+              }                                                                                \
+          }                                                                                    \
+      } while (0)
+#  define PDP__GEMM_DOTS_TAIL(x) PDP__GEMM_DOTS_LOADM(x, mk)
 
 PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                                   const float *b, const int64_t *brow, float *c, int64_t ldc)
 {
-    enum { MI = PDP__GEMM_DOTS_MI, NJ = PDP__GEMM_DOTS_NJ };
-    __m512 lanes[PDP__GEMM_DOTS_MAX];
+    enum { MI = PDP__GEMM_DOTS_MI, NJ = PDP__GEMM_DOTS_NJ, VL = PDP__GEMM_DOTS_VL };
+    PDP__GEMM_DOTS_V lanes[PDP__GEMM_DOTS_MAX];
     int64_t i0, j0, p0, p, nb = (n + NJ - 1) / NJ;
     PDP_ASSERT(pdp__sgemm_dots_fits(m, n));
-    for (p = 0; p < (m + MI - 1) / MI * nb * MI * NJ; p++) lanes[p] = _mm512_setzero_ps();
+    for (p = 0; p < (m + MI - 1) / MI * nb * MI * NJ; p++) lanes[p] = PDP__GEMM_DOTS_ZERO();
     for (p0 = 0; p0 < k; p0 += PDP__GEMM_DOTS_KC)
         for (i0 = 0; i0 < m; i0 += MI)
             for (j0 = 0; j0 < n; j0 += NJ) {
                 const float *ar[MI], *br[NJ];
-                __m512 acc[MI][NJ], *save = lanes + (i0 / MI * nb + j0 / NJ) * MI * NJ;
+                PDP__GEMM_DOTS_V acc[MI][NJ], *save = lanes + (i0 / MI * nb + j0 / NJ) * MI * NJ;
                 int64_t p1 = PDP__MIN(k, p0 + PDP__GEMM_DOTS_KC);
                 int i, j;
                 /* rows past the edge repeat the last one: computed, never stored */
@@ -10294,20 +10385,11 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
                 _Pragma("GCC unroll 8") for (j = 0; j < NJ; j++) {
                     br[j] = b + brow[PDP__MIN(j0 + j, n - 1)];
                 }
-                for (p = p0; p < p1; p += 16) {
-                    __mmask16 mk = (__mmask16)(p + 16 <= p1 ? 0xffff : (1u << (p1 - p)) - 1);
-                    __m512 va[MI], vb[NJ];
-                    _Pragma("GCC unroll 8") for (i = 0; i < MI; i++) {
-                        va[i] = _mm512_maskz_loadu_ps(mk, ar[i] + p);
-                    }
-                    _Pragma("GCC unroll 8") for (j = 0; j < NJ; j++) {
-                        vb[j] = _mm512_maskz_loadu_ps(mk, br[j] + p);
-                    }
-                    _Pragma("GCC unroll 8") for (i = 0; i < MI; i++) {
-                        _Pragma("GCC unroll 8") for (j = 0; j < NJ; j++) {
-                            acc[i][j] = _mm512_fmadd_ps(va[i], vb[j], acc[i][j]);
-                        }
-                    }
+                for (p = p0; p + VL <= p1; p += VL)
+                    PDP__GEMM_DOTS_STEP(PDP__GEMM_DOTS_LOAD, PDP__GEMM_DOTS_LOAD);
+                if (p < p1) {
+                    const PDP__GEMM_DOTS_MASK_T mk = PDP__GEMM_DOTS_MASK(p1 - p);
+                    PDP__GEMM_DOTS_STEP(PDP__GEMM_DOTS_TAIL, PDP__GEMM_DOTS_TAIL);
                 }
                 _Pragma("GCC unroll 8") for (i = 0; i < MI; i++) {
                     _Pragma("GCC unroll 8") for (j = 0; j < NJ; j++) {
@@ -10317,8 +10399,8 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
             }
     for (i0 = 0; i0 < m; i0++)
         for (j0 = 0; j0 < n; j0++)
-            c[i0 * ldc + j0] =
-                pdp__sum16(lanes[(i0 / MI * nb + j0 / NJ) * MI * NJ + i0 % MI * NJ + j0 % NJ]);
+            c[i0 * ldc + j0] = pdp__gemm_dots_sum(
+                lanes[(i0 / MI * nb + j0 / NJ) * MI * NJ + i0 % MI * NJ + j0 % NJ]);
 }
 #else
 PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
@@ -17123,6 +17205,15 @@ PDP__PRIVATE void pdp__layers_relu_grad16(const float *PDP__RESTRICT dy,
         if (db) _mm512_storeu_ps(db + i, _mm512_add_ps(_mm512_loadu_ps(db + i), d));
         _mm512_storeu_si512((void *)(dz + i), pdp__gemm_round_zmm(_mm512_castps_si512(d)));
     }
+#elif !defined(PDP_NO_SIMD) && defined(__AVX2__)
+    const __m256 zero = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) { /* the same in ymm (scalar, this pass was 12% of the MLP's
+                                    bf16 step on Zen 3, the fp32 one's 1%) */
+        __m256 d = _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(y + i), zero, _CMP_NLE_UQ),
+                                 _mm256_loadu_ps(dy + i));
+        if (db) _mm256_storeu_ps(db + i, _mm256_add_ps(_mm256_loadu_ps(db + i), d));
+        _mm256_storeu_ps(dz + i, pdp__gemm_round_ymm(d));
+    }
 #endif
     for (; i < n; i++) {
         float d = pdp__relu_grad(dy[i], y[i]);
@@ -18465,6 +18556,17 @@ PDP__PRIVATE double pdp__conv_sum_bf16(float *x, int64_t n)
         _mm512_storeu_si512((void *)(x + i), pdp__gemm_round_zmm(u));
     }
     _mm512_storeu_ps(lane, acc);
+#elif !defined(PDP_NO_SIMD) && defined(__AVX2__)
+    __m256 lo = _mm256_setzero_ps(), hi = lo; /* lanes 0-7 and 8-15 */
+    for (; i + 16 <= n; i += 16) {
+        __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+        lo = _mm256_add_ps(lo, a);
+        hi = _mm256_add_ps(hi, b);
+        _mm256_storeu_ps(x + i, pdp__gemm_round_ymm(a));
+        _mm256_storeu_ps(x + i + 8, pdp__gemm_round_ymm(b));
+    }
+    _mm256_storeu_ps(lane, lo);
+    _mm256_storeu_ps(lane + 8, hi);
 #endif
     for (; i + 16 <= n; i += 16)
         for (k = 0; k < 16; k++) {

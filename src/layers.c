@@ -664,6 +664,15 @@ PDP__PRIVATE void pdp__layers_relu_grad16(const float *PDP__RESTRICT dy,
         if (db) _mm512_storeu_ps(db + i, _mm512_add_ps(_mm512_loadu_ps(db + i), d));
         _mm512_storeu_si512((void *)(dz + i), pdp__gemm_round_zmm(_mm512_castps_si512(d)));
     }
+#elif !defined(PDP_NO_SIMD) && defined(__AVX2__)
+    const __m256 zero = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) { /* the same in ymm (scalar, this pass was 12% of the MLP's
+                                    bf16 step on Zen 3, the fp32 one's 1%) */
+        __m256 d = _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(y + i), zero, _CMP_NLE_UQ),
+                                 _mm256_loadu_ps(dy + i));
+        if (db) _mm256_storeu_ps(db + i, _mm256_add_ps(_mm256_loadu_ps(db + i), d));
+        _mm256_storeu_ps(dz + i, pdp__gemm_round_ymm(d));
+    }
 #endif
     for (; i < n; i++) {
         float d = pdp__relu_grad(dy[i], y[i]);

@@ -560,6 +560,17 @@ PDP__PRIVATE double pdp__conv_sum_bf16(float *x, int64_t n)
         _mm512_storeu_si512((void *)(x + i), pdp__gemm_round_zmm(u));
     }
     _mm512_storeu_ps(lane, acc);
+#elif !defined(PDP_NO_SIMD) && defined(__AVX2__)
+    __m256 lo = _mm256_setzero_ps(), hi = lo; /* lanes 0-7 and 8-15 */
+    for (; i + 16 <= n; i += 16) {
+        __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+        lo = _mm256_add_ps(lo, a);
+        hi = _mm256_add_ps(hi, b);
+        _mm256_storeu_ps(x + i, pdp__gemm_round_ymm(a));
+        _mm256_storeu_ps(x + i + 8, pdp__gemm_round_ymm(b));
+    }
+    _mm256_storeu_ps(lane, lo);
+    _mm256_storeu_ps(lane + 8, hi);
 #endif
     for (; i + 16 <= n; i += 16)
         for (k = 0; k < 16; k++) {

@@ -2322,7 +2322,7 @@ PDP__PRIVATE void pdp__gemm_scale_c(int64_t m, int64_t n, float beta, float *c, 
 #endif
 
 #if !defined(PDP_NO_SIMD) && defined(__AVX2__)
-/* pdp__bf16_round_u32 on 8 lanes (|u| and Inf compared as signed: both are below 2^31). */
+/* pdp__bf16_round_u32 on 8 lanes. */
 
 #endif
 
@@ -2648,22 +2648,73 @@ PDP__PRIVATE void pdp__sgemm_runs(int64_t m, int64_t k, const float *a, int64_t 
    dW share of a layer with few weights: 16 x 25 over thousands of columns): row i of
    A at a + i lda, row j of B at b + brow[j]. Blocks of 4 x 5 dot products (20
    accumulators, 9 loads per 20 FMAs; 16 x 25 is 4 x 5 whole blocks, where 4 x 4
-   blocks computed 28 columns for 25) run in 16-float lanes over k in slices of
+   blocks computed 28 columns for 25) run in 16-float lanes (AVX2: 4 x 3 blocks in 8)
+   over k in slices of
    PDP__GEMM_DOTS_KC (A's and B's slices stay in L1), the lanes kept on the stack
    between slices, and are reduced at the end in a fixed order: the bits depend on
    m, n, k and the data only (not on the block shape). */
-#define PDP__GEMM_DOTS_MI 4    /* rows of A per block */
-#define PDP__GEMM_DOTS_NJ 5    /* rows of B per block */
+#if !defined(PDP_CBLAS) && !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+#  define PDP__GEMM_DOTS_VL 16
+#  define PDP__GEMM_DOTS_MI 4 /* rows of A per block */
+#  define PDP__GEMM_DOTS_NJ 5 /* rows of B per block */
+#elif !defined(PDP_CBLAS) && !defined(PDP_NO_SIMD) && defined(__AVX2__) && defined(__FMA__)
+/* AVX2 has 16 ymm registers: 4 x 3 blocks (12 accumulators and 4 rows of A; B from
+   memory, as the FMA's operand). Scalar, these dots were half of bench.h's CNN step on a
+   Zen 3 core. */
+#  define PDP__GEMM_DOTS_VL 8
+#  define PDP__GEMM_DOTS_MI 4
+#  define PDP__GEMM_DOTS_NJ 3
+#else
+#  define PDP__GEMM_DOTS_VL 1
+#  define PDP__GEMM_DOTS_MI 4
+#  define PDP__GEMM_DOTS_NJ 5
+#endif
 #define PDP__GEMM_DOTS_MAX 512 /* lanes of the blocks, counted whole */
 #define PDP__GEMM_DOTS_KC 512
 
 PDP__PRIVATE int pdp__sgemm_dots_fits(int64_t m, int64_t n);
 
-#if !defined(PDP_CBLAS) && !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+#if PDP__GEMM_DOTS_VL == 16
 /* The sum of v's 16 lanes as gcc's _mm512_reduce_add_ps adds them (halves, then quarters,
    then pairs), from the zero-masking extract: gcc's header builds the reduction on
    _mm512_extractf64x4_pd, whose _mm256_undefined_pd() merge source g++ reports as
    -Wmaybe-uninitialized (see gemm_bf16.c's PDP__BF16_HALF) */
+
+#  define PDP__GEMM_DOTS_V __m512
+#  define PDP__GEMM_DOTS_ZERO() _mm512_setzero_ps()
+#  define PDP__GEMM_DOTS_LOAD(x) _mm512_loadu_ps(x)
+#  define PDP__GEMM_DOTS_MASK(left) ((__mmask16)((1u << (left)) - 1))
+#  define PDP__GEMM_DOTS_MASK_T __mmask16
+#  define PDP__GEMM_DOTS_LOADM(x, mk) _mm512_maskz_loadu_ps(mk, x)
+#  define PDP__GEMM_DOTS_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#elif PDP__GEMM_DOTS_VL == 8
+/* The sum of v's 8 lanes: halves, then pairs, as pdp__gemm_dots_sum's last three steps */
+
+#  define PDP__GEMM_DOTS_V __m256
+#  define PDP__GEMM_DOTS_ZERO() _mm256_setzero_ps()
+#  define PDP__GEMM_DOTS_LOAD(x) _mm256_loadu_ps(x)
+#  define PDP__GEMM_DOTS_MASK(left) \
+      _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(left)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+#  define PDP__GEMM_DOTS_MASK_T __m256i
+#  define PDP__GEMM_DOTS_LOADM(x, mk) _mm256_maskload_ps(x, mk)
+#  define PDP__GEMM_DOTS_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#endif
+
+#if PDP__GEMM_DOTS_VL > 1
+/* One block's MI x NJ accumulators over columns [p, p1), whole vectors (LOAD) or the
+   last part of one (LOADM, the lanes past p1 zero in A and B: they add 0) */
+#  define PDP__GEMM_DOTS_STEP(LOADA, LOADB)                                                    \
+      do {                                                                                     \
+          PDP__GEMM_DOTS_V va[MI];                                                             \
+          _Pragma("GCC unroll 8") for (i = 0; i < MI; i++) va[i] = LOADA(ar[i] + p);           \
+          _Pragma("GCC unroll 8") for (j = 0; j < NJ; j++) {                                   \
+              PDP__GEMM_DOTS_V vb = LOADB(br[j] + p);                                          \
+              _Pragma("GCC unroll 8") for (i = 0; i < MI; i++) {                               \
+                  acc[i][j] = PDP__GEMM_DOTS_FMA(va[i], vb, acc[i][j]);                        \
+              }                                                                                \
+          }                                                                                    \
+      } while (0)
+#  define PDP__GEMM_DOTS_TAIL(x) PDP__GEMM_DOTS_LOADM(x, mk)
 
 PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                                   const float *b, const int64_t *brow, float *c, int64_t ldc);

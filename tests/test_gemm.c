@@ -331,8 +331,9 @@ TEST gemm_kernel_matches_target(void)
    over a long k, B's rows gathered) against a double-precision loop: within the bound
    of an fp32 sum of k products, |err| <= k eps sum |a b| (Higham, "Accuracy and
    Stability of Numerical Algorithms", 2002, section 3.1), over block edges in m and n
-   (shapes that are and are not whole 4 x 5 blocks), k below, at and above a 16-lane
-   vector and above a 512-float slice, and C's row stride wider than n. */
+   (shapes that are and are not whole 4 x 5 or, on AVX2, 4 x 3 blocks), k below, at and
+   above a vector (16 or 8 lanes) and above a 512-float slice, and C's row stride wider
+   than n. */
 TEST gemm_dots_match_a_double_loop(void)
 {
     static const int64_t cfg[7][3] = {/* m, n, k */
