@@ -9244,8 +9244,8 @@ static inline PDP__ALWAYS_INLINE __m256 pdp__gemm_round_ymm(__m256 v)
     t = _mm256_mask_or_epi32(t, _mm256_cmpgt_epi32_mask(_mm256_and_si256(u, abs), inf), u, quiet);
     return _mm256_castsi256_ps(_mm256_and_si256(t, top));
 #  else
-    /* 8 operations where 10 took 30-40% longer to round a 512 x 512 B panel (Zen 3): the
-       NaN test is the unordered compare, the low half cleared once, after the select */
+    /* 8 operations (the plain form's 10 in integers): the NaN test is the unordered
+       compare, the low half cleared once, after the select */
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
     __m256 r = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_add_epi32(u, half), lsb));
     __m256 q = _mm256_castsi256_ps(_mm256_or_si256(u, quiet));
