@@ -473,6 +473,15 @@ PDP__PRIVATE void pdp__mesh_put(char *buf, size_t bytes, size_t *n, const char *
     *n += w > 0 ? (size_t)w : 0;
 }
 
+/* Dimension k's name: names[k], or "dim<k>" (written into own) for an unnamed one, in its
+   groups' names and pdp_mesh_format's line alike. */
+PDP__PRIVATE const char *pdp__mesh_dim_name(const char *const *names, int k, char own[16])
+{
+    if (names && names[k]) return names[k];
+    snprintf(own, 16, "dim%d", k);
+    return own;
+}
+
 /* Dimension k's group name into buf: world's name (its first 24 characters), the
    dimension's name, then the other dimensions' names and this rank's coordinates along
    them, "world.TP(DP 1, PP 0)"; an unnamed dimension j is "dim<j>" here. A name that bytes
@@ -484,15 +493,13 @@ PDP__PRIVATE void pdp__mesh_group_name(char *buf, size_t bytes, const pdp_comm *
 {
     size_t n = 0, head;
     int j, first = 1;
-    pdp__mesh_put(buf, bytes, &n, "%.24s.", world->name);
-    if (names && names[k]) pdp__mesh_put(buf, bytes, &n, "%s", names[k]);
-    else pdp__mesh_put(buf, bytes, &n, "dim%d", k);
+    char own[16];
+    pdp__mesh_put(buf, bytes, &n, "%.24s.%s", world->name, pdp__mesh_dim_name(names, k, own));
     head = n; /* "world.TP" */
     for (j = 0; j < ndim; j++) {
         if (j == k) continue;
-        pdp__mesh_put(buf, bytes, &n, first ? "(" : ", ");
-        if (names && names[j]) pdp__mesh_put(buf, bytes, &n, "%s %d", names[j], coord[j]);
-        else pdp__mesh_put(buf, bytes, &n, "dim%d %d", j, coord[j]);
+        pdp__mesh_put(buf, bytes, &n, "%s%s %d", first ? "(" : ", ",
+                      pdp__mesh_dim_name(names, j, own), coord[j]);
         first = 0;
     }
     if (!first) pdp__mesh_put(buf, bytes, &n, ")");
@@ -536,10 +543,13 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
             return pdp__err(PDP_ERR_INVALID, "%s: %s: dimension %d has size %d; a size is >= 1", fn,
                             dims, k, sizes[k]);
     for (k = 1; names && k < ndim; k++) /* the groups' names and the line tell them apart */
-        for (j = 0; j < k; j++)
-            if (names[k] && names[j] && !strcmp(names[k], names[j]))
+        for (j = 0; j < k; j++) {
+            char a[16], b[16];
+            const char *nk = pdp__mesh_dim_name(names, k, a);
+            if (!strcmp(nk, pdp__mesh_dim_name(names, j, b)))
                 return pdp__err(PDP_ERR_INVALID, "%s: %s: dimensions %d and %d are both named "
-                                "'%s'", fn, dims, j, k, names[k]);
+                                "'%s'", fn, dims, j, k, nk);
+        }
     if (ranks != (double)world->size)
         return pdp__err(PDP_ERR_INVALID, "%s: %s makes %.0f ranks, but comm '%s' has %d", fn,
                         dims, ranks, world->name, world->size);
@@ -570,8 +580,8 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
         m->stride[k] = stride[k];
         m->coord[k] = coord[k];
         m->group[k] = group[k];
-        if (names && names[k]) snprintf(m->name[k], sizeof m->name[k], "%s", names[k]);
-        else snprintf(m->name[k], sizeof m->name[k], "%d", k);
+        char own[16];
+        snprintf(m->name[k], sizeof m->name[k], "%s", pdp__mesh_dim_name(names, k, own));
     }
     *out = m;
     return PDP_OK;

@@ -267,7 +267,8 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
    succeeded, as pdp_comm_split does (a rank that cannot allocate its mesh makes the others
    fail with PDP_ERR_COMM naming it); a failed call leaves *out NULL and nothing allocated.
    names name the dimensions for pdp_mesh_format, each 1..15 characters (names, or one of
-   them, may be NULL: dimension k is then "k").
+   them, may be NULL: dimension k is then "dim<k>", as in its groups' names; a name is
+   refused when another dimension has it, "dim<k>" included).
    PDP_ERR_INVALID, before any collective and the same on every rank: the sizes' product
    is not world's size (the message names the sizes and world's size), ndim outside
    1..PDP_MESH_MAX_DIMS, a size below 1, NULL world, sizes or out, a name empty, too

@@ -4768,6 +4768,10 @@ struct pdp_mesh {
 /* snprintf at buf + *n, where *n counts what the line needs so far, fitting or not */
 PDP__PRIVATE void pdp__mesh_put(char *buf, size_t bytes, size_t *n, const char *fmt, ...);
 
+/* Dimension k's name: names[k], or "dim<k>" (written into own) for an unnamed one, in its
+   groups' names and pdp_mesh_format's line alike. */
+PDP__PRIVATE const char *pdp__mesh_dim_name(const char *const *names, int k, char own[16]);
+
 /* Dimension k's group name into buf: world's name (its first 24 characters), the
    dimension's name, then the other dimensions' names and this rank's coordinates along
    them, "world.TP(DP 1, PP 0)"; an unnamed dimension j is "dim<j>" here. A name that bytes

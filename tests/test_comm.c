@@ -321,7 +321,8 @@ typedef struct mesh_job {
 
 static const char *mesh_name(const mesh_job *j, int k)
 {
-    static const char *const number[PDP_MESH_MAX_DIMS] = {"0", "1", "2", "3", "4", "5", "6", "7"};
+    static const char *const number[PDP_MESH_MAX_DIMS] = {"dim0", "dim1", "dim2", "dim3",
+                                                          "dim4", "dim5", "dim6", "dim7"};
     return j->names && j->names[k] ? j->names[k] : number[k];
 }
 
@@ -555,6 +556,12 @@ TEST comm_mesh_rejects_bad_dimensions(void)
     ASSERT_STR_EQ("pdp_mesh_create: X 1 x X 1: dimensions 0 and 1 are both named 'X'",
                   pdp_last_error());
     ASSERT(m == NULL);
+    /* ... and a name that is an unnamed dimension's, "dim<k>" */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, c, 2, (int[]){1, 1},
+                   (const char *[]){NULL, "dim0"}), pdp_status_name);
+    ASSERT_STR_EQ("pdp_mesh_create: 1 x dim0 1: dimensions 0 and 1 are both named 'dim0'",
+                  pdp_last_error());
+    ASSERT(m == NULL);
     /* the message's "A n x B n ..." cut at its buffer, not written past it (8 names of 15
        and sizes of 11 characters need 237 bytes; an ASan build caught the overflow) */
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, c, PDP_MESH_MAX_DIMS,
@@ -572,13 +579,13 @@ TEST comm_mesh_rejects_bad_dimensions(void)
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(NULL, c, 1, (int[]){1}, NULL),
                    pdp_status_name);
     ASSERT(m == NULL);
-    /* one rank, 1 x 1: "rank 0 (0 0, x 0): 0 {0}  x {0}" needs 32 bytes */
+    /* one rank, 1 x 1: "rank 0 (dim0 0, x 0): dim0 {0}  x {0}" needs 38 bytes */
     ASSERT_ENUM_EQ(PDP_OK, pdp_mesh_create(&m, c, 2, (int[]){1, 1}, (const char *[]){NULL, "x"}),
                    pdp_status_name);
-    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_format(m, line, 31), pdp_status_name);
-    ASSERT_STR_EQ("pdp_mesh_format: rank 0's line needs 32 bytes, buf has 31", pdp_last_error());
-    ASSERT_ENUM_EQ(PDP_OK, pdp_mesh_format(m, line, 32), pdp_status_name);
-    ASSERT_STR_EQ("rank 0 (0 0, x 0): 0 {0}  x {0}", line);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_format(m, line, 37), pdp_status_name);
+    ASSERT_STR_EQ("pdp_mesh_format: rank 0's line needs 38 bytes, buf has 37", pdp_last_error());
+    ASSERT_ENUM_EQ(PDP_OK, pdp_mesh_format(m, line, 38), pdp_status_name);
+    ASSERT_STR_EQ("rank 0 (dim0 0, x 0): dim0 {0}  x {0}", line);
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_format(NULL, line, sizeof line), pdp_status_name);
     pdp_mesh_free(m);
     /* a group name longer than 63 characters (this one needs 75), which cut there would lose
