@@ -2932,9 +2932,10 @@ PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc);
        GPT 4 layers, 4 heads, dim 96, context 64: 478272 parameters, fp32, recompute none
        GPT 2 layers, 4 heads, dim 48, context 16, vocab 67, dropout 0.1: 60624 parameters,
        TP 2 + SP, bf16 amx-bf16, recompute selective
-   PDP_ERR_INVALID naming the call for a NULL argument, a size pdp_gpt_create refuses
-   (layers, heads, dim or context below 1, a negative vocab or sequence, an unknown
-   recompute or precision) or a buf too short. examples/train_gpt.c prints it. */
+   PDP_ERR_INVALID naming the call for a NULL argument, a desc pdp_gpt_create refuses before
+   it builds anything (the same checks, the same reasons: sizes, sequence past context,
+   heads not dividing dim or the TP size, dropout, recompute, precision, sequence
+   parallelism without TP) or a buf too short. examples/train_gpt.c prints it. */
 PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size_t bytes);
 
 /* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room
@@ -29632,6 +29633,50 @@ PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d)
     return st;
 }
 
+/* *d = *desc with its defaults resolved (vocab 256, sequence = context), or PDP_ERR_INVALID
+   prefixed fn for a field pdp_gpt_create refuses before it builds anything: what
+   pdp_gpt_desc_format and pdp_gpt_create check alike. */
+PDP__PRIVATE pdp_status pdp__gpt_check(const pdp_gpt_desc *desc, pdp_gpt_desc *d, const char *fn)
+{
+    *d = *desc;
+    if (d->vocab == 0) d->vocab = 256;
+    if (d->sequence == 0) d->sequence = d->context;
+    if (d->vocab < 1 || d->vocab > INT32_MAX)
+        return pdp__err(PDP_ERR_INVALID, "%s: vocab %lld is outside [1, 2^31)", fn,
+                        (long long)d->vocab);
+    if (d->context < 1 || d->layers < 1 || d->heads < 1 || d->dim < 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: context %lld, layers %d, heads %d and dim %lld "
+                        "are required (each >= 1)", fn, (long long)d->context, d->layers,
+                        d->heads, (long long)d->dim);
+    if (d->sequence < 1 || d->sequence > d->context)
+        return pdp__err(PDP_ERR_INVALID, "%s: sequence %lld is outside [1, context %lld]", fn,
+                        (long long)d->sequence, (long long)d->context);
+    if (d->dim % d->heads != 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: heads %d do not divide dim %lld", fn, d->heads,
+                        (long long)d->dim);
+    if (!(d->dropout >= 0.0f && d->dropout < 1.0f))
+        return pdp__err(PDP_ERR_INVALID, "%s: dropout %g is outside [0, 1)", fn,
+                        (double)d->dropout);
+    if ((unsigned)d->recompute > PDP_RECOMPUTE_FULL)
+        return pdp__err(PDP_ERR_INVALID, "%s: recompute %d (must be NONE, SELECTIVE or FULL)", fn,
+                        (int)d->recompute);
+    if (d->precision != PDP_PRECISION_FP32 && d->precision != PDP_PRECISION_BF16)
+        return pdp__err(PDP_ERR_INVALID, "%s: precision %d (must be FP32 or BF16)", fn,
+                        (int)d->precision);
+    if (d->sequence_parallel && !d->tp)
+        return pdp__err(PDP_ERR_INVALID, "%s: sequence_parallel shards the sequence over the TP "
+                        "ranks and needs desc.tp (NULL; sequence %lld)", fn,
+                        (long long)d->sequence);
+    if (d->tp && d->heads % pdp_comm_size(d->tp) != 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: %d heads do not divide by the TP size %d: a rank "
+                        "holds whole heads", fn, d->heads, pdp_comm_size(d->tp));
+    if (d->sequence_parallel && d->sequence % pdp_comm_size(d->tp) != 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: sequence_parallel: sequence %lld does not divide "
+                        "by the TP size %d: each rank holds T / N positions", fn,
+                        (long long)d->sequence, pdp_comm_size(d->tp));
+    return PDP_OK;
+}
+
 PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc)
 {
     int64_t V, C;
@@ -29646,22 +29691,16 @@ PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size
 {
     const char *fn = "pdp_gpt_desc_format";
     static const char *modes[3] = {"none", "selective", "full"};
-    const pdp_gpt_desc *d = desc;
+    pdp_gpt_desc resolved, *d = &resolved;
     char vocab[32] = "", seq[32] = "", drop[32] = "", tp[32] = ""; /* what is not a default */
     bool cpu_bf16;
     int n;
-    if (!d || !buf) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, d ? "buf" : "desc");
-    if (d->layers < 1 || d->heads < 1 || d->dim < 1 || d->context < 1 || d->vocab < 0 ||
-        d->sequence < 0 || (int)d->recompute < 0 || (int)d->recompute > 2 ||
-        (d->precision != PDP_PRECISION_FP32 && d->precision != PDP_PRECISION_BF16))
-        return pdp__err(PDP_ERR_INVALID, "%s: layers %d, heads %d, dim %lld, context %lld, vocab "
-                        "%lld, sequence %lld, recompute %d or precision %d out of range", fn,
-                        d->layers, d->heads, (long long)d->dim, (long long)d->context,
-                        (long long)d->vocab, (long long)d->sequence, (int)d->recompute,
-                        (int)d->precision);
-    if (d->vocab && d->vocab != 256)
-        snprintf(vocab, sizeof vocab, ", vocab %lld", (long long)d->vocab);
-    if (d->sequence && d->sequence != d->context)
+    pdp_status st;
+    if (!desc || !buf)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, desc ? "buf" : "desc");
+    if ((st = pdp__gpt_check(desc, d, fn)) != PDP_OK) return st;
+    if (d->vocab != 256) snprintf(vocab, sizeof vocab, ", vocab %lld", (long long)d->vocab);
+    if (d->sequence != d->context)
         snprintf(seq, sizeof seq, ", sequence %lld", (long long)d->sequence);
     if (d->dropout > 0) snprintf(drop, sizeof drop, ", dropout %g", (double)d->dropout);
     if (d->tp)
@@ -29688,29 +29727,7 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     int i;
     if (!out || !desc) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     *out = NULL;
-    d = *desc;
-    if (d.vocab == 0) d.vocab = 256;
-    if (d.sequence == 0) d.sequence = d.context;
-    if (d.vocab < 1 || d.vocab > INT32_MAX)
-        return pdp__err(PDP_ERR_INVALID, "%s: vocab %lld is outside [1, 2^31)", fn,
-                        (long long)d.vocab);
-    if (d.context < 1 || d.layers < 1 || d.heads < 1 || d.dim < 1)
-        return pdp__err(PDP_ERR_INVALID, "%s: context %lld, layers %d, heads %d and dim %lld "
-                        "are required (each >= 1)", fn, (long long)d.context, d.layers, d.heads,
-                        (long long)d.dim);
-    if (d.sequence < 1 || d.sequence > d.context)
-        return pdp__err(PDP_ERR_INVALID, "%s: sequence %lld is outside [1, context %lld]", fn,
-                        (long long)d.sequence, (long long)d.context);
-    if (d.dim % d.heads != 0)
-        return pdp__err(PDP_ERR_INVALID, "%s: heads %d do not divide dim %lld", fn, d.heads,
-                        (long long)d.dim);
-    if (!(d.dropout >= 0.0f && d.dropout < 1.0f))
-        return pdp__err(PDP_ERR_INVALID, "%s: dropout %g is outside [0, 1)", fn,
-                        (double)d.dropout);
-    if (d.sequence_parallel && !d.tp)
-        return pdp__err(PDP_ERR_INVALID, "%s: sequence_parallel shards the sequence over the TP "
-                        "ranks and needs desc.tp (NULL; sequence %lld)", fn,
-                        (long long)d.sequence);
+    if ((st = pdp__gpt_check(desc, &d, fn)) != PDP_OK) return st;
     memset(&md, 0, sizeof md);
     md.input_shape[0] = d.sequence;
     md.input_dtype = PDP_DTYPE_I32;
@@ -29720,17 +29737,6 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     md.recompute = d.recompute;
     if ((st = pdp_model_create(&m, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     if (d.tp && (st = pdp_model_set_tp(m, d.tp)) != PDP_OK) goto fail;
-    if (d.tp && d.heads % pdp_comm_size(d.tp) != 0) {
-        st = pdp__err(PDP_ERR_INVALID, "%d heads do not divide by the TP size %d: a rank holds "
-                      "whole heads", d.heads, pdp_comm_size(d.tp));
-        goto fail;
-    }
-    if (d.sequence_parallel && d.sequence % pdp_comm_size(d.tp) != 0) {
-        st = pdp__err(PDP_ERR_INVALID, "sequence_parallel: sequence %lld does not divide by the "
-                      "TP size %d: each rank holds T / N positions", (long long)d.sequence,
-                      pdp_comm_size(d.tp));
-        goto fail;
-    }
     if ((st = pdp_model_add_embedding(m, d.vocab, d.dim, d.context)) != PDP_OK ||
         (st = pdp__model_rename_param(m, 0, "transformer.wte.weight")) != PDP_OK ||
         (st = pdp__model_rename_param(m, 1, "transformer.wpe.weight")) != PDP_OK ||

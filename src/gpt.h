@@ -117,9 +117,10 @@ PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc);
        GPT 4 layers, 4 heads, dim 96, context 64: 478272 parameters, fp32, recompute none
        GPT 2 layers, 4 heads, dim 48, context 16, vocab 67, dropout 0.1: 60624 parameters,
        TP 2 + SP, bf16 amx-bf16, recompute selective
-   PDP_ERR_INVALID naming the call for a NULL argument, a size pdp_gpt_create refuses
-   (layers, heads, dim or context below 1, a negative vocab or sequence, an unknown
-   recompute or precision) or a buf too short. examples/train_gpt.c prints it. */
+   PDP_ERR_INVALID naming the call for a NULL argument, a desc pdp_gpt_create refuses before
+   it builds anything (the same checks, the same reasons: sizes, sequence past context,
+   heads not dividing dim or the TP size, dropout, recompute, precision, sequence
+   parallelism without TP) or a buf too short. examples/train_gpt.c prints it. */
 PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size_t bytes);
 
 /* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room

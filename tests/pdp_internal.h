@@ -8720,6 +8720,11 @@ PDP__PRIVATE pdp_status pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d);
    pdp__gpt_init draws, and cut into this rank's slices (tp.c's scatter). */
 PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d);
 
+/* *d = *desc with its defaults resolved (vocab 256, sequence = context), or PDP_ERR_INVALID
+   prefixed fn for a field pdp_gpt_create refuses before it builds anything: what
+   pdp_gpt_desc_format and pdp_gpt_create check alike. */
+PDP__PRIVATE pdp_status pdp__gpt_check(const pdp_gpt_desc *desc, pdp_gpt_desc *d, const char *fn);
+
 /* PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc) */
 
 /* PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size_t bytes) */

@@ -1509,7 +1509,9 @@ TEST gpt_memory_report_is_each_stages_formula_beside_the_bytes(void)
    the model pdp_gpt_create builds (pdp_model_param_count, not the formula), then a desc with
    every optional field (vocab, sequence, dropout, TP 2 + SP on 2 thread ranks, bf16 on the
    CPU with its path, selective recomputation): its count the whole model's, the plain
-   model's; refused: NULL, layers 0, an unknown recompute, a short buffer. */
+   model's; refused: NULL, layers 0, an unknown recompute or precision, a short buffer, and
+   what pdp_gpt_create refuses (heads not dividing dim, sequence past context, dropout 1,
+   sequence parallelism without TP). */
 static pdp_status desc_format_rank(const pdp_launch_ctx *ctx, void *user)
 {
     pdp_gpt_desc d = tp_desc();
@@ -1551,13 +1553,30 @@ TEST gpt_desc_format_reads_the_desc(void)
     ASSERT_STR_EQ("pdp_gpt_desc_format: buf is NULL", pdp_last_error());
     d.precision = (pdp_precision)2; /* printed as fp32 before it was refused */
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_desc_format(&d, got, sizeof got), pdp_status_name);
-    ASSERT(strstr(pdp_last_error(), "precision 2 out of range"));
+    ASSERT_STR_EQ("pdp_gpt_desc_format: precision 2 (must be FP32 or BF16)", pdp_last_error());
     d.precision = PDP_PRECISION_FP32, d.layers = 0;
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_desc_format(&d, got, sizeof got), pdp_status_name);
-    ASSERT(strstr(pdp_last_error(), "pdp_gpt_desc_format: layers 0"));
+    ASSERT(strstr(pdp_last_error(), "pdp_gpt_desc_format: context") &&
+           strstr(pdp_last_error(), "layers 0"));
     d.layers = 1, d.recompute = (pdp_recompute)3;
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_desc_format(&d, got, sizeof got), pdp_status_name);
     ASSERT(strstr(pdp_last_error(), "recompute 3"));
+    /* whatever pdp_gpt_create refuses before it builds, the line refuses too, with
+       pdp_gpt_create's reason (the line was printed for these before) */
+    d.recompute = PDP_RECOMPUTE_NONE, d.heads = 5; /* does not divide dim */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_desc_format(&d, got, sizeof got), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_gpt_desc_format: heads 5 do not divide dim"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_create(&m, &d), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_gpt_create: heads 5 do not divide dim"));
+    d.heads = 6, d.sequence = d.context + 1;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_desc_format(&d, got, sizeof got), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "is outside [1, context"));
+    d.sequence = 0, d.dropout = 1.0f;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_desc_format(&d, got, sizeof got), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "dropout 1 is outside [0, 1)"));
+    d.dropout = 0.0f, d.sequence_parallel = true; /* without desc.tp */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_desc_format(&d, got, sizeof got), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "needs desc.tp"));
     PASS();
 }
 
