@@ -3827,8 +3827,8 @@ PDP_API pdp_status pdp_pp_report(const pdp_pp *pp, char *buf, size_t bytes);
    formulas, TP 2 (t - 1) / t x 2 m R b T C 4 (a ring all-reduce forward, g, and one
    backward, f, of each of the stage's R TP regions, a micro-batch's b T C floats each; FULL
    recomputation runs each g again: 3 m R), DP 2 (d - 1) / d x 4 bytes a parameter (the
-   gradients' average, counted from the end of pdp_pp_create, whose broadcasts it leaves
-   out); then pdp_pp_report's three lines, indented:
+   gradients' average: only the pipeline's own all-reduces are counted, not
+   pdp_pp_create's broadcasts nor a caller's collectives on desc.dp); then pdp_pp_report's three lines, indented:
          memory, MB: parameters 0.31  gradients 0.31  AdamW state 0.62
          sent a step, bytes: TP 655360 (2(t-1)/t x 2 m R b T C 4 = 655360, R = 5 TP regions)
            DP 309120 (2(d-1)/d x 4 params = 309120)
@@ -32299,7 +32299,8 @@ struct pdp_pp {
     uint64_t steps;
     double t_compute;             /* when the current action's compute began (after its waits) */
     pdp_pp_stats stats;
-    pdp_comm_stats dp_created;    /* dp's counters once created: pdp_pp_rank_report's start */
+    int64_t dp_sent;              /* bytes its gradients' averages sent over dp, all steps (a
+                                     caller's own collectives on dp are not counted) */
     bool one_stream;              /* NCCL: a rank's batches run in order on one stream */
     bool traced;
     int trace_pid, trace_tid;
@@ -32976,7 +32977,6 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         pdp_pp_free(pp);
         return st;
     }
-    if (pp->dp) pdp_comm_get_stats(pp->dp, &pp->dp_created); /* after its broadcasts */
     *out = pp;
     return PDP_OK;
 oom:
@@ -33450,11 +33450,16 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
     if ((st = pdp__pp_sum_tied(pp)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d (stage %d): the tied weight's gradients", fn,
                              pp->c->rank, pp->stage);
-    if (pp->dp && pp->m->param_count &&
-        (st = pdp_comm_allreduce(pp->dp, pp->m->grad_block, pp->m->param_count, PDP_REDUCE_AVG,
-                                 &pp->dp_work)) != PDP_OK)
-        return pdp__err_wrap(st, "%s: rank %d: averaging the gradients over dp", fn,
-                             pp->c->rank);
+    if (pp->dp && pp->m->param_count) {
+        pdp_comm_stats d0, d1;
+        pdp_comm_get_stats(pp->dp, &d0);
+        if ((st = pdp_comm_allreduce(pp->dp, pp->m->grad_block, pp->m->param_count,
+                                     PDP_REDUCE_AVG, &pp->dp_work)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank %d: averaging the gradients over dp", fn,
+                                 pp->c->rank);
+        pdp_comm_get_stats(pp->dp, &d1);
+        pp->dp_sent += d1.bytes_sent - d0.bytes_sent;
+    }
     pdp_comm_get_stats(pp->c, &c1);
     pp->steps++;
     pp->stats.steps++;
@@ -33823,9 +33828,8 @@ PDP_API pdp_status pdp_pp_rank_report(const pdp_pp *pp, const pdp_optim *o, char
     const char *fn = "pdp_pp_rank_report";
     const pdp_model *m;
     pdp_tp_stats ts;
-    pdp_comm_stats dc;
     double P, t, d, tp_formula, tp_floats = 0; /* what f and g all-reduce, a sample */
-    int64_t steps, dp_sent = 0;
+    int64_t steps, dp_sent;
     int i, R = 0, g_runs, n;
     pdp_status st;
     if (!pp || !o || !buf)
@@ -33849,10 +33853,7 @@ PDP_API pdp_status pdp_pp_rank_report(const pdp_pp *pp, const pdp_optim *o, char
         if (l->kind == PDP__TP_REDUCE) tp_floats += g_runs * (double)l->out_count; /* g's */
     }
     pdp_tp_get_stats(m, &ts); /* every pass sends the same: the totals over the passes */
-    if (pp->dp) {
-        pdp_comm_get_stats(pp->dp, &dc);
-        dp_sent = (dc.bytes_sent - pp->dp_created.bytes_sent) / steps;
-    }
+    dp_sent = pp->dp_sent / steps;
     P = (double)m->param_count;
     t = m->tp.comm ? m->tp.size : 1, d = pp->dp ? pp->dp->size : 1;
     tp_formula = 2.0 * (t - 1) / t * (double)pp->mb * (double)pp->mb_rows[0] * 4 * tp_floats;

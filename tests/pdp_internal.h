@@ -9406,7 +9406,8 @@ struct pdp_pp {
     uint64_t steps;
     double t_compute;             /* when the current action's compute began (after its waits) */
     pdp_pp_stats stats;
-    pdp_comm_stats dp_created;    /* dp's counters once created: pdp_pp_rank_report's start */
+    int64_t dp_sent;              /* bytes its gradients' averages sent over dp, all steps (a
+                                     caller's own collectives on dp are not counted) */
     bool one_stream;              /* NCCL: a rank's batches run in order on one stream */
     bool traced;
     int trace_pid, trace_tid;
