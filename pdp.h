@@ -10682,10 +10682,13 @@ typedef struct pdp__bf16_row {
 
 #define PDP__BF16_SPR_ROW(model) {PDP__BF16_INTEL, 6, model, model, 1, 1, "AAS AAS AAS AAS"}
 PDP__PRIVATE const pdp__bf16_row pdp__bf16_table[] = {
-    /* AMD Zen 4 (family 0x19 with AVX512-BF16; Zen 3, also 0x19, lacks it: the default).
-       Measured in an earlier session, by step, not by class: on an AVX512-BF16 EPYC
-       core the bf16 MLP and CNN steps were faster than fp32's (CHANGELOG.md, "Speed
-       figures leave the manual"): AVX512-BF16 everywhere. */
+    /* AMD Zen 4 (family 0x19 with AVX512-BF16). Measured in an earlier session, by step,
+       not by class: on an AVX512-BF16 EPYC core the bf16 MLP and CNN steps were faster
+       than fp32's (CHANGELOG.md, "Speed figures leave the manual"): AVX512-BF16
+       everywhere. Zen 3, also family 0x19, has no AVX-512, so the row does not apply
+       (its cells need AVX512-BF16): the default, sgemm-rounded, which bench/bf16_paths
+       measured on a Zen 3 core (model 1, AVX2 and FMA) at 0.95-0.98x pdp_sgemm on large
+       products and 0.85-1.00x at small m or n. */
     {PDP__BF16_AMD, 0x19, -1, -1, 1, 0, "BBB BBB BBB BBB"},
     /* Intel Xeon, Sapphire Rapids class (AMX): bench/bf16_paths on family 6 model 0xa7 as
        a VM reports such a Xeon (2 cores; one thread, chrt -f 1, 3 runs, load 0.3-0.9),
