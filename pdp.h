@@ -16395,11 +16395,11 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
     m->ndim = ndim;
     m->rank = world->rank;
     for (k = 0; k < ndim; k++) {
+        char own[16];
         m->size[k] = sizes[k];
         m->stride[k] = stride[k];
         m->coord[k] = coord[k];
         m->group[k] = group[k];
-        char own[16];
         snprintf(m->name[k], sizeof m->name[k], "%s", pdp__mesh_dim_name(names, k, own));
     }
     *out = m;
