@@ -3828,7 +3828,8 @@ PDP_API pdp_status pdp_pp_report(const pdp_pp *pp, char *buf, size_t bytes);
    backward, f, of each of the stage's R TP regions, a micro-batch's b T C floats each; FULL
    recomputation runs each g again: 3 m R), DP 2 (d - 1) / d x 4 bytes a parameter (the
    gradients' average: only the pipeline's own all-reduces are counted, not
-   pdp_pp_create's broadcasts nor a caller's collectives on desc.dp); then pdp_pp_report's three lines, indented:
+   pdp_pp_create's broadcasts nor a caller's collectives on desc.dp); then pdp_pp_report's
+   three lines, indented:
          memory, MB: parameters 0.31  gradients 0.31  AdamW state 0.62
          sent a step, bytes: TP 655360 (2(t-1)/t x 2 m R b T C 4 = 655360, R = 5 TP regions)
            DP 309120 (2(d-1)/d x 4 params = 309120)
@@ -9692,7 +9693,8 @@ PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *
                        overwrite), the last as 4 + 2, so nothing lands past the block */
         for (q = 0; q < 7; q++) _mm256_storeu_ps(dst + q * 6, o[q]);
         _mm_storeu_ps(dst + 42, _mm256_castps256_ps128(o[7]));
-        _mm_storel_epi64((__m128i *)(void *)(dst + 46), _mm_castps_si128(_mm256_extractf128_ps(o[7], 1)));
+        _mm_storel_epi64((__m128i *)(void *)(dst + 46),
+                         _mm_castps_si128(_mm256_extractf128_ps(o[7], 1)));
         return;
     }
 #  endif
@@ -9795,9 +9797,10 @@ static inline PDP__ALWAYS_INLINE void pdp__gemm_pack_n(const float *src, int64_t
                                                masked, stored 8 wide but the last (the next
                                                row overwrites the 2 past) */
         const __m256i six = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
-        for (; p + 1 < kc; p++)
-            _mm256_storeu_ps(dst + p * 6,
-                             pdp__gemm_round_ymm(_mm256_maskload_ps(pdp__gemm_row(src, lds, off, p), six)));
+        for (; p + 1 < kc; p++) {
+            __m256 row = _mm256_maskload_ps(pdp__gemm_row(src, lds, off, p), six);
+            _mm256_storeu_ps(dst + p * 6, pdp__gemm_round_ymm(row));
+        }
     }
 #endif
     if (cols == ldd) {
@@ -10276,10 +10279,9 @@ PDP__PRIVATE void pdp__sgemm_runs(int64_t m, int64_t k, const float *a, int64_t 
    A at a + i lda, row j of B at b + brow[j]. Blocks of 4 x 5 dot products (20
    accumulators, 9 loads per 20 FMAs; 16 x 25 is 4 x 5 whole blocks, where 4 x 4
    blocks computed 28 columns for 25) run in 16-float lanes (AVX2: 4 x 3 blocks in 8)
-   over k in slices of
-   PDP__GEMM_DOTS_KC (A's and B's slices stay in L1), the lanes kept on the stack
-   between slices, and are reduced at the end in a fixed order: the bits depend on
-   m, n, k and the data only (not on the block shape). */
+   over k in slices of PDP__GEMM_DOTS_KC (A's and B's slices stay in L1), the lanes kept on
+   the stack between slices, and are reduced at the end in a fixed order: the bits depend
+   on m, n, k and the data only (not on the block shape). */
 #if !defined(PDP_CBLAS) && !defined(PDP_NO_SIMD) && defined(__AVX512F__)
 #  define PDP__GEMM_DOTS_VL 16
 #  define PDP__GEMM_DOTS_MI 4 /* rows of A per block */

@@ -304,7 +304,8 @@ PDP_API pdp_status pdp_pp_report(const pdp_pp *pp, char *buf, size_t bytes);
    backward, f, of each of the stage's R TP regions, a micro-batch's b T C floats each; FULL
    recomputation runs each g again: 3 m R), DP 2 (d - 1) / d x 4 bytes a parameter (the
    gradients' average: only the pipeline's own all-reduces are counted, not
-   pdp_pp_create's broadcasts nor a caller's collectives on desc.dp); then pdp_pp_report's three lines, indented:
+   pdp_pp_create's broadcasts nor a caller's collectives on desc.dp); then pdp_pp_report's
+   three lines, indented:
          memory, MB: parameters 0.31  gradients 0.31  AdamW state 0.62
          sent a step, bytes: TP 655360 (2(t-1)/t x 2 m R b T C 4 = 655360, R = 5 TP regions)
            DP 309120 (2(d-1)/d x 4 params = 309120)

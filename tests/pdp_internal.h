@@ -2649,10 +2649,9 @@ PDP__PRIVATE void pdp__sgemm_runs(int64_t m, int64_t k, const float *a, int64_t 
    A at a + i lda, row j of B at b + brow[j]. Blocks of 4 x 5 dot products (20
    accumulators, 9 loads per 20 FMAs; 16 x 25 is 4 x 5 whole blocks, where 4 x 4
    blocks computed 28 columns for 25) run in 16-float lanes (AVX2: 4 x 3 blocks in 8)
-   over k in slices of
-   PDP__GEMM_DOTS_KC (A's and B's slices stay in L1), the lanes kept on the stack
-   between slices, and are reduced at the end in a fixed order: the bits depend on
-   m, n, k and the data only (not on the block shape). */
+   over k in slices of PDP__GEMM_DOTS_KC (A's and B's slices stay in L1), the lanes kept on
+   the stack between slices, and are reduced at the end in a fixed order: the bits depend
+   on m, n, k and the data only (not on the block shape). */
 #if !defined(PDP_CBLAS) && !defined(PDP_NO_SIMD) && defined(__AVX512F__)
 #  define PDP__GEMM_DOTS_VL 16
 #  define PDP__GEMM_DOTS_MI 4 /* rows of A per block */
