@@ -569,9 +569,9 @@ WIN_LIBS        = -static -lws2_32 -lpthread -lm
 # (_mm512_maskz_mov_ps, a general-protection fault under Wine). The assembler's option makes
 # every vector move an unaligned one, as fast on aligned data; pdp.h's manual says the same.
 # A test whose log is only Wine's "wine client error: ... Connection reset by peer" (its
-# server gone before the test printed a line) runs once more: seen in two CI runs on a Zen 3
-# machine, each time on test_gemm.exe right after test_bf16.exe; it passed run again, and by
-# hand. Why the server goes is not known.
+# server gone before the test printed a line) runs once more: seen once in each of three CI
+# runs on a Zen 3 machine (test_gemm.exe twice, test_pp.exe once), each test passing when run
+# again. Why the server goes is not known.
 WIN_ASFLAGS     = -Wa,-muse-unaligned-vector-move
 TCC            ?= tcc
 TB              = $(B)/tcc
