@@ -332,23 +332,15 @@ static const char *mesh_name(const mesh_job *j, int k)
 static void mesh_group_name(const mesh_job *j, int k, const int *me, int first_rank, char *buf,
                             size_t cap)
 {
-    char label[24];
-    int i, len = 0, first = 1;
-    for (i = -1; i < j->ndim; i++) {
-        int d = i < 0 ? k : i;
+    int i, len = snprintf(buf, cap, "world.%s", mesh_name(j, k)), first = 1;
+    for (i = 0; i < j->ndim; i++) {
         if (i == k) continue;
-        if (j->names && j->names[d]) snprintf(label, sizeof label, "%s", j->names[d]);
-        else snprintf(label, sizeof label, "dim%d", d);
-        if (i < 0) len += snprintf(buf + len, cap - (size_t)len, "world.%s", label);
-        else len += snprintf(buf + len, cap - (size_t)len, "%s%s %d", first ? "(" : ", ", label,
-                             me[d]), first = 0;
+        len += snprintf(buf + len, cap - (size_t)len, "%s%s %d", first ? "(" : ", ",
+                        mesh_name(j, i), me[i]);
+        first = 0;
     }
     if (!first) len += snprintf(buf + len, cap - (size_t)len, ")");
-    if (len > 63) {
-        if (j->names && j->names[k]) snprintf(label, sizeof label, "%s", j->names[k]);
-        else snprintf(label, sizeof label, "dim%d", k);
-        snprintf(buf, cap, "world.%s(first rank %d)", label, first_rank);
-    }
+    if (len > 63) snprintf(buf, cap, "world.%s(first rank %d)", mesh_name(j, k), first_rank);
 }
 
 /* coords[q * ndim + k]: rank q's coordinate along k, by the odometer */
