@@ -2147,7 +2147,8 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
    PDP_ERR_INVALID, before any collective and the same on every rank: the sizes' product
    is not world's size (the message names the sizes and world's size), ndim outside
    1..PDP_MESH_MAX_DIMS, a size below 1, NULL world, sizes or out, a name empty, too
-   long or another dimension's. The mesh owns its groups, not world: free it (with its groups) before world. */
+   long or another dimension's. The mesh owns its groups, not world: free it (with its
+   groups) before world. */
 #define PDP_MESH_MAX_DIMS 8
 typedef struct pdp_mesh pdp_mesh;
 PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes,
@@ -10689,8 +10690,8 @@ PDP__PRIVATE const pdp__bf16_row pdp__bf16_table[] = {
        than fp32's (CHANGELOG.md, "Speed figures leave the manual"): AVX512-BF16
        everywhere. Zen 3, also family 0x19, has no AVX-512, so the row does not apply
        (its cells need AVX512-BF16): the default, sgemm-rounded, which bench/bf16_paths
-       measured on a Zen 3 core (model 1, AVX2 and FMA) at 0.95-0.98x pdp_sgemm on large
-       products and 0.85-1.00x at small m or n. */
+       measured on a Zen 3 core (model 1, AVX2 and FMA; 3 runs) at 0.90-1.05x pdp_sgemm on
+       large products and 0.73-1.00x at small m or n. */
     {PDP__BF16_AMD, 0x19, -1, -1, 1, 0, "BBB BBB BBB BBB"},
     /* Intel Xeon, Sapphire Rapids class (AMX): bench/bf16_paths on family 6 model 0xa7 as
        a VM reports such a Xeon (2 cores; one thread, chrt -f 1, 3 runs, load 0.3-0.9),

@@ -272,7 +272,8 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
    PDP_ERR_INVALID, before any collective and the same on every rank: the sizes' product
    is not world's size (the message names the sizes and world's size), ndim outside
    1..PDP_MESH_MAX_DIMS, a size below 1, NULL world, sizes or out, a name empty, too
-   long or another dimension's. The mesh owns its groups, not world: free it (with its groups) before world. */
+   long or another dimension's. The mesh owns its groups, not world: free it (with its
+   groups) before world. */
 #define PDP_MESH_MAX_DIMS 8
 typedef struct pdp_mesh pdp_mesh;
 PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, const int *sizes,
