@@ -1442,8 +1442,11 @@ typedef struct pdp_dataset_desc {
                             default false */
     float mean, std;     /* std > 0: a pixel p becomes (p / 255 - mean) / std; default
                             std 0: p / 255, in [0, 1] */
-    int64_t max_samples; /* keep only the first max_samples (0 = all); synthetic: how
-                            many to make (0 = 60000 train, 10000 test) */
+    int64_t max_samples; /* keep only the first max_samples (0 = all): the files need hold
+                            only those, and a gzipped one is decoded only that far, so its
+                            CRC-32 (over the whole file) is not checked: load once without
+                            it to check a download; synthetic: how many to make (0 = 60000
+                            train, 10000 test) */
     uint64_t seed;       /* synthetic only: the class prototypes and the noise; default 0 */
     bool synthetic_fallback; /* pdp_dataset_load_fashion_mnist only: when any of the four
                                 files is missing, pdp_dataset_synthetic's task (train or test)
@@ -1454,7 +1457,8 @@ typedef struct pdp_dataset_desc {
    and its IDX label file (magic 0x00000801, [count]); either may be gzipped
    (recognised by content, not by name). A bad magic, a truncated file, a failed
    CRC, counts that disagree between the two files or dimensions that overflow
-   fail with PDP_ERR_FORMAT naming the file; a missing file with PDP_ERR_IO. */
+   fail with PDP_ERR_FORMAT naming the file; a missing file with PDP_ERR_IO. With
+   desc->max_samples, what lies past the samples kept is not read (nor its CRC). */
 PDP_API pdp_status pdp_dataset_load_idx(pdp_dataset **out, const char *images_path,
                                         const char *labels_path, const pdp_dataset_desc *desc);
 /* Fashion-MNIST (60000 training or 10000 test samples) from the directory named
@@ -23246,7 +23250,10 @@ PDP_API double pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total,
    gzip wrapper (RFC 1952) parses FEXTRA, FNAME, FCOMMENT and FHCRC, verifies
    CRC-32 and ISIZE per member, and accepts concatenated members as gzip does.
    Entry points: pdp__is_gzip (the magic) and pdp__gunzip (every member, into
-   one pdp__alloc'd buffer); messages name the caller's public function and path. */
+   one pdp__alloc'd buffer, or, with a caller's `enough` rule, only a prefix: the
+   decoder stops once the rule says it has the bytes it needs, and then, not having
+   read the whole member, checks no CRC-32 or ISIZE); messages name the caller's
+   public function and path. */
 
 /* #include "internal.h" (already above) */
 
@@ -23283,6 +23290,11 @@ PDP__PRIVATE uint32_t pdp__crc32(const uint32_t table[256], uint32_t crc, const 
 
 /* ---- inflate: state and bit input ---- */
 
+/* A caller's rule for a prefix decode: given the first len decoded bytes (len 0 at the
+   start), how many it needs in all; decoding stops once it has that many (a return of
+   at most len stops at once). SIZE_MAX: everything. */
+typedef size_t (*pdp__gunzip_enough)(const uint8_t *out, size_t len, const void *ctx);
+
 typedef struct pdp__huff {
     uint16_t fast[1 << PDP__FAST_BITS]; /* symbol | length << 9 for codes of at most
                                            PDP__FAST_BITS bits, by bit-reversed code; 0 = none */
@@ -23299,6 +23311,10 @@ typedef struct pdp__inflate {
     uint8_t *out;    /* pdp__alloc'd, out_cap bytes, out_len used */
     size_t out_len, out_cap;
     pdp__huff lencode, distcode;
+    size_t want;     /* decode until out_len reaches it (SIZE_MAX: all), then ask again */
+    pdp__gunzip_enough enough; /* NULL: decode everything */
+    const void *enough_ctx;
+    bool stopped;    /* enough said the prefix is complete: decoding ended early */
     const char *fn, *path; /* for messages */
 } pdp__inflate;
 
@@ -23353,6 +23369,15 @@ PDP__PRIVATE pdp_status pdp__inf_room(pdp__inflate *s, size_t more)
     s->out = bigger;
     s->out_cap = cap;
     return PDP_OK;
+}
+
+/* Called once out_len has reached want: asks the caller's rule again; true (and
+   s->stopped) when the prefix it needs is complete. */
+PDP__PRIVATE bool pdp__inf_enough(pdp__inflate *s)
+{
+    s->want = s->enough ? s->enough(s->out, s->out_len, s->enough_ctx) : SIZE_MAX;
+    s->stopped = s->want <= s->out_len;
+    return s->stopped;
 }
 
 /* ---- inflate: Huffman codes ---- */
@@ -23462,6 +23487,7 @@ PDP__PRIVATE pdp_status pdp__inf_stored(pdp__inflate *s)
     memcpy(s->out + s->out_len, s->in + p, len);
     s->out_len += len;
     s->pos = p + len;
+    if (s->out_len >= s->want) pdp__inf_enough(s);
     return PDP_OK;
 }
 
@@ -23478,6 +23504,7 @@ PDP__PRIVATE pdp_status pdp__inf_codes(pdp__inflate *s)
             if (sym < 0) return pdp__inf_corrupt(s, "invalid literal/length code");
             if (s->out_len == s->out_cap && (st = pdp__inf_room(s, 1)) != PDP_OK) return st;
             s->out[s->out_len++] = (uint8_t)sym;
+            if (s->out_len >= s->want && pdp__inf_enough(s)) return PDP_OK;
             continue;
         }
         if (sym == 256) return PDP_OK;
@@ -23497,6 +23524,7 @@ PDP__PRIVATE pdp_status pdp__inf_codes(pdp__inflate *s)
             else for (i = 0; i < len; i++) d[i] = from[i]; /* overlapping: repeats */
             s->out_len += len;
         }
+        if (s->out_len >= s->want && pdp__inf_enough(s)) return PDP_OK;
     }
 }
 
@@ -23580,6 +23608,7 @@ PDP__PRIVATE pdp_status pdp__inflate_stream(pdp__inflate *s)
         else if (type == 2) st = pdp__inf_dynamic(s);
         else return pdp__inf_corrupt(s, "reserved block type 3");
         if (st != PDP_OK) return st;
+        if (s->stopped) return PDP_OK; /* the caller has its prefix; s->pos is not moved on */
     } while (!final);
     pdp__inf_bits(s, s->nbits & 7);
     p = s->pos - (size_t)(s->nbits / 8); /* hand unread whole bytes back */
@@ -23603,8 +23632,10 @@ PDP__PRIVATE bool pdp__is_gzip(const uint8_t *p, size_t n)
     return n >= 2 && p[0] == 0x1f && p[1] == 0x8b;
 }
 
-/* Decodes every gzip member of in[0..n) into *out (pdp__alloc'd, *out_len bytes). */
+/* Decodes every gzip member of in[0..n) into *out (pdp__alloc'd, *out_len bytes); with
+   enough (may be NULL), only until that rule has its prefix (*out_len may be more). */
 PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, size_t *out_len,
+                                    pdp__gunzip_enough enough, const void *enough_ctx,
                                     const char *fn, const char *path)
 {
     pdp__inflate *s;
@@ -23620,12 +23651,15 @@ PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, 
     s->in_len = n;
     s->fn = fn;
     s->path = path;
+    s->enough = enough;
+    s->enough_ctx = enough_ctx;
     pdp__crc32_table(crc_table);
     /* the last member's ISIZE is the whole size for a one-member file: a good first guess */
     hint = n >= 4 ? pdp__le32(in + n - 4) : 0;
     if (hint > n * 1032 + 1024) hint = n * 4;
     if ((st = pdp__inf_room(s, PDP__MAX(hint, 1))) != PDP_OK) goto done; /* out never NULL */
-    while (p < n) {
+    pdp__inf_enough(s); /* the first want */
+    while (p < n && !s->stopped) {
         size_t start = p, first = s->out_len;
         uint8_t flg;
         if (n - p < 18 || !pdp__is_gzip(in + p, n - p)) {
@@ -23666,6 +23700,7 @@ PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, 
         }
         s->pos = p;
         if ((st = pdp__inflate_stream(s)) != PDP_OK) goto done;
+        if (s->stopped) break; /* a prefix: the member's CRC-32 covers bytes not decoded */
         p = s->pos;
         if (n - p < 8) goto truncated;
         if (pdp__crc32(crc_table, 0, s->out + first, s->out_len - first) != pdp__le32(in + p)) {
@@ -23835,8 +23870,10 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
 
 /* ---- files ---- */
 
-/* Reads a whole file, gunzipping it when it starts with the gzip magic. */
+/* Reads a whole file, gunzipping it when it starts with the gzip magic: all of it, or with
+   enough (may be NULL) the prefix that rule asks for (pdp__gunzip). */
 PDP__PRIVATE pdp_status pdp__read_file(const char *path, uint8_t **data, size_t *bytes,
+                                       pdp__gunzip_enough enough, const void *enough_ctx,
                                        const char *fn)
 {
     FILE *f;
@@ -23874,7 +23911,7 @@ PDP__PRIVATE pdp_status pdp__read_file(const char *path, uint8_t **data, size_t 
         *bytes = got;
         return PDP_OK;
     }
-    st = pdp__gunzip(raw, got, data, bytes, fn, path);
+    st = pdp__gunzip(raw, got, data, bytes, enough, enough_ctx, fn, path);
     pdp__dealloc(raw);
     return st;
 }
@@ -23886,13 +23923,15 @@ PDP__PRIVATE uint32_t pdp__be32(const uint8_t *p)
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
-/* Checks an IDX header of unsigned bytes with ndim dimensions against the file
-   size; fills dims and the payload pointer. */
-PDP__PRIVATE pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uint64_t dims[3],
-                                       const uint8_t **payload, const char *fn, const char *path)
+/* Checks an IDX header of unsigned bytes with ndim dimensions against the data's size;
+   fills dims and the payload pointer. With keep (> 0), the data need hold only the first
+   keep items (a file read up to them: pdp__idx_enough), and no more than the header says. */
+PDP__PRIVATE pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, int64_t keep,
+                                       uint64_t dims[3], const uint8_t **payload, const char *fn,
+                                       const char *path)
 {
     uint32_t magic, want = 0x800u | (uint32_t)ndim;
-    uint64_t need = 1;
+    uint64_t need = 1, per = 1;
     size_t head = 4 + 4 * (size_t)ndim;
     int i;
     if (n < 4)
@@ -23911,6 +23950,12 @@ PDP__PRIVATE pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uin
         if (dims[i] && need > UINT64_MAX / dims[i])
             return pdp__err(PDP_ERR_FORMAT, "%s: %s: dimensions overflow", fn, path);
         need *= dims[i];
+        if (i > 0) per *= dims[i];
+    }
+    if (keep > 0 && (uint64_t)keep < dims[0] && n - head >= (uint64_t)keep * per &&
+        n - head <= need) {
+        *payload = d + head; /* the items kept are there; the rest was not read */
+        return PDP_OK;
     }
     if (need != n - head) {
         if (ndim == 3)
@@ -23926,6 +23971,32 @@ PDP__PRIVATE pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uin
     }
     *payload = d + head;
     return PDP_OK;
+}
+
+/* What pdp__idx_enough reads to the end of: an IDX file of ndim dimensions, of which the
+   first keep items are used. */
+typedef struct pdp__idx_prefix {
+    int ndim;
+    int64_t keep;
+} pdp__idx_prefix;
+
+/* pdp__gunzip's rule for an IDX file read for its first keep items: the header, then the
+   header and those items' bytes. A header it cannot size asks for everything, and
+   pdp__idx_parse says what is wrong. */
+PDP__PRIVATE size_t pdp__idx_enough(const uint8_t *out, size_t len, const void *ctx)
+{
+    const pdp__idx_prefix *q = (const pdp__idx_prefix *)ctx;
+    size_t head = 4 + 4 * (size_t)q->ndim;
+    uint64_t need;
+    int i;
+    if (len < head) return head;
+    need = PDP__MIN((uint64_t)pdp__be32(out + 4), (uint64_t)q->keep);
+    for (i = 1; i < q->ndim; i++) {
+        uint64_t dim = pdp__be32(out + 4 + 4 * i);
+        if (dim && need > UINT64_MAX / dim) return SIZE_MAX;
+        need *= dim;
+    }
+    return need > SIZE_MAX - head ? SIZE_MAX : head + (size_t)need;
 }
 
 /* An empty dataset of count samples with the given per-sample shape. */
@@ -23983,12 +24054,18 @@ PDP__PRIVATE pdp_status pdp__load_idx(pdp_dataset **out, const char *images_path
     int64_t count, features, i;
     float lut[256];
     int maxlab = -1;
+    /* max_samples: a gzipped file is decoded only up to the samples kept */
+    int64_t keep = desc ? desc->max_samples : 0;
+    pdp__idx_prefix img_prefix = {3, keep}, lab_prefix = {1, keep};
     pdp_dataset *ds = NULL;
     pdp_status st;
-    if ((st = pdp__read_file(images_path, &img, &img_bytes, fn)) != PDP_OK) goto done;
-    if ((st = pdp__idx_parse(img, img_bytes, 3, idims, &px, fn, images_path)) != PDP_OK) goto done;
-    if ((st = pdp__read_file(labels_path, &lab, &lab_bytes, fn)) != PDP_OK) goto done;
-    if ((st = pdp__idx_parse(lab, lab_bytes, 1, ldims, &lb, fn, labels_path)) != PDP_OK) goto done;
+    if ((st = pdp__read_file(images_path, &img, &img_bytes, keep ? pdp__idx_enough : NULL,
+                             &img_prefix, fn)) != PDP_OK ||
+        (st = pdp__idx_parse(img, img_bytes, 3, keep, idims, &px, fn, images_path)) != PDP_OK ||
+        (st = pdp__read_file(labels_path, &lab, &lab_bytes, keep ? pdp__idx_enough : NULL,
+                             &lab_prefix, fn)) != PDP_OK ||
+        (st = pdp__idx_parse(lab, lab_bytes, 1, keep, ldims, &lb, fn, labels_path)) != PDP_OK)
+        goto done;
     if (idims[0] != ldims[0]) {
         st = pdp__err(PDP_ERR_FORMAT, "%s: %s has %llu images but %s has %llu labels", fn,
                       images_path, (unsigned long long)idims[0], labels_path,
@@ -24770,7 +24847,8 @@ PDP__PRIVATE pdp_status pdp__text_read(pdp_token_dataset *ds, const char *const 
         goto done;
     }
     for (i = 0; i < n && (max == 0 || total < (size_t)max); i++, nread++) {
-        if ((st = pdp__read_file(paths[i], &data[i], &bytes[i], fn)) != PDP_OK) goto done;
+        if ((st = pdp__read_file(paths[i], &data[i], &bytes[i], NULL, NULL, fn)) != PDP_OK)
+            goto done;
         if (bytes[i] > (size_t)PDP__COUNT_MAX - total) {
             st = pdp__err(PDP_ERR_INVALID, "%s: %s: the text passes %lld bytes", fn, paths[i],
                           (long long)PDP__COUNT_MAX);

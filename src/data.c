@@ -14,8 +14,10 @@
 
 /* ---- files ---- */
 
-/* Reads a whole file, gunzipping it when it starts with the gzip magic. */
+/* Reads a whole file, gunzipping it when it starts with the gzip magic: all of it, or with
+   enough (may be NULL) the prefix that rule asks for (pdp__gunzip). */
 PDP__PRIVATE pdp_status pdp__read_file(const char *path, uint8_t **data, size_t *bytes,
+                                       pdp__gunzip_enough enough, const void *enough_ctx,
                                        const char *fn)
 {
     FILE *f;
@@ -53,7 +55,7 @@ PDP__PRIVATE pdp_status pdp__read_file(const char *path, uint8_t **data, size_t 
         *bytes = got;
         return PDP_OK;
     }
-    st = pdp__gunzip(raw, got, data, bytes, fn, path);
+    st = pdp__gunzip(raw, got, data, bytes, enough, enough_ctx, fn, path);
     pdp__dealloc(raw);
     return st;
 }
@@ -65,13 +67,15 @@ PDP__PRIVATE uint32_t pdp__be32(const uint8_t *p)
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
-/* Checks an IDX header of unsigned bytes with ndim dimensions against the file
-   size; fills dims and the payload pointer. */
-PDP__PRIVATE pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uint64_t dims[3],
-                                       const uint8_t **payload, const char *fn, const char *path)
+/* Checks an IDX header of unsigned bytes with ndim dimensions against the data's size;
+   fills dims and the payload pointer. With keep (> 0), the data need hold only the first
+   keep items (a file read up to them: pdp__idx_enough), and no more than the header says. */
+PDP__PRIVATE pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, int64_t keep,
+                                       uint64_t dims[3], const uint8_t **payload, const char *fn,
+                                       const char *path)
 {
     uint32_t magic, want = 0x800u | (uint32_t)ndim;
-    uint64_t need = 1;
+    uint64_t need = 1, per = 1;
     size_t head = 4 + 4 * (size_t)ndim;
     int i;
     if (n < 4)
@@ -90,6 +94,12 @@ PDP__PRIVATE pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uin
         if (dims[i] && need > UINT64_MAX / dims[i])
             return pdp__err(PDP_ERR_FORMAT, "%s: %s: dimensions overflow", fn, path);
         need *= dims[i];
+        if (i > 0) per *= dims[i];
+    }
+    if (keep > 0 && (uint64_t)keep < dims[0] && n - head >= (uint64_t)keep * per &&
+        n - head <= need) {
+        *payload = d + head; /* the items kept are there; the rest was not read */
+        return PDP_OK;
     }
     if (need != n - head) {
         if (ndim == 3)
@@ -105,6 +115,32 @@ PDP__PRIVATE pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uin
     }
     *payload = d + head;
     return PDP_OK;
+}
+
+/* What pdp__idx_enough reads to the end of: an IDX file of ndim dimensions, of which the
+   first keep items are used. */
+typedef struct pdp__idx_prefix {
+    int ndim;
+    int64_t keep;
+} pdp__idx_prefix;
+
+/* pdp__gunzip's rule for an IDX file read for its first keep items: the header, then the
+   header and those items' bytes. A header it cannot size asks for everything, and
+   pdp__idx_parse says what is wrong. */
+PDP__PRIVATE size_t pdp__idx_enough(const uint8_t *out, size_t len, const void *ctx)
+{
+    const pdp__idx_prefix *q = (const pdp__idx_prefix *)ctx;
+    size_t head = 4 + 4 * (size_t)q->ndim;
+    uint64_t need;
+    int i;
+    if (len < head) return head;
+    need = PDP__MIN((uint64_t)pdp__be32(out + 4), (uint64_t)q->keep);
+    for (i = 1; i < q->ndim; i++) {
+        uint64_t dim = pdp__be32(out + 4 + 4 * i);
+        if (dim && need > UINT64_MAX / dim) return SIZE_MAX;
+        need *= dim;
+    }
+    return need > SIZE_MAX - head ? SIZE_MAX : head + (size_t)need;
 }
 
 /* An empty dataset of count samples with the given per-sample shape. */
@@ -162,12 +198,18 @@ PDP__PRIVATE pdp_status pdp__load_idx(pdp_dataset **out, const char *images_path
     int64_t count, features, i;
     float lut[256];
     int maxlab = -1;
+    /* max_samples: a gzipped file is decoded only up to the samples kept */
+    int64_t keep = desc ? desc->max_samples : 0;
+    pdp__idx_prefix img_prefix = {3, keep}, lab_prefix = {1, keep};
     pdp_dataset *ds = NULL;
     pdp_status st;
-    if ((st = pdp__read_file(images_path, &img, &img_bytes, fn)) != PDP_OK) goto done;
-    if ((st = pdp__idx_parse(img, img_bytes, 3, idims, &px, fn, images_path)) != PDP_OK) goto done;
-    if ((st = pdp__read_file(labels_path, &lab, &lab_bytes, fn)) != PDP_OK) goto done;
-    if ((st = pdp__idx_parse(lab, lab_bytes, 1, ldims, &lb, fn, labels_path)) != PDP_OK) goto done;
+    if ((st = pdp__read_file(images_path, &img, &img_bytes, keep ? pdp__idx_enough : NULL,
+                             &img_prefix, fn)) != PDP_OK ||
+        (st = pdp__idx_parse(img, img_bytes, 3, keep, idims, &px, fn, images_path)) != PDP_OK ||
+        (st = pdp__read_file(labels_path, &lab, &lab_bytes, keep ? pdp__idx_enough : NULL,
+                             &lab_prefix, fn)) != PDP_OK ||
+        (st = pdp__idx_parse(lab, lab_bytes, 1, keep, ldims, &lb, fn, labels_path)) != PDP_OK)
+        goto done;
     if (idims[0] != ldims[0]) {
         st = pdp__err(PDP_ERR_FORMAT, "%s: %s has %llu images but %s has %llu labels", fn,
                       images_path, (unsigned long long)idims[0], labels_path,
@@ -949,7 +991,8 @@ PDP__PRIVATE pdp_status pdp__text_read(pdp_token_dataset *ds, const char *const 
         goto done;
     }
     for (i = 0; i < n && (max == 0 || total < (size_t)max); i++, nread++) {
-        if ((st = pdp__read_file(paths[i], &data[i], &bytes[i], fn)) != PDP_OK) goto done;
+        if ((st = pdp__read_file(paths[i], &data[i], &bytes[i], NULL, NULL, fn)) != PDP_OK)
+            goto done;
         if (bytes[i] > (size_t)PDP__COUNT_MAX - total) {
             st = pdp__err(PDP_ERR_INVALID, "%s: %s: the text passes %lld bytes", fn, paths[i],
                           (long long)PDP__COUNT_MAX);

@@ -47,8 +47,11 @@ typedef struct pdp_dataset_desc {
                             default false */
     float mean, std;     /* std > 0: a pixel p becomes (p / 255 - mean) / std; default
                             std 0: p / 255, in [0, 1] */
-    int64_t max_samples; /* keep only the first max_samples (0 = all); synthetic: how
-                            many to make (0 = 60000 train, 10000 test) */
+    int64_t max_samples; /* keep only the first max_samples (0 = all): the files need hold
+                            only those, and a gzipped one is decoded only that far, so its
+                            CRC-32 (over the whole file) is not checked: load once without
+                            it to check a download; synthetic: how many to make (0 = 60000
+                            train, 10000 test) */
     uint64_t seed;       /* synthetic only: the class prototypes and the noise; default 0 */
     bool synthetic_fallback; /* pdp_dataset_load_fashion_mnist only: when any of the four
                                 files is missing, pdp_dataset_synthetic's task (train or test)
@@ -59,7 +62,8 @@ typedef struct pdp_dataset_desc {
    and its IDX label file (magic 0x00000801, [count]); either may be gzipped
    (recognised by content, not by name). A bad magic, a truncated file, a failed
    CRC, counts that disagree between the two files or dimensions that overflow
-   fail with PDP_ERR_FORMAT naming the file; a missing file with PDP_ERR_IO. */
+   fail with PDP_ERR_FORMAT naming the file; a missing file with PDP_ERR_IO. With
+   desc->max_samples, what lies past the samples kept is not read (nor its CRC). */
 PDP_API pdp_status pdp_dataset_load_idx(pdp_dataset **out, const char *images_path,
                                         const char *labels_path, const pdp_dataset_desc *desc);
 /* Fashion-MNIST (60000 training or 10000 test samples) from the directory named

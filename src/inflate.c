@@ -13,7 +13,10 @@
    gzip wrapper (RFC 1952) parses FEXTRA, FNAME, FCOMMENT and FHCRC, verifies
    CRC-32 and ISIZE per member, and accepts concatenated members as gzip does.
    Entry points: pdp__is_gzip (the magic) and pdp__gunzip (every member, into
-   one pdp__alloc'd buffer); messages name the caller's public function and path. */
+   one pdp__alloc'd buffer, or, with a caller's `enough` rule, only a prefix: the
+   decoder stops once the rule says it has the bytes it needs, and then, not having
+   read the whole member, checks no CRC-32 or ISIZE); messages name the caller's
+   public function and path. */
 
 #include "internal.h"
 
@@ -50,6 +53,11 @@ PDP__PRIVATE uint32_t pdp__crc32(const uint32_t table[256], uint32_t crc, const 
 
 /* ---- inflate: state and bit input ---- */
 
+/* A caller's rule for a prefix decode: given the first len decoded bytes (len 0 at the
+   start), how many it needs in all; decoding stops once it has that many (a return of
+   at most len stops at once). SIZE_MAX: everything. */
+typedef size_t (*pdp__gunzip_enough)(const uint8_t *out, size_t len, const void *ctx);
+
 typedef struct pdp__huff {
     uint16_t fast[1 << PDP__FAST_BITS]; /* symbol | length << 9 for codes of at most
                                            PDP__FAST_BITS bits, by bit-reversed code; 0 = none */
@@ -66,6 +74,10 @@ typedef struct pdp__inflate {
     uint8_t *out;    /* pdp__alloc'd, out_cap bytes, out_len used */
     size_t out_len, out_cap;
     pdp__huff lencode, distcode;
+    size_t want;     /* decode until out_len reaches it (SIZE_MAX: all), then ask again */
+    pdp__gunzip_enough enough; /* NULL: decode everything */
+    const void *enough_ctx;
+    bool stopped;    /* enough said the prefix is complete: decoding ended early */
     const char *fn, *path; /* for messages */
 } pdp__inflate;
 
@@ -120,6 +132,15 @@ PDP__PRIVATE pdp_status pdp__inf_room(pdp__inflate *s, size_t more)
     s->out = bigger;
     s->out_cap = cap;
     return PDP_OK;
+}
+
+/* Called once out_len has reached want: asks the caller's rule again; true (and
+   s->stopped) when the prefix it needs is complete. */
+PDP__PRIVATE bool pdp__inf_enough(pdp__inflate *s)
+{
+    s->want = s->enough ? s->enough(s->out, s->out_len, s->enough_ctx) : SIZE_MAX;
+    s->stopped = s->want <= s->out_len;
+    return s->stopped;
 }
 
 /* ---- inflate: Huffman codes ---- */
@@ -229,6 +250,7 @@ PDP__PRIVATE pdp_status pdp__inf_stored(pdp__inflate *s)
     memcpy(s->out + s->out_len, s->in + p, len);
     s->out_len += len;
     s->pos = p + len;
+    if (s->out_len >= s->want) pdp__inf_enough(s);
     return PDP_OK;
 }
 
@@ -245,6 +267,7 @@ PDP__PRIVATE pdp_status pdp__inf_codes(pdp__inflate *s)
             if (sym < 0) return pdp__inf_corrupt(s, "invalid literal/length code");
             if (s->out_len == s->out_cap && (st = pdp__inf_room(s, 1)) != PDP_OK) return st;
             s->out[s->out_len++] = (uint8_t)sym;
+            if (s->out_len >= s->want && pdp__inf_enough(s)) return PDP_OK;
             continue;
         }
         if (sym == 256) return PDP_OK;
@@ -264,6 +287,7 @@ PDP__PRIVATE pdp_status pdp__inf_codes(pdp__inflate *s)
             else for (i = 0; i < len; i++) d[i] = from[i]; /* overlapping: repeats */
             s->out_len += len;
         }
+        if (s->out_len >= s->want && pdp__inf_enough(s)) return PDP_OK;
     }
 }
 
@@ -347,6 +371,7 @@ PDP__PRIVATE pdp_status pdp__inflate_stream(pdp__inflate *s)
         else if (type == 2) st = pdp__inf_dynamic(s);
         else return pdp__inf_corrupt(s, "reserved block type 3");
         if (st != PDP_OK) return st;
+        if (s->stopped) return PDP_OK; /* the caller has its prefix; s->pos is not moved on */
     } while (!final);
     pdp__inf_bits(s, s->nbits & 7);
     p = s->pos - (size_t)(s->nbits / 8); /* hand unread whole bytes back */
@@ -370,8 +395,10 @@ PDP__PRIVATE bool pdp__is_gzip(const uint8_t *p, size_t n)
     return n >= 2 && p[0] == 0x1f && p[1] == 0x8b;
 }
 
-/* Decodes every gzip member of in[0..n) into *out (pdp__alloc'd, *out_len bytes). */
+/* Decodes every gzip member of in[0..n) into *out (pdp__alloc'd, *out_len bytes); with
+   enough (may be NULL), only until that rule has its prefix (*out_len may be more). */
 PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, size_t *out_len,
+                                    pdp__gunzip_enough enough, const void *enough_ctx,
                                     const char *fn, const char *path)
 {
     pdp__inflate *s;
@@ -387,12 +414,15 @@ PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, 
     s->in_len = n;
     s->fn = fn;
     s->path = path;
+    s->enough = enough;
+    s->enough_ctx = enough_ctx;
     pdp__crc32_table(crc_table);
     /* the last member's ISIZE is the whole size for a one-member file: a good first guess */
     hint = n >= 4 ? pdp__le32(in + n - 4) : 0;
     if (hint > n * 1032 + 1024) hint = n * 4;
     if ((st = pdp__inf_room(s, PDP__MAX(hint, 1))) != PDP_OK) goto done; /* out never NULL */
-    while (p < n) {
+    pdp__inf_enough(s); /* the first want */
+    while (p < n && !s->stopped) {
         size_t start = p, first = s->out_len;
         uint8_t flg;
         if (n - p < 18 || !pdp__is_gzip(in + p, n - p)) {
@@ -433,6 +463,7 @@ PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, 
         }
         s->pos = p;
         if ((st = pdp__inflate_stream(s)) != PDP_OK) goto done;
+        if (s->stopped) break; /* a prefix: the member's CRC-32 covers bytes not decoded */
         p = s->pos;
         if (n - p < 8) goto truncated;
         if (pdp__crc32(crc_table, 0, s->out + first, s->out_len - first) != pdp__le32(in + p)) {

@@ -7081,7 +7081,10 @@ PDP__PRIVATE pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float 
    gzip wrapper (RFC 1952) parses FEXTRA, FNAME, FCOMMENT and FHCRC, verifies
    CRC-32 and ISIZE per member, and accepts concatenated members as gzip does.
    Entry points: pdp__is_gzip (the magic) and pdp__gunzip (every member, into
-   one pdp__alloc'd buffer); messages name the caller's public function and path. */
+   one pdp__alloc'd buffer, or, with a caller's `enough` rule, only a prefix: the
+   decoder stops once the rule says it has the bytes it needs, and then, not having
+   read the whole member, checks no CRC-32 or ISIZE); messages name the caller's
+   public function and path. */
 
 /* #include "internal.h" (above) */
 
@@ -7103,6 +7106,11 @@ PDP__PRIVATE uint32_t pdp__crc32(const uint32_t table[256], uint32_t crc, const 
 
 /* ---- inflate: state and bit input ---- */
 
+/* A caller's rule for a prefix decode: given the first len decoded bytes (len 0 at the
+   start), how many it needs in all; decoding stops once it has that many (a return of
+   at most len stops at once). SIZE_MAX: everything. */
+typedef size_t (*pdp__gunzip_enough)(const uint8_t *out, size_t len, const void *ctx);
+
 typedef struct pdp__huff {
     uint16_t fast[1 << PDP__FAST_BITS]; /* symbol | length << 9 for codes of at most
                                            PDP__FAST_BITS bits, by bit-reversed code; 0 = none */
@@ -7119,6 +7127,10 @@ typedef struct pdp__inflate {
     uint8_t *out;    /* pdp__alloc'd, out_cap bytes, out_len used */
     size_t out_len, out_cap;
     pdp__huff lencode, distcode;
+    size_t want;     /* decode until out_len reaches it (SIZE_MAX: all), then ask again */
+    pdp__gunzip_enough enough; /* NULL: decode everything */
+    const void *enough_ctx;
+    bool stopped;    /* enough said the prefix is complete: decoding ended early */
     const char *fn, *path; /* for messages */
 } pdp__inflate;
 
@@ -7133,6 +7145,10 @@ PDP__PRIVATE uint32_t pdp__inf_bits(pdp__inflate *s, int n);
 
 /* Makes room for `more` output bytes, doubling the buffer. */
 PDP__PRIVATE pdp_status pdp__inf_room(pdp__inflate *s, size_t more);
+
+/* Called once out_len has reached want: asks the caller's rule again; true (and
+   s->stopped) when the prefix it needs is complete. */
+PDP__PRIVATE bool pdp__inf_enough(pdp__inflate *s);
 
 /* ---- inflate: Huffman codes ---- */
 
@@ -7164,8 +7180,10 @@ PDP__PRIVATE uint32_t pdp__le32(const uint8_t *p);
 
 PDP__PRIVATE bool pdp__is_gzip(const uint8_t *p, size_t n);
 
-/* Decodes every gzip member of in[0..n) into *out (pdp__alloc'd, *out_len bytes). */
+/* Decodes every gzip member of in[0..n) into *out (pdp__alloc'd, *out_len bytes); with
+   enough (may be NULL), only until that rule has its prefix (*out_len may be more). */
 PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, size_t *out_len,
+                                    pdp__gunzip_enough enough, const void *enough_ctx,
                                     const char *fn, const char *path);
 
 /* ---- src/sampler.c ---- */
@@ -7224,18 +7242,34 @@ struct pdp_dist_sampler {
 
 /* ---- files ---- */
 
-/* Reads a whole file, gunzipping it when it starts with the gzip magic. */
+/* Reads a whole file, gunzipping it when it starts with the gzip magic: all of it, or with
+   enough (may be NULL) the prefix that rule asks for (pdp__gunzip). */
 PDP__PRIVATE pdp_status pdp__read_file(const char *path, uint8_t **data, size_t *bytes,
+                                       pdp__gunzip_enough enough, const void *enough_ctx,
                                        const char *fn);
 
 /* ---- idx ---- */
 
 PDP__PRIVATE uint32_t pdp__be32(const uint8_t *p);
 
-/* Checks an IDX header of unsigned bytes with ndim dimensions against the file
-   size; fills dims and the payload pointer. */
-PDP__PRIVATE pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uint64_t dims[3],
-                                       const uint8_t **payload, const char *fn, const char *path);
+/* Checks an IDX header of unsigned bytes with ndim dimensions against the data's size;
+   fills dims and the payload pointer. With keep (> 0), the data need hold only the first
+   keep items (a file read up to them: pdp__idx_enough), and no more than the header says. */
+PDP__PRIVATE pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, int64_t keep,
+                                       uint64_t dims[3], const uint8_t **payload, const char *fn,
+                                       const char *path);
+
+/* What pdp__idx_enough reads to the end of: an IDX file of ndim dimensions, of which the
+   first keep items are used. */
+typedef struct pdp__idx_prefix {
+    int ndim;
+    int64_t keep;
+} pdp__idx_prefix;
+
+/* pdp__gunzip's rule for an IDX file read for its first keep items: the header, then the
+   header and those items' bytes. A header it cannot size asks for everything, and
+   pdp__idx_parse says what is wrong. */
+PDP__PRIVATE size_t pdp__idx_enough(const uint8_t *out, size_t len, const void *ctx);
 
 /* An empty dataset of count samples with the given per-sample shape. */
 PDP__PRIVATE pdp_status pdp__dataset_new(pdp_dataset **out, int64_t count, int64_t h, int64_t w,

@@ -246,6 +246,23 @@ extern struct greatest_run_info greatest_info;      /* defined by GREATEST_MAIN_
 #define PDP_TEST_TIMEOUT(S) (S)
 #endif
 
+/* Under ThreadSanitizer (make tsan), which checks how threads order their accesses, work
+   done on one thread checks nothing and runs 5-30 times slower: a test skips it there
+   (PDP_TEST_SKIP_UNDER_TSAN, for a test that is all one thread's), or starts its thread
+   counts at 2 (PDP_TEST_FIRST_THREADS). make test and make sanitize run it all. */
+#if defined(__SANITIZE_THREAD__)
+#define PDP_TEST_UNDER_TSAN 1
+#else
+#define PDP_TEST_UNDER_TSAN 0
+#endif
+#define PDP_TEST_FIRST_THREADS (PDP_TEST_UNDER_TSAN ? 2 : 1)
+#define PDP_TEST_SKIP_UNDER_TSAN(WHAT) \
+    do { \
+        if (PDP_TEST_UNDER_TSAN) \
+            GREATEST_SKIPm("one thread's work (" WHAT "): nothing for ThreadSanitizer to " \
+                           "check; make test and make sanitize run it"); \
+    } while (0)
+
 /* ---- assertions ---- */
 
 #define PDP_TEST__CHECKm(MSG, OK) \

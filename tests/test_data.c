@@ -49,7 +49,7 @@ static bool have_tool(const char *cmd) { return system(cmd) == 0; }
 /* Decodes a whole file with the library's reader (gunzipping when it is gzip). */
 static pdp_status read_back(const char *path, uint8_t **data, size_t *n)
 {
-    return pdp__read_file(path, data, n, "test");
+    return pdp__read_file(path, data, n, NULL, NULL, "test");
 }
 
 /* ---- independent encoders ---- */
@@ -421,6 +421,86 @@ TEST data_gzip_corrupt_and_truncated(void)
     PASS();
 }
 
+/* pdp__gunzip with a caller's rule stops once the rule has its prefix: the bytes it got are
+   the file's (every call of the rule sees the decoded bytes so far), no more than one match
+   past the want (the gzip -9 stream has no stored blocks), and a CRC-32 or a tail the prefix
+   does not reach is not read; asking for everything checks them as before. */
+static size_t want_fixed(const uint8_t *out, size_t len, const void *ctx)
+{
+    (void)out;
+    (void)len;
+    return *(const size_t *)ctx;
+}
+typedef struct stepper {
+    const uint8_t *plain;
+    size_t target, calls, wrong;
+} stepper;
+static size_t want_steps(const uint8_t *out, size_t len, const void *ctx)
+{
+    stepper *q = (stepper *)ctx; /* the rule's own state: gunzip passes ctx through */
+    q->calls++;
+    if (len && memcmp(out, q->plain, len) != 0) q->wrong++;
+    return len >= q->target ? len : len + 1000;
+}
+
+TEST data_gzip_prefix_stops_at_the_callers_rule(void)
+{
+    static const size_t wants[] = {0, 1, 100, 4999, 123457, 299999, 300000, SIZE_MAX};
+    const size_t n = 300000;
+    uint8_t *plain = sample_bytes(n, 4), *gz, *bad, *out;
+    size_t gn, out_n, i;
+    stepper q;
+    FILE *f;
+    char cmd[600];
+    if (!have_tool("gzip --version >/dev/null 2>&1")) {
+        free(plain);
+        SKIPm("no gzip tool (apt-get install gzip)");
+    }
+    ASSERT_EQ(0, write_file(tmp_path("p.bin"), plain, n));
+    snprintf(cmd, sizeof cmd, "gzip -9 -c %s > %s", tmp_path("p.bin"), tmp_path("p.gz"));
+    ASSERT_EQ(0, system(cmd));
+    f = fopen(tmp_path("p.gz"), "rb");
+    ASSERT(f != NULL);
+    gz = (uint8_t *)malloc(n);
+    gn = fread(gz, 1, n, f);
+    fclose(f);
+    bad = (uint8_t *)malloc(gn);
+    for (i = 0; i < sizeof wants / sizeof wants[0]; i++) {
+        size_t w = wants[i];
+        ASSERT_ENUM_EQ(PDP_OK, pdp__gunzip(gz, gn, &out, &out_n, want_fixed, &w, "test", "p.gz"),
+                       pdp_status_name);
+        if (w >= n) ASSERT_EQ(n, out_n);
+        else ASSERT(out_n >= w && out_n <= w + 258);
+        ASSERT_MEM_EQ(plain, out, out_n);
+        pdp__dealloc(out);
+    }
+    memset(&q, 0, sizeof q);
+    q.plain = plain;
+    q.target = 50000;
+    ASSERT_ENUM_EQ(PDP_OK, pdp__gunzip(gz, gn, &out, &out_n, want_steps, &q, "test", "p.gz"),
+                   pdp_status_name);
+    ASSERT(out_n >= 50000 && out_n < 60000);
+    ASSERT_EQ(0, (int)q.wrong);
+    ASSERT_GT((int)q.calls, 40);
+    pdp__dealloc(out);
+    for (i = 0; i < 2; i++) { /* the stored CRC flipped; the file cut before CRC and ISIZE */
+        size_t w = 1000, len = i ? gn - 8 : gn;
+        memcpy(bad, gz, gn);
+        if (!i) bad[gn - 6] ^= 1;
+        ASSERT_ENUM_EQ(PDP_OK, pdp__gunzip(bad, len, &out, &out_n, want_fixed, &w, "test", "p.gz"),
+                       pdp_status_name);
+        ASSERT_MEM_EQ(plain, out, 1000);
+        pdp__dealloc(out);
+        ASSERT_ENUM_EQ(PDP_ERR_FORMAT, pdp__gunzip(bad, len, &out, &out_n, NULL, NULL, "test",
+                                                   "p.gz"), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), i ? "truncated" : "CRC-32 mismatch") != NULL);
+    }
+    free(plain);
+    free(gz);
+    free(bad);
+    PASS();
+}
+
 /* ---- idx ---- */
 
 static size_t make_idx_images(uint8_t *buf, uint32_t count, uint32_t rows, uint32_t cols,
@@ -497,6 +577,71 @@ TEST data_idx_round_trip(void)
     PASS();
 }
 
+/* max_samples: the file need hold only the samples kept. A gzipped file is decoded only
+   that far, so a fault past them (the stored CRC-32, the tail cut off) loads with
+   max_samples and fails without; a plain file cut after them loads, one cut inside them
+   fails naming the file, and one longer than its header says fails either way. */
+TEST data_idx_max_samples_reads_only_those(void)
+{
+    static uint8_t img[16 + 37 * 28 * 28 + 1], lab[8 + 37];
+    size_t ni = make_idx_images(img, 37, 28, 28, 9), nl = make_idx_labels(lab, 37), gn;
+    const char *ip = tmp_path("m_img.idx"), *lp = tmp_path("m_lab.idx");
+    pdp_dataset_desc d20 = {0}, d21 = {0};
+    pdp_dataset *ds = NULL;
+    uint8_t *gz;
+    int64_t i;
+    int pass;
+    FILE *f;
+    d20.max_samples = 20;
+    d21.max_samples = 21;
+    ASSERT_EQ(0, write_file(lp, lab, nl));
+    ASSERT_EQ(0, write_file(ip, img, 16 + 20 * 784)); /* plain, cut after sample 20 */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_load_idx(&ds, ip, lp, &d20), pdp_status_name);
+    ASSERT_EQ(20, (int)ds->count);
+    for (i = 0; i < 20 * 784; i++) ASSERT_EQ((float)img[16 + i] / 255.0f, ds->images[i]);
+    pdp_dataset_free(ds);
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, pdp_dataset_load_idx(&ds, ip, lp, &d21), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), ip) && strstr(pdp_last_error(), "truncated"));
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, pdp_dataset_load_idx(&ds, ip, lp, NULL), pdp_status_name);
+    img[ni] = 7; /* one byte more than the header says */
+    ASSERT_EQ(0, write_file(ip, img, ni + 1));
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, pdp_dataset_load_idx(&ds, ip, lp, &d20), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "size mismatch"));
+    if (!have_tool("gzip --version >/dev/null 2>&1"))
+        SKIPm("the plain files pass; the gzipped ones need the gzip tool (apt-get install gzip)");
+    ASSERT_EQ(0, write_file(ip, img, ni));
+    {
+        char cmd[1200];
+        snprintf(cmd, sizeof cmd, "gzip -c %s > %s.gz && gzip -c %s > %s.gz", ip, ip, lp, lp);
+        ASSERT_EQ(0, system(cmd));
+    }
+    f = fopen(tmp_path("m_img.idx.gz"), "rb");
+    ASSERT(f != NULL);
+    gz = (uint8_t *)malloc(sizeof img + 4096);
+    gn = fread(gz, 1, sizeof img + 4096, f);
+    fclose(f);
+    for (pass = 0; pass < 2; pass++) { /* the CRC flipped; the last 8 bytes cut off */
+        uint8_t *g = (uint8_t *)malloc(gn);
+        memcpy(g, gz, gn);
+        if (!pass) g[gn - 6] ^= 1;
+        ASSERT_EQ(0, write_file(tmp_path("m_img.idx.gz"), g, pass ? gn - 8 : gn));
+        free(g);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_load_idx(&ds, tmp_path("m_img.idx.gz"),
+                                                    tmp_path("m_lab.idx.gz"), &d20),
+                       pdp_status_name);
+        ASSERT_EQ(20, (int)ds->count);
+        for (i = 0; i < 20 * 784; i++) ASSERT_EQ((float)img[16 + i] / 255.0f, ds->images[i]);
+        for (i = 0; i < 20; i++) ASSERT_EQ((int)lab[8 + i], ds->labels[i]);
+        pdp_dataset_free(ds);
+        ASSERT_ENUM_EQ(PDP_ERR_FORMAT, pdp_dataset_load_idx(&ds, tmp_path("m_img.idx.gz"),
+                                                            tmp_path("m_lab.idx.gz"), NULL),
+                       pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), pass ? "truncated" : "CRC-32 mismatch"));
+    }
+    free(gz);
+    PASS();
+}
+
 TEST data_idx_errors_name_the_file(void)
 {
     static uint8_t img[16 + 5 * 4 * 4], lab[8 + 6];
@@ -544,7 +689,11 @@ TEST data_fashion_mnist_real_files(void)
     pdp_dataset *tr, *te;
     int64_t per_class[10] = {0}, i;
     float lo = 1, hi = 0;
-    pdp_status st = pdp_dataset_load_fashion_mnist(&tr, true, NULL);
+    pdp_dataset_desc first = {0};
+    pdp_dataset *head;
+    pdp_status st;
+    PDP_TEST_SKIP_UNDER_TSAN("decoding 55 MB of gzip");
+    st = pdp_dataset_load_fashion_mnist(&tr, true, NULL);
     if (st == PDP_ERR_IO) SKIPm("Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)");
     ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, st, pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_load_fashion_mnist(&te, false, NULL), pdp_status_name);
@@ -562,6 +711,12 @@ TEST data_fashion_mnist_real_files(void)
     }
     ASSERT_EQ(0.0f, lo);
     ASSERT_EQ(1.0f, hi);
+    first.max_samples = 1000; /* decoded only that far: the same samples */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_load_fashion_mnist(&head, true, &first), pdp_status_name);
+    ASSERT_EQ(1000, (int)head->count);
+    ASSERT_MEM_EQ(tr->images, head->images, sizeof(float) * 1000 * 784);
+    ASSERT_MEM_EQ(tr->labels, head->labels, sizeof(int32_t) * 1000);
+    pdp_dataset_free(head);
     pdp_dataset_free(tr);
     pdp_dataset_free(te);
     PASS();
@@ -2024,8 +2179,10 @@ SUITE(data)
     RUN_TEST(data_gzip_header_flags);
     RUN_TEST(data_gzip_matches_gzip_and_zlib);
     RUN_TEST(data_gzip_corrupt_and_truncated);
+    RUN_TEST(data_gzip_prefix_stops_at_the_callers_rule);
     RUN_TEST(data_idx_round_trip);
     RUN_TEST(data_idx_errors_name_the_file);
+    RUN_TEST(data_idx_max_samples_reads_only_those);
     RUN_TEST(data_fashion_mnist_real_files);
     RUN_TEST(data_fashion_mnist_missing_says_how_to_get_it);
     RUN_TEST(data_fashion_mnist_synthetic_fallback);
