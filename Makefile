@@ -195,7 +195,9 @@ clean:
 #                 run: examples/train_gpt_3d.c built with mpicc -DPDP_MPI, DP x TP x PP = 2 x 2
 #                 x 2 on `mpirun -np 8` (PDP_SHORT=1), must print the losses of its
 #                 -backend local run (tests/cuda_emu/same_figures.sh), which the example itself
-#                 holds to one device within 1e-5.
+#                 holds to one device within 1e-5. The three programs are built first, in
+#                 one sub-make: `make -j2 mpi-test` (as CI runs it) compiles the two mpicc
+#                 builds of the implementation side by side.
 MPICC        ?= mpicc
 MPIRUN       ?= mpirun
 MPI_NP       ?= 1 2 3 4
@@ -212,14 +214,14 @@ $(B)/mpi/train_gpt_3d: examples/train_gpt_3d.c pdp.h
 
 mpi-test:
 	@if command -v $(MPICC) >/dev/null 2>&1 && command -v $(MPIRUN) >/dev/null 2>&1; then \
-	    $(MAKE) --no-print-directory $(B)/mpi/test_mpi || exit 1; \
+	    $(MAKE) --no-print-directory $(B)/mpi/test_mpi $(B)/train_gpt_3d $(B)/mpi/train_gpt_3d \
+	        || exit 1; \
 	    for n in $(MPI_NP); do \
 	        echo "== $(MPIRUN) -np $$n $(B)/mpi/test_mpi"; \
 	        timeout 180 $(MPIRUN) $(MPIRUN_FLAGS) -np $$n ./$(B)/mpi/test_mpi || exit 1; \
 	    done; \
 	    echo "== tests/mpi_startup.sh (start-up check, watchdog, killed rank)"; \
 	    sh tests/mpi_startup.sh ./$(B)/mpi/test_mpi $(MPIRUN) $(MPIRUN_FLAGS) || exit 1; \
-	    $(MAKE) --no-print-directory $(B)/train_gpt_3d $(B)/mpi/train_gpt_3d || exit 1; \
 	    echo "== $(MPIRUN) -np 8 $(B)/mpi/train_gpt_3d -backend mpi (2 x 2 x 2), against -backend local"; \
 	    sh tests/cuda_emu/same_figures.sh "./$(B)/train_gpt_3d" "timeout 300 $(MPIRUN) \
 	        $(MPIRUN_FLAGS) -x PDP_SHORT -np 8 ./$(B)/mpi/train_gpt_3d -backend mpi" || exit 1; \

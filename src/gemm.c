@@ -265,9 +265,9 @@ static inline PDP__ALWAYS_INLINE void pdp__gemm_store_tile(
     pdp__gemm_store_acc(&acc[0][0], PDP__GEMM_NV, c, ldc, mr, nr, alpha, beta);
 }
 
-PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
-                                   int mr, int nr, float alpha, float beta)
+PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel(
+    int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *PDP__GEMM_RESTRICT bp, float *c,
+    int64_t ldc, int mr, int nr, float alpha, float beta)
 {
     __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
     int i, v;
@@ -299,9 +299,9 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
    this skips it. Masked loads read no float past column nr; same FMA chain as the
    packed kernel, so the same bits. */
 #  define PDP__GEMM_DIRECT_B 1
-PDP__PRIVATE void pdp__gemm_kernel_rows(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                        const float *b, const int64_t *brow, float *c, int64_t ldc,
-                                        int mr, int nr, float alpha, float beta)
+PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel_rows(
+    int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *b, const int64_t *brow, float *c,
+    int64_t ldc, int mr, int nr, float alpha, float beta)
 {
     __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
     __mmask16 mask[PDP__GEMM_NV];
@@ -332,9 +332,9 @@ PDP__PRIVATE void pdp__gemm_kernel_rows(int64_t kc, const float *PDP__GEMM_RESTR
    A, pdp__sgemm_arows; rows past mr repeat row 0 and are never stored), each
    element broadcast straight from its row, as the packed kernel broadcasts it
    from the panel. Same FMA chain, so the same bits. */
-PDP__PRIVATE void pdp__gemm_kernel_arows(int64_t kc, const float *const *a8,
-                                         const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
-                                         int mr, int nr, float alpha, float beta)
+PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel_arows(
+    int64_t kc, const float *const *a8, const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
+    int mr, int nr, float alpha, float beta)
 {
     __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
     const float *r[PDP__GEMM_MR];
@@ -367,9 +367,9 @@ PDP__PRIVATE void pdp__gemm_kernel_arows(int64_t kc, const float *const *a8,
 #  define PDP__GEMM_NV 2
 #  define PDP__GEMM_VL 8
 
-PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
-                                   int mr, int nr, float alpha, float beta)
+PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel(
+    int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *PDP__GEMM_RESTRICT bp, float *c,
+    int64_t ldc, int mr, int nr, float alpha, float beta)
 {
     __m256 acc[PDP__GEMM_MR][PDP__GEMM_NV];
     __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
@@ -421,9 +421,9 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
 #  define PDP__GEMM_NV 1
 #  define PDP__GEMM_VL 16
 
-PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
-                                   int mr, int nr, float alpha, float beta)
+PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel(
+    int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *PDP__GEMM_RESTRICT bp, float *c,
+    int64_t ldc, int mr, int nr, float alpha, float beta)
 {
     float acc[PDP__GEMM_MR][PDP__GEMM_VL];
     int i, j;
@@ -1041,10 +1041,10 @@ static inline PDP__ALWAYS_INLINE void pdp__gemm_kernel_runs_n(
     pdp__gemm_store_acc(&acc[0][0], PDP__GEMM_RUNS_NV, c, ldc, mr, nr, 1.0f, beta);
 }
 
-PDP__PRIVATE void pdp__gemm_kernel_runs(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                        const float *b, const int64_t *brow, const int64_t *soff,
-                                        const __mmask16 *smask, const int *nseg, float *c,
-                                        int64_t ldc, int mr, int nr, float beta)
+PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel_runs(
+    int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *b, const int64_t *brow,
+    const int64_t *soff, const __mmask16 *smask, const int *nseg, float *c, int64_t ldc, int mr,
+    int nr, float beta)
 {
     int most = 0, v;
     for (v = 0; v < PDP__GEMM_RUNS_NV; v++) most = PDP__MAX(most, nseg[v]);
@@ -1220,8 +1220,10 @@ static inline float pdp__gemm_dots_sum(__m256 v)
       } while (0)
 #  define PDP__GEMM_DOTS_TAIL(x) PDP__GEMM_DOTS_LOADM(x, mk)
 
-PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                                  const float *b, const int64_t *brow, float *c, int64_t ldc)
+PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k,
+                                                          const float *a, int64_t lda,
+                                                          const float *b, const int64_t *brow,
+                                                          float *c, int64_t ldc)
 {
     enum { MI = PDP__GEMM_DOTS_MI, NJ = PDP__GEMM_DOTS_NJ, VL = PDP__GEMM_DOTS_VL };
     PDP__GEMM_DOTS_V lanes[PDP__GEMM_DOTS_MAX];

@@ -96,6 +96,7 @@
    PDP__THREAD_LOCAL    a thread-local variable (absent with PDP__TLS_KEY: tcc)
    PDP__UNUSED          no warning when a private helper is unused
    PDP__ALWAYS_INLINE   a kernel helper inlined even at -Og (the register tiles need it)
+   PDP__KERNEL_UNSANITIZED  a register-tile micro-kernel under ASan (below)
    PDP__TARGET(s)       a function compiled for instruction set s ("avx512f"); defined
                         only where the compiler has it (gcc, clang), with PDP__HAVE_TARGET
    PDP__PAUSE()         the spin-wait hint (x86 pause, ARM yield), or nothing
@@ -121,6 +122,18 @@
 #  define PDP__ALWAYS_INLINE
 #else
 #  error "pdp.h: needs a thread-local storage keyword (__thread or __declspec(thread))"
+#endif
+
+/* PDP__KERNEL_UNSANITIZED: gemm.c's register-tile micro-kernels, left out of ASan and UBSan
+   (make sanitize; GCC and clang say so by __SANITIZE_ADDRESS__). At the sanitizers' -O1 the
+   instrumentation keeps a tile's accumulator array in memory, checked at every FMA: the
+   short train_gpt run took 14.6 s under ASan, 2.1 s without the kernels' checks (Zen 3).
+   What sizes a kernel's operands stays checked (the packing, the drivers), and test_gemm
+   holds every tile edge to a naive loop with C's padding checked. Nothing else uses it. */
+#if defined(__SANITIZE_ADDRESS__) && (defined(__GNUC__) || defined(__clang__))
+#  define PDP__KERNEL_UNSANITIZED __attribute__((no_sanitize("address", "undefined")))
+#else
+#  define PDP__KERNEL_UNSANITIZED
 #endif
 
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
@@ -2374,9 +2387,9 @@ PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k
 
 /* The MR x NR tile of the packed kernels. */
 
-PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
-                                   int mr, int nr, float alpha, float beta);
+PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel(
+    int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *PDP__GEMM_RESTRICT bp, float *c,
+    int64_t ldc, int mr, int nr, float alpha, float beta);
 
 /* The same tile with B read in place instead of packed: row p of the tile's B is
    the nr floats at b + brow[p] (a gathered B, pdp__sgemm_rows without transpose,
@@ -2385,17 +2398,17 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
    this skips it. Masked loads read no float past column nr; same FMA chain as the
    packed kernel, so the same bits. */
 #  define PDP__GEMM_DIRECT_B 1
-PDP__PRIVATE void pdp__gemm_kernel_rows(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                        const float *b, const int64_t *brow, float *c, int64_t ldc,
-                                        int mr, int nr, float alpha, float beta);
+PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel_rows(
+    int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *b, const int64_t *brow, float *c,
+    int64_t ldc, int mr, int nr, float alpha, float beta);
 
 /* The same tile with A read in place: row i of the tile's A is a8[i] (a gathered
    A, pdp__sgemm_arows; rows past mr repeat row 0 and are never stored), each
    element broadcast straight from its row, as the packed kernel broadcasts it
    from the panel. Same FMA chain, so the same bits. */
-PDP__PRIVATE void pdp__gemm_kernel_arows(int64_t kc, const float *const *a8,
-                                         const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
-                                         int mr, int nr, float alpha, float beta);
+PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel_arows(
+    int64_t kc, const float *const *a8, const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
+    int mr, int nr, float alpha, float beta);
 
 #elif !defined(PDP_NO_SIMD) && defined(__AVX2__) && defined(__FMA__)
 #  include <immintrin.h>
@@ -2404,9 +2417,9 @@ PDP__PRIVATE void pdp__gemm_kernel_arows(int64_t kc, const float *const *a8,
 #  define PDP__GEMM_NV 2
 #  define PDP__GEMM_VL 8
 
-PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
-                                   int mr, int nr, float alpha, float beta);
+PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel(
+    int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *PDP__GEMM_RESTRICT bp, float *c,
+    int64_t ldc, int mr, int nr, float alpha, float beta);
 
 #else
 #  define PDP__GEMM_KERNEL "portable 4x16"
@@ -2414,9 +2427,9 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
 #  define PDP__GEMM_NV 1
 #  define PDP__GEMM_VL 16
 
-PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
-                                   int mr, int nr, float alpha, float beta);
+PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel(
+    int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *PDP__GEMM_RESTRICT bp, float *c,
+    int64_t ldc, int mr, int nr, float alpha, float beta);
 #endif
 
 #define PDP__GEMM_NR (PDP__GEMM_NV * PDP__GEMM_VL)
@@ -2622,10 +2635,10 @@ PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k
 /* segs: the masked loads per vector (a constant after inlining, the rest of the
    masks zero when a vector has fewer), or 0: each vector's own count, nseg[v]. */
 
-PDP__PRIVATE void pdp__gemm_kernel_runs(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                        const float *b, const int64_t *brow, const int64_t *soff,
-                                        const __mmask16 *smask, const int *nseg, float *c,
-                                        int64_t ldc, int mr, int nr, float beta);
+PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel_runs(
+    int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *b, const int64_t *brow,
+    const int64_t *soff, const __mmask16 *smask, const int *nseg, float *c, int64_t ldc, int mr,
+    int nr, float beta);
 
 /* The masked loads of the tile of nr logical columns that starts at column (r, u, t),
    which it advances by nr: vector v's lanes as nseg[v] loads, load s of lane mask
@@ -2715,8 +2728,10 @@ PDP__PRIVATE int pdp__sgemm_dots_fits(int64_t m, int64_t n);
       } while (0)
 #  define PDP__GEMM_DOTS_TAIL(x) PDP__GEMM_DOTS_LOADM(x, mk)
 
-PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                                  const float *b, const int64_t *brow, float *c, int64_t ldc);
+PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k,
+                                                          const float *a, int64_t lda,
+                                                          const float *b, const int64_t *brow,
+                                                          float *c, int64_t ldc);
 #else
 PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                                   const float *b, const int64_t *brow, float *c, int64_t ldc);
