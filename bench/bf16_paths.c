@@ -19,8 +19,10 @@
 
    Then the goal the table serves: a training step (forward, loss, backward, SGD) of the
    MLP at batch 512 and of bench.h's CNN at batch 128, one thread, fp32 beside bf16
-   (pdp_model_set_precision: AUTO's paths, per product), alternating, median of the
-   rounds' samples/s.
+   (pdp_model_set_precision: AUTO's paths, per product), in pairs, each round's pair back to
+   back (fp32 first in every other round): the ratio printed is the median of the pairs'
+   ratios, with its quartiles, so that a machine whose speed drifts between rounds (shared
+   hosts drift by a third) moves both sides of a ratio alike.
 
    sgemm: as a CPU without bf16 instructions runs (the CPUID record's AVX512-BF16 and AMX
    cleared, so AUTO takes sgemm-rounded for every product): the bf16 step against fp32
@@ -105,7 +107,7 @@ static void bench_steps(int rounds, int steps)
         pdp_optim_desc od;
         pdp_tensor *x;
         int32_t y[512];
-        double rate[2][15];
+        double rate[2][15], ratio[15], mid;
         pdp_rng rng;
         memset(&od, 0, sizeof od);
         od.kind = PDP_OPTIM_SGD;
@@ -121,11 +123,18 @@ static void bench_steps(int rounds, int steps)
             CHECK(pdp_optim_create(&o[bf], m[bf], &od));
             step_rate(m[bf], o[bf], x, y, batch, 2); /* warm-up */
         }
-        for (r = 0; r < rounds; r++)
-            for (bf = 0; bf < 2; bf++) rate[bf][r] = step_rate(m[bf], o[bf], x, y, batch, steps);
-        printf("%s step, batch %d: fp32 %.0f samples/s, bf16 %.0f (%.2fx)\n", cnn ? "CNN" : "MLP",
-               (int)batch, bench_median(rate[0], rounds), bench_median(rate[1], rounds),
-               bench_median(rate[1], rounds) / bench_median(rate[0], rounds));
+        for (r = 0; r < rounds; r++) { /* a pair a round, fp32 first in every other one */
+            for (bf = 0; bf < 2; bf++) {
+                int which = bf ^ (r & 1);
+                rate[which][r] = step_rate(m[which], o[which], x, y, batch, steps);
+            }
+            ratio[r] = rate[1][r] / rate[0][r]; /* a pair runs back to back: the machine's */
+        }                                       /* drift between rounds cancels in it */
+        mid = bench_median(ratio, rounds);      /* (sorts ratio: the quartiles below) */
+        printf("%s step, batch %d: fp32 %.0f samples/s, bf16 %.0f; bf16 / fp32 %.3fx "
+               "(median of %d rounds' ratios; quartiles %.3f-%.3f)\n", cnn ? "CNN" : "MLP",
+               (int)batch, bench_median(rate[0], rounds), bench_median(rate[1], rounds), mid,
+               rounds, ratio[rounds / 4], ratio[(3 * rounds) / 4]);
         for (bf = 0; bf < 2; bf++) {
             pdp_optim_free(o[bf]);
             pdp_model_free(m[bf]);
