@@ -1445,8 +1445,8 @@ typedef struct pdp_dataset_desc {
     int64_t max_samples; /* keep only the first max_samples (0 = all): the files need hold
                             only those, and a gzipped one is decoded only that far, so its
                             CRC-32 (over the whole file) is not checked: load once without
-                            it to check a download; synthetic: how many to make (0 = 60000
-                            train, 10000 test) */
+                            it (or with one at least the file's count) to check a download;
+                            synthetic: how many to make (0 = 60000 train, 10000 test) */
     uint64_t seed;       /* synthetic only: the class prototypes and the noise; default 0 */
     bool synthetic_fallback; /* pdp_dataset_load_fashion_mnist only: when any of the four
                                 files is missing, pdp_dataset_synthetic's task (train or test)
@@ -23996,8 +23996,9 @@ typedef struct pdp__idx_prefix {
 } pdp__idx_prefix;
 
 /* pdp__gunzip's rule for an IDX file read for its first keep items: the header, then the
-   header and those items' bytes. A header it cannot size asks for everything, and
-   pdp__idx_parse says what is wrong. */
+   header and those items' bytes. A file of no more than keep items is read to its end (and
+   its CRC-32 checked), and so is one whose header it cannot size: pdp__idx_parse says what
+   is wrong. */
 PDP__PRIVATE size_t pdp__idx_enough(const uint8_t *out, size_t len, const void *ctx)
 {
     const pdp__idx_prefix *q = (const pdp__idx_prefix *)ctx;
@@ -24005,7 +24006,9 @@ PDP__PRIVATE size_t pdp__idx_enough(const uint8_t *out, size_t len, const void *
     uint64_t need;
     int i;
     if (len < head) return head;
-    need = PDP__MIN((uint64_t)pdp__be32(out + 4), (uint64_t)q->keep);
+    need = pdp__be32(out + 4);
+    if (need <= (uint64_t)q->keep) return SIZE_MAX; /* all of it: the whole file */
+    need = (uint64_t)q->keep;
     for (i = 1; i < q->ndim; i++) {
         uint64_t dim = pdp__be32(out + 4 + 4 * i);
         if (dim && need > UINT64_MAX / dim) return SIZE_MAX;

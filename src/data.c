@@ -125,8 +125,9 @@ typedef struct pdp__idx_prefix {
 } pdp__idx_prefix;
 
 /* pdp__gunzip's rule for an IDX file read for its first keep items: the header, then the
-   header and those items' bytes. A header it cannot size asks for everything, and
-   pdp__idx_parse says what is wrong. */
+   header and those items' bytes. A file of no more than keep items is read to its end (and
+   its CRC-32 checked), and so is one whose header it cannot size: pdp__idx_parse says what
+   is wrong. */
 PDP__PRIVATE size_t pdp__idx_enough(const uint8_t *out, size_t len, const void *ctx)
 {
     const pdp__idx_prefix *q = (const pdp__idx_prefix *)ctx;
@@ -134,7 +135,9 @@ PDP__PRIVATE size_t pdp__idx_enough(const uint8_t *out, size_t len, const void *
     uint64_t need;
     int i;
     if (len < head) return head;
-    need = PDP__MIN((uint64_t)pdp__be32(out + 4), (uint64_t)q->keep);
+    need = pdp__be32(out + 4);
+    if (need <= (uint64_t)q->keep) return SIZE_MAX; /* all of it: the whole file */
+    need = (uint64_t)q->keep;
     for (i = 1; i < q->ndim; i++) {
         uint64_t dim = pdp__be32(out + 4 + 4 * i);
         if (dim && need > UINT64_MAX / dim) return SIZE_MAX;

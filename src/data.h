@@ -50,8 +50,8 @@ typedef struct pdp_dataset_desc {
     int64_t max_samples; /* keep only the first max_samples (0 = all): the files need hold
                             only those, and a gzipped one is decoded only that far, so its
                             CRC-32 (over the whole file) is not checked: load once without
-                            it to check a download; synthetic: how many to make (0 = 60000
-                            train, 10000 test) */
+                            it (or with one at least the file's count) to check a download;
+                            synthetic: how many to make (0 = 60000 train, 10000 test) */
     uint64_t seed;       /* synthetic only: the class prototypes and the noise; default 0 */
     bool synthetic_fallback; /* pdp_dataset_load_fashion_mnist only: when any of the four
                                 files is missing, pdp_dataset_synthetic's task (train or test)

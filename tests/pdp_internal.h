@@ -7282,8 +7282,9 @@ typedef struct pdp__idx_prefix {
 } pdp__idx_prefix;
 
 /* pdp__gunzip's rule for an IDX file read for its first keep items: the header, then the
-   header and those items' bytes. A header it cannot size asks for everything, and
-   pdp__idx_parse says what is wrong. */
+   header and those items' bytes. A file of no more than keep items is read to its end (and
+   its CRC-32 checked), and so is one whose header it cannot size: pdp__idx_parse says what
+   is wrong. */
 PDP__PRIVATE size_t pdp__idx_enough(const uint8_t *out, size_t len, const void *ctx);
 
 /* An empty dataset of count samples with the given per-sample shape. */

@@ -586,7 +586,7 @@ TEST data_idx_max_samples_reads_only_those(void)
     static uint8_t img[16 + 37 * 28 * 28 + 1], lab[8 + 37];
     size_t ni = make_idx_images(img, 37, 28, 28, 9), nl = make_idx_labels(lab, 37), gn;
     const char *ip = tmp_path("m_img.idx"), *lp = tmp_path("m_lab.idx");
-    pdp_dataset_desc d20 = {0}, d21 = {0};
+    pdp_dataset_desc d20 = {0}, d21 = {0}, d37 = {0};
     pdp_dataset *ds = NULL;
     uint8_t *gz;
     int64_t i;
@@ -594,6 +594,7 @@ TEST data_idx_max_samples_reads_only_those(void)
     FILE *f;
     d20.max_samples = 20;
     d21.max_samples = 21;
+    d37.max_samples = 37;
     ASSERT_EQ(0, write_file(lp, lab, nl));
     ASSERT_EQ(0, write_file(ip, img, 16 + 20 * 784)); /* plain, cut after sample 20 */
     ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_load_idx(&ds, ip, lp, &d20), pdp_status_name);
@@ -635,6 +636,11 @@ TEST data_idx_max_samples_reads_only_those(void)
         pdp_dataset_free(ds);
         ASSERT_ENUM_EQ(PDP_ERR_FORMAT, pdp_dataset_load_idx(&ds, tmp_path("m_img.idx.gz"),
                                                             tmp_path("m_lab.idx.gz"), NULL),
+                       pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), pass ? "truncated" : "CRC-32 mismatch"));
+        /* max_samples at or past the count keeps every sample: the whole file is checked */
+        ASSERT_ENUM_EQ(PDP_ERR_FORMAT, pdp_dataset_load_idx(&ds, tmp_path("m_img.idx.gz"),
+                                                            tmp_path("m_lab.idx.gz"), &d37),
                        pdp_status_name);
         ASSERT(strstr(pdp_last_error(), pass ? "truncated" : "CRC-32 mismatch"));
     }
