@@ -172,7 +172,7 @@ test: $(IMPL_OBJ) $(filter $(RUNS),$(FIRST_RUNS)) $(filter %.sh.rc,$(RUNS)) $(RU
 # The implementation object, the kernel tests and the examples at -O1; the other tests' own
 # code at -O0: the heavy work they call is the object's, and their compiles, most of either
 # step's time (the ASan step was compile-bound: 37 tests at about 5 s of CPU each, 1.4 at
-# -O0), take a quarter of the CPU. Runs measured (Zen 3): test_zero, test_data, test_comm
+# -O0, four of them measured), take a quarter of the CPU. Runs measured (Zen 3): test_zero, test_data, test_comm
 # within 0.1-0.9 s of their -O1 builds under ASan, within 0.6 s under TSan. (make test
 # compiles the same code at -Og, with the warnings that need the optimiser.)
 SAN_FLAGS  = -g -march=native -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined

@@ -99,7 +99,7 @@ static double step_rate(pdp_model *m, pdp_optim *o, const pdp_tensor *x, const i
 /* fp32 and bf16 steps of the MLP (batch 512) and the CNN (batch 128), in pairs: rounds of
    `steps` steps each (at most STEP_ROUNDS). Many short pairs: on the shared Zen 3 machine
    15 pairs of 10 steps gave quartiles up to 30% apart and medians from 0.89x to 1.13x
-   between runs; 41 pairs of 5 steps, medians 0.98-1.03x (three runs of each). */
+   between runs (five runs); 41 pairs of 5 steps, medians 0.98-1.03x (four runs). */
 enum { STEP_ROUNDS = 41 };
 static void bench_steps(int rounds, int steps)
 {

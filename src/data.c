@@ -220,7 +220,7 @@ PDP__PRIVATE pdp_status pdp__load_idx(pdp_dataset **out, const char *images_path
         goto done;
     }
     count = (int64_t)idims[0];
-    if (desc && desc->max_samples && desc->max_samples < count) count = desc->max_samples;
+    if (keep && keep < count) count = keep;
     features = (int64_t)(idims[1] * idims[2]);
     if ((st = pdp__dataset_new(&ds, count, (int64_t)idims[1], (int64_t)idims[2], desc, fn)))
         goto done;
