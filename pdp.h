@@ -4675,7 +4675,12 @@ static inline PDP__HOSTDEV float pdp__f16_round(float x)
    checked at every FMA: the short train_gpt run took 14.6 s under ASan, 2.1 s without the
    kernels' checks (Zen 3).
    What sizes a kernel's operands stays checked (the packing, the drivers), and test_gemm
-   holds every tile edge to a naive loop with C's padding checked. Nothing else uses it. */
+   holds every tile edge to a naive loop with C's padding checked. The always-inlined
+   helpers of those kernels carry it too: GCC marks an inlined helper's arrays poisoned
+   when their scope ends, while the uninstrumented kernel never clears its frame's marks
+   as it returns, so a later frame at those addresses failed with a false
+   stack-use-after-scope (test_gemm under make sanitize, on an AVX-512 CPU: the runs
+   kernel's segment arrays). Nothing else uses it. */
 #if defined(__SANITIZE_ADDRESS__) && (defined(__GNUC__) || defined(__clang__))
 #  define PDP__KERNEL_UNSANITIZED __attribute__((no_sanitize("address", "undefined")))
 #elif defined(__clang__) && defined(__has_feature)
@@ -9386,8 +9391,8 @@ PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k
 #  define PDP__GEMM_VL 16
 
 /* Lane masks of a tile's nr valid columns, one per vector of a B row (nv of them). */
-static inline PDP__ALWAYS_INLINE void pdp__gemm_col_masks(int nr, int nv,
-                                                                      __mmask16 *mask)
+static inline PDP__ALWAYS_INLINE PDP__KERNEL_UNSANITIZED void pdp__gemm_col_masks(
+    int nr, int nv, __mmask16 *mask)
 {
     int v;
     _Pragma("GCC unroll 4") for (v = 0; v < nv; v++) {
@@ -9401,7 +9406,7 @@ static inline PDP__ALWAYS_INLINE void pdp__gemm_col_masks(int nr, int nv,
    as alpha * acc + beta * c, reading c only when beta != 0; a full tile unmasked.
    Always inlined: a call would take acc's address and keep the accumulators in
    memory. */
-static inline PDP__ALWAYS_INLINE void pdp__gemm_store_acc(
+static inline PDP__ALWAYS_INLINE PDP__KERNEL_UNSANITIZED void pdp__gemm_store_acc(
     const __m512 *acc, int nv, float *c, int64_t ldc, int mr, int nr, float alpha, float beta)
 {
     __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
@@ -9426,7 +9431,7 @@ static inline PDP__ALWAYS_INLINE void pdp__gemm_store_acc(
 }
 
 /* The MR x NR tile of the packed kernels. */
-static inline PDP__ALWAYS_INLINE void pdp__gemm_store_tile(
+static inline PDP__ALWAYS_INLINE PDP__KERNEL_UNSANITIZED void pdp__gemm_store_tile(
     __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV], float *c, int64_t ldc, int mr, int nr, float alpha,
     float beta)
 {
@@ -10161,7 +10166,7 @@ PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k
 
 /* segs: the masked loads per vector (a constant after inlining, the rest of the
    masks zero when a vector has fewer), or 0: each vector's own count, nseg[v]. */
-static inline PDP__ALWAYS_INLINE void pdp__gemm_kernel_runs_n(
+static inline PDP__ALWAYS_INLINE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel_runs_n(
     int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *b, const int64_t *brow,
     const int64_t *soff, const __mmask16 *smask, const int *nseg, float *c, int64_t ldc, int mr,
     int nr, float beta, const int segs)

@@ -218,8 +218,8 @@ PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k
 #  define PDP__GEMM_VL 16
 
 /* Lane masks of a tile's nr valid columns, one per vector of a B row (nv of them). */
-static inline PDP__ALWAYS_INLINE void pdp__gemm_col_masks(int nr, int nv,
-                                                                      __mmask16 *mask)
+static inline PDP__ALWAYS_INLINE PDP__KERNEL_UNSANITIZED void pdp__gemm_col_masks(
+    int nr, int nv, __mmask16 *mask)
 {
     int v;
     _Pragma("GCC unroll 4") for (v = 0; v < nv; v++) {
@@ -233,7 +233,7 @@ static inline PDP__ALWAYS_INLINE void pdp__gemm_col_masks(int nr, int nv,
    as alpha * acc + beta * c, reading c only when beta != 0; a full tile unmasked.
    Always inlined: a call would take acc's address and keep the accumulators in
    memory. */
-static inline PDP__ALWAYS_INLINE void pdp__gemm_store_acc(
+static inline PDP__ALWAYS_INLINE PDP__KERNEL_UNSANITIZED void pdp__gemm_store_acc(
     const __m512 *acc, int nv, float *c, int64_t ldc, int mr, int nr, float alpha, float beta)
 {
     __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
@@ -258,7 +258,7 @@ static inline PDP__ALWAYS_INLINE void pdp__gemm_store_acc(
 }
 
 /* The MR x NR tile of the packed kernels. */
-static inline PDP__ALWAYS_INLINE void pdp__gemm_store_tile(
+static inline PDP__ALWAYS_INLINE PDP__KERNEL_UNSANITIZED void pdp__gemm_store_tile(
     __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV], float *c, int64_t ldc, int mr, int nr, float alpha,
     float beta)
 {
@@ -993,7 +993,7 @@ PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k
 
 /* segs: the masked loads per vector (a constant after inlining, the rest of the
    masks zero when a vector has fewer), or 0: each vector's own count, nseg[v]. */
-static inline PDP__ALWAYS_INLINE void pdp__gemm_kernel_runs_n(
+static inline PDP__ALWAYS_INLINE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel_runs_n(
     int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *b, const int64_t *brow,
     const int64_t *soff, const __mmask16 *smask, const int *nseg, float *c, int64_t ldc, int mr,
     int nr, float beta, const int segs)

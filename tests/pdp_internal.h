@@ -130,7 +130,12 @@
    checked at every FMA: the short train_gpt run took 14.6 s under ASan, 2.1 s without the
    kernels' checks (Zen 3).
    What sizes a kernel's operands stays checked (the packing, the drivers), and test_gemm
-   holds every tile edge to a naive loop with C's padding checked. Nothing else uses it. */
+   holds every tile edge to a naive loop with C's padding checked. The always-inlined
+   helpers of those kernels carry it too: GCC marks an inlined helper's arrays poisoned
+   when their scope ends, while the uninstrumented kernel never clears its frame's marks
+   as it returns, so a later frame at those addresses failed with a false
+   stack-use-after-scope (test_gemm under make sanitize, on an AVX-512 CPU: the runs
+   kernel's segment arrays). Nothing else uses it. */
 #if defined(__SANITIZE_ADDRESS__) && (defined(__GNUC__) || defined(__clang__))
 #  define PDP__KERNEL_UNSANITIZED __attribute__((no_sanitize("address", "undefined")))
 #elif defined(__clang__) && defined(__has_feature)
