@@ -10715,10 +10715,12 @@ typedef struct pdp__bf16_row {
 
 #define PDP__BF16_SPR_ROW(model) {PDP__BF16_INTEL, 6, model, model, 1, 1, "AAS AAS AAS AAS"}
 PDP__PRIVATE const pdp__bf16_row pdp__bf16_table[] = {
-    /* AMD Zen 4 (family 0x19 with AVX512-BF16). Measured in an earlier session, by step,
-       not by class: on an AVX512-BF16 EPYC core the bf16 MLP and CNN steps were faster
-       than fp32's (CHANGELOG.md, "Speed figures leave the manual"): AVX512-BF16
-       everywhere. Zen 3, also family 0x19, has no AVX-512, so the row does not apply
+    /* AMD Zen 4 (family 0x19 with AVX512-BF16): bench/bf16_paths on model 0x11, an EPYC
+       core (one thread, chrt -f 1, 3 runs, load 0.2-1.4): AVX512-BF16 1.90-1.98x
+       pdp_sgemm on large products, 1.57-2.04x at small m or n, 1.23-1.47x at small k;
+       sgemm-rounded 0.90-1.04x, the emulation 0.27-0.91x. Steps: MLP batch 512 1.77-1.80x
+       fp32, CNN batch 128 1.37x. The other Zen 4 models (client cores, Bergamo), not
+       measured: the same core. Zen 3, also family 0x19, has no AVX-512, so the row does not apply
        (its cells need AVX512-BF16): the default, sgemm-rounded, which bench/bf16_paths
        measured on a Zen 3 core (model 1, AVX2 and FMA; 3 runs) at 0.90-1.05x pdp_sgemm on
        large products and 0.73-1.00x at small m or n. */
@@ -23338,6 +23340,7 @@ typedef struct pdp__inflate {
     size_t out_len, out_cap;
     pdp__huff lencode, distcode;
     size_t want;     /* decode until out_len reaches it (SIZE_MAX: all), then ask again */
+    size_t hint;     /* the whole output's likely size (the gzip trailer's ISIZE) */
     pdp__gunzip_enough enough; /* NULL: decode everything */
     const void *enough_ctx;
     bool stopped;    /* enough said the prefix is complete: decoding ended early */
@@ -23375,10 +23378,12 @@ PDP__PRIVATE uint32_t pdp__inf_bits(pdp__inflate *s, int n)
     return v;
 }
 
-/* Makes room for `more` output bytes, doubling the buffer. */
+/* Makes room for `more` output bytes: at once for what the decode is expected to write (the
+   prefix the caller's rule wants and one match past it, else the whole output's hint),
+   doubling past that. */
 PDP__PRIVATE pdp_status pdp__inf_room(pdp__inflate *s, size_t more)
 {
-    size_t need, cap;
+    size_t need, cap, expect = s->want >= SIZE_MAX - 258 ? s->hint : s->want + 258;
     uint8_t *bigger;
     if (s->out_cap - s->out_len >= more) return PDP_OK;
     need = s->out_len + more;
@@ -23386,6 +23391,7 @@ PDP__PRIVATE pdp_status pdp__inf_room(pdp__inflate *s, size_t more)
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: decompresses to more than %zu bytes", s->fn,
                         s->path, (size_t)PDP_MAX_FILE_BYTES);
     cap = s->out_cap > PDP_MAX_FILE_BYTES / 2 ? PDP_MAX_FILE_BYTES : PDP__MAX(s->out_cap * 2, 4096);
+    if (expect > need && expect <= PDP_MAX_FILE_BYTES && s->out_cap < expect) cap = expect;
     if (cap < need) cap = need;
     if (!(bigger = (uint8_t *)pdp__alloc(cap)))
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory for %zu decompressed bytes",
@@ -23680,11 +23686,12 @@ PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, 
     s->enough = enough;
     s->enough_ctx = enough_ctx;
     pdp__crc32_table(crc_table);
-    /* the last member's ISIZE is the whole size for a one-member file: a good first guess */
+    /* the last member's ISIZE is the whole size for a one-member file: a good first guess
+       (a prefix decode reserves only what its rule wants: pdp__inf_room) */
     hint = n >= 4 ? pdp__le32(in + n - 4) : 0;
-    if (hint > n * 1032 + 1024) hint = n * 4;
-    if ((st = pdp__inf_room(s, PDP__MAX(hint, 1))) != PDP_OK) goto done; /* out never NULL */
+    s->hint = hint > n * 1032 + 1024 ? n * 4 : hint;
     pdp__inf_enough(s); /* the first want */
+    if ((st = pdp__inf_room(s, 1)) != PDP_OK) goto done; /* out never NULL */
     while (p < n && !s->stopped) {
         size_t start = p, first = s->out_len;
         uint8_t flg;

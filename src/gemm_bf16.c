@@ -260,10 +260,12 @@ typedef struct pdp__bf16_row {
 
 #define PDP__BF16_SPR_ROW(model) {PDP__BF16_INTEL, 6, model, model, 1, 1, "AAS AAS AAS AAS"}
 PDP__PRIVATE const pdp__bf16_row pdp__bf16_table[] = {
-    /* AMD Zen 4 (family 0x19 with AVX512-BF16). Measured in an earlier session, by step,
-       not by class: on an AVX512-BF16 EPYC core the bf16 MLP and CNN steps were faster
-       than fp32's (CHANGELOG.md, "Speed figures leave the manual"): AVX512-BF16
-       everywhere. Zen 3, also family 0x19, has no AVX-512, so the row does not apply
+    /* AMD Zen 4 (family 0x19 with AVX512-BF16): bench/bf16_paths on model 0x11, an EPYC
+       core (one thread, chrt -f 1, 3 runs, load 0.2-1.4): AVX512-BF16 1.90-1.98x
+       pdp_sgemm on large products, 1.57-2.04x at small m or n, 1.23-1.47x at small k;
+       sgemm-rounded 0.90-1.04x, the emulation 0.27-0.91x. Steps: MLP batch 512 1.77-1.80x
+       fp32, CNN batch 128 1.37x. The other Zen 4 models (client cores, Bergamo), not
+       measured: the same core. Zen 3, also family 0x19, has no AVX-512, so the row does not apply
        (its cells need AVX512-BF16): the default, sgemm-rounded, which bench/bf16_paths
        measured on a Zen 3 core (model 1, AVX2 and FMA; 3 runs) at 0.90-1.05x pdp_sgemm on
        large products and 0.73-1.00x at small m or n. */

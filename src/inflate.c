@@ -75,6 +75,7 @@ typedef struct pdp__inflate {
     size_t out_len, out_cap;
     pdp__huff lencode, distcode;
     size_t want;     /* decode until out_len reaches it (SIZE_MAX: all), then ask again */
+    size_t hint;     /* the whole output's likely size (the gzip trailer's ISIZE) */
     pdp__gunzip_enough enough; /* NULL: decode everything */
     const void *enough_ctx;
     bool stopped;    /* enough said the prefix is complete: decoding ended early */
@@ -112,10 +113,12 @@ PDP__PRIVATE uint32_t pdp__inf_bits(pdp__inflate *s, int n)
     return v;
 }
 
-/* Makes room for `more` output bytes, doubling the buffer. */
+/* Makes room for `more` output bytes: at once for what the decode is expected to write (the
+   prefix the caller's rule wants and one match past it, else the whole output's hint),
+   doubling past that. */
 PDP__PRIVATE pdp_status pdp__inf_room(pdp__inflate *s, size_t more)
 {
-    size_t need, cap;
+    size_t need, cap, expect = s->want >= SIZE_MAX - 258 ? s->hint : s->want + 258;
     uint8_t *bigger;
     if (s->out_cap - s->out_len >= more) return PDP_OK;
     need = s->out_len + more;
@@ -123,6 +126,7 @@ PDP__PRIVATE pdp_status pdp__inf_room(pdp__inflate *s, size_t more)
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: decompresses to more than %zu bytes", s->fn,
                         s->path, (size_t)PDP_MAX_FILE_BYTES);
     cap = s->out_cap > PDP_MAX_FILE_BYTES / 2 ? PDP_MAX_FILE_BYTES : PDP__MAX(s->out_cap * 2, 4096);
+    if (expect > need && expect <= PDP_MAX_FILE_BYTES && s->out_cap < expect) cap = expect;
     if (cap < need) cap = need;
     if (!(bigger = (uint8_t *)pdp__alloc(cap)))
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory for %zu decompressed bytes",
@@ -417,11 +421,12 @@ PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, 
     s->enough = enough;
     s->enough_ctx = enough_ctx;
     pdp__crc32_table(crc_table);
-    /* the last member's ISIZE is the whole size for a one-member file: a good first guess */
+    /* the last member's ISIZE is the whole size for a one-member file: a good first guess
+       (a prefix decode reserves only what its rule wants: pdp__inf_room) */
     hint = n >= 4 ? pdp__le32(in + n - 4) : 0;
-    if (hint > n * 1032 + 1024) hint = n * 4;
-    if ((st = pdp__inf_room(s, PDP__MAX(hint, 1))) != PDP_OK) goto done; /* out never NULL */
+    s->hint = hint > n * 1032 + 1024 ? n * 4 : hint;
     pdp__inf_enough(s); /* the first want */
+    if ((st = pdp__inf_room(s, 1)) != PDP_OK) goto done; /* out never NULL */
     while (p < n && !s->stopped) {
         size_t start = p, first = s->out_len;
         uint8_t flg;

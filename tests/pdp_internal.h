@@ -7154,6 +7154,7 @@ typedef struct pdp__inflate {
     size_t out_len, out_cap;
     pdp__huff lencode, distcode;
     size_t want;     /* decode until out_len reaches it (SIZE_MAX: all), then ask again */
+    size_t hint;     /* the whole output's likely size (the gzip trailer's ISIZE) */
     pdp__gunzip_enough enough; /* NULL: decode everything */
     const void *enough_ctx;
     bool stopped;    /* enough said the prefix is complete: decoding ended early */
@@ -7169,7 +7170,9 @@ PDP__PRIVATE pdp_status pdp__inf_refill(pdp__inflate *s);
 /* n <= 32 bits, LSB first; the caller has refilled enough. */
 PDP__PRIVATE uint32_t pdp__inf_bits(pdp__inflate *s, int n);
 
-/* Makes room for `more` output bytes, doubling the buffer. */
+/* Makes room for `more` output bytes: at once for what the decode is expected to write (the
+   prefix the caller's rule wants and one match past it, else the whole output's hint),
+   doubling past that. */
 PDP__PRIVATE pdp_status pdp__inf_room(pdp__inflate *s, size_t more);
 
 /* Called once out_len has reached want: asks the caller's rule again; true (and
