@@ -265,31 +265,44 @@ static inline PDP__ALWAYS_INLINE PDP__KERNEL_UNSANITIZED void pdp__gemm_store_ti
     pdp__gemm_store_acc(&acc[0][0], PDP__GEMM_NV, c, ldc, mr, nr, alpha, beta);
 }
 
-PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel(
+/* The packed kernel on the first nv (a constant after inlining) of the panel's NV vectors. */
+static inline PDP__ALWAYS_INLINE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel_nv(
     int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *PDP__GEMM_RESTRICT bp, float *c,
-    int64_t ldc, int mr, int nr, float alpha, float beta)
+    int64_t ldc, int mr, int nr, float alpha, float beta, const int nv)
 {
-    __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
+    __m512 acc[PDP__GEMM_MR * PDP__GEMM_NV];
     int i, v;
     int64_t p;
     _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
-        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) acc[i][v] = _mm512_setzero_ps();
+        _Pragma("GCC unroll 4") for (v = 0; v < nv; v++) acc[i * nv + v] = _mm512_setzero_ps();
     }
     for (p = 0; p < kc; p++) {
         __m512 bv[PDP__GEMM_NV];
-        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+        _Pragma("GCC unroll 4") for (v = 0; v < nv; v++) {
             bv[v] = _mm512_load_ps(bp + v * PDP__GEMM_VL);
         }
         _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
             __m512 ai = _mm512_set1_ps(ap[i]);
-            _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
-                acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
+            _Pragma("GCC unroll 4") for (v = 0; v < nv; v++) {
+                acc[i * nv + v] = _mm512_fmadd_ps(ai, bv[v], acc[i * nv + v]);
             }
         }
         ap += PDP__GEMM_MR;
         bp += PDP__GEMM_NV * PDP__GEMM_VL;
     }
-    pdp__gemm_store_tile(acc, c, ldc, mr, nr, alpha, beta);
+    pdp__gemm_store_acc(acc, nv, c, ldc, mr, nr, alpha, beta);
+}
+
+/* A tile of at most 16 columns (a classifier's 10: its forward, 512 x 10 over k 512) takes
+   the one-vector loop, half the FMAs of the full tile's for the same chain (same bits). */
+PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel(
+    int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *PDP__GEMM_RESTRICT bp, float *c,
+    int64_t ldc, int mr, int nr, float alpha, float beta)
+{
+    if (nr <= PDP__GEMM_VL)
+        pdp__gemm_kernel_nv(kc, ap, bp, c, ldc, mr, nr, alpha, beta, 1);
+    else
+        pdp__gemm_kernel_nv(kc, ap, bp, c, ldc, mr, nr, alpha, beta, PDP__GEMM_NV);
 }
 
 /* The same tile with B read in place instead of packed: row p of the tile's B is

@@ -904,6 +904,10 @@ PDP__BF16_EMUL2_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul256(int64_t pairs,
         c##i##0 = _mm512_dpbf16_ps(c##i##0, ai, b0);                                          \
         c##i##1 = _mm512_dpbf16_ps(c##i##1, ai, b1);                                          \
     } while (0)
+#  define PDP__BF16_ROW1(i) /* the first 16 columns only */                                 \
+    do {                                                                                       \
+        c##i##0 = _mm512_dpbf16_ps(c##i##0, (__m512bh)_mm512_set1_epi32((int)a[i]), b0);      \
+    } while (0)
 
 /* the kernel below names MR = 8 rows of accumulators */
 typedef char pdp__bf16_avx512_shape_ok[PDP__BF16_MR == 8 && PDP__BF16_NR == 32 ? 1 : -1];
@@ -918,19 +922,33 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
     __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00;
     __m512 c61 = c00, c70 = c00, c71 = c00;
     int64_t p;
-    for (p = 0; p < pairs; p++) {
-        const uint32_t *a = ap + p * PDP__BF16_MR;
-        __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR));
-        __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR + 16));
-        PDP__BF16_ROW(0);
-        PDP__BF16_ROW(1);
-        PDP__BF16_ROW(2);
-        PDP__BF16_ROW(3);
-        PDP__BF16_ROW(4);
-        PDP__BF16_ROW(5);
-        PDP__BF16_ROW(6);
-        PDP__BF16_ROW(7);
-    }
+    if (nr <= 16) /* at most 16 columns (a classifier's 10): the first vector alone */
+        for (p = 0; p < pairs; p++) {
+            const uint32_t *a = ap + p * PDP__BF16_MR;
+            __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR));
+            PDP__BF16_ROW1(0);
+            PDP__BF16_ROW1(1);
+            PDP__BF16_ROW1(2);
+            PDP__BF16_ROW1(3);
+            PDP__BF16_ROW1(4);
+            PDP__BF16_ROW1(5);
+            PDP__BF16_ROW1(6);
+            PDP__BF16_ROW1(7);
+        }
+    else
+        for (p = 0; p < pairs; p++) {
+            const uint32_t *a = ap + p * PDP__BF16_MR;
+            __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR));
+            __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR + 16));
+            PDP__BF16_ROW(0);
+            PDP__BF16_ROW(1);
+            PDP__BF16_ROW(2);
+            PDP__BF16_ROW(3);
+            PDP__BF16_ROW(4);
+            PDP__BF16_ROW(5);
+            PDP__BF16_ROW(6);
+            PDP__BF16_ROW(7);
+        }
     acc[0][0] = c00, acc[0][1] = c01, acc[1][0] = c10, acc[1][1] = c11;
     acc[2][0] = c20, acc[2][1] = c21, acc[3][0] = c30, acc[3][1] = c31;
     acc[4][0] = c40, acc[4][1] = c41, acc[5][0] = c50, acc[5][1] = c51;
@@ -938,6 +956,7 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
     pdp__bf16_store_tile512(acc, c, ldc, mr, nr, alpha, beta);
 }
 #  undef PDP__BF16_ROW
+#  undef PDP__BF16_ROW1
 #endif
 
 typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uint32_t *bp,

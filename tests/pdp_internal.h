@@ -2398,6 +2398,10 @@ PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k
 
 /* The MR x NR tile of the packed kernels. */
 
+/* The packed kernel on the first nv (a constant after inlining) of the panel's NV vectors. */
+
+/* A tile of at most 16 columns (a classifier's 10: its forward, 512 x 10 over k 512) takes
+   the one-vector loop, half the FMAs of the full tile's for the same chain (same bits). */
 PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel(
     int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *PDP__GEMM_RESTRICT bp, float *c,
     int64_t ldc, int mr, int nr, float alpha, float beta);
@@ -3159,6 +3163,10 @@ PDP__BF16_EMUL2_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul256(int64_t pairs,
         c##i##0 = _mm512_dpbf16_ps(c##i##0, ai, b0);                                          \
         c##i##1 = _mm512_dpbf16_ps(c##i##1, ai, b1);                                          \
     } while (0)
+#  define PDP__BF16_ROW1(i) /* the first 16 columns only */                                 \
+    do {                                                                                       \
+        c##i##0 = _mm512_dpbf16_ps(c##i##0, (__m512bh)_mm512_set1_epi32((int)a[i]), b0);      \
+    } while (0)
 
 /* the kernel below names MR = 8 rows of accumulators */
 typedef char pdp__bf16_avx512_shape_ok[PDP__BF16_MR == 8 && PDP__BF16_NR == 32 ? 1 : -1];
@@ -3168,6 +3176,7 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
                                                            int64_t ldc, int mr, int nr, float alpha,
                                                            float beta);
 #  undef PDP__BF16_ROW
+#  undef PDP__BF16_ROW1
 #endif
 
 typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uint32_t *bp,

@@ -327,6 +327,40 @@ TEST gemm_kernel_matches_target(void)
     PASS();
 }
 
+/* A C tile's columns come out with the same bits whatever the tile's width: a tile of at
+   most one vector of columns (the AVX-512 kernel's one-vector loop) runs the FMA chain of a
+   full tile. Columns 32-39 of a product with n = 40 (a last tile of 8) against the same
+   columns of n = 50 (a last tile of 18: the full loop), B's first 40 columns the same,
+   every layout, k past one block, alpha and beta. */
+TEST gemm_narrow_tile_has_the_wide_tiles_bits(void)
+{
+    enum { M = 9, K = 700, N = 50, NS = 40 };
+    static float a[M * K], b[K * N], bs[K * NS], c[M * N], cs[M * NS], c0[M * N];
+    int64_t i, j, l;
+    for (i = 0; i < M * K; i++) a[i] = rnd();
+    for (i = 0; i < M * N; i++) c0[i] = rnd();
+    for (l = 0; l < 4; l++) {
+        pdp_trans ta = layouts[l][0], tb = layouts[l][1];
+        for (i = 0; i < K * N; i++) b[i] = rnd();
+        for (i = 0; i < K; i++) /* op(B)'s first NS columns, as B stores them */
+            for (j = 0; j < NS; j++)
+                bs[tb == PDP_NO_TRANS ? i * NS + j : j * K + i] =
+                    b[tb == PDP_NO_TRANS ? i * N + j : j * K + i];
+        for (i = 0; i < M; i++)
+            for (j = 0; j < N; j++) {
+                c[i * N + j] = c0[i * N + j];
+                if (j < NS) cs[i * NS + j] = c0[i * N + j];
+            }
+        pdp_sgemm(ta, tb, M, N, K, 0.75f, a, ta == PDP_NO_TRANS ? K : M, b,
+                  tb == PDP_NO_TRANS ? N : K, 0.5f, c, N);
+        pdp_sgemm(ta, tb, M, NS, K, 0.75f, a, ta == PDP_NO_TRANS ? K : M, bs,
+                  tb == PDP_NO_TRANS ? NS : K, 0.5f, cs, NS);
+        for (i = 0; i < M; i++)
+            ASSERT_MEM_EQm(layout_name(ta, tb), c + i * N, cs + i * NS, sizeof(float) * NS);
+    }
+    PASS();
+}
+
 /* pdp__sgemm_dots (Conv2d's dW share of a layer with few weights: m x n dot products
    over a long k, B's rows gathered) against a double-precision loop: within the bound
    of an fp32 sum of k products, |err| <= k eps sum |a b| (Higham, "Accuracy and
@@ -596,6 +630,7 @@ TEST gemm_bf16_b_and_the_relu_backward_round_dy_once(void)
 SUITE(gemm)
 {
     RUN_TEST(gemm_kernel_matches_target);
+    RUN_TEST(gemm_narrow_tile_has_the_wide_tiles_bits);
     RUN_TEST(gemm_matches_naive_odd_shapes);
     RUN_TEST(gemm_matches_naive_257_cube);
     RUN_TEST(gemm_matches_naive_mixed_shapes);
