@@ -9439,10 +9439,11 @@ static inline PDP__ALWAYS_INLINE PDP__KERNEL_UNSANITIZED void pdp__gemm_store_ti
     pdp__gemm_store_acc(&acc[0][0], PDP__GEMM_NV, c, ldc, mr, nr, alpha, beta);
 }
 
-/* The packed kernel on the first nv (a constant after inlining) of the panel's NV vectors. */
+/* The packed kernel on the first nv of the panel's NV vectors and its first `rows` rows
+   (constants after inlining; mr <= rows). */
 static inline PDP__ALWAYS_INLINE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel_nv(
     int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *PDP__GEMM_RESTRICT bp, float *c,
-    int64_t ldc, int mr, int nr, float alpha, float beta, const int nv)
+    int64_t ldc, int mr, int nr, float alpha, float beta, const int nv, const int rows)
 {
     __m512 acc[PDP__GEMM_MR * PDP__GEMM_NV];
     int i, v;
@@ -9455,7 +9456,7 @@ static inline PDP__ALWAYS_INLINE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel_n
         _Pragma("GCC unroll 4") for (v = 0; v < nv; v++) {
             bv[v] = _mm512_load_ps(bp + v * PDP__GEMM_VL);
         }
-        _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        _Pragma("GCC unroll 16") for (i = 0; i < rows; i++) {
             __m512 ai = _mm512_set1_ps(ap[i]);
             _Pragma("GCC unroll 4") for (v = 0; v < nv; v++) {
                 acc[i * nv + v] = _mm512_fmadd_ps(ai, bv[v], acc[i * nv + v]);
@@ -9467,16 +9468,23 @@ static inline PDP__ALWAYS_INLINE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel_n
     pdp__gemm_store_acc(acc, nv, c, ldc, mr, nr, alpha, beta);
 }
 
-/* A tile of at most 16 columns (a classifier's 10: its forward, 512 x 10 over k 512) takes
-   the one-vector loop, half the FMAs of the full tile's for the same chain (same bits). */
+/* A tile of at most 16 columns (a classifier's 10: its forward, 512 x 10 over k 512) or 4
+   rows (its dW's last panel, 10 = 8 + 2 rows) runs the loop of its vectors and rows alone:
+   the full tile's spent half its FMAs or more on what is not stored. Each element's FMA
+   chain is the full tile's (same bits). */
 PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel(
     int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *PDP__GEMM_RESTRICT bp, float *c,
     int64_t ldc, int mr, int nr, float alpha, float beta)
 {
-    if (nr <= PDP__GEMM_VL)
-        pdp__gemm_kernel_nv(kc, ap, bp, c, ldc, mr, nr, alpha, beta, 1);
+    enum { HALF = PDP__GEMM_MR / 2 };
+    if (mr > HALF && nr > PDP__GEMM_VL)
+        pdp__gemm_kernel_nv(kc, ap, bp, c, ldc, mr, nr, alpha, beta, PDP__GEMM_NV, PDP__GEMM_MR);
+    else if (mr > HALF)
+        pdp__gemm_kernel_nv(kc, ap, bp, c, ldc, mr, nr, alpha, beta, 1, PDP__GEMM_MR);
+    else if (nr > PDP__GEMM_VL)
+        pdp__gemm_kernel_nv(kc, ap, bp, c, ldc, mr, nr, alpha, beta, PDP__GEMM_NV, HALF);
     else
-        pdp__gemm_kernel_nv(kc, ap, bp, c, ldc, mr, nr, alpha, beta, PDP__GEMM_NV);
+        pdp__gemm_kernel_nv(kc, ap, bp, c, ldc, mr, nr, alpha, beta, 1, HALF);
 }
 
 /* The same tile with B read in place instead of packed: row p of the tile's B is
@@ -11377,6 +11385,28 @@ PDP__BF16_EMUL2_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul256(int64_t pairs,
     do {                                                                                       \
         c##i##0 = _mm512_dpbf16_ps(c##i##0, (__m512bh)_mm512_set1_epi32((int)a[i]), b0);      \
     } while (0)
+/* The k loop over a tile's pairs with ROW (the two vectors) or ROW1 (the first), wide and
+   rows constants: b1 loaded when wide, rows 4 .. 7 run when rows is 8. */
+#  define PDP__BF16_LOOP(ROW, wide, rows)                                                     \
+    do {                                                                                      \
+        for (p = 0; p < pairs; p++) {                                                         \
+            const uint32_t *a = ap + p * PDP__BF16_MR;                                        \
+            const uint32_t *b = bp + p * PDP__BF16_NR;                                        \
+            __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)b);                      \
+            __m512bh b1 = wide ? (__m512bh)_mm512_loadu_si512((const void *)(b + 16)) : b0;   \
+            (void)b1;                                                                         \
+            ROW(0);                                                                           \
+            ROW(1);                                                                           \
+            ROW(2);                                                                           \
+            ROW(3);                                                                           \
+            if (rows > 4) {                                                                   \
+                ROW(4);                                                                       \
+                ROW(5);                                                                       \
+                ROW(6);                                                                       \
+                ROW(7);                                                                       \
+            }                                                                                 \
+        }                                                                                     \
+    } while (0)
 
 /* the kernel below names MR = 8 rows of accumulators */
 typedef char pdp__bf16_avx512_shape_ok[PDP__BF16_MR == 8 && PDP__BF16_NR == 32 ? 1 : -1];
@@ -11391,33 +11421,16 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
     __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00;
     __m512 c61 = c00, c70 = c00, c71 = c00;
     int64_t p;
-    if (nr <= 16) /* at most 16 columns (a classifier's 10): the first vector alone */
-        for (p = 0; p < pairs; p++) {
-            const uint32_t *a = ap + p * PDP__BF16_MR;
-            __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR));
-            PDP__BF16_ROW1(0);
-            PDP__BF16_ROW1(1);
-            PDP__BF16_ROW1(2);
-            PDP__BF16_ROW1(3);
-            PDP__BF16_ROW1(4);
-            PDP__BF16_ROW1(5);
-            PDP__BF16_ROW1(6);
-            PDP__BF16_ROW1(7);
-        }
+    /* a tile of at most 16 columns (a classifier's 10) or 4 rows (its dW's last panel):
+       the loop of its vectors and rows alone, each element's chain the full tile's */
+    if (mr > 4 && nr > 16)
+        PDP__BF16_LOOP(PDP__BF16_ROW, 1, 8);
+    else if (mr > 4)
+        PDP__BF16_LOOP(PDP__BF16_ROW1, 0, 8);
+    else if (nr > 16)
+        PDP__BF16_LOOP(PDP__BF16_ROW, 1, 4);
     else
-        for (p = 0; p < pairs; p++) {
-            const uint32_t *a = ap + p * PDP__BF16_MR;
-            __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR));
-            __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR + 16));
-            PDP__BF16_ROW(0);
-            PDP__BF16_ROW(1);
-            PDP__BF16_ROW(2);
-            PDP__BF16_ROW(3);
-            PDP__BF16_ROW(4);
-            PDP__BF16_ROW(5);
-            PDP__BF16_ROW(6);
-            PDP__BF16_ROW(7);
-        }
+        PDP__BF16_LOOP(PDP__BF16_ROW1, 0, 4);
     acc[0][0] = c00, acc[0][1] = c01, acc[1][0] = c10, acc[1][1] = c11;
     acc[2][0] = c20, acc[2][1] = c21, acc[3][0] = c30, acc[3][1] = c31;
     acc[4][0] = c40, acc[4][1] = c41, acc[5][0] = c50, acc[5][1] = c51;
@@ -11426,6 +11439,7 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
 }
 #  undef PDP__BF16_ROW
 #  undef PDP__BF16_ROW1
+#  undef PDP__BF16_LOOP
 #endif
 
 typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uint32_t *bp,

@@ -265,10 +265,11 @@ static inline PDP__ALWAYS_INLINE PDP__KERNEL_UNSANITIZED void pdp__gemm_store_ti
     pdp__gemm_store_acc(&acc[0][0], PDP__GEMM_NV, c, ldc, mr, nr, alpha, beta);
 }
 
-/* The packed kernel on the first nv (a constant after inlining) of the panel's NV vectors. */
+/* The packed kernel on the first nv of the panel's NV vectors and its first `rows` rows
+   (constants after inlining; mr <= rows). */
 static inline PDP__ALWAYS_INLINE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel_nv(
     int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *PDP__GEMM_RESTRICT bp, float *c,
-    int64_t ldc, int mr, int nr, float alpha, float beta, const int nv)
+    int64_t ldc, int mr, int nr, float alpha, float beta, const int nv, const int rows)
 {
     __m512 acc[PDP__GEMM_MR * PDP__GEMM_NV];
     int i, v;
@@ -281,7 +282,7 @@ static inline PDP__ALWAYS_INLINE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel_n
         _Pragma("GCC unroll 4") for (v = 0; v < nv; v++) {
             bv[v] = _mm512_load_ps(bp + v * PDP__GEMM_VL);
         }
-        _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        _Pragma("GCC unroll 16") for (i = 0; i < rows; i++) {
             __m512 ai = _mm512_set1_ps(ap[i]);
             _Pragma("GCC unroll 4") for (v = 0; v < nv; v++) {
                 acc[i * nv + v] = _mm512_fmadd_ps(ai, bv[v], acc[i * nv + v]);
@@ -293,16 +294,23 @@ static inline PDP__ALWAYS_INLINE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel_n
     pdp__gemm_store_acc(acc, nv, c, ldc, mr, nr, alpha, beta);
 }
 
-/* A tile of at most 16 columns (a classifier's 10: its forward, 512 x 10 over k 512) takes
-   the one-vector loop, half the FMAs of the full tile's for the same chain (same bits). */
+/* A tile of at most 16 columns (a classifier's 10: its forward, 512 x 10 over k 512) or 4
+   rows (its dW's last panel, 10 = 8 + 2 rows) runs the loop of its vectors and rows alone:
+   the full tile's spent half its FMAs or more on what is not stored. Each element's FMA
+   chain is the full tile's (same bits). */
 PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel(
     int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *PDP__GEMM_RESTRICT bp, float *c,
     int64_t ldc, int mr, int nr, float alpha, float beta)
 {
-    if (nr <= PDP__GEMM_VL)
-        pdp__gemm_kernel_nv(kc, ap, bp, c, ldc, mr, nr, alpha, beta, 1);
+    enum { HALF = PDP__GEMM_MR / 2 };
+    if (mr > HALF && nr > PDP__GEMM_VL)
+        pdp__gemm_kernel_nv(kc, ap, bp, c, ldc, mr, nr, alpha, beta, PDP__GEMM_NV, PDP__GEMM_MR);
+    else if (mr > HALF)
+        pdp__gemm_kernel_nv(kc, ap, bp, c, ldc, mr, nr, alpha, beta, 1, PDP__GEMM_MR);
+    else if (nr > PDP__GEMM_VL)
+        pdp__gemm_kernel_nv(kc, ap, bp, c, ldc, mr, nr, alpha, beta, PDP__GEMM_NV, HALF);
     else
-        pdp__gemm_kernel_nv(kc, ap, bp, c, ldc, mr, nr, alpha, beta, PDP__GEMM_NV);
+        pdp__gemm_kernel_nv(kc, ap, bp, c, ldc, mr, nr, alpha, beta, 1, HALF);
 }
 
 /* The same tile with B read in place instead of packed: row p of the tile's B is

@@ -2398,10 +2398,13 @@ PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k
 
 /* The MR x NR tile of the packed kernels. */
 
-/* The packed kernel on the first nv (a constant after inlining) of the panel's NV vectors. */
+/* The packed kernel on the first nv of the panel's NV vectors and its first `rows` rows
+   (constants after inlining; mr <= rows). */
 
-/* A tile of at most 16 columns (a classifier's 10: its forward, 512 x 10 over k 512) takes
-   the one-vector loop, half the FMAs of the full tile's for the same chain (same bits). */
+/* A tile of at most 16 columns (a classifier's 10: its forward, 512 x 10 over k 512) or 4
+   rows (its dW's last panel, 10 = 8 + 2 rows) runs the loop of its vectors and rows alone:
+   the full tile's spent half its FMAs or more on what is not stored. Each element's FMA
+   chain is the full tile's (same bits). */
 PDP__PRIVATE PDP__KERNEL_UNSANITIZED void pdp__gemm_kernel(
     int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *PDP__GEMM_RESTRICT bp, float *c,
     int64_t ldc, int mr, int nr, float alpha, float beta);
@@ -3167,6 +3170,28 @@ PDP__BF16_EMUL2_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul256(int64_t pairs,
     do {                                                                                       \
         c##i##0 = _mm512_dpbf16_ps(c##i##0, (__m512bh)_mm512_set1_epi32((int)a[i]), b0);      \
     } while (0)
+/* The k loop over a tile's pairs with ROW (the two vectors) or ROW1 (the first), wide and
+   rows constants: b1 loaded when wide, rows 4 .. 7 run when rows is 8. */
+#  define PDP__BF16_LOOP(ROW, wide, rows)                                                     \
+    do {                                                                                      \
+        for (p = 0; p < pairs; p++) {                                                         \
+            const uint32_t *a = ap + p * PDP__BF16_MR;                                        \
+            const uint32_t *b = bp + p * PDP__BF16_NR;                                        \
+            __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)b);                      \
+            __m512bh b1 = wide ? (__m512bh)_mm512_loadu_si512((const void *)(b + 16)) : b0;   \
+            (void)b1;                                                                         \
+            ROW(0);                                                                           \
+            ROW(1);                                                                           \
+            ROW(2);                                                                           \
+            ROW(3);                                                                           \
+            if (rows > 4) {                                                                   \
+                ROW(4);                                                                       \
+                ROW(5);                                                                       \
+                ROW(6);                                                                       \
+                ROW(7);                                                                       \
+            }                                                                                 \
+        }                                                                                     \
+    } while (0)
 
 /* the kernel below names MR = 8 rows of accumulators */
 typedef char pdp__bf16_avx512_shape_ok[PDP__BF16_MR == 8 && PDP__BF16_NR == 32 ? 1 : -1];
@@ -3177,6 +3202,7 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
                                                            float beta);
 #  undef PDP__BF16_ROW
 #  undef PDP__BF16_ROW1
+#  undef PDP__BF16_LOOP
 #endif
 
 typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uint32_t *bp,

@@ -327,35 +327,47 @@ TEST gemm_kernel_matches_target(void)
     PASS();
 }
 
-/* A C tile's columns come out with the same bits whatever the tile's width: a tile of at
-   most one vector of columns (the AVX-512 kernel's one-vector loop) runs the FMA chain of a
-   full tile. Columns 32-39 of a product with n = 40 (a last tile of 8) against the same
-   columns of n = 50 (a last tile of 18: the full loop), B's first 40 columns the same,
-   every layout, k past one block, alpha and beta. */
+/* A C tile's elements come out with the same bits whatever the tile's size: a tile of at
+   most one vector of columns or half the rows (the AVX-512 kernels' narrow loops) runs the
+   FMA chain of a full tile. Columns 32-39 of a product with n = 40 (a last tile of 8
+   columns) against the same columns of n = 50 (a last tile of 18: the full loop), and row 8
+   of m = 9 (a last tile of 1 row) against row 8 of m = 13 (5 rows: the full loop), and
+   both at once, the operands' shared rows and columns the same; every layout, k past one
+   block, alpha and beta. */
 TEST gemm_narrow_tile_has_the_wide_tiles_bits(void)
 {
-    enum { M = 9, K = 700, N = 50, NS = 40 };
-    static float a[M * K], b[K * N], bs[K * NS], c[M * N], cs[M * NS], c0[M * N];
+    enum { M = 13, K = 700, N = 50, MS = 9, NS = 40 };
+    static float a[M * K], as[MS * K], b[K * N], bs[K * NS], c[M * N], cs[M * N], c0[M * N];
     int64_t i, j, l;
-    for (i = 0; i < M * K; i++) a[i] = rnd();
     for (i = 0; i < M * N; i++) c0[i] = rnd();
     for (l = 0; l < 4; l++) {
         pdp_trans ta = layouts[l][0], tb = layouts[l][1];
+        int64_t lda = ta == PDP_NO_TRANS ? K : M, ldas = ta == PDP_NO_TRANS ? K : MS;
+        int64_t ldb = tb == PDP_NO_TRANS ? N : K, ldbs = tb == PDP_NO_TRANS ? NS : K;
+        for (i = 0; i < M * K; i++) a[i] = rnd();
         for (i = 0; i < K * N; i++) b[i] = rnd();
-        for (i = 0; i < K; i++) /* op(B)'s first NS columns, as B stores them */
+        for (i = 0; i < MS; i++) /* op(A)'s first MS rows, as A stores them */
+            for (j = 0; j < K; j++)
+                as[ta == PDP_NO_TRANS ? i * K + j : j * MS + i] =
+                    a[ta == PDP_NO_TRANS ? i * K + j : j * M + i];
+        for (i = 0; i < K; i++) /* op(B)'s first NS columns */
             for (j = 0; j < NS; j++)
                 bs[tb == PDP_NO_TRANS ? i * NS + j : j * K + i] =
                     b[tb == PDP_NO_TRANS ? i * N + j : j * K + i];
+        memcpy(c, c0, sizeof c);
+        pdp_sgemm(ta, tb, M, N, K, 0.75f, a, lda, b, ldb, 0.5f, c, N);
+        for (i = 0; i < M; i++) /* narrow columns: M x NS */
+            for (j = 0; j < NS; j++) cs[i * NS + j] = c0[i * N + j];
+        pdp_sgemm(ta, tb, M, NS, K, 0.75f, a, lda, bs, ldbs, 0.5f, cs, NS);
         for (i = 0; i < M; i++)
-            for (j = 0; j < N; j++) {
-                c[i * N + j] = c0[i * N + j];
-                if (j < NS) cs[i * NS + j] = c0[i * N + j];
-            }
-        pdp_sgemm(ta, tb, M, N, K, 0.75f, a, ta == PDP_NO_TRANS ? K : M, b,
-                  tb == PDP_NO_TRANS ? N : K, 0.5f, c, N);
-        pdp_sgemm(ta, tb, M, NS, K, 0.75f, a, ta == PDP_NO_TRANS ? K : M, bs,
-                  tb == PDP_NO_TRANS ? NS : K, 0.5f, cs, NS);
-        for (i = 0; i < M; i++)
+            ASSERT_MEM_EQm(layout_name(ta, tb), c + i * N, cs + i * NS, sizeof(float) * NS);
+        memcpy(cs, c0, sizeof(float) * MS * N); /* narrow rows: MS x N */
+        pdp_sgemm(ta, tb, MS, N, K, 0.75f, as, ldas, b, ldb, 0.5f, cs, N);
+        ASSERT_MEM_EQm(layout_name(ta, tb), c, cs, sizeof(float) * MS * N);
+        for (i = 0; i < MS; i++) /* both: MS x NS */
+            for (j = 0; j < NS; j++) cs[i * NS + j] = c0[i * N + j];
+        pdp_sgemm(ta, tb, MS, NS, K, 0.75f, as, ldas, bs, ldbs, 0.5f, cs, NS);
+        for (i = 0; i < MS; i++)
             ASSERT_MEM_EQm(layout_name(ta, tb), c + i * N, cs + i * NS, sizeof(float) * NS);
     }
     PASS();
