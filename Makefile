@@ -576,19 +576,22 @@ WINE           ?= wine
 WB              = $(B)/win
 WIN_TESTS       = $(addprefix $(WB)/test_,tensor optim loss fixtures threads comm dp ddp checkpoint \
                   store zero data trace launch alloc_fail desc harness linked layers bf16 gemm \
-                  tp pp gpt gpt_kernels gpt_sp)
+                  tp pp gpt gpt_kernels gpt_sp layers_plain)
 WIN_OWN_OPT     = $(WB)/test_bf16
 WIN_OWN         = $(WIN_OWN_OPT) $(addprefix $(WB)/test_,layers harness)
 WIN_LIBS        = -static -lws2_32 -lpthread -lm
 # GCC for Win64 keeps the stack 16-byte aligned only, yet spills AVX-512 registers with
 # aligned moves (GCC bug 54412): test_layers at -Og faulted in the attention's softmax
 # (_mm512_maskz_mov_ps, a general-protection fault under Wine). The assembler's option makes
-# every vector move an unaligned one, as fast on aligned data; pdp.h's manual says the same.
+# every vector move an unaligned one, as fast on aligned data, and PDP_MINGW_UNALIGNED_MOVES
+# tells pdp.h it was given (platform.h: without it no target-attribute code is compiled,
+# and an AVX build is refused). test_layers_plain is test_layers as a user builds it
+# without either (the portable paths), and cross-test checks the refusal.
 # A test whose log is only Wine's "wine client error: ... Connection reset by peer" (its
 # server gone before the test printed a line) runs once more: seen once in each of three CI
 # runs on a Zen 3 machine (test_gemm.exe twice, test_pp.exe once), each test passing when run
 # again. Why the server goes is not known.
-WIN_ASFLAGS     = -Wa,-muse-unaligned-vector-move
+WIN_ASFLAGS     = -Wa,-muse-unaligned-vector-move -DPDP_MINGW_UNALIGNED_MOVES
 TCC            ?= tcc
 TB              = $(B)/tcc
 TCC_TESTS       = $(addprefix $(TB)/test_,threads tensor desc comm store checkpoint data \
@@ -610,6 +613,11 @@ $(WB)/pdp_impl.o: tests/pdp_impl.c tests/counting_alloc.h pdp.h
 
 $(WB)/test_%: tests/test_%.c $(WB)/pdp_impl.o $(TEST_HEADERS)
 	$(MINGW_CC) $(WARN) -Og $(WIN_ASFLAGS) $(CPPFLAGS) $(TEST_LINKED) $< $(WB)/pdp_impl.o -o $@.exe $(WIN_LIBS)
+	@touch $@
+
+$(WB)/test_layers_plain: tests/test_layers.c $(TEST_HEADERS)
+	@mkdir -p $(@D)
+	$(MINGW_CC) $(WARN) -Og $(CPPFLAGS) -DPDP_STATIC $< -o $@.exe $(WIN_LIBS)
 	@touch $@
 
 $(WIN_OWN): $(WB)/test_%: tests/test_%.c $(TEST_HEADERS)
@@ -648,6 +656,11 @@ cross-test:
 	fi
 	@if command -v $(MINGW_CC) >/dev/null 2>&1 && command -v $(WINE) >/dev/null 2>&1; then \
 	    $(MAKE) --no-print-directory $(WIN_TESTS) || exit 1; \
+	    echo "== $(MINGW_CC) -mavx2 without PDP_MINGW_UNALIGNED_MOVES: refused by pdp.h"; \
+	    if printf '#define PDP_IMPLEMENTATION\n#include "pdp.h"\n' | \
+	        $(MINGW_CC) -mavx2 -I. -x c -c - -o $(WB)/avx.o 2> $(WB)/avx.err; then \
+	        echo "FAILED: it compiled"; exit 1; fi; \
+	    grep -q "PDP_MINGW_UNALIGNED_MOVES" $(WB)/avx.err || { cat $(WB)/avx.err; exit 1; }; \
 	    mkdir -p $(WB)/run; \
 	    for t in $(WIN_TESTS); do \
 	        n=$${t##*/}; echo "== $(WINE) $$t.exe"; t0=$$(date +%s); \

@@ -135,10 +135,14 @@
        nvcc -O2 -arch=sm_90 -DPDP_CUDA app.c pdp_cuda.cu -lcublas -lnccl
        aarch64-linux-gnu-gcc -O2 app.c -lm -lpthread    ARM64 (Linux)
        tcc app.c -lm -lpthread                          Tiny C Compiler
-       x86_64-w64-mingw32-gcc -O2 -Wa,-muse-unaligned-vector-move app.c -static -lws2_32
+       x86_64-w64-mingw32-gcc -O2 -Wa,-muse-unaligned-vector-move
+           -DPDP_MINGW_UNALIGNED_MOVES app.c -static -lws2_32
                                                     Windows (MinGW-w64; the -Wa option: GCC
                                                     spills AVX-512 registers to a stack it
-                                                    aligns to 16 bytes only, bug 54412)
+                                                    aligns to 16 bytes only, bug 54412; the
+                                                    macro says it was given: without it pdp
+                                                    runs no AVX code it picks at run time,
+                                                    and refuses -mavx builds)
        cl /std:c11 /O2 app.c ws2_32.lib                 Windows (MSVC: not compiled here)
        cc -O2 app.c                                     macOS (not tested here)
    Platforms built and tested here (make test, make cross-test): Linux x86-64 with gcc,
@@ -4668,6 +4672,22 @@ static inline PDP__HOSTDEV float pdp__f16_round(float x)
 #  define PDP__ALWAYS_INLINE
 #else
 #  error "pdp.h: needs a thread-local storage keyword (__thread or __declspec(thread))"
+#endif
+
+/* MinGW-w64's GCC keeps Win64's 16-byte stack alignment yet spills AVX registers with
+   aligned moves (GCC bug 54412): code compiled for AVX faults at its first such spill
+   unless the assembler makes every vector move unaligned (-Wa,-muse-unaligned-vector-move,
+   as fast on aligned data). A build cannot see that option, so PDP_MINGW_UNALIGNED_MOVES
+   says it was given. Without it pdp compiles no target-attribute code there (bf16 takes
+   the emulation or sgemm-rounded, GELU and the softmax's exp math.h: slower, never
+   faulting; a plain x86-64 build of test_layers faulted under Wine on a Zen 4), and a
+   build for AVX (-mavx2, -march=native: all of its code at risk) stops here. */
+#if defined(__MINGW32__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(PDP_MINGW_UNALIGNED_MOVES)
+#  if defined(__AVX__)
+#    error "pdp.h: MinGW GCC builds for AVX fault on spills to a 16-byte aligned stack (GCC bug 54412): compile with -Wa,-muse-unaligned-vector-move -DPDP_MINGW_UNALIGNED_MOVES"
+#  endif
+#  undef PDP__HAVE_TARGET
 #endif
 
 /* PDP__KERNEL_UNSANITIZED: gemm.c's register-tile micro-kernels, left out of ASan and UBSan

@@ -107,6 +107,22 @@
 #  error "pdp.h: needs a thread-local storage keyword (__thread or __declspec(thread))"
 #endif
 
+/* MinGW-w64's GCC keeps Win64's 16-byte stack alignment yet spills AVX registers with
+   aligned moves (GCC bug 54412): code compiled for AVX faults at its first such spill
+   unless the assembler makes every vector move unaligned (-Wa,-muse-unaligned-vector-move,
+   as fast on aligned data). A build cannot see that option, so PDP_MINGW_UNALIGNED_MOVES
+   says it was given. Without it pdp compiles no target-attribute code there (bf16 takes
+   the emulation or sgemm-rounded, GELU and the softmax's exp math.h: slower, never
+   faulting; a plain x86-64 build of test_layers faulted under Wine on a Zen 4), and a
+   build for AVX (-mavx2, -march=native: all of its code at risk) stops here. */
+#if defined(__MINGW32__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(PDP_MINGW_UNALIGNED_MOVES)
+#  if defined(__AVX__)
+#    error "pdp.h: MinGW GCC builds for AVX fault on spills to a 16-byte aligned stack (GCC bug 54412): compile with -Wa,-muse-unaligned-vector-move -DPDP_MINGW_UNALIGNED_MOVES"
+#  endif
+#  undef PDP__HAVE_TARGET
+#endif
+
 /* PDP__KERNEL_UNSANITIZED: gemm.c's register-tile micro-kernels, left out of ASan and UBSan
    (make sanitize: GCC says so by __SANITIZE_ADDRESS__, clang 14 only by __has_feature). At
    the sanitizers' -O1 the instrumentation keeps a tile's accumulator array in memory,
