@@ -135,7 +135,7 @@
        nvcc -O2 -arch=sm_90 -DPDP_CUDA app.c pdp_cuda.cu -lcublas -lnccl
        aarch64-linux-gnu-gcc -O2 app.c -lm -lpthread    ARM64 (Linux)
        tcc app.c -lm -lpthread                          Tiny C Compiler
-       x86_64-w64-mingw32-gcc -O2 -Wa,-muse-unaligned-vector-move
+       x86_64-w64-mingw32-gcc -O2 -Wa,-muse-unaligned-vector-move \
            -DPDP_MINGW_UNALIGNED_MOVES app.c -static -lws2_32
                                                     Windows (MinGW-w64; the -Wa option: GCC
                                                     spills AVX-512 registers to a stack it
@@ -10762,10 +10762,10 @@ PDP__PRIVATE const pdp__bf16_row pdp__bf16_table[] = {
        pdp_sgemm on large products, 1.57-2.04x at small m or n, 1.23-1.47x at small k;
        sgemm-rounded 0.90-1.04x, the emulation 0.27-0.91x. Steps: MLP batch 512 1.77-1.80x
        fp32, CNN batch 128 1.37x. The other Zen 4 models (client cores, Bergamo), not
-       measured: the same core. Zen 3, also family 0x19, has no AVX-512, so the row does not apply
-       (its cells need AVX512-BF16): the default, sgemm-rounded, which bench/bf16_paths
-       measured on a Zen 3 core (model 1, AVX2 and FMA; 3 runs) at 0.90-1.05x pdp_sgemm on
-       large products and 0.73-1.00x at small m or n. */
+       measured: the same core. Zen 3, also family 0x19, has no AVX-512, so the row does
+       not apply (its cells need AVX512-BF16): the default, sgemm-rounded, which
+       bench/bf16_paths measured on a Zen 3 core (model 1, AVX2 and FMA; 3 runs) at
+       0.90-1.05x pdp_sgemm on large products and 0.73-1.00x at small m or n. */
     {PDP__BF16_AMD, 0x19, -1, -1, 1, 0, "BBB BBB BBB BBB"},
     /* Intel Xeon, Sapphire Rapids class (AMX): bench/bf16_paths on family 6 model 0xa7 as
        a VM reports such a Xeon (2 cores; one thread, chrt -f 1, 3 runs, load 0.3-0.9),
