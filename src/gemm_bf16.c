@@ -775,10 +775,14 @@ PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const
     } while (0)
 
 /* The AVX-512 kernels' epilogue: C = alpha acc + beta C for the MR x NR tile in acc
-   (pdp__bf16_out's rule, 16 columns at a time, masked at nr; C not read when beta == 0). */
+   (pdp__bf16_out's rule, 16 columns at a time, masked at nr; C not read when beta == 0),
+   then, before the store, the bias (bias[j] + C, when bias is not NULL) and the ReLU (x
+   <= 0 ? 0 : x, when relu): pdp__bf16_bias_tile's operations on the same values. */
 PDP__BF16_EMUL_TARGET static inline PDP__ALWAYS_INLINE void pdp__bf16_store_tile512(
-    __m512 acc[PDP__BF16_MR][2], float *c, int64_t ldc, int mr, int nr, float alpha, float beta)
+    __m512 acc[PDP__BF16_MR][2], float *c, int64_t ldc, int mr, int nr, float alpha, float beta,
+    const float *bias, int relu)
 {
+    const __m512 zero = _mm512_setzero_ps();
     __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     __mmask16 mask[2];
     int i, v;
@@ -793,6 +797,8 @@ PDP__BF16_EMUL_TARGET static inline PDP__ALWAYS_INLINE void pdp__bf16_store_tile
             if (!mask[v]) continue;
             if (beta != 0.0f)
                 r = _mm512_add_ps(_mm512_mul_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci)), r);
+            if (bias) r = _mm512_add_ps(_mm512_maskz_loadu_ps(mask[v], bias + 16 * v), r);
+            if (relu) r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(r, zero, _CMP_LE_OQ), zero);
             _mm512_mask_storeu_ps(ci, mask[v], r);
         }
 }
@@ -832,7 +838,7 @@ PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul512(int64_t pairs, 
     acc[4][0] = c40, acc[4][1] = c41, acc[5][0] = c50, acc[5][1] = c51;
     acc[6][0] = c60, acc[6][1] = c61, acc[7][0] = c70, acc[7][1] = c71;
     _mm_setcsr(csr);
-    pdp__bf16_store_tile512(acc, c, ldc, mr, nr, alpha, beta);
+    pdp__bf16_store_tile512(acc, c, ldc, mr, nr, alpha, beta, NULL, 0);
 }
 #  undef PDP__BF16_EROW
 
@@ -934,10 +940,13 @@ PDP__BF16_EMUL2_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul256(int64_t pairs,
 /* the kernel below names MR = 8 rows of accumulators */
 typedef char pdp__bf16_avx512_shape_ok[PDP__BF16_MR == 8 && PDP__BF16_NR == 32 ? 1 : -1];
 
-PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
-                                                           const uint32_t *bp, float *c,
-                                                           int64_t ldc, int mr, int nr, float alpha,
-                                                           float beta)
+/* The kernel with Linear's epilogue fused (pdp__bf16_store_tile512's bias and relu: the
+   tile stored once, where pdp__bf16_bias_tile read it back). */
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512_epi(int64_t pairs, const uint32_t *ap,
+                                                               const uint32_t *bp, float *c,
+                                                               int64_t ldc, int mr, int nr,
+                                                               float alpha, float beta,
+                                                               const float *bias, int relu)
 {
     __m512 acc[PDP__BF16_MR][2];
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
@@ -958,7 +967,15 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
     acc[2][0] = c20, acc[2][1] = c21, acc[3][0] = c30, acc[3][1] = c31;
     acc[4][0] = c40, acc[4][1] = c41, acc[5][0] = c50, acc[5][1] = c51;
     acc[6][0] = c60, acc[6][1] = c61, acc[7][0] = c70, acc[7][1] = c71;
-    pdp__bf16_store_tile512(acc, c, ldc, mr, nr, alpha, beta);
+    pdp__bf16_store_tile512(acc, c, ldc, mr, nr, alpha, beta, bias, relu);
+}
+
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
+                                                           const uint32_t *bp, float *c,
+                                                           int64_t ldc, int mr, int nr, float alpha,
+                                                           float beta)
+{
+    pdp__bf16_kernel_avx512_epi(pairs, ap, bp, c, ldc, mr, nr, alpha, beta, NULL, 0);
 }
 #  undef PDP__BF16_ROW
 #  undef PDP__BF16_ROW1
@@ -1001,6 +1018,7 @@ typedef struct pdp__bf16_args {
     float *gelu;       /* not NULL: then G = gelu(C) here (C's ldc), C kept */
     int gelu_simd;     /* its kernel's width: pdp__layers_simd's */
     int epi512;        /* the bias and ReLU with AVX-512F (the CPU has it) */
+    int epi_fused;     /* the AVX512-BF16 kernel applies them as it stores (no GELU) */
 } pdp__bf16_args;
 
 /* layers.c's GELU kernel (out = gelu(x), or dy gelu'(x) when dy is not NULL, on rows of n
@@ -1134,8 +1152,17 @@ PDP__PRIVATE void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m
                 g->pack(g->b, g->ldb, tbt, jr, nr, g->k, PDP__BF16_NR, bj);
             for (ir = mc; ir < mend; ir += PDP__BF16_MR) {
                 int mr = (int)PDP__MIN(PDP__BF16_MR, mend - ir);
-                g->kernel(pairs, ap + (ir - mc) * pairs, bj, g->c + ir * g->ldc + jr, g->ldc,
-                          mr, nr, g->alpha, g->beta);
+                float *c = g->c + ir * g->ldc + jr;
+#if PDP__BF16_X86
+                if (g->epi_fused) {
+                    pdp__bf16_kernel_avx512_epi(pairs, ap + (ir - mc) * pairs, bj, c, g->ldc,
+                                                mr, nr, g->alpha, g->beta,
+                                                g->bias ? g->bias + jr : NULL, g->relu);
+                    continue;
+                }
+#endif
+                g->kernel(pairs, ap + (ir - mc) * pairs, bj, c, g->ldc, mr, nr, g->alpha,
+                          g->beta);
                 if (g->bias || g->relu || g->gelu) pdp__bf16_bias_tile(g, ir, jr, mr, nr);
             }
         }
@@ -1250,6 +1277,7 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
     if (path == PDP_BF16_PATH_EMULATED && simd == 512) g.kernel = pdp__bf16_kernel_emul512;
     if (path == PDP_BF16_PATH_EMULATED && simd == 256) g.kernel = pdp__bf16_kernel_emul256;
     if (path == PDP_BF16_PATH_AVX512) g.kernel = pdp__bf16_kernel_avx512;
+    g.epi_fused = path == PDP_BF16_PATH_AVX512 && !gelu;
     /* the emulation keeps the portable packing; AMX implies AVX512-BF16 on every CPU
        that has it, but is not assumed to */
     if (path != PDP_BF16_PATH_EMULATED && pdp__bf16_this.avx512) {

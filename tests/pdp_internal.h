@@ -3141,7 +3141,9 @@ PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const
     } while (0)
 
 /* The AVX-512 kernels' epilogue: C = alpha acc + beta C for the MR x NR tile in acc
-   (pdp__bf16_out's rule, 16 columns at a time, masked at nr; C not read when beta == 0). */
+   (pdp__bf16_out's rule, 16 columns at a time, masked at nr; C not read when beta == 0),
+   then, before the store, the bias (bias[j] + C, when bias is not NULL) and the ReLU (x
+   <= 0 ? 0 : x, when relu): pdp__bf16_bias_tile's operations on the same values. */
 
 PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul512(int64_t pairs, const uint32_t *ap,
                                                                  const uint32_t *bp, float *c,
@@ -3212,6 +3214,14 @@ PDP__BF16_EMUL2_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul256(int64_t pairs,
 /* the kernel below names MR = 8 rows of accumulators */
 typedef char pdp__bf16_avx512_shape_ok[PDP__BF16_MR == 8 && PDP__BF16_NR == 32 ? 1 : -1];
 
+/* The kernel with Linear's epilogue fused (pdp__bf16_store_tile512's bias and relu: the
+   tile stored once, where pdp__bf16_bias_tile read it back). */
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512_epi(int64_t pairs, const uint32_t *ap,
+                                                               const uint32_t *bp, float *c,
+                                                               int64_t ldc, int mr, int nr,
+                                                               float alpha, float beta,
+                                                               const float *bias, int relu);
+
 PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
                                                            const uint32_t *bp, float *c,
                                                            int64_t ldc, int mr, int nr, float alpha,
@@ -3257,6 +3267,7 @@ typedef struct pdp__bf16_args {
     float *gelu;       /* not NULL: then G = gelu(C) here (C's ldc), C kept */
     int gelu_simd;     /* its kernel's width: pdp__layers_simd's */
     int epi512;        /* the bias and ReLU with AVX-512F (the CPU has it) */
+    int epi_fused;     /* the AVX512-BF16 kernel applies them as it stores (no GELU) */
 } pdp__bf16_args;
 
 /* layers.c's GELU kernel (out = gelu(x), or dy gelu'(x) when dy is not NULL, on rows of n
