@@ -1037,12 +1037,11 @@ PDP__PRIVATE void pdp__bf16_gelu_tile(const pdp__bf16_args *g, int64_t i0, int64
     pdp__layers_gelu_simd_rows(g->gelu_simd, g->c + at, NULL, g->gelu + at, nr, mr, g->ldc);
 }
 
-/* C[i0, i0 + mr) x [j0, j0 + nr) through pdp__bf16_bias_relu, then the GELU, where a
-   kernel has just written it (the tile is in L1): the gemm_bf16.c kernels' epilogue. */
 #if PDP__BF16_X86
 /* pdp__bf16_bias_tile's bias and ReLU, 16 columns at a time (masked at nr): the same two
-   operations on each element, so the same bits. Scalar, they were 7% of the bf16 MLP's
-   step at batch 512 (gcc -O2 does not vectorise the short loops; Zen 4, perf). */
+   operations on each element, so the same bits. Where the pass remains (the emulated
+   paths; the AVX512-BF16 kernel applies them itself unless a GELU follows): the scalar
+   loops were 7% of the bf16 MLP's step at batch 512 (gcc -O2 leaves them scalar; Zen 4). */
 PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_bias_relu512(float *c, int64_t ldc,
                                                               const float *b, int mr, int nr,
                                                               int relu)
@@ -1060,6 +1059,8 @@ PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_bias_relu512(float *c, int64_t
 }
 #endif
 
+/* C[i0, i0 + mr) x [j0, j0 + nr) through pdp__bf16_bias_relu, then the GELU, where a
+   kernel has just written it (the tile is in L1): the gemm_bf16.c kernels' epilogue. */
 PDP__PRIVATE void pdp__bf16_bias_tile(const pdp__bf16_args *g, int64_t i0, int64_t j0, int mr,
                                       int nr)
 {
