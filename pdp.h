@@ -11514,8 +11514,8 @@ typedef struct pdp__bf16_args {
     int relu;          /* then C = pdp__relu(C) */
     float *gelu;       /* not NULL: then G = gelu(C) here (C's ldc), C kept */
     int gelu_simd;     /* its kernel's width: pdp__layers_simd's */
-    int epi512;        /* the bias and ReLU with AVX-512F (the CPU has it) */
-    int epi_fused;     /* the AVX512-BF16 kernel applies them as it stores (no GELU) */
+    int epi_fused;     /* the AVX512-BF16 kernel adds the bias and applies the ReLU as it
+                          stores (a GELU follows as a pass) */
 } pdp__bf16_args;
 
 /* layers.c's GELU kernel (out = gelu(x), or dy gelu'(x) when dy is not NULL, on rows of n
@@ -11534,28 +11534,6 @@ PDP__PRIVATE void pdp__bf16_gelu_tile(const pdp__bf16_args *g, int64_t i0, int64
     pdp__layers_gelu_simd_rows(g->gelu_simd, g->c + at, NULL, g->gelu + at, nr, mr, g->ldc);
 }
 
-#if PDP__BF16_X86
-/* pdp__bf16_bias_tile's bias and ReLU, 16 columns at a time (masked at nr): the same two
-   operations on each element, so the same bits. Where the pass remains (the emulated
-   paths; the AVX512-BF16 kernel applies them itself unless a GELU follows): the scalar
-   loops were 7% of the bf16 MLP's step at batch 512 (gcc -O2 leaves them scalar; Zen 4). */
-PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_bias_relu512(float *c, int64_t ldc,
-                                                              const float *b, int mr, int nr,
-                                                              int relu)
-{
-    const __m512 zero = _mm512_setzero_ps();
-    int i, j;
-    for (i = 0; i < mr; i++)
-        for (j = 0; j < nr; j += 16) {
-            __mmask16 k = (__mmask16)(nr - j >= 16 ? 0xffffu : (1u << (nr - j)) - 1u);
-            __m512 v = _mm512_maskz_loadu_ps(k, c + i * ldc + j);
-            if (b) v = _mm512_add_ps(_mm512_maskz_loadu_ps(k, b + j), v);
-            if (relu) v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, zero, _CMP_LE_OQ), zero);
-            _mm512_mask_storeu_ps(c + i * ldc + j, k, v);
-        }
-}
-#endif
-
 /* C[i0, i0 + mr) x [j0, j0 + nr) through pdp__bf16_bias_relu, then the GELU, where a
    kernel has just written it (the tile is in L1): the gemm_bf16.c kernels' epilogue. */
 PDP__PRIVATE void pdp__bf16_bias_tile(const pdp__bf16_args *g, int64_t i0, int64_t j0, int mr,
@@ -11563,13 +11541,6 @@ PDP__PRIVATE void pdp__bf16_bias_tile(const pdp__bf16_args *g, int64_t i0, int64
 {
     const float *b = g->bias ? g->bias + j0 : NULL;
     int i, j;
-#if PDP__BF16_X86
-    if (g->epi512 && (b || g->relu)) {
-        pdp__bf16_bias_relu512(g->c + i0 * g->ldc + j0, g->ldc, b, mr, nr, g->relu);
-        if (g->gelu) pdp__bf16_gelu_tile(g, i0, j0, mr, nr);
-        return;
-    }
-#endif
     for (i = 0; i < mr; i++) {
         float *c = g->c + (i0 + i) * g->ldc + j0;
         if (b)
@@ -11656,6 +11627,7 @@ PDP__PRIVATE void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m
                     pdp__bf16_kernel_avx512_epi(pairs, ap + (ir - mc) * pairs, bj, c, g->ldc,
                                                 mr, nr, g->alpha, g->beta,
                                                 g->bias ? g->bias + jr : NULL, g->relu);
+                    if (g->gelu) pdp__bf16_gelu_tile(g, ir, jr, mr, nr);
                     continue;
                 }
 #endif
@@ -11762,7 +11734,7 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
                              beta, c, ldc)) {
         if (m > 0 && n > 0 && (bias || relu || gelu)) { /* C = beta C (acc 0), then the bias */
             int64_t i;
-            g.c = c, g.ldc = ldc, g.bias = bias, g.relu = relu, g.gelu = gelu, g.epi512 = 0;
+            g.c = c, g.ldc = ldc, g.bias = bias, g.relu = relu, g.gelu = gelu;
             for (i = 0; i < m; i++) pdp__bf16_bias_tile(&g, i, 0, 1, (int)n);
         }
         return;
@@ -11771,11 +11743,10 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
     g.relu = relu;
     g.gelu = gelu;
 #if PDP__BF16_X86
-    g.epi512 = pdp__bf16_this.emul512;
     if (path == PDP_BF16_PATH_EMULATED && simd == 512) g.kernel = pdp__bf16_kernel_emul512;
     if (path == PDP_BF16_PATH_EMULATED && simd == 256) g.kernel = pdp__bf16_kernel_emul256;
     if (path == PDP_BF16_PATH_AVX512) g.kernel = pdp__bf16_kernel_avx512;
-    g.epi_fused = path == PDP_BF16_PATH_AVX512 && !gelu;
+    g.epi_fused = path == PDP_BF16_PATH_AVX512;
     /* the emulation keeps the portable packing; AMX implies AVX512-BF16 on every CPU
        that has it, but is not assumed to */
     if (path != PDP_BF16_PATH_EMULATED && pdp__bf16_this.avx512) {

@@ -3266,8 +3266,8 @@ typedef struct pdp__bf16_args {
     int relu;          /* then C = pdp__relu(C) */
     float *gelu;       /* not NULL: then G = gelu(C) here (C's ldc), C kept */
     int gelu_simd;     /* its kernel's width: pdp__layers_simd's */
-    int epi512;        /* the bias and ReLU with AVX-512F (the CPU has it) */
-    int epi_fused;     /* the AVX512-BF16 kernel applies them as it stores (no GELU) */
+    int epi_fused;     /* the AVX512-BF16 kernel adds the bias and applies the ReLU as it
+                          stores (a GELU follows as a pass) */
 } pdp__bf16_args;
 
 /* layers.c's GELU kernel (out = gelu(x), or dy gelu'(x) when dy is not NULL, on rows of n
@@ -3281,16 +3281,6 @@ PDP__PRIVATE void pdp__layers_gelu_simd_rows(int simd, const float *x, const flo
    the GELU layer's kernel on the width it runs (each element alone, whatever the cut). */
 PDP__PRIVATE void pdp__bf16_gelu_tile(const pdp__bf16_args *g, int64_t i0, int64_t j0, int mr,
                                       int nr);
-
-#if PDP__BF16_X86
-/* pdp__bf16_bias_tile's bias and ReLU, 16 columns at a time (masked at nr): the same two
-   operations on each element, so the same bits. Where the pass remains (the emulated
-   paths; the AVX512-BF16 kernel applies them itself unless a GELU follows): the scalar
-   loops were 7% of the bf16 MLP's step at batch 512 (gcc -O2 leaves them scalar; Zen 4). */
-PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_bias_relu512(float *c, int64_t ldc,
-                                                              const float *b, int mr, int nr,
-                                                              int relu);
-#endif
 
 /* C[i0, i0 + mr) x [j0, j0 + nr) through pdp__bf16_bias_relu, then the GELU, where a
    kernel has just written it (the tile is in L1): the gemm_bf16.c kernels' epilogue. */
