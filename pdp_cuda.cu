@@ -258,6 +258,24 @@ static unsigned pdp__cu_grid(int64_t n)
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
          i += (int64_t)blockDim.x * gridDim.x)
 
+/* The element-wise kernels that stream whole tensors (activations, adds, the optimizers)
+   take PDP__VEC elements per thread instead: one 4-byte load per thread keeps too few bytes
+   in flight to fill the memory (on an H200, a ReLU written that way moved 2.05 TB/s beside
+   a 4.16 TB/s device copy). A thread's elements lie a block apart, so each load is still
+   coalesced; it issues all their loads, then computes and stores. Each element's arithmetic
+   is unchanged, so are the bits. Lane k of the thread at i is element PDP__LANE(i, k), or
+   none when that is n or more. */
+#define PDP__VEC 4
+#define PDP__FOR_VEC(i, n) \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x * PDP__VEC + threadIdx.x; i < (n); \
+         i += (int64_t)blockDim.x * gridDim.x * PDP__VEC)
+#define PDP__LANE(i, k) ((i) + (int64_t)(k) * blockDim.x)
+
+static unsigned pdp__cu_grid_vec(int64_t n)
+{
+    return pdp__cu_grid((n + PDP__VEC - 1) / PDP__VEC);
+}
+
 extern "C" pdp_status pdp_cudak_synchronize(int dev)
 {
     pdp__cu_ctx *c;
@@ -427,7 +445,13 @@ static __global__ void pdp__fill_fwd(float *p, int64_t n, float v)
 
 static __global__ void pdp__add_fwd(float *dst, const float *src, int64_t n)
 {
-    PDP__FOR(i, n) dst[i] += src[i];
+    PDP__FOR_VEC(i, n) {
+        float a[PDP__VEC], b[PDP__VEC];
+        for (int k = 0; k < PDP__VEC; k++)
+            if (PDP__LANE(i, k) < n) a[k] = dst[PDP__LANE(i, k)], b[k] = src[PDP__LANE(i, k)];
+        for (int k = 0; k < PDP__VEC; k++)
+            if (PDP__LANE(i, k) < n) dst[PDP__LANE(i, k)] = a[k] + b[k];
+    }
 }
 
 extern "C" pdp_status pdp_cudak_memset0(int dev, void *p, size_t bytes)
@@ -456,7 +480,7 @@ extern "C" pdp_status pdp_cudak_add(int dev, float *dst, const float *src, int64
     pdp_status st;
     if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
     if (count <= 0) return PDP_OK;
-    pdp__add_fwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>(dst, src, count);
+    pdp__add_fwd<<<pdp__cu_grid_vec(count), PDP__CU_THREADS, 0, c->stream>>>(dst, src, count);
     PDP__LAUNCHED(pdp__add_fwd);
     return PDP_OK;
 }
@@ -612,14 +636,54 @@ static __global__ void pdp__bias_rows_fwd(float *y, const float *b, int64_t rows
     PDP__FOR(i, rows * cols) y[i] = b[i % cols];
 }
 
-/* db[j] += sum over rows of g[:, j], in row order (the CPU's order) */
+/* Column sums in row order (a bias's gradient, LayerNorm's parameters'): each column's adds
+   run in the CPU's order, row 0 first into one float, a serial chain per column. A thread per
+   column reading its rows itself waits on one load at a time with a few warps on the GPU: on
+   an H200 such sums took 225-455 us a call, over half of a GPT step. Here a block takes
+   PDP__CS_COLS columns and brings PDP__CS_ROWS rows of them at a time into shared memory,
+   every thread loading (each warp a row, coalesced); its first warp adds them, a lane per
+   column, in row order, while the threads' loads of the next rows are in flight. The same
+   operations in the same order as that one thread, so the same bits. */
+#define PDP__CS_COLS 32
+#define PDP__CS_ROWS 128
+#define PDP__CS_PASS (PDP__CU_THREADS / PDP__CS_COLS) /* rows the block loads at once */
+#define PDP__CS_EACH (PDP__CS_ROWS / PDP__CS_PASS)    /* a thread's loads per tile */
+
+static unsigned pdp__cs_grid(int64_t cols)
+{
+    return (unsigned)((cols + PDP__CS_COLS - 1) / PDP__CS_COLS);
+}
+
+/* A thread's part of the tile of rows from r0: column j of rows r0 + row + k PDP__CS_PASS. */
+static __device__ void pdp__cs_load(float *v, const float *g, int64_t rows, int64_t cols,
+                                    int64_t r0, int row, int64_t j)
+{
+    for (int k = 0; k < PDP__CS_EACH; k++) {
+        int64_t r = r0 + row + (int64_t)k * PDP__CS_PASS;
+        v[k] = r < rows && j < cols ? g[r * cols + j] : 0.0f;
+    }
+}
+
+/* db[j] += sum over rows of g[:, j], in row order */
 static __global__ void pdp__colsum_bwd(float *db, const float *g, int64_t rows, int64_t cols)
 {
-    PDP__FOR(j, cols) {
-        float acc = db[j];
-        for (int64_t i = 0; i < rows; i++) acc += g[i * cols + j];
-        db[j] = acc;
+    __shared__ float tile[PDP__CS_ROWS][PDP__CS_COLS];
+    float v[PDP__CS_EACH];
+    int lane = (int)threadIdx.x % PDP__CS_COLS, row = (int)threadIdx.x / PDP__CS_COLS;
+    int64_t j = (int64_t)blockIdx.x * PDP__CS_COLS + lane;
+    bool adder = threadIdx.x < PDP__CS_COLS && j < cols;
+    float acc = adder ? db[j] : 0.0f;
+    pdp__cs_load(v, g, rows, cols, 0, row, j);
+    for (int64_t r0 = 0; r0 < rows; r0 += PDP__CS_ROWS) {
+        int n = rows - r0 < PDP__CS_ROWS ? (int)(rows - r0) : PDP__CS_ROWS;
+        for (int k = 0; k < PDP__CS_EACH; k++) tile[row + k * PDP__CS_PASS][lane] = v[k];
+        __syncthreads();
+        pdp__cs_load(v, g, rows, cols, r0 + PDP__CS_ROWS, row, j); /* the next tile's */
+        if (adder)
+            for (int r = 0; r < n; r++) acc += tile[r][lane];
+        __syncthreads();
     }
+    if (adder) db[j] = acc;
 }
 
 /* bf16, under bf16_mu: y (+)= bf16(x) bf16(W)^T */
@@ -699,7 +763,7 @@ extern "C" pdp_status pdp_cudak_linear_bwd(int dev, const float *x, const float 
         return st;
     }
     if (db) {
-        pdp__colsum_bwd<<<pdp__cu_grid(out), PDP__CU_THREADS, 0, c->stream>>>(db, dy, batch, out);
+        pdp__colsum_bwd<<<pdp__cs_grid(out), PDP__CU_THREADS, 0, c->stream>>>(db, dy, batch, out);
         PDP__LAUNCHED(pdp__colsum_bwd);
     }
     if (dx && !bf16) /* dX = dY W */
@@ -709,31 +773,50 @@ extern "C" pdp_status pdp_cudak_linear_bwd(int dev, const float *x, const float 
 
 /* ---- activations (math.h formulas) ---- */
 
+static __device__ float pdp__act(int act, float x)
+{
+    switch (act) {
+    case PDP_CUDAK_RELU: return pdp__relu(x);
+    case PDP_CUDAK_GELU: return pdp__gelu(x);
+    case PDP_CUDAK_TANH: return tanhf(x);
+    case PDP_CUDAK_SILU: return pdp__silu(x);
+    default: return pdp__sigmoid(x);
+    }
+}
+
+/* GELU's and SiLU's gradients read the input x, the others the output y: a = that one. */
+static __device__ float pdp__act_grad(int act, float dy, float a)
+{
+    switch (act) {
+    case PDP_CUDAK_RELU: return pdp__relu_grad(dy, a);
+    case PDP_CUDAK_GELU: return pdp__gelu_grad(dy, a);
+    case PDP_CUDAK_TANH: return pdp__tanh_grad(dy, a);
+    case PDP_CUDAK_SILU: return pdp__silu_grad(dy, a);
+    default: return pdp__sigmoid_grad(dy, a);
+    }
+}
+
 static __global__ void pdp__act_fwd(int act, const float *x, float *y, int64_t n)
 {
-    PDP__FOR(i, n) {
-        float v = x[i];
-        switch (act) {
-        case PDP_CUDAK_RELU: y[i] = pdp__relu(v); break;
-        case PDP_CUDAK_GELU: y[i] = pdp__gelu(v); break;
-        case PDP_CUDAK_TANH: y[i] = tanhf(v); break;
-        case PDP_CUDAK_SILU: y[i] = pdp__silu(v); break;
-        default: y[i] = pdp__sigmoid(v); break;
-        }
+    PDP__FOR_VEC(i, n) {
+        float v[PDP__VEC];
+        for (int k = 0; k < PDP__VEC; k++)
+            if (PDP__LANE(i, k) < n) v[k] = x[PDP__LANE(i, k)];
+        for (int k = 0; k < PDP__VEC; k++)
+            if (PDP__LANE(i, k) < n) y[PDP__LANE(i, k)] = pdp__act(act, v[k]);
     }
 }
 
 static __global__ void pdp__act_bwd(int act, const float *x, const float *y, const float *dy,
                                     float *dx, int64_t n)
 {
-    PDP__FOR(i, n) {
-        switch (act) {
-        case PDP_CUDAK_RELU: dx[i] = pdp__relu_grad(dy[i], y[i]); break;
-        case PDP_CUDAK_GELU: dx[i] = pdp__gelu_grad(dy[i], x[i]); break;
-        case PDP_CUDAK_TANH: dx[i] = pdp__tanh_grad(dy[i], y[i]); break;
-        case PDP_CUDAK_SILU: dx[i] = pdp__silu_grad(dy[i], x[i]); break;
-        default: dx[i] = pdp__sigmoid_grad(dy[i], y[i]); break;
-        }
+    const float *in = act == PDP_CUDAK_GELU || act == PDP_CUDAK_SILU ? x : y;
+    PDP__FOR_VEC(i, n) {
+        float a[PDP__VEC], d[PDP__VEC];
+        for (int k = 0; k < PDP__VEC; k++)
+            if (PDP__LANE(i, k) < n) a[k] = in[PDP__LANE(i, k)], d[k] = dy[PDP__LANE(i, k)];
+        for (int k = 0; k < PDP__VEC; k++)
+            if (PDP__LANE(i, k) < n) dx[PDP__LANE(i, k)] = pdp__act_grad(act, d[k], a[k]);
     }
 }
 
@@ -744,7 +827,7 @@ extern "C" pdp_status pdp_cudak_act_fwd(int dev, pdp_cudak_act act, const float 
     pdp_status st;
     if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
     if (count <= 0) return PDP_OK;
-    pdp__act_fwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>((int)act, x, y, count);
+    pdp__act_fwd<<<pdp__cu_grid_vec(count), PDP__CU_THREADS, 0, c->stream>>>((int)act, x, y, count);
     PDP__LAUNCHED(pdp__act_fwd);
     return PDP_OK;
 }
@@ -756,7 +839,7 @@ extern "C" pdp_status pdp_cudak_act_bwd(int dev, pdp_cudak_act act, const float 
     pdp_status st;
     if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
     if (count <= 0) return PDP_OK;
-    pdp__act_bwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>((int)act, x, y, dy, dx,
+    pdp__act_bwd<<<pdp__cu_grid_vec(count), PDP__CU_THREADS, 0, c->stream>>>((int)act, x, y, dy, dx,
                                                                           count);
     PDP__LAUNCHED(pdp__act_bwd);
     return PDP_OK;
@@ -780,7 +863,13 @@ static __global__ void pdp__dropout_fwd(const float *x, float *y, float *mask, i
 
 static __global__ void pdp__mul_fwd(const float *a, const float *b, float *out, int64_t n)
 {
-    PDP__FOR(i, n) out[i] = a[i] * b[i];
+    PDP__FOR_VEC(i, n) {
+        float u[PDP__VEC], v[PDP__VEC];
+        for (int k = 0; k < PDP__VEC; k++)
+            if (PDP__LANE(i, k) < n) u[k] = a[PDP__LANE(i, k)], v[k] = b[PDP__LANE(i, k)];
+        for (int k = 0; k < PDP__VEC; k++)
+            if (PDP__LANE(i, k) < n) out[PDP__LANE(i, k)] = u[k] * v[k];
+    }
 }
 
 extern "C" pdp_status pdp_cudak_dropout_fwd(int dev, const float *x, float *y, float *mask,
@@ -879,18 +968,39 @@ static __global__ void pdp__layernorm_bwd(const float *x, const float *w, const 
         dx[s * n + j] = rstd * (gs[j] * w[j] - mg - (xs[j] - mean) * rstd * mgx);
 }
 
-/* dw[j] += sum_s dy xh, db[j] += sum_s dy: one thread per feature, samples in order */
+/* dw[j] += sum_s dy xh, db[j] += sum_s dy, samples in order: pdp__colsum_bwd's scheme, each
+   loading thread forming its xh = (x - mean) rstd on the way into the tile */
 static __global__ void pdp__layernorm_params_bwd(const float *x, const float *dy,
                                                  const float *saved, float *dw, float *db,
                                                  int64_t batch, int64_t n)
 {
-    PDP__FOR(j, n) {
-        float aw = dw[j], ab = db[j];
-        for (int64_t s = 0; s < batch; s++) {
-            float g = dy[s * n + j];
-            aw += g * ((x[s * n + j] - saved[2 * s]) * saved[2 * s + 1]);
-            ab += g;
+    __shared__ float gt[PDP__CS_ROWS][PDP__CS_COLS], xt[PDP__CS_ROWS][PDP__CS_COLS];
+    float gv[PDP__CS_EACH], xv[PDP__CS_EACH];
+    int lane = (int)threadIdx.x % PDP__CS_COLS, row = (int)threadIdx.x / PDP__CS_COLS;
+    int64_t j = (int64_t)blockIdx.x * PDP__CS_COLS + lane;
+    bool adder = threadIdx.x < PDP__CS_COLS && j < n;
+    float aw = adder ? dw[j] : 0.0f, ab = adder ? db[j] : 0.0f;
+    pdp__cs_load(gv, dy, batch, n, 0, row, j);
+    pdp__cs_load(xv, x, batch, n, 0, row, j);
+    for (int64_t s0 = 0; s0 < batch; s0 += PDP__CS_ROWS) {
+        int m = batch - s0 < PDP__CS_ROWS ? (int)(batch - s0) : PDP__CS_ROWS;
+        for (int k = 0; k < PDP__CS_EACH; k++) {
+            int r = row + k * PDP__CS_PASS;
+            int64_t s = s0 + r < batch ? s0 + r : 0; /* a row past the end is never added */
+            gt[r][lane] = gv[k];
+            xt[r][lane] = (xv[k] - saved[2 * s]) * saved[2 * s + 1];
         }
+        __syncthreads();
+        pdp__cs_load(gv, dy, batch, n, s0 + PDP__CS_ROWS, row, j); /* the next tile's */
+        pdp__cs_load(xv, x, batch, n, s0 + PDP__CS_ROWS, row, j);
+        if (adder)
+            for (int r = 0; r < m; r++) {
+                aw += gt[r][lane] * xt[r][lane];
+                ab += gt[r][lane];
+            }
+        __syncthreads();
+    }
+    if (adder) {
         dw[j] = aw;
         db[j] = ab;
     }
@@ -919,8 +1029,8 @@ extern "C" pdp_status pdp_cudak_layernorm_bwd(int dev, const float *x, const flo
     pdp_status st;
     if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
     if (batch <= 0) return PDP_OK;
-    pdp__layernorm_params_bwd<<<pdp__cu_grid(n), PDP__CU_THREADS, 0, c->stream>>>(x, dy, saved, dw,
-                                                                                  db, batch, n);
+    pdp__layernorm_params_bwd<<<pdp__cs_grid(n), PDP__CU_THREADS, 0, c->stream>>>(
+        x, dy, saved, dw, db, batch, n);
     PDP__LAUNCHED(pdp__layernorm_params_bwd);
     if (dx) {
         pdp__layernorm_bwd<<<(unsigned)batch, PDP__CU_THREADS, 0, c->stream>>>(x, w, dy, saved,
@@ -1583,7 +1693,13 @@ extern "C" pdp_status pdp_cudak_attention_bwd(int dev, const pdp_cudak_attn *g, 
 
 static __global__ void pdp__sum2_fwd(const float *a, const float *b, float *out, int64_t n)
 {
-    PDP__FOR(i, n) out[i] = a[i] + b[i];
+    PDP__FOR_VEC(i, n) {
+        float u[PDP__VEC], v[PDP__VEC];
+        for (int k = 0; k < PDP__VEC; k++)
+            if (PDP__LANE(i, k) < n) u[k] = a[PDP__LANE(i, k)], v[k] = b[PDP__LANE(i, k)];
+        for (int k = 0; k < PDP__VEC; k++)
+            if (PDP__LANE(i, k) < n) out[PDP__LANE(i, k)] = u[k] + v[k];
+    }
 }
 
 static __global__ void pdp__copy2_fwd(const float *src, float *d1, float *d2, int64_t n)
@@ -1602,7 +1718,7 @@ extern "C" pdp_status pdp_cudak_sum2(int dev, const float *a, const float *b, fl
     pdp_status st;
     if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
     if (count <= 0) return PDP_OK;
-    pdp__sum2_fwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>(a, b, out, count);
+    pdp__sum2_fwd<<<pdp__cu_grid_vec(count), PDP__CU_THREADS, 0, c->stream>>>(a, b, out, count);
     PDP__LAUNCHED(pdp__sum2_fwd);
     return PDP_OK;
 }
@@ -1782,7 +1898,13 @@ static __global__ void pdp__sumsq_fwd(const float *x, int64_t n, double *partial
 
 static __global__ void pdp__scale_fwd(float *x, int64_t n, float s)
 {
-    PDP__FOR(i, n) x[i] *= s;
+    PDP__FOR_VEC(i, n) {
+        float v[PDP__VEC];
+        for (int k = 0; k < PDP__VEC; k++)
+            if (PDP__LANE(i, k) < n) v[k] = x[PDP__LANE(i, k)];
+        for (int k = 0; k < PDP__VEC; k++)
+            if (PDP__LANE(i, k) < n) x[PDP__LANE(i, k)] = v[k] * s;
+    }
 }
 
 static pdp_status pdp__cu_sumsq(int dev, pdp__cu_ctx *c, const float *x, int64_t count,
@@ -1817,7 +1939,7 @@ extern "C" pdp_status pdp_cudak_scale(int dev, float *x, int64_t count, float s)
     pdp_status st;
     if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
     if (count <= 0) return PDP_OK;
-    pdp__scale_fwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>(x, count, s);
+    pdp__scale_fwd<<<pdp__cu_grid_vec(count), PDP__CU_THREADS, 0, c->stream>>>(x, count, s);
     PDP__LAUNCHED(pdp__scale_fwd);
     return PDP_OK;
 }
@@ -1869,10 +1991,23 @@ extern "C" pdp_status pdp_cudak_from16(int dev, float *dst, const void *src, int
 static __global__ void pdp__sgd_fwd(float *p, const float *g, float *buf, int64_t n, float lr,
                                     float momentum, float omd, float wd, int nesterov, int first)
 {
-    PDP__FOR(i, n) {
-        p[i] = buf ? pdp__sgd_momentum_update(p[i], g[i], &buf[i], lr, momentum, omd, wd,
-                                              nesterov, first)
-                   : pdp__sgd_update(p[i], g[i], lr, wd);
+    PDP__FOR_VEC(i, n) {
+        float pk[PDP__VEC], gk[PDP__VEC], bk[PDP__VEC];
+        for (int k = 0; k < PDP__VEC; k++)
+            if (PDP__LANE(i, k) < n) {
+                pk[k] = p[PDP__LANE(i, k)], gk[k] = g[PDP__LANE(i, k)];
+                bk[k] = buf ? buf[PDP__LANE(i, k)] : 0.0f;
+            }
+        for (int k = 0; k < PDP__VEC; k++) {
+            if (PDP__LANE(i, k) >= n) continue;
+            if (buf) {
+                p[PDP__LANE(i, k)] = pdp__sgd_momentum_update(pk[k], gk[k], &bk[k], lr, momentum,
+                                                              omd, wd, nesterov, first);
+                buf[PDP__LANE(i, k)] = bk[k];
+            } else {
+                p[PDP__LANE(i, k)] = pdp__sgd_update(pk[k], gk[k], lr, wd);
+            }
+        }
     }
 }
 
@@ -1880,9 +2015,19 @@ static __global__ void pdp__adam_fwd(float *p, const float *g, float *m, float *
                                      float b1, float omb1, float b2, float omb2, float step_size,
                                      float bc2_sqrt, float eps, float l2, float decay)
 {
-    PDP__FOR(i, n) {
-        p[i] = pdp__adam_update(p[i], g[i], &m[i], &v[i], b1, omb1, b2, omb2, step_size, bc2_sqrt,
-                                eps, l2, decay);
+    PDP__FOR_VEC(i, n) {
+        float pk[PDP__VEC], gk[PDP__VEC], mk[PDP__VEC], vk[PDP__VEC];
+        for (int k = 0; k < PDP__VEC; k++)
+            if (PDP__LANE(i, k) < n) {
+                pk[k] = p[PDP__LANE(i, k)], gk[k] = g[PDP__LANE(i, k)];
+                mk[k] = m[PDP__LANE(i, k)], vk[k] = v[PDP__LANE(i, k)];
+            }
+        for (int k = 0; k < PDP__VEC; k++) {
+            if (PDP__LANE(i, k) >= n) continue;
+            p[PDP__LANE(i, k)] = pdp__adam_update(pk[k], gk[k], &mk[k], &vk[k], b1, omb1, b2, omb2,
+                                                  step_size, bc2_sqrt, eps, l2, decay);
+            m[PDP__LANE(i, k)] = mk[k], v[PDP__LANE(i, k)] = vk[k];
+        }
     }
 }
 
@@ -1895,7 +2040,7 @@ extern "C" pdp_status pdp_cudak_sgd(int dev, float *p, const float *g, float *bu
     if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
     if (count <= 0) return PDP_OK;
     if (momentum == 0.0f) buf = NULL;
-    pdp__sgd_fwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>(
+    pdp__sgd_fwd<<<pdp__cu_grid_vec(count), PDP__CU_THREADS, 0, c->stream>>>(
         p, g, buf, count, lr, momentum, one_minus_damp, weight_decay, nesterov, first);
     PDP__LAUNCHED(pdp__sgd_fwd);
     return PDP_OK;
@@ -1910,7 +2055,7 @@ extern "C" pdp_status pdp_cudak_adam(int dev, float *p, const float *g, float *m
     pdp_status st;
     if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
     if (count <= 0) return PDP_OK;
-    pdp__adam_fwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>(
+    pdp__adam_fwd<<<pdp__cu_grid_vec(count), PDP__CU_THREADS, 0, c->stream>>>(
         p, g, m, v, count, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt,
         eps, l2, decay);
     PDP__LAUNCHED(pdp__adam_fwd);

@@ -464,6 +464,77 @@ TEST cuda_layers_match_cpu(void)
     PASS();
 }
 
+/* A bias's and LayerNorm's gradients are column sums over the batch, in row order: rows past
+   the kernels' 128-row tiles and columns past their 32-column blocks (300 x 70 here), each
+   column's float adds in the CPU's order, so the bits are a host loop's. */
+static enum greatest_test_res check_column_sums(bool layernorm)
+{
+    enum { ROWS = 300, IN = 5, N = 70 };
+    int64_t xshape[2] = {ROWS, layernorm ? N : IN}, yshape[2] = {ROWS, N}, r, j;
+    pdp_model_desc d;
+    pdp_model *m = NULL;
+    pdp_tensor *x = NULL, *dy = NULL, params, grads;
+    const pdp_tensor *y;
+    float *hx = malloc(sizeof(float) * ROWS * N), *hdy = malloc(sizeof(float) * ROWS * N), *g;
+    double e = 0.0;
+    ASSERT(hx && hdy);
+    memset(&d, 0, sizeof d);
+    d.seed = 99;
+    d.device = pdp_cuda(0);
+    d.input_ndim = 1;
+    d.input_shape[0] = xshape[1];
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&m, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, layernorm ? pdp_model_add_layernorm(m, 1e-5f)
+                                     : pdp_model_add_linear(m, N), pdp_status_name);
+    fill_random(hx, ROWS * xshape[1], 11);
+    for (r = 0; r < ROWS * xshape[1]; r++) hx[r] += (float)(r / xshape[1] % 3) * 0.5f; /* means 0-1 */
+    fill_random(hdy, ROWS * N, 12);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&x, pdp_cuda(0), 2, xshape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dy, pdp_cuda(0), 2, yshape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(x, hx), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(dy, hdy), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, x, &y), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(m, dy), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(m, &params, &grads), pdp_status_name);
+    g = host_copy(&grads); /* Linear: W [N, IN], b [N]; LayerNorm: w [N], b [N] */
+    ASSERT(g != NULL);
+    ASSERT_EQ(N * (layernorm ? 2 : IN + 1), grads.count);
+    for (j = 0; j < N; j++) {
+        float acc = 0.0f; /* the bias: the row-order float sum of dy's column */
+        for (r = 0; r < ROWS; r++) acc += hdy[r * N + j];
+        ASSERT_EQ_FMT(acc, g[grads.count - N + j], "%.9g");
+    }
+    for (j = 0; layernorm && j < N; j++) { /* LayerNorm's w: sum of dy xh, against doubles */
+        double want = 0.0, scale = 0.0;
+        for (r = 0; r < ROWS; r++) {
+            double mean = 0.0, var = 0.0, xh;
+            int64_t i;
+            for (i = 0; i < N; i++) mean += hx[r * N + i] / (double)N;
+            for (i = 0; i < N; i++) var += (hx[r * N + i] - mean) * (hx[r * N + i] - mean) / N;
+            xh = (hx[r * N + j] - mean) / sqrt(var + 1e-5);
+            want += hdy[r * N + j] * xh;
+            scale += fabs(hdy[r * N + j] * xh);
+        }
+        if (!(fabs(g[j] - want) / scale <= e)) e = fabs(g[j] - want) / scale; /* NaN too */
+    }
+    ASSERT_IN_RANGE(0.0, e, 1e-6);
+    free(g);
+    free(hx);
+    free(hdy);
+    pdp_tensor_free(x);
+    pdp_tensor_free(dy);
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST cuda_column_sums_keep_row_order_bits(void)
+{
+    NEED_GPU();
+    CHECK_CALL(check_column_sums(false));
+    CHECK_CALL(check_column_sums(true));
+    PASS();
+}
+
 /* ---- with PDP_CUDA: a GPT ---- */
 
 /* ids [n] on the host into a fresh device buffer *buf (n floats' bytes), seen as an int32
@@ -3665,6 +3736,7 @@ SUITE(cuda)
     RUN_TEST(cuda_tensor_copies_round_trip);
     RUN_TEST(cuda_caching_allocator_reuses_freed_blocks);
     RUN_TEST(cuda_layers_match_cpu);
+    RUN_TEST(cuda_column_sums_keep_row_order_bits);
     RUN_TEST(cuda_embedding_and_tied_head_match_cpu);
     RUN_TEST(cuda_gpt_training_matches_cpu);
     RUN_TEST(cuda_maxpool_ties_and_nan_match_cpu);
