@@ -929,6 +929,38 @@ TEST cuda_losses_match_cpu(void)
     PASS();
 }
 
+/* Rows longer than a block (a vocabulary: 1000 classes, 256 threads a row), the largest
+   logit at either end or far above the rest (the ignored rows of a GPT's targets: the GPT
+   cases below) */
+TEST cuda_cross_entropy_long_rows_match_cpu(void)
+{
+    int64_t shape[2] = {4, 1000}, i;
+    int32_t labels[4] = {999, 3, 0, 517};
+    pdp_tensor *zc = NULL, *zg = NULL, *dc = NULL, *dg = NULL;
+    float lc, lg, *h;
+    NEED_GPU();
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&zc, pdp_cpu(), 2, shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dc, pdp_cpu(), 2, shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&zg, pdp_cuda(0), 2, shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dg, pdp_cuda(0), 2, shape), pdp_status_name);
+    fill_random(zc->data, zc->count, 21);
+    for (i = 0; i < zc->count; i++) zc->data[i] *= 4.0f;
+    zc->data[999] = 30.0f;        /* row 0: the max in the last class, its label */
+    zc->data[2 * 1000] = 25.0f;   /* row 2: the max in the first */
+    zc->data[3 * 1000 + 300] = 1000.0f; /* row 3: exp of the others - it overflows */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(zg, zc->data), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_fill(dg, 7.0f), pdp_status_name); /* all written */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_loss_cross_entropy(zc, labels, &lc, dc), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_loss_cross_entropy(zg, labels, &lg, dg) == PDP_OK);
+    ASSERT_IN_RANGE(lc, lg, TOL * fabs(lc));
+    h = host_copy(dg);
+    ASSERT(h != NULL);
+    ASSERT(rel_err(h, dc->data, dc->count) <= TOL);
+    free(h);
+    pdp_tensor_free(zc); pdp_tensor_free(zg); pdp_tensor_free(dc); pdp_tensor_free(dg);
+    PASS();
+}
+
 /* ---- with PDP_CUDA: optimizers and training steps ---- */
 
 static enum greatest_test_res check_optim(const pdp_optim_desc *od, const char *name)
@@ -3741,6 +3773,7 @@ SUITE(cuda)
     RUN_TEST(cuda_gpt_training_matches_cpu);
     RUN_TEST(cuda_maxpool_ties_and_nan_match_cpu);
     RUN_TEST(cuda_losses_match_cpu);
+    RUN_TEST(cuda_cross_entropy_long_rows_match_cpu);
     RUN_TEST(cuda_optimizers_match_cpu);
     RUN_TEST(cuda_mlp_training_matches_cpu);
     RUN_TEST(cuda_cnn_training_matches_cpu);

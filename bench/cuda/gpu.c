@@ -4,6 +4,9 @@
                   cublasSgemm of the same shape (cuBLAS's own best for FP32), TF32 off and on
      elementwise  ReLU forward and the fused Adam update, in GB/s, beside a device-to-device
                   copy (the bandwidth ceiling for streaming kernels)
+     cross-entropy  a GPT's loss over GPT-2's vocabulary (2048 positions x 50257 logits: the
+                  loss and its gradient), in GB/s counting each logit read once and each
+                  gradient written once, beside the same copy
      training     MLP and CNN samples/s (forward, cross-entropy, backward, Adam step)
 
    Build: make cuda (build/cuda/bench_gpu); run on a GPU machine: ./build/cuda/bench_gpu
@@ -198,6 +201,45 @@ static int bench_training(int cnn, int64_t batch, int steps)
     return 0;
 }
 
+static int bench_cross_entropy(int64_t rows, int64_t vocab, int reps)
+{
+    size_t bytes = (size_t)(rows * vocab) * sizeof(float);
+    float *host = malloc(bytes), *z, *dz;
+    int32_t *labels = malloc((size_t)rows * sizeof *labels);
+    double *loss = malloc((size_t)rows * sizeof *loss), t, ours, copy;
+    uint64_t r = 88172645463325252ull;
+    int64_t i;
+    int k;
+    if (!host || !labels || !loss) return fprintf(stderr, "bench_gpu: out of memory\n"), 1;
+    for (i = 0; i < rows * vocab; i++) { /* logits in [-4, 4): xorshift */
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        host[i] = (float)(r >> 40) / (float)(1 << 24) * 8.0f - 4.0f;
+    }
+    for (i = 0; i < rows; i++) labels[i] = (int32_t)((uint64_t)i * 7919 % (uint64_t)vocab);
+    CHECKK(pdp_cudak_malloc(0, bytes, (void **)&z));
+    CHECKK(pdp_cudak_malloc(0, bytes, (void **)&dz));
+    CHECKK(pdp_cudak_memcpy(0, z, -1, host, bytes));
+    CHECKK(pdp_cudak_cross_entropy(0, z, labels, rows, vocab, 1.0f / (float)rows, loss, dz));
+    t = now();
+    for (k = 0; k < reps; k++) /* each call waits for its losses on the host */
+        CHECKK(pdp_cudak_cross_entropy(0, z, labels, rows, vocab, 1.0f / (float)rows, loss, dz));
+    ours = now() - t;
+    t = now();
+    for (k = 0; k < reps; k++) CHECKK(pdp_cudak_memcpy(0, dz, 0, z, bytes));
+    CHECK(pdp_cuda_synchronize(dev0));
+    copy = now() - t;
+    printf("| cross-entropy %lld x %lld | %.3f ms | %7.0f GB/s | D2D copy %7.0f GB/s | "
+           "ratio %.2f |\n", (long long)rows, (long long)vocab, 1e3 * ours / reps,
+           2.0 * (double)bytes * reps / ours / 1e9, 2.0 * (double)bytes * reps / copy / 1e9,
+           copy / ours);
+    pdp_cudak_free(0, z);
+    pdp_cudak_free(0, dz);
+    free(host);
+    free(labels);
+    free(loss);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int quick = argc > 1 && strcmp(argv[1], "--quick") == 0, n = 0;
@@ -209,10 +251,12 @@ int main(int argc, char **argv)
     printf("pdp %s on CUDA device 0 (%d visible); TF32 off unless marked\n", pdp_version_string(), n);
     if (smoke) /* every path once at toy sizes: make emu-cuda-test runs this on the CPU
                   emulation of CUDA; the figures mean nothing there */
-        return bench_gemm(64, 1) || bench_elementwise(1 << 16, 1) || bench_training(0, 8, 1) ||
+        return bench_gemm(64, 1) || bench_elementwise(1 << 16, 1) ||
+               bench_cross_entropy(4, 300, 1) || bench_training(0, 8, 1) ||
                bench_training(1, 4, 1);
     if (bench_gemm(quick ? 2048 : 4096, quick ? 5 : 20)) return 1;
     if (bench_elementwise((int64_t)(quick ? 16 : 64) << 20, quick ? 5 : 20)) return 1;
+    if (bench_cross_entropy(quick ? 512 : 2048, 50257, quick ? 3 : 10)) return 1;
     if (bench_training(0, 512, quick ? 20 : 100)) return 1;
     if (bench_training(1, 256, quick ? 10 : 50)) return 1;
     return 0;
