@@ -443,14 +443,17 @@ static __global__ void pdp__fill_fwd(float *p, int64_t n, float v)
     PDP__FOR(i, n) p[i] = v;
 }
 
-static __global__ void pdp__add_fwd(float *dst, const float *src, int64_t n)
+/* out = a + b, or a * b with mul (out may be a or b: each element is read before it is
+   written, by the thread that writes it): pdp_cudak_add, _sum2 and the dropout backward */
+static __global__ void pdp__zip_fwd(int mul, const float *a, const float *b, float *out,
+                                    int64_t n)
 {
     PDP__FOR_VEC(i, n) {
-        float a[PDP__VEC], b[PDP__VEC];
+        float u[PDP__VEC], v[PDP__VEC];
         for (int k = 0; k < PDP__VEC; k++)
-            if (PDP__LANE(i, k) < n) a[k] = dst[PDP__LANE(i, k)], b[k] = src[PDP__LANE(i, k)];
+            if (PDP__LANE(i, k) < n) u[k] = a[PDP__LANE(i, k)], v[k] = b[PDP__LANE(i, k)];
         for (int k = 0; k < PDP__VEC; k++)
-            if (PDP__LANE(i, k) < n) dst[PDP__LANE(i, k)] = a[k] + b[k];
+            if (PDP__LANE(i, k) < n) out[PDP__LANE(i, k)] = mul ? u[k] * v[k] : u[k] + v[k];
     }
 }
 
@@ -480,8 +483,9 @@ extern "C" pdp_status pdp_cudak_add(int dev, float *dst, const float *src, int64
     pdp_status st;
     if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
     if (count <= 0) return PDP_OK;
-    pdp__add_fwd<<<pdp__cu_grid_vec(count), PDP__CU_THREADS, 0, c->stream>>>(dst, src, count);
-    PDP__LAUNCHED(pdp__add_fwd);
+    pdp__zip_fwd<<<pdp__cu_grid_vec(count), PDP__CU_THREADS, 0, c->stream>>>(0, dst, src, dst,
+                                                                            count);
+    PDP__LAUNCHED(pdp__zip_fwd);
     return PDP_OK;
 }
 
@@ -861,17 +865,6 @@ static __global__ void pdp__dropout_fwd(const float *x, float *y, float *mask, i
     }
 }
 
-static __global__ void pdp__mul_fwd(const float *a, const float *b, float *out, int64_t n)
-{
-    PDP__FOR_VEC(i, n) {
-        float u[PDP__VEC], v[PDP__VEC];
-        for (int k = 0; k < PDP__VEC; k++)
-            if (PDP__LANE(i, k) < n) u[k] = a[PDP__LANE(i, k)], v[k] = b[PDP__LANE(i, k)];
-        for (int k = 0; k < PDP__VEC; k++)
-            if (PDP__LANE(i, k) < n) out[PDP__LANE(i, k)] = u[k] * v[k];
-    }
-}
-
 extern "C" pdp_status pdp_cudak_dropout_fwd(int dev, const float *x, float *y, float *mask,
                                             int64_t batch, int64_t n, float p, uint64_t seed,
                                             int layer, uint64_t step, int64_t sample_base,
@@ -895,8 +888,9 @@ extern "C" pdp_status pdp_cudak_mul(int dev, const float *dy, const float *mask,
     pdp_status st;
     if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
     if (count <= 0) return PDP_OK;
-    pdp__mul_fwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>(dy, mask, dx, count);
-    PDP__LAUNCHED(pdp__mul_fwd);
+    pdp__zip_fwd<<<pdp__cu_grid_vec(count), PDP__CU_THREADS, 0, c->stream>>>(1, dy, mask, dx,
+                                                                            count);
+    PDP__LAUNCHED(pdp__zip_fwd);
     return PDP_OK;
 }
 
@@ -1691,17 +1685,6 @@ extern "C" pdp_status pdp_cudak_attention_bwd(int dev, const pdp_cudak_attn *g, 
 
 /* ---- GPT: the residual's adds ---- */
 
-static __global__ void pdp__sum2_fwd(const float *a, const float *b, float *out, int64_t n)
-{
-    PDP__FOR_VEC(i, n) {
-        float u[PDP__VEC], v[PDP__VEC];
-        for (int k = 0; k < PDP__VEC; k++)
-            if (PDP__LANE(i, k) < n) u[k] = a[PDP__LANE(i, k)], v[k] = b[PDP__LANE(i, k)];
-        for (int k = 0; k < PDP__VEC; k++)
-            if (PDP__LANE(i, k) < n) out[PDP__LANE(i, k)] = u[k] + v[k];
-    }
-}
-
 static __global__ void pdp__copy2_fwd(const float *src, float *d1, float *d2, int64_t n)
 {
     PDP__FOR(i, n) {
@@ -1718,8 +1701,8 @@ extern "C" pdp_status pdp_cudak_sum2(int dev, const float *a, const float *b, fl
     pdp_status st;
     if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
     if (count <= 0) return PDP_OK;
-    pdp__sum2_fwd<<<pdp__cu_grid_vec(count), PDP__CU_THREADS, 0, c->stream>>>(a, b, out, count);
-    PDP__LAUNCHED(pdp__sum2_fwd);
+    pdp__zip_fwd<<<pdp__cu_grid_vec(count), PDP__CU_THREADS, 0, c->stream>>>(0, a, b, out, count);
+    PDP__LAUNCHED(pdp__zip_fwd);
     return PDP_OK;
 }
 
