@@ -15,6 +15,11 @@
 #      under DDP on two GPUs when there are two; the summary shows the last tokens/s printed;
 #   3. build/cuda/test_optim and build/cuda/test_checkpoint (their CUDA cases:
 #      optim_cuda_matches_cpu, checkpoint_cuda_round_trip), also with PDP_TEST_REQUIRE_CUDA=1;
+#   3b. compute-sanitizer, where the toolkit has it: memcheck over test_cuda (every device
+#      access in bounds; its reports of failed API calls off, since NCCL probes its own
+#      kernels that way and pdp checks each call it makes) and racecheck over the GPT's and
+#      the layers' cases (no shared-memory race); a report fails the step. About 70 s on an
+#      H200 (memcheck 30, racecheck 25 + 7);
 #   4. the NCCL world-size-1 test again with torchrun's variables set (the env path);
 #   5. DDP over NCCL with two processes, one per GPU, when there are two GPUs or more. NCCL
 #      does not allow two ranks of one communicator on the same device, so with one GPU this
@@ -96,6 +101,17 @@ if [ "${results[0]}" = PASS ]; then
     fi
     step "test_optim (CUDA build)" 30 ./build/cuda/test_optim
     step "test_checkpoint (CUDA build)" 30 ./build/cuda/test_checkpoint
+    if command -v compute-sanitizer >/dev/null 2>&1; then
+        san=(compute-sanitizer --error-exitcode 9 --print-limit 20)
+        step "memcheck test_cuda" 90 "${san[@]}" --tool memcheck --report-api-errors no \
+            ./build/cuda/test_cuda
+        step "racecheck, the GPT" 60 "${san[@]}" --tool racecheck ./build/cuda/test_cuda -t cuda_gpt
+        step "racecheck, the layers" 30 "${san[@]}" --tool racecheck ./build/cuda/test_cuda \
+            -t cuda_layers
+    else
+        echo "== compute-sanitizer: not found (skipped)"
+        record "compute-sanitizer" SKIP 0 "not on the PATH"
+    fi
     # RANK=0 WORLD_SIZE=1, as torchrun --nproc-per-node 1 sets them
     step "NCCL from the environment, 1 process" 45 \
         env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29533 \
