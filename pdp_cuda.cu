@@ -1381,7 +1381,12 @@ static __global__ void pdp__embed_sort_bwd(const int32_t *ids, int64_t n, int32_
 }
 
 /* dwte[v, c] += dout[p, c] over the run of positions p with id v, in position order:
-   the thread of a run's first entry does the whole run. */
+   the thread of a run's first entry does the whole run, PDP__VEC2 positions at a time:
+   their loads (the positions, then their ids and rows) all issued before the adds, which
+   stop at the first position past the run. One position at a time, each add waited on
+   two loads in a row (185 us a call on an H200 at 2048 positions of bytes). */
+#define PDP__VEC2 8
+
 static __global__ void pdp__embed_wte_bwd(const int32_t *ids, const int32_t *order,
                                           const float *dout, float *dwte, int64_t n, int64_t C)
 {
@@ -1390,8 +1395,15 @@ static __global__ void pdp__embed_wte_bwd(const int32_t *ids, const int32_t *ord
         int32_t v = ids[order[r]];
         if (r > 0 && ids[order[r - 1]] == v) continue; /* not the first of its run */
         float acc = dwte[(int64_t)v * C + c];
-        for (int64_t j = r; j < n && ids[order[j]] == v; j++)
-            acc += dout[(int64_t)order[j] * C + c];
+        for (int64_t j = r; j < n; j += PDP__VEC2) {
+            int32_t p[PDP__VEC2], id[PDP__VEC2];
+            float g[PDP__VEC2];
+            int k, m = n - j < PDP__VEC2 ? (int)(n - j) : PDP__VEC2;
+            for (k = 0; k < m; k++) p[k] = order[j + k];
+            for (k = 0; k < m; k++) id[k] = ids[p[k]], g[k] = dout[(int64_t)p[k] * C + c];
+            for (k = 0; k < m && id[k] == v; k++) acc += g[k];
+            if (k < PDP__VEC2) break; /* the run ended (or the positions did) */
+        }
         dwte[(int64_t)v * C + c] = acc;
     }
 }

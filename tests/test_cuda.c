@@ -600,6 +600,58 @@ static enum greatest_test_res check_embedding_order(void)
     PASS();
 }
 
+/* The same over long runs: 3 ids over 2 x 200 positions (runs of about 130 positions, past
+   the kernel's batches of loads), every gradient bit for bit the CPU's. */
+static enum greatest_test_res check_embedding_long_runs(void)
+{
+    enum { S = 2, T = 200, C = 5 };
+    pdp_model *m[2] = {NULL, NULL};
+    pdp_model_desc d;
+    pdp_tensor xc, xg, *buf = NULL, *dyc = NULL, *dyg = NULL, gc, gg;
+    const pdp_tensor *y;
+    int32_t ids[S * T];
+    int64_t shape[2] = {S, T}, yshape[3] = {S, T, C};
+    pdp_rng r;
+    float *h;
+    int i;
+    memset(&d, 0, sizeof d);
+    d.seed = 5;
+    d.input_shape[0] = T;
+    d.input_dtype = PDP_DTYPE_I32;
+    for (i = 0; i < 2; i++) {
+        d.device = i ? pdp_cuda(0) : pdp_cpu();
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&m[i], &d), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_embedding(m[i], 3, C, T), pdp_status_name);
+    }
+    pdp_rng_seed(&r, 17, 0);
+    for (i = 0; i < S * T; i++) ids[i] = (int32_t)pdp_rng_below(&r, 3);
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &xc);
+    ASSERT_ENUM_EQ(PDP_OK, upload_ids(ids, S, S * T, &buf, &xg), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyc, pdp_cpu(), 3, yshape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyg, pdp_cuda(0), 3, yshape), pdp_status_name);
+    fill_random(dyc->data, dyc->count, 23);
+    for (i = 0; i < dyc->count; i++) dyc->data[i] *= (float)(1 + i % 997); /* orders show */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(dyg, dyc->data), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m[0], &xc, &y), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_model_forward(m[1], &xg, &y) == PDP_OK);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(m[0], dyc), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_model_backward(m[1], dyg) == PDP_OK);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(m[0], NULL, &gc), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(m[1], NULL, &gg), pdp_status_name);
+    h = host_copy(&gg);
+    ASSERT(h != NULL);
+    for (i = 0; i < gc.count; i++)
+        ASSERTm("long runs: token and position gradients bit for bit",
+                memcmp(&h[i], &gc.data[i], 4) == 0);
+    free(h);
+    pdp_tensor_free(buf);
+    pdp_tensor_free(dyc);
+    pdp_tensor_free(dyg);
+    pdp_model_free(m[0]);
+    pdp_model_free(m[1]);
+    PASS();
+}
+
 /* Embedding (a vocabulary of 5 over 6 x 7 positions, so ids repeat: the scatter-add's
    order) then a head tied to its token table (its gradient gets the head's product and
    then the rows the embedding adds, as on the CPU): forward, two accumulated backwards;
@@ -671,6 +723,7 @@ TEST cuda_embedding_and_tied_head_match_cpu(void)
     pdp_model_free(m[0]);
     pdp_model_free(m[1]);
     CHECK_CALL(check_embedding_order());
+    CHECK_CALL(check_embedding_long_runs());
     PASS();
 }
 
