@@ -5534,8 +5534,14 @@ struct pdp_model {
     pdp__param_entry *params;
     int nparams, cap_params;
     int64_t param_count;
-    float *param_block;      /* param_count floats (borrowed when params_shared) */
-    float *grad_block;       /* param_count floats */
+    float *param_block;      /* param_count floats in use (borrowed when params_shared) */
+    float *grad_block;       /* param_count floats in use */
+    /* The blocks pdp__model_add allocated hold param_cap floats (more than param_count
+       while a builder's pdp__model_reserve_params room is filling) while they are
+       cap_param_block and cap_grad_block (an executor or a pipeline may swap in blocks of
+       its own, of param_count floats). */
+    int64_t param_cap;
+    float *cap_param_block, *cap_grad_block;
     bool params_shared;      /* a DP replica reading its master's parameters */
     /* activations: act[i] is the output of layer i, [max_batch, out_count] */
     int64_t max_batch, batch;
@@ -5581,6 +5587,11 @@ struct pdp_model {
    the parameter block of a wrapped model (or a DP replica), naming the executor; what:
    the advice ("add layers before wrapping it"). */
 PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn);
+/* A builder that knows its model's size: room for count floats in both blocks before the
+   layers come, so none of them copies the blocks; then, built, before anyone holds a view,
+   the blocks cut to param_count floats (a no-op when they are). pdp_gpt_create's. */
+PDP__PRIVATE pdp_status pdp__model_reserve_params(pdp_model *m, int64_t count);
+PDP__PRIVATE pdp_status pdp__model_fit_params(pdp_model *m);
 PDP__PRIVATE void pdp__model_unwrap(pdp_model *m);
 PDP__PRIVATE const char *pdp__model_wrapper(const pdp_model *m);
 PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what,
@@ -21098,13 +21109,76 @@ PDP__PRIVATE pdp_status pdp__model_check_ids(const pdp_model *m, const pdp__laye
 /* Appends layer l (kind and configuration filled in by the caller): infers its
    shapes, registers and initialises its parameters, and moves the parameter and
    gradient blocks to their new size. On failure the model is unchanged. */
+/* The floats the parameter and gradient blocks hold (internal.h: param_cap). */
+PDP__PRIVATE int64_t pdp__model_param_cap(const pdp_model *m)
+{
+    bool ours = m->param_block && m->param_block == m->cap_param_block &&
+                m->grad_block == m->cap_grad_block;
+    return ours ? m->param_cap : m->param_count;
+}
+
+/* Both blocks reallocated to cap floats, their first keep floats copied. */
+PDP__PRIVATE pdp_status pdp__model_resize_params(pdp_model *m, int64_t keep, int64_t cap)
+{
+    size_t kept = (size_t)keep * sizeof(float), bytes = (size_t)cap * sizeof(float);
+    float *params = NULL, *grads = NULL;
+    pdp_status st;
+    if ((st = pdp__dev_alloc(m->device, bytes, (void **)&params)) != PDP_OK ||
+        (st = pdp__dev_alloc(m->device, bytes, (void **)&grads)) != PDP_OK ||
+        (kept && (st = pdp__dev_copy(m->device, params, m->device, m->param_block, kept))) ||
+        (kept && (st = pdp__dev_copy(m->device, grads, m->device, m->grad_block, kept)))) {
+        pdp__dev_free(m->device, params);
+        pdp__dev_free(m->device, grads);
+        return st;
+    }
+    pdp__dev_free(m->device, m->param_block);
+    pdp__dev_free(m->device, m->grad_block);
+    m->param_block = m->cap_param_block = params;
+    m->grad_block = m->cap_grad_block = grads;
+    m->param_cap = cap;
+    return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__model_reserve_params(pdp_model *m, int64_t count)
+{
+    if (count <= pdp__model_param_cap(m)) return PDP_OK;
+    return pdp__model_resize_params(m, m->param_count, count);
+}
+
+PDP__PRIVATE pdp_status pdp__model_fit_params(pdp_model *m)
+{
+    if (pdp__model_param_cap(m) == m->param_count) return PDP_OK;
+    return pdp__model_resize_params(m, m->param_count, m->param_count);
+}
+
+/* The new layer's parameters, [first, param_count) of the block, drawn by its init (on
+   the host, then copied, for a device's block) and their gradients zeroed. */
+PDP__PRIVATE pdp_status pdp__model_init_new(pdp_model *m, const pdp__layer *l,
+                                            const pdp__param_shapes *ps, int64_t first)
+{
+    int64_t n = m->param_count - first;
+    bool cpu = m->device.kind == PDP_DEVICE_CPU;
+    float *host = cpu ? m->param_block + first : (float *)pdp__alloc((size_t)n * sizeof(float));
+    pdp_status st = PDP_OK;
+    if (!host) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory");
+    pdp__layer_init_params(l, ps->wndim ? host + m->params[l->param_first].offset - first : NULL,
+                           ps->bndim ? host + m->params[m->nparams - 1].offset - first : NULL,
+                           &m->init_rng);
+    if (!cpu) {
+        st = pdp__dev_copy(m->device, m->param_block + first, pdp_cpu(), host,
+                           (size_t)n * sizeof(float));
+        pdp__dealloc(host);
+    }
+    if (st == PDP_OK)
+        st = pdp__dev_memset0(m->device, m->grad_block + first, (size_t)n * sizeof(float));
+    return st;
+}
+
 PDP__PRIVATE pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
 {
     pdp__param_shapes ps;
-    int64_t old_count;
+    int64_t old_count, cap;
     int old_nparams;
-    float *params = NULL, *grads = NULL, *host = NULL;
-    size_t bytes;
     pdp_status st;
     int i;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
@@ -21134,6 +21208,7 @@ PDP__PRIVATE pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *f
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     old_count = m->param_count;
     old_nparams = m->nparams;
+    cap = pdp__model_param_cap(m);
     l.param_first = m->nparams;
     l.nparams = (ps.wndim > 0) + (ps.bndim > 0);
     if ((ps.wndim && (st = pdp__model_register(m, l.index, ps.wname ? ps.wname : "weight",
@@ -21141,36 +21216,18 @@ PDP__PRIVATE pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *f
         (ps.bndim && (st = pdp__model_register(m, l.index, ps.bname ? ps.bname : "bias",
                                                ps.bndim, ps.bshape))))
         goto fail;
-    if (m->param_count != old_count) {
-        bytes = (size_t)m->param_count * sizeof(float);
-        host = (float *)pdp__alloc(bytes);
-        if (!host) goto oom;
-        if (old_count && (st = pdp__dev_copy(pdp_cpu(), host, m->device, m->param_block,
-                                             (size_t)old_count * sizeof(float))) != PDP_OK)
-            goto fail;
-        pdp__layer_init_params(&l, ps.wndim ? host + m->params[l.param_first].offset : NULL,
-                               ps.bndim ? host + m->params[m->nparams - 1].offset : NULL,
-                               &m->init_rng);
-        if ((st = pdp__dev_alloc(m->device, bytes, (void **)&params)) != PDP_OK ||
-            (st = pdp__dev_alloc(m->device, bytes, (void **)&grads)) != PDP_OK ||
-            (st = pdp__dev_copy(m->device, params, pdp_cpu(), host, bytes)) != PDP_OK ||
-            (st = pdp__dev_memset0(m->device, grads, bytes)) != PDP_OK)
-            goto fail;
-        pdp__dealloc(host);
-        pdp__dev_free(m->device, m->param_block);
-        pdp__dev_free(m->device, m->grad_block);
-        m->param_block = params;
-        m->grad_block = grads;
-    }
+    /* Exactly the new size: a model holds what it uses (a PDP_MALLOC budget, a GPU's memory
+       see no spare room). Each layer then copies the blocks so far, which a builder that
+       knows the size avoids with pdp__model_reserve_params (pdp_gpt_create at GPT-2 124M's
+       size: 72 s without, on an EPYC Zen 4, most of it page faults). */
+    if (m->param_count > cap && (st = pdp__model_resize_params(m, old_count, m->param_count)))
+        goto fail;
+    if (m->param_count != old_count && (st = pdp__model_init_new(m, &l, &ps, old_count)))
+        goto fail;
     m->layers[m->nlayers++] = l;
     pdp__model_free_buffers(m); /* activations are re-planned on the next forward */
     return PDP_OK;
-oom:
-    st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory");
 fail:
-    pdp__dealloc(host);
-    pdp__dev_free(m->device, params);
-    pdp__dev_free(m->device, grads);
     m->param_count = old_count;
     m->nparams = old_nparams;
     return pdp__err_wrap(st, "%s: layer %d", fn, l.index);
@@ -29954,6 +30011,8 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     md.recompute = d.recompute;
     if ((st = pdp_model_create(&m, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     if (d.tp && (st = pdp_model_set_tp(m, d.tp)) != PDP_OK) goto fail;
+    if (!d.tp && (st = pdp__model_reserve_params(m, pdp_gpt_param_count(&d))) != PDP_OK)
+        goto fail; /* (a TP rank holds slices: its blocks grow as its layers come) */
     if ((st = pdp_model_add_embedding(m, d.vocab, d.dim, d.context)) != PDP_OK ||
         (st = pdp__model_rename_param(m, 0, "transformer.wte.weight")) != PDP_OK ||
         (st = pdp__model_rename_param(m, 1, "transformer.wpe.weight")) != PDP_OK ||
@@ -29967,7 +30026,9 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
         (st = pdp_model_add_tied_linear(m, "transformer.wte.weight")) != PDP_OK)
         goto fail;
     if (d.sequence_parallel) pdp__tp_mark_sequence(m);
-    if ((st = d.tp ? pdp__gpt_init_tp(m, &d) : pdp__gpt_init(m, &d)) != PDP_OK) goto fail;
+    if ((st = pdp__model_fit_params(m)) != PDP_OK || /* built: no spare capacity */
+        (st = d.tp ? pdp__gpt_init_tp(m, &d) : pdp__gpt_init(m, &d)) != PDP_OK)
+        goto fail;
     *out = m;
     return PDP_OK;
 fail:

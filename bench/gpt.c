@@ -32,9 +32,8 @@
    and tokens/s, and the ratios peer ms / pdp ms (above 1: pdp is faster) beside the issue's
    targets: fp32 >= 1.3x PyTorch at one thread, bf16 >= 1.0x, and 2 threads >= 1.8x 1 thread.
    pdp's model and optimizer are built once per shape and precision and kept for the shape's
-   rounds (the threads change between measurements): pdp_gpt_create reallocates and copies
-   the whole parameter and gradient blocks for every layer it adds (model.c's
-   pdp__model_add), which at GPT-2 124M's size costs tens of seconds, mostly page faults.
+   rounds (the threads change between measurements): pdp_gpt_create at GPT-2 124M's size
+   takes about 6 s (the initialisation's 124 M normal draws most of it).
 
    Fraction of the peak: the step's products over the time, over the FMA peak (bench.h's
    bench_peak_gflops, the best of its measurements at the start and after each round, as
@@ -141,7 +140,7 @@ static void step(pdp_model *m, pdp_optim *o, const pdp_tensor *x, const int32_t 
 }
 
 /* pdp's model and optimizer of a shape and precision, built on first use and kept for the
-   shape's rounds: pdp_gpt_create takes tens of seconds at GPT-2 124M's size (see the opening
+   shape's rounds: pdp_gpt_create takes seconds at GPT-2 124M's size (see the opening
    comment), outside the step but not outside the bench's time. */
 typedef struct built {
     pdp_model *m;

@@ -249,6 +249,8 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     md.recompute = d.recompute;
     if ((st = pdp_model_create(&m, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     if (d.tp && (st = pdp_model_set_tp(m, d.tp)) != PDP_OK) goto fail;
+    if (!d.tp && (st = pdp__model_reserve_params(m, pdp_gpt_param_count(&d))) != PDP_OK)
+        goto fail; /* (a TP rank holds slices: its blocks grow as its layers come) */
     if ((st = pdp_model_add_embedding(m, d.vocab, d.dim, d.context)) != PDP_OK ||
         (st = pdp__model_rename_param(m, 0, "transformer.wte.weight")) != PDP_OK ||
         (st = pdp__model_rename_param(m, 1, "transformer.wpe.weight")) != PDP_OK ||
@@ -262,7 +264,9 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
         (st = pdp_model_add_tied_linear(m, "transformer.wte.weight")) != PDP_OK)
         goto fail;
     if (d.sequence_parallel) pdp__tp_mark_sequence(m);
-    if ((st = d.tp ? pdp__gpt_init_tp(m, &d) : pdp__gpt_init(m, &d)) != PDP_OK) goto fail;
+    if ((st = pdp__model_fit_params(m)) != PDP_OK || /* built: no spare capacity */
+        (st = d.tp ? pdp__gpt_init_tp(m, &d) : pdp__gpt_init(m, &d)) != PDP_OK)
+        goto fail;
     *out = m;
     return PDP_OK;
 fail:

@@ -952,8 +952,14 @@ struct pdp_model {
     pdp__param_entry *params;
     int nparams, cap_params;
     int64_t param_count;
-    float *param_block;      /* param_count floats (borrowed when params_shared) */
-    float *grad_block;       /* param_count floats */
+    float *param_block;      /* param_count floats in use (borrowed when params_shared) */
+    float *grad_block;       /* param_count floats in use */
+    /* The blocks pdp__model_add allocated hold param_cap floats (more than param_count
+       while a builder's pdp__model_reserve_params room is filling) while they are
+       cap_param_block and cap_grad_block (an executor or a pipeline may swap in blocks of
+       its own, of param_count floats). */
+    int64_t param_cap;
+    float *cap_param_block, *cap_grad_block;
     bool params_shared;      /* a DP replica reading its master's parameters */
     /* activations: act[i] is the output of layer i, [max_batch, out_count] */
     int64_t max_batch, batch;
@@ -999,6 +1005,11 @@ struct pdp_model {
    the parameter block of a wrapped model (or a DP replica), naming the executor; what:
    the advice ("add layers before wrapping it"). */
 PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn);
+/* A builder that knows its model's size: room for count floats in both blocks before the
+   layers come, so none of them copies the blocks; then, built, before anyone holds a view,
+   the blocks cut to param_count floats (a no-op when they are). pdp_gpt_create's. */
+PDP__PRIVATE pdp_status pdp__model_reserve_params(pdp_model *m, int64_t count);
+PDP__PRIVATE pdp_status pdp__model_fit_params(pdp_model *m);
 PDP__PRIVATE void pdp__model_unwrap(pdp_model *m);
 PDP__PRIVATE const char *pdp__model_wrapper(const pdp_model *m);
 PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what,
@@ -6591,6 +6602,21 @@ PDP__PRIVATE pdp_status pdp__model_check_ids(const pdp_model *m, const pdp__laye
 /* Appends layer l (kind and configuration filled in by the caller): infers its
    shapes, registers and initialises its parameters, and moves the parameter and
    gradient blocks to their new size. On failure the model is unchanged. */
+/* The floats the parameter and gradient blocks hold (internal.h: param_cap). */
+PDP__PRIVATE int64_t pdp__model_param_cap(const pdp_model *m);
+
+/* Both blocks reallocated to cap floats, their first keep floats copied. */
+PDP__PRIVATE pdp_status pdp__model_resize_params(pdp_model *m, int64_t keep, int64_t cap);
+
+PDP__PRIVATE pdp_status pdp__model_reserve_params(pdp_model *m, int64_t count);
+
+PDP__PRIVATE pdp_status pdp__model_fit_params(pdp_model *m);
+
+/* The new layer's parameters, [first, param_count) of the block, drawn by its init (on
+   the host, then copied, for a device's block) and their gradients zeroed. */
+PDP__PRIVATE pdp_status pdp__model_init_new(pdp_model *m, const pdp__layer *l,
+                                            const pdp__param_shapes *ps, int64_t first);
+
 PDP__PRIVATE pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn);
 
 PDP__PRIVATE pdp__layer pdp__layer_of(pdp__layer_kind kind);
