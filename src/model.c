@@ -265,9 +265,6 @@ PDP__PRIVATE pdp_status pdp__model_check_ids(const pdp_model *m, const pdp__laye
     return PDP_OK;
 }
 
-/* Appends layer l (kind and configuration filled in by the caller): infers its
-   shapes, registers and initialises its parameters, and moves the parameter and
-   gradient blocks to their new size. On failure the model is unchanged. */
 /* The floats the parameter and gradient blocks hold (internal.h: param_cap). */
 PDP__PRIVATE int64_t pdp__model_param_cap(const pdp_model *m)
 {
@@ -276,7 +273,15 @@ PDP__PRIVATE int64_t pdp__model_param_cap(const pdp_model *m)
     return ours ? m->param_cap : m->param_count;
 }
 
-/* Both blocks reallocated to cap floats, their first keep floats copied. */
+/* A block's first bytes: src's, or zeros where src is absent (an executor's free that
+   could not restore it). */
+PDP__PRIVATE pdp_status pdp__model_keep(pdp_device d, float *dst, const float *src, size_t bytes)
+{
+    if (!bytes) return PDP_OK;
+    return src ? pdp__dev_copy(d, dst, d, src, bytes) : pdp__dev_memset0(d, dst, bytes);
+}
+
+/* Both blocks reallocated to cap floats, their first keep floats kept. */
 PDP__PRIVATE pdp_status pdp__model_resize_params(pdp_model *m, int64_t keep, int64_t cap)
 {
     size_t kept = (size_t)keep * sizeof(float), bytes = (size_t)cap * sizeof(float);
@@ -284,8 +289,8 @@ PDP__PRIVATE pdp_status pdp__model_resize_params(pdp_model *m, int64_t keep, int
     pdp_status st;
     if ((st = pdp__dev_alloc(m->device, bytes, (void **)&params)) != PDP_OK ||
         (st = pdp__dev_alloc(m->device, bytes, (void **)&grads)) != PDP_OK ||
-        (kept && (st = pdp__dev_copy(m->device, params, m->device, m->param_block, kept))) ||
-        (kept && (st = pdp__dev_copy(m->device, grads, m->device, m->grad_block, kept)))) {
+        (st = pdp__model_keep(m->device, params, m->param_block, kept)) != PDP_OK ||
+        (st = pdp__model_keep(m->device, grads, m->grad_block, kept)) != PDP_OK) {
         pdp__dev_free(m->device, params);
         pdp__dev_free(m->device, grads);
         return st;
@@ -333,6 +338,9 @@ PDP__PRIVATE pdp_status pdp__model_init_new(pdp_model *m, const pdp__layer *l,
     return st;
 }
 
+/* Appends layer l (kind and configuration filled in by the caller): infers its
+   shapes, registers and initialises its parameters, and moves the parameter and
+   gradient blocks to their new size. On failure the model is unchanged. */
 PDP__PRIVATE pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
 {
     pdp__param_shapes ps;
@@ -1219,6 +1227,8 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
     m->layers = NULL;
     m->params = NULL;
     m->param_block = m->grad_block = NULL;
+    m->cap_param_block = m->cap_grad_block = NULL; /* its blocks hold param_count */
+    m->param_cap = 0;
     m->act = NULL;
     m->saved_off = NULL;
     m->act_block = m->saved_block = m->work_block = m->grad_a = m->grad_b = NULL;

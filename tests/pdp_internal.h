@@ -6599,13 +6599,14 @@ PDP__PRIVATE pdp_status pdp__model_register(pdp_model *m, int layer, const char 
    model whose input is int32 only with such a kind first. */
 PDP__PRIVATE pdp_status pdp__model_check_ids(const pdp_model *m, const pdp__layer *l);
 
-/* Appends layer l (kind and configuration filled in by the caller): infers its
-   shapes, registers and initialises its parameters, and moves the parameter and
-   gradient blocks to their new size. On failure the model is unchanged. */
 /* The floats the parameter and gradient blocks hold (internal.h: param_cap). */
 PDP__PRIVATE int64_t pdp__model_param_cap(const pdp_model *m);
 
-/* Both blocks reallocated to cap floats, their first keep floats copied. */
+/* A block's first bytes: src's, or zeros where src is absent (an executor's free that
+   could not restore it). */
+PDP__PRIVATE pdp_status pdp__model_keep(pdp_device d, float *dst, const float *src, size_t bytes);
+
+/* Both blocks reallocated to cap floats, their first keep floats kept. */
 PDP__PRIVATE pdp_status pdp__model_resize_params(pdp_model *m, int64_t keep, int64_t cap);
 
 PDP__PRIVATE pdp_status pdp__model_reserve_params(pdp_model *m, int64_t count);
@@ -6617,6 +6618,9 @@ PDP__PRIVATE pdp_status pdp__model_fit_params(pdp_model *m);
 PDP__PRIVATE pdp_status pdp__model_init_new(pdp_model *m, const pdp__layer *l,
                                             const pdp__param_shapes *ps, int64_t first);
 
+/* Appends layer l (kind and configuration filled in by the caller): infers its
+   shapes, registers and initialises its parameters, and moves the parameter and
+   gradient blocks to their new size. On failure the model is unchanged. */
 PDP__PRIVATE pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn);
 
 PDP__PRIVATE pdp__layer pdp__layer_of(pdp__layer_kind kind);
