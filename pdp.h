@@ -29971,6 +29971,15 @@ PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc)
     return V * C + desc->context * C + desc->layers * (12 * C * C + 13 * C) + 2 * C;
 }
 
+/* A rank's parameters in a GPT under TP over n ranks (n = 1: pdp_gpt_param_count's): the
+   embeddings, the LayerNorms and the row-parallel Linears' biases whole on every rank, the
+   rest cut n ways. pdp_gpt_create reserves it; test_gpt holds it to the built count. */
+PDP__PRIVATE int64_t pdp__gpt_rank_param_count(const pdp_gpt_desc *d, int n)
+{
+    int64_t V = d->vocab ? d->vocab : 256, C = d->dim;
+    return V * C + d->context * C + 2 * C + d->layers * (6 * C + (12 * C * C + 7 * C) / n);
+}
+
 PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size_t bytes)
 {
     const char *fn = "pdp_gpt_desc_format";
@@ -30021,8 +30030,9 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     md.recompute = d.recompute;
     if ((st = pdp_model_create(&m, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     if (d.tp && (st = pdp_model_set_tp(m, d.tp)) != PDP_OK) goto fail;
-    if (!d.tp && (st = pdp__model_reserve_params(m, pdp_gpt_param_count(&d))) != PDP_OK)
-        goto fail; /* (a TP rank holds slices: its blocks grow as its layers come) */
+    if ((st = pdp__model_reserve_params(m, pdp__gpt_rank_param_count(
+             &d, d.tp ? pdp_comm_size(d.tp) : 1))) != PDP_OK) /* its layers fill it in place */
+        goto fail;
     if ((st = pdp_model_add_embedding(m, d.vocab, d.dim, d.context)) != PDP_OK ||
         (st = pdp__model_rename_param(m, 0, "transformer.wte.weight")) != PDP_OK ||
         (st = pdp__model_rename_param(m, 1, "transformer.wpe.weight")) != PDP_OK ||

@@ -8883,6 +8883,11 @@ PDP__PRIVATE pdp_status pdp__gpt_check(const pdp_gpt_desc *desc, pdp_gpt_desc *d
 
 /* PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc) */
 
+/* A rank's parameters in a GPT under TP over n ranks (n = 1: pdp_gpt_param_count's): the
+   embeddings, the LayerNorms and the row-parallel Linears' biases whole on every rank, the
+   rest cut n ways. pdp_gpt_create reserves it; test_gpt holds it to the built count. */
+PDP__PRIVATE int64_t pdp__gpt_rank_param_count(const pdp_gpt_desc *d, int n);
+
 /* PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size_t bytes) */
 
 /* PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc) */

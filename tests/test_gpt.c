@@ -666,7 +666,12 @@ static pdp_status tp_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_status st;
     d.tp = ctx->world;
     d.recompute = c->recompute;
-    if ((st = pdp_gpt_create(&m, &d)) == PDP_OK && (st = tp_train(m, c, ctx->rank == 0)) == PDP_OK)
+    if ((st = pdp_gpt_create(&m, &d)) == PDP_OK && /* what pdp_gpt_create reserved */
+        pdp_model_param_count(m) != pdp__gpt_rank_param_count(&d, ctx->world_size))
+        st = pdp__err(PDP_ERR_STATE, "TP %d: %lld parameters on a rank, reserved %lld",
+                      ctx->world_size, (long long)pdp_model_param_count(m),
+                      (long long)pdp__gpt_rank_param_count(&d, ctx->world_size));
+    if (st == PDP_OK && (st = tp_train(m, c, ctx->rank == 0)) == PDP_OK)
         st = pdp_tp_checkpoint_save(c->path, m, NULL);
     pdp_model_free(m);
     return st;
