@@ -1395,14 +1395,18 @@ static __global__ void pdp__embed_wte_bwd(const int32_t *ids, const int32_t *ord
         int32_t v = ids[order[r]];
         if (r > 0 && ids[order[r - 1]] == v) continue; /* not the first of its run */
         float acc = dwte[(int64_t)v * C + c];
-        for (int64_t j = r; j < n; j += PDP__VEC2) {
+        for (int64_t j = r; j < n; j += PDP__VEC2) { /* fixed trip counts: registers */
             int32_t p[PDP__VEC2], id[PDP__VEC2];
             float g[PDP__VEC2];
-            int k, m = n - j < PDP__VEC2 ? (int)(n - j) : PDP__VEC2;
-            for (k = 0; k < m; k++) p[k] = order[j + k];
-            for (k = 0; k < m; k++) id[k] = ids[p[k]], g[k] = dout[(int64_t)p[k] * C + c];
-            for (k = 0; k < m && id[k] == v; k++) acc += g[k];
-            if (k < PDP__VEC2) break; /* the run ended (or the positions did) */
+            bool end = false;
+            for (int k = 0; k < PDP__VEC2; k++) p[k] = order[j + k < n ? j + k : n - 1];
+            for (int k = 0; k < PDP__VEC2; k++)
+                id[k] = ids[p[k]], g[k] = dout[(int64_t)p[k] * C + c];
+            for (int k = 0; k < PDP__VEC2; k++) {
+                end = end || j + k >= n || id[k] != v; /* the run ended, or the positions */
+                if (!end) acc += g[k];
+            }
+            if (end) break;
         }
         dwte[(int64_t)v * C + c] = acc;
     }
