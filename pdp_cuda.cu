@@ -132,16 +132,17 @@ static pdp_status pdp__cu_nccl_fail(ncclResult_t r, const char *expr, int line)
     } while (0)
 
 /* ---- device context ----
-   One per device, created on first use under a mutex and kept for the life of
-   the process: the compute stream, the cuBLAS handle bound to it, the caching
-   allocator's blocks, a grow-only scratch buffer for the losses and norms, and a
-   grow-only workspace for bf16 GEMM inputs. A device is normally driven by one host thread at a time (DP, thread-rank
-   DDP), but several may share one (DP with more workers than GPUs): their
-   kernels interleave on the one stream, each on its own buffers; the shared
-   pieces are guarded - the allocator and the math mode by mu, the scratch by
-   scratch_mu from the moment a reduction takes it until its result is on the
-   host, the bf16 workspace by bf16_mu while a layer enqueues the conversions and
-   the GEMMs that read them (the stream then runs them in that order). cuBLAS allows several threads on one handle while its settings stay. */
+   One per device, created on first use under a mutex and kept until pdp_cudak_release (or
+   the process's end): the compute stream, the cuBLAS handle bound to it, the caching
+   allocator's blocks, a grow-only scratch buffer for the losses and norms, and a grow-only
+   workspace for bf16 GEMM inputs. A device is normally driven by one host thread at a time
+   (DP, thread-rank DDP), but several may share one (DP with more workers than GPUs): their
+   kernels interleave on the one stream, each on its own buffers; the shared pieces are
+   guarded - the allocator and the math mode by mu, the scratch by scratch_mu from the
+   moment a reduction takes it until its result is on the host, the bf16 workspace by
+   bf16_mu while a layer enqueues the conversions and the GEMMs that read them (the stream
+   then runs them in that order). cuBLAS allows several threads on one handle while its
+   settings stay. */
 
 typedef struct pdp__cu_block {
     void *p;
@@ -416,6 +417,49 @@ extern "C" pdp_status pdp_cudak_empty_cache(int dev)
     }
     c->nblocks = j;
     pthread_mutex_unlock(&c->mu);
+    return PDP_OK;
+}
+
+/* The device's context given back: every cached block, the scratch and bf16 workspaces,
+   the cuBLAS handle and the stream (the next call on the device creates them again).
+   Refused, changing nothing, while any other block is in use. The caller makes sure no
+   other thread uses the device meanwhile (cuda.h). */
+extern "C" pdp_status pdp_cudak_release(int dev)
+{
+    pdp__cu_ctx *c;
+    size_t own = 0;
+    int i;
+    if (dev < 0 || dev >= PDP__CU_MAX_DEVICES)
+        return pdp__cu_fail(PDP_ERR_INVALID, "CUDA device %d is outside 0..%d", dev,
+                            PDP__CU_MAX_DEVICES - 1);
+    c = &pdp__cu_ctxs[dev];
+    if (!__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE)) return PDP_OK; /* never used */
+    PDP__CU(cudaSetDevice(dev));
+    PDP__CU(cudaStreamSynchronize(c->stream));
+    pthread_mutex_lock(&pdp__cu_init_mu);
+    pthread_mutex_lock(&c->mu);
+    for (i = 0; i < c->nblocks; i++) /* the workspaces are the context's own */
+        if (c->blocks[i].used && (c->blocks[i].p == c->scratch || c->blocks[i].p == c->bf16))
+            own += c->blocks[i].bytes;
+    if (c->in_use > own) {
+        size_t used = c->in_use - own;
+        pthread_mutex_unlock(&c->mu);
+        pthread_mutex_unlock(&pdp__cu_init_mu);
+        return pdp__cu_fail(PDP_ERR_STATE, "CUDA device %d: %zu bytes are still in use (a "
+                            "model, tensor, optimizer or executor lives there: free it first)",
+                            dev, used);
+    }
+    for (i = 0; i < c->nblocks; i++) cudaFree(c->blocks[i].p);
+    PDP_FREE(c->blocks);
+    cublasDestroy(c->blas);
+    cudaStreamDestroy(c->stream);
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->scratch_mu);
+    pthread_mutex_destroy(&c->bf16_mu);
+    __atomic_store_n(&c->ready, 0, __ATOMIC_RELEASE);
+    memset(c, 0, sizeof *c);
+    pthread_mutex_unlock(&pdp__cu_init_mu);
     return PDP_OK;
 }
 

@@ -5,13 +5,13 @@
    PDP_CUDA every function below that takes a device fails with
    PDP_ERR_UNSUPPORTED naming the macro, and pdp_cuda_device_count reports 0.
 
-   Execution model. Each device has one compute stream and one cuBLAS handle,
-   created on first use and kept for the life of the process: process-wide state,
+   Execution model. Each device has one compute stream and one cuBLAS handle, created on
+   first use and kept until pdp_cuda_release or the process's end: process-wide state,
    one of the exceptions to "no globals" that the manual lists (THREADS AND
    DETERMINISM), with the intra-op pool and the trace sink. Layer, loss and optimizer
-   calls on a CUDA model enqueue kernels on that stream and return; anything
-   that hands a value to the host (a download, a loss) waits for it. Give each
-   model its own host thread; several threads may share a device (see below).
+   calls on a CUDA model enqueue kernels on that stream and return; anything that hands
+   a value to the host (a download, a loss) waits for it. Give each model its own host
+   thread; several threads may share a device (see below).
 
    Numerics. GEMMs run in full FP32 (TF32 off) so GPU results match the CPU to
    about 1e-5 relative; pdp_cuda_set_tf32(true) trades that for tensor-core
@@ -50,6 +50,13 @@ typedef struct pdp_cuda_memory_stats {
 PDP_API pdp_status pdp_cuda_memory_stats_get(pdp_device d, pdp_cuda_memory_stats *out);
 /* Returns the device's cached free blocks to the driver (cudaFree). */
 PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d);
+/* Gives device d back as pdp found it: its cached blocks, workspaces, cuBLAS handle and
+   stream (a program done training that keeps running; a leak checker at exit). The next
+   call on the device creates them again. Fails with PDP_ERR_STATE, releasing nothing,
+   while pdp memory is in use there (a model, tensor, optimizer, executor or NCCL group
+   lives on it), naming the bytes; a device pdp never used is a no-op. No other thread
+   may use the device meanwhile. */
+PDP_API pdp_status pdp_cuda_release(pdp_device d);
 
 /* ---- cuda: NCCL thread ranks ----
    One process drives N GPUs with one thread per GPU: create the group once
@@ -118,6 +125,7 @@ pdp_status pdp_cudak_malloc(int dev, size_t bytes, void **out);
 void pdp_cudak_free(int dev, void *p);
 pdp_status pdp_cudak_memory_stats(int dev, int64_t *mallocs, size_t *reserved, size_t *in_use);
 pdp_status pdp_cudak_empty_cache(int dev);
+pdp_status pdp_cudak_release(int dev);
 pdp_status pdp_cudak_memset0(int dev, void *p, size_t bytes);
 pdp_status pdp_cudak_fill(int dev, float *p, int64_t count, float value);
 /* dst_dev / src_dev: a CUDA ordinal, or -1 for host memory. Device-to-host and

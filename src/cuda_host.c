@@ -197,6 +197,17 @@ PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d)
     return PDP_OK;
 }
 
+PDP_API pdp_status pdp_cuda_release(pdp_device d)
+{
+    pdp_status st;
+    if ((st = pdp__cuda_check_device(d, "pdp_cuda_release")) != PDP_OK) return st;
+#ifdef PDP_CUDA
+    if ((st = pdp_cudak_release(d.ordinal)) != PDP_OK)
+        return pdp__err(st, "pdp_cuda_release: pdp_cuda: %s", pdp_cudak_error());
+#endif
+    return PDP_OK;
+}
+
 /* ---- cuda_host: losses ----
    The same contract as loss.c's pdp__cross_entropy (and, ignore: its
    pdp__cross_entropy_rows, rows labelled -1 giving loss 0 and dlogits 0), logits and

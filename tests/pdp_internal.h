@@ -2178,6 +2178,8 @@ PDP__PRIVATE pdp_status pdp__cuda_check_device(pdp_device d, const char *fn);
 
 /* PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d) */
 
+/* PDP_API pdp_status pdp_cuda_release(pdp_device d) */
+
 /* ---- cuda_host: losses ----
    The same contract as loss.c's pdp__cross_entropy (and, ignore: its
    pdp__cross_entropy_rows, rows labelled -1 giving loss 0 and dlogits 0), logits and

@@ -399,6 +399,58 @@ TEST cuda_caching_allocator_reuses_freed_blocks(void)
     PASS();
 }
 
+/* pdp_cuda_release: refused while a tensor lives on the device (naming the device and the
+   bytes; the tensor intact), then, everything freed, the device's blocks and workspaces
+   (a loss's scratch, a bf16 model's inputs) handed back: nothing reserved; the next call
+   creates the device's state again. */
+TEST cuda_release_gives_the_device_back(void)
+{
+    int64_t shape[2] = {4, 300};
+    int32_t labels[4] = {1, 299, 0, 7};
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    pdp_tensor *t = NULL, *d = NULL;
+    const pdp_tensor *y;
+    pdp_cuda_memory_stats s;
+    static float host[1200], back[1200];
+    float loss;
+    int i;
+    NEED_GPU();
+    for (i = 0; i < 1200; i++) host[i] = (float)(i % 17) * 0.25f;
+    memset(&md, 0, sizeof md);
+    md.input_ndim = 1;
+    md.input_shape[0] = 300;
+    md.device = pdp_cuda(0);
+    md.precision = PDP_PRECISION_BF16; /* its forward takes the bf16 workspace */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&m, &md), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 5), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&t, pdp_cuda(0), 2, shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&d, pdp_cuda(0), 2, shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(t, host), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, t, &y), pdp_status_name);
+    pdp_model_free(m);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_loss_cross_entropy(t, labels, &loss, d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_cuda_release(pdp_cuda(0)), pdp_status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "device 0") != NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "in use") != NULL);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_download(t, back), pdp_status_name);
+    ASSERT_MEM_EQ(host, back, sizeof host);
+    pdp_tensor_free(t);
+    pdp_tensor_free(d);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_release(pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_memory_stats_get(pdp_cuda(0), &s), pdp_status_name);
+    ASSERT_EQ(0, s.reserved_bytes);
+    ASSERT_EQ(0, s.in_use_bytes);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_release(pdp_cuda(0)), pdp_status_name); /* twice: fine */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&t, pdp_cuda(0), 2, shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(t, host), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_loss_cross_entropy(t, labels, &loss, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_download(t, back), pdp_status_name);
+    ASSERT_MEM_EQ(host, back, sizeof host);
+    pdp_tensor_free(t);
+    PASS();
+}
+
 /* ---- with PDP_CUDA: every layer, forward and backward ---- */
 
 static enum greatest_test_res check_layer(layer_case k)
@@ -3820,6 +3872,7 @@ SUITE(cuda)
     RUN_TEST(cuda_device_count_and_bad_ordinal);
     RUN_TEST(cuda_tensor_copies_round_trip);
     RUN_TEST(cuda_caching_allocator_reuses_freed_blocks);
+    RUN_TEST(cuda_release_gives_the_device_back);
     RUN_TEST(cuda_layers_match_cpu);
     RUN_TEST(cuda_column_sums_keep_row_order_bits);
     RUN_TEST(cuda_embedding_and_tied_head_match_cpu);

@@ -308,6 +308,21 @@ pdp_status pdp_cudak_empty_cache(int dev)
     return PDP_OK;
 }
 
+/* The fake device's blocks back to the host, refused while one is in use (as the real one). */
+pdp_status pdp_cudak_release(int dev)
+{
+    int i;
+    size_t used = 0;
+    FAKE__DEV(dev);
+    pthread_mutex_lock(&fake__mem_mu);
+    for (i = 0; i < fake__nblocks; i++)
+        if (fake__blocks[i].used && fake__blocks[i].dev == dev) used += fake__blocks[i].bytes;
+    pthread_mutex_unlock(&fake__mem_mu);
+    if (used)
+        return fake__fail(PDP_ERR_STATE, "CUDA device %d: %zu bytes are still in use", dev, used);
+    return pdp_cudak_empty_cache(dev);
+}
+
 /* At exit: blocks still in use are device-memory leaks of the program (reported, as
    a leak checker would); wrong frees make the process fail. */
 static void fake__at_exit(void) __attribute__((destructor));
