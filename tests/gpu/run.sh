@@ -17,9 +17,10 @@
 #      optim_cuda_matches_cpu, checkpoint_cuda_round_trip), also with PDP_TEST_REQUIRE_CUDA=1;
 #   3b. compute-sanitizer, where the toolkit has it: memcheck over test_cuda (every device
 #      access in bounds; its reports of failed API calls off, since NCCL probes its own
-#      kernels that way and pdp checks each call it makes) and racecheck over the GPT's and
-#      the layers' cases (no shared-memory race); a report fails the step. About 70 s on an
-#      H200 (memcheck 30, racecheck 25 + 7);
+#      kernels that way and pdp checks each call it makes), racecheck over the GPT's and
+#      the layers' cases (no shared-memory race), and a leak check over the release case
+#      alone (pdp_cuda_release leaves no device memory behind); a report fails the step.
+#      About 75 s on an H200 (memcheck 30, racecheck 25 + 7);
 #   4. the NCCL world-size-1 test again with torchrun's variables set (the env path);
 #   5. DDP over NCCL with two processes, one per GPU, when there are two GPUs or more. NCCL
 #      does not allow two ranks of one communicator on the same device, so with one GPU this
@@ -108,6 +109,8 @@ if [ "${results[0]}" = PASS ]; then
         step "racecheck, the GPT" 60 "${san[@]}" --tool racecheck ./build/cuda/test_cuda -t cuda_gpt
         step "racecheck, the layers" 30 "${san[@]}" --tool racecheck ./build/cuda/test_cuda \
             -t cuda_layers
+        step "leak check, pdp_cuda_release" 30 "${san[@]}" --tool memcheck --leak-check full \
+            --report-api-errors no ./build/cuda/test_cuda -t cuda_release_gives
     else
         echo "== compute-sanitizer: not found (skipped)"
         record "compute-sanitizer" SKIP 0 "not on the PATH"
