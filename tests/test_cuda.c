@@ -448,6 +448,8 @@ TEST cuda_release_gives_the_device_back(void)
     ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_download(t, back), pdp_status_name);
     ASSERT_MEM_EQ(host, back, sizeof host);
     pdp_tensor_free(t);
+    /* and back again: run alone under a leak checker (tests/gpu/run.sh), nothing remains */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_release(pdp_cuda(0)), pdp_status_name);
     PASS();
 }
 
