@@ -72,6 +72,8 @@ TEST cuda_requests_unsupported_without_macro(void)
     ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_cuda_set_tf32(true), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_cuda_synchronize(pdp_cuda(0)), pdp_status_name);
     ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_cuda_synchronize") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_cuda_release(pdp_cuda(0)), pdp_status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_cuda_release") != NULL);
 
     memset(&md, 0, sizeof md);
     md.input_shape[0] = 4;
@@ -416,6 +418,8 @@ TEST cuda_release_gives_the_device_back(void)
     float loss;
     int i;
     NEED_GPU();
+    ASSERT_ENUM_EQ(PDP_ERR_DEVICE, pdp_cuda_release(pdp_cpu()), pdp_status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "not CUDA") != NULL);
     for (i = 0; i < 1200; i++) host[i] = (float)(i % 17) * 0.25f;
     memset(&md, 0, sizeof md);
     md.input_ndim = 1;
