@@ -545,7 +545,8 @@ static enum greatest_test_res check_column_sums(bool layernorm)
     ASSERT_ENUM_EQ(PDP_OK, layernorm ? pdp_model_add_layernorm(m, 1e-5f)
                                      : pdp_model_add_linear(m, N), pdp_status_name);
     fill_random(hx, ROWS * xshape[1], 11);
-    for (r = 0; r < ROWS * xshape[1]; r++) hx[r] += (float)(r / xshape[1] % 3) * 0.5f; /* means 0-1 */
+    for (r = 0; r < ROWS * xshape[1]; r++) /* row means 0 to 1 */
+        hx[r] += (float)(r / xshape[1] % 3) * 0.5f;
     fill_random(hdy, ROWS * N, 12);
     ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&x, pdp_cuda(0), 2, xshape), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dy, pdp_cuda(0), 2, yshape), pdp_status_name);

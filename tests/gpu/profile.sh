@@ -14,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 skip=${SKIP:-3000} launches=${LAUNCHES:-1500} top=${TOP:-25}
 command -v ncu >/dev/null 2>&1 || { echo "profile.sh: ncu (Nsight Compute) not found"; exit 2; }
-[ -x build/cuda/train_gpt ] || { echo "profile.sh: build/cuda/train_gpt missing: make cuda"; exit 2; }
+[ -x build/cuda/train_gpt ] || { echo "profile.sh: no build/cuda/train_gpt: make cuda"; exit 2; }
 out=$(mktemp)
 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip "$skip" \
     --launch-count "$launches" --print-summary per-kernel ./build/cuda/train_gpt -device cuda \
