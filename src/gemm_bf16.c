@@ -969,14 +969,6 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512_epi(int64_t pairs, co
     acc[6][0] = c60, acc[6][1] = c61, acc[7][0] = c70, acc[7][1] = c71;
     pdp__bf16_store_tile512(acc, c, ldc, mr, nr, alpha, beta, bias, relu);
 }
-
-PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
-                                                           const uint32_t *bp, float *c,
-                                                           int64_t ldc, int mr, int nr, float alpha,
-                                                           float beta)
-{
-    pdp__bf16_kernel_avx512_epi(pairs, ap, bp, c, ldc, mr, nr, alpha, beta, NULL, 0);
-}
 #  undef PDP__BF16_ROW
 #  undef PDP__BF16_ROW1
 #  undef PDP__BF16_LOOP
@@ -985,6 +977,10 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
 typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
                                     float *c, int64_t ldc, int mr, int nr, float alpha,
                                     float beta);
+/* A kernel that adds the bias and applies the ReLU as it stores (Linear's epilogue). */
+typedef void (*pdp__bf16_kernel_epi_fn)(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
+                                        float *c, int64_t ldc, int mr, int nr, float alpha,
+                                        float beta, const float *bias, int relu);
 
 typedef void (*pdp__bf16_pack_fn)(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
                                   int64_t k, int width, uint32_t *dst);
@@ -1017,8 +1013,8 @@ typedef struct pdp__bf16_args {
     int relu;          /* then C = pdp__relu(C) */
     float *gelu;       /* not NULL: then G = gelu(C) here (C's ldc), C kept */
     int gelu_simd;     /* its kernel's width: pdp__layers_simd's */
-    int epi_fused;     /* the AVX512-BF16 kernel adds the bias and applies the ReLU as it
-                          stores (a GELU follows as a pass) */
+    pdp__bf16_kernel_epi_fn kernel_epi; /* not NULL: it runs instead of kernel, with the bias
+                                           and ReLU (a GELU follows as a pass) */
 } pdp__bf16_args;
 
 /* layers.c's GELU kernel (out = gelu(x), or dy gelu'(x) when dy is not NULL, on rows of n
@@ -1125,15 +1121,12 @@ PDP__PRIVATE void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m
             for (ir = mc; ir < mend; ir += PDP__BF16_MR) {
                 int mr = (int)PDP__MIN(PDP__BF16_MR, mend - ir);
                 float *c = g->c + ir * g->ldc + jr;
-#if PDP__BF16_X86
-                if (g->epi_fused) {
-                    pdp__bf16_kernel_avx512_epi(pairs, ap + (ir - mc) * pairs, bj, c, g->ldc,
-                                                mr, nr, g->alpha, g->beta,
-                                                g->bias ? g->bias + jr : NULL, g->relu);
+                if (g->kernel_epi) {
+                    g->kernel_epi(pairs, ap + (ir - mc) * pairs, bj, c, g->ldc, mr, nr,
+                                  g->alpha, g->beta, g->bias ? g->bias + jr : NULL, g->relu);
                     if (g->gelu) pdp__bf16_gelu_tile(g, ir, jr, mr, nr);
                     continue;
                 }
-#endif
                 g->kernel(pairs, ap + (ir - mc) * pairs, bj, c, g->ldc, mr, nr, g->alpha,
                           g->beta);
                 if (g->bias || g->relu || g->gelu) pdp__bf16_bias_tile(g, ir, jr, mr, nr);
@@ -1248,8 +1241,7 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
 #if PDP__BF16_X86
     if (path == PDP_BF16_PATH_EMULATED && simd == 512) g.kernel = pdp__bf16_kernel_emul512;
     if (path == PDP_BF16_PATH_EMULATED && simd == 256) g.kernel = pdp__bf16_kernel_emul256;
-    if (path == PDP_BF16_PATH_AVX512) g.kernel = pdp__bf16_kernel_avx512;
-    g.epi_fused = path == PDP_BF16_PATH_AVX512;
+    if (path == PDP_BF16_PATH_AVX512) g.kernel_epi = pdp__bf16_kernel_avx512_epi;
     /* the emulation keeps the portable packing; AMX implies AVX512-BF16 on every CPU
        that has it, but is not assumed to */
     if (path != PDP_BF16_PATH_EMULATED && pdp__bf16_this.avx512) {

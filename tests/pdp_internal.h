@@ -3234,11 +3234,6 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512_epi(int64_t pairs, co
                                                                int64_t ldc, int mr, int nr,
                                                                float alpha, float beta,
                                                                const float *bias, int relu);
-
-PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
-                                                           const uint32_t *bp, float *c,
-                                                           int64_t ldc, int mr, int nr, float alpha,
-                                                           float beta);
 #  undef PDP__BF16_ROW
 #  undef PDP__BF16_ROW1
 #  undef PDP__BF16_LOOP
@@ -3247,6 +3242,10 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
 typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
                                     float *c, int64_t ldc, int mr, int nr, float alpha,
                                     float beta);
+/* A kernel that adds the bias and applies the ReLU as it stores (Linear's epilogue). */
+typedef void (*pdp__bf16_kernel_epi_fn)(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
+                                        float *c, int64_t ldc, int mr, int nr, float alpha,
+                                        float beta, const float *bias, int relu);
 
 typedef void (*pdp__bf16_pack_fn)(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
                                   int64_t k, int width, uint32_t *dst);
@@ -3279,8 +3278,8 @@ typedef struct pdp__bf16_args {
     int relu;          /* then C = pdp__relu(C) */
     float *gelu;       /* not NULL: then G = gelu(C) here (C's ldc), C kept */
     int gelu_simd;     /* its kernel's width: pdp__layers_simd's */
-    int epi_fused;     /* the AVX512-BF16 kernel adds the bias and applies the ReLU as it
-                          stores (a GELU follows as a pass) */
+    pdp__bf16_kernel_epi_fn kernel_epi; /* not NULL: it runs instead of kernel, with the bias
+                                           and ReLU (a GELU follows as a pass) */
 } pdp__bf16_args;
 
 /* layers.c's GELU kernel (out = gelu(x), or dy gelu'(x) when dy is not NULL, on rows of n
