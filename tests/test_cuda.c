@@ -608,36 +608,32 @@ static pdp_status upload_ids(const int32_t *ids, int64_t rows, int64_t n, pdp_te
     return pdp_tensor_wrap_ids((int32_t *)(void *)(*buf)->data, pdp_cuda(0), 2, shape, x);
 }
 
-/* The token table's gradient adds a repeated id's rows in (b, t) order, as the CPU does:
-   with rows 1, 1e8, -1e8 for one id that order gives 0 in fp32 (1 + 1e8 rounds to 1e8)
-   and any other order a different number, so the GPU's gradient must be the CPU's bit
-   for bit. */
-static enum greatest_test_res check_embedding_order(void)
+/* The token table's gradient adds a repeated id's rows in (b, t) order, as the CPU does, so
+   the GPU's must be the CPU's bit for bit: an Embedding of V ids and width C on each, the
+   ids [S, T] and dy [S, T, C] given, every gradient compared; *g0 the CPU's first. */
+static enum greatest_test_res check_embedding_bits(int64_t S, int64_t T, int64_t V, int64_t C,
+                                                   int32_t *ids, const float *dy, float *g0)
 {
     pdp_model *m[2] = {NULL, NULL};
     pdp_model_desc d;
-    pdp_tensor xc, xg, *buf = NULL, *dyc = NULL, *dyg = NULL;
+    pdp_tensor xc, xg, *buf = NULL, *dyc = NULL, *dyg = NULL, gc, gg;
     const pdp_tensor *y;
-    int32_t ids[2 * 3] = {0, 1, 0, 0, 2, 1};
-    const float rows[2 * 3] = {1.0f, 5.0f, 1e8f, -1e8f, 3.0f, -5.0f};
-    int64_t shape[2] = {2, 3}, yshape[3] = {2, 3, 2};
-    pdp_tensor gc, gg;
+    int64_t shape[2] = {S, T}, yshape[3] = {S, T, C}, i;
     float *h;
-    int i;
     memset(&d, 0, sizeof d);
     d.seed = 3;
-    d.input_shape[0] = 3;
+    d.input_shape[0] = T;
     d.input_dtype = PDP_DTYPE_I32;
     for (i = 0; i < 2; i++) {
         d.device = i ? pdp_cuda(0) : pdp_cpu();
         ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&m[i], &d), pdp_status_name);
-        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_embedding(m[i], 3, 2, 3), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_embedding(m[i], V, C, T), pdp_status_name);
     }
     pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &xc);
-    ASSERT_ENUM_EQ(PDP_OK, upload_ids(ids, 2, 6, &buf, &xg), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, upload_ids(ids, S, S * T, &buf, &xg), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyc, pdp_cpu(), 3, yshape), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyg, pdp_cuda(0), 3, yshape), pdp_status_name);
-    for (i = 0; i < 12; i++) dyc->data[i] = rows[i / 2] * (i % 2 ? -1.0f : 1.0f);
+    memcpy(dyc->data, dy, (size_t)(S * T * C) * sizeof *dy);
     ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(dyg, dyc->data), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m[0], &xc, &y), pdp_status_name);
     ASSERTm(pdp_last_error(), pdp_model_forward(m[1], &xg, &y) == PDP_OK);
@@ -645,7 +641,7 @@ static enum greatest_test_res check_embedding_order(void)
     ASSERTm(pdp_last_error(), pdp_model_backward(m[1], dyg) == PDP_OK);
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(m[0], NULL, &gc), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(m[1], NULL, &gg), pdp_status_name);
-    ASSERT_EQ(0.0f, gc.data[0]); /* id 0's first channel: 1 + 1e8 - 1e8 in order */
+    *g0 = gc.data[0];
     h = host_copy(&gg);
     ASSERT(h != NULL);
     for (i = 0; i < gc.count; i++)
@@ -659,55 +655,35 @@ static enum greatest_test_res check_embedding_order(void)
     PASS();
 }
 
+/* With rows 1, 1e8, -1e8 for one id the order gives 0 in fp32 (1 + 1e8 rounds to 1e8) and
+   any other order a different number. */
+static enum greatest_test_res check_embedding_order(void)
+{
+    int32_t ids[2 * 3] = {0, 1, 0, 0, 2, 1};
+    const float rows[2 * 3] = {1.0f, 5.0f, 1e8f, -1e8f, 3.0f, -5.0f};
+    float dy[2 * 3 * 2], g0;
+    int i;
+    for (i = 0; i < 12; i++) dy[i] = rows[i / 2] * (i % 2 ? -1.0f : 1.0f);
+    CHECK_CALL(check_embedding_bits(2, 3, 3, 2, ids, dy, &g0));
+    ASSERT_EQ(0.0f, g0); /* id 0's first channel: 1 + 1e8 - 1e8 in order */
+    PASS();
+}
+
 /* The same over long runs: 3 ids over 2 x 200 positions (runs of about 130 positions, past
    the kernel's batches of loads), every gradient bit for bit the CPU's. */
 static enum greatest_test_res check_embedding_long_runs(void)
 {
     enum { S = 2, T = 200, C = 5 };
-    pdp_model *m[2] = {NULL, NULL};
-    pdp_model_desc d;
-    pdp_tensor xc, xg, *buf = NULL, *dyc = NULL, *dyg = NULL, gc, gg;
-    const pdp_tensor *y;
-    int32_t ids[S * T];
-    int64_t shape[2] = {S, T}, yshape[3] = {S, T, C};
+    static int32_t ids[S * T];
+    static float dy[S * T * C];
     pdp_rng r;
-    float *h;
+    float g0;
     int i;
-    memset(&d, 0, sizeof d);
-    d.seed = 5;
-    d.input_shape[0] = T;
-    d.input_dtype = PDP_DTYPE_I32;
-    for (i = 0; i < 2; i++) {
-        d.device = i ? pdp_cuda(0) : pdp_cpu();
-        ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&m[i], &d), pdp_status_name);
-        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_embedding(m[i], 3, C, T), pdp_status_name);
-    }
     pdp_rng_seed(&r, 17, 0);
     for (i = 0; i < S * T; i++) ids[i] = (int32_t)pdp_rng_below(&r, 3);
-    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &xc);
-    ASSERT_ENUM_EQ(PDP_OK, upload_ids(ids, S, S * T, &buf, &xg), pdp_status_name);
-    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyc, pdp_cpu(), 3, yshape), pdp_status_name);
-    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyg, pdp_cuda(0), 3, yshape), pdp_status_name);
-    fill_random(dyc->data, dyc->count, 23);
-    for (i = 0; i < dyc->count; i++) dyc->data[i] *= (float)(1 + i % 997); /* orders show */
-    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(dyg, dyc->data), pdp_status_name);
-    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m[0], &xc, &y), pdp_status_name);
-    ASSERTm(pdp_last_error(), pdp_model_forward(m[1], &xg, &y) == PDP_OK);
-    ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(m[0], dyc), pdp_status_name);
-    ASSERTm(pdp_last_error(), pdp_model_backward(m[1], dyg) == PDP_OK);
-    ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(m[0], NULL, &gc), pdp_status_name);
-    ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(m[1], NULL, &gg), pdp_status_name);
-    h = host_copy(&gg);
-    ASSERT(h != NULL);
-    for (i = 0; i < gc.count; i++)
-        ASSERTm("long runs: token and position gradients bit for bit",
-                memcmp(&h[i], &gc.data[i], 4) == 0);
-    free(h);
-    pdp_tensor_free(buf);
-    pdp_tensor_free(dyc);
-    pdp_tensor_free(dyg);
-    pdp_model_free(m[0]);
-    pdp_model_free(m[1]);
+    fill_random(dy, S * T * C, 23);
+    for (i = 0; i < S * T * C; i++) dy[i] *= (float)(1 + i % 997); /* orders show */
+    CHECK_CALL(check_embedding_bits(S, T, 3, C, ids, dy, &g0));
     PASS();
 }
 
