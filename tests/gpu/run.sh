@@ -20,7 +20,8 @@
 #      kernels that way and pdp checks each call it makes), racecheck over the GPT's and
 #      the layers' cases (no shared-memory race), and a leak check over the release case
 #      alone (pdp_cuda_release leaves no device memory behind); a report fails the step.
-#      About 75 s on an H200 (memcheck 30, racecheck 25 + 7);
+#      By hand on an H200: memcheck 28-33 s, racecheck 24 + 7 (the step and the leak check
+#      not yet run there);
 #   4. the NCCL world-size-1 test again with torchrun's variables set (the env path);
 #   5. DDP over NCCL with two processes, one per GPU, when there are two GPUs or more. NCCL
 #      does not allow two ranks of one communicator on the same device, so with one GPU this
