@@ -85,7 +85,9 @@
    rank's parameters, gradients, optimizer state, activations and buffers beside ZeRO's
    formulas for its stage) and pdp_gpt_generate_text (a byte-level GPT's prompt and draws
    as printable text). pdp_gpt_generate runs on a GPU too (the window goes up, the logits
-   come back each token).
+   come back each token). A model on a GPU takes its ids from there: pdp_tensor_create_ids
+   makes an int32 tensor on any device, and pdp_tensor_upload fills it from int32_t memory
+   each step (train_gpt's -device cuda).
    The pieces are public layers, so a model of your own can use them: an int32 input
    (pdp_model_desc.input_dtype = PDP_DTYPE_I32, input_shape {T}) taken by
    pdp_model_add_embedding; after it a sample is [T, C], and Linear, LayerNorm (over C),
@@ -928,6 +930,10 @@ PDP_API size_t pdp_dtype_size(pdp_dtype dtype);
    ndim outside 1..4 or a dimension < 1, naming the dimension. */
 PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int ndim,
                                      const int64_t *shape);
+/* The same for int32 elements (token ids, labels), zero-filled, on any device: a model's
+   input on the GPU it runs on, filled by pdp_tensor_upload from int32_t host memory. */
+PDP_API pdp_status pdp_tensor_create_ids(pdp_tensor **out, pdp_device device, int ndim,
+                                         const int64_t *shape);
 PDP_API void pdp_tensor_free(pdp_tensor *t); /* NULL is fine; frees owned data */
 PDP_API pdp_status pdp_tensor_zeros(pdp_tensor *t);
 PDP_API pdp_status pdp_tensor_fill(pdp_tensor *t, float value);
@@ -8943,39 +8949,54 @@ PDP__PRIVATE const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t b
 
 /* ---- tensor: lifecycle ---- */
 
-PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int ndim,
-                                     const int64_t *shape)
+/* pdp_tensor_create and pdp_tensor_create_ids: fn names the caller in messages; both element
+   types take 4 bytes */
+PDP__PRIVATE pdp_status pdp__tensor_create(const char *fn, pdp_tensor **out, pdp_device device,
+                                           int ndim, const int64_t *shape, pdp_dtype dtype)
 {
     pdp_tensor *t;
     int64_t count = 0; /* set by pdp__check_shape; 0 keeps -Wmaybe-uninitialized quiet */
     pdp_status st;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_create: out is NULL");
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
-    if ((st = pdp__check_shape("pdp_tensor_create", ndim, shape, &count)) != PDP_OK) return st;
+    if ((st = pdp__check_shape(fn, ndim, shape, &count)) != PDP_OK) return st;
     if ((uint64_t)count > SIZE_MAX / sizeof(float))
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY,
-                        "pdp_tensor_create: %lld floats do not fit in memory", (long long)count);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %lld elements do not fit in memory", fn,
+                        (long long)count);
     t = (pdp_tensor *)pdp__calloc(sizeof *t);
-    if (!t) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_tensor_create: no memory for the header");
+    if (!t) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for the header", fn);
     pdp__set_shape(t, ndim, shape, count);
     t->device = device;
     t->owns_data = true;
+    t->dtype = dtype;
     if (device.kind == PDP_DEVICE_CPU) {
         t->data = (float *)pdp__calloc((size_t)count * sizeof(float));
         if (!t->data) {
             pdp__dealloc(t);
-            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_tensor_create: no memory for %lld floats",
-                            (long long)count);
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld %s elements", fn,
+                            (long long)count, pdp_dtype_name(dtype));
         }
     } else if ((st = pdp__dev_alloc(device, (size_t)count * sizeof(float), (void **)&t->data)) !=
                    PDP_OK ||
                (st = pdp__dev_memset0(device, t->data, (size_t)count * sizeof(float))) != PDP_OK) {
         if (t->data) pdp__dev_free(device, t->data);
         pdp__dealloc(t);
-        return pdp__err_wrap(st, "pdp_tensor_create");
+        return pdp__err_wrap(st, "%s", fn);
     }
     *out = t;
     return PDP_OK;
+}
+
+PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int ndim,
+                                     const int64_t *shape)
+{
+    return pdp__tensor_create("pdp_tensor_create", out, device, ndim, shape, PDP_DTYPE_F32);
+}
+
+PDP_API pdp_status pdp_tensor_create_ids(pdp_tensor **out, pdp_device device, int ndim,
+                                         const int64_t *shape)
+{
+    return pdp__tensor_create("pdp_tensor_create_ids", out, device, ndim, shape, PDP_DTYPE_I32);
 }
 
 PDP_API void pdp_tensor_free(pdp_tensor *t)
@@ -30114,7 +30135,7 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
     int32_t *window;
     float *p, *z = NULL; /* z: off the CPU, the logits back on the host */
     bool training, cpu = m && m->device.kind == PDP_DEVICE_CPU;
-    pdp_tensor x, xd, *dx = NULL; /* off the CPU: dx's buffer holds the window as ids */
+    pdp_tensor x, *dx = NULL; /* off the CPU: the window as ids on the model's device */
     const pdp_tensor *y;
     pdp_status st = PDP_OK;
     if (!m || !ids || !r) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
@@ -30130,18 +30151,17 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
     p = (float *)pdp__alloc((size_t)V * sizeof *p);
     if (!cpu) z = (float *)pdp__alloc((size_t)(T * V) * sizeof *z);
     if (!window || !p || (!cpu && !z)) st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-    if (st == PDP_OK && !cpu) st = pdp_tensor_create(&dx, m->device, 1, &T);
-    training = m->training;
-    m->training = false;
     shape[0] = 1;
     shape[1] = T;
+    if (st == PDP_OK && !cpu) st = pdp_tensor_create_ids(&dx, m->device, 2, shape);
+    training = m->training;
+    m->training = false;
     pdp_tensor_wrap_ids(window, pdp_cpu(), 2, shape, &x);
-    if (dx) pdp_tensor_wrap_ids((int32_t *)dx->data, dx->device, 2, shape, &xd);
     for (k = 0; k < n_new && st == PDP_OK; k++) {
         int64_t len = n + k, first = len > T ? len - T : 0;
         for (i = 0; i < T; i++) window[i] = first + i < len ? ids[first + i] : 0; /* pad */
-        if (dx && (st = pdp_tensor_copy(&xd, &x)) != PDP_OK) break;
-        if ((st = pdp_model_forward(m, dx ? &xd : &x, &y)) != PDP_OK) break;
+        if (dx && (st = pdp_tensor_upload(dx, window)) != PDP_OK) break;
+        if ((st = pdp_model_forward(m, dx ? dx : &x, &y)) != PDP_OK) break;
         if (dx && (st = pdp_tensor_download(y, z)) != PDP_OK) break;
         at = len - first - 1; /* the last real position */
         ids[len] = pdp__gpt_pick((dx ? z : y->data) + at * V, V, temperature, top_k, p, r);
@@ -30211,22 +30231,19 @@ PDP_API pdp_status pdp_gpt_evaluate(pdp_model *m, const pdp_token_dataset *ds, p
     x = (int32_t *)pdp__alloc((size_t)(2 * batch * T) * sizeof *x);
     if (!cpu) host = (float *)pdp__alloc((size_t)(batch * T * V) * sizeof *host);
     if (!x || (!cpu && !host)) st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-    if (st == PDP_OK && !cpu) st = pdp_tensor_create(&dx, m->device, 1, &count);
+    if (st == PDP_OK && !cpu) st = pdp_tensor_create_ids(&dx, m->device, 2, shape);
     y = x ? x + batch * T : NULL;
     training = m->training;
     pdp_model_set_training(m, false);
     pdp_rng_seed(&r, seed, 0);
     for (k = 0; k < batches && st == PDP_OK; k++) {
-        pdp_tensor ids, host_ids, back, logits2d;
+        pdp_tensor ids, back, logits2d;
         const pdp_tensor *logits;
         float l;
         if ((st = pdp_token_dataset_sample(ds, split, &r, batch, x, y)) != PDP_OK) break;
-        pdp_tensor_wrap_ids(x, pdp_cpu(), 2, shape, cpu ? &ids : &host_ids);
-        if (!cpu) { /* the ids to the model's device: dx's buffer as b T ids */
-            pdp_tensor_wrap_ids((int32_t *)dx->data, dx->device, 2, shape, &ids);
-            if ((st = pdp_tensor_copy(&ids, &host_ids)) != PDP_OK) break;
-        }
-        if ((st = pdp_model_forward(m, &ids, &logits)) != PDP_OK) break; /* [b, T, V] */
+        pdp_tensor_wrap_ids(x, pdp_cpu(), 2, shape, &ids);
+        if (dx && (st = pdp_tensor_upload(dx, x)) != PDP_OK) break; /* to the model's device */
+        if ((st = pdp_model_forward(m, dx ? dx : &ids, &logits)) != PDP_OK) break; /* [b, T, V] */
         if (!cpu) {
             if ((st = pdp_tensor_download(logits, host)) != PDP_OK) break;
             pdp_tensor_wrap(host, pdp_cpu(), logits->ndim, logits->shape, &back);

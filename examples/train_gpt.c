@@ -43,7 +43,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     double t_train = 0, loss_sum = 0;
     pdp_model *m;
     pdp_trainer *t;          /* the strategy's executor and its optimizer */
-    pdp_tensor *xt, ids;     /* b windows on this rank's device, seen as ids [b, T] */
+    pdp_tensor *ids;         /* b windows of token ids [b, T] on this rank's device */
     pdp_mesh *mesh = NULL;   /* -tp: DP x TP ranks, {0..tp-1}, {tp..2tp-1}, ... split a block */
     pdp_gpt_desc gd = g;
     pdp_tp_stats ts;
@@ -61,8 +61,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         printf("%s; batch %lld, AdamW lr %g, %d thread(s), %s x %d%s\n", text, (long long)B, lr,
                threads, pdp_strategy_name((pdp_strategy)strategy), np, cuda ? " on CUDA" : "");
     PDP_TRY(pdp_gpt_create(&m, &gd));
-    PDP_TRY(pdp_tensor_create(&xt, ctx->device, 2, (int64_t[]){b, T}));
-    PDP_TRY(pdp_tensor_wrap_ids((int32_t *)xt->data, ctx->device, 2, xt->shape, &ids));
+    PDP_TRY(pdp_tensor_create_ids(&ids, ctx->device, 2, (int64_t[]){b, T}));
     PDP_TRY(pdp_model_reserve(m, b)); /* activations for b sequences: steps allocate nothing */
     PDP_TRY(pdp_gpt_activation_report(m, &gd, b, text, size, NULL));
     if (ctx->rank == 0) printf("%s", text);
@@ -79,8 +78,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         PDP_TRY(pdp_optim_set_lr(pdp_trainer_optim(t),
                                  pdp_lr_warmup_cosine(step, steps / 20, steps, lr, lr / 10)));
         PDP_TRY(pdp_token_dataset_sample(ds, PDP_SPLIT_TRAIN, &r, B, x, y)); /* the global batch */
-        PDP_TRY(pdp_tensor_upload(&ids, x + rank * b * T)); /* this rank's slice (DP: all of it) */
-        PDP_TRY(pdp_trainer_forward_backward(t, &ids, y + rank * b * T, &loss));
+        PDP_TRY(pdp_tensor_upload(ids, x + rank * b * T)); /* this rank's slice (DP: all of it) */
+        PDP_TRY(pdp_trainer_forward_backward(t, ids, y + rank * b * T, &loss));
         PDP_TRY(pdp_trainer_clip_grad_norm(t, 1.0f, NULL)); /* once DDP, ZeRO have averaged */
         PDP_TRY(pdp_trainer_step(t)); /* AdamW (ZeRO: this rank's shard, then all-gathers) */
         t_train += pdp_seconds() - t0;
@@ -116,7 +115,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         printf("sample (temperature %g, top-k %d, seed %lld):\n%s\n", temperature, top_k,
                (long long)seed, text);
     pdp_model_free(m);
-    pdp_tensor_free(xt);
+    pdp_tensor_free(ids);
     pdp_mesh_free(mesh);
     free(text);
     free(x);

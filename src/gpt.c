@@ -330,7 +330,7 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
     int32_t *window;
     float *p, *z = NULL; /* z: off the CPU, the logits back on the host */
     bool training, cpu = m && m->device.kind == PDP_DEVICE_CPU;
-    pdp_tensor x, xd, *dx = NULL; /* off the CPU: dx's buffer holds the window as ids */
+    pdp_tensor x, *dx = NULL; /* off the CPU: the window as ids on the model's device */
     const pdp_tensor *y;
     pdp_status st = PDP_OK;
     if (!m || !ids || !r) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
@@ -346,18 +346,17 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
     p = (float *)pdp__alloc((size_t)V * sizeof *p);
     if (!cpu) z = (float *)pdp__alloc((size_t)(T * V) * sizeof *z);
     if (!window || !p || (!cpu && !z)) st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-    if (st == PDP_OK && !cpu) st = pdp_tensor_create(&dx, m->device, 1, &T);
-    training = m->training;
-    m->training = false;
     shape[0] = 1;
     shape[1] = T;
+    if (st == PDP_OK && !cpu) st = pdp_tensor_create_ids(&dx, m->device, 2, shape);
+    training = m->training;
+    m->training = false;
     pdp_tensor_wrap_ids(window, pdp_cpu(), 2, shape, &x);
-    if (dx) pdp_tensor_wrap_ids((int32_t *)dx->data, dx->device, 2, shape, &xd);
     for (k = 0; k < n_new && st == PDP_OK; k++) {
         int64_t len = n + k, first = len > T ? len - T : 0;
         for (i = 0; i < T; i++) window[i] = first + i < len ? ids[first + i] : 0; /* pad */
-        if (dx && (st = pdp_tensor_copy(&xd, &x)) != PDP_OK) break;
-        if ((st = pdp_model_forward(m, dx ? &xd : &x, &y)) != PDP_OK) break;
+        if (dx && (st = pdp_tensor_upload(dx, window)) != PDP_OK) break;
+        if ((st = pdp_model_forward(m, dx ? dx : &x, &y)) != PDP_OK) break;
         if (dx && (st = pdp_tensor_download(y, z)) != PDP_OK) break;
         at = len - first - 1; /* the last real position */
         ids[len] = pdp__gpt_pick((dx ? z : y->data) + at * V, V, temperature, top_k, p, r);
@@ -427,22 +426,19 @@ PDP_API pdp_status pdp_gpt_evaluate(pdp_model *m, const pdp_token_dataset *ds, p
     x = (int32_t *)pdp__alloc((size_t)(2 * batch * T) * sizeof *x);
     if (!cpu) host = (float *)pdp__alloc((size_t)(batch * T * V) * sizeof *host);
     if (!x || (!cpu && !host)) st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-    if (st == PDP_OK && !cpu) st = pdp_tensor_create(&dx, m->device, 1, &count);
+    if (st == PDP_OK && !cpu) st = pdp_tensor_create_ids(&dx, m->device, 2, shape);
     y = x ? x + batch * T : NULL;
     training = m->training;
     pdp_model_set_training(m, false);
     pdp_rng_seed(&r, seed, 0);
     for (k = 0; k < batches && st == PDP_OK; k++) {
-        pdp_tensor ids, host_ids, back, logits2d;
+        pdp_tensor ids, back, logits2d;
         const pdp_tensor *logits;
         float l;
         if ((st = pdp_token_dataset_sample(ds, split, &r, batch, x, y)) != PDP_OK) break;
-        pdp_tensor_wrap_ids(x, pdp_cpu(), 2, shape, cpu ? &ids : &host_ids);
-        if (!cpu) { /* the ids to the model's device: dx's buffer as b T ids */
-            pdp_tensor_wrap_ids((int32_t *)dx->data, dx->device, 2, shape, &ids);
-            if ((st = pdp_tensor_copy(&ids, &host_ids)) != PDP_OK) break;
-        }
-        if ((st = pdp_model_forward(m, &ids, &logits)) != PDP_OK) break; /* [b, T, V] */
+        pdp_tensor_wrap_ids(x, pdp_cpu(), 2, shape, &ids);
+        if (dx && (st = pdp_tensor_upload(dx, x)) != PDP_OK) break; /* to the model's device */
+        if ((st = pdp_model_forward(m, dx ? dx : &ids, &logits)) != PDP_OK) break; /* [b, T, V] */
         if (!cpu) {
             if ((st = pdp_tensor_download(logits, host)) != PDP_OK) break;
             pdp_tensor_wrap(host, pdp_cpu(), logits->ndim, logits->shape, &back);

@@ -52,39 +52,54 @@ PDP__PRIVATE const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t b
 
 /* ---- tensor: lifecycle ---- */
 
-PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int ndim,
-                                     const int64_t *shape)
+/* pdp_tensor_create and pdp_tensor_create_ids: fn names the caller in messages; both element
+   types take 4 bytes */
+PDP__PRIVATE pdp_status pdp__tensor_create(const char *fn, pdp_tensor **out, pdp_device device,
+                                           int ndim, const int64_t *shape, pdp_dtype dtype)
 {
     pdp_tensor *t;
     int64_t count = 0; /* set by pdp__check_shape; 0 keeps -Wmaybe-uninitialized quiet */
     pdp_status st;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_create: out is NULL");
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
-    if ((st = pdp__check_shape("pdp_tensor_create", ndim, shape, &count)) != PDP_OK) return st;
+    if ((st = pdp__check_shape(fn, ndim, shape, &count)) != PDP_OK) return st;
     if ((uint64_t)count > SIZE_MAX / sizeof(float))
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY,
-                        "pdp_tensor_create: %lld floats do not fit in memory", (long long)count);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %lld elements do not fit in memory", fn,
+                        (long long)count);
     t = (pdp_tensor *)pdp__calloc(sizeof *t);
-    if (!t) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_tensor_create: no memory for the header");
+    if (!t) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for the header", fn);
     pdp__set_shape(t, ndim, shape, count);
     t->device = device;
     t->owns_data = true;
+    t->dtype = dtype;
     if (device.kind == PDP_DEVICE_CPU) {
         t->data = (float *)pdp__calloc((size_t)count * sizeof(float));
         if (!t->data) {
             pdp__dealloc(t);
-            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_tensor_create: no memory for %lld floats",
-                            (long long)count);
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld %s elements", fn,
+                            (long long)count, pdp_dtype_name(dtype));
         }
     } else if ((st = pdp__dev_alloc(device, (size_t)count * sizeof(float), (void **)&t->data)) !=
                    PDP_OK ||
                (st = pdp__dev_memset0(device, t->data, (size_t)count * sizeof(float))) != PDP_OK) {
         if (t->data) pdp__dev_free(device, t->data);
         pdp__dealloc(t);
-        return pdp__err_wrap(st, "pdp_tensor_create");
+        return pdp__err_wrap(st, "%s", fn);
     }
     *out = t;
     return PDP_OK;
+}
+
+PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int ndim,
+                                     const int64_t *shape)
+{
+    return pdp__tensor_create("pdp_tensor_create", out, device, ndim, shape, PDP_DTYPE_F32);
+}
+
+PDP_API pdp_status pdp_tensor_create_ids(pdp_tensor **out, pdp_device device, int ndim,
+                                         const int64_t *shape)
+{
+    return pdp__tensor_create("pdp_tensor_create_ids", out, device, ndim, shape, PDP_DTYPE_I32);
 }
 
 PDP_API void pdp_tensor_free(pdp_tensor *t)

@@ -64,6 +64,10 @@ PDP_API size_t pdp_dtype_size(pdp_dtype dtype);
    ndim outside 1..4 or a dimension < 1, naming the dimension. */
 PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int ndim,
                                      const int64_t *shape);
+/* The same for int32 elements (token ids, labels), zero-filled, on any device: a model's
+   input on the GPU it runs on, filled by pdp_tensor_upload from int32_t host memory. */
+PDP_API pdp_status pdp_tensor_create_ids(pdp_tensor **out, pdp_device device, int ndim,
+                                         const int64_t *shape);
 PDP_API void pdp_tensor_free(pdp_tensor *t); /* NULL is fine; frees owned data */
 PDP_API pdp_status pdp_tensor_zeros(pdp_tensor *t);
 PDP_API pdp_status pdp_tensor_fill(pdp_tensor *t, float value);

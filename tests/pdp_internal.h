@@ -2253,7 +2253,14 @@ PDP__PRIVATE const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t b
 
 /* ---- tensor: lifecycle ---- */
 
+/* pdp_tensor_create and pdp_tensor_create_ids: fn names the caller in messages; both element
+   types take 4 bytes */
+PDP__PRIVATE pdp_status pdp__tensor_create(const char *fn, pdp_tensor **out, pdp_device device,
+                                           int ndim, const int64_t *shape, pdp_dtype dtype);
+
 /* PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int ndim, const int64_t *shape) */
+
+/* PDP_API pdp_status pdp_tensor_create_ids(pdp_tensor **out, pdp_device device, int ndim, const int64_t *shape) */
 
 /* PDP_API void pdp_tensor_free(pdp_tensor *t) */
 

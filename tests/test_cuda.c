@@ -596,16 +596,16 @@ TEST cuda_column_sums_keep_row_order_bits(void)
 
 /* ---- with PDP_CUDA: a GPT ---- */
 
-/* ids [n] on the host into a fresh device buffer *buf (n floats' bytes), seen as an int32
-   tensor [rows, n / rows] in *x */
+/* ids [n] on the host into a fresh int32 device tensor *buf [n], seen as [rows, n / rows] in
+   *x (a view keeps the dtype) */
 static pdp_status upload_ids(const int32_t *ids, int64_t rows, int64_t n, pdp_tensor **buf,
                              pdp_tensor *x)
 {
     int64_t shape[2] = {rows, n / rows}, flat[1] = {n};
     pdp_status st;
-    if ((st = pdp_tensor_create(buf, pdp_cuda(0), 1, flat)) != PDP_OK) return st;
-    if ((st = pdp_tensor_upload(*buf, (const float *)(const void *)ids)) != PDP_OK) return st;
-    return pdp_tensor_wrap_ids((int32_t *)(void *)(*buf)->data, pdp_cuda(0), 2, shape, x);
+    if ((st = pdp_tensor_create_ids(buf, pdp_cuda(0), 1, flat)) != PDP_OK) return st;
+    if ((st = pdp_tensor_upload(*buf, ids)) != PDP_OK) return st;
+    return pdp_tensor_reshape_view(*buf, 2, shape, x);
 }
 
 /* The token table's gradient adds a repeated id's rows in (b, t) order, as the CPU does, so
@@ -3162,8 +3162,8 @@ static pdp_status ng_ids(pdp_device dev, int64_t rows, pdp_tensor **buf, pdp_ten
 {
     int64_t shape[2] = {rows, NG_T}, flat[1] = {rows * NG_T};
     pdp_status st;
-    if ((st = pdp_tensor_create(buf, dev, 1, flat)) != PDP_OK) return st;
-    return pdp_tensor_wrap_ids((int32_t *)(void *)(*buf)->data, dev, 2, shape, x);
+    if ((st = pdp_tensor_create_ids(buf, dev, 1, flat)) != PDP_OK) return st;
+    return pdp_tensor_reshape_view(*buf, 2, shape, x);
 }
 
 /* ZeRO: NG_RANKS thread ranks, one a GPU, rank r on sequences [r rows, (r + 1) rows) with

@@ -147,6 +147,42 @@ TEST tensor_copy_upload_and_download_carry_ids(void)
     PASS();
 }
 
+/* pdp_tensor_create_ids: an owned int32 tensor, zero-filled, that takes int32 ids in and out
+   and keeps its dtype through views; bad shapes are refused in its own name. */
+TEST tensor_create_ids_owns_int32_elements(void)
+{
+    int32_t ids[6] = {7, -1, 255, 0, 3, 65536}, back[6] = {0, 0, 0, 0, 0, 0};
+    int64_t shape[2] = {2, 3}, zero[2] = {2, 0};
+    pdp_tensor *t = NULL;
+    pdp_tensor r;
+    int i;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create_ids(&t, pdp_cpu(), 2, shape), pdp_status_name);
+    ASSERT_EQ(PDP_DTYPE_I32, t->dtype);
+    ASSERT(t->owns_data);
+    ASSERT_EQ(6, t->count);
+    ASSERT_EQ(0, (int)((uintptr_t)t->data % 64));
+    ASSERT(pdp_tensor_ids(t) != NULL);
+    for (i = 0; i < 6; i++) ASSERT_EQ(0, pdp_tensor_ids(t)[i]);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(t, ids), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_download(t, back), pdp_status_name);
+    ASSERT(memcmp(back, ids, sizeof ids) == 0);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_rows_view(t, 1, 1, &r), pdp_status_name);
+    ASSERT_EQ(PDP_DTYPE_I32, r.dtype);
+    ASSERT_EQ(65536, pdp_tensor_ids(&r)[2]);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_tensor_fill(t, 1.0f), pdp_status_name);
+    pdp_tensor_free(t);
+    t = (pdp_tensor *)&t;
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_create_ids(&t, pdp_cpu(), 2, zero), pdp_status_name);
+    ASSERT(t == NULL);
+    ASSERT(strstr(pdp_last_error(), "pdp_tensor_create_ids: dimension 1 is 0"));
+#ifndef PDP_CUDA
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_tensor_create_ids(&t, pdp_cuda(0), 2, shape),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_tensor_create_ids"));
+#endif
+    PASS();
+}
+
 /* The first outputs of PCG32 with seed 42, stream 54 as published with the
    reference implementation (pcg32-demo). */
 TEST tensor_ids_wrap_keep_their_dtype_through_views(void)
@@ -316,6 +352,7 @@ SUITE(tensor)
     RUN_TEST(tensor_sizes_that_overflow_fail);
     RUN_TEST(tensor_copy_checks_count);
     RUN_TEST(tensor_copy_upload_and_download_carry_ids);
+    RUN_TEST(tensor_create_ids_owns_int32_elements);
     RUN_TEST(base_status_names_and_version);
 }
 
