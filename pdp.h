@@ -114,7 +114,9 @@
 
    Checked against a PyTorch GPT (tools/gpt_reference.py, tests/test_gpt.c): logits,
    loss and every gradient within 1e-5 (measured 1.7e-7 and 6.3e-8), 5 AdamW steps with
-   clipping within 1e-5, bf16 against autocast within 1e-2, the mask (a later token
+   clipping within 1e-5, with every tensor decayed (torch.optim's one group) and with
+   nanoGPT's groups (pdp_optim_desc.decay_params = PDP_DECAY_MATRICES: the 2-D weights and
+   embeddings decayed, the biases and LayerNorms not; train_gpt's choice), bf16 against autocast within 1e-2, the mask (a later token
    changes no earlier logit, bit for bit) and finite differences. DataParallel, DDP and
    ZeRO stages 1-3 train it (each equal to one device; the tied weight's two gradients are
    summed and reduced once, after the embedding's backward), and so does tensor
@@ -1344,6 +1346,15 @@ typedef enum pdp_optim_kind {
    PyTorch's fp32 kernels round it (math.h: the element formulas). With float fields,
    beta2 0.999 was 0.99900001 and 1 - beta2 1.3e-5 off PyTorch's. Each must be at most
    FLT_MAX. */
+/* Which parameters weight_decay applies to (torch.optim's parameter groups, in the two
+   forms training scripts use). */
+typedef enum pdp_decay_params {
+    PDP_DECAY_ALL = 0,     /* every parameter: torch.optim's one group (the default) */
+    PDP_DECAY_MATRICES = 1 /* tensors of 2 or more dimensions (Linear and Conv2d weights,
+                              embeddings); biases and LayerNorm's weight and bias are not
+                              decayed: nanoGPT's configure_optimizers, llm.c's two groups */
+} pdp_decay_params;
+
 typedef struct pdp_optim_desc {
     pdp_optim_kind kind;  /* default SGD */
     double lr;            /* >= 0; default 0.01 for SGD, 0.001 for Adam and AdamW */
@@ -1353,6 +1364,7 @@ typedef struct pdp_optim_desc {
     double weight_decay;  /* >= 0; default 0 (AdamW: 0 also means 0; PyTorch's default
                              is 0.01). SGD and Adam: L2 added to the gradient;
                              AdamW: decoupled, p *= 1 - lr * weight_decay */
+    pdp_decay_params decay_params; /* which tensors weight_decay acts on; default ALL */
     double beta1;         /* Adam/AdamW, in [0, 1); default 0.9 (0 cannot be asked for:
                              it means the default; use 1e-30 for "no first moment") */
     double beta2;         /* Adam/AdamW, in [0, 1); default 0.999 */
@@ -1739,7 +1751,8 @@ PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accu
        "model.step" (the dropout stream: restored by load when present), and with an
        optimizer "optim.kind" ("SGD", "Adam", "AdamW"), "optim.steps",
        "optim.lr", "optim.momentum", "optim.dampening", "optim.nesterov"
-       ("true"/"false"), "optim.weight_decay", "optim.beta1", "optim.beta2",
+       ("true"/"false"), "optim.weight_decay", "optim.decay_params" ("all" or
+       "matrices"; a file without it loads as "all"), "optim.beta1", "optim.beta2",
        "optim.eps" (doubles printed with 17 significant digits: exact round trip;
        an earlier pdp wrote a float's 9 digits, which load as that decimal),
        and checksums: "crc32c.<tensor>" for every tensor (CRC-32C of its data
@@ -1751,7 +1764,9 @@ PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accu
    {k: v for k, v in sd.items() if not k.startswith("optim.")}) (or pass the
    whole dict when the file was saved without an optimizer); for a GPT (gpt.h), whose
    nanoGPT module lists its tied head under both names, first
-   sd["lm_head.weight"] = sd["transformer.wte.weight"]. */
+   sd["lm_head.weight"] = sd["transformer.wte.weight"] (and on torch before 2.0, where
+   nanoGPT's attention registers its causal mask as a buffer, "attn.bias", that the file
+   does not hold: load_state_dict(sd, strict=False)). */
 
 /* Writes path atomically: the bytes go to "<path>.tmp.<pid>", which is
    flushed, fsync'd and renamed over path, then the directory is fsync'd. A
@@ -8945,6 +8960,12 @@ PDP__PRIVATE const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t b
                                  (long long)t->shape[i]);
     if (used < bytes) snprintf(buf + used, bytes - used, "]");
     return buf;
+}
+
+/* Is a the device b is? (kind and ordinal) */
+PDP__PRIVATE bool pdp__same_device(pdp_device a, pdp_device b)
+{
+    return a.kind == b.kind && a.ordinal == b.ordinal;
 }
 
 /* ---- tensor: lifecycle ---- */
@@ -20993,6 +21014,7 @@ PDP__PRIVATE void pdp__model_free_buffers(pdp_model *m)
     m->act = NULL;
     m->saved_off = NULL;
     m->max_batch = 0;
+    m->have_forward = false; /* what a backward would read is gone */
 }
 
 PDP_API void pdp_model_free(pdp_model *m)
@@ -21790,6 +21812,7 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     pdp_status st;
     if (!m || !x || !y) return pdp__err(PDP_ERR_INVALID, "pdp_model_forward: NULL argument");
     *y = NULL;
+    m->have_forward = false; /* until this forward is whole: a failed one leaves no backward */
     if (m->nlayers == 0)
         return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the model has no layers");
     if (m->open_residual >= 0)
@@ -21848,7 +21871,15 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
     pdp_status st;
     if (!m || !dy) return pdp__err(PDP_ERR_INVALID, "pdp_model_backward: NULL argument");
     if (!m->have_forward)
-        return pdp__err(PDP_ERR_STATE, "pdp_model_backward: no forward since the last backward");
+        return pdp__err(PDP_ERR_STATE, "pdp_model_backward: no forward to go back through (none "
+                        "since the last backward, or it failed, or layers were added or "
+                        "pdp_model_reserve re-planned the memory since)");
+    if (dy->dtype != PDP_DTYPE_F32)
+        return pdp__err(PDP_ERR_INVALID, "pdp_model_backward: dy holds %s, not float32",
+                        pdp_dtype_name(dy->dtype));
+    if (!pdp__same_device(dy->device, m->device))
+        return pdp__err(PDP_ERR_DEVICE, "pdp_model_backward: dy on device %d:%d, model on %d:%d",
+                        dy->device.kind, dy->device.ordinal, m->device.kind, m->device.ordinal);
     if (dy->count != m->out_view.count) {
         char a[96], b[96];
         return pdp__err(PDP_ERR_SHAPE, "pdp_model_backward: dy is %s, the output was %s",
@@ -22607,11 +22638,22 @@ PDP__PRIVATE bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b
     return a->device.kind == b->device.kind && a->device.ordinal == b->device.ordinal;
 }
 
-/* Shared argument checks of the public losses: a 2-D tensor [batch, classes]. */
+/* A tensor the losses read or write as floats (an int32 tensor's bits are not). */
+PDP__PRIVATE pdp_status pdp__loss_check_floats(const pdp_tensor *t, const char *what,
+                                               const char *fn)
+{
+    if (t->dtype == PDP_DTYPE_F32) return PDP_OK;
+    return pdp__err(PDP_ERR_INVALID, "%s: %s holds %s, not float32", fn, what,
+                    pdp_dtype_name(t->dtype));
+}
+
+/* Shared argument checks of the public losses: a 2-D float tensor [batch, classes]. */
 PDP__PRIVATE pdp_status pdp__loss_check_logits(const pdp_tensor *t, const char *what,
                                                const char *fn)
 {
     char buf[96];
+    pdp_status st;
+    if ((st = pdp__loss_check_floats(t, what, fn)) != PDP_OK) return st;
     if (t->ndim != 2)
         return pdp__err(PDP_ERR_SHAPE, "%s: %s must be [batch, classes], got %s", fn, what,
                         pdp__shape_str(t, buf, sizeof buf));
@@ -22666,6 +22708,13 @@ PDP_API pdp_status pdp_loss_mse(const pdp_tensor *pred, const pdp_tensor *target
     float scale;
     int64_t i, n;
     if (!pred || !target || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    {
+        pdp_status st;
+        if ((st = pdp__loss_check_floats(pred, "pred", fn)) != PDP_OK ||
+            (st = pdp__loss_check_floats(target, "target", fn)) != PDP_OK ||
+            (dpred && (st = pdp__loss_check_floats(dpred, "dpred", fn)) != PDP_OK))
+            return st;
+    }
     if (!pdp__loss_same_device(pred, target) || (dpred && !pdp__loss_same_device(pred, dpred)))
         return pdp__err(PDP_ERR_DEVICE, "%s: pred, target and dpred must be on one device", fn);
     if (!pdp__loss_same_shape(pred, target))
@@ -22924,6 +22973,9 @@ PDP__PRIVATE pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_op
     if (!pdp__optim_nonneg(d.weight_decay))
         return pdp__err(PDP_ERR_INVALID, "%s: weight_decay %g must be finite, >= 0 and <= "
                         "FLT_MAX", fn, d.weight_decay);
+    if (d.decay_params != PDP_DECAY_ALL && d.decay_params != PDP_DECAY_MATRICES)
+        return pdp__err(PDP_ERR_INVALID, "%s: decay_params %d is not PDP_DECAY_ALL (0) or "
+                        "PDP_DECAY_MATRICES (1)", fn, (int)d.decay_params);
     if (!adam) {
         if (!pdp__optim_nonneg(d.momentum))
             return pdp__err(PDP_ERR_INVALID, "%s: momentum %g must be finite, >= 0 and <= "
@@ -23248,27 +23300,86 @@ PDP__PRIVATE void pdp__optim_job_of(const pdp_optim *o, const pdp__optim_scalars
     job->hi = n;
 }
 
-/* The state-offset step: n elements, params[i] from grads[i] with state element
-   state_off + i of o's buffers (ZeRO: a unit's slice, the parameters in the
-   model's block or the shard, the gradients in the executor's buffer). Does not
-   advance steps (pdp__optim_finish_step). */
-PDP__PRIVATE pdp_status pdp__optim_step_at(pdp_optim *o, float *params, const float *grads,
-                                           int64_t state_off, int64_t n)
+/* ---- optim: which tensors decay ----
+   PDP_DECAY_MATRICES leaves the 1-D tensors (biases, LayerNorm) undecayed: the update
+   runs over the flat block in runs of tensors under one rule, the undecayed ones with the
+   scalars of weight_decay 0 (torch.optim's second group: the same element code, and so the
+   same bits as a separate optimizer with weight_decay 0 on them). */
+
+/* Does o decay some tensors and not others? */
+PDP__PRIVATE bool pdp__optim_split_decay(const pdp_optim *o)
 {
-    pdp__optim_scalars s;
+    return o->desc.decay_params == PDP_DECAY_MATRICES && o->desc.weight_decay > 0.0;
+}
+
+/* The scalars of s with the weight decay taken out (SGD's and Adam's L2, AdamW's factor). */
+PDP__PRIVATE void pdp__optim_scalars_no_decay(const pdp__optim_scalars *s,
+                                              pdp__optim_scalars *out)
+{
+    *out = *s;
+    out->weight_decay = 0.0f;
+    out->l2 = 0.0f;
+    out->decay = 1.0f;
+}
+
+/* From flat element at (< end) of m's block: the end of the run of elements whose tensors
+   share one rule, and the rule (*decay: the tensor has 2 or more dimensions). Elements
+   past the last tensor (ZeRO's padding) take the last tensor's rule. */
+PDP__PRIVATE int64_t pdp__optim_decay_run(const pdp_model *m, int64_t at, int64_t end,
+                                          bool *decay)
+{
+    int lo = 0, hi = m->nparams - 1, p;
+    while (lo < hi) { /* the last tensor that starts at or before at */
+        int mid = (lo + hi + 1) / 2;
+        if (m->params[mid].offset <= at) lo = mid;
+        else hi = mid - 1;
+    }
+    *decay = m->nparams == 0 || m->params[lo].ndim >= 2;
+    for (p = lo + 1; p < m->nparams && m->params[p].offset < end; p++)
+        if ((m->params[p].ndim >= 2) != *decay) return m->params[p].offset;
+    return end;
+}
+
+/* n elements under the scalars s, on o's device (CPU: the caller's intra-op threads). */
+PDP__PRIVATE pdp_status pdp__optim_run(const pdp_optim *o, const pdp__optim_scalars *s,
+                                       float *params, const float *grads, int64_t state_off,
+                                       int64_t n)
+{
     pdp__optim_job job;
     int threads;
-    PDP_ASSERT(o && state_off >= 0 && n >= 0 && state_off + n <= o->hi - o->lo);
-    if (n == 0) return PDP_OK;
-    pdp__optim_scalars_of(o, &s);
     if (o->model->device.kind != PDP_DEVICE_CPU) /* one fused kernel (cuda_host.c) */
-        return pdp__cuda_optim_update(o->model->device, &s, params, grads,
+        return pdp__cuda_optim_update(o->model->device, s, params, grads,
                                       o->state[0] ? o->state[0] + state_off : NULL,
                                       o->state[1] ? o->state[1] + state_off : NULL, n);
-    pdp__optim_job_of(o, &s, params, grads, state_off, n, &job);
+    pdp__optim_job_of(o, s, params, grads, state_off, n, &job);
     threads = pdp__threads_for_caller();
     threads = (int)PDP__MAX(1, PDP__MIN((int64_t)threads, n / PDP__OPTIM_MIN_PER_THREAD));
     pdp__parallel_for(threads, pdp__optim_part, &job);
+    return PDP_OK;
+}
+
+/* The state-offset step: n elements, params[i] from grads[i] with state element
+   state_off + i of o's buffers, element i being flat element flat_off + i of the model's
+   block (ZeRO: a unit's slice, the parameters in the model's block or the shard, the
+   gradients in the executor's buffer). Does not advance steps (pdp__optim_finish_step). */
+PDP__PRIVATE pdp_status pdp__optim_step_at(pdp_optim *o, float *params, const float *grads,
+                                           int64_t state_off, int64_t n, int64_t flat_off)
+{
+    pdp__optim_scalars s, s0;
+    int64_t i, end;
+    bool decay;
+    pdp_status st;
+    PDP_ASSERT(o && state_off >= 0 && n >= 0 && state_off + n <= o->hi - o->lo);
+    if (n == 0) return PDP_OK;
+    pdp__optim_scalars_of(o, &s);
+    if (!pdp__optim_split_decay(o)) return pdp__optim_run(o, &s, params, grads, state_off, n);
+    pdp__optim_scalars_no_decay(&s, &s0);
+    for (i = 0; i < n; i = end) {
+        end = pdp__optim_decay_run(o->model, flat_off + i, flat_off + n, &decay) - flat_off;
+        if ((st = pdp__optim_run(o, decay ? &s : &s0, params + i, grads + i, state_off + i,
+                                 end - i)) != PDP_OK)
+            return st;
+    }
     return PDP_OK;
 }
 
@@ -23279,11 +23390,19 @@ PDP__PRIVATE pdp_status pdp__optim_step_at(pdp_optim *o, float *params, const fl
 PDP__PRIVATE void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
                                           float *params, const float *grads, int64_t lo, int64_t hi)
 {
+    pdp__optim_scalars s0;
     pdp__optim_job job;
+    int64_t end;
+    bool decay = true;
     PDP_ASSERT(o && o->model->device.kind == PDP_DEVICE_CPU && o->lo <= lo && lo <= hi &&
                hi <= o->hi);
-    pdp__optim_job_of(o, s, params + lo, grads + lo, lo - o->lo, hi - lo, &job);
-    pdp__optim_part(&job, 0, 1);
+    if (pdp__optim_split_decay(o)) pdp__optim_scalars_no_decay(s, &s0);
+    for (; lo < hi; lo = end) {
+        end = pdp__optim_split_decay(o) ? pdp__optim_decay_run(o->model, lo, hi, &decay) : hi;
+        pdp__optim_job_of(o, decay ? s : &s0, params + lo, grads + lo, lo - o->lo, end - lo,
+                          &job);
+        pdp__optim_part(&job, 0, 1);
+    }
 }
 
 /* params and grads are full-size blocks: element i of each is parameter
@@ -23292,7 +23411,7 @@ PDP__PRIVATE pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const
                                               int64_t lo, int64_t hi)
 {
     PDP_ASSERT(o && o->lo <= lo && lo <= hi && hi <= o->hi);
-    return pdp__optim_step_at(o, params + lo, grads + lo, lo - o->lo, hi - lo);
+    return pdp__optim_step_at(o, params + lo, grads + lo, lo - o->lo, hi - lo, lo);
 }
 
 /* Marks the update in flight as done (after every range of it). */
@@ -25984,6 +26103,9 @@ PDP__PRIVATE pdp_status pdp__ckpt_header_crc(const pdp__st_parser *p, pdp__st_en
 
 /* ---- checkpoint: save ---- */
 
+/* "optim.decay_params" by pdp_decay_params value */
+static const char *const pdp__ckpt_decay_names[] = {"all", "matrices"};
+
 /* Appends printf output to a bounded buffer; *ok turns false on overflow. */
 PDP__PRIVATE void pdp__ckpt_put(char *buf, size_t cap, size_t *len, bool *ok, const char *fmt, ...)
 {
@@ -26067,11 +26189,13 @@ PDP__PRIVATE pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o,
                       ",\"optim.kind\":\"%s\",\"optim.steps\":\"%lld\",\"optim.lr\":\"%.17g\","
                       "\"optim.momentum\":\"%.17g\",\"optim.dampening\":\"%.17g\","
                       "\"optim.nesterov\":\"%s\",\"optim.weight_decay\":\"%.17g\","
+                      "\"optim.decay_params\":\"%s\","
                       "\"optim.beta1\":\"%.17g\",\"optim.beta2\":\"%.17g\","
                       "\"optim.eps\":\"%.17g\"",
                       pdp_optim_kind_name(dd->kind), (long long)o->steps, dd->lr, dd->momentum,
                       dd->dampening, dd->nesterov ? "true" : "false", dd->weight_decay,
-                      dd->beta1, dd->beta2, dd->eps);
+                      pdp__ckpt_decay_names[dd->decay_params == PDP_DECAY_MATRICES], dd->beta1,
+                      dd->beta2, dd->eps);
     }
     for (t = -1; t < nt; t++) {
         if (t < 0) {
@@ -26431,6 +26555,7 @@ PDP__PRIVATE pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_
 {
     const char *fn = p->fn, *kind = pdp__st_meta(p, "optim.kind");
     const char *s = pdp__st_meta(p, "optim.steps"), *nest = pdp__st_meta(p, "optim.nesterov");
+    const char *decay = pdp__st_meta(p, "optim.decay_params");
     static const char *const keys[] = {"optim.lr", "optim.momentum", "optim.dampening",
                                        "optim.weight_decay", "optim.beta1", "optim.beta2",
                                        "optim.eps"};
@@ -26456,6 +26581,14 @@ PDP__PRIVATE pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"optim.nesterov\" must be \"true\" "
                         "or \"false\"", fn, p->file);
     d.nesterov = strcmp(nest, "true") == 0;
+    /* absent: a file written before the field, when every parameter decayed */
+    d.decay_params = PDP_DECAY_ALL;
+    if (decay && strcmp(decay, pdp__ckpt_decay_names[PDP_DECAY_ALL]) != 0) {
+        if (strcmp(decay, pdp__ckpt_decay_names[PDP_DECAY_MATRICES]) != 0)
+            return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"optim.decay_params\" is "
+                            "\"%s\", not \"all\" or \"matrices\"", fn, p->file, decay);
+        d.decay_params = PDP_DECAY_MATRICES;
+    }
     errno = 0;
     n = s ? strtoll(s, &end, 10) : -1;
     if (!s || !*s || *end || errno || n < 0)
@@ -27465,11 +27598,6 @@ PDP__PRIVATE void pdp__dp_destroy(pdp_dp *dp)
     pdp__dealloc(dp->workers);
     pdp__dealloc(dp->devices);
     pdp__dealloc(dp);
-}
-
-PDP__PRIVATE bool pdp__same_device(pdp_device a, pdp_device b)
-{
-    return a.kind == b.kind && a.ordinal == b.ordinal;
 }
 
 /* The one place pdp_dp_desc's zeros become defaults (sokol's _def; pdp_dp_get_desc
@@ -29950,6 +30078,24 @@ PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d)
     return st;
 }
 
+/* A rank's parameters in a GPT under TP over n ranks (n = 1: the whole model's): the
+   embeddings, the LayerNorms and the row-parallel Linears' biases whole on every rank, the
+   rest cut n ways: V C + context C + 2 C + layers (6 C + (12 C^2 + 7 C) / n). 0 when a
+   count overflows (pdp__mul_ok's bound) or a size is below 1. pdp_gpt_create reserves it;
+   test_gpt holds it to the built count. */
+PDP__PRIVATE int64_t pdp__gpt_rank_param_count(const pdp_gpt_desc *d, int n)
+{
+    int64_t V = d->vocab ? d->vocab : 256, C = d->dim, emb, pos, cc, block, sum;
+    if (V < 1 || C < 1 || d->context < 1 || d->layers < 1 || n < 1) return 0;
+    if (!pdp__mul_ok(V, C, &emb) || !pdp__mul_ok(d->context, C, &pos) ||
+        !pdp__mul3_ok(12, C, C, &cc) || !pdp__add_ok(cc, 7 * C, &block) || /* C, 12 C^2 fit */
+        !pdp__add_ok(6 * C, block / n, &block) || !pdp__mul_ok(d->layers, block, &block) ||
+        !pdp__add_ok(emb, pos, &sum) || !pdp__add_ok(sum, 2 * C, &sum) ||
+        !pdp__add_ok(sum, block, &sum))
+        return 0;
+    return sum;
+}
+
 /* *d = *desc with its defaults resolved (vocab 256, sequence = context), or PDP_ERR_INVALID
    prefixed fn for a field pdp_gpt_create refuses before it builds anything: what
    pdp_gpt_desc_format and pdp_gpt_create check alike. */
@@ -29971,6 +30117,11 @@ PDP__PRIVATE pdp_status pdp__gpt_check(const pdp_gpt_desc *desc, pdp_gpt_desc *d
     if (d->dim % d->heads != 0)
         return pdp__err(PDP_ERR_INVALID, "%s: heads %d do not divide dim %lld", fn, d->heads,
                         (long long)d->dim);
+    if (pdp__gpt_rank_param_count(d, 1) == 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: vocab %lld, context %lld, layers %d and dim %lld "
+                        "make more than %lld parameters", fn, (long long)d->vocab,
+                        (long long)d->context, d->layers, (long long)d->dim,
+                        (long long)PDP__COUNT_MAX);
     if (!(d->dropout >= 0.0f && d->dropout < 1.0f))
         return pdp__err(PDP_ERR_INVALID, "%s: dropout %g is outside [0, 1)", fn,
                         (double)d->dropout);
@@ -29996,21 +30147,7 @@ PDP__PRIVATE pdp_status pdp__gpt_check(const pdp_gpt_desc *desc, pdp_gpt_desc *d
 
 PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc)
 {
-    int64_t V, C;
-    if (!desc || desc->context < 1 || desc->layers < 1 || desc->dim < 1 || desc->vocab < 0)
-        return 0;
-    V = desc->vocab ? desc->vocab : 256;
-    C = desc->dim;
-    return V * C + desc->context * C + desc->layers * (12 * C * C + 13 * C) + 2 * C;
-}
-
-/* A rank's parameters in a GPT under TP over n ranks (n = 1: pdp_gpt_param_count's): the
-   embeddings, the LayerNorms and the row-parallel Linears' biases whole on every rank, the
-   rest cut n ways. pdp_gpt_create reserves it; test_gpt holds it to the built count. */
-PDP__PRIVATE int64_t pdp__gpt_rank_param_count(const pdp_gpt_desc *d, int n)
-{
-    int64_t V = d->vocab ? d->vocab : 256, C = d->dim;
-    return V * C + d->context * C + 2 * C + d->layers * (6 * C + (12 * C * C + 7 * C) / n);
+    return desc && desc->vocab >= 0 ? pdp__gpt_rank_param_count(desc, 1) : 0;
 }
 
 PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size_t bytes)
@@ -30141,11 +30278,16 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
     if (!m || !ids || !r) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     if (m->in_dtype != PDP_DTYPE_I32 || m->nlayers == 0)
         return pdp__err(PDP_ERR_INVALID, "%s: the model does not take token ids", fn);
-    if (n < 1 || n_new < 0 || !(temperature >= 0.0f) || top_k < 0)
+    if (n < 1 || n_new < 0 || !(temperature >= 0.0f && temperature <= FLT_MAX) || top_k < 0)
         return pdp__err(PDP_ERR_INVALID, "%s: n %lld (>= 1), n_new %lld (>= 0), temperature %g "
-                        "and top_k %d (>= 0)", fn, (long long)n, (long long)n_new,
-                        (double)temperature, top_k);
+                        "(finite, >= 0) and top_k %d (>= 0)", fn, (long long)n,
+                        (long long)n_new, (double)temperature, top_k);
     T = m->in_shape[0];
+    if (m->layers[m->nlayers - 1].out_ndim != 2 || m->layers[m->nlayers - 1].out_shape[0] != T)
+        return pdp__err(PDP_ERR_INVALID, "%s: the model gives %d-D samples of %lld; generation "
+                        "reads a row of logits per position, [T %lld, vocab]", fn,
+                        m->layers[m->nlayers - 1].out_ndim,
+                        (long long)m->layers[m->nlayers - 1].out_count, (long long)T);
     V = m->layers[m->nlayers - 1].out_shape[1];
     window = (int32_t *)pdp__calloc((size_t)T * sizeof *window);
     p = (float *)pdp__alloc((size_t)V * sizeof *p);
@@ -30185,12 +30327,15 @@ PDP_API pdp_status pdp_gpt_generate_text(pdp_model *m, const char *prompt, int64
     pdp_status st;
     if (!m || !prompt || !r || !buf) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     len = (int64_t)strlen(prompt);
-    if (m->nlayers < 1 || m->layers[m->nlayers - 1].out_shape[1] != 256)
+    if (m->nlayers < 1 || m->layers[m->nlayers - 1].out_ndim != 2 ||
+        m->layers[m->nlayers - 1].out_shape[1] != 256)
         return pdp__err(PDP_ERR_INVALID, "%s: the model's vocabulary is not the 256 bytes", fn);
-    if (len < 1 || n_new < 0 || bytes < (size_t)(len + n_new) + 1)
+    if (len < 1 || n_new < 0 || bytes < 1 || (uint64_t)len > bytes - 1 ||
+        (uint64_t)n_new > bytes - 1 - (size_t)len)
         return pdp__err(PDP_ERR_INVALID, "%s: prompt of %lld bytes (>= 1), n_new %lld (>= 0) and "
-                        "%zu bytes of buf (the text needs %lld)", fn, (long long)len,
-                        (long long)n_new, bytes, (long long)(len + n_new + 1));
+                        "%zu bytes of buf (the text needs %s%lld)", fn, (long long)len,
+                        (long long)n_new, bytes, n_new < INT64_MAX - len ? "" : "more than ",
+                        n_new < INT64_MAX - len ? (long long)(len + n_new + 1) : INT64_MAX);
     ids = (int32_t *)pdp__alloc((size_t)(len + n_new) * sizeof *ids);
     if (!ids) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     for (i = 0; i < len; i++) ids[i] = (unsigned char)prompt[i];
@@ -30209,7 +30354,7 @@ PDP_API pdp_status pdp_gpt_evaluate(pdp_model *m, const pdp_token_dataset *ds, p
                                     int64_t batch, int batches, uint64_t seed, float *loss)
 {
     const char *fn = "pdp_gpt_evaluate";
-    int64_t T, V, count, shape[2], rows[2]; /* rows: the logits as [batch T, V] */
+    int64_t T, V, count, n_logits, shape[2], rows[2]; /* rows: the logits as [batch T, V] */
     int32_t *x = NULL, *y;
     float *host = NULL; /* off the CPU: the logits, back */
     pdp_tensor *dx = NULL;
@@ -30226,11 +30371,20 @@ PDP_API pdp_status pdp_gpt_evaluate(pdp_model *m, const pdp_token_dataset *ds, p
         return pdp__err(PDP_ERR_INVALID, "%s: batch %lld and batches %d (>= 1)", fn,
                         (long long)batch, batches);
     T = ds->context, V = m->layers[m->nlayers - 1].out_shape[1];
+    if (m->layers[m->nlayers - 1].out_ndim != 2 || m->layers[m->nlayers - 1].out_shape[0] != T)
+        return pdp__err(PDP_ERR_INVALID, "%s: the model gives %d-D samples; the loss reads a "
+                        "row of logits per position, [T %lld, vocab]", fn,
+                        m->layers[m->nlayers - 1].out_ndim, (long long)T);
+    if (!pdp__mul3_ok(2, batch, T, &count) || !pdp__mul3_ok(batch, T, V, &n_logits))
+        return pdp__err(PDP_ERR_INVALID, "%s: batch %lld of %lld tokens, %lld logits each: the "
+                        "count overflows", fn, (long long)batch, (long long)T, (long long)V);
     shape[0] = batch, shape[1] = T, count = batch * T, rows[0] = count, rows[1] = V;
     cpu = m->device.kind == PDP_DEVICE_CPU;
-    x = (int32_t *)pdp__alloc((size_t)(2 * batch * T) * sizeof *x);
-    if (!cpu) host = (float *)pdp__alloc((size_t)(batch * T * V) * sizeof *host);
-    if (!x || (!cpu && !host)) st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    x = (int32_t *)pdp__alloc((size_t)(2 * count) * sizeof *x);
+    if (!cpu) host = (float *)pdp__alloc((size_t)n_logits * sizeof *host);
+    if (!x || (!cpu && !host)) /* its own message: the end adds fn */
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for %lld windows of %lld tokens",
+                      (long long)batch, (long long)T);
     if (st == PDP_OK && !cpu) st = pdp_tensor_create_ids(&dx, m->device, 2, shape);
     y = x ? x + batch * T : NULL;
     training = m->training;
@@ -31415,7 +31569,7 @@ PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt)
         float *p = z->stage == 3 ? z->param_shard + k->shard_off
                                  : z->m->param_block + k->off + (int64_t)z->rank * k->s;
         if ((st = pdp__optim_step_at(opt, p, pdp__zero_grad_slice(z, u), k->shard_off,
-                                     k->mine)) != PDP_OK)
+                                     k->mine, k->off + (int64_t)z->rank * k->s)) != PDP_OK)
             return pdp__err_wrap(st, "%s: rank %d", fn, z->rank);
     }
     pdp__optim_finish_step(opt);

@@ -193,6 +193,9 @@ PDP__PRIVATE pdp_status pdp__ckpt_header_crc(const pdp__st_parser *p, pdp__st_en
 
 /* ---- checkpoint: save ---- */
 
+/* "optim.decay_params" by pdp_decay_params value */
+static const char *const pdp__ckpt_decay_names[] = {"all", "matrices"};
+
 /* Appends printf output to a bounded buffer; *ok turns false on overflow. */
 PDP__PRIVATE void pdp__ckpt_put(char *buf, size_t cap, size_t *len, bool *ok, const char *fmt, ...)
 {
@@ -276,11 +279,13 @@ PDP__PRIVATE pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o,
                       ",\"optim.kind\":\"%s\",\"optim.steps\":\"%lld\",\"optim.lr\":\"%.17g\","
                       "\"optim.momentum\":\"%.17g\",\"optim.dampening\":\"%.17g\","
                       "\"optim.nesterov\":\"%s\",\"optim.weight_decay\":\"%.17g\","
+                      "\"optim.decay_params\":\"%s\","
                       "\"optim.beta1\":\"%.17g\",\"optim.beta2\":\"%.17g\","
                       "\"optim.eps\":\"%.17g\"",
                       pdp_optim_kind_name(dd->kind), (long long)o->steps, dd->lr, dd->momentum,
                       dd->dampening, dd->nesterov ? "true" : "false", dd->weight_decay,
-                      dd->beta1, dd->beta2, dd->eps);
+                      pdp__ckpt_decay_names[dd->decay_params == PDP_DECAY_MATRICES], dd->beta1,
+                      dd->beta2, dd->eps);
     }
     for (t = -1; t < nt; t++) {
         if (t < 0) {
@@ -640,6 +645,7 @@ PDP__PRIVATE pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_
 {
     const char *fn = p->fn, *kind = pdp__st_meta(p, "optim.kind");
     const char *s = pdp__st_meta(p, "optim.steps"), *nest = pdp__st_meta(p, "optim.nesterov");
+    const char *decay = pdp__st_meta(p, "optim.decay_params");
     static const char *const keys[] = {"optim.lr", "optim.momentum", "optim.dampening",
                                        "optim.weight_decay", "optim.beta1", "optim.beta2",
                                        "optim.eps"};
@@ -665,6 +671,14 @@ PDP__PRIVATE pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"optim.nesterov\" must be \"true\" "
                         "or \"false\"", fn, p->file);
     d.nesterov = strcmp(nest, "true") == 0;
+    /* absent: a file written before the field, when every parameter decayed */
+    d.decay_params = PDP_DECAY_ALL;
+    if (decay && strcmp(decay, pdp__ckpt_decay_names[PDP_DECAY_ALL]) != 0) {
+        if (strcmp(decay, pdp__ckpt_decay_names[PDP_DECAY_MATRICES]) != 0)
+            return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"optim.decay_params\" is "
+                            "\"%s\", not \"all\" or \"matrices\"", fn, p->file, decay);
+        d.decay_params = PDP_DECAY_MATRICES;
+    }
     errno = 0;
     n = s ? strtoll(s, &end, 10) : -1;
     if (!s || !*s || *end || errno || n < 0)

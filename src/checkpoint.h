@@ -18,7 +18,8 @@
        "model.step" (the dropout stream: restored by load when present), and with an
        optimizer "optim.kind" ("SGD", "Adam", "AdamW"), "optim.steps",
        "optim.lr", "optim.momentum", "optim.dampening", "optim.nesterov"
-       ("true"/"false"), "optim.weight_decay", "optim.beta1", "optim.beta2",
+       ("true"/"false"), "optim.weight_decay", "optim.decay_params" ("all" or
+       "matrices"; a file without it loads as "all"), "optim.beta1", "optim.beta2",
        "optim.eps" (doubles printed with 17 significant digits: exact round trip;
        an earlier pdp wrote a float's 9 digits, which load as that decimal),
        and checksums: "crc32c.<tensor>" for every tensor (CRC-32C of its data
@@ -30,7 +31,9 @@
    {k: v for k, v in sd.items() if not k.startswith("optim.")}) (or pass the
    whole dict when the file was saved without an optimizer); for a GPT (gpt.h), whose
    nanoGPT module lists its tied head under both names, first
-   sd["lm_head.weight"] = sd["transformer.wte.weight"]. */
+   sd["lm_head.weight"] = sd["transformer.wte.weight"] (and on torch before 2.0, where
+   nanoGPT's attention registers its causal mask as a buffer, "attn.bias", that the file
+   does not hold: load_state_dict(sd, strict=False)). */
 
 /* Writes path atomically: the bytes go to "<path>.tmp.<pid>", which is
    flushed, fsync'd and renamed over path, then the directory is fsync'd. A

@@ -307,11 +307,6 @@ PDP__PRIVATE void pdp__dp_destroy(pdp_dp *dp)
     pdp__dealloc(dp);
 }
 
-PDP__PRIVATE bool pdp__same_device(pdp_device a, pdp_device b)
-{
-    return a.kind == b.kind && a.ordinal == b.ordinal;
-}
-
 /* The one place pdp_dp_desc's zeros become defaults (sokol's _def; pdp_dp_get_desc
    returns its result) and its numbers are checked; in may be NULL. The devices are
    checked against the master by pdp_dp_create. */

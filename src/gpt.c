@@ -145,6 +145,24 @@ PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d)
     return st;
 }
 
+/* A rank's parameters in a GPT under TP over n ranks (n = 1: the whole model's): the
+   embeddings, the LayerNorms and the row-parallel Linears' biases whole on every rank, the
+   rest cut n ways: V C + context C + 2 C + layers (6 C + (12 C^2 + 7 C) / n). 0 when a
+   count overflows (pdp__mul_ok's bound) or a size is below 1. pdp_gpt_create reserves it;
+   test_gpt holds it to the built count. */
+PDP__PRIVATE int64_t pdp__gpt_rank_param_count(const pdp_gpt_desc *d, int n)
+{
+    int64_t V = d->vocab ? d->vocab : 256, C = d->dim, emb, pos, cc, block, sum;
+    if (V < 1 || C < 1 || d->context < 1 || d->layers < 1 || n < 1) return 0;
+    if (!pdp__mul_ok(V, C, &emb) || !pdp__mul_ok(d->context, C, &pos) ||
+        !pdp__mul3_ok(12, C, C, &cc) || !pdp__add_ok(cc, 7 * C, &block) || /* C, 12 C^2 fit */
+        !pdp__add_ok(6 * C, block / n, &block) || !pdp__mul_ok(d->layers, block, &block) ||
+        !pdp__add_ok(emb, pos, &sum) || !pdp__add_ok(sum, 2 * C, &sum) ||
+        !pdp__add_ok(sum, block, &sum))
+        return 0;
+    return sum;
+}
+
 /* *d = *desc with its defaults resolved (vocab 256, sequence = context), or PDP_ERR_INVALID
    prefixed fn for a field pdp_gpt_create refuses before it builds anything: what
    pdp_gpt_desc_format and pdp_gpt_create check alike. */
@@ -166,6 +184,11 @@ PDP__PRIVATE pdp_status pdp__gpt_check(const pdp_gpt_desc *desc, pdp_gpt_desc *d
     if (d->dim % d->heads != 0)
         return pdp__err(PDP_ERR_INVALID, "%s: heads %d do not divide dim %lld", fn, d->heads,
                         (long long)d->dim);
+    if (pdp__gpt_rank_param_count(d, 1) == 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: vocab %lld, context %lld, layers %d and dim %lld "
+                        "make more than %lld parameters", fn, (long long)d->vocab,
+                        (long long)d->context, d->layers, (long long)d->dim,
+                        (long long)PDP__COUNT_MAX);
     if (!(d->dropout >= 0.0f && d->dropout < 1.0f))
         return pdp__err(PDP_ERR_INVALID, "%s: dropout %g is outside [0, 1)", fn,
                         (double)d->dropout);
@@ -191,21 +214,7 @@ PDP__PRIVATE pdp_status pdp__gpt_check(const pdp_gpt_desc *desc, pdp_gpt_desc *d
 
 PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc)
 {
-    int64_t V, C;
-    if (!desc || desc->context < 1 || desc->layers < 1 || desc->dim < 1 || desc->vocab < 0)
-        return 0;
-    V = desc->vocab ? desc->vocab : 256;
-    C = desc->dim;
-    return V * C + desc->context * C + desc->layers * (12 * C * C + 13 * C) + 2 * C;
-}
-
-/* A rank's parameters in a GPT under TP over n ranks (n = 1: pdp_gpt_param_count's): the
-   embeddings, the LayerNorms and the row-parallel Linears' biases whole on every rank, the
-   rest cut n ways. pdp_gpt_create reserves it; test_gpt holds it to the built count. */
-PDP__PRIVATE int64_t pdp__gpt_rank_param_count(const pdp_gpt_desc *d, int n)
-{
-    int64_t V = d->vocab ? d->vocab : 256, C = d->dim;
-    return V * C + d->context * C + 2 * C + d->layers * (6 * C + (12 * C * C + 7 * C) / n);
+    return desc && desc->vocab >= 0 ? pdp__gpt_rank_param_count(desc, 1) : 0;
 }
 
 PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size_t bytes)
@@ -336,11 +345,16 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
     if (!m || !ids || !r) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     if (m->in_dtype != PDP_DTYPE_I32 || m->nlayers == 0)
         return pdp__err(PDP_ERR_INVALID, "%s: the model does not take token ids", fn);
-    if (n < 1 || n_new < 0 || !(temperature >= 0.0f) || top_k < 0)
+    if (n < 1 || n_new < 0 || !(temperature >= 0.0f && temperature <= FLT_MAX) || top_k < 0)
         return pdp__err(PDP_ERR_INVALID, "%s: n %lld (>= 1), n_new %lld (>= 0), temperature %g "
-                        "and top_k %d (>= 0)", fn, (long long)n, (long long)n_new,
-                        (double)temperature, top_k);
+                        "(finite, >= 0) and top_k %d (>= 0)", fn, (long long)n,
+                        (long long)n_new, (double)temperature, top_k);
     T = m->in_shape[0];
+    if (m->layers[m->nlayers - 1].out_ndim != 2 || m->layers[m->nlayers - 1].out_shape[0] != T)
+        return pdp__err(PDP_ERR_INVALID, "%s: the model gives %d-D samples of %lld; generation "
+                        "reads a row of logits per position, [T %lld, vocab]", fn,
+                        m->layers[m->nlayers - 1].out_ndim,
+                        (long long)m->layers[m->nlayers - 1].out_count, (long long)T);
     V = m->layers[m->nlayers - 1].out_shape[1];
     window = (int32_t *)pdp__calloc((size_t)T * sizeof *window);
     p = (float *)pdp__alloc((size_t)V * sizeof *p);
@@ -380,12 +394,15 @@ PDP_API pdp_status pdp_gpt_generate_text(pdp_model *m, const char *prompt, int64
     pdp_status st;
     if (!m || !prompt || !r || !buf) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     len = (int64_t)strlen(prompt);
-    if (m->nlayers < 1 || m->layers[m->nlayers - 1].out_shape[1] != 256)
+    if (m->nlayers < 1 || m->layers[m->nlayers - 1].out_ndim != 2 ||
+        m->layers[m->nlayers - 1].out_shape[1] != 256)
         return pdp__err(PDP_ERR_INVALID, "%s: the model's vocabulary is not the 256 bytes", fn);
-    if (len < 1 || n_new < 0 || bytes < (size_t)(len + n_new) + 1)
+    if (len < 1 || n_new < 0 || bytes < 1 || (uint64_t)len > bytes - 1 ||
+        (uint64_t)n_new > bytes - 1 - (size_t)len)
         return pdp__err(PDP_ERR_INVALID, "%s: prompt of %lld bytes (>= 1), n_new %lld (>= 0) and "
-                        "%zu bytes of buf (the text needs %lld)", fn, (long long)len,
-                        (long long)n_new, bytes, (long long)(len + n_new + 1));
+                        "%zu bytes of buf (the text needs %s%lld)", fn, (long long)len,
+                        (long long)n_new, bytes, n_new < INT64_MAX - len ? "" : "more than ",
+                        n_new < INT64_MAX - len ? (long long)(len + n_new + 1) : INT64_MAX);
     ids = (int32_t *)pdp__alloc((size_t)(len + n_new) * sizeof *ids);
     if (!ids) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     for (i = 0; i < len; i++) ids[i] = (unsigned char)prompt[i];
@@ -404,7 +421,7 @@ PDP_API pdp_status pdp_gpt_evaluate(pdp_model *m, const pdp_token_dataset *ds, p
                                     int64_t batch, int batches, uint64_t seed, float *loss)
 {
     const char *fn = "pdp_gpt_evaluate";
-    int64_t T, V, count, shape[2], rows[2]; /* rows: the logits as [batch T, V] */
+    int64_t T, V, count, n_logits, shape[2], rows[2]; /* rows: the logits as [batch T, V] */
     int32_t *x = NULL, *y;
     float *host = NULL; /* off the CPU: the logits, back */
     pdp_tensor *dx = NULL;
@@ -421,11 +438,20 @@ PDP_API pdp_status pdp_gpt_evaluate(pdp_model *m, const pdp_token_dataset *ds, p
         return pdp__err(PDP_ERR_INVALID, "%s: batch %lld and batches %d (>= 1)", fn,
                         (long long)batch, batches);
     T = ds->context, V = m->layers[m->nlayers - 1].out_shape[1];
+    if (m->layers[m->nlayers - 1].out_ndim != 2 || m->layers[m->nlayers - 1].out_shape[0] != T)
+        return pdp__err(PDP_ERR_INVALID, "%s: the model gives %d-D samples; the loss reads a "
+                        "row of logits per position, [T %lld, vocab]", fn,
+                        m->layers[m->nlayers - 1].out_ndim, (long long)T);
+    if (!pdp__mul3_ok(2, batch, T, &count) || !pdp__mul3_ok(batch, T, V, &n_logits))
+        return pdp__err(PDP_ERR_INVALID, "%s: batch %lld of %lld tokens, %lld logits each: the "
+                        "count overflows", fn, (long long)batch, (long long)T, (long long)V);
     shape[0] = batch, shape[1] = T, count = batch * T, rows[0] = count, rows[1] = V;
     cpu = m->device.kind == PDP_DEVICE_CPU;
-    x = (int32_t *)pdp__alloc((size_t)(2 * batch * T) * sizeof *x);
-    if (!cpu) host = (float *)pdp__alloc((size_t)(batch * T * V) * sizeof *host);
-    if (!x || (!cpu && !host)) st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    x = (int32_t *)pdp__alloc((size_t)(2 * count) * sizeof *x);
+    if (!cpu) host = (float *)pdp__alloc((size_t)n_logits * sizeof *host);
+    if (!x || (!cpu && !host)) /* its own message: the end adds fn */
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for %lld windows of %lld tokens",
+                      (long long)batch, (long long)T);
     if (st == PDP_OK && !cpu) st = pdp_tensor_create_ids(&dx, m->device, 2, shape);
     y = x ? x + batch * T : NULL;
     training = m->training;

@@ -255,11 +255,22 @@ PDP__PRIVATE bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b
     return a->device.kind == b->device.kind && a->device.ordinal == b->device.ordinal;
 }
 
-/* Shared argument checks of the public losses: a 2-D tensor [batch, classes]. */
+/* A tensor the losses read or write as floats (an int32 tensor's bits are not). */
+PDP__PRIVATE pdp_status pdp__loss_check_floats(const pdp_tensor *t, const char *what,
+                                               const char *fn)
+{
+    if (t->dtype == PDP_DTYPE_F32) return PDP_OK;
+    return pdp__err(PDP_ERR_INVALID, "%s: %s holds %s, not float32", fn, what,
+                    pdp_dtype_name(t->dtype));
+}
+
+/* Shared argument checks of the public losses: a 2-D float tensor [batch, classes]. */
 PDP__PRIVATE pdp_status pdp__loss_check_logits(const pdp_tensor *t, const char *what,
                                                const char *fn)
 {
     char buf[96];
+    pdp_status st;
+    if ((st = pdp__loss_check_floats(t, what, fn)) != PDP_OK) return st;
     if (t->ndim != 2)
         return pdp__err(PDP_ERR_SHAPE, "%s: %s must be [batch, classes], got %s", fn, what,
                         pdp__shape_str(t, buf, sizeof buf));
@@ -314,6 +325,13 @@ PDP_API pdp_status pdp_loss_mse(const pdp_tensor *pred, const pdp_tensor *target
     float scale;
     int64_t i, n;
     if (!pred || !target || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    {
+        pdp_status st;
+        if ((st = pdp__loss_check_floats(pred, "pred", fn)) != PDP_OK ||
+            (st = pdp__loss_check_floats(target, "target", fn)) != PDP_OK ||
+            (dpred && (st = pdp__loss_check_floats(dpred, "dpred", fn)) != PDP_OK))
+            return st;
+    }
     if (!pdp__loss_same_device(pred, target) || (dpred && !pdp__loss_same_device(pred, dpred)))
         return pdp__err(PDP_ERR_DEVICE, "%s: pred, target and dpred must be on one device", fn);
     if (!pdp__loss_same_shape(pred, target))

@@ -119,6 +119,7 @@ PDP__PRIVATE void pdp__model_free_buffers(pdp_model *m)
     m->act = NULL;
     m->saved_off = NULL;
     m->max_batch = 0;
+    m->have_forward = false; /* what a backward would read is gone */
 }
 
 PDP_API void pdp_model_free(pdp_model *m)
@@ -916,6 +917,7 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     pdp_status st;
     if (!m || !x || !y) return pdp__err(PDP_ERR_INVALID, "pdp_model_forward: NULL argument");
     *y = NULL;
+    m->have_forward = false; /* until this forward is whole: a failed one leaves no backward */
     if (m->nlayers == 0)
         return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the model has no layers");
     if (m->open_residual >= 0)
@@ -974,7 +976,15 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
     pdp_status st;
     if (!m || !dy) return pdp__err(PDP_ERR_INVALID, "pdp_model_backward: NULL argument");
     if (!m->have_forward)
-        return pdp__err(PDP_ERR_STATE, "pdp_model_backward: no forward since the last backward");
+        return pdp__err(PDP_ERR_STATE, "pdp_model_backward: no forward to go back through (none "
+                        "since the last backward, or it failed, or layers were added or "
+                        "pdp_model_reserve re-planned the memory since)");
+    if (dy->dtype != PDP_DTYPE_F32)
+        return pdp__err(PDP_ERR_INVALID, "pdp_model_backward: dy holds %s, not float32",
+                        pdp_dtype_name(dy->dtype));
+    if (!pdp__same_device(dy->device, m->device))
+        return pdp__err(PDP_ERR_DEVICE, "pdp_model_backward: dy on device %d:%d, model on %d:%d",
+                        dy->device.kind, dy->device.ordinal, m->device.kind, m->device.ordinal);
     if (dy->count != m->out_view.count) {
         char a[96], b[96];
         return pdp__err(PDP_ERR_SHAPE, "pdp_model_backward: dy is %s, the output was %s",

@@ -90,6 +90,9 @@ PDP__PRIVATE pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_op
     if (!pdp__optim_nonneg(d.weight_decay))
         return pdp__err(PDP_ERR_INVALID, "%s: weight_decay %g must be finite, >= 0 and <= "
                         "FLT_MAX", fn, d.weight_decay);
+    if (d.decay_params != PDP_DECAY_ALL && d.decay_params != PDP_DECAY_MATRICES)
+        return pdp__err(PDP_ERR_INVALID, "%s: decay_params %d is not PDP_DECAY_ALL (0) or "
+                        "PDP_DECAY_MATRICES (1)", fn, (int)d.decay_params);
     if (!adam) {
         if (!pdp__optim_nonneg(d.momentum))
             return pdp__err(PDP_ERR_INVALID, "%s: momentum %g must be finite, >= 0 and <= "
@@ -414,27 +417,86 @@ PDP__PRIVATE void pdp__optim_job_of(const pdp_optim *o, const pdp__optim_scalars
     job->hi = n;
 }
 
-/* The state-offset step: n elements, params[i] from grads[i] with state element
-   state_off + i of o's buffers (ZeRO: a unit's slice, the parameters in the
-   model's block or the shard, the gradients in the executor's buffer). Does not
-   advance steps (pdp__optim_finish_step). */
-PDP__PRIVATE pdp_status pdp__optim_step_at(pdp_optim *o, float *params, const float *grads,
-                                           int64_t state_off, int64_t n)
+/* ---- optim: which tensors decay ----
+   PDP_DECAY_MATRICES leaves the 1-D tensors (biases, LayerNorm) undecayed: the update
+   runs over the flat block in runs of tensors under one rule, the undecayed ones with the
+   scalars of weight_decay 0 (torch.optim's second group: the same element code, and so the
+   same bits as a separate optimizer with weight_decay 0 on them). */
+
+/* Does o decay some tensors and not others? */
+PDP__PRIVATE bool pdp__optim_split_decay(const pdp_optim *o)
 {
-    pdp__optim_scalars s;
+    return o->desc.decay_params == PDP_DECAY_MATRICES && o->desc.weight_decay > 0.0;
+}
+
+/* The scalars of s with the weight decay taken out (SGD's and Adam's L2, AdamW's factor). */
+PDP__PRIVATE void pdp__optim_scalars_no_decay(const pdp__optim_scalars *s,
+                                              pdp__optim_scalars *out)
+{
+    *out = *s;
+    out->weight_decay = 0.0f;
+    out->l2 = 0.0f;
+    out->decay = 1.0f;
+}
+
+/* From flat element at (< end) of m's block: the end of the run of elements whose tensors
+   share one rule, and the rule (*decay: the tensor has 2 or more dimensions). Elements
+   past the last tensor (ZeRO's padding) take the last tensor's rule. */
+PDP__PRIVATE int64_t pdp__optim_decay_run(const pdp_model *m, int64_t at, int64_t end,
+                                          bool *decay)
+{
+    int lo = 0, hi = m->nparams - 1, p;
+    while (lo < hi) { /* the last tensor that starts at or before at */
+        int mid = (lo + hi + 1) / 2;
+        if (m->params[mid].offset <= at) lo = mid;
+        else hi = mid - 1;
+    }
+    *decay = m->nparams == 0 || m->params[lo].ndim >= 2;
+    for (p = lo + 1; p < m->nparams && m->params[p].offset < end; p++)
+        if ((m->params[p].ndim >= 2) != *decay) return m->params[p].offset;
+    return end;
+}
+
+/* n elements under the scalars s, on o's device (CPU: the caller's intra-op threads). */
+PDP__PRIVATE pdp_status pdp__optim_run(const pdp_optim *o, const pdp__optim_scalars *s,
+                                       float *params, const float *grads, int64_t state_off,
+                                       int64_t n)
+{
     pdp__optim_job job;
     int threads;
-    PDP_ASSERT(o && state_off >= 0 && n >= 0 && state_off + n <= o->hi - o->lo);
-    if (n == 0) return PDP_OK;
-    pdp__optim_scalars_of(o, &s);
     if (o->model->device.kind != PDP_DEVICE_CPU) /* one fused kernel (cuda_host.c) */
-        return pdp__cuda_optim_update(o->model->device, &s, params, grads,
+        return pdp__cuda_optim_update(o->model->device, s, params, grads,
                                       o->state[0] ? o->state[0] + state_off : NULL,
                                       o->state[1] ? o->state[1] + state_off : NULL, n);
-    pdp__optim_job_of(o, &s, params, grads, state_off, n, &job);
+    pdp__optim_job_of(o, s, params, grads, state_off, n, &job);
     threads = pdp__threads_for_caller();
     threads = (int)PDP__MAX(1, PDP__MIN((int64_t)threads, n / PDP__OPTIM_MIN_PER_THREAD));
     pdp__parallel_for(threads, pdp__optim_part, &job);
+    return PDP_OK;
+}
+
+/* The state-offset step: n elements, params[i] from grads[i] with state element
+   state_off + i of o's buffers, element i being flat element flat_off + i of the model's
+   block (ZeRO: a unit's slice, the parameters in the model's block or the shard, the
+   gradients in the executor's buffer). Does not advance steps (pdp__optim_finish_step). */
+PDP__PRIVATE pdp_status pdp__optim_step_at(pdp_optim *o, float *params, const float *grads,
+                                           int64_t state_off, int64_t n, int64_t flat_off)
+{
+    pdp__optim_scalars s, s0;
+    int64_t i, end;
+    bool decay;
+    pdp_status st;
+    PDP_ASSERT(o && state_off >= 0 && n >= 0 && state_off + n <= o->hi - o->lo);
+    if (n == 0) return PDP_OK;
+    pdp__optim_scalars_of(o, &s);
+    if (!pdp__optim_split_decay(o)) return pdp__optim_run(o, &s, params, grads, state_off, n);
+    pdp__optim_scalars_no_decay(&s, &s0);
+    for (i = 0; i < n; i = end) {
+        end = pdp__optim_decay_run(o->model, flat_off + i, flat_off + n, &decay) - flat_off;
+        if ((st = pdp__optim_run(o, decay ? &s : &s0, params + i, grads + i, state_off + i,
+                                 end - i)) != PDP_OK)
+            return st;
+    }
     return PDP_OK;
 }
 
@@ -445,11 +507,19 @@ PDP__PRIVATE pdp_status pdp__optim_step_at(pdp_optim *o, float *params, const fl
 PDP__PRIVATE void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
                                           float *params, const float *grads, int64_t lo, int64_t hi)
 {
+    pdp__optim_scalars s0;
     pdp__optim_job job;
+    int64_t end;
+    bool decay = true;
     PDP_ASSERT(o && o->model->device.kind == PDP_DEVICE_CPU && o->lo <= lo && lo <= hi &&
                hi <= o->hi);
-    pdp__optim_job_of(o, s, params + lo, grads + lo, lo - o->lo, hi - lo, &job);
-    pdp__optim_part(&job, 0, 1);
+    if (pdp__optim_split_decay(o)) pdp__optim_scalars_no_decay(s, &s0);
+    for (; lo < hi; lo = end) {
+        end = pdp__optim_split_decay(o) ? pdp__optim_decay_run(o->model, lo, hi, &decay) : hi;
+        pdp__optim_job_of(o, decay ? s : &s0, params + lo, grads + lo, lo - o->lo, end - lo,
+                          &job);
+        pdp__optim_part(&job, 0, 1);
+    }
 }
 
 /* params and grads are full-size blocks: element i of each is parameter
@@ -458,7 +528,7 @@ PDP__PRIVATE pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const
                                               int64_t lo, int64_t hi)
 {
     PDP_ASSERT(o && o->lo <= lo && lo <= hi && hi <= o->hi);
-    return pdp__optim_step_at(o, params + lo, grads + lo, lo - o->lo, hi - lo);
+    return pdp__optim_step_at(o, params + lo, grads + lo, lo - o->lo, hi - lo, lo);
 }
 
 /* Marks the update in flight as done (after every range of it). */

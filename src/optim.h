@@ -23,6 +23,15 @@ typedef enum pdp_optim_kind {
    PyTorch's fp32 kernels round it (math.h: the element formulas). With float fields,
    beta2 0.999 was 0.99900001 and 1 - beta2 1.3e-5 off PyTorch's. Each must be at most
    FLT_MAX. */
+/* Which parameters weight_decay applies to (torch.optim's parameter groups, in the two
+   forms training scripts use). */
+typedef enum pdp_decay_params {
+    PDP_DECAY_ALL = 0,     /* every parameter: torch.optim's one group (the default) */
+    PDP_DECAY_MATRICES = 1 /* tensors of 2 or more dimensions (Linear and Conv2d weights,
+                              embeddings); biases and LayerNorm's weight and bias are not
+                              decayed: nanoGPT's configure_optimizers, llm.c's two groups */
+} pdp_decay_params;
+
 typedef struct pdp_optim_desc {
     pdp_optim_kind kind;  /* default SGD */
     double lr;            /* >= 0; default 0.01 for SGD, 0.001 for Adam and AdamW */
@@ -32,6 +41,7 @@ typedef struct pdp_optim_desc {
     double weight_decay;  /* >= 0; default 0 (AdamW: 0 also means 0; PyTorch's default
                              is 0.01). SGD and Adam: L2 added to the gradient;
                              AdamW: decoupled, p *= 1 - lr * weight_decay */
+    pdp_decay_params decay_params; /* which tensors weight_decay acts on; default ALL */
     double beta1;         /* Adam/AdamW, in [0, 1); default 0.9 (0 cannot be asked for:
                              it means the default; use 1e-30 for "no first moment") */
     double beta2;         /* Adam/AdamW, in [0, 1); default 0.999 */

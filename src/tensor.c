@@ -50,6 +50,12 @@ PDP__PRIVATE const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t b
     return buf;
 }
 
+/* Is a the device b is? (kind and ordinal) */
+PDP__PRIVATE bool pdp__same_device(pdp_device a, pdp_device b)
+{
+    return a.kind == b.kind && a.ordinal == b.ordinal;
+}
+
 /* ---- tensor: lifecycle ---- */
 
 /* pdp_tensor_create and pdp_tensor_create_ids: fn names the caller in messages; both element

@@ -977,7 +977,7 @@ PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt)
         float *p = z->stage == 3 ? z->param_shard + k->shard_off
                                  : z->m->param_block + k->off + (int64_t)z->rank * k->s;
         if ((st = pdp__optim_step_at(opt, p, pdp__zero_grad_slice(z, u), k->shard_off,
-                                     k->mine)) != PDP_OK)
+                                     k->mine, k->off + (int64_t)z->rank * k->s)) != PDP_OK)
             return pdp__err_wrap(st, "%s: rank %d", fn, z->rank);
     }
     pdp__optim_finish_step(opt);

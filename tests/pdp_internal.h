@@ -2251,6 +2251,9 @@ PDP__PRIVATE void pdp__set_shape(pdp_tensor *t, int ndim, const int64_t *shape, 
 /* "[128, 784]" into buf, for messages. */
 PDP__PRIVATE const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t bytes);
 
+/* Is a the device b is? (kind and ordinal) */
+PDP__PRIVATE bool pdp__same_device(pdp_device a, pdp_device b);
+
 /* ---- tensor: lifecycle ---- */
 
 /* pdp_tensor_create and pdp_tensor_create_ids: fn names the caller in messages; both element
@@ -6943,7 +6946,11 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int
 
 PDP__PRIVATE bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b);
 
-/* Shared argument checks of the public losses: a 2-D tensor [batch, classes]. */
+/* A tensor the losses read or write as floats (an int32 tensor's bits are not). */
+PDP__PRIVATE pdp_status pdp__loss_check_floats(const pdp_tensor *t, const char *what,
+                                               const char *fn);
+
+/* Shared argument checks of the public losses: a 2-D float tensor [batch, classes]. */
 PDP__PRIVATE pdp_status pdp__loss_check_logits(const pdp_tensor *t, const char *what,
                                                const char *fn);
 
@@ -7138,12 +7145,36 @@ PDP__PRIVATE void pdp__optim_job_of(const pdp_optim *o, const pdp__optim_scalars
                                     const float *grads, int64_t state_off, int64_t n,
                                     pdp__optim_job *job);
 
+/* ---- optim: which tensors decay ----
+   PDP_DECAY_MATRICES leaves the 1-D tensors (biases, LayerNorm) undecayed: the update
+   runs over the flat block in runs of tensors under one rule, the undecayed ones with the
+   scalars of weight_decay 0 (torch.optim's second group: the same element code, and so the
+   same bits as a separate optimizer with weight_decay 0 on them). */
+
+/* Does o decay some tensors and not others? */
+PDP__PRIVATE bool pdp__optim_split_decay(const pdp_optim *o);
+
+/* The scalars of s with the weight decay taken out (SGD's and Adam's L2, AdamW's factor). */
+PDP__PRIVATE void pdp__optim_scalars_no_decay(const pdp__optim_scalars *s,
+                                              pdp__optim_scalars *out);
+
+/* From flat element at (< end) of m's block: the end of the run of elements whose tensors
+   share one rule, and the rule (*decay: the tensor has 2 or more dimensions). Elements
+   past the last tensor (ZeRO's padding) take the last tensor's rule. */
+PDP__PRIVATE int64_t pdp__optim_decay_run(const pdp_model *m, int64_t at, int64_t end,
+                                          bool *decay);
+
+/* n elements under the scalars s, on o's device (CPU: the caller's intra-op threads). */
+PDP__PRIVATE pdp_status pdp__optim_run(const pdp_optim *o, const pdp__optim_scalars *s,
+                                       float *params, const float *grads, int64_t state_off,
+                                       int64_t n);
+
 /* The state-offset step: n elements, params[i] from grads[i] with state element
-   state_off + i of o's buffers (ZeRO: a unit's slice, the parameters in the
-   model's block or the shard, the gradients in the executor's buffer). Does not
-   advance steps (pdp__optim_finish_step). */
+   state_off + i of o's buffers, element i being flat element flat_off + i of the model's
+   block (ZeRO: a unit's slice, the parameters in the model's block or the shard, the
+   gradients in the executor's buffer). Does not advance steps (pdp__optim_finish_step). */
 PDP__PRIVATE pdp_status pdp__optim_step_at(pdp_optim *o, float *params, const float *grads,
-                                           int64_t state_off, int64_t n);
+                                           int64_t state_off, int64_t n, int64_t flat_off);
 
 /* Elements [lo, hi) of the flat blocks on the calling thread, with the scalars of
    the update in flight (pdp__optim_scalars_of, taken once per update): a CPU
@@ -7769,6 +7800,8 @@ PDP__PRIVATE pdp_status pdp__ckpt_header_crc(const pdp__st_parser *p, pdp__st_en
 
 /* ---- checkpoint: save ---- */
 
+/* "optim.decay_params" by pdp_decay_params value */
+
 /* Appends printf output to a bounded buffer; *ok turns false on overflow. */
 PDP__PRIVATE void pdp__ckpt_put(char *buf, size_t cap, size_t *len, bool *ok, const char *fmt, ...);
 
@@ -8219,8 +8252,6 @@ PDP__PRIVATE void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job);
 /* ---- dp: lifecycle ---- */
 
 PDP__PRIVATE void pdp__dp_destroy(pdp_dp *dp);
-
-PDP__PRIVATE bool pdp__same_device(pdp_device a, pdp_device b);
 
 /* The one place pdp_dp_desc's zeros become defaults (sokol's _def; pdp_dp_get_desc
    returns its result) and its numbers are checked; in may be NULL. The devices are
@@ -8884,17 +8915,19 @@ PDP__PRIVATE pdp_status pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d);
    pdp__gpt_init draws, and cut into this rank's slices (tp.c's scatter). */
 PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d);
 
+/* A rank's parameters in a GPT under TP over n ranks (n = 1: the whole model's): the
+   embeddings, the LayerNorms and the row-parallel Linears' biases whole on every rank, the
+   rest cut n ways: V C + context C + 2 C + layers (6 C + (12 C^2 + 7 C) / n). 0 when a
+   count overflows (pdp__mul_ok's bound) or a size is below 1. pdp_gpt_create reserves it;
+   test_gpt holds it to the built count. */
+PDP__PRIVATE int64_t pdp__gpt_rank_param_count(const pdp_gpt_desc *d, int n);
+
 /* *d = *desc with its defaults resolved (vocab 256, sequence = context), or PDP_ERR_INVALID
    prefixed fn for a field pdp_gpt_create refuses before it builds anything: what
    pdp_gpt_desc_format and pdp_gpt_create check alike. */
 PDP__PRIVATE pdp_status pdp__gpt_check(const pdp_gpt_desc *desc, pdp_gpt_desc *d, const char *fn);
 
 /* PDP_API int64_t pdp_gpt_param_count(const pdp_gpt_desc *desc) */
-
-/* A rank's parameters in a GPT under TP over n ranks (n = 1: pdp_gpt_param_count's): the
-   embeddings, the LayerNorms and the row-parallel Linears' biases whole on every rank, the
-   rest cut n ways. pdp_gpt_create reserves it; test_gpt holds it to the built count. */
-PDP__PRIVATE int64_t pdp__gpt_rank_param_count(const pdp_gpt_desc *d, int n);
 
 /* PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size_t bytes) */
 

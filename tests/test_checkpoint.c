@@ -161,6 +161,7 @@ static unsigned char *read_all(const char *path, long *bytes)
         free(buf);
         buf = NULL;
     }
+    if (buf) buf[n] = 0; /* string searches stop at the end */
     fclose(f);
     *bytes = n;
     return buf;
@@ -189,6 +190,7 @@ TEST checkpoint_round_trip_with_optimizer(void)
         pdp_optim_desc d = kinds[k] == PDP_OPTIM_SGD ? sgd_desc() : adam_desc(), other;
         snapshot s;
         d.kind = (pdp_optim_kind)kinds[k];
+        if (d.kind == PDP_OPTIM_ADAMW) d.decay_params = PDP_DECAY_MATRICES; /* restored too */
         memset(&other, 0, sizeof other);
         other.kind = d.kind;
         other.momentum = kinds[k] == PDP_OPTIM_SGD ? 0.5f : 0.0f;
@@ -1185,6 +1187,86 @@ TEST checkpoint_metadata_errors_start_with_the_function(void)
     PASS();
 }
 
+/* In the header of the file buf [bytes]: every "crc32c.*" entry taken out (a file other
+   tools write: loaded unverified) and the entry `key` replaced by `entry` ("" removes it),
+   the header padded with spaces to its length, so the data stays where it was. */
+static int edit_header(unsigned char *buf, long bytes, const char *key, const char *entry)
+{
+    uint64_t n = 0;
+    char *h, *at, *end;
+    int i;
+    for (i = 0; i < 8; i++) n |= (uint64_t)buf[i] << (8 * i);
+    if (bytes < 8 || n > (uint64_t)bytes - 8) return -1;
+    h = (char *)buf + 8;
+    for (;;) { /* ,"crc32c.<name>":"<8 hex>" */
+        char *k = NULL, *c;
+        for (c = h; c + 9 < h + n && !k; c++)
+            if (memcmp(c, ",\"crc32c.", 9) == 0) k = c;
+        if (!k) break;
+        end = strstr(k + 9, "\":\"");
+        if (!end || end + 3 + 9 > h + n) return -1;
+        end += 3 + 9;
+        memmove(k, end, (size_t)(h + n - end));
+        memset(h + n - (end - k), ' ', (size_t)(end - k));
+    }
+    at = strstr(h, key); /* the header is followed by binary data: bounded below */
+    if (!at || at > h + n || at == h || at[-1] != ',') return -1;
+    end = strchr(at + strlen(key), '"'); /* the value's closing quote */
+    if (!end || !(end = strchr(end + 1, '"')) || end > h + n) return -1;
+    end++;
+    at--; /* with its comma */
+    if (strlen(entry) > (size_t)(end - at)) return -1;
+    {
+        size_t old = (size_t)(end - at), len = strlen(entry);
+        memcpy(at, entry, len);
+        memmove(at + len, end, (size_t)(h + n - end));
+        memset(h + n - (old - len), ' ', old - len);
+    }
+    return 0;
+}
+
+/* "optim.decay_params": a file without it (written before it existed) loads as
+   PDP_DECAY_ALL; a value that is neither "all" nor "matrices" is refused by name. */
+TEST checkpoint_decay_params_absent_and_unknown(void)
+{
+    char path[128], edited[160];
+    pdp_model *m = make_model(5, 8, 3, false, 1);
+    pdp_optim *o = NULL;
+    pdp_optim_desc d = adam_desc();
+    unsigned char *buf;
+    long bytes;
+    ASSERT(m != NULL);
+    d.kind = PDP_OPTIM_ADAMW;
+    d.decay_params = PDP_DECAY_MATRICES;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &d), status_name);
+    path_in_tmp(path, sizeof path, "decay.safetensors");
+    snprintf(edited, sizeof edited, "%s.edited", path);
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_checkpoint_save(path, m, o), status_name);
+    buf = read_all(path, &bytes);
+    ASSERT(buf && strstr((char *)buf + 8, "\"optim.decay_params\":\"matrices\""));
+    ASSERT_EQ(0, edit_header(buf, bytes, "\"optim.decay_params\"", ""));
+    ASSERT_EQ(0, write_all(edited, buf, bytes));
+    free(buf);
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_checkpoint_load(edited, m, o), status_name);
+    ASSERT_EQ(PDP_DECAY_ALL, pdp_optim_get_desc(o).decay_params);
+    buf = read_all(path, &bytes);
+    ASSERT(buf != NULL);
+    ASSERT_EQ(0, edit_header(buf, bytes, "\"optim.decay_params\"",
+                             ",\"optim.decay_params\":\"matrixes\""));
+    ASSERT_EQ(0, write_all(edited, buf, bytes));
+    free(buf);
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, pdp_checkpoint_load(edited, m, o), status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "\"optim.decay_params\" is \"matrixes\""));
+    ASSERT_EQ(PDP_DECAY_ALL, pdp_optim_get_desc(o).decay_params); /* refused: unchanged */
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_checkpoint_load(path, m, o), status_name);
+    ASSERT_EQ(PDP_DECAY_MATRICES, pdp_optim_get_desc(o).decay_params);
+    remove(edited);
+    remove(path);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    PASS();
+}
+
 /* ---- interrupted save ---- */
 
 static int tmp_files_left(const char *prefix)
@@ -2156,6 +2238,7 @@ SUITE(checkpoint)
     RUN_TEST(checkpoint_range_files_checksummed);
     RUN_TEST(checkpoint_gaps_and_overlaps);
     RUN_TEST(checkpoint_metadata_errors_start_with_the_function);
+    RUN_TEST(checkpoint_decay_params_absent_and_unknown);
     RUN_TEST(checkpoint_failed_save_keeps_previous_file);
     RUN_TEST(checkpoint_stale_temporaries_removed);
     RUN_TEST(checkpoint_killed_save_cleaned_up);

@@ -1105,6 +1105,9 @@ TEST cuda_optimizers_match_cpu(void)
     CHECK_CALL(check_optim(&d, "Adam"));
     d.kind = PDP_OPTIM_ADAMW;
     CHECK_CALL(check_optim(&d, "AdamW"));
+    d.decay_params = PDP_DECAY_MATRICES; /* the bias a run of its own, undecayed */
+    CHECK_CALL(check_optim(&d, "AdamW decay groups"));
+    d.decay_params = PDP_DECAY_ALL;
     d.eps = 0.1f; /* where eps enters (outside the square root, after bias correction) */
     CHECK_CALL(check_optim(&d, "AdamW eps 0.1"));
     d.kind = PDP_OPTIM_ADAM;

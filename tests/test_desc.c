@@ -18,6 +18,7 @@
 #define DOC_OPTIM_BETA1 0.9
 #define DOC_OPTIM_BETA2 0.999
 #define DOC_OPTIM_EPS 1e-8
+#define DOC_OPTIM_DECAY_PARAMS PDP_DECAY_ALL
 #define DOC_BATCHER_BATCH_SIZE 64    /* data.h */
 #define DOC_COMM_TIMEOUT_S 300.0     /* comm.h */
 #define DOC_COMM_NAME "comm"
@@ -111,6 +112,7 @@ TEST desc_optim_defaults_and_kept(void)
     ASSERT_EQ(DOC_OPTIM_LR_SGD, got.lr);
     ASSERT_EQ(0.0, got.momentum);
     ASSERT_EQ(0.0, got.weight_decay);
+    ASSERT_EQ(DOC_OPTIM_DECAY_PARAMS, got.decay_params);
     pdp_optim_free(o);
     od.kind = PDP_OPTIM_ADAM;
     CHECK_OK(pdp_optim_create(&o, m, &od));
@@ -122,10 +124,12 @@ TEST desc_optim_defaults_and_kept(void)
     pdp_optim_free(o);
     od.lr = 0.25;
     od.beta2 = 0.5;
+    od.decay_params = PDP_DECAY_MATRICES;
     CHECK_OK(pdp_optim_create(&o, m, &od));
     got = pdp_optim_get_desc(o);
     ASSERT_EQ(0.25, got.lr);
     ASSERT_EQ(0.5, got.beta2);
+    ASSERT_EQ(PDP_DECAY_MATRICES, got.decay_params);
     ASSERT_EQ(DOC_OPTIM_BETA1, got.beta1);
     pdp_optim_free(o);
     pdp_model_free(m);

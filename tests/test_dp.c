@@ -163,6 +163,11 @@ static enum greatest_test_res run_equivalence(int net, pdp_optim_kind kind)
     } else {
         od.lr = 0.01f;
     }
+    if (kind == PDP_OPTIM_ADAMW) { /* nanoGPT's groups: the biases undecayed, in runs that
+                                      the fused step's slices and chunks cut across */
+        od.weight_decay = 0.1;
+        od.decay_params = PDP_DECAY_MATRICES;
+    }
     for (bi = 0; bi < 3; bi++) {
         int64_t batch = batches[bi];
         data dt;
@@ -309,6 +314,10 @@ TEST dp_matches_single_device_mlp_dropout_adam(void)
 }
 TEST dp_matches_single_device_cnn_sgd(void) { return run_equivalence(NET_CNN, PDP_OPTIM_SGD); }
 TEST dp_matches_single_device_cnn_adam(void) { return run_equivalence(NET_CNN, PDP_OPTIM_ADAM); }
+TEST dp_matches_single_device_mlp_adamw_decay_groups(void)
+{
+    return run_equivalence(NET_MLP, PDP_OPTIM_ADAMW);
+}
 
 /* Dropout really is on: a model whose replicas drew their own masks from one
    stream each (sample_base 0) would differ; check the test could fail by
@@ -970,6 +979,7 @@ SUITE(dp)
     RUN_TEST(dp_matches_single_device_mlp_dropout_adam);
     RUN_TEST(dp_matches_single_device_cnn_sgd);
     RUN_TEST(dp_matches_single_device_cnn_adam);
+    RUN_TEST(dp_matches_single_device_mlp_adamw_decay_groups);
     RUN_TEST(dp_dropout_reference_is_sensitive);
     RUN_TEST(dp_forward_backward_gathers_outputs_and_sums_gradients);
     RUN_TEST(dp_own_loss_trains_the_master_alone);

@@ -178,18 +178,20 @@ TEST gpt_matches_pytorch_logits_loss_and_every_gradient(void)
     PASS();
 }
 
-/* torch.optim.AdamW(lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight_decay 0.1) with
-   clip_grad_norm_(1.0) each step, 5 steps. */
-TEST gpt_five_adamw_steps_with_clipping_match_pytorch(void)
+/* Five AdamW steps with clip_grad_norm_(1.0) on gpt_forward.bin's initial parameters
+   against the fixture `file`: torch.optim.AdamW(lr 1e-3, betas (0.9, 0.95), eps 1e-8) with
+   weight_decay 0.1 on the tensors `decay` picks. Each step's loss and norm within 1e-5, the
+   final parameters too. f0: gpt_forward.bin, f: the fixture, both freed here. */
+static enum greatest_test_res adamw_steps_match(fixture *f0_, fixture *f_, const char *file,
+                                                pdp_decay_params decay)
 {
-    fixture f0, f;
+    fixture f0 = *f0_, f = *f_;
     pdp_model *m = fixture_gpt(0, PDP_PRECISION_FP32);
     pdp_optim *o = NULL;
     pdp_optim_desc od;
+    char which[128] = "";
     int s, i;
     double worst = 0.0;
-    FIXTURE_LOAD_OR_SKIP(&f0, "gpt_forward.bin");
-    FIXTURE_LOAD_OR_SKIP(&f, "gpt_adamw.bin");
     ASSERT(m && load_params(m, &f0, ""));
     memset(&od, 0, sizeof od);
     od.kind = PDP_OPTIM_ADAMW;
@@ -198,6 +200,7 @@ TEST gpt_five_adamw_steps_with_clipping_match_pytorch(void)
     od.beta2 = 0.95;
     od.eps = 1e-8;
     od.weight_decay = 0.1;
+    od.decay_params = decay;
     ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
     for (s = 0; s < 5; s++) {
         int32_t ids[B * CTX], targets[B * CTX];
@@ -226,13 +229,35 @@ TEST gpt_five_adamw_steps_with_clipping_match_pytorch(void)
         snprintf(name, sizeof name, "final.%s", p.name);
         ASSERT(fixture_find(&f, name));
         e = fixture_rel_err(p.value.data, fixture_find(&f, name)->data, p.count);
+        if (e > worst) snprintf(which, sizeof which, "%s: %s off by %.3g", file, name, e);
         if (e > worst) worst = e;
     }
-    ASSERT_LTE(worst, 1e-5);
+    if (worst > 1e-5) FAILm(which);
     pdp_optim_free(o);
     pdp_model_free(m);
     fixture_free(&f0);
     fixture_free(&f);
+    PASS();
+}
+
+/* every parameter decayed: torch.optim's one group */
+TEST gpt_five_adamw_steps_with_clipping_match_pytorch(void)
+{
+    fixture f0, f;
+    FIXTURE_LOAD_OR_SKIP(&f0, "gpt_forward.bin");
+    FIXTURE_LOAD_OR_SKIP(&f, "gpt_adamw.bin");
+    CHECK_CALL(adamw_steps_match(&f0, &f, "gpt_adamw.bin", PDP_DECAY_ALL));
+    PASS();
+}
+
+/* nanoGPT's configure_optimizers: the 2-D tensors decayed, the biases and LayerNorms not
+   (tools/gpt_reference.py's gpt_adamw_groups.bin) */
+TEST gpt_adamw_nanogpt_decay_groups_match_pytorch(void)
+{
+    fixture f0, f;
+    FIXTURE_LOAD_OR_SKIP(&f0, "gpt_forward.bin");
+    FIXTURE_LOAD_OR_SKIP(&f, "gpt_adamw_groups.bin");
+    CHECK_CALL(adamw_steps_match(&f0, &f, "gpt_adamw_groups.bin", PDP_DECAY_MATRICES));
     PASS();
 }
 
@@ -435,6 +460,16 @@ TEST gpt_errors_name_layer_position_and_lengths(void)
                    pdp_status_name);
     ASSERT(strstr(pdp_last_error(), "layer 0 (Embedding)"));
     ASSERT(strstr(pdp_last_error(), "token id 67 at position (1, 7) is outside [0, 67)"));
+    { /* that forward wrote rows before it met the bad id: a backward after it, even with a
+         good forward before it, has nothing whole to go back through */
+        const pdp_tensor *y;
+        int32_t good[B * CTX] = {0};
+        pdp_tensor gx;
+        pdp_tensor_wrap_ids(good, pdp_cpu(), 2, shape, &gx);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &gx, &y), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_forward(m, &x, &y), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_backward(m, &m->out_view), pdp_status_name);
+    }
     ids[CTX + 7] = 0;
     pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, longer, &x);
     ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_forward_backward(m, &x, tg, &loss), pdp_status_name);
@@ -457,6 +492,55 @@ TEST gpt_errors_name_layer_position_and_lengths(void)
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_create(&p, &d), pdp_status_name);
     ASSERT(strstr(pdp_last_error(), "sequence 9 is outside [1, context 8]"));
     ASSERT(p == NULL);
+    /* sizes whose parameter count overflows: refused alike by create and desc_format, and
+       counted as 0 (they wrapped) */
+    d.sequence = 0, d.dim = (int64_t)1 << 40;
+    ASSERT_EQ(0, pdp_gpt_param_count(&d));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_create(&p, &d), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "make more than"));
+    {
+        char line[256];
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_desc_format(&d, line, sizeof line),
+                       pdp_status_name);
+        d.dim = 8, d.context = (int64_t)1 << 62;
+        ASSERT_EQ(0, pdp_gpt_param_count(&d));
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_desc_format(&d, line, sizeof line),
+                       pdp_status_name);
+        d.context = 8, d.vocab = INT64_MAX;
+        ASSERT_EQ(0, pdp_gpt_param_count(&d));
+        d.vocab = 0;
+        ASSERT_EQ(8 * 256 + 8 * 8 + 12 * 64 + 13 * 8 + 2 * 8, pdp_gpt_param_count(&d));
+    }
+    { /* generation: a model whose output is not a row of logits a position; an infinite
+         temperature; a text longer than any buffer */
+        pdp_model *flat = NULL;
+        int32_t gen[16] = {1, 2, 3};
+        char text[64];
+        pdp_rng r;
+        pdp_rng_seed(&r, 1, 0);
+        memset(&md, 0, sizeof md);
+        md.input_shape[0] = 4, md.input_dtype = PDP_DTYPE_I32;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&flat, &md), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_embedding(flat, 5, 4, 0), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_flatten(flat), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(flat, 5), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_generate(flat, gen, 3, 4, 1.0f, 0, &r),
+                       pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "[T 4, vocab]"));
+        ASSERT_EQ(0, gen[3]); /* nothing drawn */
+        pdp_model_free(flat);
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_generate(m, gen, 3, 4, INFINITY, 0, &r),
+                       pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "temperature inf (finite, >= 0)"));
+        d.vocab = 256;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&flat, &d), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_generate_text(flat, "Hi", INT64_MAX, 0.8f, 5, &r,
+                                                              text, sizeof text),
+                       pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "needs more than"));
+        pdp_model_free(flat);
+        d.vocab = 0;
+    }
     /* residual regions: nesting, an unmatched end, a branch that changes the shape, a
        region left open; an Embedding not first or on a float model */
     memset(&md, 0, sizeof md);
@@ -1600,6 +1684,7 @@ SUITE(gpt)
     RUN_TEST(gpt_names_and_shapes_are_nanogpts);
     RUN_TEST(gpt_matches_pytorch_logits_loss_and_every_gradient);
     RUN_TEST(gpt_five_adamw_steps_with_clipping_match_pytorch);
+    RUN_TEST(gpt_adamw_nanogpt_decay_groups_match_pytorch);
     RUN_TEST(gpt_bf16_matches_autocast_within_a_bound);
     RUN_TEST(gpt_later_tokens_change_no_earlier_output);
     RUN_TEST(gpt_gradients_match_finite_differences);

@@ -1088,6 +1088,48 @@ TEST layers_backward_without_forward_fails(void)
     PASS();
 }
 
+/* What a backward reads must be this forward's: a forward that failed (a later one than the
+   good forward; an Embedding's bad id fails it after rows were written), a layer added since
+   (its buffers were re-planned: the backward read freed memory) and a reserve that
+   re-planned the memory each leave PDP_ERR_STATE; dy must hold floats. */
+TEST layers_backward_needs_this_forward_whole(void)
+{
+    pdp_model *m = new_model(1, 7, 0, 0, 22);
+    float xd[2 * 7] = {0}, dyd[2 * 5] = {0};
+    int32_t ids[2 * 5] = {0};
+    int64_t shape[2] = {2, 5}, wrong[2] = {2, 6};
+    pdp_tensor x, bad, dy, dyi;
+    const pdp_tensor *y;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 5), pdp_status_name);
+    pdp_tensor_wrap(dyd, pdp_cpu(), 2, shape, &dy);
+    wrap_input(m, xd, 2, &x);
+    /* a failed forward after a good one */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    pdp_tensor_wrap(xd, pdp_cpu(), 2, wrong, &bad);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_forward(m, &bad, &y), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_backward(m, &dy), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "or it failed"));
+    /* a layer added since the forward */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_relu(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_backward(m, &dy), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "layers were added"));
+    /* the memory re-planned for a larger batch since the forward */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_reserve(m, 64), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_backward(m, &dy), pdp_status_name);
+    /* a reserve that fits changes nothing */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_reserve(m, 2), pdp_status_name);
+    /* int32 dy: its bits are not gradients */
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &dyi);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_backward(m, &dyi), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "dy holds int32"));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(m, &dy), pdp_status_name); /* still there */
+    pdp_model_free(m);
+    PASS();
+}
+
 /* ---- allocation discipline and determinism ---- */
 
 static pdp_model *small_cnn(uint64_t seed)
@@ -1692,6 +1734,7 @@ SUITE(layers)
     RUN_TEST(layers_sizes_that_overflow_fail);
     RUN_TEST(layers_option_values_outside_their_range_fail);
     RUN_TEST(layers_backward_without_forward_fails);
+    RUN_TEST(layers_backward_needs_this_forward_whole);
     RUN_TEST(layers_training_step_allocates_nothing_after_the_first);
     RUN_TEST(layers_gradients_accumulate_across_backwards);
     RUN_TEST(layers_results_do_not_depend_on_the_thread_count);

@@ -113,6 +113,28 @@ TEST loss_cross_entropy_errors_name_sample_label_and_shape(void)
     ASSERT(strstr(pdp_last_error(), "[batch, classes], got [20]"));
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_loss_cross_entropy(&t, NULL, &loss, NULL),
                    pdp_status_name);
+    { /* int32 tensors (ids, labels) hold no logits, gradients or values: their bits would be
+         read or written as floats */
+        int32_t iz[20] = {0};
+        int64_t correct = -1;
+        pdp_tensor it;
+        pdp_tensor_wrap_ids(iz, pdp_cpu(), 2, shape_4x5, &it);
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_loss_cross_entropy(&it, ok, &loss, NULL),
+                       pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "pdp_loss_cross_entropy: logits holds int32"));
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_loss_cross_entropy(&t, ok, &loss, &it),
+                       pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "dlogits holds int32"));
+        ASSERT_EQ(0, iz[0]); /* nothing written */
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_count_correct(&it, ok, &correct), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "pdp_count_correct: logits holds int32"));
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_loss_mse(&it, &t, &loss, NULL), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "pdp_loss_mse: pred holds int32"));
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_loss_mse(&t, &it, &loss, NULL), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "target holds int32"));
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_loss_mse(&t, &t, &loss, &it), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "dpred holds int32"));
+    }
     PASS();
 }
 

@@ -624,7 +624,7 @@ typedef struct bad_desc {
 TEST optim_desc_validation_names_field_and_value(void)
 {
     pdp_model *m = small_model();
-    bad_desc cases[9];
+    bad_desc cases[10];
     size_t i;
     ASSERT(m != NULL);
     memset(cases, 0, sizeof cases);
@@ -638,6 +638,7 @@ TEST optim_desc_validation_names_field_and_value(void)
     cases[6].d.weight_decay = -1.0f; cases[6].needle = "weight_decay -1";
     cases[7].d.kind = PDP_OPTIM_ADAM; cases[7].d.eps = -1e-3f; cases[7].needle = "eps -0.001";
     cases[8].d.lr = NAN; cases[8].needle = "lr nan";
+    cases[9].d.decay_params = (pdp_decay_params)2; cases[9].needle = "decay_params 2";
     for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         static int sentinel;
         pdp_optim *o = (pdp_optim *)(void *)&sentinel; /* must come back NULL */

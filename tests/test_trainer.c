@@ -1,7 +1,7 @@
 /* test_trainer.c - the strategy-agnostic front (src/trainer.c) on the local backend.
 
    Equivalence: a GPT (its head tied to the token embedding, dropout 0.1, a -1 target a
-   sequence) trains 3 AdamW steps with its gradients clipped to norm 0.5 through
+   sequence) trains 3 AdamW steps (nanoGPT's decay groups) with its gradients clipped to norm 0.5 through
    pdp_trainer under every strategy, single, DP at 1-3 workers, DDP and ZeRO 1-3 at 1-3
    thread ranks (each rank its slice of the global batch), and each rank's parameters, and
    the norms before clipping, equal one device trained by the direct calls
@@ -60,6 +60,9 @@ static pdp_optim_desc adamw(void)
     pdp_optim_desc od;
     memset(&od, 0, sizeof od);
     od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-2, od.weight_decay = 0.1;
+    /* nanoGPT's groups: the 1-D tensors undecayed, in runs that ZeRO's unit slices and DP's
+       reduce chunks cut across */
+    od.decay_params = PDP_DECAY_MATRICES;
     return od;
 }
 

@@ -62,15 +62,20 @@ gpt_forward.bin  one forward and backward of the initial model:
 
 gpt_adamw.bin  5 training steps from the same initial parameters (gpt_forward.bin's):
     torch.optim.AdamW(lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight_decay 0.1, foreach=False)
-    on every parameter (pdp's AdamW has no parameter groups yet; nanoGPT decays only the
-    2-D tensors, so a later test may add groups), each step: zero_grad, forward, backward,
-    norm = clip_grad_norm_(parameters, 1.0), step.
+    on every parameter (one group: pdp's PDP_DECAY_ALL), each step: zero_grad, forward,
+    backward, norm = clip_grad_norm_(parameters, 1.0), step.
     step{s}.ids, step{s}.targets       [3, 16]   s = 0..4, new each step, 4 targets -1 each
     losses                             [5]       each step's loss (before its update)
     norms                              [5]       each step's total gradient norm before clipping
     final.<name> for every parameter             the parameters after the 5 steps
     final.logits                       [3, 16, 67]  the final model on gpt_forward.bin's ids
     final.loss                         [1]          and targets (for the checkpoint loader)
+
+gpt_adamw_groups.bin  the same 5 steps with nanoGPT's configure_optimizers groups (pdp's
+    PDP_DECAY_MATRICES): weight_decay 0.1 on the tensors of 2 or more dimensions (the
+    Linear weights and both embeddings), 0 on the biases and LayerNorms, from the same
+    initial parameters, its batches drawn from torch.Generator().manual_seed(SEED + 1):
+    step{s}.ids, step{s}.targets, losses, norms, final.<name>   as in gpt_adamw.bin
 
 gpt_bf16.bin  gpt_forward.bin's forward and backward (same parameters, ids, targets) under
     torch.autocast("cpu", dtype=torch.bfloat16), the loss computed inside autocast as
@@ -366,9 +371,16 @@ def forward_case(model, ids, targets, ids11, targets11):
     return snapshot(out)
 
 
-def adamw_case(model, gen, ids, targets):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8,
-                            weight_decay=0.1, foreach=False)
+def adamw_case(model, gen, ids, targets, groups=False):
+    """groups: nanoGPT's configure_optimizers (decay the tensors of 2+ dimensions only)."""
+    named = params(model)
+    if groups:
+        groups = [{"params": [p for _, p in named if p.dim() >= 2], "weight_decay": 0.1},
+                  {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0}]
+        opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8,
+                                weight_decay=0.1, foreach=False)
     out, losses, norms = [], [], []
     for s in range(5):
         xs, ys = batch(gen, T)
@@ -382,9 +394,10 @@ def adamw_case(model, gen, ids, targets):
         norms.append(norm.item())
     out += [("losses", torch.tensor(losses)), ("norms", torch.tensor(norms))]
     out += [("final." + n, p) for n, p in params(model)]
-    with torch.no_grad():
-        logits, loss = model(ids, targets)
-    out += [("final.logits", logits), ("final.loss", loss.reshape(1))]
+    if ids is not None:
+        with torch.no_grad():
+            logits, loss = model(ids, targets)
+        out += [("final.logits", logits), ("final.loss", loss.reshape(1))]
     out = snapshot(out)
     print("adamw: losses %s, pre-clip norms %s" % (
         " ".join("%.4f" % v for v in losses), " ".join("%.4f" % v for v in norms)))
@@ -499,8 +512,12 @@ def main(argv):
         write(os.path.join(out_dir, name), tensors)
     if not safetensors_files(model, out_dir):
         sys.exit("safetensors did not behave as documented")
+    # last, so that the files above are what they were before it
+    model.load_state_dict(init)
+    groups = adamw_case(model, torch.Generator().manual_seed(SEED + 1), None, None, groups=True)
+    write(os.path.join(out_dir, "gpt_adamw_groups.bin"), groups)
     for name in ("gpt_forward.bin", "gpt_adamw.bin", "gpt_bf16.bin", "gpt_nanogpt.safetensors",
-                 "gpt_nanogpt_with_bias_buffers.safetensors"):
+                 "gpt_nanogpt_with_bias_buffers.safetensors", "gpt_adamw_groups.bin"):
         print("%-44s %8d bytes" % (name, os.path.getsize(os.path.join(out_dir, name))))
 
 
