@@ -19,7 +19,7 @@
          Residual                     x = x + mlp(ln_2(x))
            LayerNorm                  transformer.h.i.ln_2.weight, .bias
            Linear dim -> 4 dim        transformer.h.i.mlp.c_fc.weight [4 dim, dim], .bias
-           GELU (tanh form)
+           GELU (tanh form)           GPT-2's and llm.c's; nanoGPT's nn.GELU() is erf's
            Linear 4 dim -> dim        transformer.h.i.mlp.c_proj.weight [dim, 4 dim], .bias
            Dropout (dropout > 0 only)
          ResidualAdd

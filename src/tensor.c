@@ -43,7 +43,7 @@ PDP__PRIVATE const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t b
     size_t used = 0;
     int i;
     used += (size_t)snprintf(buf, bytes, "[");
-    for (i = 0; i < t->ndim && used < bytes; i++)
+    for (i = 0; i < t->ndim && i < PDP_MAX_DIMS && used < bytes; i++) /* a bad ndim, too */
         used += (size_t)snprintf(buf + used, bytes - used, i ? ", %lld" : "%lld",
                                  (long long)t->shape[i]);
     if (used < bytes) snprintf(buf + used, bytes - used, "]");
@@ -54,6 +54,19 @@ PDP__PRIVATE const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t b
 PDP__PRIVATE bool pdp__same_device(pdp_device a, pdp_device b)
 {
     return a.kind == b.kind && a.ordinal == b.ordinal;
+}
+
+/* A device pdp knows: the CPU (ordinal 0) or a CUDA device (ordinal >= 0; whether it
+   exists is the CUDA calls' to say). */
+PDP__PRIVATE pdp_status pdp__check_device(pdp_device d, const char *fn)
+{
+    if ((d.kind == PDP_DEVICE_CPU && d.ordinal == 0) ||
+        (d.kind == PDP_DEVICE_CUDA && d.ordinal >= 0))
+        return PDP_OK;
+    return pdp__err(PDP_ERR_DEVICE, "%s: device {kind %d, ordinal %d} is neither the CPU "
+                    "(pdp_cpu(): kind %d, ordinal 0) nor a CUDA device (pdp_cuda(i): kind %d, "
+                    "i >= 0)", fn, (int)d.kind, d.ordinal, (int)PDP_DEVICE_CPU,
+                    (int)PDP_DEVICE_CUDA);
 }
 
 /* ---- tensor: lifecycle ---- */
@@ -68,7 +81,9 @@ PDP__PRIVATE pdp_status pdp__tensor_create(const char *fn, pdp_tensor **out, pdp
     pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
-    if ((st = pdp__check_shape(fn, ndim, shape, &count)) != PDP_OK) return st;
+    if ((st = pdp__check_shape(fn, ndim, shape, &count)) != PDP_OK ||
+        (st = pdp__check_device(device, fn)) != PDP_OK)
+        return st;
     if ((uint64_t)count > SIZE_MAX / sizeof(float))
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %lld elements do not fit in memory", fn,
                         (long long)count);

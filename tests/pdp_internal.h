@@ -2254,6 +2254,10 @@ PDP__PRIVATE const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t b
 /* Is a the device b is? (kind and ordinal) */
 PDP__PRIVATE bool pdp__same_device(pdp_device a, pdp_device b);
 
+/* A device pdp knows: the CPU (ordinal 0) or a CUDA device (ordinal >= 0; whether it
+   exists is the CUDA calls' to say). */
+PDP__PRIVATE pdp_status pdp__check_device(pdp_device d, const char *fn);
+
 /* ---- tensor: lifecycle ---- */
 
 /* pdp_tensor_create and pdp_tensor_create_ids: fn names the caller in messages; both element

@@ -39,6 +39,29 @@ TEST tensor_bad_shapes_fail_with_messages(void)
     ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_create(&t, pdp_cpu(), 3, huge), pdp_status_name);
     ASSERT(strstr(pdp_last_error(), "overflows"));
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_tensor_create(NULL, pdp_cpu(), 2, s2), pdp_status_name);
+    { /* a device pdp does not know: refused by name, not taken for a CUDA device or CPU 0 */
+        pdp_device odd = {(pdp_device_kind)9, 0}, cpu3 = {PDP_DEVICE_CPU, 3};
+        pdp_model_desc md;
+        pdp_model *m = NULL;
+        ASSERT_ENUM_EQ(PDP_ERR_DEVICE, pdp_tensor_create(&t, odd, 2, s2), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "pdp_tensor_create: device {kind 9, ordinal 0}"));
+        ASSERT_ENUM_EQ(PDP_ERR_DEVICE, pdp_tensor_create_ids(&t, cpu3, 2, s2), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "{kind 0, ordinal 3}"));
+        memset(&md, 0, sizeof md);
+        md.input_shape[0] = 4;
+        md.device = cpu3;
+        ASSERT_ENUM_EQ(PDP_ERR_DEVICE, pdp_model_create(&m, &md), pdp_status_name);
+        ASSERT(m == NULL && strstr(pdp_last_error(), "pdp_model_create: device"));
+    }
+    { /* a hand-made tensor with ndim 5: its message formats the shape it can */
+        pdp_tensor bad, v;
+        int64_t sixteen[1] = {16};
+        float d[15];
+        pdp_tensor_wrap(d, pdp_cpu(), 2, s2, &bad);
+        bad.ndim = 5;
+        ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_reshape_view(&bad, 1, sixteen, &v),
+                       pdp_status_name);
+    }
     PASS();
 }
 
