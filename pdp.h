@@ -25079,8 +25079,8 @@ PDP__PRIVATE pdp_status pdp__token_desc_defaults(const pdp_token_dataset_desc *i
     if (in) *d = *in;
     else memset(d, 0, sizeof *d);
     if (d->context < 1 || d->context >= PDP__COUNT_MAX)
-        return pdp__err(PDP_ERR_INVALID, "%s: desc.context is %lld (required, >= 1)", fn,
-                        (long long)d->context);
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.context is %lld (required, in [1, %lld))",
+                        fn, (long long)d->context, (long long)PDP__COUNT_MAX);
     if (!(d->val_fraction >= 0.0 && d->val_fraction < 1.0)) /* NaN too */
         return pdp__err(PDP_ERR_INVALID, "%s: desc.val_fraction is %g (must be in (0, 1); 0 "
                         "means 0.1)", fn, d->val_fraction);
@@ -25291,7 +25291,8 @@ PDP_API pdp_status pdp_token_dataset_load(pdp_token_dataset **out, const char *p
     if (st == PDP_OK)
         st = pdp__text_read(ds, dir ? (const char *const *)paths : &one, n, d.max_tokens, fn);
     if (st == PDP_OK && ds->count == 0)
-        st = !dir ? pdp__err(PDP_ERR_INVALID, "%s: %s is empty", fn, path)
+        st = !dir ? pdp__err(PDP_ERR_INVALID, "%s: %s is empty (a file is read to the size it "
+                             "reports: /proc's report 0)", fn, path)
              : n ? pdp__err(PDP_ERR_INVALID, "%s: %s: its %lld files hold no text (0 bytes)",
                             fn, path, (long long)n)
                  : pdp__err(PDP_ERR_INVALID, "%s: %s holds no text file (a regular file not "
@@ -30504,6 +30505,11 @@ PDP_API pdp_status pdp_gpt_activation_report(const pdp_model *m, const pdp_gpt_d
         if (!strcmp(name, "ResidualAdd") && ++adds == 2) hi = i + 1;
     }
     if (lo < 0 || hi < 0) return pdp__err(PDP_ERR_INVALID, "%s: the model has no GPT block", fn);
+    if (pdp__gpt_rank_param_count(desc, tp) != m->param_count || desc->recompute != m->recompute)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc does not describe the model: %lld parameters "
+                        "a rank (TP %d) and recompute %d, the model %lld and %d", fn,
+                        (long long)pdp__gpt_rank_param_count(desc, tp), tp, (int)desc->recompute,
+                        (long long)m->param_count, (int)m->recompute);
     sp = desc->sequence_parallel && tp > 1;
     s = (double)m->in_shape[0], h = (double)desc->dim, a = desc->heads;
     sbh = s * (double)batch * h;

@@ -555,6 +555,11 @@ PDP_API pdp_status pdp_gpt_activation_report(const pdp_model *m, const pdp_gpt_d
         if (!strcmp(name, "ResidualAdd") && ++adds == 2) hi = i + 1;
     }
     if (lo < 0 || hi < 0) return pdp__err(PDP_ERR_INVALID, "%s: the model has no GPT block", fn);
+    if (pdp__gpt_rank_param_count(desc, tp) != m->param_count || desc->recompute != m->recompute)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc does not describe the model: %lld parameters "
+                        "a rank (TP %d) and recompute %d, the model %lld and %d", fn,
+                        (long long)pdp__gpt_rank_param_count(desc, tp), tp, (int)desc->recompute,
+                        (long long)m->param_count, (int)m->recompute);
     sp = desc->sequence_parallel && tp > 1;
     s = (double)m->in_shape[0], h = (double)desc->dim, a = desc->heads;
     sbh = s * (double)batch * h;

@@ -2023,9 +2023,9 @@ TEST data_tokens_errors_name_the_path_and_lengths(void)
                            TEST_NULL_DEVICE, "neither a regular file nor a directory", ""));
     /* the desc */
     d.no_validation = false;
-    for (i = 0; i < 2; i++) {
-        d.context = i ? -3 : 0;
-        snprintf(buf, sizeof buf, "desc.context is %d (required, >= 1)", i ? -3 : 0);
+    for (i = 0; i < 3; i++) { /* 0, negative, too large for a window's count */
+        d.context = i == 2 ? INT64_MAX : i ? -3 : 0;
+        snprintf(buf, sizeof buf, "desc.context is %lld (required, in [1, ", (long long)d.context);
         CHECK_CALL(check_error(pdp_token_dataset_load(&ds, tmp_path("short.txt"), &d),
                                PDP_ERR_INVALID, ld, buf, "", ""));
         CHECK_CALL(check_error(pdp_token_dataset_synthetic(&ds, &d), PDP_ERR_INVALID, sy, buf,

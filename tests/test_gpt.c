@@ -1405,6 +1405,17 @@ TEST gpt_activation_report_matches_megatron_and_a_count_by_hand(void)
         ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_activation_report(m, &c.d, TP_B, c.text, 100,
                                                                   NULL), pdp_status_name);
         ASSERT(strstr(pdp_last_error(), "pdp_gpt_activation_report"));
+        /* a desc that is not the model's: its formulas would be another model's */
+        c.d.layers++;
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_activation_report(m, &c.d, TP_B, c.text,
+                                                                  sizeof c.text, NULL),
+                       pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "desc does not describe the model"));
+        c.d.layers--;
+        c.d.recompute = PDP_RECOMPUTE_FULL;
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_activation_report(m, &c.d, TP_B, c.text,
+                                                                  sizeof c.text, NULL),
+                       pdp_status_name);
         pdp_model_free(m);
     }
     PASS();
