@@ -116,8 +116,9 @@
    loss and every gradient within 1e-5 (measured 1.7e-7 and 6.3e-8), 5 AdamW steps with
    clipping within 1e-5, with every tensor decayed (torch.optim's one group) and with
    nanoGPT's groups (pdp_optim_desc.decay_params = PDP_DECAY_MATRICES: the 2-D weights and
-   embeddings decayed, the biases and LayerNorms not; train_gpt's choice), bf16 against autocast within 1e-2, the mask (a later token
-   changes no earlier logit, bit for bit) and finite differences. DataParallel, DDP and
+   embeddings decayed, the biases and LayerNorms not; train_gpt's choice), bf16 against
+   autocast within 1e-2, the mask (a later token changes no earlier logit, bit for bit) and
+   finite differences. DataParallel, DDP and
    ZeRO stages 1-3 train it (each equal to one device; the tied weight's two gradients are
    summed and reduced once, after the embedding's backward), and so does tensor
    parallelism by heads (pdp_gpt_desc.tp) and pipelines of blocks (pp.h: cut between
@@ -1351,8 +1352,9 @@ typedef enum pdp_optim_kind {
 typedef enum pdp_decay_params {
     PDP_DECAY_ALL = 0,     /* every parameter: torch.optim's one group (the default) */
     PDP_DECAY_MATRICES = 1 /* tensors of 2 or more dimensions (Linear and Conv2d weights,
-                              embeddings); biases and LayerNorm's weight and bias are not
-                              decayed: nanoGPT's configure_optimizers, llm.c's two groups */
+                              embeddings; a LayerNorm over [C, H, W] samples too), not those
+                              of 1 (biases, a LayerNorm over features): nanoGPT's
+                              configure_optimizers (p.dim() >= 2), llm.c's two groups */
 } pdp_decay_params;
 
 typedef struct pdp_optim_desc {
@@ -2643,7 +2645,10 @@ typedef struct pdp_dist_sampler_desc {
     int rank;              /* this rank, 0..world_size-1; default 0 */
     uint64_t seed;         /* the same on every rank; default 0 */
     bool no_shuffle;       /* default false: shuffled (PyTorch's shuffle=True) */
-    bool drop_last;        /* default false: pad by repeating indices */
+    bool drop_last;        /* default false: pad by repeating indices. With fewer samples
+                              than ranks it would leave every rank none: refused
+                              (PDP_ERR_INVALID), where torch's sampler gives each rank an
+                              empty epoch */
 } pdp_dist_sampler_desc;
 
 PDP_API pdp_status pdp_dist_sampler_create(pdp_dist_sampler **out,

@@ -282,7 +282,10 @@ typedef struct pdp_dist_sampler_desc {
     int rank;              /* this rank, 0..world_size-1; default 0 */
     uint64_t seed;         /* the same on every rank; default 0 */
     bool no_shuffle;       /* default false: shuffled (PyTorch's shuffle=True) */
-    bool drop_last;        /* default false: pad by repeating indices */
+    bool drop_last;        /* default false: pad by repeating indices. With fewer samples
+                              than ranks it would leave every rank none: refused
+                              (PDP_ERR_INVALID), where torch's sampler gives each rank an
+                              empty epoch */
 } pdp_dist_sampler_desc;
 
 PDP_API pdp_status pdp_dist_sampler_create(pdp_dist_sampler **out,

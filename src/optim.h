@@ -28,8 +28,9 @@ typedef enum pdp_optim_kind {
 typedef enum pdp_decay_params {
     PDP_DECAY_ALL = 0,     /* every parameter: torch.optim's one group (the default) */
     PDP_DECAY_MATRICES = 1 /* tensors of 2 or more dimensions (Linear and Conv2d weights,
-                              embeddings); biases and LayerNorm's weight and bias are not
-                              decayed: nanoGPT's configure_optimizers, llm.c's two groups */
+                              embeddings; a LayerNorm over [C, H, W] samples too), not those
+                              of 1 (biases, a LayerNorm over features): nanoGPT's
+                              configure_optimizers (p.dim() >= 2), llm.c's two groups */
 } pdp_decay_params;
 
 typedef struct pdp_optim_desc {
