@@ -41,6 +41,9 @@
    labels (classification) or float targets [count, target_features] (regression), and
    pdp_batcher_next_target hands each batch's target out as a tensor: int32 [n] or float32
    [n, target_features].
+   Your own loss: pdp_model_forward, then pdp_model_backward with d(loss)/d(output);
+   pdp_model_backward_dx also writes d(loss)/d(input) (PyTorch's x.grad) into a tensor of
+   the input's size, for saliency or a model chained to another by hand.
 
    Text for a language model: pdp_token_dataset_load reads a text file, or a directory
    (every regular file but *.dat, in strcmp order of their names, concatenated as cat
@@ -1226,6 +1229,11 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
 /* dy is the gradient of the loss with respect to the last output, same shape.
    Accumulates parameter gradients; fires the grad hook after each layer. */
 PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy);
+/* pdp_model_backward that also writes the gradient of the loss with respect to the
+   forward's input into dx (PyTorch's x.grad after backward; saliency, a model chained by
+   hand): float32, the input's element count, on the model's device; overwritten, not
+   accumulated. A model whose input is int32 token ids has none: PDP_ERR_INVALID. */
+PDP_API pdp_status pdp_model_backward_dx(pdp_model *m, const pdp_tensor *dy, pdp_tensor *dx);
 PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch);
 PDP_API void pdp_model_zero_grad(pdp_model *m);
 PDP_API void pdp_model_set_training(pdp_model *m, bool training); /* default true */
@@ -21961,6 +21969,34 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
                            (size_t)(m->batch * m->in_count) * sizeof(float));
     if (m->event) m->event(m->event_user, m, PDP__EV_BACKWARD_END, -1, st);
     return st;
+}
+
+PDP_API pdp_status pdp_model_backward_dx(pdp_model *m, const pdp_tensor *dy, pdp_tensor *dx)
+{
+    const char *fn = "pdp_model_backward_dx";
+    char a[96];
+    pdp_status st;
+    if (!m || !dy || !dx) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (m->in_dtype != PDP_DTYPE_F32)
+        return pdp__err(PDP_ERR_INVALID, "%s: the model's input is %s token ids: they have no "
+                        "gradient", fn, pdp_dtype_name(m->in_dtype));
+    if (m->input_grad)
+        return pdp__err(PDP_ERR_STATE, "%s: an executor (a pipeline stage) owns this model's "
+                        "input gradient", fn);
+    if (!m->have_forward)
+        return pdp_model_backward(m, dy); /* its message */
+    if (dx->dtype != PDP_DTYPE_F32 || !pdp__same_device(dx->device, m->device) ||
+        dx->count != m->batch * m->in_count)
+        return pdp__err(PDP_ERR_INVALID, "%s: dx is %s %s on device %d:%d; the input was "
+                        "%lld float32 elements ([%lld, %lld]) on %d:%d", fn,
+                        pdp_dtype_name(dx->dtype), pdp__shape_str(dx, a, sizeof a),
+                        dx->device.kind, dx->device.ordinal,
+                        (long long)(m->batch * m->in_count), (long long)m->batch,
+                        (long long)m->in_count, m->device.kind, m->device.ordinal);
+    m->input_grad = dx->data; /* layer 0's backward writes it (model.c's backward) */
+    st = pdp_model_backward(m, dy);
+    m->input_grad = NULL;
+    return st == PDP_OK ? PDP_OK : pdp__err_wrap(st, "%s", fn);
 }
 
 PDP_API void pdp_model_zero_grad(pdp_model *m)

@@ -1048,6 +1048,34 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
     return st;
 }
 
+PDP_API pdp_status pdp_model_backward_dx(pdp_model *m, const pdp_tensor *dy, pdp_tensor *dx)
+{
+    const char *fn = "pdp_model_backward_dx";
+    char a[96];
+    pdp_status st;
+    if (!m || !dy || !dx) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (m->in_dtype != PDP_DTYPE_F32)
+        return pdp__err(PDP_ERR_INVALID, "%s: the model's input is %s token ids: they have no "
+                        "gradient", fn, pdp_dtype_name(m->in_dtype));
+    if (m->input_grad)
+        return pdp__err(PDP_ERR_STATE, "%s: an executor (a pipeline stage) owns this model's "
+                        "input gradient", fn);
+    if (!m->have_forward)
+        return pdp_model_backward(m, dy); /* its message */
+    if (dx->dtype != PDP_DTYPE_F32 || !pdp__same_device(dx->device, m->device) ||
+        dx->count != m->batch * m->in_count)
+        return pdp__err(PDP_ERR_INVALID, "%s: dx is %s %s on device %d:%d; the input was "
+                        "%lld float32 elements ([%lld, %lld]) on %d:%d", fn,
+                        pdp_dtype_name(dx->dtype), pdp__shape_str(dx, a, sizeof a),
+                        dx->device.kind, dx->device.ordinal,
+                        (long long)(m->batch * m->in_count), (long long)m->batch,
+                        (long long)m->in_count, m->device.kind, m->device.ordinal);
+    m->input_grad = dx->data; /* layer 0's backward writes it (model.c's backward) */
+    st = pdp_model_backward(m, dy);
+    m->input_grad = NULL;
+    return st == PDP_OK ? PDP_OK : pdp__err_wrap(st, "%s", fn);
+}
+
 PDP_API void pdp_model_zero_grad(pdp_model *m)
 {
     if (m && m->param_count && m->grad_block) /* NULL: ZeRO holds the gradients */

@@ -120,6 +120,11 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
 /* dy is the gradient of the loss with respect to the last output, same shape.
    Accumulates parameter gradients; fires the grad hook after each layer. */
 PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy);
+/* pdp_model_backward that also writes the gradient of the loss with respect to the
+   forward's input into dx (PyTorch's x.grad after backward; saliency, a model chained by
+   hand): float32, the input's element count, on the model's device; overwritten, not
+   accumulated. A model whose input is int32 token ids has none: PDP_ERR_INVALID. */
+PDP_API pdp_status pdp_model_backward_dx(pdp_model *m, const pdp_tensor *dy, pdp_tensor *dx);
 PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch);
 PDP_API void pdp_model_zero_grad(pdp_model *m);
 PDP_API void pdp_model_set_training(pdp_model *m, bool training); /* default true */

@@ -6784,6 +6784,8 @@ PDP__PRIVATE pdp_status pdp__model_forward_layers(pdp_model *m, int lo, int hi, 
 
 /* PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy) */
 
+/* PDP_API pdp_status pdp_model_backward_dx(pdp_model *m, const pdp_tensor *dy, pdp_tensor *dx) */
+
 /* PDP_API void pdp_model_zero_grad(pdp_model *m) */
 
 /* PDP_API void pdp_model_set_training(pdp_model *m, bool training) */

@@ -1130,6 +1130,125 @@ TEST layers_backward_needs_this_forward_whole(void)
     PASS();
 }
 
+/* pdp_model_backward_dx: d(loss)/d(input) against central differences of
+   loss = sum(w * y) (w fixed, so dy = w), on models that start with a Linear, a LayerNorm,
+   a residual region (its input gradient is the branch's plus the skip's), an element-wise
+   layer and a Conv2d; a ReLU first against its rule (dy where x > 0); and the refusals. */
+static pdp_status dx_model(int which, pdp_model **out)
+{
+    pdp_model *m = which == 4 ? new_model(3, 2, 5, 4, 31) : new_model(1, 6, 0, 0, 31);
+    pdp_status st = PDP_OK;
+    if (!m) return PDP_ERR_OUT_OF_MEMORY;
+    if (which == 0)
+        st = pdp_model_add_linear(m, 5) || pdp_model_add_gelu(m) || pdp_model_add_linear(m, 3)
+                 ? PDP_ERR_INVALID : PDP_OK;
+    else if (which == 1)
+        st = pdp_model_add_layernorm(m, 0) || pdp_model_add_linear(m, 4) ? PDP_ERR_INVALID
+                                                                         : PDP_OK;
+    else if (which == 2)
+        st = pdp_model_residual_begin(m) || pdp_model_add_linear(m, 6) ||
+                     pdp_model_add_tanh(m) || pdp_model_residual_end(m) ||
+                     pdp_model_add_linear(m, 3)
+                 ? PDP_ERR_INVALID : PDP_OK;
+    else if (which == 3)
+        st = pdp_model_add_tanh(m) || pdp_model_add_linear(m, 4) ? PDP_ERR_INVALID : PDP_OK;
+    else
+        st = pdp_model_add_conv2d(m, 3, 3, 1, 1) || pdp_model_add_flatten(m) ||
+                     pdp_model_add_linear(m, 4)
+                 ? PDP_ERR_INVALID : PDP_OK;
+    if (st) pdp_model_free(m);
+    else *out = m;
+    return st;
+}
+
+static double dx_loss(pdp_model *m, float *x, int64_t batch, const float *w)
+{
+    pdp_tensor xt;
+    const pdp_tensor *y;
+    double l = 0;
+    int64_t i;
+    wrap_input(m, x, batch, &xt);
+    if (pdp_model_forward(m, &xt, &y) != PDP_OK) return NAN;
+    for (i = 0; i < y->count; i++) l += (double)w[i] * y->data[i];
+    return l;
+}
+
+TEST layers_backward_dx_is_the_input_gradient(void)
+{
+    enum { BATCH = 2, MAXN = 40 * BATCH };
+    int which;
+    pdp_rng r;
+    pdp_rng_seed(&r, 5, 0);
+    for (which = 0; which < 5; which++) {
+        pdp_model *m = NULL;
+        float x[MAXN], w[MAXN], dx[MAXN];
+        int64_t n, i, shape[2];
+        pdp_tensor xt, dyt, dxt;
+        const pdp_tensor *y;
+        char msg[128];
+        ASSERT_ENUM_EQ(PDP_OK, dx_model(which, &m), pdp_status_name);
+        n = BATCH * m->in_count;
+        fill_uniform(x, n, &r, -1.0f, 1.0f);
+        fill_uniform(w, BATCH * out_count(m), &r, -1.0f, 1.0f);
+        pdp_model_set_training(m, false);
+        wrap_input(m, x, BATCH, &xt);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &xt, &y), pdp_status_name);
+        pdp_tensor_wrap(w, pdp_cpu(), y->ndim, y->shape, &dyt);
+        shape[0] = BATCH, shape[1] = m->in_count;
+        for (i = 0; i < n; i++) dx[i] = 99.0f; /* overwritten, not added to */
+        pdp_tensor_wrap(dx, pdp_cpu(), 2, shape, &dxt);
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_model_backward_dx(m, &dyt, &dxt),
+                        pdp_status_name);
+        for (i = 0; i < n; i++) {
+            float keep = x[i];
+            double up, down, fd;
+            x[i] = keep + 1e-2f;
+            up = dx_loss(m, x, BATCH, w);
+            x[i] = keep - 1e-2f;
+            down = dx_loss(m, x, BATCH, w);
+            x[i] = keep;
+            fd = (up - down) / (2e-2);
+            snprintf(msg, sizeof msg, "model %d, input %lld: dx %g, differences %g", which,
+                     (long long)i, (double)dx[i], fd);
+            ASSERTm(msg, fabs(fd - dx[i]) <= 1e-2 * (1.0 + fabs(fd)));
+        }
+        pdp_model_free(m);
+    }
+    { /* ReLU first: dx = dy where x > 0, else 0; then the refusals */
+        pdp_model *m = new_model(1, 4, 0, 0, 3), *ids = NULL;
+        pdp_model_desc md;
+        float x[8] = {1, -1, 2, -2, 0.5f, -0.5f, 3, -3}, dy[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+        float dx[8];
+        int32_t tok[8] = {0};
+        int64_t shape[2] = {2, 4}, three[2] = {2, 3};
+        pdp_tensor xt, dyt, dxt, bad;
+        const pdp_tensor *y;
+        int i;
+        ASSERT(m != NULL);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_relu(m), pdp_status_name);
+        pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+        pdp_tensor_wrap(dy, pdp_cpu(), 2, shape, &dyt);
+        pdp_tensor_wrap(dx, pdp_cpu(), 2, shape, &dxt);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &xt, &y), pdp_status_name);
+        pdp_tensor_wrap(dx, pdp_cpu(), 2, three, &bad);
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_backward_dx(m, &dyt, &bad), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "the input was 8 float32 elements"));
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward_dx(m, &dyt, &dxt), pdp_status_name);
+        for (i = 0; i < 8; i++) ASSERT_EQ(x[i] > 0 ? dy[i] : 0.0f, dx[i]);
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_backward_dx(m, &dyt, &dxt), pdp_status_name);
+        pdp_model_free(m);
+        memset(&md, 0, sizeof md);
+        md.input_shape[0] = 4, md.input_dtype = PDP_DTYPE_I32;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&ids, &md), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_embedding(ids, 5, 4, 0), pdp_status_name);
+        pdp_tensor_wrap_ids(tok, pdp_cpu(), 2, shape, &xt);
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_backward_dx(ids, &dyt, &dxt), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "token ids"));
+        pdp_model_free(ids);
+    }
+    PASS();
+}
+
 /* ---- allocation discipline and determinism ---- */
 
 static pdp_model *small_cnn(uint64_t seed)
@@ -1735,6 +1854,7 @@ SUITE(layers)
     RUN_TEST(layers_option_values_outside_their_range_fail);
     RUN_TEST(layers_backward_without_forward_fails);
     RUN_TEST(layers_backward_needs_this_forward_whole);
+    RUN_TEST(layers_backward_dx_is_the_input_gradient);
     RUN_TEST(layers_training_step_allocates_nothing_after_the_first);
     RUN_TEST(layers_gradients_accumulate_across_backwards);
     RUN_TEST(layers_results_do_not_depend_on_the_thread_count);
