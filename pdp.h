@@ -2754,9 +2754,11 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
 
    Same model on every rank: the first forward (f's, the first TP layer of every block)
    runs one check over the TP group, as DDP checks its parameters: every TP layer's
-   place, kind and full widths against TP rank 0's. A difference (ranks that built 8
-   and 12 features) fails on every rank with PDP_ERR_INVALID naming the layer and both
-   widths; it runs again at the next forward (and after TP layers are added).
+   place, kind and full widths, each attention's heads, and a hash of the tensors every
+   TP rank holds whole (embeddings, LayerNorms, row-parallel biases: a rank seeded apart
+   would train other ones) against TP rank 0's. A difference (ranks that built 8 and 12
+   features, 4 and 2 heads) fails on every rank with PDP_ERR_INVALID naming the layer and
+   both; it runs again at the next forward (and after TP layers are added).
 
    Gradient clipping: pdp_clip_grad_norm on a TP model is collective over the TP group.
    The full model's squared norm is every rank's slices plus the replicated tensors (the
@@ -3274,7 +3276,9 @@ PDP_API void pdp_zero_free(pdp_zero *z);
    units there are (0 at stage 1), param_buffers 0 below stage 3. A zero desc for NULL. */
 PDP_API pdp_zero_desc pdp_zero_get_desc(const pdp_zero *z);
 /* An optimizer whose state covers this rank's shard only; pdp_zero_step steps it
-   (pdp_optim_step refuses it). Free it with pdp_optim_free. */
+   (pdp_optim_step refuses it). Free it with pdp_optim_free. Collective: every rank calls
+   it, with the same desc (kind, decay_params and hyper-parameters compared; a rank whose
+   desc differs fails with PDP_ERR_INVALID naming the field, its peers with PDP_ERR_COMM). */
 PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z,
                                          const pdp_optim_desc *desc);
 
@@ -6719,6 +6723,7 @@ PDP__PRIVATE pdp__test_knob_set pdp__test_knobs = {0};
 
 #ifndef PDP__TLS_KEY
 static PDP__THREAD_LOCAL char pdp__errbuf[1024];
+static PDP__THREAD_LOCAL bool pdp__errpeer; /* the message points at another rank's */
 #else
 /* ---- base: per-thread state without a TLS keyword (tcc) ----
    One struct a thread under a key (platform.h), allocated on the thread's first use and freed
@@ -6726,6 +6731,7 @@ static PDP__THREAD_LOCAL char pdp__errbuf[1024];
    thread-local variables of base.c and threads.c name its fields. */
 typedef struct pdp__tls {
     char errbuf[1024];
+    bool errpeer;
     int num_threads;
     pdp__profile_state prof;
 } pdp__tls;
@@ -6754,6 +6760,7 @@ PDP__PRIVATE pdp__tls *pdp__tls_get(void)
 }
 
 #  define pdp__errbuf (pdp__tls_get()->errbuf)
+#  define pdp__errpeer (pdp__tls_get()->errpeer)
 #endif
 
 PDP_API const char *pdp_status_name(pdp_status s)
@@ -6767,7 +6774,11 @@ PDP_API const char *pdp_status_name(pdp_status s)
 }
 
 PDP_API const char *pdp_last_error(void) { return pdp__errbuf; }
-PDP_API void pdp_clear_error(void) { pdp__errbuf[0] = '\0'; }
+PDP_API void pdp_clear_error(void)
+{
+    pdp__errbuf[0] = '\0';
+    pdp__errpeer = false;
+}
 PDP_API const char *pdp_version_string(void) { return PDP_VERSION_STRING; }
 
 PDP__PRIVATE pdp_status pdp__err(pdp_status status, const char *fmt, ...)
@@ -6776,8 +6787,24 @@ PDP__PRIVATE pdp_status pdp__err(pdp_status status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(pdp__errbuf, sizeof pdp__errbuf, fmt, ap);
     va_end(ap);
+    pdp__errpeer = false;
     return status;
 }
+
+/* pdp__err for a rank that fails because another did ("rank 1 could not load it"): the
+   cause is that rank's message, so pdp_launch reports that one (pdp__err_is_peer), whichever
+   rank returned first. pdp__err_wrap keeps the mark. */
+PDP__PRIVATE pdp_status pdp__err_peer(pdp_status status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pdp__errbuf, sizeof pdp__errbuf, fmt, ap);
+    va_end(ap);
+    pdp__errpeer = true;
+    return status;
+}
+
+PDP__PRIVATE bool pdp__err_is_peer(void) { return pdp__errpeer; }
 
 PDP__PRIVATE pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...)
 {
@@ -16404,31 +16431,40 @@ PDP_API pdp_status pdp_comm_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n)
    checks before their first collective are of arguments every rank passes alike), a failed
    rank going straight there. A failed rank gets its own status and message back; a rank that
    succeeded fails with PDP_ERR_COMM naming the failed rank when there is one. */
+/* The sum over c's ranks of n host floats v, in place (through device memory on a
+   communicator of GPUs). */
+PDP__PRIVATE pdp_status pdp__comm_sum_host(pdp_comm *c, float *v, int n)
+{
+    float *dev = NULL;
+    pdp_status st;
+    if (c->device.kind == PDP_DEVICE_CPU) return pdp_comm_allreduce(c, v, n, PDP_REDUCE_SUM, NULL);
+    if ((st = pdp__dev_alloc(c->device, (size_t)n * sizeof *v, (void **)&dev)) != PDP_OK) return st;
+    if ((st = pdp__dev_copy(c->device, dev, pdp_cpu(), v, (size_t)n * sizeof *v)) == PDP_OK &&
+        (st = pdp_comm_allreduce(c, dev, n, PDP_REDUCE_SUM, NULL)) == PDP_OK)
+        st = pdp__dev_copy(pdp_cpu(), v, c->device, dev, (size_t)n * sizeof *v);
+    pdp__dev_free(c->device, dev);
+    return st;
+}
+
 PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *fn)
 {
     char why[1024]; /* the thread-local message's size */
-    float v[2], *dev = NULL;
+    float v[2];
+    bool peer = st != PDP_OK && pdp__err_is_peer(); /* this rank failed because another did */
     pdp_status ast;
     if (st != PDP_OK) snprintf(why, sizeof why, "%s", pdp_last_error());
     v[0] = st != PDP_OK ? 1.0f : 0.0f;
     v[1] = st != PDP_OK ? (float)c->rank : 0.0f;
-    if (c->device.kind == PDP_DEVICE_CPU) {
-        ast = pdp_comm_allreduce(c, v, 2, PDP_REDUCE_SUM, NULL);
-    } else if ((ast = pdp__dev_alloc(c->device, sizeof v, (void **)&dev)) == PDP_OK) {
-        if ((ast = pdp__dev_copy(c->device, dev, pdp_cpu(), v, sizeof v)) == PDP_OK &&
-            (ast = pdp_comm_allreduce(c, dev, 2, PDP_REDUCE_SUM, NULL)) == PDP_OK)
-            ast = pdp__dev_copy(pdp_cpu(), v, c->device, dev, sizeof v);
-        pdp__dev_free(c->device, dev);
-    }
-    if (st != PDP_OK) return pdp__err(st, "%s", why);
+    ast = pdp__comm_sum_host(c, v, 2);
+    if (st != PDP_OK) return peer ? pdp__err_peer(st, "%s", why) : pdp__err(st, "%s", why);
     if (ast != PDP_OK)
         return pdp__err_wrap(ast, "%s: rank %d: agreeing that every rank succeeded", fn, c->rank);
     if (v[0] >= 2.0f)
-        return pdp__err(PDP_ERR_COMM, "%s: rank %d: %d ranks of comm '%s' failed (see their "
-                        "messages)", fn, c->rank, (int)v[0], c->name);
+        return pdp__err_peer(PDP_ERR_COMM, "%s: rank %d: %d ranks of comm '%s' failed (see "
+                             "their messages)", fn, c->rank, (int)v[0], c->name);
     if (v[0] >= 1.0f)
-        return pdp__err(PDP_ERR_COMM, "%s: rank %d: rank %d of comm '%s' failed (see its "
-                        "message)", fn, c->rank, (int)v[1], c->name);
+        return pdp__err_peer(PDP_ERR_COMM, "%s: rank %d: rank %d of comm '%s' failed (see its "
+                             "message)", fn, c->rank, (int)v[1], c->name);
     return PDP_OK;
 }
 
@@ -16597,6 +16633,20 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
     if (ranks != (double)world->size)
         return pdp__err(PDP_ERR_INVALID, "%s: %s makes %.0f ranks, but comm '%s' has %d", fn,
                         dims, ranks, world->name, world->size);
+    { /* every rank's sizes the same: their sums over the ranks are world->size times each
+         rank's (exact in float: each sum is at most size^2 <= 2^24) */
+        float sum[PDP_MESH_MAX_DIMS + 1];
+        sum[0] = (float)ndim;
+        for (k = 0; k < PDP_MESH_MAX_DIMS; k++) sum[k + 1] = k < ndim ? (float)sizes[k] : 0.0f;
+        if ((st = pdp__comm_sum_host(world, sum, PDP_MESH_MAX_DIMS + 1)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank %d: comparing the ranks' sizes", fn, world->rank);
+        for (k = 0; k <= ndim && st == PDP_OK; k++)
+            if (sum[k] != (float)world->size * (k ? (float)sizes[k - 1] : (float)ndim))
+                st = pdp__err(PDP_ERR_INVALID, "%s: rank %d: %s here, but not on every rank of "
+                              "comm '%s' (every rank passes the same sizes)", fn, world->rank,
+                              dims, world->name);
+        if ((st = pdp__comm_agree(world, st, fn)) != PDP_OK) return st;
+    }
     for (k = ndim - 1; k >= 0; k--) { /* row-major: the last dimension varies fastest */
         stride[k] = k == ndim - 1 ? 1 : stride[k + 1] * sizes[k + 1];
         coord[k] = world->rank / stride[k] % sizes[k];
@@ -22845,7 +22895,9 @@ PDP_API pdp_status pdp_model_forward_backward(pdp_model *m, const pdp_tensor *x,
     const pdp_tensor *y;
     pdp_tensor dy;
     pdp_status st;
-    if (!m || !x || !labels || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (!m || !x || !labels || !loss)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn,
+                        !m ? "the model" : !x ? "x" : !labels ? "labels" : "loss");
     if ((st = pdp_model_forward(m, x, &y)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     if ((st = pdp__model_check_logits(m, y, fn)) != PDP_OK) return st;
     if ((st = pdp__model_cross_entropy(m, y, labels, loss, fn)) != PDP_OK) {
@@ -29728,6 +29780,7 @@ PDP__PRIVATE pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, fl
    input and output features. */
 typedef struct pdp__tp_sig {
     int64_t layer, kind, in, out;
+    int64_t heads; /* a layer split by heads (attention): its heads on this rank; else 0 */
 } pdp__tp_sig;
 
 /* What a rank found: its TP layer count and, at the first TP layer that differs from TP
@@ -29735,6 +29788,7 @@ typedef struct pdp__tp_sig {
 typedef struct pdp__tp_verdict {
     int64_t at, count;
     pdp__tp_sig sig;
+    uint64_t replicated; /* pdp__tp_replicated_hash */
 } pdp__tp_verdict;
 
 PDP__PRIVATE bool pdp__tp_kind(pdp__layer_kind k)
@@ -29744,12 +29798,19 @@ PDP__PRIVATE bool pdp__tp_kind(pdp__layer_kind k)
            k == PDP__SEQ_REDUCE_SCATTER;
 }
 
-/* m's TP layers (the kinds above; a pipeline stage's tp.nlayers counts others too). */
+/* The layers the width check compares: the TP kinds above and the layers split by heads
+   (attention: the same widths hold 2 heads of 4 or 1 of 8, another model). */
+PDP__PRIVATE bool pdp__tp_checked(const pdp__layer *l)
+{
+    return pdp__tp_kind(l->kind) || l->heads > 0;
+}
+
+/* m's checked layers (a pipeline stage's tp.nlayers counts others too). */
 PDP__PRIVATE int64_t pdp__tp_count(const pdp_model *m)
 {
     int64_t n = 0;
     int i;
-    for (i = 0; i < m->nlayers; i++) n += pdp__tp_kind(m->layers[i].kind);
+    for (i = 0; i < m->nlayers; i++) n += pdp__tp_checked(&m->layers[i]);
     return n;
 }
 
@@ -29760,9 +29821,10 @@ PDP__PRIVATE bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s)
     memset(s, 0, sizeof *s);
     for (i = 0; i < m->nlayers; i++) {
         const pdp__layer *l = &m->layers[i];
-        if (!pdp__tp_kind(l->kind) || k-- > 0) continue;
+        if (!pdp__tp_checked(l) || k-- > 0) continue;
         s->layer = i;
         s->kind = (int64_t)l->kind;
+        s->heads = l->heads;
         s->in = l->kind == PDP__ROW_PARALLEL_LINEAR ? l->tp_full : l->in_shape[l->in_ndim - 1];
         s->out = l->kind == PDP__COLUMN_PARALLEL_LINEAR ? l->tp_full
                  : l->kind == PDP__ROW_PARALLEL_LINEAR  ? l->out_features
@@ -29775,9 +29837,49 @@ PDP__PRIVATE bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s)
 /* "layer 1 (ColumnParallelLinear) 6 -> 12" */
 PDP__PRIVATE void pdp__tp_sig_str(const pdp__tp_sig *s, char *out, size_t cap)
 {
-    snprintf(out, cap, "layer %lld (%s) %lld -> %lld", (long long)s->layer,
-             pdp__layer_kind_name((pdp__layer_kind)s->kind), (long long)s->in,
-             (long long)s->out);
+    int n = snprintf(out, cap, "layer %lld (%s) %lld -> %lld", (long long)s->layer,
+                     pdp__layer_kind_name((pdp__layer_kind)s->kind), (long long)s->in,
+                     (long long)s->out);
+    if (s->heads > 0 && n > 0 && (size_t)n < cap)
+        snprintf(out + n, cap - (size_t)n, ", %lld heads", (long long)s->heads);
+}
+
+/* A hash (FNV-1a over 32-bit words) of the tensors every TP rank holds whole (embeddings,
+   LayerNorms, the row-parallel Linears' biases), which must be the same bits on every TP
+   rank: a rank built from another seed would train other weights there, silently. 0 when
+   the parameters are not here (ZeRO-3 holds them as shards). */
+PDP__PRIVATE pdp_status pdp__tp_replicated_hash(const pdp_model *m, uint64_t *out)
+{
+    uint64_t h = 0xcbf29ce484222325u;
+    float *host = NULL;
+    int64_t i, most = 0;
+    pdp_status st = PDP_OK;
+    int p;
+    *out = 0;
+    if (!m->param_block) return PDP_OK;
+    for (p = 0; p < m->nparams; p++)
+        if (!pdp__tp_is_split(m, p)) most = PDP__MAX(most, m->params[p].count);
+    if (m->device.kind != PDP_DEVICE_CPU &&
+        !(host = (float *)pdp__alloc((size_t)PDP__MAX(1, most) * sizeof *host)))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "TP check: no memory for %lld floats",
+                        (long long)most);
+    for (p = 0; p < m->nparams && st == PDP_OK; p++) {
+        const pdp__param_entry *e = &m->params[p];
+        const float *v = m->param_block + e->offset;
+        if (pdp__tp_is_split(m, p)) continue;
+        if (host && (st = pdp__dev_copy(pdp_cpu(), host, m->device, v,
+                                        (size_t)e->count * sizeof *host)) != PDP_OK)
+            break;
+        if (host) v = host;
+        for (i = 0; i < e->count; i++) {
+            uint32_t u;
+            memcpy(&u, &v[i], sizeof u);
+            h = (h ^ u) * 0x100000001b3u;
+        }
+    }
+    pdp__dealloc(host);
+    *out = h | 1u;
+    return st;
 }
 
 /* As the DDP reducer checks its parameters (reducer.c): TP rank 0's count and table go
@@ -29810,6 +29912,8 @@ PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp)
         goto comm_failed;
     all[tp->rank].at = -1;
     all[tp->rank].count = mine_n;
+    if ((st = pdp__tp_replicated_hash(m, &all[tp->rank].replicated)) != PDP_OK)
+        goto out; /* the others time out in the next broadcast */
     for (k = 0; k <= PDP__MAX(n0, mine_n); k++) {
         bool have = pdp__tp_sig_at(m, k, &mine);
         if (k < n0 && have && memcmp(&mine, &table[k], sizeof mine) == 0) continue;
@@ -29825,7 +29929,13 @@ PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp)
     for (r = 0; r < tp->size && !bad; r++)
         if (all[r].at >= 0) bad = &all[bad_rank = r];
     if (!bad) {
-        tp->checked = tp->nlayers;
+        for (r = 1; r < tp->size && st == PDP_OK; r++)
+            if (all[r].replicated && all[0].replicated && all[r].replicated != all[0].replicated)
+                st = pdp__err(PDP_ERR_INVALID, "TP ranks built different models: the tensors "
+                              "every TP rank holds whole (embeddings, LayerNorms, row-parallel "
+                              "biases) differ between TP rank %d and TP rank 0 (build each from "
+                              "the same seed: a TP GPT is drawn whole, then split)", r);
+        if (st == PDP_OK) tp->checked = tp->nlayers;
         goto out;
     }
     if (bad->at < bad->count && bad->at < n0) {
@@ -29967,8 +30077,8 @@ PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_op
         goto out;
     }
     if (failed > 0.0f) {
-        st = pdp__err(PDP_ERR_IO, "%s: %s: %g other TP ranks could not load it (nothing changed)",
-                      fn, path, (double)failed);
+        st = pdp__err_peer(PDP_ERR_IO, "%s: %s: %g other TP ranks could not load it (nothing "
+                           "changed)", fn, path, (double)failed);
         goto out;
     }
     if ((st = pdp__tp_scatter(m, full, full->param_block, m->param_block)) != PDP_OK) goto out;
@@ -31433,12 +31543,51 @@ release: /* pdp_zero_free's best-effort allocations must not replace the message
     return pdp__err(st, "%s", why);
 }
 
+/* Does every rank step its shard by the same rule? The sums over the ranks of the resolved
+   desc's fields are size times this rank's (the integers exactly; the doubles, rounded to
+   float and summed in any order, within 1e-4 relative): an optimizer that differs on one
+   rank (Adam here, SGD there) would update its shard by another rule, silently. */
+PDP__PRIVATE pdp_status pdp__zero_optim_agree(pdp_zero *z, const pdp_optim_desc *d,
+                                              const char *fn)
+{
+    static const char *const names[] = {"kind", "decay_params", "nesterov", "lr", "momentum",
+                                        "dampening", "weight_decay", "beta1", "beta2", "eps"};
+    double mine[10];
+    float sum[10];
+    double n = (double)z->c->size, tol = PDP__MAX(1e-4, n * 1.2e-7);
+    pdp_status st;
+    int k;
+    mine[0] = d->kind, mine[1] = d->decay_params, mine[2] = d->nesterov, mine[3] = d->lr;
+    mine[4] = d->momentum, mine[5] = d->dampening, mine[6] = d->weight_decay;
+    mine[7] = d->beta1, mine[8] = d->beta2, mine[9] = d->eps;
+    for (k = 0; k < 10; k++) sum[k] = (float)mine[k];
+    if ((st = pdp__comm_sum_host(z->c, sum, 10)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: comparing the ranks' optimizers", fn, z->rank);
+    for (k = 0; k < 10; k++)
+        if (fabs((double)sum[k] - n * (double)(float)mine[k]) >
+            (k < 3 ? 0.5 : tol * n * fabs((double)(float)mine[k])))
+            return pdp__err(PDP_ERR_INVALID, "%s: rank %d: %s %s %g here, but not on every rank "
+                            "(the sum over %d ranks is %g): every rank steps its shard by the "
+                            "same optimizer", fn, z->rank, pdp_optim_kind_name(d->kind),
+                            names[k], mine[k], z->c->size, (double)sum[k]);
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp_optim_desc *desc)
 {
     static const char *fn = "pdp_zero_optim_create";
+    pdp_status st;
     if (out) *out = NULL;
     if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
-    return pdp__optim_create_shard(out, z->m, desc, z->shard_count, fn);
+    /* collective: every rank's optimizer made, then the same on every rank */
+    st = pdp__optim_create_shard(out, z->m, desc, z->shard_count, fn);
+    if ((st = pdp__comm_agree(z->c, st, fn)) == PDP_OK)
+        st = pdp__comm_agree(z->c, pdp__zero_optim_agree(z, &(*out)->desc, fn), fn);
+    if (st != PDP_OK && out && *out) {
+        pdp_optim_free(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 /* ---- zero: training ---- */
@@ -32354,8 +32503,8 @@ PDP__PRIVATE pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const
         if (bad[r]) {
             if (full) snprintf(path, sizeof path, "%s", prefix);
             else pdp__zero_shard_path(path, sizeof path, prefix, r);
-            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: rank %d could not load it (its error says "
-                          "why); nothing was loaded", fn, path, r);
+            st = pdp__err_peer(PDP_ERR_FORMAT, "%s: %s: rank %d could not load it (its error "
+                               "says why); nothing was loaded", fn, path, r);
         }
     if (st == PDP_OK) st = pdp__zero_commit(z, opt, loaded, params, state, fn);
     else {
@@ -32489,7 +32638,9 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
         return pdp__err_wrap(cs, "%s: rank %d: agreeing that rank 0 wrote %s", fn, z->rank,
                              path);
     if (st != PDP_OK) return st;
-    if (bad[0]) return pdp__err(PDP_ERR_IO, "%s: %s: rank 0 could not write it", fn, path);
+    if (bad[0])
+        return pdp__err_peer(PDP_ERR_IO, "%s: %s: rank 0 could not write it (its error says why)",
+                             fn, path);
     return PDP_OK;
 }
 /* ---- end src/zero_ckpt.c ---- */
@@ -32630,7 +32781,9 @@ PDP_API pdp_trainer_desc pdp_trainer_get_desc(const pdp_trainer *t)
 PDP_API pdp_status pdp_trainer_forward_backward(pdp_trainer *t, const pdp_tensor *x,
                                                 const int32_t *labels, float *loss)
 {
+    float unused;
     if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_trainer_forward_backward: trainer is NULL");
+    if (!loss) loss = &unused; /* trainer.h: may be NULL (the executors want somewhere) */
     if (t->dp) return pdp_dp_forward_backward(t->dp, x, labels, loss); /* split over workers */
     if (t->ddp) return pdp_ddp_forward_backward(t->ddp, x, labels, loss);
     if (t->z) return pdp_zero_forward_backward(t->z, x, labels, loss);
@@ -34438,6 +34591,7 @@ typedef struct pdp__launch_rank {
     pdp__thread thread;
     pdp_status st;
     int order;         /* 0 = first to fail */
+    bool peer;         /* it failed because another rank did (pdp__err_peer) */
     char msg[1024];
 } pdp__launch_rank;
 
@@ -34460,6 +34614,7 @@ PDP__PRIVATE void pdp__launch_fail(pdp__launch_rank *r, pdp_status st)
     pdp__mutex_lock(&r->L->mu);
     r->st = st;
     r->order = r->L->failures++;
+    r->peer = pdp__err_is_peer();
     snprintf(r->msg, sizeof r->msg, "%s", m[0] ? m : "(no message)");
     pdp__mutex_unlock(&r->L->mu);
 }
@@ -34494,12 +34649,16 @@ PDP__PRIVATE void *pdp__launch_thread(void *arg)
     return NULL;
 }
 
-/* The first rank to fail, its message prefixed; PDP_OK when none did. */
+/* The first rank to fail for a reason of its own (not because a peer did: the peer's
+   message holds the cause, whichever returned first), else the first to fail; its message
+   prefixed; PDP_OK when none did. */
 PDP__PRIVATE pdp_status pdp__launch_result(const pdp__launch_rank *ranks, int n)
 {
     int i, first = -1;
     for (i = 0; i < n; i++)
-        if (ranks[i].st != PDP_OK && (first < 0 || ranks[i].order < ranks[first].order))
+        if (ranks[i].st != PDP_OK &&
+            (first < 0 || ranks[i].peer < ranks[first].peer ||
+             (ranks[i].peer == ranks[first].peer && ranks[i].order < ranks[first].order)))
             first = i;
     if (first < 0) return PDP_OK;
     return pdp__err(ranks[first].st, "pdp_launch: rank %d of %d: %s", first, n, ranks[first].msg);

@@ -22,6 +22,7 @@ PDP__PRIVATE pdp__test_knob_set pdp__test_knobs = {0};
 
 #ifndef PDP__TLS_KEY
 static PDP__THREAD_LOCAL char pdp__errbuf[1024];
+static PDP__THREAD_LOCAL bool pdp__errpeer; /* the message points at another rank's */
 #else
 /* ---- base: per-thread state without a TLS keyword (tcc) ----
    One struct a thread under a key (platform.h), allocated on the thread's first use and freed
@@ -29,6 +30,7 @@ static PDP__THREAD_LOCAL char pdp__errbuf[1024];
    thread-local variables of base.c and threads.c name its fields. */
 typedef struct pdp__tls {
     char errbuf[1024];
+    bool errpeer;
     int num_threads;
     pdp__profile_state prof;
 } pdp__tls;
@@ -57,6 +59,7 @@ PDP__PRIVATE pdp__tls *pdp__tls_get(void)
 }
 
 #  define pdp__errbuf (pdp__tls_get()->errbuf)
+#  define pdp__errpeer (pdp__tls_get()->errpeer)
 #endif
 
 PDP_API const char *pdp_status_name(pdp_status s)
@@ -70,7 +73,11 @@ PDP_API const char *pdp_status_name(pdp_status s)
 }
 
 PDP_API const char *pdp_last_error(void) { return pdp__errbuf; }
-PDP_API void pdp_clear_error(void) { pdp__errbuf[0] = '\0'; }
+PDP_API void pdp_clear_error(void)
+{
+    pdp__errbuf[0] = '\0';
+    pdp__errpeer = false;
+}
 PDP_API const char *pdp_version_string(void) { return PDP_VERSION_STRING; }
 
 PDP__PRIVATE pdp_status pdp__err(pdp_status status, const char *fmt, ...)
@@ -79,8 +86,24 @@ PDP__PRIVATE pdp_status pdp__err(pdp_status status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(pdp__errbuf, sizeof pdp__errbuf, fmt, ap);
     va_end(ap);
+    pdp__errpeer = false;
     return status;
 }
+
+/* pdp__err for a rank that fails because another did ("rank 1 could not load it"): the
+   cause is that rank's message, so pdp_launch reports that one (pdp__err_is_peer), whichever
+   rank returned first. pdp__err_wrap keeps the mark. */
+PDP__PRIVATE pdp_status pdp__err_peer(pdp_status status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pdp__errbuf, sizeof pdp__errbuf, fmt, ap);
+    va_end(ap);
+    pdp__errpeer = true;
+    return status;
+}
+
+PDP__PRIVATE bool pdp__err_is_peer(void) { return pdp__errpeer; }
 
 PDP__PRIVATE pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...)
 {

@@ -360,31 +360,40 @@ PDP_API pdp_status pdp_comm_sendrecv(pdp_comm *c, const pdp_p2p *ops, int n)
    checks before their first collective are of arguments every rank passes alike), a failed
    rank going straight there. A failed rank gets its own status and message back; a rank that
    succeeded fails with PDP_ERR_COMM naming the failed rank when there is one. */
+/* The sum over c's ranks of n host floats v, in place (through device memory on a
+   communicator of GPUs). */
+PDP__PRIVATE pdp_status pdp__comm_sum_host(pdp_comm *c, float *v, int n)
+{
+    float *dev = NULL;
+    pdp_status st;
+    if (c->device.kind == PDP_DEVICE_CPU) return pdp_comm_allreduce(c, v, n, PDP_REDUCE_SUM, NULL);
+    if ((st = pdp__dev_alloc(c->device, (size_t)n * sizeof *v, (void **)&dev)) != PDP_OK) return st;
+    if ((st = pdp__dev_copy(c->device, dev, pdp_cpu(), v, (size_t)n * sizeof *v)) == PDP_OK &&
+        (st = pdp_comm_allreduce(c, dev, n, PDP_REDUCE_SUM, NULL)) == PDP_OK)
+        st = pdp__dev_copy(pdp_cpu(), v, c->device, dev, (size_t)n * sizeof *v);
+    pdp__dev_free(c->device, dev);
+    return st;
+}
+
 PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *fn)
 {
     char why[1024]; /* the thread-local message's size */
-    float v[2], *dev = NULL;
+    float v[2];
+    bool peer = st != PDP_OK && pdp__err_is_peer(); /* this rank failed because another did */
     pdp_status ast;
     if (st != PDP_OK) snprintf(why, sizeof why, "%s", pdp_last_error());
     v[0] = st != PDP_OK ? 1.0f : 0.0f;
     v[1] = st != PDP_OK ? (float)c->rank : 0.0f;
-    if (c->device.kind == PDP_DEVICE_CPU) {
-        ast = pdp_comm_allreduce(c, v, 2, PDP_REDUCE_SUM, NULL);
-    } else if ((ast = pdp__dev_alloc(c->device, sizeof v, (void **)&dev)) == PDP_OK) {
-        if ((ast = pdp__dev_copy(c->device, dev, pdp_cpu(), v, sizeof v)) == PDP_OK &&
-            (ast = pdp_comm_allreduce(c, dev, 2, PDP_REDUCE_SUM, NULL)) == PDP_OK)
-            ast = pdp__dev_copy(pdp_cpu(), v, c->device, dev, sizeof v);
-        pdp__dev_free(c->device, dev);
-    }
-    if (st != PDP_OK) return pdp__err(st, "%s", why);
+    ast = pdp__comm_sum_host(c, v, 2);
+    if (st != PDP_OK) return peer ? pdp__err_peer(st, "%s", why) : pdp__err(st, "%s", why);
     if (ast != PDP_OK)
         return pdp__err_wrap(ast, "%s: rank %d: agreeing that every rank succeeded", fn, c->rank);
     if (v[0] >= 2.0f)
-        return pdp__err(PDP_ERR_COMM, "%s: rank %d: %d ranks of comm '%s' failed (see their "
-                        "messages)", fn, c->rank, (int)v[0], c->name);
+        return pdp__err_peer(PDP_ERR_COMM, "%s: rank %d: %d ranks of comm '%s' failed (see "
+                             "their messages)", fn, c->rank, (int)v[0], c->name);
     if (v[0] >= 1.0f)
-        return pdp__err(PDP_ERR_COMM, "%s: rank %d: rank %d of comm '%s' failed (see its "
-                        "message)", fn, c->rank, (int)v[1], c->name);
+        return pdp__err_peer(PDP_ERR_COMM, "%s: rank %d: rank %d of comm '%s' failed (see its "
+                             "message)", fn, c->rank, (int)v[1], c->name);
     return PDP_OK;
 }
 
@@ -553,6 +562,20 @@ PDP_API pdp_status pdp_mesh_create(pdp_mesh **out, pdp_comm *world, int ndim, co
     if (ranks != (double)world->size)
         return pdp__err(PDP_ERR_INVALID, "%s: %s makes %.0f ranks, but comm '%s' has %d", fn,
                         dims, ranks, world->name, world->size);
+    { /* every rank's sizes the same: their sums over the ranks are world->size times each
+         rank's (exact in float: each sum is at most size^2 <= 2^24) */
+        float sum[PDP_MESH_MAX_DIMS + 1];
+        sum[0] = (float)ndim;
+        for (k = 0; k < PDP_MESH_MAX_DIMS; k++) sum[k + 1] = k < ndim ? (float)sizes[k] : 0.0f;
+        if ((st = pdp__comm_sum_host(world, sum, PDP_MESH_MAX_DIMS + 1)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank %d: comparing the ranks' sizes", fn, world->rank);
+        for (k = 0; k <= ndim && st == PDP_OK; k++)
+            if (sum[k] != (float)world->size * (k ? (float)sizes[k - 1] : (float)ndim))
+                st = pdp__err(PDP_ERR_INVALID, "%s: rank %d: %s here, but not on every rank of "
+                              "comm '%s' (every rank passes the same sizes)", fn, world->rank,
+                              dims, world->name);
+        if ((st = pdp__comm_agree(world, st, fn)) != PDP_OK) return st;
+    }
     for (k = ndim - 1; k >= 0; k--) { /* row-major: the last dimension varies fastest */
         stride[k] = k == ndim - 1 ? 1 : stride[k + 1] * sizes[k + 1];
         coord[k] = world->rank / stride[k] % sizes[k];

@@ -20,6 +20,7 @@ typedef struct pdp__launch_rank {
     pdp__thread thread;
     pdp_status st;
     int order;         /* 0 = first to fail */
+    bool peer;         /* it failed because another rank did (pdp__err_peer) */
     char msg[1024];
 } pdp__launch_rank;
 
@@ -42,6 +43,7 @@ PDP__PRIVATE void pdp__launch_fail(pdp__launch_rank *r, pdp_status st)
     pdp__mutex_lock(&r->L->mu);
     r->st = st;
     r->order = r->L->failures++;
+    r->peer = pdp__err_is_peer();
     snprintf(r->msg, sizeof r->msg, "%s", m[0] ? m : "(no message)");
     pdp__mutex_unlock(&r->L->mu);
 }
@@ -76,12 +78,16 @@ PDP__PRIVATE void *pdp__launch_thread(void *arg)
     return NULL;
 }
 
-/* The first rank to fail, its message prefixed; PDP_OK when none did. */
+/* The first rank to fail for a reason of its own (not because a peer did: the peer's
+   message holds the cause, whichever returned first), else the first to fail; its message
+   prefixed; PDP_OK when none did. */
 PDP__PRIVATE pdp_status pdp__launch_result(const pdp__launch_rank *ranks, int n)
 {
     int i, first = -1;
     for (i = 0; i < n; i++)
-        if (ranks[i].st != PDP_OK && (first < 0 || ranks[i].order < ranks[first].order))
+        if (ranks[i].st != PDP_OK &&
+            (first < 0 || ranks[i].peer < ranks[first].peer ||
+             (ranks[i].peer == ranks[first].peer && ranks[i].order < ranks[first].order)))
             first = i;
     if (first < 0) return PDP_OK;
     return pdp__err(ranks[first].st, "pdp_launch: rank %d of %d: %s", first, n, ranks[first].msg);

@@ -405,7 +405,9 @@ PDP_API pdp_status pdp_model_forward_backward(pdp_model *m, const pdp_tensor *x,
     const pdp_tensor *y;
     pdp_tensor dy;
     pdp_status st;
-    if (!m || !x || !labels || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (!m || !x || !labels || !loss)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn,
+                        !m ? "the model" : !x ? "x" : !labels ? "labels" : "loss");
     if ((st = pdp_model_forward(m, x, &y)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     if ((st = pdp__model_check_logits(m, y, fn)) != PDP_OK) return st;
     if ((st = pdp__model_cross_entropy(m, y, labels, loss, fn)) != PDP_OK) {

@@ -303,6 +303,7 @@ PDP__PRIVATE pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, fl
    input and output features. */
 typedef struct pdp__tp_sig {
     int64_t layer, kind, in, out;
+    int64_t heads; /* a layer split by heads (attention): its heads on this rank; else 0 */
 } pdp__tp_sig;
 
 /* What a rank found: its TP layer count and, at the first TP layer that differs from TP
@@ -310,6 +311,7 @@ typedef struct pdp__tp_sig {
 typedef struct pdp__tp_verdict {
     int64_t at, count;
     pdp__tp_sig sig;
+    uint64_t replicated; /* pdp__tp_replicated_hash */
 } pdp__tp_verdict;
 
 PDP__PRIVATE bool pdp__tp_kind(pdp__layer_kind k)
@@ -319,12 +321,19 @@ PDP__PRIVATE bool pdp__tp_kind(pdp__layer_kind k)
            k == PDP__SEQ_REDUCE_SCATTER;
 }
 
-/* m's TP layers (the kinds above; a pipeline stage's tp.nlayers counts others too). */
+/* The layers the width check compares: the TP kinds above and the layers split by heads
+   (attention: the same widths hold 2 heads of 4 or 1 of 8, another model). */
+PDP__PRIVATE bool pdp__tp_checked(const pdp__layer *l)
+{
+    return pdp__tp_kind(l->kind) || l->heads > 0;
+}
+
+/* m's checked layers (a pipeline stage's tp.nlayers counts others too). */
 PDP__PRIVATE int64_t pdp__tp_count(const pdp_model *m)
 {
     int64_t n = 0;
     int i;
-    for (i = 0; i < m->nlayers; i++) n += pdp__tp_kind(m->layers[i].kind);
+    for (i = 0; i < m->nlayers; i++) n += pdp__tp_checked(&m->layers[i]);
     return n;
 }
 
@@ -335,9 +344,10 @@ PDP__PRIVATE bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s)
     memset(s, 0, sizeof *s);
     for (i = 0; i < m->nlayers; i++) {
         const pdp__layer *l = &m->layers[i];
-        if (!pdp__tp_kind(l->kind) || k-- > 0) continue;
+        if (!pdp__tp_checked(l) || k-- > 0) continue;
         s->layer = i;
         s->kind = (int64_t)l->kind;
+        s->heads = l->heads;
         s->in = l->kind == PDP__ROW_PARALLEL_LINEAR ? l->tp_full : l->in_shape[l->in_ndim - 1];
         s->out = l->kind == PDP__COLUMN_PARALLEL_LINEAR ? l->tp_full
                  : l->kind == PDP__ROW_PARALLEL_LINEAR  ? l->out_features
@@ -350,9 +360,49 @@ PDP__PRIVATE bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s)
 /* "layer 1 (ColumnParallelLinear) 6 -> 12" */
 PDP__PRIVATE void pdp__tp_sig_str(const pdp__tp_sig *s, char *out, size_t cap)
 {
-    snprintf(out, cap, "layer %lld (%s) %lld -> %lld", (long long)s->layer,
-             pdp__layer_kind_name((pdp__layer_kind)s->kind), (long long)s->in,
-             (long long)s->out);
+    int n = snprintf(out, cap, "layer %lld (%s) %lld -> %lld", (long long)s->layer,
+                     pdp__layer_kind_name((pdp__layer_kind)s->kind), (long long)s->in,
+                     (long long)s->out);
+    if (s->heads > 0 && n > 0 && (size_t)n < cap)
+        snprintf(out + n, cap - (size_t)n, ", %lld heads", (long long)s->heads);
+}
+
+/* A hash (FNV-1a over 32-bit words) of the tensors every TP rank holds whole (embeddings,
+   LayerNorms, the row-parallel Linears' biases), which must be the same bits on every TP
+   rank: a rank built from another seed would train other weights there, silently. 0 when
+   the parameters are not here (ZeRO-3 holds them as shards). */
+PDP__PRIVATE pdp_status pdp__tp_replicated_hash(const pdp_model *m, uint64_t *out)
+{
+    uint64_t h = 0xcbf29ce484222325u;
+    float *host = NULL;
+    int64_t i, most = 0;
+    pdp_status st = PDP_OK;
+    int p;
+    *out = 0;
+    if (!m->param_block) return PDP_OK;
+    for (p = 0; p < m->nparams; p++)
+        if (!pdp__tp_is_split(m, p)) most = PDP__MAX(most, m->params[p].count);
+    if (m->device.kind != PDP_DEVICE_CPU &&
+        !(host = (float *)pdp__alloc((size_t)PDP__MAX(1, most) * sizeof *host)))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "TP check: no memory for %lld floats",
+                        (long long)most);
+    for (p = 0; p < m->nparams && st == PDP_OK; p++) {
+        const pdp__param_entry *e = &m->params[p];
+        const float *v = m->param_block + e->offset;
+        if (pdp__tp_is_split(m, p)) continue;
+        if (host && (st = pdp__dev_copy(pdp_cpu(), host, m->device, v,
+                                        (size_t)e->count * sizeof *host)) != PDP_OK)
+            break;
+        if (host) v = host;
+        for (i = 0; i < e->count; i++) {
+            uint32_t u;
+            memcpy(&u, &v[i], sizeof u);
+            h = (h ^ u) * 0x100000001b3u;
+        }
+    }
+    pdp__dealloc(host);
+    *out = h | 1u;
+    return st;
 }
 
 /* As the DDP reducer checks its parameters (reducer.c): TP rank 0's count and table go
@@ -385,6 +435,8 @@ PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp)
         goto comm_failed;
     all[tp->rank].at = -1;
     all[tp->rank].count = mine_n;
+    if ((st = pdp__tp_replicated_hash(m, &all[tp->rank].replicated)) != PDP_OK)
+        goto out; /* the others time out in the next broadcast */
     for (k = 0; k <= PDP__MAX(n0, mine_n); k++) {
         bool have = pdp__tp_sig_at(m, k, &mine);
         if (k < n0 && have && memcmp(&mine, &table[k], sizeof mine) == 0) continue;
@@ -400,7 +452,13 @@ PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp)
     for (r = 0; r < tp->size && !bad; r++)
         if (all[r].at >= 0) bad = &all[bad_rank = r];
     if (!bad) {
-        tp->checked = tp->nlayers;
+        for (r = 1; r < tp->size && st == PDP_OK; r++)
+            if (all[r].replicated && all[0].replicated && all[r].replicated != all[0].replicated)
+                st = pdp__err(PDP_ERR_INVALID, "TP ranks built different models: the tensors "
+                              "every TP rank holds whole (embeddings, LayerNorms, row-parallel "
+                              "biases) differ between TP rank %d and TP rank 0 (build each from "
+                              "the same seed: a TP GPT is drawn whole, then split)", r);
+        if (st == PDP_OK) tp->checked = tp->nlayers;
         goto out;
     }
     if (bad->at < bad->count && bad->at < n0) {
@@ -542,8 +600,8 @@ PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_op
         goto out;
     }
     if (failed > 0.0f) {
-        st = pdp__err(PDP_ERR_IO, "%s: %s: %g other TP ranks could not load it (nothing changed)",
-                      fn, path, (double)failed);
+        st = pdp__err_peer(PDP_ERR_IO, "%s: %s: %g other TP ranks could not load it (nothing "
+                           "changed)", fn, path, (double)failed);
         goto out;
     }
     if ((st = pdp__tp_scatter(m, full, full->param_block, m->param_block)) != PDP_OK) goto out;

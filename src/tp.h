@@ -80,9 +80,11 @@
 
    Same model on every rank: the first forward (f's, the first TP layer of every block)
    runs one check over the TP group, as DDP checks its parameters: every TP layer's
-   place, kind and full widths against TP rank 0's. A difference (ranks that built 8
-   and 12 features) fails on every rank with PDP_ERR_INVALID naming the layer and both
-   widths; it runs again at the next forward (and after TP layers are added).
+   place, kind and full widths, each attention's heads, and a hash of the tensors every
+   TP rank holds whole (embeddings, LayerNorms, row-parallel biases: a rank seeded apart
+   would train other ones) against TP rank 0's. A difference (ranks that built 8 and 12
+   features, 4 and 2 heads) fails on every rank with PDP_ERR_INVALID naming the layer and
+   both; it runs again at the next forward (and after TP layers are added).
 
    Gradient clipping: pdp_clip_grad_norm on a TP model is collective over the TP group.
    The full model's squared norm is every rank's slices plus the replicated tensors (the

@@ -133,7 +133,9 @@ PDP_API pdp_trainer_desc pdp_trainer_get_desc(const pdp_trainer *t)
 PDP_API pdp_status pdp_trainer_forward_backward(pdp_trainer *t, const pdp_tensor *x,
                                                 const int32_t *labels, float *loss)
 {
+    float unused;
     if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_trainer_forward_backward: trainer is NULL");
+    if (!loss) loss = &unused; /* trainer.h: may be NULL (the executors want somewhere) */
     if (t->dp) return pdp_dp_forward_backward(t->dp, x, labels, loss); /* split over workers */
     if (t->ddp) return pdp_ddp_forward_backward(t->ddp, x, labels, loss);
     if (t->z) return pdp_zero_forward_backward(t->z, x, labels, loss);

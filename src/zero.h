@@ -205,7 +205,9 @@ PDP_API void pdp_zero_free(pdp_zero *z);
    units there are (0 at stage 1), param_buffers 0 below stage 3. A zero desc for NULL. */
 PDP_API pdp_zero_desc pdp_zero_get_desc(const pdp_zero *z);
 /* An optimizer whose state covers this rank's shard only; pdp_zero_step steps it
-   (pdp_optim_step refuses it). Free it with pdp_optim_free. */
+   (pdp_optim_step refuses it). Free it with pdp_optim_free. Collective: every rank calls
+   it, with the same desc (kind, decay_params and hyper-parameters compared; a rank whose
+   desc differs fails with PDP_ERR_INVALID naming the field, its peers with PDP_ERR_COMM). */
 PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z,
                                          const pdp_optim_desc *desc);
 

@@ -432,8 +432,8 @@ PDP__PRIVATE pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const
         if (bad[r]) {
             if (full) snprintf(path, sizeof path, "%s", prefix);
             else pdp__zero_shard_path(path, sizeof path, prefix, r);
-            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: rank %d could not load it (its error says "
-                          "why); nothing was loaded", fn, path, r);
+            st = pdp__err_peer(PDP_ERR_FORMAT, "%s: %s: rank %d could not load it (its error "
+                               "says why); nothing was loaded", fn, path, r);
         }
     if (st == PDP_OK) st = pdp__zero_commit(z, opt, loaded, params, state, fn);
     else {
@@ -567,6 +567,8 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
         return pdp__err_wrap(cs, "%s: rank %d: agreeing that rank 0 wrote %s", fn, z->rank,
                              path);
     if (st != PDP_OK) return st;
-    if (bad[0]) return pdp__err(PDP_ERR_IO, "%s: %s: rank 0 could not write it", fn, path);
+    if (bad[0])
+        return pdp__err_peer(PDP_ERR_IO, "%s: %s: rank 0 could not write it (its error says why)",
+                             fn, path);
     return PDP_OK;
 }

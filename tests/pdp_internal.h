@@ -1555,6 +1555,7 @@ extern pdp__test_knob_set pdp__test_knobs;
 
 #ifndef PDP__TLS_KEY
 
+ /* the message points at another rank's */
 #else
 /* ---- base: per-thread state without a TLS keyword (tcc) ----
    One struct a thread under a key (platform.h), allocated on the thread's first use and freed
@@ -1562,6 +1563,7 @@ extern pdp__test_knob_set pdp__test_knobs;
    thread-local variables of base.c and threads.c name its fields. */
 typedef struct pdp__tls {
     char errbuf[1024];
+    bool errpeer;
     int num_threads;
     pdp__profile_state prof;
 } pdp__tls;
@@ -1572,6 +1574,7 @@ PDP__PRIVATE void pdp__tls_init(void);
 PDP__PRIVATE pdp__tls *pdp__tls_get(void);
 
 #  define pdp__errbuf (pdp__tls_get()->errbuf)
+#  define pdp__errpeer (pdp__tls_get()->errpeer)
 #endif
 
 /* PDP_API const char *pdp_status_name(pdp_status s) */
@@ -1581,6 +1584,13 @@ PDP__PRIVATE pdp__tls *pdp__tls_get(void);
 /* PDP_API const char *pdp_version_string(void) */
 
 PDP__PRIVATE pdp_status pdp__err(pdp_status status, const char *fmt, ...);
+
+/* pdp__err for a rank that fails because another did ("rank 1 could not load it"): the
+   cause is that rank's message, so pdp_launch reports that one (pdp__err_is_peer), whichever
+   rank returned first. pdp__err_wrap keeps the mark. */
+PDP__PRIVATE pdp_status pdp__err_peer(pdp_status status, const char *fmt, ...);
+
+PDP__PRIVATE bool pdp__err_is_peer(void);
 
 PDP__PRIVATE pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...);
 
@@ -4854,6 +4864,10 @@ PDP__PRIVATE pdp_status pdp__comm_check_p2p(const pdp_comm *c, int peer, int tag
    checks before their first collective are of arguments every rank passes alike), a failed
    rank going straight there. A failed rank gets its own status and message back; a rank that
    succeeded fails with PDP_ERR_COMM naming the failed rank when there is one. */
+/* The sum over c's ranks of n host floats v, in place (through device memory on a
+   communicator of GPUs). */
+PDP__PRIVATE pdp_status pdp__comm_sum_host(pdp_comm *c, float *v, int n);
+
 PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *fn);
 
 /* ---- comm: process groups ---- */
@@ -8830,6 +8844,7 @@ PDP__PRIVATE pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, fl
    input and output features. */
 typedef struct pdp__tp_sig {
     int64_t layer, kind, in, out;
+    int64_t heads; /* a layer split by heads (attention): its heads on this rank; else 0 */
 } pdp__tp_sig;
 
 /* What a rank found: its TP layer count and, at the first TP layer that differs from TP
@@ -8837,11 +8852,16 @@ typedef struct pdp__tp_sig {
 typedef struct pdp__tp_verdict {
     int64_t at, count;
     pdp__tp_sig sig;
+    uint64_t replicated; /* pdp__tp_replicated_hash */
 } pdp__tp_verdict;
 
 PDP__PRIVATE bool pdp__tp_kind(pdp__layer_kind k);
 
-/* m's TP layers (the kinds above; a pipeline stage's tp.nlayers counts others too). */
+/* The layers the width check compares: the TP kinds above and the layers split by heads
+   (attention: the same widths hold 2 heads of 4 or 1 of 8, another model). */
+PDP__PRIVATE bool pdp__tp_checked(const pdp__layer *l);
+
+/* m's checked layers (a pipeline stage's tp.nlayers counts others too). */
 PDP__PRIVATE int64_t pdp__tp_count(const pdp_model *m);
 
 /* The signature of m's k-th TP layer; false when it has fewer. */
@@ -8849,6 +8869,12 @@ PDP__PRIVATE bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s);
 
 /* "layer 1 (ColumnParallelLinear) 6 -> 12" */
 PDP__PRIVATE void pdp__tp_sig_str(const pdp__tp_sig *s, char *out, size_t cap);
+
+/* A hash (FNV-1a over 32-bit words) of the tensors every TP rank holds whole (embeddings,
+   LayerNorms, the row-parallel Linears' biases), which must be the same bits on every TP
+   rank: a rank built from another seed would train other weights there, silently. 0 when
+   the parameters are not here (ZeRO-3 holds them as shards). */
+PDP__PRIVATE pdp_status pdp__tp_replicated_hash(const pdp_model *m, uint64_t *out);
 
 /* As the DDP reducer checks its parameters (reducer.c): TP rank 0's count and table go
    to every rank, each rank compares, and every rank's verdict goes to every rank (one
@@ -9219,6 +9245,13 @@ PDP__PRIVATE pdp_status pdp__zero_prepare(pdp_zero **out, pdp_model *m, pdp_comm
    reducer's collectives, until the timeout), then those collectives; what follows them
    (the shards and buffers) is agreed on once more at the end. */
 /* PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c, const pdp_zero_desc *desc) */
+
+/* Does every rank step its shard by the same rule? The sums over the ranks of the resolved
+   desc's fields are size times this rank's (the integers exactly; the doubles, rounded to
+   float and summed in any order, within 1e-4 relative): an optimizer that differs on one
+   rank (Adam here, SGD there) would update its shard by another rule, silently. */
+PDP__PRIVATE pdp_status pdp__zero_optim_agree(pdp_zero *z, const pdp_optim_desc *d,
+                                              const char *fn);
 
 /* PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp_optim_desc *desc) */
 
@@ -9861,6 +9894,7 @@ typedef struct pdp__launch_rank {
     pdp__thread thread;
     pdp_status st;
     int order;         /* 0 = first to fail */
+    bool peer;         /* it failed because another rank did (pdp__err_peer) */
     char msg[1024];
 } pdp__launch_rank;
 
@@ -9883,7 +9917,9 @@ PDP__PRIVATE void pdp__launch_run(pdp__launch_rank *r);
 
 PDP__PRIVATE void *pdp__launch_thread(void *arg);
 
-/* The first rank to fail, its message prefixed; PDP_OK when none did. */
+/* The first rank to fail for a reason of its own (not because a peer did: the peer's
+   message holds the cause, whichever returned first), else the first to fail; its message
+   prefixed; PDP_OK when none did. */
 PDP__PRIVATE pdp_status pdp__launch_result(const pdp__launch_rank *ranks, int n);
 
 PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d,

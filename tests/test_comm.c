@@ -514,6 +514,20 @@ static pdp_status mesh_wrong_world_rank(const pdp_launch_ctx *ctx, void *user)
     return st == PDP_ERR_INVALID && m != NULL ? PDP_ERR_STATE : st;
 }
 
+/* Sizes that multiply to the world on every rank but differ between ranks (rank 0 DP 3 x
+   TP 1, the others DP 1 x TP 3) would build groups that do not match: refused on every
+   rank, naming its sizes. */
+static pdp_status mesh_sizes_differ(const pdp_launch_ctx *ctx, void *user)
+{
+    pdp_mesh *m = NULL;
+    int one = ctx->rank == 0;
+    pdp_status st = pdp_mesh_create(&m, ctx->world, 2, (int[]){one ? 3 : 1, one ? 1 : 3},
+                                    (const char *[]){"DP", "TP"});
+    (void)user;
+    pdp_mesh_free(m);
+    return st == PDP_ERR_INVALID && m != NULL ? PDP_ERR_STATE : st;
+}
+
 TEST comm_mesh_rejects_bad_dimensions(void)
 {
     pdp_local_group *g = NULL;
@@ -524,6 +538,9 @@ TEST comm_mesh_rejects_bad_dimensions(void)
                    pdp_status_name);
     ASSERT(strstr(pdp_last_error(), " of 6: pdp_mesh_create: DP 2 x PP 2 x TP 2 makes 8 ranks, "
                   "but comm 'world' has 6") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_launch(3, NULL, mesh_sizes_differ, NULL),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "here, but not on every rank of comm 'world'") != NULL);
     ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_mesh_create(&m, c, 2, (int[]){1, 2}, NULL),

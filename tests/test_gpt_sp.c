@@ -410,8 +410,39 @@ static pdp_status sp_mixed(const pdp_launch_ctx *ctx, void *user)
     return st == PDP_ERR_INVALID ? PDP_OK : PDP_ERR_STATE;
 }
 
+/* Rank 1 builds the GPT with half the heads (and no sequence parallelism on either): the
+   widths are the same (2 heads of 4 or 1 of 8 a rank), the models not: the first forward
+   fails on both ranks naming the attention's heads. With seed_per_rank, each rank seeds its
+   own (a habit from data parallelism): the tensors both hold whole differ, named so. */
+typedef struct differ_job {
+    bool seed_per_rank;
+    char msg[1024];
+} differ_job;
+
+static pdp_status tp_heads_differ(const pdp_launch_ctx *ctx, void *user)
+{
+    pdp_gpt_desc d = sp_desc(0.0f);
+    pdp_model *m = NULL;
+    pdp_tensor x;
+    const pdp_tensor *y;
+    int32_t ids[ST] = {0};
+    int64_t shape[2] = {1, ST};
+    pdp_status st;
+    differ_job *j = (differ_job *)user;
+    d.tp = ctx->world;
+    if (j->seed_per_rank) d.seed = 7 + (uint64_t)ctx->rank;
+    else d.heads = ctx->rank == 1 ? 2 : 4;
+    if ((st = pdp_gpt_create(&m, &d)) != PDP_OK) return st;
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
+    st = pdp_model_forward(m, &x, &y);
+    if (ctx->rank == 0) snprintf(j->msg, sizeof j->msg, "%s", pdp_last_error());
+    pdp_model_free(m);
+    return st == PDP_ERR_INVALID ? PDP_OK : PDP_ERR_STATE;
+}
+
 TEST gpt_sp_errors(void)
 {
+    differ_job j;
     char msg[1024] = "";
     pdp_gpt_desc d = sp_desc(0.0f);
     pdp_model *m = NULL;
@@ -421,6 +452,14 @@ TEST gpt_sp_errors(void)
     ASSERT_ENUM_EQ(PDP_OK, pdp_launch(2, NULL, sp_mixed, msg), pdp_status_name);
     ASSERTm(msg, strstr(msg, "TP ranks built different models") &&
                      strstr(msg, "ScatterToSequenceParallelRegion"));
+    memset(&j, 0, sizeof j);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_launch(2, NULL, tp_heads_differ, &j), pdp_status_name);
+    ASSERTm(j.msg, strstr(j.msg, "TP ranks built different models") &&
+                       strstr(j.msg, "(CausalSelfAttention)") &&
+                       strstr(j.msg, "1 heads on TP rank 1"));
+    j.seed_per_rank = true;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_launch(2, NULL, tp_heads_differ, &j), pdp_status_name);
+    ASSERTm(j.msg, strstr(j.msg, "differ between TP rank 1 and TP rank 0"));
     d.sequence_parallel = true; /* and no desc.tp */
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_create(&m, &d), pdp_status_name);
     ASSERT(m == NULL);

@@ -126,6 +126,29 @@ TEST launch_returns_the_first_failing_rank(void)
     PASS();
 }
 
+/* A rank that fails because another did (a constructor's agreement that every rank
+   succeeded) points at that rank; pdp_launch reports the cause, rank 1's own message, though
+   rank 0 returned first (rank 1 waits 100 ms after the agreement). */
+static pdp_status agree_fn(const pdp_launch_ctx *ctx, void *user)
+{
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    pdp_status st = ctx->rank == 1 ? pdp__err(PDP_ERR_INVALID, "rank 1's own reason") : PDP_OK;
+    (void)user;
+    st = pdp__comm_agree(ctx->world, st, "agree_fn");
+    if (ctx->rank == 1) nanosleep(&ts, NULL);
+    return st;
+}
+
+TEST launch_reports_the_cause_not_a_pointer_to_it(void)
+{
+    pdp_status st;
+    clear_env();
+    st = pdp_launch(2, NULL, agree_fn, NULL);
+    ASSERT_EQ(PDP_ERR_INVALID, st);
+    ASSERT_STR_EQ("pdp_launch: rank 1 of 2: rank 1's own reason", pdp_last_error());
+    PASS();
+}
+
 TEST launch_env_single_rank(void)
 {
     launch_rec r;
@@ -409,6 +432,7 @@ SUITE(launch)
 {
     RUN_TEST(launch_runs_every_rank_once);
     RUN_TEST(launch_returns_the_first_failing_rank);
+    RUN_TEST(launch_reports_the_cause_not_a_pointer_to_it);
     RUN_TEST(launch_env_single_rank);
     RUN_TEST(launch_refuses_bad_input);
     RUN_TEST(launch_helpers);

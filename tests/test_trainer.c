@@ -90,9 +90,9 @@ static pdp_status trainer_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_tensor_wrap_ids(c->ids + r * b * T, pdp_cpu(), 2, shape, &x);
     if ((st = pdp_trainer_create(&t, m, &td)) != PDP_OK) goto done;
     for (step = 0; step < STEPS; step++) {
-        float loss;
+        float loss, *want = r == 0 ? &loss : NULL; /* the others need none (trainer.h) */
         if (step == 1) allocs = pdp_test_allocs();
-        if ((st = pdp_trainer_forward_backward(t, &x, c->tg + r * b * T, &loss)) != PDP_OK ||
+        if ((st = pdp_trainer_forward_backward(t, &x, c->tg + r * b * T, want)) != PDP_OK ||
             (st = pdp_trainer_clip_grad_norm(t, CLIP, &c->norms[r][step])) != PDP_OK ||
             (st = pdp_trainer_step(t)) != PDP_OK)
             goto done;
@@ -317,8 +317,10 @@ TEST trainer_create_fails_on_every_rank_when_one_fails(void)
         ASSERT_ENUM_EQm(j.msg[1], PDP_ERR_INVALID, j.st[1], pdp_status_name);
         ASSERT(strstr(j.msg[1], "lr") != NULL);
         ASSERT_ENUM_EQm(j.msg[0], PDP_ERR_COMM, j.st[0], pdp_status_name);
-        ASSERT_STR_EQ("pdp_trainer_create: rank 0: rank 1 of comm 'world' failed (see its "
-                      "message)", j.msg[0]);
+        /* DDP: the trainer's agreement; ZeRO: its optimizer's own (collective) */
+        ASSERTm(j.msg[0], strncmp(j.msg[0], "pdp_trainer_create", 18) == 0 &&
+                              strstr(j.msg[0], "rank 0: rank 1 of comm 'world' failed (see its "
+                                               "message)"));
     }
     PASS();
 }

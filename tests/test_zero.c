@@ -2604,6 +2604,60 @@ out:
     return st;
 }
 
+/* pdp_zero_optim_create is collective: ranks whose optimizers differ (rank 1 Adam, the
+   others SGD; then one learning rate apart) would update their shards by different rules:
+   refused on every rank, naming the field; the same desc everywhere passes. */
+typedef struct optim_agree_job {
+    int mode; /* 0: all alike, 1: kind differs on rank 1, 2: lr differs on rank 2 */
+    pdp_status st[3];
+    char msg[3][256];
+} optim_agree_job;
+
+static pdp_status optim_agree_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    optim_agree_job *j = (optim_agree_job *)user;
+    pdp_model *m = NULL;
+    pdp_zero *z = NULL;
+    pdp_optim *o = (pdp_optim *)ctx; /* must come back NULL on failure */
+    pdp_optim_desc od;
+    pdp_zero_desc zd;
+    pdp_status st;
+    memset(&od, 0, sizeof od);
+    memset(&zd, 0, sizeof zd);
+    zd.stage = 2;
+    od.kind = j->mode == 1 && ctx->rank == 1 ? PDP_OPTIM_ADAM : PDP_OPTIM_SGD;
+    od.lr = j->mode == 2 && ctx->rank == 2 ? 0.02 : 0.01;
+    if ((st = build_model(&m, 3, 16)) != PDP_OK || (st = pdp_zero_create(&z, m, ctx->world, &zd)))
+        goto out;
+    j->st[ctx->rank] = pdp_zero_optim_create(&o, z, &od);
+    snprintf(j->msg[ctx->rank], sizeof j->msg[0], "%s", pdp_last_error());
+    if (j->st[ctx->rank] != PDP_OK && o != NULL) j->st[ctx->rank] = PDP_ERR_STATE;
+    if (j->st[ctx->rank] == PDP_OK) pdp_optim_free(o);
+out:
+    pdp_zero_free(z);
+    pdp_model_free(m);
+    return st;
+}
+
+TEST zero_optim_create_refuses_ranks_that_differ(void)
+{
+    optim_agree_job j;
+    int mode, r;
+    for (mode = 0; mode < 3; mode++) {
+        memset(&j, 0, sizeof j);
+        j.mode = mode;
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(3, NULL, optim_agree_rank, &j),
+                        pdp_status_name);
+        for (r = 0; r < 3; r++) {
+            ASSERT_ENUM_EQm(j.msg[r], mode ? PDP_ERR_INVALID : PDP_OK, j.st[r], pdp_status_name);
+            if (mode)
+                ASSERTm(j.msg[r], strstr(j.msg[r], mode == 1 ? "kind" : " lr ") &&
+                                      strstr(j.msg[r], "not on every rank"));
+        }
+    }
+    PASS();
+}
+
 static enum greatest_test_res check_gpt(gpt_job *job, const float *ref, int64_t count)
 {
     static char msg[300];
@@ -2736,6 +2790,7 @@ SUITE(zero_wrapped)
     RUN_TEST(zero_param_views_are_this_ranks_part);
     RUN_TEST(zero_checkpoint_calls_refuse_what_the_shards_hold);
     RUN_TEST(zero_and_ddp_bucket_options_one_rule);
+    RUN_TEST(zero_optim_create_refuses_ranks_that_differ);
 }
 
 SUITE(zero_gpt)
