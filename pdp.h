@@ -28618,7 +28618,7 @@ PDP__PRIVATE void pdp__red_sig_of(const pdp_model *m, int p, pdp__red_sig *s)
 PDP__PRIVATE void pdp__red_sig_str(const pdp__red_sig *s, char *out, size_t cap)
 {
     int i;
-    size_t n = (size_t)snprintf(out, cap, "'%.32s' [", s->name);
+    size_t n = (size_t)snprintf(out, cap, "'%.63s' [", s->name);
     for (i = 0; i < s->ndim && i < 4 && n < cap; i++)
         n += (size_t)snprintf(out + n, cap - n, i ? ", %lld" : "%lld", (long long)s->shape[i]);
     if (n < cap) snprintf(out + n, cap - n, "]");
@@ -33352,16 +33352,23 @@ PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const c
                 pdp__pp_cut_points(full, cut_ok);
                 b = pdp__pp_balance(cost, cut_ok, n, pp->pieces, pp->first);
             }
-            if (b == PDP_ERR_INVALID)
+            if (b == PDP_ERR_INVALID) {
+                int cuts = 0;
+                for (s = 0; s < n; s++) cuts += cut_ok[s];
                 st = pdp__err(PDP_ERR_INVALID, "%d stages do not fit between the model's residual "
-                              "regions (a stage starts outside every region)", pp->p);
+                              "regions (a stage starts outside every region: %d places, so at "
+                              "most %d stages)", pp->p, cuts, cuts);
+            }
             else if (b != PDP_OK)
                 st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory");
             pdp__dealloc(cut_ok);
         }
         pdp__dealloc(cost);
-        if (st != PDP_OK) return pdp__err_wrap(st, "%s: rank %d: timing the layers", fn,
-                                               pp->stage);
+        if (st != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank %d: %s", fn, pp->stage,
+                                 pp->desc.balance == PDP_PP_BALANCE_TIME
+                                     ? "timing the layers and placing the stages"
+                                     : "placing the stages");
     }
     pp->first[pp->pieces] = n;
     return PDP_OK;

@@ -374,7 +374,7 @@ PDP__PRIVATE void pdp__red_sig_of(const pdp_model *m, int p, pdp__red_sig *s)
 PDP__PRIVATE void pdp__red_sig_str(const pdp__red_sig *s, char *out, size_t cap)
 {
     int i;
-    size_t n = (size_t)snprintf(out, cap, "'%.32s' [", s->name);
+    size_t n = (size_t)snprintf(out, cap, "'%.63s' [", s->name);
     for (i = 0; i < s->ndim && i < 4 && n < cap; i++)
         n += (size_t)snprintf(out + n, cap - n, i ? ", %lld" : "%lld", (long long)s->shape[i]);
     if (n < cap) snprintf(out + n, cap - n, "]");

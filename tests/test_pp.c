@@ -1903,6 +1903,34 @@ TEST pp_interleaved_checkpoint_resumes_at_another_stage_count(void)
     PASS();
 }
 
+/* A GPT of one block (no dropout) over 6 stages: a stage starts outside every residual
+   region, and that GPT has 5 such places: refused on every rank, saying how many stages
+   fit. */
+static pdp_status gpt_too_many_stages(const pdp_launch_ctx *ctx, void *user)
+{
+    pdp_gpt_desc d = gpt_desc(1);
+    pdp_model *m = NULL;
+    pdp_pp *pp = NULL;
+    pdp_status st;
+    d.dropout = 0; /* a Dropout is one more place a stage may start */
+    if ((st = pdp_gpt_create(&m, &d)) != PDP_OK) return st;
+    st = pdp_pp_create(&pp, m, ctx->world, NULL);
+    if (ctx->rank == 0) snprintf((char *)user, 1024, "%s", pdp_last_error());
+    pdp_pp_free(pp);
+    pdp_model_free(m);
+    return st != PDP_OK && !pp ? PDP_OK : PDP_ERR_STATE;
+}
+
+TEST pp_gpt_stages_that_do_not_fit_say_how_many_do(void)
+{
+    char msg[1024] = "";
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(6, NULL, gpt_too_many_stages, msg),
+                    pdp_status_name);
+    ASSERTm(msg, strstr(msg, "6 stages do not fit") && strstr(msg, "so at most") &&
+                     strstr(msg, "placing the stages") && !strstr(msg, "timing"));
+    PASS();
+}
+
 /* The interleaved schedule's refusals, each naming what is wrong. */
 typedef struct ierr_case {
     pdp_pp_desc desc;
@@ -2133,6 +2161,7 @@ SUITE(pp)
     RUN_TEST(pp_gpt_balanced_by_time_and_work);
     RUN_TEST(pp_interleaved_checkpoint_resumes_at_another_stage_count);
     RUN_TEST(pp_interleaved_errors);
+    RUN_TEST(pp_gpt_stages_that_do_not_fit_say_how_many_do);
     RUN_TEST(pp_interleaved_stats_format);
     RUN_TEST(pp_report_is_the_stats_beside_the_formulas);
     RUN_TEST(pp_rank_report_is_the_counters_beside_the_formulas);
