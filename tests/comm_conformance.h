@@ -727,7 +727,10 @@ CONF_CASE(conf_async_handles_waited_out_of_order)
 
 /* ---- barrier ---- */
 
-/* Rank 0 arrives 100 ms late: no rank leaves the barrier before rank 0 entered it. */
+/* Rank 0 arrives 100 ms late: no rank leaves the barrier before rank 0 entered it. Each
+   rank times from its own start, which a loaded machine may delay after rank 0's (a rank
+   left after 85 ms of a correct barrier there): a barrier that waits for no one returns in
+   well under a millisecond, so leaving after less than half the delay fails. */
 static void conf_rank_barrier(conf_rank *rk, pdp_comm *c)
 {
     double t0;
@@ -737,7 +740,7 @@ static void conf_rank_barrier(conf_rank *rk, pdp_comm *c)
         struct timespec ts = {0, 100000000};
         nanosleep(&ts, NULL);
     }
-    if (conf_ok(rk, pdp_comm_barrier(c, NULL), "barrier") && conf_now() - t0 < 0.095)
+    if (conf_ok(rk, pdp_comm_barrier(c, NULL), "barrier") && conf_now() - t0 < 0.05)
         conf_fail(rk, "left the barrier after %.3f s, before rank 0 arrived (0.1 s)",
                   conf_now() - t0);
 }
