@@ -119,8 +119,9 @@
    loss and every gradient within 1e-5 (measured 1.7e-7 and 6.3e-8), 5 AdamW steps with
    clipping within 1e-5, with every tensor decayed (torch.optim's one group) and with
    nanoGPT's groups (pdp_optim_desc.decay_params = PDP_DECAY_MATRICES: the 2-D weights and
-   embeddings decayed, the biases and LayerNorms not; train_gpt's choice), bf16 against
-   autocast within 1e-2, the mask (a later token changes no earlier logit, bit for bit) and
+   embeddings decayed, the biases and LayerNorms not; train_gpt's choice), the exact GELU
+   of nanoGPT's model.py (pdp_gpt_desc.gelu_erf; the tanh form is GPT-2's and the default)
+   within 1e-5, bf16 against autocast within 1e-2, the mask (a later token changes no earlier logit, bit for bit) and
    finite differences. DataParallel, DDP and
    ZeRO stages 1-3 train it (each equal to one device; the tied weight's two gradients are
    summed and reduced once, after the embedding's backward), and so does tensor
@@ -1176,6 +1177,8 @@ PDP_API pdp_status pdp_model_add_gelu(pdp_model *m);    /* tanh form (approximat
 PDP_API pdp_status pdp_model_add_tanh(pdp_model *m);
 PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m);
 PDP_API pdp_status pdp_model_add_silu(pdp_model *m);   /* x sigmoid(x), as torch.nn.SiLU */
+/* GELU's exact form, x Phi(x) with erf: torch.nn.GELU() (approximate='none'), nanoGPT's */
+PDP_API pdp_status pdp_model_add_gelu_erf(pdp_model *m);
 PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p); /* 0 <= p < 1 */
 /* Normalises over all features of a sample, or over the last dimension of a [T, C] sample
    (each position alone, as torch.nn.LayerNorm(C)); eps 0 means 1e-5. */
@@ -2683,8 +2686,8 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
        A       ColumnParallelLinear(H)        weight split by output features: rank r holds
                                               rows [lo_r, lo_r + n_r) of W1 [H, in] and of b1;
                                               output sharded: [B, n_r]
-       act     ReLU, GELU, Tanh, Sigmoid or   element-wise (the table's PDP__LAYER_ELEMENTWISE
-               SiLU                           kinds), on the shard
+       act     ReLU, GELU (either form),      element-wise (the table's PDP__LAYER_ELEMENTWISE
+               Tanh, Sigmoid or SiLU          kinds), on the shard
        B       RowParallelLinear(d)           weight split by input features: rank r holds
                                               columns [lo_r, lo_r + n_r) of W2 [d, H]; output
                                               x_r W2_r^T, a partial sum; the bias (whole on
@@ -2881,7 +2884,8 @@ PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_op
          Residual                     x = x + mlp(ln_2(x))
            LayerNorm                  transformer.h.i.ln_2.weight, .bias
            Linear dim -> 4 dim        transformer.h.i.mlp.c_fc.weight [4 dim, dim], .bias
-           GELU (tanh form)           GPT-2's and llm.c's; nanoGPT's nn.GELU() is erf's
+           GELU (tanh form)           GPT-2's and llm.c's; desc.gelu_erf: the exact form,
+                                      nanoGPT's nn.GELU()
            Linear 4 dim -> dim        transformer.h.i.mlp.c_proj.weight [dim, 4 dim], .bias
            Dropout (dropout > 0 only)
          ResidualAdd
@@ -2926,6 +2930,9 @@ typedef struct pdp_gpt_desc {
                                 blocks hold T / N positions a rank (sequence must divide by
                                 the TP size); f and g become an all-gather and a
                                 reduce-scatter of the sequence. Default false */
+    bool gelu_erf;           /* the MLP's GELU in its exact form (erf: nanoGPT's nn.GELU(),
+                                so a nanoGPT checkpoint gives nanoGPT's logits); default
+                                false: the tanh form (GPT-2's, llm.c's) */
 } pdp_gpt_desc;
 
 /* Builds the GPT described above into *out (free it with pdp_model_free). A field out of
@@ -3996,7 +4003,8 @@ typedef enum pdp_cudak_act {
     PDP_CUDAK_GELU = 1,
     PDP_CUDAK_TANH = 2,
     PDP_CUDAK_SIGMOID = 3,
-    PDP_CUDAK_SILU = 4
+    PDP_CUDAK_SILU = 4,
+    PDP_CUDAK_GELU_ERF = 5
 } pdp_cudak_act;
 
 typedef enum pdp_cudak_coll {
@@ -4379,6 +4387,22 @@ static inline PDP__HOSTDEV float pdp__gelu_grad(float dy, float x)
     s = 1.0f / (1.0f + e);
     du = PDP__GELU_C * (1.0f + 3.0f * PDP__GELU_A * (x * x));
     return dy * (s * (1.0f + 2.0f * x * du * (e * s)));
+}
+
+/* GELU, exact (PyTorch's nn.GELU(), approximate='none'; nanoGPT's MLP): x Phi(x) =
+   0.5 x (1 + erf(x / sqrt 2)); its gradient Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) /
+   sqrt(2 pi), as PyTorch's GeluBackward computes it. */
+#define PDP__SQRT1_2 0.70710678118654752f    /* 1 / sqrt(2) */
+#define PDP__INV_SQRT_2PI 0.39894228040143268f /* 1 / sqrt(2 pi) */
+static inline PDP__HOSTDEV float pdp__gelu_erf(float x)
+{
+    return 0.5f * x * (1.0f + erff(x * PDP__SQRT1_2));
+}
+static inline PDP__HOSTDEV float pdp__gelu_erf_grad(float dy, float x)
+{
+    float cdf = 0.5f * (1.0f + erff(x * PDP__SQRT1_2));
+    float pdf = expf(-0.5f * x * x) * PDP__INV_SQRT_2PI;
+    return dy * (cdf + x * pdf);
 }
 
 static inline PDP__HOSTDEV float pdp__tanh_grad(float dy, float y) { return dy * (1.0f - y * y); }
@@ -5273,7 +5297,8 @@ typedef enum pdp__layer_kind {
     PDP__TIED_LINEAR,
     PDP__SEQ_SCATTER,            /* sequence parallel (tp.c): the sequence split and gathered */
     PDP__SEQ_GATHER,
-    PDP__SEQ_REDUCE_SCATTER,     /* a new kind goes here: earlier values stay as they were */
+    PDP__SEQ_REDUCE_SCATTER,
+    PDP__GELU_ERF,               /* a new kind goes here: earlier values stay as they were */
     PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 
@@ -16839,8 +16864,8 @@ PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
    - Conv2d and MaxPool2d: in layers_conv.c.
    - LayerNorm: over all features of a sample, biased variance, y = (x - mean) *
      rstd * w + b with w, b of the sample's shape; mean and rstd are saved.
-   - GELU is the tanh form; SiLU is x sigmoid(x); the element formulas live in math.h
-     (shared with CUDA).
+   - GELU is the tanh form (GELUErf the exact one, with erf); SiLU is x sigmoid(x); the
+     element formulas live in math.h (shared with CUDA).
    - Dropout: the mask is a pure function of (seed, layer, step, global sample
      index, element) (math.h), so a batch split across DP replicas, each with its
      sample_base, draws exactly the masks one device draws (and a slice of a sample,
@@ -17838,6 +17863,26 @@ PDP__PRIVATE void pdp__silu_backward_range(const pdp__layer *l, const pdp__layer
     for (i = 0; i < n; i++) dx[i] = pdp__silu_grad(dy[i], x[i]);
 }
 
+PDP__PRIVATE void pdp__gelu_erf_forward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                              int64_t lo, int64_t hi)
+{
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo;
+    float *PDP__RESTRICT y = io->y + lo;
+    (void)l;
+    for (i = 0; i < n; i++) y[i] = pdp__gelu_erf(x[i]);
+}
+
+PDP__PRIVATE void pdp__gelu_erf_backward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                               int64_t lo, int64_t hi)
+{
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT dy = io->dy + lo;
+    float *PDP__RESTRICT dx = io->dx + lo;
+    (void)l;
+    for (i = 0; i < n; i++) dx[i] = pdp__gelu_erf_grad(dy[i], x[i]);
+}
+
 PDP__PRIVATE pdp_status pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__relu_forward_range);
@@ -17895,6 +17940,18 @@ PDP__PRIVATE pdp_status pdp__silu_forward(const pdp__layer *l, const pdp__layer_
 PDP__PRIVATE pdp_status pdp__silu_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__silu_backward_range);
+    return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__gelu_erf_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__gelu_erf_forward_range);
+    return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__gelu_erf_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__gelu_erf_backward_range);
     return PDP_OK;
 }
 
@@ -17962,6 +18019,16 @@ PDP__PRIVATE pdp_status pdp__silu_cuda_forward(const pdp__layer *l, const pdp__l
 PDP__PRIVATE pdp_status pdp__silu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_backward(l, io, PDP_CUDAK_SILU);
+}
+
+PDP__PRIVATE pdp_status pdp__gelu_erf_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_GELU_ERF);
+}
+
+PDP__PRIVATE pdp_status pdp__gelu_erf_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_GELU_ERF);
 }
 #endif
 
@@ -20720,6 +20787,10 @@ PDP__PRIVATE double pdp__flops_silu(const pdp__layer *l, bool g)
 {
     return pdp__flops_each(l, g, 5, 0, 9);
 }
+PDP__PRIVATE double pdp__flops_gelu_erf(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 8, 0, 14);
+}
 /* the mask's compare and scale; the backward's scale */
 PDP__PRIVATE double pdp__flops_dropout(const pdp__layer *l, bool g)
 {
@@ -20847,6 +20918,11 @@ PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] 
                                        pdp__tp_seq_reduce_scatter_forward,
                                        pdp__tp_seq_scatter_backward, NULL, NULL, NULL,
                                        PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED, NULL},
+    PDP__KIND(PDP__GELU_ERF){"GELUErf", pdp__layers_setup_same, NULL, pdp__gelu_erf_forward,
+                             pdp__gelu_erf_backward,
+                             PDP__CUDA_ENTRY(pdp__gelu_erf_cuda_forward),
+                             PDP__CUDA_ENTRY(pdp__gelu_erf_cuda_backward), NULL,
+                             PDP__LAYER_ELEMENTWISE, pdp__flops_gelu_erf},
 };
 
 /* The entry of kind k; NULL for a value outside the table. */
@@ -21413,6 +21489,11 @@ PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m)
 PDP_API pdp_status pdp_model_add_silu(pdp_model *m)
 {
     return pdp__model_add(m, pdp__layer_of(PDP__SILU), "pdp_model_add_silu");
+}
+
+PDP_API pdp_status pdp_model_add_gelu_erf(pdp_model *m)
+{
+    return pdp__model_add(m, pdp__layer_of(PDP__GELU_ERF), "pdp_model_add_gelu_erf");
 }
 
 PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p)
@@ -30195,7 +30276,7 @@ PDP__PRIVATE pdp_status pdp__gpt_block(pdp_model *m, const pdp_gpt_desc *d, int 
     PDP__GPT_TRY(pdp__gpt_layernorm(m, PDP__GPT_NAME("ln_2")));
     PDP__GPT_TRY(pdp__gpt_f(m, d));
     PDP__GPT_TRY(pdp__gpt_linear(m, d, 4 * d->dim, 1, PDP__GPT_NAME("mlp.c_fc")));
-    PDP__GPT_TRY(pdp_model_add_gelu(m));
+    PDP__GPT_TRY(d->gelu_erf ? pdp_model_add_gelu_erf(m) : pdp_model_add_gelu(m));
     PDP__GPT_TRY(pdp__gpt_linear(m, d, d->dim, -1, PDP__GPT_NAME("mlp.c_proj")));
     PDP__GPT_TRY(pdp__gpt_g(m, d));
     PDP__GPT_TRY(pdp__gpt_dropout(m, d->dropout));
@@ -30338,9 +30419,10 @@ PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size
         snprintf(tp, sizeof tp, ", TP %d%s", pdp_comm_size(d->tp),
                  d->sequence_parallel ? " + SP" : "");
     cpu_bf16 = d->precision == PDP_PRECISION_BF16 && d->device.kind == PDP_DEVICE_CPU;
-    n = snprintf(buf, bytes, "GPT %d layers, %d heads, dim %lld, context %lld%s%s%s: %lld "
+    n = snprintf(buf, bytes, "GPT %d layers, %d heads, dim %lld, context %lld%s%s%s%s: %lld "
                  "parameters%s, %s%s%s, recompute %s", d->layers, d->heads, (long long)d->dim,
-                 (long long)d->context, vocab, seq, drop, (long long)pdp_gpt_param_count(d), tp,
+                 (long long)d->context, vocab, seq, drop, d->gelu_erf ? ", GELU erf" : "",
+                 (long long)pdp_gpt_param_count(d), tp,
                  d->precision == PDP_PRECISION_BF16 ? "bf16" : "fp32", cpu_bf16 ? " " : "",
                  cpu_bf16 ? pdp_bf16_path_name(pdp_bf16_best_path()) : "", modes[d->recompute]);
     if (n < 0 || (size_t)n >= bytes)

@@ -828,11 +828,13 @@ static __device__ float pdp__act(int act, float x)
     case PDP_CUDAK_GELU: return pdp__gelu(x);
     case PDP_CUDAK_TANH: return tanhf(x);
     case PDP_CUDAK_SILU: return pdp__silu(x);
+    case PDP_CUDAK_GELU_ERF: return pdp__gelu_erf(x);
     default: return pdp__sigmoid(x);
     }
 }
 
-/* GELU's and SiLU's gradients read the input x, the others the output y: a = that one. */
+/* GELU's (both forms) and SiLU's gradients read the input x, the others the output y: a =
+   that one. */
 static __device__ float pdp__act_grad(int act, float dy, float a)
 {
     switch (act) {
@@ -840,6 +842,7 @@ static __device__ float pdp__act_grad(int act, float dy, float a)
     case PDP_CUDAK_GELU: return pdp__gelu_grad(dy, a);
     case PDP_CUDAK_TANH: return pdp__tanh_grad(dy, a);
     case PDP_CUDAK_SILU: return pdp__silu_grad(dy, a);
+    case PDP_CUDAK_GELU_ERF: return pdp__gelu_erf_grad(dy, a);
     default: return pdp__sigmoid_grad(dy, a);
     }
 }
@@ -858,7 +861,8 @@ static __global__ void pdp__act_fwd(int act, const float *x, float *y, int64_t n
 static __global__ void pdp__act_bwd(int act, const float *x, const float *y, const float *dy,
                                     float *dx, int64_t n)
 {
-    const float *in = act == PDP_CUDAK_GELU || act == PDP_CUDAK_SILU ? x : y;
+    const float *in =
+        act == PDP_CUDAK_GELU || act == PDP_CUDAK_SILU || act == PDP_CUDAK_GELU_ERF ? x : y;
     PDP__FOR_VEC(i, n) {
         float a[PDP__VEC], d[PDP__VEC];
         for (int k = 0; k < PDP__VEC; k++)

@@ -100,7 +100,8 @@ typedef enum pdp_cudak_act {
     PDP_CUDAK_GELU = 1,
     PDP_CUDAK_TANH = 2,
     PDP_CUDAK_SIGMOID = 3,
-    PDP_CUDAK_SILU = 4
+    PDP_CUDAK_SILU = 4,
+    PDP_CUDAK_GELU_ERF = 5
 } pdp_cudak_act;
 
 typedef enum pdp_cudak_coll {

@@ -94,7 +94,7 @@ PDP__PRIVATE pdp_status pdp__gpt_block(pdp_model *m, const pdp_gpt_desc *d, int 
     PDP__GPT_TRY(pdp__gpt_layernorm(m, PDP__GPT_NAME("ln_2")));
     PDP__GPT_TRY(pdp__gpt_f(m, d));
     PDP__GPT_TRY(pdp__gpt_linear(m, d, 4 * d->dim, 1, PDP__GPT_NAME("mlp.c_fc")));
-    PDP__GPT_TRY(pdp_model_add_gelu(m));
+    PDP__GPT_TRY(d->gelu_erf ? pdp_model_add_gelu_erf(m) : pdp_model_add_gelu(m));
     PDP__GPT_TRY(pdp__gpt_linear(m, d, d->dim, -1, PDP__GPT_NAME("mlp.c_proj")));
     PDP__GPT_TRY(pdp__gpt_g(m, d));
     PDP__GPT_TRY(pdp__gpt_dropout(m, d->dropout));
@@ -237,9 +237,10 @@ PDP_API pdp_status pdp_gpt_desc_format(const pdp_gpt_desc *desc, char *buf, size
         snprintf(tp, sizeof tp, ", TP %d%s", pdp_comm_size(d->tp),
                  d->sequence_parallel ? " + SP" : "");
     cpu_bf16 = d->precision == PDP_PRECISION_BF16 && d->device.kind == PDP_DEVICE_CPU;
-    n = snprintf(buf, bytes, "GPT %d layers, %d heads, dim %lld, context %lld%s%s%s: %lld "
+    n = snprintf(buf, bytes, "GPT %d layers, %d heads, dim %lld, context %lld%s%s%s%s: %lld "
                  "parameters%s, %s%s%s, recompute %s", d->layers, d->heads, (long long)d->dim,
-                 (long long)d->context, vocab, seq, drop, (long long)pdp_gpt_param_count(d), tp,
+                 (long long)d->context, vocab, seq, drop, d->gelu_erf ? ", GELU erf" : "",
+                 (long long)pdp_gpt_param_count(d), tp,
                  d->precision == PDP_PRECISION_BF16 ? "bf16" : "fp32", cpu_bf16 ? " " : "",
                  cpu_bf16 ? pdp_bf16_path_name(pdp_bf16_best_path()) : "", modes[d->recompute]);
     if (n < 0 || (size_t)n >= bytes)

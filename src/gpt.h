@@ -19,7 +19,8 @@
          Residual                     x = x + mlp(ln_2(x))
            LayerNorm                  transformer.h.i.ln_2.weight, .bias
            Linear dim -> 4 dim        transformer.h.i.mlp.c_fc.weight [4 dim, dim], .bias
-           GELU (tanh form)           GPT-2's and llm.c's; nanoGPT's nn.GELU() is erf's
+           GELU (tanh form)           GPT-2's and llm.c's; desc.gelu_erf: the exact form,
+                                      nanoGPT's nn.GELU()
            Linear 4 dim -> dim        transformer.h.i.mlp.c_proj.weight [dim, 4 dim], .bias
            Dropout (dropout > 0 only)
          ResidualAdd
@@ -64,6 +65,9 @@ typedef struct pdp_gpt_desc {
                                 blocks hold T / N positions a rank (sequence must divide by
                                 the TP size); f and g become an all-gather and a
                                 reduce-scatter of the sequence. Default false */
+    bool gelu_erf;           /* the MLP's GELU in its exact form (erf: nanoGPT's nn.GELU(),
+                                so a nanoGPT checkpoint gives nanoGPT's logits); default
+                                false: the tanh form (GPT-2's, llm.c's) */
 } pdp_gpt_desc;
 
 /* Builds the GPT described above into *out (free it with pdp_model_free). A field out of

@@ -232,7 +232,8 @@ typedef enum pdp__layer_kind {
     PDP__TIED_LINEAR,
     PDP__SEQ_SCATTER,            /* sequence parallel (tp.c): the sequence split and gathered */
     PDP__SEQ_GATHER,
-    PDP__SEQ_REDUCE_SCATTER,     /* a new kind goes here: earlier values stay as they were */
+    PDP__SEQ_REDUCE_SCATTER,
+    PDP__GELU_ERF,               /* a new kind goes here: earlier values stay as they were */
     PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 

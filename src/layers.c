@@ -8,8 +8,8 @@
    - Conv2d and MaxPool2d: in layers_conv.c.
    - LayerNorm: over all features of a sample, biased variance, y = (x - mean) *
      rstd * w + b with w, b of the sample's shape; mean and rstd are saved.
-   - GELU is the tanh form; SiLU is x sigmoid(x); the element formulas live in math.h
-     (shared with CUDA).
+   - GELU is the tanh form (GELUErf the exact one, with erf); SiLU is x sigmoid(x); the
+     element formulas live in math.h (shared with CUDA).
    - Dropout: the mask is a pure function of (seed, layer, step, global sample
      index, element) (math.h), so a batch split across DP replicas, each with its
      sample_base, draws exactly the masks one device draws (and a slice of a sample,
@@ -1007,6 +1007,26 @@ PDP__PRIVATE void pdp__silu_backward_range(const pdp__layer *l, const pdp__layer
     for (i = 0; i < n; i++) dx[i] = pdp__silu_grad(dy[i], x[i]);
 }
 
+PDP__PRIVATE void pdp__gelu_erf_forward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                              int64_t lo, int64_t hi)
+{
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo;
+    float *PDP__RESTRICT y = io->y + lo;
+    (void)l;
+    for (i = 0; i < n; i++) y[i] = pdp__gelu_erf(x[i]);
+}
+
+PDP__PRIVATE void pdp__gelu_erf_backward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                               int64_t lo, int64_t hi)
+{
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT dy = io->dy + lo;
+    float *PDP__RESTRICT dx = io->dx + lo;
+    (void)l;
+    for (i = 0; i < n; i++) dx[i] = pdp__gelu_erf_grad(dy[i], x[i]);
+}
+
 PDP__PRIVATE pdp_status pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__relu_forward_range);
@@ -1064,6 +1084,18 @@ PDP__PRIVATE pdp_status pdp__silu_forward(const pdp__layer *l, const pdp__layer_
 PDP__PRIVATE pdp_status pdp__silu_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__silu_backward_range);
+    return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__gelu_erf_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__gelu_erf_forward_range);
+    return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__gelu_erf_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__gelu_erf_backward_range);
     return PDP_OK;
 }
 
@@ -1131,6 +1163,16 @@ PDP__PRIVATE pdp_status pdp__silu_cuda_forward(const pdp__layer *l, const pdp__l
 PDP__PRIVATE pdp_status pdp__silu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_backward(l, io, PDP_CUDAK_SILU);
+}
+
+PDP__PRIVATE pdp_status pdp__gelu_erf_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_GELU_ERF);
+}
+
+PDP__PRIVATE pdp_status pdp__gelu_erf_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_GELU_ERF);
 }
 #endif
 

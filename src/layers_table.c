@@ -153,6 +153,10 @@ PDP__PRIVATE double pdp__flops_silu(const pdp__layer *l, bool g)
 {
     return pdp__flops_each(l, g, 5, 0, 9);
 }
+PDP__PRIVATE double pdp__flops_gelu_erf(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 8, 0, 14);
+}
 /* the mask's compare and scale; the backward's scale */
 PDP__PRIVATE double pdp__flops_dropout(const pdp__layer *l, bool g)
 {
@@ -280,6 +284,11 @@ PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] 
                                        pdp__tp_seq_reduce_scatter_forward,
                                        pdp__tp_seq_scatter_backward, NULL, NULL, NULL,
                                        PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED, NULL},
+    PDP__KIND(PDP__GELU_ERF){"GELUErf", pdp__layers_setup_same, NULL, pdp__gelu_erf_forward,
+                             pdp__gelu_erf_backward,
+                             PDP__CUDA_ENTRY(pdp__gelu_erf_cuda_forward),
+                             PDP__CUDA_ENTRY(pdp__gelu_erf_cuda_backward), NULL,
+                             PDP__LAYER_ELEMENTWISE, pdp__flops_gelu_erf},
 };
 
 /* The entry of kind k; NULL for a value outside the table. */

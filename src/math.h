@@ -62,6 +62,22 @@ static inline PDP__HOSTDEV float pdp__gelu_grad(float dy, float x)
     return dy * (s * (1.0f + 2.0f * x * du * (e * s)));
 }
 
+/* GELU, exact (PyTorch's nn.GELU(), approximate='none'; nanoGPT's MLP): x Phi(x) =
+   0.5 x (1 + erf(x / sqrt 2)); its gradient Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) /
+   sqrt(2 pi), as PyTorch's GeluBackward computes it. */
+#define PDP__SQRT1_2 0.70710678118654752f    /* 1 / sqrt(2) */
+#define PDP__INV_SQRT_2PI 0.39894228040143268f /* 1 / sqrt(2 pi) */
+static inline PDP__HOSTDEV float pdp__gelu_erf(float x)
+{
+    return 0.5f * x * (1.0f + erff(x * PDP__SQRT1_2));
+}
+static inline PDP__HOSTDEV float pdp__gelu_erf_grad(float dy, float x)
+{
+    float cdf = 0.5f * (1.0f + erff(x * PDP__SQRT1_2));
+    float pdf = expf(-0.5f * x * x) * PDP__INV_SQRT_2PI;
+    return dy * (cdf + x * pdf);
+}
+
 static inline PDP__HOSTDEV float pdp__tanh_grad(float dy, float y) { return dy * (1.0f - y * y); }
 
 /* 1 / (1 + e^-x), written so that neither branch overflows. */

@@ -442,6 +442,11 @@ PDP_API pdp_status pdp_model_add_silu(pdp_model *m)
     return pdp__model_add(m, pdp__layer_of(PDP__SILU), "pdp_model_add_silu");
 }
 
+PDP_API pdp_status pdp_model_add_gelu_erf(pdp_model *m)
+{
+    return pdp__model_add(m, pdp__layer_of(PDP__GELU_ERF), "pdp_model_add_gelu_erf");
+}
+
 PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p)
 {
     pdp__layer l = pdp__layer_of(PDP__DROPOUT);

@@ -67,6 +67,8 @@ PDP_API pdp_status pdp_model_add_gelu(pdp_model *m);    /* tanh form (approximat
 PDP_API pdp_status pdp_model_add_tanh(pdp_model *m);
 PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m);
 PDP_API pdp_status pdp_model_add_silu(pdp_model *m);   /* x sigmoid(x), as torch.nn.SiLU */
+/* GELU's exact form, x Phi(x) with erf: torch.nn.GELU() (approximate='none'), nanoGPT's */
+PDP_API pdp_status pdp_model_add_gelu_erf(pdp_model *m);
 PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p); /* 0 <= p < 1 */
 /* Normalises over all features of a sample, or over the last dimension of a [T, C] sample
    (each position alone, as torch.nn.LayerNorm(C)); eps 0 means 1e-5. */

@@ -9,8 +9,8 @@
        A       ColumnParallelLinear(H)        weight split by output features: rank r holds
                                               rows [lo_r, lo_r + n_r) of W1 [H, in] and of b1;
                                               output sharded: [B, n_r]
-       act     ReLU, GELU, Tanh, Sigmoid or   element-wise (the table's PDP__LAYER_ELEMENTWISE
-               SiLU                           kinds), on the shard
+       act     ReLU, GELU (either form),      element-wise (the table's PDP__LAYER_ELEMENTWISE
+               Tanh, Sigmoid or SiLU          kinds), on the shard
        B       RowParallelLinear(d)           weight split by input features: rank r holds
                                               columns [lo_r, lo_r + n_r) of W2 [d, H]; output
                                               x_r W2_r^T, a partial sum; the bias (whole on

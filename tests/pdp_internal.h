@@ -644,7 +644,8 @@ typedef enum pdp__layer_kind {
     PDP__TIED_LINEAR,
     PDP__SEQ_SCATTER,            /* sequence parallel (tp.c): the sequence split and gathered */
     PDP__SEQ_GATHER,
-    PDP__SEQ_REDUCE_SCATTER,     /* a new kind goes here: earlier values stay as they were */
+    PDP__SEQ_REDUCE_SCATTER,
+    PDP__GELU_ERF,               /* a new kind goes here: earlier values stay as they were */
     PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 
@@ -4960,8 +4961,8 @@ PDP__PRIVATE int pdp__mesh_member(const pdp_mesh *m, int k, int i);
    - Conv2d and MaxPool2d: in layers_conv.c.
    - LayerNorm: over all features of a sample, biased variance, y = (x - mean) *
      rstd * w + b with w, b of the sample's shape; mean and rstd are saved.
-   - GELU is the tanh form; SiLU is x sigmoid(x); the element formulas live in math.h
-     (shared with CUDA).
+   - GELU is the tanh form (GELUErf the exact one, with erf); SiLU is x sigmoid(x); the
+     element formulas live in math.h (shared with CUDA).
    - Dropout: the mask is a pure function of (seed, layer, step, global sample
      index, element) (math.h), so a batch split across DP replicas, each with its
      sample_base, draws exactly the masks one device draws (and a slice of a sample,
@@ -5345,6 +5346,12 @@ PDP__PRIVATE void pdp__silu_forward_range(const pdp__layer *l, const pdp__layer_
 PDP__PRIVATE void pdp__silu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                            int64_t hi);
 
+PDP__PRIVATE void pdp__gelu_erf_forward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                              int64_t lo, int64_t hi);
+
+PDP__PRIVATE void pdp__gelu_erf_backward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                               int64_t lo, int64_t hi);
+
 PDP__PRIVATE pdp_status pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io);
 
 PDP__PRIVATE pdp_status pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io);
@@ -5364,6 +5371,10 @@ PDP__PRIVATE pdp_status pdp__sigmoid_backward(const pdp__layer *l, const pdp__la
 PDP__PRIVATE pdp_status pdp__silu_forward(const pdp__layer *l, const pdp__layer_io *io);
 
 PDP__PRIVATE pdp_status pdp__silu_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__gelu_erf_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__gelu_erf_backward(const pdp__layer *l, const pdp__layer_io *io);
 
 #ifdef PDP_CUDA
 /* One kernel pair for the five, told which by pdp_cudak_act. */
@@ -5392,6 +5403,10 @@ PDP__PRIVATE pdp_status pdp__sigmoid_cuda_backward(const pdp__layer *l, const pd
 PDP__PRIVATE pdp_status pdp__silu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
 
 PDP__PRIVATE pdp_status pdp__silu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__gelu_erf_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__gelu_erf_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
 #endif
 
 /* ---- layers: Dropout ---- */
@@ -6494,6 +6509,7 @@ PDP__PRIVATE double pdp__flops_gelu(const pdp__layer *l, bool g);
 PDP__PRIVATE double pdp__flops_tanh(const pdp__layer *l, bool g);
 PDP__PRIVATE double pdp__flops_sigmoid(const pdp__layer *l, bool g);
 PDP__PRIVATE double pdp__flops_silu(const pdp__layer *l, bool g);
+PDP__PRIVATE double pdp__flops_gelu_erf(const pdp__layer *l, bool g);
 /* the mask's compare and scale; the backward's scale */
 PDP__PRIVATE double pdp__flops_dropout(const pdp__layer *l, bool g);
 /* mean, variance, normalise, affine; the affine's gradients, then the input's */
@@ -6665,6 +6681,8 @@ PDP__PRIVATE pdp__layer pdp__layer_of(pdp__layer_kind kind);
 /* PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m) */
 
 /* PDP_API pdp_status pdp_model_add_silu(pdp_model *m) */
+
+/* PDP_API pdp_status pdp_model_add_gelu_erf(pdp_model *m) */
 
 /* PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p) */
 

@@ -203,7 +203,7 @@ static double model_rel_err(const pdp_model *gpu, const pdp_model *cpu, int whic
 typedef enum { L_LINEAR, L_RELU, L_GELU, L_TANH, L_SIGMOID, L_SILU, L_DROPOUT, L_LAYERNORM,
                L_CONV, L_MAXPOOL, L_MAXPOOL_OVERLAP, L_FLATTEN, L_CONV_EDGE, L_MAXPOOL_EDGE,
                L_ATTENTION, L_ATTENTION_DROPOUT, L_ATTENTION_HEADS, L_RESIDUAL, L_TIED_LINEAR,
-               L_COUNT } layer_case;
+               L_GELU_ERF, L_COUNT } layer_case;
 
 static const char *case_name[L_COUNT] = {"Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "SiLU",
                                          "Dropout", "LayerNorm", "Conv2d", "MaxPool2d",
@@ -213,7 +213,7 @@ static const char *case_name[L_COUNT] = {"Linear", "ReLU", "GELU", "Tanh", "Sigm
                                          "CausalSelfAttention(2 heads, dropout 0.3)",
                                          "CausalSelfAttention(7 heads of 1 > batch)",
                                          "Residual(Linear, GELU) + ResidualAdd",
-                                         "TiedLinear(1.weight)"};
+                                         "TiedLinear(1.weight)", "GELUErf"};
 
 static pdp_status build(pdp_model **out, layer_case k, pdp_device dev)
 {
@@ -254,6 +254,7 @@ static pdp_status build(pdp_model **out, layer_case k, pdp_device dev)
         case L_TANH: st = pdp_model_add_tanh(m); break;
         case L_SIGMOID: st = pdp_model_add_sigmoid(m); break;
         case L_SILU: st = pdp_model_add_silu(m); break;
+        case L_GELU_ERF: st = pdp_model_add_gelu_erf(m); break;
         case L_DROPOUT: st = pdp_model_add_dropout(m, 0.3f); break;
         case L_LAYERNORM: st = pdp_model_add_layernorm(m, 1e-5f); break;
         case L_CONV: st = pdp_model_add_conv2d(m, 4, 3, 2, 1); break;

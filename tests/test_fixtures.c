@@ -164,13 +164,13 @@ TEST fixtures_linear(void)
 
 TEST fixtures_activations(void)
 {
-    static const char *files[5] = {"relu.bin", "gelu.bin", "tanh.bin", "sigmoid.bin",
-                                   "silu.bin"};
-    pdp_status (*add[5])(pdp_model *) = {pdp_model_add_relu, pdp_model_add_gelu,
-                                         pdp_model_add_tanh, pdp_model_add_sigmoid,
-                                         pdp_model_add_silu};
+    static const char *files[6] = {"relu.bin", "gelu.bin", "tanh.bin", "sigmoid.bin",
+                                   "silu.bin", "gelu_erf.bin"};
+    pdp_status (*add[6])(pdp_model *) = {pdp_model_add_relu,    pdp_model_add_gelu,
+                                         pdp_model_add_tanh,    pdp_model_add_sigmoid,
+                                         pdp_model_add_silu,    pdp_model_add_gelu_erf};
     int k;
-    for (k = 0; k < 5; k++) {
+    for (k = 0; k < 6; k++) {
         fixture f;
         pdp_model *m;
         int rc = fixture_load(&f, files[k]);

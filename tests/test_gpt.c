@@ -22,11 +22,12 @@
 enum { V = 67, CTX = 16, L = 2, H = 4, C = 48, B = 3 };
 
 /* the fixtures' GPT; sequence T (0: the context) */
-static pdp_model *fixture_gpt(int64_t T, pdp_precision precision)
+static pdp_model *fixture_gpt_erf(int64_t T, pdp_precision precision, bool gelu_erf)
 {
     pdp_gpt_desc d;
     pdp_model *m = NULL;
     memset(&d, 0, sizeof d);
+    d.gelu_erf = gelu_erf;
     d.vocab = V;
     d.context = CTX;
     d.sequence = T;
@@ -35,6 +36,11 @@ static pdp_model *fixture_gpt(int64_t T, pdp_precision precision)
     d.dim = C;
     d.precision = precision;
     return pdp_gpt_create(&m, &d) == PDP_OK ? m : NULL;
+}
+
+static pdp_model *fixture_gpt(int64_t T, pdp_precision precision)
+{
+    return fixture_gpt_erf(T, precision, false);
 }
 
 /* Every parameter of m from f's tensors named prefix + name; 0 when one is missing. */
@@ -174,6 +180,41 @@ TEST gpt_matches_pytorch_logits_loss_and_every_gradient(void)
     ASSERT_LTE(fabs(loss - fixture_find(&f, "t11.loss")->data[0]), 1e-5);
     pdp_model_free(m);
     pdp_model_free(m11);
+    fixture_free(&f);
+    PASS();
+}
+
+/* desc.gelu_erf: the MLPs' GELU exact, as nanoGPT's nn.GELU(): tools/gpt_reference.py's
+   gpt_gelu_erf.bin (its parameters, gpt_forward.bin's batch), logits, loss and every
+   gradient within 1e-5; the tanh form's logits are off by more than that there. */
+TEST gpt_gelu_erf_matches_nanogpts_exact_gelu(void)
+{
+    fixture f0, f;
+    pdp_model *m = fixture_gpt_erf(0, PDP_PRECISION_FP32, true);
+    pdp_model *tanh_m = fixture_gpt(0, PDP_PRECISION_FP32);
+    int32_t ids[B * CTX], targets[B * CTX];
+    int64_t shape[2] = {B, CTX};
+    pdp_tensor x;
+    const pdp_tensor *y;
+    char which[96] = "";
+    float loss;
+    double g;
+    FIXTURE_LOAD_OR_SKIP(&f0, "gpt_forward.bin");
+    FIXTURE_LOAD_OR_SKIP(&f, "gpt_gelu_erf.bin");
+    ASSERT(m && tanh_m && load_params(m, &f, "") && load_params(tanh_m, &f, ""));
+    ASSERT(load_ints(&f0, "ids", ids, B * CTX) && load_ints(&f0, "targets", targets, B * CTX));
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(tanh_m, &x, &y), pdp_status_name);
+    ASSERT(fixture_rel_err(y->data, fixture_find(&f, "logits")->data, y->count) > 1e-5);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT_LTE(fixture_rel_err(y->data, fixture_find(&f, "logits")->data, y->count), 1e-5);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(m, &x, targets, &loss), pdp_status_name);
+    ASSERT_LTE(fabs(loss - fixture_find(&f, "loss")->data[0]), 1e-5);
+    g = worst_grad(m, &f, "grad.", which);
+    if (g > 1e-5) FAILm(which);
+    pdp_model_free(m);
+    pdp_model_free(tanh_m);
+    fixture_free(&f0);
     fixture_free(&f);
     PASS();
 }
@@ -1694,6 +1735,7 @@ SUITE(gpt)
     RUN_TEST(gpt_under_ddp_equals_one_device);
     RUN_TEST(gpt_names_and_shapes_are_nanogpts);
     RUN_TEST(gpt_matches_pytorch_logits_loss_and_every_gradient);
+    RUN_TEST(gpt_gelu_erf_matches_nanogpts_exact_gelu);
     RUN_TEST(gpt_five_adamw_steps_with_clipping_match_pytorch);
     RUN_TEST(gpt_adamw_nanogpt_decay_groups_match_pytorch);
     RUN_TEST(gpt_bf16_matches_autocast_within_a_bound);

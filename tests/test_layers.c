@@ -230,11 +230,11 @@ TEST layers_linear_grads_match_finite_differences(void)
 
 TEST layers_activation_grads_match_finite_differences(void)
 {
-    pdp_status (*add[5])(pdp_model *) = {pdp_model_add_relu, pdp_model_add_gelu,
-                                         pdp_model_add_tanh, pdp_model_add_sigmoid,
-                                         pdp_model_add_silu};
+    pdp_status (*add[6])(pdp_model *) = {pdp_model_add_relu,    pdp_model_add_gelu,
+                                         pdp_model_add_tanh,    pdp_model_add_sigmoid,
+                                         pdp_model_add_silu,    pdp_model_add_gelu_erf};
     int k;
-    for (k = 0; k < 5; k++) {
+    for (k = 0; k < 6; k++) {
         pdp_model *m = new_model(1, 7, 0, 0, 2);
         ASSERT_ENUM_EQ(PDP_OK, add[k](m), pdp_status_name);
         ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 4), pdp_status_name);
@@ -407,12 +407,12 @@ TEST layers_linear_and_activations_match_naive(void)
     float xd[5 * 13];
     int64_t i, j, k, B = 5;
     int kind;
-    pdp_status (*add[5])(pdp_model *) = {pdp_model_add_relu, pdp_model_add_gelu,
-                                         pdp_model_add_tanh, pdp_model_add_sigmoid,
-                                         pdp_model_add_silu};
+    pdp_status (*add[6])(pdp_model *) = {pdp_model_add_relu,    pdp_model_add_gelu,
+                                         pdp_model_add_tanh,    pdp_model_add_sigmoid,
+                                         pdp_model_add_silu,    pdp_model_add_gelu_erf};
     pdp_rng_seed(&r, 13, 0);
     fill_uniform(xd, B * 13, &r, -3.0f, 3.0f);
-    for (kind = 0; kind < 5; kind++) {
+    for (kind = 0; kind < 6; kind++) {
         m = new_model(1, 13, 0, 0, 13);
         ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 6), pdp_status_name);
         ASSERT_ENUM_EQ(PDP_OK, add[kind](m), pdp_status_name);
@@ -432,7 +432,8 @@ TEST layers_linear_and_activations_match_naive(void)
                     break;
                 case 2: want = tanh(z); break;
                 case 3: want = 1 / (1 + exp(-z)); break;
-                default: want = z / (1 + exp(-z)); break;
+                case 4: want = z / (1 + exp(-z)); break;
+                default: want = 0.5 * z * (1 + erf(z / sqrt(2.0))); break;
                 }
                 ASSERT_IN_RANGE(want, y->data[i * 6 + j], 1e-5 * (1 + fabs(want)));
             }
@@ -1673,7 +1674,7 @@ TEST layers_elementwise_kinds_are_elementwise_and_fit_a_tp_block(void)
         pdp_model_free(tp);
         pdp_model_free(plain);
     }
-    ASSERT(flagged >= 5); /* ReLU, GELU, Tanh, Sigmoid, SiLU at least */
+    ASSERT(flagged >= 6); /* ReLU, GELU, Tanh, Sigmoid, SiLU, GELUErf at least */
     {
         pdp_model *m = new_model(1, 6, 0, 0, 27);
         ASSERT_ENUM_EQ(PDP_ERR_STATE, tp_block(m, c, PDP__LAYERNORM), pdp_status_name);
@@ -1762,7 +1763,7 @@ TEST layers_model_layer_name_names_every_layer(void)
 {
     static const char *const want[] = {"Conv2d", "ReLU",    "MaxPool2d", "Flatten",
                                        "Linear", "GELU",    "Tanh",      "Sigmoid",
-                                       "SiLU",   "Dropout", "LayerNorm"};
+                                       "SiLU",   "Dropout", "LayerNorm", "GELUErf"};
     pdp_model *m = new_model(3, 2, 6, 6, 21);
     int i;
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 3, 3, 1, 1), pdp_status_name);
@@ -1776,10 +1777,11 @@ TEST layers_model_layer_name_names_every_layer(void)
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_silu(m), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m, 0.25f), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_layernorm(m, 0.0f), pdp_status_name);
-    ASSERT_EQ(11, pdp_model_num_layers(m));
-    for (i = 0; i < 11; i++) ASSERT_STR_EQ(want[i], pdp_model_layer_name(m, i));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_gelu_erf(m), pdp_status_name);
+    ASSERT_EQ(12, pdp_model_num_layers(m));
+    for (i = 0; i < 12; i++) ASSERT_STR_EQ(want[i], pdp_model_layer_name(m, i));
     ASSERT(pdp_model_layer_name(m, -1) == NULL);
-    ASSERT(pdp_model_layer_name(m, 11) == NULL);
+    ASSERT(pdp_model_layer_name(m, 12) == NULL);
     ASSERT(pdp_model_layer_name(NULL, 0) == NULL);
     pdp_model_free(m);
     PASS();

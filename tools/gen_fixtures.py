@@ -170,6 +170,7 @@ def main(argv):
     cases["tanh.bin"] = module_case(seq(nn.Tanh()), (3, 7), 14)
     cases["sigmoid.bin"] = module_case(seq(nn.Sigmoid()), (3, 7), 15)
     cases["silu.bin"] = module_case(seq(nn.SiLU()), (3, 7), 31)
+    cases["gelu_erf.bin"] = module_case(seq(nn.GELU()), (3, 7), 32)
     torch.manual_seed(2)
     cases["layernorm.bin"] = module_case(seq(nn.LayerNorm((2, 3, 3))), (3, 2, 3, 3), 16)
     torch.manual_seed(3)

@@ -77,6 +77,12 @@ gpt_adamw_groups.bin  the same 5 steps with nanoGPT's configure_optimizers group
     initial parameters, its batches drawn from torch.Generator().manual_seed(SEED + 1):
     step{s}.ids, step{s}.targets, losses, norms, final.<name>   as in gpt_adamw.bin
 
+gpt_gelu_erf.bin  a forward and backward on gpt_forward.bin's ids and targets with each
+    MLP's GELU exact, nn.GELU() as nanoGPT's model.py has it (pdp_gpt_desc.gelu_erf), from
+    the self-checks' moved parameters (at the init's scale the MLP's inputs are so small
+    that the tanh form's logits are within 1e-5 of these; moved, they are not):
+    <name> for every parameter, logits [3, 16, 67], loss [1], grad.<name>.
+
 gpt_bf16.bin  gpt_forward.bin's forward and backward (same parameters, ids, targets) under
     torch.autocast("cpu", dtype=torch.bfloat16), the loss computed inside autocast as
     nanoGPT does:
@@ -371,6 +377,21 @@ def forward_case(model, ids, targets, ids11, targets11):
     return snapshot(out)
 
 
+def gelu_erf_case(model, ids, targets):
+    """A forward and backward with the MLPs' GELU exact (nanoGPT's nn.GELU())."""
+    for block in model.transformer.h:
+        block.mlp.gelu = nn.GELU()
+    model.zero_grad()
+    logits, loss = model(ids, targets)
+    loss.backward()
+    out = [(n, p) for n, p in params(model)]
+    out += [("logits", logits), ("loss", loss.reshape(1))]
+    out += [("grad." + n, p.grad) for n, p in params(model)]
+    for block in model.transformer.h:
+        block.mlp.gelu = nn.GELU(approximate="tanh")
+    return snapshot(out)
+
+
 def adamw_case(model, gen, ids, targets, groups=False):
     """groups: nanoGPT's configure_optimizers (decay the tensors of 2+ dimensions only)."""
     named = params(model)
@@ -491,6 +512,7 @@ def main(argv):
     with torch.no_grad():
         for _, p in params(moved):
             p.add_(0.1 * torch.randn(p.shape, generator=gen))
+    moved_sd = {k: v.clone() for k, v in moved.state_dict().items()}
     ok = True
     for m in (model, moved):
         ok = check_logits(m, ids, targets) and check_logits(m, ids11, targets11) and ok
@@ -516,8 +538,11 @@ def main(argv):
     model.load_state_dict(init)
     groups = adamw_case(model, torch.Generator().manual_seed(SEED + 1), None, None, groups=True)
     write(os.path.join(out_dir, "gpt_adamw_groups.bin"), groups)
+    model.load_state_dict(moved_sd)
+    write(os.path.join(out_dir, "gpt_gelu_erf.bin"), gelu_erf_case(model, ids, targets))
     for name in ("gpt_forward.bin", "gpt_adamw.bin", "gpt_bf16.bin", "gpt_nanogpt.safetensors",
-                 "gpt_nanogpt_with_bias_buffers.safetensors", "gpt_adamw_groups.bin"):
+                 "gpt_nanogpt_with_bias_buffers.safetensors", "gpt_adamw_groups.bin",
+                 "gpt_gelu_erf.bin"):
         print("%-44s %8d bytes" % (name, os.path.getsize(os.path.join(out_dir, name))))
 
 

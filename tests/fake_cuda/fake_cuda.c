@@ -513,8 +513,8 @@ pdp_status pdp_cudak_linear_bwd(int dev, const float *x, const float *w, const f
 }
 
 /* indexed by pdp_cudak_act */
-static const pdp__layer_kind fake__act_kind[] = {PDP__RELU, PDP__GELU, PDP__TANH, PDP__SIGMOID,
-                                                 PDP__SILU};
+static const pdp__layer_kind fake__act_kind[] = {PDP__RELU,    PDP__GELU, PDP__TANH,
+                                                 PDP__SIGMOID, PDP__SILU, PDP__GELU_ERF};
 
 /* An activation code outside the enum fails fake__layer's setup (kind -1). */
 static pdp__layer_kind fake__act(pdp_cudak_act act)
