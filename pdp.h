@@ -4729,18 +4729,21 @@ static inline PDP__HOSTDEV float pdp__f16_round(float x)
 #  define PDP__THREAD_LOCAL __thread
 #  define PDP__UNUSED __attribute__((unused))
 #  define PDP__ALWAYS_INLINE __attribute__((always_inline))
+#  define PDP__NOINLINE __attribute__((noinline))
 #  define PDP__TARGET(s) __attribute__((target(s)))
 #  define PDP__HAVE_TARGET 1
 #elif defined(_MSC_VER)
 #  define PDP__THREAD_LOCAL __declspec(thread)
 #  define PDP__UNUSED
 #  define PDP__ALWAYS_INLINE __forceinline
+#  define PDP__NOINLINE __declspec(noinline)
 #elif defined(__TINYC__)
 /* tcc has no thread-local storage: the per-thread state (error message, thread count,
    profile counters) lives in one struct a thread, under a key (base.c, pdp__tls) */
 #  define PDP__TLS_KEY 1
 #  define PDP__UNUSED
 #  define PDP__ALWAYS_INLINE
+#  define PDP__NOINLINE
 #else
 #  error "pdp.h: needs a thread-local storage keyword (__thread or __declspec(thread))"
 #endif
@@ -9380,7 +9383,8 @@ PDP_API pdp_status pdp_tensor_xavier_uniform(pdp_tensor *t, pdp_rng *r, int64_t 
    - Memory: packed panels live in the calling thread's scratch buffer
      (pdp__thread_scratch), which grows on the first call of a given size and is
      reused afterwards; a training loop allocates nothing here after step one.
-     If even that allocation fails, a slow unpacked loop computes the product. */
+     If even that allocation fails, the same blocks are packed a panel at a time into a
+     buffer on the stack (pdp__gemm_on_stack): slower, the same bits. */
 
 /* #include "internal.h" (already above) */
 
@@ -10169,26 +10173,22 @@ PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m
     }
 }
 
-/* Unpacked fallback for when scratch cannot be allocated (same contract, slow). */
-PDP__PRIVATE void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_t m1, int64_t n0,
-                                     int64_t n1)
+/* When the thread's scratch cannot grow: the same blocked product, one NR-column panel at a
+   time, packed into a buffer on this stack frame (KC x (NR + MR) floats: 80 KB for the
+   AVX-512 kernel). Each element of C is the same chain as pdp__gemm_block's (the panel grid
+   is anchored at column 0 either way, and the NC blocking only groups panels), so the bits
+   are the ones a run with memory gets; only slower. Not inlined: the frame is this path's
+   alone. */
+PDP__PRIVATE PDP__NOINLINE void pdp__gemm_on_stack(const pdp__gemm_args *g, int64_t m0,
+                                                   int64_t m1, int64_t n0, int64_t n1)
 {
-    int64_t i, j, p;
-    for (i = m0; i < m1; i++) {
-        for (j = n0; j < n1; j++) {
-            float acc = 0.0f, *cij = g->c + i * g->ldc + j;
-            for (p = 0; p < g->k; p++) {
-                float x = g->ta == PDP_NO_TRANS ? pdp__gemm_row(g->a, g->lda, g->arow, i)[p]
-                                                : g->a[p * g->lda + i];
-                float y = g->tb == PDP_NO_TRANS ? pdp__gemm_row(g->b, g->ldb, g->brow, p)[j]
-                                                : pdp__gemm_row(g->b, g->ldb, g->brow, j)[p];
-                if (g->round16 & PDP__GEMM_ROUND_A) x = pdp__bf16_round(x);
-                if (g->round16 & PDP__GEMM_ROUND_B) y = pdp__bf16_round(y);
-                acc += x * y;
-            }
-            *cij = g->beta != 0.0f ? g->alpha * acc + g->beta * *cij : g->alpha * acc;
-        }
-    }
+    float buf[PDP__GEMM_KC * (PDP__GEMM_NR + PDP__GEMM_MR) + 16];
+    float *scratch = (float *)(((uintptr_t)buf + 63) & ~(uintptr_t)63); /* 64-byte aligned */
+    int64_t jc;
+    PDP_ASSERT(pdp__gemm_scratch_floats(g, PDP__GEMM_NR) <=
+               (size_t)PDP__GEMM_KC * (PDP__GEMM_NR + PDP__GEMM_MR));
+    for (jc = n0; jc < n1; jc += PDP__GEMM_NR)
+        pdp__gemm_block(g, m0, m1, jc, PDP__MIN(n1, jc + PDP__GEMM_NR), scratch);
 }
 
 /* ---- gemm: threads ---- */
@@ -10210,7 +10210,7 @@ PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n)
     if (scratch)
         pdp__gemm_block(g, m0, m1, n0, n1, scratch);
     else
-        pdp__gemm_unpacked(g, m0, m1, n0, n1);
+        pdp__gemm_on_stack(g, m0, m1, n0, n1);
 }
 
 /* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb; round16:
@@ -25939,7 +25939,9 @@ PDP__PRIVATE pdp_status pdp__st_metadata(pdp__st_parser *p)
     if (p->meta) return pdp__st_fail(p, "__metadata__ twice");
     p->cap_meta = (int)(p->n / 6 + 1) * 2; /* "k":"v", takes at least 6 bytes */
     p->meta = (const char **)pdp__alloc((size_t)p->cap_meta * sizeof *p->meta);
-    if (!p->meta) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", p->fn);
+    if (!p->meta)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory for the metadata", p->fn,
+                        p->file);
     if (!pdp__st_expect(p, '{')) return pdp__st_fail(p, "expected '{' (__metadata__)");
     if (pdp__st_expect(p, '}')) return PDP_OK;
     for (;;) {
@@ -26669,6 +26671,9 @@ PDP__PRIVATE pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *
         return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
                         "the model has %lld", fn, path, (long long)o->count,
                         (long long)m->param_count);
+    if (o && o->model != m) /* its moments are another model's, whatever the count */
+        return pdp__err(PDP_ERR_INVALID, "%s: %s: the optimizer was created on another model "
+                        "(of %lld parameters too)", fn, path, (long long)m->param_count);
     if (o && !pdp__optim_is_full(o))
         return pdp__err(PDP_ERR_STATE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
                         "the %lld parameters only (a ZeRO shard: pdp_zero_checkpoint_%s)", fn,
@@ -30542,13 +30547,15 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
     window = (int32_t *)pdp__calloc((size_t)T * sizeof *window);
     p = (float *)pdp__alloc((size_t)V * sizeof *p);
     if (!cpu) z = (float *)pdp__alloc((size_t)(T * V) * sizeof *z);
-    if (!window || !p || (!cpu && !z)) st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (!window || !p || (!cpu && !z)) /* its own message: the end adds fn */
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a window of %lld tokens and %lld "
+                      "logits", (long long)T, (long long)V);
     shape[0] = 1;
     shape[1] = T;
     if (st == PDP_OK && !cpu) st = pdp_tensor_create_ids(&dx, m->device, 2, shape);
     training = m->training;
     m->training = false;
-    pdp_tensor_wrap_ids(window, pdp_cpu(), 2, shape, &x);
+    if (st == PDP_OK) pdp_tensor_wrap_ids(window, pdp_cpu(), 2, shape, &x);
     for (k = 0; k < n_new && st == PDP_OK; k++) {
         int64_t len = n + k, first = len > T ? len - T : 0;
         for (i = 0; i < T; i++) window[i] = first + i < len ? ids[first + i] : 0; /* pad */
@@ -32436,7 +32443,7 @@ PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, c
     if (z->rank == 0) {
         cap = 256 + (size_t)z->nunits * 96;
         if (!(text = (char *)pdp__alloc(cap))) {
-            st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+            st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory for the marker", fn, marker);
         } else {
             pdp__zero_marker_text(z, opt->steps, run, text, cap);
             st = pdp__zero_write_marker(marker, text, fn);
@@ -32474,7 +32481,7 @@ PDP__PRIVATE pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int
         fclose(f);
         pdp__dealloc(want);
         pdp__dealloc(have);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory to read the marker", fn, path);
     }
     n = fread(have, 1, cap, f);
     have[n] = '\0';

@@ -568,6 +568,9 @@ PDP__PRIVATE pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *
         return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
                         "the model has %lld", fn, path, (long long)o->count,
                         (long long)m->param_count);
+    if (o && o->model != m) /* its moments are another model's, whatever the count */
+        return pdp__err(PDP_ERR_INVALID, "%s: %s: the optimizer was created on another model "
+                        "(of %lld parameters too)", fn, path, (long long)m->param_count);
     if (o && !pdp__optim_is_full(o))
         return pdp__err(PDP_ERR_STATE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
                         "the %lld parameters only (a ZeRO shard: pdp_zero_checkpoint_%s)", fn,

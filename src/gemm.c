@@ -33,7 +33,8 @@
    - Memory: packed panels live in the calling thread's scratch buffer
      (pdp__thread_scratch), which grows on the first call of a given size and is
      reused afterwards; a training loop allocates nothing here after step one.
-     If even that allocation fails, a slow unpacked loop computes the product. */
+     If even that allocation fails, the same blocks are packed a panel at a time into a
+     buffer on the stack (pdp__gemm_on_stack): slower, the same bits. */
 
 #include "internal.h"
 
@@ -822,26 +823,22 @@ PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m
     }
 }
 
-/* Unpacked fallback for when scratch cannot be allocated (same contract, slow). */
-PDP__PRIVATE void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_t m1, int64_t n0,
-                                     int64_t n1)
+/* When the thread's scratch cannot grow: the same blocked product, one NR-column panel at a
+   time, packed into a buffer on this stack frame (KC x (NR + MR) floats: 80 KB for the
+   AVX-512 kernel). Each element of C is the same chain as pdp__gemm_block's (the panel grid
+   is anchored at column 0 either way, and the NC blocking only groups panels), so the bits
+   are the ones a run with memory gets; only slower. Not inlined: the frame is this path's
+   alone. */
+PDP__PRIVATE PDP__NOINLINE void pdp__gemm_on_stack(const pdp__gemm_args *g, int64_t m0,
+                                                   int64_t m1, int64_t n0, int64_t n1)
 {
-    int64_t i, j, p;
-    for (i = m0; i < m1; i++) {
-        for (j = n0; j < n1; j++) {
-            float acc = 0.0f, *cij = g->c + i * g->ldc + j;
-            for (p = 0; p < g->k; p++) {
-                float x = g->ta == PDP_NO_TRANS ? pdp__gemm_row(g->a, g->lda, g->arow, i)[p]
-                                                : g->a[p * g->lda + i];
-                float y = g->tb == PDP_NO_TRANS ? pdp__gemm_row(g->b, g->ldb, g->brow, p)[j]
-                                                : pdp__gemm_row(g->b, g->ldb, g->brow, j)[p];
-                if (g->round16 & PDP__GEMM_ROUND_A) x = pdp__bf16_round(x);
-                if (g->round16 & PDP__GEMM_ROUND_B) y = pdp__bf16_round(y);
-                acc += x * y;
-            }
-            *cij = g->beta != 0.0f ? g->alpha * acc + g->beta * *cij : g->alpha * acc;
-        }
-    }
+    float buf[PDP__GEMM_KC * (PDP__GEMM_NR + PDP__GEMM_MR) + 16];
+    float *scratch = (float *)(((uintptr_t)buf + 63) & ~(uintptr_t)63); /* 64-byte aligned */
+    int64_t jc;
+    PDP_ASSERT(pdp__gemm_scratch_floats(g, PDP__GEMM_NR) <=
+               (size_t)PDP__GEMM_KC * (PDP__GEMM_NR + PDP__GEMM_MR));
+    for (jc = n0; jc < n1; jc += PDP__GEMM_NR)
+        pdp__gemm_block(g, m0, m1, jc, PDP__MIN(n1, jc + PDP__GEMM_NR), scratch);
 }
 
 /* ---- gemm: threads ---- */
@@ -863,7 +860,7 @@ PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n)
     if (scratch)
         pdp__gemm_block(g, m0, m1, n0, n1, scratch);
     else
-        pdp__gemm_unpacked(g, m0, m1, n0, n1);
+        pdp__gemm_on_stack(g, m0, m1, n0, n1);
 }
 
 /* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb; round16:

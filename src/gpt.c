@@ -360,13 +360,15 @@ PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64
     window = (int32_t *)pdp__calloc((size_t)T * sizeof *window);
     p = (float *)pdp__alloc((size_t)V * sizeof *p);
     if (!cpu) z = (float *)pdp__alloc((size_t)(T * V) * sizeof *z);
-    if (!window || !p || (!cpu && !z)) st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (!window || !p || (!cpu && !z)) /* its own message: the end adds fn */
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a window of %lld tokens and %lld "
+                      "logits", (long long)T, (long long)V);
     shape[0] = 1;
     shape[1] = T;
     if (st == PDP_OK && !cpu) st = pdp_tensor_create_ids(&dx, m->device, 2, shape);
     training = m->training;
     m->training = false;
-    pdp_tensor_wrap_ids(window, pdp_cpu(), 2, shape, &x);
+    if (st == PDP_OK) pdp_tensor_wrap_ids(window, pdp_cpu(), 2, shape, &x);
     for (k = 0; k < n_new && st == PDP_OK; k++) {
         int64_t len = n + k, first = len > T ? len - T : 0;
         for (i = 0; i < T; i++) window[i] = first + i < len ? ids[first + i] : 0; /* pad */

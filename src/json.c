@@ -234,7 +234,9 @@ PDP__PRIVATE pdp_status pdp__st_metadata(pdp__st_parser *p)
     if (p->meta) return pdp__st_fail(p, "__metadata__ twice");
     p->cap_meta = (int)(p->n / 6 + 1) * 2; /* "k":"v", takes at least 6 bytes */
     p->meta = (const char **)pdp__alloc((size_t)p->cap_meta * sizeof *p->meta);
-    if (!p->meta) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", p->fn);
+    if (!p->meta)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory for the metadata", p->fn,
+                        p->file);
     if (!pdp__st_expect(p, '{')) return pdp__st_fail(p, "expected '{' (__metadata__)");
     if (pdp__st_expect(p, '}')) return PDP_OK;
     for (;;) {

@@ -91,18 +91,21 @@
 #  define PDP__THREAD_LOCAL __thread
 #  define PDP__UNUSED __attribute__((unused))
 #  define PDP__ALWAYS_INLINE __attribute__((always_inline))
+#  define PDP__NOINLINE __attribute__((noinline))
 #  define PDP__TARGET(s) __attribute__((target(s)))
 #  define PDP__HAVE_TARGET 1
 #elif defined(_MSC_VER)
 #  define PDP__THREAD_LOCAL __declspec(thread)
 #  define PDP__UNUSED
 #  define PDP__ALWAYS_INLINE __forceinline
+#  define PDP__NOINLINE __declspec(noinline)
 #elif defined(__TINYC__)
 /* tcc has no thread-local storage: the per-thread state (error message, thread count,
    profile counters) lives in one struct a thread, under a key (base.c, pdp__tls) */
 #  define PDP__TLS_KEY 1
 #  define PDP__UNUSED
 #  define PDP__ALWAYS_INLINE
+#  define PDP__NOINLINE
 #else
 #  error "pdp.h: needs a thread-local storage keyword (__thread or __declspec(thread))"
 #endif

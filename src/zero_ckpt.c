@@ -283,7 +283,7 @@ PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, c
     if (z->rank == 0) {
         cap = 256 + (size_t)z->nunits * 96;
         if (!(text = (char *)pdp__alloc(cap))) {
-            st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+            st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory for the marker", fn, marker);
         } else {
             pdp__zero_marker_text(z, opt->steps, run, text, cap);
             st = pdp__zero_write_marker(marker, text, fn);
@@ -321,7 +321,7 @@ PDP__PRIVATE pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int
         fclose(f);
         pdp__dealloc(want);
         pdp__dealloc(have);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory to read the marker", fn, path);
     }
     n = fread(have, 1, cap, f);
     have[n] = '\0';

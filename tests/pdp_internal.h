@@ -108,18 +108,21 @@
 #  define PDP__THREAD_LOCAL __thread
 #  define PDP__UNUSED __attribute__((unused))
 #  define PDP__ALWAYS_INLINE __attribute__((always_inline))
+#  define PDP__NOINLINE __attribute__((noinline))
 #  define PDP__TARGET(s) __attribute__((target(s)))
 #  define PDP__HAVE_TARGET 1
 #elif defined(_MSC_VER)
 #  define PDP__THREAD_LOCAL __declspec(thread)
 #  define PDP__UNUSED
 #  define PDP__ALWAYS_INLINE __forceinline
+#  define PDP__NOINLINE __declspec(noinline)
 #elif defined(__TINYC__)
 /* tcc has no thread-local storage: the per-thread state (error message, thread count,
    profile counters) lives in one struct a thread, under a key (base.c, pdp__tls) */
 #  define PDP__TLS_KEY 1
 #  define PDP__UNUSED
 #  define PDP__ALWAYS_INLINE
+#  define PDP__NOINLINE
 #else
 #  error "pdp.h: needs a thread-local storage keyword (__thread or __declspec(thread))"
 #endif
@@ -2366,7 +2369,8 @@ PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, 
    - Memory: packed panels live in the calling thread's scratch buffer
      (pdp__thread_scratch), which grows on the first call of a given size and is
      reused afterwards; a training loop allocates nothing here after step one.
-     If even that allocation fails, a slow unpacked loop computes the product. */
+     If even that allocation fails, the same blocks are packed a panel at a time into a
+     buffer on the stack (pdp__gemm_on_stack): slower, the same bits. */
 
 /* #include "internal.h" (above) */
 
@@ -2622,9 +2626,14 @@ PDP__PRIVATE size_t pdp__gemm_scratch_floats(const pdp__gemm_args *g, int64_t co
 PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m1, int64_t n0,
                                   int64_t n1, float *scratch);
 
-/* Unpacked fallback for when scratch cannot be allocated (same contract, slow). */
-PDP__PRIVATE void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_t m1, int64_t n0,
-                                     int64_t n1);
+/* When the thread's scratch cannot grow: the same blocked product, one NR-column panel at a
+   time, packed into a buffer on this stack frame (KC x (NR + MR) floats: 80 KB for the
+   AVX-512 kernel). Each element of C is the same chain as pdp__gemm_block's (the panel grid
+   is anchored at column 0 either way, and the NC blocking only groups panels), so the bits
+   are the ones a run with memory gets; only slower. Not inlined: the frame is this path's
+   alone. */
+PDP__PRIVATE PDP__NOINLINE void pdp__gemm_on_stack(const pdp__gemm_args *g, int64_t m0,
+                                                   int64_t m1, int64_t n0, int64_t n1);
 
 /* ---- gemm: threads ---- */
 

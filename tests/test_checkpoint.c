@@ -739,6 +739,17 @@ TEST checkpoint_wrong_optimizer_kind(void)
     ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "holds Adam state, the optimizer is SGD"));
     ASSERT(snap_same(&s, m, sgd));
     snap_free(&s);
+    { /* an optimizer of another model of the same size: its moments are not m's */
+        pdp_model *twin = make_model(5, 8, 3, false, 5);
+        pdp_optim *other = NULL;
+        ASSERT(twin != NULL);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&other, twin, &d), status_name);
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_checkpoint_save(path, m, other), status_name);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "created on another model"));
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_checkpoint_load(path, m, other), status_name);
+        pdp_optim_free(other);
+        pdp_model_free(twin);
+    }
     pdp_optim_free(sgd);
     pdp_model_free(m);
     PASS();
