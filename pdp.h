@@ -1478,7 +1478,7 @@ typedef struct pdp_dataset_desc {
     bool flat;           /* samples of shape (features) instead of (1, height, width);
                             default false */
     float mean, std;     /* std > 0: a pixel p becomes (p / 255 - mean) / std; default
-                            std 0: p / 255, in [0, 1] */
+                            std 0: p / 255, in [0, 1] (a mean without a std is refused) */
     int64_t max_samples; /* keep only the first max_samples (0 = all): the files need hold
                             only those, and a gzipped one is decoded only that far, so its
                             CRC-32 (over the whole file) is not checked: load once without
@@ -1590,7 +1590,7 @@ typedef struct pdp_batcher_desc {
                                the index list */
     const int64_t *indices; /* iterate over these samples (copied at create; they may repeat,
                                as a padded DistributedSampler's do); NULL = all, in order */
-    int64_t num_indices;    /* length of indices */
+    int64_t num_indices;    /* length of indices (>= 1 when indices is set) */
     struct pdp_dist_sampler *sampler; /* instead of indices: a DistributedSampler's (ddp.h),
                                which must outlive the batcher; pdp_batcher_reset(b, e) calls
                                pdp_dist_sampler_set_epoch(sampler, e) and takes this rank's
@@ -24580,6 +24580,9 @@ PDP__PRIVATE pdp_status pdp__check_desc(const pdp_dataset_desc *desc, const char
     if (!(desc->std >= 0.0f) || !isfinite(desc->mean) || !isfinite(desc->std))
         return pdp__err(PDP_ERR_INVALID, "%s: desc.mean %g, desc.std %g (std must be >= 0)", fn,
                         (double)desc->mean, (double)desc->std);
+    if (desc->std == 0.0f && desc->mean != 0.0f) /* else the mean would be dropped, silently */
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.mean %g without desc.std: normalising needs "
+                        "both (std 0: the pixels stay p / 255)", fn, (double)desc->mean);
     return PDP_OK;
 }
 
@@ -25027,9 +25030,10 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
         d.batch_size > ((int64_t)1 << 40) / PDP__MAX(ds->target_features, 1))
         return pdp__err(PDP_ERR_INVALID, "%s: desc.batch_size is %lld", fn,
                         (long long)d.batch_size);
-    if (d.num_indices < 0 || (d.num_indices > 0 && !d.indices))
-        return pdp__err(PDP_ERR_INVALID, "%s: desc.num_indices is %lld with indices %s", fn,
-                        (long long)d.num_indices, d.indices ? "set" : "NULL");
+    if (d.num_indices < 0 || (d.num_indices > 0 && !d.indices) || (d.indices && !d.num_indices))
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.num_indices is %lld with indices %s%s", fn,
+                        (long long)d.num_indices, d.indices ? "set" : "NULL",
+                        d.indices ? " (an epoch of no batch)" : "");
     if (d.indices && d.sampler)
         return pdp__err(PDP_ERR_INVALID, "%s: desc.indices and desc.sampler are both set", fn);
     if (d.sampler) { /* epoch 0's list, as pdp_batcher_reset(b, 0) below takes it */

@@ -185,6 +185,9 @@ PDP__PRIVATE pdp_status pdp__check_desc(const pdp_dataset_desc *desc, const char
     if (!(desc->std >= 0.0f) || !isfinite(desc->mean) || !isfinite(desc->std))
         return pdp__err(PDP_ERR_INVALID, "%s: desc.mean %g, desc.std %g (std must be >= 0)", fn,
                         (double)desc->mean, (double)desc->std);
+    if (desc->std == 0.0f && desc->mean != 0.0f) /* else the mean would be dropped, silently */
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.mean %g without desc.std: normalising needs "
+                        "both (std 0: the pixels stay p / 255)", fn, (double)desc->mean);
     return PDP_OK;
 }
 
@@ -632,9 +635,10 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
         d.batch_size > ((int64_t)1 << 40) / PDP__MAX(ds->target_features, 1))
         return pdp__err(PDP_ERR_INVALID, "%s: desc.batch_size is %lld", fn,
                         (long long)d.batch_size);
-    if (d.num_indices < 0 || (d.num_indices > 0 && !d.indices))
-        return pdp__err(PDP_ERR_INVALID, "%s: desc.num_indices is %lld with indices %s", fn,
-                        (long long)d.num_indices, d.indices ? "set" : "NULL");
+    if (d.num_indices < 0 || (d.num_indices > 0 && !d.indices) || (d.indices && !d.num_indices))
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.num_indices is %lld with indices %s%s", fn,
+                        (long long)d.num_indices, d.indices ? "set" : "NULL",
+                        d.indices ? " (an epoch of no batch)" : "");
     if (d.indices && d.sampler)
         return pdp__err(PDP_ERR_INVALID, "%s: desc.indices and desc.sampler are both set", fn);
     if (d.sampler) { /* epoch 0's list, as pdp_batcher_reset(b, 0) below takes it */

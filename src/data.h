@@ -46,7 +46,7 @@ typedef struct pdp_dataset_desc {
     bool flat;           /* samples of shape (features) instead of (1, height, width);
                             default false */
     float mean, std;     /* std > 0: a pixel p becomes (p / 255 - mean) / std; default
-                            std 0: p / 255, in [0, 1] */
+                            std 0: p / 255, in [0, 1] (a mean without a std is refused) */
     int64_t max_samples; /* keep only the first max_samples (0 = all): the files need hold
                             only those, and a gzipped one is decoded only that far, so its
                             CRC-32 (over the whole file) is not checked: load once without
@@ -158,7 +158,7 @@ typedef struct pdp_batcher_desc {
                                the index list */
     const int64_t *indices; /* iterate over these samples (copied at create; they may repeat,
                                as a padded DistributedSampler's do); NULL = all, in order */
-    int64_t num_indices;    /* length of indices */
+    int64_t num_indices;    /* length of indices (>= 1 when indices is set) */
     struct pdp_dist_sampler *sampler; /* instead of indices: a DistributedSampler's (ddp.h),
                                which must outlive the batcher; pdp_batcher_reset(b, e) calls
                                pdp_dist_sampler_set_epoch(sampler, e) and takes this rank's

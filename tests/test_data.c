@@ -584,6 +584,11 @@ TEST data_idx_round_trip(void)
         for (i = 0; i < 20 * 784; i++)
             ASSERT_IN_RANGE(((float)img[16 + i] / 255.0f - 0.25f) / 0.5f, ds->images[i], 1e-6);
         pdp_dataset_free(ds);
+        norm.std = 0; /* a mean alone would be dropped: refused */
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_dataset_load_idx(&ds, ip, lp, &norm),
+                       pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "desc.mean 0.25 without desc.std"));
+        norm.std = 0.5f;
     }
     PASS();
 }
@@ -1015,6 +1020,9 @@ TEST data_batcher_index_lists_and_no_allocation(void)
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
     ASSERT(b == NULL);
     ASSERT(strstr(pdp_last_error(), "indices[1] = 50"));
+    bd.num_indices = 0; /* a list of nothing: an epoch without a batch */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    ASSERT(b == NULL && strstr(pdp_last_error(), "an epoch of no batch"));
     /* gather serves the same lists */
     ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_gather(ds, idx + 1, 2, buf, lab), pdp_status_name);
     ASSERT_EQ(ds->labels[49], lab[0]);
