@@ -55,9 +55,11 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_ddp_stats s;
     (void)user;
     if (rank == 0)
-        printf("seed %lld: %s, backend %s, %d ranks, global batch %lld (%lld per rank), MLP "
+        printf("seed %lld: %s, backend %s, %d ranks, global batch %lld (%lld per rank%s), MLP "
                "784-512-512-10, Adam lr %g, gradients %s\n", (long long)seed, train->source,
-               backend, n, (long long)batch, (long long)per_rank, lr, wire < 1 ? compress : "fp32");
+               backend, n, (long long)(per_rank * n), (long long)per_rank,
+               batch % n ? "; -batch rounded down to a multiple of the ranks" : "", lr,
+               wire < 1 ? compress : "fp32");
     /* the seed differs by rank on purpose: DDP starts every rank from rank 0's parameters */
     pdp_model_desc md = {.input_shape = {784}, .device = ctx->device,
                          .seed = (uint64_t)seed + (uint64_t)rank};

@@ -105,7 +105,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         printf("%s", text);
     }
     if (ctx->rank == 0 && n > 1 && pdp_zero_memory_format(&mm, text, size) > 0)
-        printf("%s(the losses above: rank 0's, on its slice of each batch; validation: single's;\n"
+        printf("%s(the losses above: rank 0's, on its slice of each batch; validation: single's\n"
+               " windows, its figures single's up to the rounding of sums in another order;\n"
                " activations shrink with the slice and -recompute, ZeRO shards the rest)\n", text);
     PDP_TRY(pdp_trainer_gather_params(t)); /* ZeRO-3: the full parameters back, */
     pdp_trainer_free(t);                   /* so m is a whole model again */
@@ -153,13 +154,12 @@ int main(int argc, char **argv)
     PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
     if (short_run) steps = 10, n_new = 40;
-    if (strategy == PDP_STRATEGY_SINGLE) np = 1;
     int ranks = strategy >= PDP_STRATEGY_DDP ? np : 1; /* DP: np workers, one rank */
-    if (B % ranks || !prompt[0] || (tp > 1 && strategy == PDP_STRATEGY_DP)) {
-        fprintf(stderr, "-batch %lld must divide by the %d ranks, the prompt be nonempty, -tp "
-                "go with single, ddp or zero\n", (long long)B, ranks);
-        return 2;
-    }
+    const char *bad = strategy == PDP_STRATEGY_SINGLE && np > 1 ? "-np needs -strategy dp, ddp "
+                      "or zero1-3" : B % ranks ? "-batch must divide by -np" : !prompt[0]
+                      ? "-prompt is empty" : tp > 1 && strategy == PDP_STRATEGY_DP
+                      ? "-tp goes with single, ddp or zero1-3" : NULL;
+    if (bad) return fprintf(stderr, "%s\n", bad), 2;
     PDP_CHECK(pdp_set_num_threads(threads));
     g.dropout = (float)dropout, g.seed = (uint64_t)seed, g.sequence_parallel = sp;
     g.precision = (pdp_precision)bf16, g.recompute = (pdp_recompute)recompute; /* in order */

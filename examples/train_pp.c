@@ -59,9 +59,10 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     char line[512];
     (void)user;
     if (rank == 0)
-        printf("seed %lld: %s, backend %s, %d stages, schedule %s, %d micro-batches of %lld, "
+        printf("seed %lld: %s, backend %s, %d stages, schedule %s, %d micro-batches of %lld%s, "
                "MLP 784-%lldx%d-10, Adam lr %g\n", (long long)seed, train->source, backend, n,
-               sched, micro, (long long)(batch / micro), (long long)hidden, layers, lr);
+               sched, micro, (long long)(batch / micro), batch % micro ? " or one more" : "",
+               (long long)hidden, layers, lr);
     /* the same model on every rank (the same seed): each keeps its stage's layers */
     pdp_model_desc md = {.input_shape = {784}, .device = ctx->device, .seed = seed};
     PDP_TRY(pdp_model_create(&full, &md));

@@ -59,10 +59,11 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     }
     PDP_TRY(pdp_model_add_linear(m, 10));
     if (rank == 0)
-        printf("seed %lld: %s, backend %s, %d ranks, ZeRO stage %d, global batch %lld, MLP "
+        printf("seed %lld: %s, backend %s, %d ranks, ZeRO stage %d, global batch %lld%s, MLP "
                "784-%lldx%d-10 (%lld parameters), Adam lr %g\n", (long long)seed, train->source,
-               backend, n, stage, (long long)batch, (long long)hidden, layers,
-               (long long)pdp_model_param_count(m), lr);
+               backend, n, stage, (long long)(per_rank * n),
+               batch % n ? " (-batch rounded down to a multiple of the ranks)" : "",
+               (long long)hidden, layers, (long long)pdp_model_param_count(m), lr);
     pdp_zero_desc zd = {.stage = stage, .bucket_cap_mb = cap_mb, .first_bucket_mb = cap_mb};
     PDP_TRY(pdp_zero_create(&z, m, ctx->world, &zd)); /* shards the model */
     PDP_TRY(pdp_zero_optim_create(&opt, z, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM, .lr = lr}));
