@@ -121,8 +121,8 @@
    nanoGPT's groups (pdp_optim_desc.decay_params = PDP_DECAY_MATRICES: the 2-D weights and
    embeddings decayed, the biases and LayerNorms not; train_gpt's choice), the exact GELU
    of nanoGPT's model.py (pdp_gpt_desc.gelu_erf; the tanh form is GPT-2's and the default)
-   within 1e-5, bf16 against autocast within 1e-2, the mask (a later token changes no earlier logit, bit for bit) and
-   finite differences. DataParallel, DDP and
+   within 1e-5, bf16 against autocast within 1e-2, the mask (a later token changes no
+   earlier logit, bit for bit) and finite differences. DataParallel, DDP and
    ZeRO stages 1-3 train it (each equal to one device; the tied weight's two gradients are
    summed and reduced once, after the embedding's backward), and so does tensor
    parallelism by heads (pdp_gpt_desc.tp) and pipelines of blocks (pp.h: cut between
