@@ -80,13 +80,19 @@ PDP_API void pdp_clear_error(void)
 }
 PDP_API const char *pdp_version_string(void) { return PDP_VERSION_STRING; }
 
+PDP__PRIVATE pdp_status pdp__err_set(pdp_status status, bool peer, const char *fmt, va_list ap)
+{
+    vsnprintf(pdp__errbuf, sizeof pdp__errbuf, fmt, ap);
+    pdp__errpeer = peer;
+    return status;
+}
+
 PDP__PRIVATE pdp_status pdp__err(pdp_status status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(pdp__errbuf, sizeof pdp__errbuf, fmt, ap);
+    status = pdp__err_set(status, false, fmt, ap);
     va_end(ap);
-    pdp__errpeer = false;
     return status;
 }
 
@@ -97,9 +103,8 @@ PDP__PRIVATE pdp_status pdp__err_peer(pdp_status status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(pdp__errbuf, sizeof pdp__errbuf, fmt, ap);
+    status = pdp__err_set(status, true, fmt, ap);
     va_end(ap);
-    pdp__errpeer = true;
     return status;
 }
 

@@ -1587,6 +1587,8 @@ PDP__PRIVATE pdp__tls *pdp__tls_get(void);
 /* PDP_API void pdp_clear_error(void) */
 /* PDP_API const char *pdp_version_string(void) */
 
+PDP__PRIVATE pdp_status pdp__err_set(pdp_status status, bool peer, const char *fmt, va_list ap);
+
 PDP__PRIVATE pdp_status pdp__err(pdp_status status, const char *fmt, ...);
 
 /* pdp__err for a rank that fails because another did ("rank 1 could not load it"): the
