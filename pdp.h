@@ -260,7 +260,7 @@
    depends on the path and the model. `make bench` (bench/train) measures both on your
    CPU beside PyTorch's autocast; CHANGELOG.md keeps the runs we measured, each with
    its CPU. Tested: 5 epochs of the Fashion-MNIST MLP reach 88.99% in bf16 against
-   88.90% in fp32 (train_mnist -bf16, seed 1, 2 threads, on an AMD EPYC Zen 4: the last
+   88.90% in fp32 (train_mnist -precision bf16, seed 1, 2 threads, on an AMD EPYC Zen 4: the last
    digits move with the CPU's kernels, THREADS AND DETERMINISM); one autocast MLP step
    against a PyTorch fixture (tests/test_bf16.c).
 
@@ -4293,7 +4293,9 @@ PDP_API pdp_status pdp_print_by_rank(pdp_comm *c, const char *fmt, ...);
    without a value or a value refused, it returns PDP_ERR_INVALID and a message that names
    the option, the value and what it accepts, then the usage: "usage: PROG [-np 2 (1..8)]
    [-backend local (local|mpi|nccl)] ...", each option with its default (a choice's by
-   name). Variables already set stay set. A choice whose default is not the index of one
+   name). "-h", "-help" or "--help" (unless an option has that name) returns
+   PDP_ERR_INVALID with "PROG: -h: the options, each with its default" and the usage.
+   Variables already set stay set. A choice whose default is not the index of one
    of its choices (or whose choices are NULL), an option without a name or a value, or one
    of no type above fails before anything is parsed, naming it. */
 typedef enum pdp_arg_type {
@@ -35030,6 +35032,12 @@ PDP__PRIVATE bool pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap)
     return true;
 }
 
+/* "-h", "-help" or "--help", when no option has that name. */
+PDP__PRIVATE bool pdp__arg_is_help(const char *name)
+{
+    return !strcmp(name, "-h") || !strcmp(name, "-help") || !strcmp(name, "--help");
+}
+
 PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count)
 {
     const char *prog = argc > 0 && argv && argv[0] ? argv[0] : "program";
@@ -35053,7 +35061,9 @@ PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, in
                             args[k].choices ? args[k].choices : "NULL");
     for (i = 1; i < argc && !why[0]; i += 2) {
         for (k = 0; k < count && strcmp(argv[i], args[k].name); k++) {}
-        if (k == count)
+        if (k == count && pdp__arg_is_help(argv[i])) /* the usage alone: not a mistake */
+            snprintf(why, sizeof why, "%s: the options, each with its default", argv[i]);
+        else if (k == count)
             snprintf(why, sizeof why, "unknown option '%s'", argv[i]);
         else if (i + 1 == argc)
             snprintf(why, sizeof why, "%s needs a value", argv[i]);

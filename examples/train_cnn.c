@@ -24,39 +24,31 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 int main(int argc, char **argv)
 {
-    int epochs = 5, threads = 2, i;
-    int64_t batch = 64, step = 0, total_steps, warmup;
+    int epochs = 5, threads = 2, cuda = 0, i; /* -device: an index */
+    int64_t batch = 64, step = 0, total_steps, warmup, seed = 1;
     double lr = 1e-3, t0, acc;
-    unsigned long long seed = 1;
     bool short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT")), tty = isatty(1);
-    pdp_device dev = pdp_cpu();
     pdp_dataset *train, *test;
     pdp_model *m;
     pdp_optim *opt;
     pdp_batcher *batcher, *tb;
     pdp_tensor *dlogits;
+    const pdp_arg args[] = { /* option, type, variable (its default), min, max, choices */
+        {"-epochs", PDP_ARG_INT, &epochs, 1, 1000, NULL},
+        {"-batch", PDP_ARG_INT64, &batch, 1, 1 << 20, NULL},
+        {"-lr", PDP_ARG_DOUBLE, &lr, 1e-9, 10, NULL},
+        {"-threads", PDP_ARG_INT, &threads, 1, 256, NULL},
+        {"-seed", PDP_ARG_INT64, &seed, 0, 1e18, NULL},
+        {"-device", PDP_ARG_CHOICE, &cuda, 0, 0, "cpu|cuda"}, /* cuda: GPU 0 */
+    };
 
-    for (i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "-epochs")) epochs = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-batch")) batch = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "-lr")) lr = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "-threads")) threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-seed")) seed = strtoull(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "-device") && !strcmp(argv[i + 1], "cuda")) dev = pdp_cuda(0);
-        else if (!strcmp(argv[i], "-device") && !strcmp(argv[i + 1], "cpu")) dev = pdp_cpu();
-        else break;
-    }
-    if (i < argc || epochs < 1 || batch < 1) {
-        fprintf(stderr, "usage: %s [-epochs 5] [-batch 64] [-lr 0.001] [-threads 2] [-seed 1] "
-                "[-device cpu|cuda]\n  PDP_DATA=dir: where the Fashion-MNIST files are; "
-                "PDP_SHORT=1: a few steps only\n", argv[0]);
-        return 2;
-    }
+    if (short_run) epochs = 1; /* -epochs overrides */
+    PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
+    pdp_device dev = cuda ? pdp_cuda(0) : pdp_cpu();
     PDP_CHECK(pdp_set_num_threads(threads));
     if (short_run) epochs = 1;
 
@@ -64,12 +56,12 @@ int main(int argc, char **argv)
        without the files, the synthetic task (train->source says so, and why) */
     pdp_dataset_desc dd = {.mean = PDP_FASHION_MNIST_MEAN,
                            .std = PDP_FASHION_MNIST_STD, .max_samples = short_run ? 256 : 0,
-                           .seed = seed, .synthetic_fallback = true};
+                           .seed = (uint64_t)seed, .synthetic_fallback = true};
     PDP_CHECK(pdp_dataset_load_fashion_mnist(&train, true, &dd));
     PDP_CHECK(pdp_dataset_load_fashion_mnist(&test, false, &dd));
 
     /* model and optimizer */
-    pdp_model_desc md = {.input_shape = {1, 28, 28}, .seed = seed, .device = dev};
+    pdp_model_desc md = {.input_shape = {1, 28, 28}, .seed = (uint64_t)seed, .device = dev};
     PDP_CHECK(pdp_model_create(&m, &md));
     PDP_CHECK(pdp_model_add_conv2d(m, 16, 5, 1, 2)); /* 16 x 28 x 28 */
     PDP_CHECK(pdp_model_add_relu(m));
@@ -83,15 +75,16 @@ int main(int argc, char **argv)
     PDP_CHECK(pdp_optim_create(&opt, m, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM, .lr = lr}));
     PDP_CHECK(pdp_tensor_create(&dlogits, dev, 2, (int64_t[]){batch, 10}));
 
-    pdp_batcher_desc bd = {.batch_size = batch, .shuffle = true, .seed = seed, .device = dev};
+    pdp_batcher_desc bd = {.batch_size = batch, .shuffle = true, .seed = (uint64_t)seed,
+                           .device = dev};
     PDP_CHECK(pdp_batcher_create(&batcher, train, &bd)); /* batches on the model's device */
     pdp_batcher_desc tbd = {.batch_size = 1000, .device = dev}; /* the test set, in order */
     PDP_CHECK(pdp_batcher_create(&tb, test, &tbd));
     total_steps = epochs * pdp_batcher_num_batches(batcher);
     warmup = total_steps / 20 < 100 ? total_steps / 20 : 100;
-    printf("seed %llu: %s, %lld train / %lld test, CNN conv16-pool-conv32-pool-fc10, Adam lr %g, "
-           "batch %lld, ", seed, train->source, (long long)train->count, (long long)test->count,
-           lr, (long long)batch);
+    printf("seed %lld: %s, %lld train / %lld test, CNN conv16-pool-conv32-pool-fc10, Adam lr %g, "
+           "batch %lld, ", (long long)seed, train->source, (long long)train->count,
+           (long long)test->count, lr, (long long)batch);
     if (dev.kind == PDP_DEVICE_CPU) printf("%d threads\n", threads);
     else printf("CUDA device 0\n");
 

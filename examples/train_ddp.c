@@ -141,9 +141,9 @@ int main(int argc, char **argv)
         {"-compress", PDP_ARG_STRING, &compress, 0, 0, "none|bf16|fp16"},
     };
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
+    if (short_run) batch = 32; /* 10 steps, quick under the sanitizers; -batch overrides */
     PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
     PDP_CHECK(pdp_backend_from_name(backend, &ld.backend));
-    if (short_run) batch = 32; /* 10 steps: quick even under the sanitizers */
     if (batch < np) {
         fprintf(stderr, "-batch %lld: fewer samples than the %d ranks\n", (long long)batch, np);
         return 2;

@@ -33,14 +33,12 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 int main(int argc, char **argv)
 {
     int epochs = 5, workers = 2, gpus = 0, i;
-    int64_t batch = 128, step = 0, total_steps;
+    int64_t batch = 128, step = 0, total_steps, seed = 1;
     double lr = 1e-3, t0, acc;
-    unsigned long long seed = 1;
     bool short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
     pdp_dataset *train, *test;
     pdp_model *m;
@@ -49,29 +47,24 @@ int main(int argc, char **argv)
     pdp_dp *dp;
     pdp_device devices[64];
     char report[1024];
+    const pdp_arg args[] = { /* option, type, variable (its default), min, max, choices */
+        {"-j", PDP_ARG_INT, &workers, 0, 64, NULL}, /* 0: one per core */
+        {"-gpus", PDP_ARG_INT, &gpus, 0, 64, NULL}, /* workers on GPUs 0..gpus-1 */
+        {"-epochs", PDP_ARG_INT, &epochs, 1, 1000, NULL},
+        {"-batch", PDP_ARG_INT64, &batch, 1, 1 << 20, NULL},
+        {"-lr", PDP_ARG_DOUBLE, &lr, 1e-9, 10, NULL},
+        {"-seed", PDP_ARG_INT64, &seed, 0, 1e18, NULL},
+    };
 
-    for (i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "-j")) workers = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-gpus")) gpus = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-epochs")) epochs = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-batch")) batch = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "-lr")) lr = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "-seed")) seed = strtoull(argv[i + 1], NULL, 10);
-        else break;
-    }
-    if (i < argc || epochs < 1 || batch < 1 || workers < 0 || workers > 64 || gpus < 0 ||
-        (gpus > 0 && workers < 1)) {
-        fprintf(stderr, "usage: %s [-j 2 (0 = one per core)] [-gpus 0 (workers on GPUs "
-                "0..gpus-1)] [-epochs 5] [-batch 128] [-lr 0.001] [-seed 1]\n  PDP_DATA=dir: "
-                "the Fashion-MNIST files; PDP_SHORT=1: a few steps on synthetic data\n", argv[0]);
-        return 2;
-    }
-    if (short_run) epochs = 1;
+    if (short_run) epochs = 1; /* -epochs overrides */
+    PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
+    if (gpus > 0 && workers < 1)
+        return fprintf(stderr, "-gpus %d needs -j 1 or more (a worker per GPU)\n", gpus), 2;
 
     /* data as in train_mnist.c; the short mode uses the synthetic task */
     pdp_dataset_desc dd = {.flat = true, .mean = PDP_FASHION_MNIST_MEAN,
                            .std = PDP_FASHION_MNIST_STD, .max_samples = short_run ? 512 : 0,
-                           .seed = seed, .synthetic_fallback = true};
+                           .seed = (uint64_t)seed, .synthetic_fallback = true};
     pdp_status (*load)(pdp_dataset **, bool, const pdp_dataset_desc *) =
         short_run ? pdp_dataset_synthetic : pdp_dataset_load_fashion_mnist;
     PDP_CHECK(load(&train, true, &dd));
@@ -79,7 +72,7 @@ int main(int argc, char **argv)
 
     /* the master model and its optimizer (the distributed examples' MLP); DP clones the
        replicas from it */
-    pdp_model_desc md = {.input_shape = {784}, .seed = seed,
+    pdp_model_desc md = {.input_shape = {784}, .seed = (uint64_t)seed,
                          .device = gpus ? pdp_cuda(0) : pdp_cpu()};
     PDP_CHECK(pdp_model_create(&m, &md));
     PDP_CHECK(pdp_model_add_linear(m, 512));
@@ -95,13 +88,13 @@ int main(int argc, char **argv)
     }
     PDP_CHECK(pdp_dp_create(&dp, m, &dpd));
 
-    pdp_batcher_desc bd = {.batch_size = batch, .shuffle = true, .seed = seed};
+    pdp_batcher_desc bd = {.batch_size = batch, .shuffle = true, .seed = (uint64_t)seed};
     PDP_CHECK(pdp_batcher_create(&batcher, train, &bd));
     pdp_batcher_desc tbd = {.batch_size = 1000, .device = md.device}; /* on the master */
     PDP_CHECK(pdp_batcher_create(&tb, test, &tbd));
     total_steps = epochs * pdp_batcher_num_batches(batcher);
-    printf("seed %llu: %s, %lld train / %lld test, MLP 784-512-512-10, Adam lr %g, batch %lld, "
-           "DP over %d workers", seed, train->source, (long long)train->count,
+    printf("seed %lld: %s, %lld train / %lld test, MLP 784-512-512-10, Adam lr %g, batch %lld, "
+           "DP over %d workers", (long long)seed, train->source, (long long)train->count,
            (long long)test->count, lr, (long long)batch, pdp_dp_num_workers(dp));
     if (gpus) printf(" on %d GPU%s", gpus, gpus > 1 ? "s" : "");
     printf("\n");

@@ -151,9 +151,9 @@ int main(int argc, char **argv)
         {"-top_k", PDP_ARG_INT, &top_k, 0, 256, NULL},
     };
     pdp_token_dataset *ds;
-    PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
-    if (short_run) steps = 10, n_new = 40;
+    if (short_run) steps = 10, n_new = 40; /* -steps, -tokens override */
+    PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
     int ranks = strategy >= PDP_STRATEGY_DDP ? np : 1; /* DP: np workers, one rank */
     const char *bad = strategy == PDP_STRATEGY_SINGLE && np > 1 ? "-np needs -strategy dp, ddp "
                       "or zero1-3" : B % ranks ? "-batch must divide by -np" : !prompt[0]

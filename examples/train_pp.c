@@ -138,9 +138,9 @@ int main(int argc, char **argv)
         {"-seed", PDP_ARG_INT64, &seed, 0, 1e18, NULL},
     };
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
+    if (short_run) batch = 64; /* 10 steps; -batch overrides */
     PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
     PDP_CHECK(pdp_backend_from_name(backend, &ld.backend));
-    if (short_run) batch = 64; /* 10 steps */
     pdp_dataset_desc dd = {.flat = true, .mean = PDP_FASHION_MNIST_MEAN,
                            .std = PDP_FASHION_MNIST_STD, .max_samples = short_run ? 640 : 0,
                            .seed = (uint64_t)seed, .synthetic_fallback = true};

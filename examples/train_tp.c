@@ -142,9 +142,9 @@ int main(int argc, char **argv)
         {"-save", PDP_ARG_STRING, &save_path, 0, 0, NULL}, /* the full tensors' file */
     };
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
+    if (short_run) batch = 32; /* 10 steps; -batch overrides */
     PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
     PDP_CHECK(pdp_backend_from_name(backend, &ld.backend));
-    if (short_run) batch = 32; /* 10 steps */
     pdp_dataset_desc dd = {.flat = true, .mean = PDP_FASHION_MNIST_MEAN,
                            .std = PDP_FASHION_MNIST_STD, .max_samples = short_run ? 320 : 0,
                            .seed = (uint64_t)seed, .synthetic_fallback = true};

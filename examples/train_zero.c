@@ -132,9 +132,9 @@ int main(int argc, char **argv)
         {"-seed", PDP_ARG_INT64, &seed, 0, 1e18, NULL},
         {"-accum", PDP_ARG_INT, &accum, 1, 1000, NULL}, /* backward passes per step */
     };
+    if (short_run) batch = 32; /* 10 steps; -batch overrides */
     PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
     PDP_CHECK(pdp_backend_from_name(backend, &ld.backend));
-    if (short_run) batch = 32;
     if (batch < np) {
         fprintf(stderr, "-batch %lld: fewer samples than the %d ranks\n", (long long)batch, np);
         return 2;

@@ -354,6 +354,12 @@ PDP__PRIVATE bool pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap)
     return true;
 }
 
+/* "-h", "-help" or "--help", when no option has that name. */
+PDP__PRIVATE bool pdp__arg_is_help(const char *name)
+{
+    return !strcmp(name, "-h") || !strcmp(name, "-help") || !strcmp(name, "--help");
+}
+
 PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count)
 {
     const char *prog = argc > 0 && argv && argv[0] ? argv[0] : "program";
@@ -377,7 +383,9 @@ PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, in
                             args[k].choices ? args[k].choices : "NULL");
     for (i = 1; i < argc && !why[0]; i += 2) {
         for (k = 0; k < count && strcmp(argv[i], args[k].name); k++) {}
-        if (k == count)
+        if (k == count && pdp__arg_is_help(argv[i])) /* the usage alone: not a mistake */
+            snprintf(why, sizeof why, "%s: the options, each with its default", argv[i]);
+        else if (k == count)
             snprintf(why, sizeof why, "unknown option '%s'", argv[i]);
         else if (i + 1 == argc)
             snprintf(why, sizeof why, "%s needs a value", argv[i]);

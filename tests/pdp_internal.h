@@ -9983,6 +9983,9 @@ PDP__PRIVATE bool pdp__arg_set(const pdp_arg *a, const char *text);
    accepts)" to buf; false, appending nothing, for a choice whose value names no choice. */
 PDP__PRIVATE bool pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap);
 
+/* "-h", "-help" or "--help", when no option has that name. */
+PDP__PRIVATE bool pdp__arg_is_help(const char *name);
+
 /* PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count) */
 
 #if defined(__GNUC__) || defined(__clang__)

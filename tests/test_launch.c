@@ -310,6 +310,12 @@ TEST launch_args_parse(void)
     ASSERT(strstr(pdp_last_error(), "unknown option '-nq'"));
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(2, novalue, args, 5), pdp_status_name);
     ASSERT(strstr(pdp_last_error(), "-np needs a value"));
+    for (i = 0; i < 3; i++) { /* -h, -help, --help: the usage, not "unknown option" */
+        char *help[] = {"prog", "-np", "3", i == 0 ? "-h" : i == 1 ? "-help" : "--help"};
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(4, help, args, 5), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), ": the options, each with its default\nusage: prog "));
+        ASSERT(strstr(pdp_last_error(), help[3]) && !strstr(pdp_last_error(), "unknown"));
+    }
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(3, unknown, NULL, 5), pdp_status_name);
     PASS();
 }
