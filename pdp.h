@@ -3543,7 +3543,7 @@ PDP_API pdp_status pdp_trainer_step(pdp_trainer *t);
 /* This rank's memory as zero.h's report (pdp_zero_memory: measured, or planned, beside the
    formulas; opt's state counted): ZeRO's measured (pdp_zero_get_memory); single's and DDP's
    planned as stage 0, a whole replica (pdp_zero_memory_plan at N = 1, or desc.comm's size,
-   zero.h's default units for the other stages); DP's the master's as stage 0 at N = 1
+   the other stages with desc.zero's units); DP's the master's as stage 0 at N = 1
    (pdp_dp_get_stats(pdp_trainer_dp(t)) has the master's and the replicas' peaks, activations
    and gathered outputs included). PDP_ERR_INVALID for a NULL t or out. */
 PDP_API pdp_status pdp_trainer_get_memory(const pdp_trainer *t, pdp_zero_memory *out);
@@ -32919,8 +32919,9 @@ PDP_API pdp_status pdp_trainer_get_memory(const pdp_trainer *t, pdp_zero_memory 
         return pdp__err(PDP_ERR_INVALID, "pdp_trainer_get_memory: %s is NULL",
                         t ? "out" : "trainer");
     if (t->z) return pdp_zero_get_memory(t->z, t->opt, out);
-    return pdp_zero_memory_plan(t->m, t->ddp ? pdp_comm_size(t->desc.comm) : 1, 0, NULL, t->opt,
-                                out);
+    /* a whole replica, and every stage planned with the units desc.zero would give */
+    return pdp_zero_memory_plan(t->m, t->ddp ? pdp_comm_size(t->desc.comm) : 1, 0,
+                                &t->desc.zero, t->opt, out);
 }
 
 PDP_API pdp_status pdp_trainer_memory_report(const pdp_trainer *t, int64_t batch, char *buf,

@@ -171,8 +171,9 @@ PDP_API pdp_status pdp_trainer_get_memory(const pdp_trainer *t, pdp_zero_memory 
         return pdp__err(PDP_ERR_INVALID, "pdp_trainer_get_memory: %s is NULL",
                         t ? "out" : "trainer");
     if (t->z) return pdp_zero_get_memory(t->z, t->opt, out);
-    return pdp_zero_memory_plan(t->m, t->ddp ? pdp_comm_size(t->desc.comm) : 1, 0, NULL, t->opt,
-                                out);
+    /* a whole replica, and every stage planned with the units desc.zero would give */
+    return pdp_zero_memory_plan(t->m, t->ddp ? pdp_comm_size(t->desc.comm) : 1, 0,
+                                &t->desc.zero, t->opt, out);
 }
 
 PDP_API pdp_status pdp_trainer_memory_report(const pdp_trainer *t, int64_t batch, char *buf,

@@ -143,6 +143,7 @@ TEST trainer_every_strategy_equals_one_device(void)
 {
     static tcase c;
     float ref[8192], ref_norms[STEPS], ref_losses[STEPS];
+    int64_t umax[MAXR + 1] = {0}; /* U_max under DDP at n ranks */
     int s, n, r, k;
     memset(&c, 0, sizeof c);
     for (k = 0; k < BATCH * T; k++) {
@@ -177,6 +178,9 @@ TEST trainer_every_strategy_equals_one_device(void)
                 ASSERT_EQm(msg, s >= PDP_STRATEGY_DDP ? n : 1, mm->world_size);
                 ASSERT_EQm(msg, sharded >= 3 ? 4 * mm->shard_count : P4, mm->param_bytes);
                 ASSERT_EQm(msg, sharded >= 1 ? 8 * mm->shard_count : 2 * P4, mm->optim_bytes);
+                /* DDP's plan of the stages uses desc.zero's units, as ZeRO at n does */
+                if (sharded == 0) umax[n] = mm->unit_max;
+                if (sharded >= 1) ASSERT_EQm(msg, umax[n], mm->unit_max);
                 free(c.params[r]);
                 c.params[r] = NULL;
             }
