@@ -3045,7 +3045,7 @@ PDP_API pdp_status pdp_gpt_activation_report(const pdp_model *m, const pdp_gpt_d
                                              int64_t *block_bytes);
 
 /* The TP traffic of a step (s: pdp_tp_get_stats of the step alone, from a rank of a
-   pdp_gpt_create(desc) model with desc->tp) beside the formula, one line into buf
+   pdp_gpt_create(desc) model with desc->tp) beside the formula, a line (SP: two) into buf
    (PDP_ERR_INVALID when it does not fit): per block f and g, forward and backward, 4
    all-reduces of batch T dim floats (FULL recomputation: the regions' forwards again, 6);
    under sequence parallelism each all-reduce moves as a reduce-scatter and an all-gather,
@@ -30820,13 +30820,14 @@ PDP_API pdp_status pdp_gpt_tp_report(const pdp_gpt_desc *desc, int64_t batch,
     k = sp ? 8 * L + 2 + 4 * L * re : 4 * L + 2 * L * re; /* the collectives of P bytes */
     sent = (sp ? 1.0 : 2.0) * (t - 1) / t * (double)(k * P) +
            (sp ? 2.0 * (t - 1) / t * (double)((2 * L + 1) * 2 * desc->dim * 4) : 0);
-    n = snprintf(buf, bytes, "TP %g%s, one step: %lld %s of %.3f MB (%s), %.3f MB sent by this "
-                 "rank (formula %.3f)\n", t, sp ? " + SP" : "",
+    n = snprintf(buf, bytes, "TP %g%s, one step: %lld %s of %.3f MB (%s)%s, %.3f MB sent by "
+                 "this rank (formula %.3f)\n", t, sp ? " + SP" : "",
                  (long long)(s->forward_allreduces + s->backward_allreduces + s->allgathers +
                              s->reduce_scatters),
                  sp ? "all-gathers and reduce-scatters" : "all-reduces", (double)P / 1e6,
                  sp ? (re ? "12L + 2" : "8L + 2") : (re ? "6L" : "4L"),
-                 (double)s->bytes_sent / 1e6, sent / 1e6);
+                 sp ? "\n  and the 2L + 1 LayerNorms' gradients all-reduced (each rank saw its "
+                 "slice of the sequence)" : "", (double)s->bytes_sent / 1e6, sent / 1e6);
     if (n < 0 || (size_t)n >= bytes)
         return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the line", fn, bytes);
     if (formula_bytes) *formula_bytes = sent;

@@ -107,7 +107,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     if (ctx->rank == 0 && n > 1 && pdp_zero_memory_format(&mm, text, size) > 0)
         printf("%s(the losses above: rank 0's, on its slice of each batch; validation: single's\n"
                " windows, its figures single's up to the rounding of sums in another order;\n"
-               " activations shrink with the slice and -recompute, ZeRO shards the rest)\n", text);
+               " activations shrink with the slice and -recompute, ZeRO shards the rest%s)\n",
+               text, tp > 1 ? ";\n Psi: one TP rank's parameters, 1/tp of each split layer" : "");
     PDP_TRY(pdp_trainer_gather_params(t)); /* ZeRO-3: the full parameters back, */
     pdp_trainer_free(t);                   /* so m is a whole model again */
     pdp_rng_seed(&r, (uint64_t)seed, 1);

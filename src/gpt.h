@@ -180,7 +180,7 @@ PDP_API pdp_status pdp_gpt_activation_report(const pdp_model *m, const pdp_gpt_d
                                              int64_t *block_bytes);
 
 /* The TP traffic of a step (s: pdp_tp_get_stats of the step alone, from a rank of a
-   pdp_gpt_create(desc) model with desc->tp) beside the formula, one line into buf
+   pdp_gpt_create(desc) model with desc->tp) beside the formula, a line (SP: two) into buf
    (PDP_ERR_INVALID when it does not fit): per block f and g, forward and backward, 4
    all-reduces of batch T dim floats (FULL recomputation: the regions' forwards again, 6);
    under sequence parallelism each all-reduce moves as a reduce-scatter and an all-gather,
