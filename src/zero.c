@@ -974,8 +974,8 @@ PDP__PRIVATE void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats
                  "backward passes: stage 1 accumulates without sending)", n, (long long)k);
     } else if (z->stage == 2) {
         st->formula_bytes = (k + 1) * v + scalar;
-        snprintf(st->formula, sizeof st->formula, "(k + 1) (N-1)/N x 4 Psi_pad, k = %lld, N = %d "
-                 "(a reduce-scatter per backward, one all-gather)", (long long)k, n);
+        snprintf(st->formula, sizeof st->formula, "(k + 1) (N-1)/N x 4 Psi_pad, k = %lld backward "
+                 "passes, N = %d (a reduce-scatter per backward, one all-gather)", (long long)k, n);
     } else {
         for (u = PDP__MAX(0, z->nunits - z->desc.param_buffers); u < z->nunits; u++)
             kept += z->units[u].s; /* floats per rank of the units kept gathered */
@@ -983,7 +983,8 @@ PDP__PRIVATE void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats
         st->formula_bytes = 3 * k * v - (k - 1) * 4 * (int64_t)(n - 1) * kept +
                             2 * k * 4 * (int64_t)(n - 1) * tied + scalar;
         snprintf(st->formula, sizeof st->formula, "3k (N-1)/N x 4 Psi_pad - (k - 1) (N-1)/N "
-                 "x 4 Psi_kept, k = %lld, N = %d, Psi_kept %lld of %lld", (long long)k, n,
+                 "x 4 Psi_kept, k = %lld backward passes, N = %d, Psi_kept %lld of %lld (the "
+                 "units a backward leaves gathered for the next forward)", (long long)k, n,
                  (long long)(kept * n), (long long)z->padded_count);
         if (tied) {
             size_t len = strlen(st->formula);

@@ -352,7 +352,7 @@ typedef struct pdp_zero_stats {
                                   equal to bytes_sent unless clipping (its all-reduced scalar),
                                   an evaluation forward or pdp_zero_gather_params ran between
                                   steps */
-    char formula[160];         /* that formula in words, with k and N substituted */
+    char formula[256];         /* that formula in words, with k and N substituted */
     int64_t gathers;           /* all-gathers of the last step */
     double backward_s, reduce_s, wait_s;
     int64_t total_bytes_sent;

@@ -1844,7 +1844,7 @@ static enum greatest_test_res check_uneven(int stage, pdp_batch_mean mean, int a
 {
     static uneven_job jobs[UN];
     static float ref[MAXP], other[MAXP];
-    static char msg[300];
+    static char msg[512];
     pthread_t t[UN];
     pdp_local_group *g = NULL;
     int64_t count = 0, count2 = 0;
@@ -1883,6 +1883,8 @@ static enum greatest_test_res check_uneven(int stage, pdp_batch_mean mean, int a
         ASSERT_EQm(msg, jobs[r].stats.formula_bytes, jobs[r].stats.bytes_sent);
         ASSERT_EQ((int64_t)accum, jobs[r].stats.micro_steps);
     }
+    ASSERTm(msg, strstr(jobs[0].stats.formula, " backward passes")); /* what k is */
+    if (stage == 3) ASSERTm(msg, strstr(jobs[0].stats.formula, "(the units a backward leaves"));
     PASS();
 }
 
@@ -2660,7 +2662,7 @@ TEST zero_optim_create_refuses_ranks_that_differ(void)
 
 static enum greatest_test_res check_gpt(gpt_job *job, const float *ref, int64_t count)
 {
-    static char msg[300];
+    static char msg[512];
     double e;
     int r, s;
     pdp_status st = pdp_launch(job->n, NULL, gpt_rank, job);
