@@ -41,7 +41,11 @@
    backward all-reduces the ranks' batch sizes (one float: 2 (N-1)/N x 4 bytes,
    counted in bytes_sent) and weighs rank r's loss gradient by N n_r / T before
    backward, so the average over ranks is the global-batch mean (what torchtitan
-   and Hugging Face's Trainer do by hand with an all-reduce of token counts). The
+   and Hugging Face's Trainer do by hand with an all-reduce of token counts). With
+   the built-in cross-entropy n_r counts the labels that count, as its mean does
+   (a GPT's positions whose label is not -1; all ignored: no gradient); an own
+   loss's backward counts samples. Dropout's masks are keyed by r x n_r as above,
+   one device's only when the shards are even. The
    trade-off: one more small collective per backward, whose latency
    pdp_ddp_forward_backward hides behind the forward and pdp_ddp_backward (own
    loss) waits for; in return no caller has to know the other ranks' batch

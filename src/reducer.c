@@ -678,7 +678,8 @@ PDP__PRIVATE pdp_status pdp__reducer_count_launch(pdp__reducer *r, int64_t n, co
     return pdp__err_wrap(st, "%s: rank %d: all-reducing the batch sizes", fn, r->c->rank);
 }
 
-/* Waits for it: *weight = N n / T for this rank's n, *scale = N / T. */
+/* Waits for it: *weight = N n / T for this rank's n, *scale = N / T (both 0 when T is 0:
+   every label of the global batch ignored, a batch that teaches nothing). */
 PDP__PRIVATE pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, float *weight,
                                                 float *scale, const char *fn)
 {
@@ -690,17 +691,30 @@ PDP__PRIVATE pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, floa
     if (st != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: all-reducing the batch sizes", fn, r->c->rank);
     total = (double)r->count;
-    if (!(total >= (double)n && total >= 1.0))
+    if (!(total >= (double)n))
         return pdp__err(PDP_ERR_INVALID, "%s: rank %d: the global batch is %g samples, this "
                         "rank's %lld", fn, r->c->rank, total, (long long)n);
-    *scale = (float)((double)r->c->size / total);
-    *weight = (float)((double)r->c->size * (double)n / total);
+    *scale = total > 0.0 ? (float)((double)r->c->size / total) : 0.0f;
+    *weight = total > 0.0 ? (float)((double)r->c->size * (double)n / total) : 0.0f;
     return PDP_OK;
 }
 
+/* The labels the built-in cross-entropy counts for x: its rows (a sample's one, a GPT's
+   one a position: the last layer's per-sample rows) whose label is not -1. */
+PDP__PRIVATE int64_t pdp__reducer_label_count(const pdp_model *m, const pdp_tensor *x,
+                                              const int32_t *labels)
+{
+    const pdp__layer *last = m->nlayers > 0 ? &m->layers[m->nlayers - 1] : NULL;
+    int64_t rows = x->shape[0], i, n = 0;
+    if (last && last->out_ndim > 0 && last->out_shape[last->out_ndim - 1] > 0)
+        rows *= last->out_count / last->out_shape[last->out_ndim - 1];
+    for (i = 0; i < rows; i++) n += labels[i] != -1;
+    return n;
+}
+
 /* The built-in cross-entropy pass weighted by the global batch (loss.c's
-   pdp_model_forward_backward with grad_scale N / T): the batch sizes' all-reduce
-   runs during the forward. *loss is this rank's mean. */
+   pdp_model_forward_backward with grad_scale N / T, T the labels that count on all
+   ranks): the counts' all-reduce runs during the forward. *loss is this rank's mean. */
 PDP__PRIVATE pdp_status pdp__reducer_forward_backward_global(pdp__reducer *r, const pdp_tensor *x,
                                                              const int32_t *labels, float *loss,
                                                              const char *fn)
@@ -710,28 +724,27 @@ PDP__PRIVATE pdp_status pdp__reducer_forward_backward_global(pdp__reducer *r, co
     pdp_tensor dy;
     double sum = 0.0;
     float weight = 1.0f, scale = 0.0f; /* set by pdp__reducer_count_wait when it succeeds */
+    int64_t n;
     pdp_status st, wst;
     if (!x || !labels || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
-    if ((st = pdp__reducer_count_launch(r, x->shape[0], fn)) != PDP_OK) return st;
+    n = pdp__reducer_label_count(m, x, labels);
+    if ((st = pdp__reducer_count_launch(r, n, fn)) != PDP_OK) return st;
     st = pdp_model_forward(m, x, &y);
-    wst = pdp__reducer_count_wait(r, x->shape[0], &weight, &scale, fn);
+    wst = pdp__reducer_count_wait(r, n, &weight, &scale, fn);
     if (st != PDP_OK) return pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
-    if (wst != PDP_OK || y->ndim != 2) {
-        char buf[96];
+    if (wst != PDP_OK) {
         m->have_forward = false;
-        if (wst != PDP_OK) return wst;
-        return pdp__err(PDP_ERR_SHAPE, "%s: rank %d: the model's output is %s; cross-entropy "
-                        "needs [batch, classes] (add a Flatten and a Linear)", fn, r->c->rank,
-                        pdp__shape_str(y, buf, sizeof buf));
+        return wst;
     }
-    st = pdp__cross_entropy_on(m->device, y->data, labels, y->shape[0], y->shape[1], scale, &sum,
-                               m->grad_a, fn);
-    *loss = (float)(sum / (double)y->shape[0]);
+    if ((st = pdp__model_check_logits(m, y, fn)) != PDP_OK) return st;
+    st = pdp__cross_entropy_rows_on(m->device, y->data, labels, y->count / y->shape[y->ndim - 1],
+                                    y->shape[y->ndim - 1], scale, &sum, m->grad_a, fn);
+    *loss = n > 0 ? (float)(sum / (double)n) : 0.0f;
     if (st != PDP_OK) {
         m->have_forward = false;
         return st;
     }
-    pdp_tensor_wrap(m->grad_a, m->device, 2, y->shape, &dy);
+    pdp_tensor_wrap(m->grad_a, m->device, y->ndim, y->shape, &dy);
     r->weighted = true;
     st = pdp_model_backward(m, &dy);
     r->weighted = false;

@@ -103,8 +103,9 @@
    same). desc.batch_mean = PDP_BATCH_MEAN_GLOBAL trains the mean over the
    global batch: every backward all-reduces the batch sizes (one float, in
    bytes_sent and in the formula) and weighs this rank's loss gradient by
-   N n_r / T, so every stage equals one device on the concatenated shards,
-   accumulation included (each backward weighted by its own global batch).
+   N n_r / T (n_r: the labels that count, as in ddp.h), so every stage equals one
+   device on the concatenated shards, accumulation included (each backward
+   weighted by its own global batch); with dropout, when the shards are even.
 
    Tied parameters (a GPT's head, pdp_model_add_tied_linear, uses the Embedding's
    transformer.wte.weight): the parameter lies in its owner's unit, T, and the head

@@ -8647,13 +8647,19 @@ PDP__PRIVATE pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b,
    executor's stats. */
 PDP__PRIVATE pdp_status pdp__reducer_count_launch(pdp__reducer *r, int64_t n, const char *fn);
 
-/* Waits for it: *weight = N n / T for this rank's n, *scale = N / T. */
+/* Waits for it: *weight = N n / T for this rank's n, *scale = N / T (both 0 when T is 0:
+   every label of the global batch ignored, a batch that teaches nothing). */
 PDP__PRIVATE pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, float *weight,
                                                 float *scale, const char *fn);
 
+/* The labels the built-in cross-entropy counts for x: its rows (a sample's one, a GPT's
+   one a position: the last layer's per-sample rows) whose label is not -1. */
+PDP__PRIVATE int64_t pdp__reducer_label_count(const pdp_model *m, const pdp_tensor *x,
+                                              const int32_t *labels);
+
 /* The built-in cross-entropy pass weighted by the global batch (loss.c's
-   pdp_model_forward_backward with grad_scale N / T): the batch sizes' all-reduce
-   runs during the forward. *loss is this rank's mean. */
+   pdp_model_forward_backward with grad_scale N / T, T the labels that count on all
+   ranks): the counts' all-reduce runs during the forward. *loss is this rank's mean. */
 PDP__PRIVATE pdp_status pdp__reducer_forward_backward_global(pdp__reducer *r, const pdp_tensor *x,
                                                              const int32_t *labels, float *loss,
                                                              const char *fn);
