@@ -3761,9 +3761,10 @@ typedef struct pdp_pp_desc {
 } pdp_pp_desc;
 
 /* Collective over c (every rank calls it; rank r is stage r) and, with desc.dp, over
-   dp. full: the same model on every rank; it is read, not kept. A model with fewer
-   layers than stages (pieces), an interleaved m that is not a multiple of p, or
-   boundaries that differ from rank 0's, fail with PDP_ERR_INVALID. A rank
+   dp. full: the same model on every rank (its parameters are compared with rank 0's by a
+   hash); it is read, not kept. A model with fewer layers than stages (pieces), an
+   interleaved m that is not a multiple of p, boundaries or parameters that differ from
+   rank 0's, fail with PDP_ERR_INVALID. A rank
    that fails alone (a desc field out of range, no memory for its stage) makes every rank
    fail: the others with PDP_ERR_COMM naming it. PDP_TRACE=out.json traces the schedule. */
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
@@ -22142,6 +22143,46 @@ PDP_API pdp_status pdp_model_backward_dx(pdp_model *m, const pdp_tensor *dy, pdp
     return st == PDP_OK ? PDP_OK : pdp__err_wrap(st, "%s", fn);
 }
 
+/* A hash (FNV-1a over 32-bit words) of m's parameters but those skip(m, p) names (NULL:
+   none), for ranks that must hold the same bits (a TP group's replicated tensors, every
+   rank's copy of a pipeline's model); 0 when the parameters are not here (ZeRO-3 holds
+   them as shards). A GPU model's tensors are copied to the host one at a time. */
+PDP__PRIVATE pdp_status pdp__model_param_hash(const pdp_model *m,
+                                              bool (*skip)(const pdp_model *, int),
+                                              uint64_t *out)
+{
+    uint64_t h = 0xcbf29ce484222325u;
+    float *host = NULL;
+    int64_t i, most = 0;
+    pdp_status st = PDP_OK;
+    int p;
+    *out = 0;
+    if (!m->param_block) return PDP_OK;
+    for (p = 0; p < m->nparams; p++)
+        if (!skip || !skip(m, p)) most = PDP__MAX(most, m->params[p].count);
+    if (m->device.kind != PDP_DEVICE_CPU &&
+        !(host = (float *)pdp__alloc((size_t)PDP__MAX(1, most) * sizeof *host)))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "comparing the ranks' parameters: no memory for "
+                        "%lld floats", (long long)most);
+    for (p = 0; p < m->nparams && st == PDP_OK; p++) {
+        const pdp__param_entry *e = &m->params[p];
+        const float *v = m->param_block + e->offset;
+        if (skip && skip(m, p)) continue;
+        if (host && (st = pdp__dev_copy(pdp_cpu(), host, m->device, v,
+                                        (size_t)e->count * sizeof *host)) != PDP_OK)
+            break;
+        if (host) v = host;
+        for (i = 0; i < e->count; i++) {
+            uint32_t u;
+            memcpy(&u, &v[i], sizeof u);
+            h = (h ^ u) * 0x100000001b3u;
+        }
+    }
+    pdp__dealloc(host);
+    *out = h | 1u;
+    return st;
+}
+
 PDP_API void pdp_model_zero_grad(pdp_model *m)
 {
     if (m && m->param_count && m->grad_block) /* NULL: ZeRO holds the gradients */
@@ -29959,42 +30000,12 @@ PDP__PRIVATE void pdp__tp_sig_str(const pdp__tp_sig *s, char *out, size_t cap)
         snprintf(out + n, cap - (size_t)n, ", %lld heads", (long long)s->heads);
 }
 
-/* A hash (FNV-1a over 32-bit words) of the tensors every TP rank holds whole (embeddings,
-   LayerNorms, the row-parallel Linears' biases), which must be the same bits on every TP
-   rank: a rank built from another seed would train other weights there, silently. 0 when
-   the parameters are not here (ZeRO-3 holds them as shards). */
+/* A hash of the tensors every TP rank holds whole (embeddings, LayerNorms, the
+   row-parallel Linears' biases), which must be the same bits on every TP rank: a rank built
+   from another seed would train other weights there, silently. */
 PDP__PRIVATE pdp_status pdp__tp_replicated_hash(const pdp_model *m, uint64_t *out)
 {
-    uint64_t h = 0xcbf29ce484222325u;
-    float *host = NULL;
-    int64_t i, most = 0;
-    pdp_status st = PDP_OK;
-    int p;
-    *out = 0;
-    if (!m->param_block) return PDP_OK;
-    for (p = 0; p < m->nparams; p++)
-        if (!pdp__tp_is_split(m, p)) most = PDP__MAX(most, m->params[p].count);
-    if (m->device.kind != PDP_DEVICE_CPU &&
-        !(host = (float *)pdp__alloc((size_t)PDP__MAX(1, most) * sizeof *host)))
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "TP check: no memory for %lld floats",
-                        (long long)most);
-    for (p = 0; p < m->nparams && st == PDP_OK; p++) {
-        const pdp__param_entry *e = &m->params[p];
-        const float *v = m->param_block + e->offset;
-        if (pdp__tp_is_split(m, p)) continue;
-        if (host && (st = pdp__dev_copy(pdp_cpu(), host, m->device, v,
-                                        (size_t)e->count * sizeof *host)) != PDP_OK)
-            break;
-        if (host) v = host;
-        for (i = 0; i < e->count; i++) {
-            uint32_t u;
-            memcpy(&u, &v[i], sizeof u);
-            h = (h ^ u) * 0x100000001b3u;
-        }
-    }
-    pdp__dealloc(host);
-    *out = h | 1u;
-    return st;
+    return pdp__model_param_hash(m, pdp__tp_is_split, out);
 }
 
 /* As the DDP reducer checks its parameters (reducer.c): TP rank 0's count and table go
@@ -33551,6 +33562,29 @@ PDP__PRIVATE pdp_status pdp__pp_agree_timed(pdp_pp *pp, const pdp_model *full, c
     return PDP_OK;
 }
 
+/* Every rank keeps its stage of its own copy of the full model, so the copies must be one
+   model: rank 0's parameter count and parameters' hash to every rank, each compares (ranks
+   seeded apart would train a pipeline equal to no one device's model, silently; a TP
+   model's pipeline ranks share a TP rank, so they hold the same slices). */
+PDP__PRIVATE pdp_status pdp__pp_agree_model(pdp_pp *pp, const pdp_model *full, const char *fn)
+{
+    uint64_t mine[2], theirs[2];
+    pdp_status st;
+    mine[0] = (uint64_t)full->param_count;
+    if ((st = pdp__model_param_hash(full, NULL, &mine[1])) != PDP_OK)
+        st = pdp__err_wrap(st, "%s: rank %d", fn, pp->stage);
+    if ((st = pdp__comm_agree(pp->c, st, fn)) != PDP_OK) return st;
+    memcpy(theirs, mine, sizeof mine);
+    if ((st = pdp_comm_broadcast_bytes(pp->c, theirs, sizeof theirs, 0)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: exchanging the model's hash", fn, pp->stage);
+    if (mine[0] != theirs[0] || mine[1] != theirs[1])
+        st = pdp__err(PDP_ERR_INVALID, "%s: rank %d: the full model's parameters differ from "
+                      "rank 0's (%s): every rank builds the same model (the same seed) and keeps "
+                      "its stage of it", fn, pp->stage,
+                      mine[0] != theirs[0] ? "their count" : "their values");
+    return pdp__comm_agree(pp->c, st, fn);
+}
+
 PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp)
 {
     pdp_pp_desc d;
@@ -33745,7 +33779,8 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     if (!out) st = pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     else st = pdp__pp_prepare(&pp, full, c, desc, fn);
     if ((st = pdp__comm_agree(c, st, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK ||
-        (st = pdp__pp_agree_timed(pp, full, fn)) != PDP_OK)
+        (st = pdp__pp_agree_timed(pp, full, fn)) != PDP_OK ||
+        (st = pdp__pp_agree_model(pp, full, fn)) != PDP_OK)
         goto fail;
     agreed = true; /* past the split's collectives: a failure from here on is agreed */
     pp->acts = (pdp__pp_action *)pdp__calloc((size_t)(2 * pp->mb * pp->v) * sizeof *pp->acts);
@@ -34045,7 +34080,7 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
             if ((st = pp->desc.loss(pp->desc.loss_user, y, pp->mb_first[j], total, &dy,
                                     &share)) != PDP_OK)
                 return pdp__err_wrap(st, "%s: the loss function on micro-batch %d", fn, j);
-            *loss_sum += share * (double)total;
+            *loss_sum += share * (double)pp->counted; /* *loss: loss_sum / counted */
         } else {
             /* one label a row of the last dimension, -1 ignored, scaled by the pass's count */
             double sum = 0.0;

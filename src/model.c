@@ -1081,6 +1081,46 @@ PDP_API pdp_status pdp_model_backward_dx(pdp_model *m, const pdp_tensor *dy, pdp
     return st == PDP_OK ? PDP_OK : pdp__err_wrap(st, "%s", fn);
 }
 
+/* A hash (FNV-1a over 32-bit words) of m's parameters but those skip(m, p) names (NULL:
+   none), for ranks that must hold the same bits (a TP group's replicated tensors, every
+   rank's copy of a pipeline's model); 0 when the parameters are not here (ZeRO-3 holds
+   them as shards). A GPU model's tensors are copied to the host one at a time. */
+PDP__PRIVATE pdp_status pdp__model_param_hash(const pdp_model *m,
+                                              bool (*skip)(const pdp_model *, int),
+                                              uint64_t *out)
+{
+    uint64_t h = 0xcbf29ce484222325u;
+    float *host = NULL;
+    int64_t i, most = 0;
+    pdp_status st = PDP_OK;
+    int p;
+    *out = 0;
+    if (!m->param_block) return PDP_OK;
+    for (p = 0; p < m->nparams; p++)
+        if (!skip || !skip(m, p)) most = PDP__MAX(most, m->params[p].count);
+    if (m->device.kind != PDP_DEVICE_CPU &&
+        !(host = (float *)pdp__alloc((size_t)PDP__MAX(1, most) * sizeof *host)))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "comparing the ranks' parameters: no memory for "
+                        "%lld floats", (long long)most);
+    for (p = 0; p < m->nparams && st == PDP_OK; p++) {
+        const pdp__param_entry *e = &m->params[p];
+        const float *v = m->param_block + e->offset;
+        if (skip && skip(m, p)) continue;
+        if (host && (st = pdp__dev_copy(pdp_cpu(), host, m->device, v,
+                                        (size_t)e->count * sizeof *host)) != PDP_OK)
+            break;
+        if (host) v = host;
+        for (i = 0; i < e->count; i++) {
+            uint32_t u;
+            memcpy(&u, &v[i], sizeof u);
+            h = (h ^ u) * 0x100000001b3u;
+        }
+    }
+    pdp__dealloc(host);
+    *out = h | 1u;
+    return st;
+}
+
 PDP_API void pdp_model_zero_grad(pdp_model *m)
 {
     if (m && m->param_count && m->grad_block) /* NULL: ZeRO holds the gradients */

@@ -564,6 +564,29 @@ PDP__PRIVATE pdp_status pdp__pp_agree_timed(pdp_pp *pp, const pdp_model *full, c
     return PDP_OK;
 }
 
+/* Every rank keeps its stage of its own copy of the full model, so the copies must be one
+   model: rank 0's parameter count and parameters' hash to every rank, each compares (ranks
+   seeded apart would train a pipeline equal to no one device's model, silently; a TP
+   model's pipeline ranks share a TP rank, so they hold the same slices). */
+PDP__PRIVATE pdp_status pdp__pp_agree_model(pdp_pp *pp, const pdp_model *full, const char *fn)
+{
+    uint64_t mine[2], theirs[2];
+    pdp_status st;
+    mine[0] = (uint64_t)full->param_count;
+    if ((st = pdp__model_param_hash(full, NULL, &mine[1])) != PDP_OK)
+        st = pdp__err_wrap(st, "%s: rank %d", fn, pp->stage);
+    if ((st = pdp__comm_agree(pp->c, st, fn)) != PDP_OK) return st;
+    memcpy(theirs, mine, sizeof mine);
+    if ((st = pdp_comm_broadcast_bytes(pp->c, theirs, sizeof theirs, 0)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: exchanging the model's hash", fn, pp->stage);
+    if (mine[0] != theirs[0] || mine[1] != theirs[1])
+        st = pdp__err(PDP_ERR_INVALID, "%s: rank %d: the full model's parameters differ from "
+                      "rank 0's (%s): every rank builds the same model (the same seed) and keeps "
+                      "its stage of it", fn, pp->stage,
+                      mine[0] != theirs[0] ? "their count" : "their values");
+    return pdp__comm_agree(pp->c, st, fn);
+}
+
 PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp)
 {
     pdp_pp_desc d;
@@ -758,7 +781,8 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     if (!out) st = pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     else st = pdp__pp_prepare(&pp, full, c, desc, fn);
     if ((st = pdp__comm_agree(c, st, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK ||
-        (st = pdp__pp_agree_timed(pp, full, fn)) != PDP_OK)
+        (st = pdp__pp_agree_timed(pp, full, fn)) != PDP_OK ||
+        (st = pdp__pp_agree_model(pp, full, fn)) != PDP_OK)
         goto fail;
     agreed = true; /* past the split's collectives: a failure from here on is agreed */
     pp->acts = (pdp__pp_action *)pdp__calloc((size_t)(2 * pp->mb * pp->v) * sizeof *pp->acts);
@@ -1058,7 +1082,7 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
             if ((st = pp->desc.loss(pp->desc.loss_user, y, pp->mb_first[j], total, &dy,
                                     &share)) != PDP_OK)
                 return pdp__err_wrap(st, "%s: the loss function on micro-batch %d", fn, j);
-            *loss_sum += share * (double)total;
+            *loss_sum += share * (double)pp->counted; /* *loss: loss_sum / counted */
         } else {
             /* one label a row of the last dimension, -1 ignored, scaled by the pass's count */
             double sum = 0.0;

@@ -176,9 +176,10 @@ typedef struct pdp_pp_desc {
 } pdp_pp_desc;
 
 /* Collective over c (every rank calls it; rank r is stage r) and, with desc.dp, over
-   dp. full: the same model on every rank; it is read, not kept. A model with fewer
-   layers than stages (pieces), an interleaved m that is not a multiple of p, or
-   boundaries that differ from rank 0's, fail with PDP_ERR_INVALID. A rank
+   dp. full: the same model on every rank (its parameters are compared with rank 0's by a
+   hash); it is read, not kept. A model with fewer layers than stages (pieces), an
+   interleaved m that is not a multiple of p, boundaries or parameters that differ from
+   rank 0's, fail with PDP_ERR_INVALID. A rank
    that fails alone (a desc field out of range, no memory for its stage) makes every rank
    fail: the others with PDP_ERR_COMM naming it. PDP_TRACE=out.json traces the schedule. */
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,

@@ -367,42 +367,12 @@ PDP__PRIVATE void pdp__tp_sig_str(const pdp__tp_sig *s, char *out, size_t cap)
         snprintf(out + n, cap - (size_t)n, ", %lld heads", (long long)s->heads);
 }
 
-/* A hash (FNV-1a over 32-bit words) of the tensors every TP rank holds whole (embeddings,
-   LayerNorms, the row-parallel Linears' biases), which must be the same bits on every TP
-   rank: a rank built from another seed would train other weights there, silently. 0 when
-   the parameters are not here (ZeRO-3 holds them as shards). */
+/* A hash of the tensors every TP rank holds whole (embeddings, LayerNorms, the
+   row-parallel Linears' biases), which must be the same bits on every TP rank: a rank built
+   from another seed would train other weights there, silently. */
 PDP__PRIVATE pdp_status pdp__tp_replicated_hash(const pdp_model *m, uint64_t *out)
 {
-    uint64_t h = 0xcbf29ce484222325u;
-    float *host = NULL;
-    int64_t i, most = 0;
-    pdp_status st = PDP_OK;
-    int p;
-    *out = 0;
-    if (!m->param_block) return PDP_OK;
-    for (p = 0; p < m->nparams; p++)
-        if (!pdp__tp_is_split(m, p)) most = PDP__MAX(most, m->params[p].count);
-    if (m->device.kind != PDP_DEVICE_CPU &&
-        !(host = (float *)pdp__alloc((size_t)PDP__MAX(1, most) * sizeof *host)))
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "TP check: no memory for %lld floats",
-                        (long long)most);
-    for (p = 0; p < m->nparams && st == PDP_OK; p++) {
-        const pdp__param_entry *e = &m->params[p];
-        const float *v = m->param_block + e->offset;
-        if (pdp__tp_is_split(m, p)) continue;
-        if (host && (st = pdp__dev_copy(pdp_cpu(), host, m->device, v,
-                                        (size_t)e->count * sizeof *host)) != PDP_OK)
-            break;
-        if (host) v = host;
-        for (i = 0; i < e->count; i++) {
-            uint32_t u;
-            memcpy(&u, &v[i], sizeof u);
-            h = (h ^ u) * 0x100000001b3u;
-        }
-    }
-    pdp__dealloc(host);
-    *out = h | 1u;
-    return st;
+    return pdp__model_param_hash(m, pdp__tp_is_split, out);
 }
 
 /* As the DDP reducer checks its parameters (reducer.c): TP rank 0's count and table go

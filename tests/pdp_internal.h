@@ -6829,6 +6829,14 @@ PDP__PRIVATE pdp_status pdp__model_forward_layers(pdp_model *m, int lo, int hi, 
 
 /* PDP_API pdp_status pdp_model_backward_dx(pdp_model *m, const pdp_tensor *dy, pdp_tensor *dx) */
 
+/* A hash (FNV-1a over 32-bit words) of m's parameters but those skip(m, p) names (NULL:
+   none), for ranks that must hold the same bits (a TP group's replicated tensors, every
+   rank's copy of a pipeline's model); 0 when the parameters are not here (ZeRO-3 holds
+   them as shards). A GPU model's tensors are copied to the host one at a time. */
+PDP__PRIVATE pdp_status pdp__model_param_hash(const pdp_model *m,
+                                              bool (*skip)(const pdp_model *, int),
+                                              uint64_t *out);
+
 /* PDP_API void pdp_model_zero_grad(pdp_model *m) */
 
 /* PDP_API void pdp_model_set_training(pdp_model *m, bool training) */
@@ -8905,10 +8913,9 @@ PDP__PRIVATE bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s);
 /* "layer 1 (ColumnParallelLinear) 6 -> 12" */
 PDP__PRIVATE void pdp__tp_sig_str(const pdp__tp_sig *s, char *out, size_t cap);
 
-/* A hash (FNV-1a over 32-bit words) of the tensors every TP rank holds whole (embeddings,
-   LayerNorms, the row-parallel Linears' biases), which must be the same bits on every TP
-   rank: a rank built from another seed would train other weights there, silently. 0 when
-   the parameters are not here (ZeRO-3 holds them as shards). */
+/* A hash of the tensors every TP rank holds whole (embeddings, LayerNorms, the
+   row-parallel Linears' biases), which must be the same bits on every TP rank: a rank built
+   from another seed would train other weights there, silently. */
 PDP__PRIVATE pdp_status pdp__tp_replicated_hash(const pdp_model *m, uint64_t *out);
 
 /* As the DDP reducer checks its parameters (reducer.c): TP rank 0's count and table go
@@ -9761,6 +9768,12 @@ PDP__PRIVATE pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn);
    all take TP rank 0's (after the pipelines agreed), then dp rank 0's, so every rank holds
    the split of pipeline 0's TP rank 0. */
 PDP__PRIVATE pdp_status pdp__pp_agree_timed(pdp_pp *pp, const pdp_model *full, const char *fn);
+
+/* Every rank keeps its stage of its own copy of the full model, so the copies must be one
+   model: rank 0's parameter count and parameters' hash to every rank, each compares (ranks
+   seeded apart would train a pipeline equal to no one device's model, silently; a TP
+   model's pipeline ranks share a TP rank, so they hold the same slices). */
+PDP__PRIVATE pdp_status pdp__pp_agree_model(pdp_pp *pp, const pdp_model *full, const char *fn);
 
 /* PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp) */
 

@@ -893,6 +893,7 @@ TEST pp_trace_draws_one_lane_per_stage(void)
 typedef struct err_ctx {
     pdp_local_group *g;
     int rank, layers;
+    uint64_t seed;             /* the full model's */
     pdp_pp_desc desc;
     pdp_status st;
     char msg[1024];
@@ -908,6 +909,7 @@ static void *err_main(void *arg)
     int i;
     memset(&md, 0, sizeof md);
     md.input_shape[0] = 4;
+    md.seed = e->seed;
     pdp_comm_create_local(&c, e->g, e->rank);
     pdp_model_create(&full, &md);
     for (i = 0; i < e->layers; i++) pdp_model_add_linear(full, 4);
@@ -971,6 +973,15 @@ TEST pp_errors(void)
     run_err(2, e);
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, e[1].st, pdp_status_name);
     ASSERT(strstr(e[1].msg, "stage 1 starts at layer 2 here but at layer 1 on rank 0") != NULL);
+    /* a rank whose full model was drawn from another seed: every rank refuses it */
+    memset(e, 0, sizeof e);
+    e[0].layers = e[1].layers = 3;
+    e[1].seed = 2;
+    run_err(2, e);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, e[1].st, pdp_status_name);
+    ASSERT(strstr(e[1].msg, "rank 1: the full model's parameters differ from rank 0's (their "
+                  "values)") != NULL);
+    ASSERT(e[0].st != PDP_OK);
     /* a batch smaller than m; no labels on the last stage */
     ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
@@ -1501,6 +1512,8 @@ typedef struct gpt_case {
     int tp, dp;                /* 0 or 1: none; else TP ranks a stage, pipelines (pd.dp) */
     bool sp;                   /* sequence parallel stages (with tp) */
     bool no_clip;              /* no clipping (else pdp_pp_clip_grad_norm at 0.5 every step) */
+    bool own_loss;             /* desc.loss = square_share (the last stage sums its shares) */
+    double shares, worst_share; /* this step's shares; max |loss - shares| / shares */
     pdp_pp_schedule schedule;
     pdp_pp_balance balance;
     int first[GMAXR][2 * GMAXR]; /* each rank's split in use (pdp_pp_get_desc), then the
@@ -1554,6 +1567,24 @@ static pdp_status gpt_one(gpt_case *c, int steps, pdp_model **out)
 
 /* Rank (d p + s) tp + t: TP rank t of stage s of pipeline d (train_gpt_3d's layout); pipeline
    d trains on rows [d GB / dp, (d + 1) GB / dp). */
+/* desc.loss for a GPT: the mean of y^2 over the batch's elements, this micro-batch's share
+   (summed into the case's shares: the step's loss, pp.h says). */
+static pdp_status square_share(void *user, const pdp_tensor *y, int64_t first, int64_t total,
+                               pdp_tensor *dy, double *loss)
+{
+    gpt_case *c = (gpt_case *)user;
+    double k = 1.0 / ((double)total * (double)(y->count / y->shape[0])), sum = 0.0;
+    int64_t i;
+    (void)first;
+    for (i = 0; i < y->count; i++) {
+        sum += (double)y->data[i] * y->data[i];
+        dy->data[i] = (float)(2.0 * k) * y->data[i];
+    }
+    *loss = sum * k;
+    c->shares += *loss;
+    return PDP_OK;
+}
+
 static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
 {
     gpt_case *c = (gpt_case *)user;
@@ -1586,6 +1617,7 @@ static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
     pd.micro_batches = c->m;
     pd.dp = dp > 1 ? dc : NULL;
     pd.balance = c->balance;
+    if (c->own_loss) pd.loss = square_share, pd.loss_user = c;
     d.tp = tp > 1 ? tc : NULL;
     d.sequence_parallel = c->sp;
     d.recompute = c->recompute;
@@ -1604,11 +1636,14 @@ static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
         if ((st = pdp_optim_create(&other, full, &od)) != PDP_OK) goto out;
     }
     for (s = 0; s < c->steps; s++) {
+        if (st_ == p - 1) c->shares = 0.0; /* one last stage (own_loss: no TP, no DP) */
         if ((st = pdp_pp_forward_backward(pp, &x, c->tg + dd * rows * GT, &loss)) != PDP_OK ||
             (!c->no_clip && (st = pdp_pp_clip_grad_norm(pp, 0.5f, &norm)) != PDP_OK) ||
             (st = pdp_pp_step(pp, o)) != PDP_OK)
             goto out;
         if (st_ == p - 1 && t == 0) c->losses[dd][s] = loss;
+        if (c->own_loss && st_ == p - 1)
+            c->worst_share = PDP__MAX(c->worst_share, fabs(loss - c->shares) / c->shares);
         if (ctx->rank == 0) c->norms[s] = norm;
     }
     pdp_pp_get_stats(pp, &c->stats[ctx->rank]);
@@ -1702,6 +1737,27 @@ TEST pp_interleaved_gpt_equals_single_device(void)
                 for (s = 0; s < p; s++) ASSERTm(msg, c.worst[s] <= 1e-5);
             }
     pdp_model_free(ref);
+    PASS();
+}
+
+/* A caller's loss (desc.loss) on a GPT, whose output has T rows a sample: the loss a pass
+   reports is the sum of the micro-batches' shares (pp.h), at p = 2 and 3 under each schedule,
+   m = 2p. */
+TEST pp_gpt_own_loss_reports_the_sum_of_the_shares(void)
+{
+    static gpt_case c;
+    int p, k;
+    static const pdp_pp_schedule sch[3] = {PDP_PP_GPIPE, PDP_PP_1F1B, PDP_PP_INTERLEAVED_1F1B};
+    for (p = 2; p <= 3; p++)
+        for (k = 0; k < 3; k++) {
+            char msg[64];
+            gpt_data(&c);
+            c.layers = 4, c.steps = 2, c.m = 2 * p, c.own_loss = true, c.schedule = sch[k];
+            snprintf(msg, sizeof msg, "p %d schedule %d", p, (int)sch[k]);
+            ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(p, NULL, gpt_rank, &c),
+                            pdp_status_name);
+            ASSERTm(msg, c.worst_share <= 1e-6);
+        }
     PASS();
 }
 
@@ -2156,6 +2212,7 @@ SUITE(pp)
     RUN_TEST(pp_schedules_cannot_deadlock);
     RUN_TEST(pp_interleaved_lists_meet_the_bubble_formula);
     RUN_TEST(pp_interleaved_gpt_equals_single_device);
+    RUN_TEST(pp_gpt_own_loss_reports_the_sum_of_the_shares);
     RUN_TEST(pp_interleaved_tp_gpt_equals_single_device);
     RUN_TEST(pp_sequence_parallel_gpt_equals_single_device);
     RUN_TEST(pp_gpt_balanced_by_time_and_work);
