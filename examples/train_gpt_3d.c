@@ -105,7 +105,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         /* the last stages' means (of equal label counts), averaged: the global batch's */
         loss = s == pp - 1 && t == 0 ? loss / dp : 0;
         PDP_TRY(pdp_comm_allreduce(ctx->world, &loss, 1, PDP_REDUCE_SUM, NULL));
-        worst = fmax(worst, fabs((double)loss - one[i])); /* one[]: rank 0's */
+        if (!(fabs((double)loss - one[i]) <= worst)) worst = fabs((double)loss - one[i]); /* NaN */
         if (ctx->rank == 0)
             printf("step %d  loss %.6f  one device %.6f  (difference %.1e)\n", i + 1,
                    (double)loss, (double)one[i], fabs((double)loss - one[i]));

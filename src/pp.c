@@ -386,11 +386,12 @@ PDP__PRIVATE pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, in
         if (d->first_layer[0] != 0)
             return pdp__err(PDP_ERR_INVALID, "%s: first_layer[0] is %d (must be 0)", fn,
                             d->first_layer[0]);
-        for (s = 1; s < n; s++)
-            if (d->first_layer[s] <= d->first_layer[s - 1] || d->first_layer[s] >= nlayers)
-                return pdp__err(PDP_ERR_INVALID, "%s: first_layer[%d] is %d (must be in %d..%d)",
-                                fn, s, d->first_layer[s], d->first_layer[s - 1] + 1,
-                                nlayers - 1);
+        for (s = 1; s < n; s++) /* each piece at least a layer */
+            if (d->first_layer[s] <= d->first_layer[s - 1] || d->first_layer[s] > nlayers - n + s)
+                return pdp__err(PDP_ERR_INVALID, "%s: first_layer[%d] is %d: it must be above "
+                                "first_layer[%d] = %d and at most %d (%d layers, at least one "
+                                "for each of the %d pieces from it)", fn, s, d->first_layer[s],
+                                s - 1, d->first_layer[s - 1], nlayers - n + s, nlayers, n - s);
     }
     return PDP_OK;
 }

@@ -941,7 +941,7 @@ static void run_err(int n, err_ctx *e)
 
 TEST pp_errors(void)
 {
-    static const int cut1[] = {0, 1}, cut2[] = {0, 2}, bad[] = {0, 0};
+    static const int cut1[] = {0, 1}, cut2[] = {0, 2}, bad[] = {0, 0}, late[] = {0, 3};
     err_ctx e[2];
     pdp_local_group *g = NULL;
     pdp_comm *c = NULL;
@@ -964,7 +964,15 @@ TEST pp_errors(void)
     e[0].desc.first_layer = e[1].desc.first_layer = bad;
     run_err(2, e);
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, e[1].st, pdp_status_name);
-    ASSERT(strstr(e[1].msg, "first_layer[1] is 0") != NULL);
+    ASSERT(strstr(e[1].msg, "first_layer[1] is 0: it must be above first_layer[0] = 0") != NULL);
+    /* a boundary that leaves the last piece no layer */
+    memset(e, 0, sizeof e);
+    e[0].layers = e[1].layers = 3;
+    e[0].desc.first_layer = e[1].desc.first_layer = late;
+    run_err(2, e);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, e[1].st, pdp_status_name);
+    ASSERT(strstr(e[1].msg, "first_layer[1] is 3: it must be above first_layer[0] = 0 and at "
+                  "most 2 (3 layers, at least one for each of the 1 pieces from it)") != NULL);
     /* boundaries that differ across ranks: both fail, naming the stage */
     memset(e, 0, sizeof e);
     e[0].layers = e[1].layers = 3;
