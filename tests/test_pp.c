@@ -14,7 +14,8 @@
    action lists, peak activation memory (GPipe holds m micro-batches, 1F1B
    min(p - s, m)), the bytes sent, the bubble figures, balancing, the Chrome trace (one
    lane per stage, F/B events), the hot loop allocating nothing after the first step,
-   and the error paths (among them an
+   a caller's loss on a GPT (the reported loss is the sum of its shares),
+   and the error paths (among them ranks whose full models differ, an
    optimizer of the full model, a TP model, and a pass that fails on one stage: every
    stage's message names the call, its stage and the action).
    The interleaved schedule (pp_interleaved_*): equal to one device (loss and parameters)
