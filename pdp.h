@@ -1301,8 +1301,8 @@ PDP_API void pdp_model_set_grad_hook(pdp_model *m, pdp_grad_hook fn, void *user)
    ignored (nanoGPT's ignore_index): *loss is the mean over the other rows, and a batch
    with every label -1 gives 0 and no gradient. Any other label outside [0, classes) fails
    with PDP_ERR_INVALID naming the row; NaN or Inf with PDP_ERR_NUMERIC. Uses the model's
-   own buffer for the loss gradient: nothing is allocated after the first call. On CUDA,
-   -1 labels are not supported yet (PDP_ERR_UNSUPPORTED). */
+   own buffer for the loss gradient: nothing is allocated after the first call. The same
+   on CUDA (the labels are read on the host). */
 PDP_API pdp_status pdp_model_forward_backward(pdp_model *m, const pdp_tensor *x,
                                               const int32_t *labels, float *loss);
 /* The same pass with the target a tensor whose dtype picks the loss (what a batcher's
@@ -3515,7 +3515,9 @@ typedef struct pdp_trainer_desc {
    with PDP_ERR_INVALID naming it; an executor's failure keeps its status, its message after
    "pdp_trainer_create (strategy S): ". Under DDP and ZeRO the ranks then agree: when the
    optimizer or the executor failed on some ranks only, the others fail too, with
-   PDP_ERR_COMM naming a rank that failed. desc may be NULL (single, SGD). */
+   PDP_ERR_COMM naming a rank that failed; an optimizer desc that differs across the ranks
+   (kind, lr, betas, ...: each replica or shard would step by another rule) is
+   PDP_ERR_INVALID on every rank. desc may be NULL (single, SGD). */
 PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
                                       const pdp_trainer_desc *desc);
 /* Frees the optimizer and the executor: the model is the caller's again (layers may be
@@ -23323,6 +23325,36 @@ PDP__PRIVATE pdp_status pdp__optim_create_shard(pdp_optim **out, pdp_model *m,
     return pdp__optim_alloc(out, m, desc, 0, count, true, fn);
 }
 
+/* Does every rank step by the same rule (ZeRO's shards, DDP's replicas)? The sums over c's
+   ranks of the resolved desc's fields are size times this rank's (the integers exactly; the
+   doubles, rounded to float and summed in any order, within 1e-4 relative): an optimizer
+   that differs on one rank (Adam here, SGD there; another lr) would update its parameters by
+   another rule, silently. Collective over c. */
+PDP__PRIVATE pdp_status pdp__optim_agree(pdp_comm *c, const pdp_optim_desc *d, const char *fn)
+{
+    static const char *const names[] = {"kind", "decay_params", "nesterov", "lr", "momentum",
+                                        "dampening", "weight_decay", "beta1", "beta2", "eps"};
+    double mine[10];
+    float sum[10];
+    double n = (double)pdp_comm_size(c), tol = PDP__MAX(1e-4, n * 1.2e-7);
+    pdp_status st;
+    int k, rank = pdp_comm_rank(c);
+    mine[0] = d->kind, mine[1] = d->decay_params, mine[2] = d->nesterov, mine[3] = d->lr;
+    mine[4] = d->momentum, mine[5] = d->dampening, mine[6] = d->weight_decay;
+    mine[7] = d->beta1, mine[8] = d->beta2, mine[9] = d->eps;
+    for (k = 0; k < 10; k++) sum[k] = (float)mine[k];
+    if ((st = pdp__comm_sum_host(c, sum, 10)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: comparing the ranks' optimizers", fn, rank);
+    for (k = 0; k < 10; k++)
+        if (fabs((double)sum[k] - n * (double)(float)mine[k]) >
+            (k < 3 ? 0.5 : tol * n * fabs((double)(float)mine[k])))
+            return pdp__err(PDP_ERR_INVALID, "%s: rank %d: %s %s %g here, but not on every rank "
+                            "(the sum over %d ranks is %g): every rank steps by the same "
+                            "optimizer", fn, rank, pdp_optim_kind_name(d->kind), names[k],
+                            mine[k], (int)n, (double)sum[k]);
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc)
 {
     return pdp__optim_create_range(out, m, desc, 0, m ? m->param_count : 0, "pdp_optim_create");
@@ -31673,36 +31705,6 @@ release: /* pdp_zero_free's best-effort allocations must not replace the message
     return pdp__err(st, "%s", why);
 }
 
-/* Does every rank step its shard by the same rule? The sums over the ranks of the resolved
-   desc's fields are size times this rank's (the integers exactly; the doubles, rounded to
-   float and summed in any order, within 1e-4 relative): an optimizer that differs on one
-   rank (Adam here, SGD there) would update its shard by another rule, silently. */
-PDP__PRIVATE pdp_status pdp__zero_optim_agree(pdp_zero *z, const pdp_optim_desc *d,
-                                              const char *fn)
-{
-    static const char *const names[] = {"kind", "decay_params", "nesterov", "lr", "momentum",
-                                        "dampening", "weight_decay", "beta1", "beta2", "eps"};
-    double mine[10];
-    float sum[10];
-    double n = (double)z->c->size, tol = PDP__MAX(1e-4, n * 1.2e-7);
-    pdp_status st;
-    int k;
-    mine[0] = d->kind, mine[1] = d->decay_params, mine[2] = d->nesterov, mine[3] = d->lr;
-    mine[4] = d->momentum, mine[5] = d->dampening, mine[6] = d->weight_decay;
-    mine[7] = d->beta1, mine[8] = d->beta2, mine[9] = d->eps;
-    for (k = 0; k < 10; k++) sum[k] = (float)mine[k];
-    if ((st = pdp__comm_sum_host(z->c, sum, 10)) != PDP_OK)
-        return pdp__err_wrap(st, "%s: rank %d: comparing the ranks' optimizers", fn, z->rank);
-    for (k = 0; k < 10; k++)
-        if (fabs((double)sum[k] - n * (double)(float)mine[k]) >
-            (k < 3 ? 0.5 : tol * n * fabs((double)(float)mine[k])))
-            return pdp__err(PDP_ERR_INVALID, "%s: rank %d: %s %s %g here, but not on every rank "
-                            "(the sum over %d ranks is %g): every rank steps its shard by the "
-                            "same optimizer", fn, z->rank, pdp_optim_kind_name(d->kind),
-                            names[k], mine[k], z->c->size, (double)sum[k]);
-    return PDP_OK;
-}
-
 PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp_optim_desc *desc)
 {
     static const char *fn = "pdp_zero_optim_create";
@@ -31712,7 +31714,7 @@ PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp
     /* collective: every rank's optimizer made, then the same on every rank */
     st = pdp__optim_create_shard(out, z->m, desc, z->shard_count, fn);
     if ((st = pdp__comm_agree(z->c, st, fn)) == PDP_OK)
-        st = pdp__comm_agree(z->c, pdp__zero_optim_agree(z, &(*out)->desc, fn), fn);
+        st = pdp__comm_agree(z->c, pdp__optim_agree(z->c, &(*out)->desc, fn), fn);
     if (st != PDP_OK && out && *out) {
         pdp_optim_free(*out);
         *out = NULL;
@@ -32872,6 +32874,9 @@ PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
                   : pdp_optim_create(&t->opt, m, &d.optim);
     if (st != PDP_OK)
         st = pdp__err_wrap(st, "%s (strategy %s)", fn, pdp_strategy_name(d.strategy));
+    /* DDP's replicas step by the same optimizer (ZeRO's shard optimizer checks its own) */
+    if (t->ddp && (st = pdp__comm_agree(d.comm, st, fn)) == PDP_OK)
+        st = pdp__optim_agree(d.comm, &t->opt->desc, fn);
     /* The optimizer (and the executor after its collectives) can fail on one rank alone, an
        allocation or a desc that differs: every rank learns it here instead of waiting in the
        first step's collective for a rank that has left. After a timeout it would wait as

@@ -191,8 +191,8 @@ PDP_API void pdp_model_set_grad_hook(pdp_model *m, pdp_grad_hook fn, void *user)
    ignored (nanoGPT's ignore_index): *loss is the mean over the other rows, and a batch
    with every label -1 gives 0 and no gradient. Any other label outside [0, classes) fails
    with PDP_ERR_INVALID naming the row; NaN or Inf with PDP_ERR_NUMERIC. Uses the model's
-   own buffer for the loss gradient: nothing is allocated after the first call. On CUDA,
-   -1 labels are not supported yet (PDP_ERR_UNSUPPORTED). */
+   own buffer for the loss gradient: nothing is allocated after the first call. The same
+   on CUDA (the labels are read on the host). */
 PDP_API pdp_status pdp_model_forward_backward(pdp_model *m, const pdp_tensor *x,
                                               const int32_t *labels, float *loss);
 /* The same pass with the target a tensor whose dtype picks the loss (what a batcher's

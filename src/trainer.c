@@ -93,6 +93,9 @@ PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
                   : pdp_optim_create(&t->opt, m, &d.optim);
     if (st != PDP_OK)
         st = pdp__err_wrap(st, "%s (strategy %s)", fn, pdp_strategy_name(d.strategy));
+    /* DDP's replicas step by the same optimizer (ZeRO's shard optimizer checks its own) */
+    if (t->ddp && (st = pdp__comm_agree(d.comm, st, fn)) == PDP_OK)
+        st = pdp__optim_agree(d.comm, &t->opt->desc, fn);
     /* The optimizer (and the executor after its collectives) can fail on one rank alone, an
        allocation or a desc that differs: every rank learns it here instead of waiting in the
        first step's collective for a rank that has left. After a timeout it would wait as

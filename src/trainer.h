@@ -68,7 +68,9 @@ typedef struct pdp_trainer_desc {
    with PDP_ERR_INVALID naming it; an executor's failure keeps its status, its message after
    "pdp_trainer_create (strategy S): ". Under DDP and ZeRO the ranks then agree: when the
    optimizer or the executor failed on some ranks only, the others fail too, with
-   PDP_ERR_COMM naming a rank that failed. desc may be NULL (single, SGD). */
+   PDP_ERR_COMM naming a rank that failed; an optimizer desc that differs across the ranks
+   (kind, lr, betas, ...: each replica or shard would step by another rule) is
+   PDP_ERR_INVALID on every rank. desc may be NULL (single, SGD). */
 PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
                                       const pdp_trainer_desc *desc);
 /* Frees the optimizer and the executor: the model is the caller's again (layers may be

@@ -778,36 +778,6 @@ release: /* pdp_zero_free's best-effort allocations must not replace the message
     return pdp__err(st, "%s", why);
 }
 
-/* Does every rank step its shard by the same rule? The sums over the ranks of the resolved
-   desc's fields are size times this rank's (the integers exactly; the doubles, rounded to
-   float and summed in any order, within 1e-4 relative): an optimizer that differs on one
-   rank (Adam here, SGD there) would update its shard by another rule, silently. */
-PDP__PRIVATE pdp_status pdp__zero_optim_agree(pdp_zero *z, const pdp_optim_desc *d,
-                                              const char *fn)
-{
-    static const char *const names[] = {"kind", "decay_params", "nesterov", "lr", "momentum",
-                                        "dampening", "weight_decay", "beta1", "beta2", "eps"};
-    double mine[10];
-    float sum[10];
-    double n = (double)z->c->size, tol = PDP__MAX(1e-4, n * 1.2e-7);
-    pdp_status st;
-    int k;
-    mine[0] = d->kind, mine[1] = d->decay_params, mine[2] = d->nesterov, mine[3] = d->lr;
-    mine[4] = d->momentum, mine[5] = d->dampening, mine[6] = d->weight_decay;
-    mine[7] = d->beta1, mine[8] = d->beta2, mine[9] = d->eps;
-    for (k = 0; k < 10; k++) sum[k] = (float)mine[k];
-    if ((st = pdp__comm_sum_host(z->c, sum, 10)) != PDP_OK)
-        return pdp__err_wrap(st, "%s: rank %d: comparing the ranks' optimizers", fn, z->rank);
-    for (k = 0; k < 10; k++)
-        if (fabs((double)sum[k] - n * (double)(float)mine[k]) >
-            (k < 3 ? 0.5 : tol * n * fabs((double)(float)mine[k])))
-            return pdp__err(PDP_ERR_INVALID, "%s: rank %d: %s %s %g here, but not on every rank "
-                            "(the sum over %d ranks is %g): every rank steps its shard by the "
-                            "same optimizer", fn, z->rank, pdp_optim_kind_name(d->kind),
-                            names[k], mine[k], z->c->size, (double)sum[k]);
-    return PDP_OK;
-}
-
 PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp_optim_desc *desc)
 {
     static const char *fn = "pdp_zero_optim_create";
@@ -817,7 +787,7 @@ PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp
     /* collective: every rank's optimizer made, then the same on every rank */
     st = pdp__optim_create_shard(out, z->m, desc, z->shard_count, fn);
     if ((st = pdp__comm_agree(z->c, st, fn)) == PDP_OK)
-        st = pdp__comm_agree(z->c, pdp__zero_optim_agree(z, &(*out)->desc, fn), fn);
+        st = pdp__comm_agree(z->c, pdp__optim_agree(z->c, &(*out)->desc, fn), fn);
     if (st != PDP_OK && out && *out) {
         pdp_optim_free(*out);
         *out = NULL;

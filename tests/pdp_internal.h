@@ -7131,6 +7131,13 @@ PDP__PRIVATE pdp_status pdp__optim_create_shard(pdp_optim **out, pdp_model *m,
                                                 const pdp_optim_desc *desc, int64_t count,
                                                 const char *fn);
 
+/* Does every rank step by the same rule (ZeRO's shards, DDP's replicas)? The sums over c's
+   ranks of the resolved desc's fields are size times this rank's (the integers exactly; the
+   doubles, rounded to float and summed in any order, within 1e-4 relative): an optimizer
+   that differs on one rank (Adam here, SGD there; another lr) would update its parameters by
+   another rule, silently. Collective over c. */
+PDP__PRIVATE pdp_status pdp__optim_agree(pdp_comm *c, const pdp_optim_desc *d, const char *fn);
+
 /* PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc) */
 
 /* Whether o holds state for the whole block (the public functions' optimizer). */
@@ -9287,13 +9294,6 @@ PDP__PRIVATE pdp_status pdp__zero_prepare(pdp_zero **out, pdp_model *m, pdp_comm
    reducer's collectives, until the timeout), then those collectives; what follows them
    (the shards and buffers) is agreed on once more at the end. */
 /* PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c, const pdp_zero_desc *desc) */
-
-/* Does every rank step its shard by the same rule? The sums over the ranks of the resolved
-   desc's fields are size times this rank's (the integers exactly; the doubles, rounded to
-   float and summed in any order, within 1e-4 relative): an optimizer that differs on one
-   rank (Adam here, SGD there) would update its shard by another rule, silently. */
-PDP__PRIVATE pdp_status pdp__zero_optim_agree(pdp_zero *z, const pdp_optim_desc *d,
-                                              const char *fn);
 
 /* PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp_optim_desc *desc) */
 

@@ -394,6 +394,7 @@ TEST trainer_refuses_bad_descs_naming_the_field(void)
    but it must not return a trainer whose first step waits for a rank that has left. */
 typedef struct lone_job {
     pdp_strategy strategy;
+    bool differ;       /* rank 1's lr valid but not rank 0's */
     pdp_status st[2];
     char msg[2][1024]; /* pdp_last_error's size */
 } lone_job;
@@ -408,7 +409,7 @@ static pdp_status lone_failure_rank(const pdp_launch_ctx *ctx, void *user)
     memset(&d, 0, sizeof d);
     d.strategy = j->strategy;
     d.comm = ctx->world;
-    d.optim.lr = ctx->rank == 1 ? -0.1 : 0.0;
+    d.optim.lr = ctx->rank == 1 ? (j->differ ? 0.2 : -0.1) : 0.0;
     j->st[ctx->rank] = pdp_trainer_create(&t, m, &d);
     snprintf(j->msg[ctx->rank], sizeof j->msg[0], "%s", pdp_last_error());
     if (j->st[ctx->rank] == PDP_OK && t == NULL) j->st[ctx->rank] = PDP_ERR_STATE;
@@ -434,6 +435,15 @@ TEST trainer_create_fails_on_every_rank_when_one_fails(void)
         ASSERTm(j.msg[0], strncmp(j.msg[0], "pdp_trainer_create", 18) == 0 &&
                               strstr(j.msg[0], "rank 0: rank 1 of comm 'world' failed (see its "
                                                "message)"));
+        /* an lr that is valid on both but differs: every rank refuses it (DDP: the trainer
+           compares; ZeRO: its shard optimizer) */
+        memset(&j, 0, sizeof j);
+        j.strategy = strategies[s], j.differ = true;
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(2, NULL, lone_failure_rank, &j),
+                        pdp_status_name);
+        ASSERT_ENUM_EQm(j.msg[0], PDP_ERR_INVALID, j.st[0], pdp_status_name);
+        ASSERT_ENUM_EQm(j.msg[1], PDP_ERR_INVALID, j.st[1], pdp_status_name);
+        ASSERTm(j.msg[1], strstr(j.msg[1], "rank 1: SGD lr 0.2 here, but not on every rank"));
     }
     PASS();
 }
