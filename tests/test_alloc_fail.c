@@ -718,6 +718,8 @@ static void *coll_main(void *arg)
 /* setups and calls */
 static pdp_status cs_none(rk *r) { (void)r; return PDP_OK; }
 static pdp_status cs_mlp(rk *r) { return build_mlp(&r->m, 5 + (uint64_t)r->rank); }
+/* a pipeline's ranks must each hold the same full model (pdp_pp_create compares them) */
+static pdp_status cs_mlp_same(rk *r) { return build_mlp(&r->m, 5); }
 static pdp_status cc_split(rk *r)
 {
     pdp_status st = pdp_comm_split(r->c, 0, r->world - r->rank, &r->sub);
@@ -930,7 +932,7 @@ static const coll_case coll_cases[] = {
     {"zero_optim", "pdp_zero_optim_create", 1, cs_zero2, cc_zero_optim, 0, 0},
     {"ddp_comm_hook", "pdp_ddp_register_comm_hook", 1, cs_ddp, cc_ddp_hook, 0, 0},
     {"zero_comm_hook", "pdp_zero_register_comm_hook", 1, cs_zero2, cc_zero_hook, 0, 0},
-    {"pp", "pdp_pp_create", WORLD, cs_mlp, cc_pp, 0, 0},
+    {"pp", "pdp_pp_create", WORLD, cs_mlp_same, cc_pp, 0, 0},
     {"tp_first_forward", "pdp_model_forward", WORLD, cs_tp, cc_forward, 1, 0},
     {"tp_checkpoint_load", "pdp_tp_checkpoint_load", WORLD, cs_tp, cc_tp_load, 0, 0},
     {"tp_checkpoint_save", "pdp_tp_checkpoint_save", WORLD, cs_tp, cc_tp_save, 0, 0},
