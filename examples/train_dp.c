@@ -90,7 +90,11 @@ int main(int argc, char **argv)
 
     pdp_batcher_desc bd = {.batch_size = batch, .shuffle = true, .seed = (uint64_t)seed};
     PDP_CHECK(pdp_batcher_create(&batcher, train, &bd));
-    pdp_batcher_desc tbd = {.batch_size = 1000, .device = md.device}; /* on the master */
+    /* the test set on the master in batches of its share of a training batch: evaluating
+       reserves no activations beyond training's, so the memory line below is training's */
+    int workers_used = pdp_dp_num_workers(dp);
+    pdp_batcher_desc tbd = {.batch_size = (batch + workers_used - 1) / workers_used,
+                            .device = md.device};
     PDP_CHECK(pdp_batcher_create(&tb, test, &tbd));
     total_steps = epochs * pdp_batcher_num_batches(batcher);
     printf("seed %lld: %s, %lld train / %lld test, MLP 784-512-512-10, Adam lr %g, batch %lld, "
