@@ -101,8 +101,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
             pdp_ddp_get_stats(ddp, &s); /* the last step's figures */
             if (rank == 0 && (++step % (short_run ? 5 : 100) == 0))
                 printf("step %4lld  loss %.4f  sent/rank %.2f MB  ring 2(N-1)/N x grads %.2f MB"
-                       "  hidden %.0f%%\n", (long long)step, (double)loss, s.bytes_sent / 1e6,
-                       2.0 * (n - 1) / n * (double)s.grad_bytes / 1e6 * wire,
+                       "  hidden %.0f%% (this step)\n", (long long)step, (double)loss,
+                       s.bytes_sent / 1e6, 2.0 * (n - 1) / n * (double)s.grad_bytes / 1e6 * wire,
                        100.0 * s.hidden_share);
         }
         PDP_TRY(pdp_batcher_status(b));
@@ -110,10 +110,10 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         if (rank == 0) { /* every rank holds the same parameters: rank 0 evaluates */
             double dt = pdp_seconds() - t0, hidden = 1.0 - s.total_wait_s / s.total_allreduce_s;
             PDP_TRY(pdp_model_accuracy(m, tb, &acc));
-            printf("epoch %d  loss %.4f  test %.2f%%  %.0f samples/s  all-reduce hidden under "
-                   "backward: %.0f%% of %.3f s\n", e + 1, loss_sum * per_rank / (double)seen,
-                   100.0 * acc, (double)seen * n / dt, 100.0 * (hidden > 0 ? hidden : 0),
-                   s.total_allreduce_s);
+            printf("epoch %d  loss %.4f  test %.2f%%  %.0f samples/s  all-reduce hidden "
+                   "under backward over the epoch: %.0f%% of %.3f s\n", e + 1,
+                   loss_sum * per_rank / (double)seen, 100.0 * acc, (double)seen * n / dt,
+                   100.0 * (hidden > 0 ? hidden : 0), s.total_allreduce_s);
         }
     }
     if (rank == 0)
