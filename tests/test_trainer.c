@@ -80,6 +80,21 @@ static pdp_optim_desc sgd(void)
     return od;
 }
 
+/* The parameters after training, whole (ZeRO-3 gathers them), into a new array (NULL when
+   out of memory; the caller compares it); *t freed, the model the caller's again. */
+static pdp_status take_params(pdp_trainer **t, pdp_model *m, float **out, int64_t *count)
+{
+    pdp_tensor p;
+    pdp_status st = pdp_trainer_gather_params(*t);
+    pdp_trainer_free(*t);
+    *t = NULL;
+    if (st != PDP_OK || (st = pdp_model_flat(m, &p, NULL)) != PDP_OK) return st;
+    *count = p.count;
+    if ((*out = (float *)malloc((size_t)p.count * sizeof(float))) != NULL)
+        memcpy(*out, p.data, (size_t)p.count * sizeof(float));
+    return PDP_OK;
+}
+
 /* One rank's run through the trainer: rank r trains on samples [r b, (r + 1) b). */
 static pdp_status trainer_rank(const pdp_launch_ctx *ctx, void *user)
 {
@@ -89,7 +104,8 @@ static pdp_status trainer_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_model *m = small_gpt();
     pdp_trainer *t = NULL;
     pdp_trainer_desc td;
-    pdp_tensor x, p;
+    pdp_tensor x;
+    int64_t count = 0;
     long allocs = 0;
     pdp_status st = PDP_OK;
     if (!m) return PDP_ERR_OUT_OF_MEMORY;
@@ -114,13 +130,8 @@ static pdp_status trainer_rank(const pdp_launch_ctx *ctx, void *user)
     }
     if (n == 1) c->step_allocs = pdp_test_allocs() - allocs;
     if ((st = pdp_trainer_get_memory(t, &c->mm[r])) != PDP_OK) goto done;
-    if ((st = pdp_trainer_gather_params(t)) != PDP_OK) goto done; /* ZeRO-3: whole again */
-    pdp_trainer_free(t);
-    t = NULL;
-    if ((st = pdp_model_flat(m, &p, NULL)) != PDP_OK) goto done;
-    if (r == 0) c->count = p.count; /* the same on every rank: one writer */
-    if ((c->params[r] = (float *)malloc((size_t)p.count * sizeof(float))) != NULL)
-        memcpy(c->params[r], p.data, (size_t)p.count * sizeof(float));
+    if ((st = take_params(&t, m, &c->params[r], &count)) != PDP_OK) goto done;
+    if (r == 0) c->count = count; /* the same on every rank: one writer */
 done:
     pdp_trainer_free(t);
     pdp_model_free(m);
@@ -225,7 +236,8 @@ static pdp_status global_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_model *m = gpt_with_dropout(0);
     pdp_trainer *t = NULL;
     pdp_trainer_desc td;
-    pdp_tensor x, p;
+    pdp_tensor x;
+    int64_t count = 0;
     float loss;
     pdp_status st = PDP_OK;
     if (!m) return PDP_ERR_OUT_OF_MEMORY;
@@ -239,12 +251,7 @@ static pdp_status global_rank(const pdp_launch_ctx *ctx, void *user)
         if ((st = pdp_trainer_forward_backward(t, &x, c->tg + first * T, &loss)) != PDP_OK ||
             (st = pdp_trainer_step(t)) != PDP_OK)
             goto done;
-    if ((st = pdp_trainer_gather_params(t)) != PDP_OK) goto done;
-    pdp_trainer_free(t);
-    t = NULL;
-    if ((st = pdp_model_flat(m, &p, NULL)) != PDP_OK) goto done;
-    if ((c->params[r] = (float *)malloc((size_t)p.count * sizeof(float))) != NULL)
-        memcpy(c->params[r], p.data, (size_t)p.count * sizeof(float));
+    st = take_params(&t, m, &c->params[r], &count);
 done:
     pdp_trainer_free(t);
     pdp_model_free(m);
