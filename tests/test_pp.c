@@ -1645,7 +1645,7 @@ static pdp_status gpt_rank(const pdp_launch_ctx *ctx, void *user)
         if ((st = pdp_optim_create(&other, full, &od)) != PDP_OK) goto out;
     }
     for (s = 0; s < c->steps; s++) {
-        if (st_ == p - 1) c->shares = 0.0; /* one last stage (own_loss: no TP, no DP) */
+        if (c->own_loss && st_ == p - 1) c->shares = 0.0; /* one last stage: no TP, no DP */
         if ((st = pdp_pp_forward_backward(pp, &x, c->tg + dd * rows * GT, &loss)) != PDP_OK ||
             (!c->no_clip && (st = pdp_pp_clip_grad_norm(pp, 0.5f, &norm)) != PDP_OK) ||
             (st = pdp_pp_step(pp, o)) != PDP_OK)
