@@ -1493,8 +1493,9 @@ typedef struct pdp_dataset_desc {
 /* Reads an IDX image file (magic 0x00000803: unsigned bytes, [count, rows, cols])
    and its IDX label file (magic 0x00000801, [count]); either may be gzipped
    (recognised by content, not by name). A bad magic, a truncated file, a failed
-   CRC, counts that disagree between the two files or dimensions that overflow
-   fail with PDP_ERR_FORMAT naming the file; a missing file with PDP_ERR_IO. With
+   CRC, counts that disagree between the two files, no sample at all or dimensions that
+   overflow fail with PDP_ERR_FORMAT naming the file; a missing file or a directory with
+   PDP_ERR_IO. With
    desc->max_samples, what lies past the samples kept is not read (nor its CRC). */
 PDP_API pdp_status pdp_dataset_load_idx(pdp_dataset **out, const char *images_path,
                                         const char *labels_path, const pdp_dataset_desc *desc);
@@ -24286,6 +24287,7 @@ PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, 
     while (p < n && !s->stopped) {
         size_t start = p, first = s->out_len;
         uint8_t flg;
+        if (n - p < 18 && pdp__is_gzip(in + p, n - p)) goto truncated; /* a cut header */
         if (n - p < 18 || !pdp__is_gzip(in + p, n - p)) {
             st = pdp__err(PDP_ERR_FORMAT, "%s: %s: %s at byte %zu", fn, path,
                           member ? "trailing bytes after the gzip data" : "not a gzip file", p);
@@ -24507,6 +24509,8 @@ PDP__PRIVATE pdp_status pdp__read_file(const char *path, uint8_t **data, size_t 
     pdp_status st;
     *data = NULL;
     *bytes = 0;
+    if (pdp__path_kind(path, true) == PDP__PATH_DIR) /* fopen opens a directory on POSIX */
+        return pdp__err(PDP_ERR_IO, "%s: %s is a directory, not a file", fn, path);
     if (!(f = fopen(path, "rb")))
         return pdp__err(PDP_ERR_IO, "%s: cannot open %s: %s", fn, path, strerror(errno));
     if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
@@ -24702,6 +24706,11 @@ PDP__PRIVATE pdp_status pdp__load_idx(pdp_dataset **out, const char *images_path
                       (unsigned long long)ldims[0]);
         goto done;
     }
+    if (idims[0] == 0) { /* pdp_dataset_from_arrays and the sampler refuse count 0 too */
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s holds 0 images (and %s 0 labels)", fn, images_path,
+                      labels_path);
+        goto done;
+    }
     count = (int64_t)idims[0];
     if (keep && keep < count) count = keep;
     features = (int64_t)(idims[1] * idims[2]);
@@ -24751,7 +24760,7 @@ PDP__PRIVATE bool pdp__find_file(const char *dir, const char *name, char *path, 
         size_t used = strlen(tried);
         snprintf(path, cap, "%s/%s%s", dir, name, ext[i]);
         snprintf(tried + used, tried_cap - used, "%s%s", used ? ", " : "", path);
-        if ((f = fopen(path, "rb")) != NULL) {
+        if (pdp__path_kind(path, true) != PDP__PATH_DIR && (f = fopen(path, "rb")) != NULL) {
             fclose(f);
             return true;
         }
@@ -26156,6 +26165,12 @@ PDP__PRIVATE pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_
                             (unsigned long long)(e->end - e->begin), (unsigned long long)bytes);
         sorted[i] = &p->entries[i];
     }
+    /* a name twice first: its two entries would otherwise be reported as an overlap */
+    qsort(sorted, (size_t)p->nentries, sizeof *sorted, pdp__st_by_name);
+    for (i = 1; i < p->nentries; i++)
+        if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0)
+            return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" appears twice", fn, p->file,
+                            sorted[i]->name);
     qsort(sorted, (size_t)p->nentries, sizeof *sorted, pdp__st_by_begin);
     for (i = 0; i < p->nentries; i++) {
         if (sorted[i]->begin != at)
@@ -26168,10 +26183,6 @@ PDP__PRIVATE pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensors cover %llu of the %llu data bytes", fn,
                         p->file, (unsigned long long)at, (unsigned long long)data_bytes);
     qsort(sorted, (size_t)p->nentries, sizeof *sorted, pdp__st_by_name);
-    for (i = 1; i < p->nentries; i++)
-        if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0)
-            return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" appears twice", fn, p->file,
-                            sorted[i]->name);
     return PDP_OK;
 }
 

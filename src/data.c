@@ -27,6 +27,8 @@ PDP__PRIVATE pdp_status pdp__read_file(const char *path, uint8_t **data, size_t 
     pdp_status st;
     *data = NULL;
     *bytes = 0;
+    if (pdp__path_kind(path, true) == PDP__PATH_DIR) /* fopen opens a directory on POSIX */
+        return pdp__err(PDP_ERR_IO, "%s: %s is a directory, not a file", fn, path);
     if (!(f = fopen(path, "rb")))
         return pdp__err(PDP_ERR_IO, "%s: cannot open %s: %s", fn, path, strerror(errno));
     if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
@@ -222,6 +224,11 @@ PDP__PRIVATE pdp_status pdp__load_idx(pdp_dataset **out, const char *images_path
                       (unsigned long long)ldims[0]);
         goto done;
     }
+    if (idims[0] == 0) { /* pdp_dataset_from_arrays and the sampler refuse count 0 too */
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s holds 0 images (and %s 0 labels)", fn, images_path,
+                      labels_path);
+        goto done;
+    }
     count = (int64_t)idims[0];
     if (keep && keep < count) count = keep;
     features = (int64_t)(idims[1] * idims[2]);
@@ -271,7 +278,7 @@ PDP__PRIVATE bool pdp__find_file(const char *dir, const char *name, char *path, 
         size_t used = strlen(tried);
         snprintf(path, cap, "%s/%s%s", dir, name, ext[i]);
         snprintf(tried + used, tried_cap - used, "%s%s", used ? ", " : "", path);
-        if ((f = fopen(path, "rb")) != NULL) {
+        if (pdp__path_kind(path, true) != PDP__PATH_DIR && (f = fopen(path, "rb")) != NULL) {
             fclose(f);
             return true;
         }

@@ -61,8 +61,9 @@ typedef struct pdp_dataset_desc {
 /* Reads an IDX image file (magic 0x00000803: unsigned bytes, [count, rows, cols])
    and its IDX label file (magic 0x00000801, [count]); either may be gzipped
    (recognised by content, not by name). A bad magic, a truncated file, a failed
-   CRC, counts that disagree between the two files or dimensions that overflow
-   fail with PDP_ERR_FORMAT naming the file; a missing file with PDP_ERR_IO. With
+   CRC, counts that disagree between the two files, no sample at all or dimensions that
+   overflow fail with PDP_ERR_FORMAT naming the file; a missing file or a directory with
+   PDP_ERR_IO. With
    desc->max_samples, what lies past the samples kept is not read (nor its CRC). */
 PDP_API pdp_status pdp_dataset_load_idx(pdp_dataset **out, const char *images_path,
                                         const char *labels_path, const pdp_dataset_desc *desc);

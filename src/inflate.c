@@ -430,6 +430,7 @@ PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, 
     while (p < n && !s->stopped) {
         size_t start = p, first = s->out_len;
         uint8_t flg;
+        if (n - p < 18 && pdp__is_gzip(in + p, n - p)) goto truncated; /* a cut header */
         if (n - p < 18 || !pdp__is_gzip(in + p, n - p)) {
             st = pdp__err(PDP_ERR_FORMAT, "%s: %s: %s at byte %zu", fn, path,
                           member ? "trailing bytes after the gzip data" : "not a gzip file", p);

@@ -362,6 +362,12 @@ PDP__PRIVATE pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_
                             (unsigned long long)(e->end - e->begin), (unsigned long long)bytes);
         sorted[i] = &p->entries[i];
     }
+    /* a name twice first: its two entries would otherwise be reported as an overlap */
+    qsort(sorted, (size_t)p->nentries, sizeof *sorted, pdp__st_by_name);
+    for (i = 1; i < p->nentries; i++)
+        if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0)
+            return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" appears twice", fn, p->file,
+                            sorted[i]->name);
     qsort(sorted, (size_t)p->nentries, sizeof *sorted, pdp__st_by_begin);
     for (i = 0; i < p->nentries; i++) {
         if (sorted[i]->begin != at)
@@ -374,10 +380,6 @@ PDP__PRIVATE pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensors cover %llu of the %llu data bytes", fn,
                         p->file, (unsigned long long)at, (unsigned long long)data_bytes);
     qsort(sorted, (size_t)p->nentries, sizeof *sorted, pdp__st_by_name);
-    for (i = 1; i < p->nentries; i++)
-        if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0)
-            return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" appears twice", fn, p->file,
-                            sorted[i]->name);
     return PDP_OK;
 }
 

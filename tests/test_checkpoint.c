@@ -1099,18 +1099,19 @@ TEST checkpoint_range_files_checksummed(void)
 
 /* ---- data offsets: gaps, overlaps, trailing bytes ---- */
 
-/* A safetensors file of a 1 -> 2 Linear ("0.weight" [2, 1], "0.bias" [2]) with
-   the given data_offsets and data_bytes of data (floats 1, 2, 3, ...), no
-   checksums (as another tool writes it). */
-static int craft_file(const char *path, int wb, int we, int bb, int be, int data_bytes)
+/* A safetensors file of a 1 -> 2 Linear ("0.weight" [2, 1], "0.bias" [2]; the second
+   named bias, or given another name) with the given data_offsets and data_bytes of data
+   (floats 1, 2, 3, ...), no checksums (as another tool writes it). */
+static int craft_file(const char *path, int wb, int we, int bb, int be, int data_bytes,
+                      const char *bias)
 {
     char h[256];
     unsigned char out[512];
     float f;
     int n, i;
     n = snprintf(h, sizeof h, "{\"0.weight\":{\"dtype\":\"F32\",\"shape\":[2,1],\"data_offsets\":"
-                 "[%d,%d]},\"0.bias\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[%d,%d]}}",
-                 wb, we, bb, be);
+                 "[%d,%d]},\"%s\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[%d,%d]}}",
+                 wb, we, bias ? bias : "0.bias", bb, be);
     while (n % 8) h[n++] = ' ';
     memset(out, 0, 8);
     out[0] = (unsigned char)n;
@@ -1129,12 +1130,14 @@ TEST checkpoint_gaps_and_overlaps(void)
     snapshot s;
     static const struct {
         int wb, we, bb, be, data;
-        const char *needle;
+        const char *needle, *bias;
     } bad[] = {
-        {0, 8, 12, 20, 20, "\"0.bias\" starts at data byte 12, expected 8 (overlap or gap)"},
-        {0, 8, 4, 12, 12, "\"0.bias\" starts at data byte 4, expected 8 (overlap or gap)"},
-        {4, 12, 12, 20, 20, "\"0.weight\" starts at data byte 4, expected 0"},
-        {0, 8, 8, 16, 20, "tensors cover 16 of the 20 data bytes"},
+        {0, 8, 12, 20, 20, "\"0.bias\" starts at data byte 12, expected 8 (overlap or gap)", 0},
+        {0, 8, 4, 12, 12, "\"0.bias\" starts at data byte 4, expected 8 (overlap or gap)", 0},
+        {4, 12, 12, 20, 20, "\"0.weight\" starts at data byte 4, expected 0", 0},
+        {0, 8, 8, 16, 20, "tensors cover 16 of the 20 data bytes", 0},
+        /* a name twice, on the same bytes: the name, not an overlap */
+        {0, 8, 0, 8, 8, "tensor \"0.weight\" appears twice", "0.weight"},
     };
     size_t k;
     ASSERT(m != NULL);
@@ -1142,7 +1145,8 @@ TEST checkpoint_gaps_and_overlaps(void)
     snprintf(prefix, sizeof prefix, "pdp_checkpoint_load: %s: ", path);
     snap_take(&s, m, NULL);
     for (k = 0; k < sizeof bad / sizeof bad[0]; k++) {
-        ASSERT_EQ(0, craft_file(path, bad[k].wb, bad[k].we, bad[k].bb, bad[k].be, bad[k].data));
+        ASSERT_EQ(0, craft_file(path, bad[k].wb, bad[k].we, bad[k].bb, bad[k].be, bad[k].data,
+                                bad[k].bias));
         ASSERT_ENUM_EQm(bad[k].needle, PDP_ERR_FORMAT, pdp_checkpoint_load(path, m, NULL),
                         status_name);
         ASSERTm(pdp_last_error(), strncmp(pdp_last_error(), prefix, strlen(prefix)) == 0);
@@ -1150,7 +1154,7 @@ TEST checkpoint_gaps_and_overlaps(void)
         ASSERT(snap_same(&s, m, NULL));
     }
     /* the same file tiled exactly loads (a file without checksums) */
-    ASSERT_EQ(0, craft_file(path, 0, 8, 8, 16, 16));
+    ASSERT_EQ(0, craft_file(path, 0, 8, 8, 16, 16, NULL));
     ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_checkpoint_load(path, m, NULL), status_name);
     ASSERT_EQ_FMT(1.0f, m->param_block[0], "%g");
     ASSERT_EQ_FMT(4.0f, m->param_block[3], "%g");

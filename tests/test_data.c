@@ -390,6 +390,8 @@ TEST data_gzip_corrupt_and_truncated(void)
         pdp_status st = gunzip_mem(gz, cut, &out, &out_n);
         ASSERT_ENUM_EQm("truncated", PDP_ERR_FORMAT, st, pdp_status_name);
         ASSERT(strstr(pdp_last_error(), "c.gz") || strstr(pdp_last_error(), "mem.gz"));
+        if (cut >= 3) /* a cut header too: its magic is there */
+            ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "truncated") != NULL);
     }
     memcpy(bad, gz, gn); /* the stored CRC */
     bad[gn - 6] ^= 1;
@@ -701,6 +703,15 @@ TEST data_idx_errors_name_the_file(void)
     ASSERT_ENUM_EQ(PDP_ERR_IO, pdp_dataset_load_idx(&ds, tmp_path("nope"), lp, NULL),
                    pdp_status_name);
     ASSERT(strstr(pdp_last_error(), tmp_path("nope")));
+    /* a directory (fopen opens one on POSIX, and its size read as LONG_MAX bytes) */
+    ASSERT_ENUM_EQ(PDP_ERR_IO, pdp_dataset_load_idx(&ds, g_dir, lp, NULL), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "is a directory, not a file"));
+    /* no images, no labels: refused as pdp_dataset_from_arrays refuses a count of 0 */
+    ni = make_idx_images(img, 0, 4, 4, 1), nl = make_idx_labels(lab, 0);
+    ASSERT_EQ(0, write_file(ip, img, ni));
+    ASSERT_EQ(0, write_file(lp, lab, nl));
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, pdp_dataset_load_idx(&ds, ip, lp, NULL), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "holds 0 images") && strstr(pdp_last_error(), ip));
     PASS();
 }
 
@@ -818,6 +829,15 @@ TEST data_fashion_mnist_synthetic_fallback(void)
     d.synthetic_fallback = true;
     ASSERT_ENUM_EQ(PDP_OK, load_from(dir, &ds, true, &d), pdp_status_name);
     ASSERT_EQ(40, (int)ds->count);
+    ASSERT(strstr(ds->source, "synthetic") == ds->source);
+    pdp_dataset_free(ds);
+    /* a directory where a file should be is no file: the fallback */
+    ASSERT_EQ(0, mkdir(tmp_path("dirs"), 0700) == 0 || errno == EEXIST ? 0 : -1);
+    ASSERT_EQ(0, mkdir(tmp_path("dirs/train-images-idx3-ubyte"), 0700) == 0 || errno == EEXIST
+                     ? 0 : -1);
+    ASSERT_EQ(0, write_file(tmp_path("dirs/train-labels-idx1-ubyte"), lab, nl));
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, load_from(tmp_path("dirs"), &ds, true, &d),
+                    pdp_status_name);
     ASSERT(strstr(ds->source, "synthetic") == ds->source);
     pdp_dataset_free(ds);
     /* all four there but one bad: the error, not the fallback */
