@@ -282,8 +282,8 @@
    (pdp_set_num_threads, DP's threads_per_worker) and whichever thread wins the pool.
    Another build need not: gcc's -ffp-contract=fast (its default in the GNU modes,
    -std=gnu99 or no -std) fuses a*b + c into one FMA where -ffp-contract=off (the
-   default under -std=c99) rounds the product first, and the two builds write different
-   checkpoints; so may another -march (another GEMM kernel), PDP_NO_SIMD, another bf16
+   default under -std=c99) rounds the product first, and at -O2 and above (gcc 12's two
+   -O1 builds wrote the same bits here) the two builds write different checkpoints; so may another -march (another GEMM kernel), PDP_NO_SIMD, another bf16
    path (AMX, sgemm-rounded: another CPU may take another) or another device (CUDA).
 
    Process-wide state: pdp's state hangs off the objects you create, or off the calling
@@ -2572,19 +2572,23 @@ PDP_API pdp_status pdp_ddp_bucket_info(const pdp_ddp *ddp, int b, pdp_ddp_bucket
    Register before the first backward (PDP_ERR_STATE after it, and for a second
    hook); a NULL hook or launch is PDP_ERR_INVALID. The hook cannot be removed.
 
-   Built-ins (PyTorch's bf16_compress_hook and fp16_compress_hook):
+   Built-ins (after PyTorch's bf16_compress_hook and fp16_compress_hook):
    pdp_ddp_hook_bf16_compress() and pdp_ddp_hook_fp16_compress(). launch divides
-   every gradient by N and rounds it to bf16 / fp16 (nearest even) in the
-   bucket's scratch (a kernel on a CUDA model), then sums the 16-bit values
-   (pdp_comm_allreduce_ex / pdp_comm_reduce_scatter_ex, SUM: the division comes
-   first, as PyTorch's hooks divide before the sum, so the sum stays in range);
+   every gradient by N in fp32 and rounds the quotient to bf16 / fp16 (nearest
+   even, once) in the bucket's scratch (a kernel on a CUDA model), then sums the
+   16-bit values (pdp_comm_allreduce_ex / pdp_comm_reduce_scatter_ex, SUM: the
+   division comes before the sum, as in PyTorch's hooks, so the sum stays in range;
+   PyTorch 1.13's round to 16 bits first and divide in 16 bits, so about a third of
+   the elements differ from pdp's in the last bit, within the bound below);
    finish widens the result into the fp32 gradients. bytes_sent is exactly half
    the fp32 figure. Error per gradient element, with u the unit roundoff (bf16
    2^-8, fp16 2^-11) and g_r rank r's gradient: |avg' - avg| <= u (2 + u)
    sum_r |g_r| / N on the local backend (one rounding per input, one for the
    sum), plus, for fp16, 2^-25 (N + 1) from subnormals; on MPI and NCCL the sum
    rounds N - 1 times (comm.h), so the factor 2 becomes N. fp16 overflows to Inf
-   above 65504 x N per gradient (no loss scaling here): prefer bf16. */
+   when the average over the ranks exceeds 65504 (a rank's own gradient up to
+   65504 x N is held, where PyTorch's overflows above 65504; no loss scaling here):
+   prefer bf16. */
 
 typedef struct pdp_comm_hook_bucket {
     int index, nbuckets;     /* this bucket (ZeRO: unit), 0 = the first reduced */
@@ -7341,11 +7345,14 @@ typedef struct pdp__trace_sink {
     int enabled;              /* read with PDP__LOAD_ACQ on the hot path */
     FILE *f;
     char path[1024];
+    char prev_path[1024];     /* the file completed last (reopen) */
     long data_end;            /* file offset where the closing trailer starts */
     int64_t written;          /* events written so far (for the separator) */
     pdp__trace_ev *ev;
     int n, cap;
     int next_tid;
+    bool reopen;              /* a file of this process was completed at path: a later open
+                                 appends to it instead of truncating it */
     pdp_status io_status;     /* first write error, reported by pdp_trace_flush */
     unsigned char named_pid[PDP__TRACE_MAX_PIDS / 8];
 } pdp__trace_sink;
@@ -7484,6 +7491,15 @@ PDP__PRIVATE pdp_status pdp__trace_open(int process_rank)
             goto fail;
         }
     }
+    if (s->reopen && strcmp(s->path, s->prev_path) == 0 &&
+        (s->ev = (pdp__trace_ev *)pdp__alloc(sizeof(pdp__trace_ev) * PDP_TRACE_BUFFER_EVENTS)) &&
+        (s->f = fopen(s->path, "r+b")) != NULL) { /* continue this process's earlier trace */
+        s->cap = PDP_TRACE_BUFFER_EVENTS;
+        s->n = 0;
+        PDP__STORE_REL(&s->enabled, 1);
+        goto out;
+    }
+    pdp__dealloc(s->ev);
     s->ev = (pdp__trace_ev *)pdp__alloc(sizeof(pdp__trace_ev) * PDP_TRACE_BUFFER_EVENTS);
     if (!s->ev) {
         st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "PDP_TRACE: no memory for %d trace events",
@@ -7526,6 +7542,8 @@ PDP__PRIVATE void pdp__trace_close(void)
         pdp__trace_write_locked(s);
         fclose(s->f);
         s->f = NULL;
+        s->reopen = s->io_status == PDP_OK;
+        memcpy(s->prev_path, s->path, sizeof s->path);
         pdp__dealloc(s->ev);
         s->ev = NULL;
         s->cap = s->n = 0;
@@ -28685,6 +28703,12 @@ PDP__PRIVATE void pdp__reducer_launch(pdp__reducer *r, int b)
     pdp_status st;
     k->launched = true;
     k->t_launch = pdp__now();
+    if (r->launch_status != PDP_OK) { /* an earlier bucket's launch failed: issue no later
+        collective, so the peers fail at that bucket's (they would otherwise pair this rank's
+        bucket b with their bucket b - 1 whenever the counts agree) */
+        k->work = NULL;
+        return;
+    }
     st = r->desc.reduce(r, b, &k->work);
     if (st != PDP_OK && r->launch_status == PDP_OK) {
         char name[192];
@@ -29069,6 +29093,8 @@ PDP__PRIVATE pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b,
     if (st != PDP_OK) {
         char msg[400];
         snprintf(msg, sizeof msg, "%.399s", pdp_last_error());
+        if (!msg[0]) /* the hook set no message of pdp's: say at least what it returned */
+            snprintf(msg, sizeof msg, "returned %s without an error message", pdp_status_name(st));
         *w = NULL;
         return pdp__err(st, "comm hook launch: %s", msg);
     }

@@ -197,19 +197,23 @@ PDP_API pdp_status pdp_ddp_bucket_info(const pdp_ddp *ddp, int b, pdp_ddp_bucket
    Register before the first backward (PDP_ERR_STATE after it, and for a second
    hook); a NULL hook or launch is PDP_ERR_INVALID. The hook cannot be removed.
 
-   Built-ins (PyTorch's bf16_compress_hook and fp16_compress_hook):
+   Built-ins (after PyTorch's bf16_compress_hook and fp16_compress_hook):
    pdp_ddp_hook_bf16_compress() and pdp_ddp_hook_fp16_compress(). launch divides
-   every gradient by N and rounds it to bf16 / fp16 (nearest even) in the
-   bucket's scratch (a kernel on a CUDA model), then sums the 16-bit values
-   (pdp_comm_allreduce_ex / pdp_comm_reduce_scatter_ex, SUM: the division comes
-   first, as PyTorch's hooks divide before the sum, so the sum stays in range);
+   every gradient by N in fp32 and rounds the quotient to bf16 / fp16 (nearest
+   even, once) in the bucket's scratch (a kernel on a CUDA model), then sums the
+   16-bit values (pdp_comm_allreduce_ex / pdp_comm_reduce_scatter_ex, SUM: the
+   division comes before the sum, as in PyTorch's hooks, so the sum stays in range;
+   PyTorch 1.13's round to 16 bits first and divide in 16 bits, so about a third of
+   the elements differ from pdp's in the last bit, within the bound below);
    finish widens the result into the fp32 gradients. bytes_sent is exactly half
    the fp32 figure. Error per gradient element, with u the unit roundoff (bf16
    2^-8, fp16 2^-11) and g_r rank r's gradient: |avg' - avg| <= u (2 + u)
    sum_r |g_r| / N on the local backend (one rounding per input, one for the
    sum), plus, for fp16, 2^-25 (N + 1) from subnormals; on MPI and NCCL the sum
    rounds N - 1 times (comm.h), so the factor 2 becomes N. fp16 overflows to Inf
-   above 65504 x N per gradient (no loss scaling here): prefer bf16. */
+   when the average over the ranks exceeds 65504 (a rank's own gradient up to
+   65504 x N is held, where PyTorch's overflows above 65504; no loss scaling here):
+   prefer bf16. */
 
 typedef struct pdp_comm_hook_bucket {
     int index, nbuckets;     /* this bucket (ZeRO: unit), 0 = the first reduced */

@@ -255,6 +255,12 @@ PDP__PRIVATE void pdp__reducer_launch(pdp__reducer *r, int b)
     pdp_status st;
     k->launched = true;
     k->t_launch = pdp__now();
+    if (r->launch_status != PDP_OK) { /* an earlier bucket's launch failed: issue no later
+        collective, so the peers fail at that bucket's (they would otherwise pair this rank's
+        bucket b with their bucket b - 1 whenever the counts agree) */
+        k->work = NULL;
+        return;
+    }
     st = r->desc.reduce(r, b, &k->work);
     if (st != PDP_OK && r->launch_status == PDP_OK) {
         char name[192];
@@ -639,6 +645,8 @@ PDP__PRIVATE pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b,
     if (st != PDP_OK) {
         char msg[400];
         snprintf(msg, sizeof msg, "%.399s", pdp_last_error());
+        if (!msg[0]) /* the hook set no message of pdp's: say at least what it returned */
+            snprintf(msg, sizeof msg, "returned %s without an error message", pdp_status_name(st));
         *w = NULL;
         return pdp__err(st, "comm hook launch: %s", msg);
     }

@@ -70,11 +70,14 @@ typedef struct pdp__trace_sink {
     int enabled;              /* read with PDP__LOAD_ACQ on the hot path */
     FILE *f;
     char path[1024];
+    char prev_path[1024];     /* the file completed last (reopen) */
     long data_end;            /* file offset where the closing trailer starts */
     int64_t written;          /* events written so far (for the separator) */
     pdp__trace_ev *ev;
     int n, cap;
     int next_tid;
+    bool reopen;              /* a file of this process was completed at path: a later open
+                                 appends to it instead of truncating it */
     pdp_status io_status;     /* first write error, reported by pdp_trace_flush */
     unsigned char named_pid[PDP__TRACE_MAX_PIDS / 8];
 } pdp__trace_sink;
@@ -213,6 +216,15 @@ PDP__PRIVATE pdp_status pdp__trace_open(int process_rank)
             goto fail;
         }
     }
+    if (s->reopen && strcmp(s->path, s->prev_path) == 0 &&
+        (s->ev = (pdp__trace_ev *)pdp__alloc(sizeof(pdp__trace_ev) * PDP_TRACE_BUFFER_EVENTS)) &&
+        (s->f = fopen(s->path, "r+b")) != NULL) { /* continue this process's earlier trace */
+        s->cap = PDP_TRACE_BUFFER_EVENTS;
+        s->n = 0;
+        PDP__STORE_REL(&s->enabled, 1);
+        goto out;
+    }
+    pdp__dealloc(s->ev);
     s->ev = (pdp__trace_ev *)pdp__alloc(sizeof(pdp__trace_ev) * PDP_TRACE_BUFFER_EVENTS);
     if (!s->ev) {
         st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "PDP_TRACE: no memory for %d trace events",
@@ -255,6 +267,8 @@ PDP__PRIVATE void pdp__trace_close(void)
         pdp__trace_write_locked(s);
         fclose(s->f);
         s->f = NULL;
+        s->reopen = s->io_status == PDP_OK;
+        memcpy(s->prev_path, s->path, sizeof s->path);
         pdp__dealloc(s->ev);
         s->ev = NULL;
         s->cap = s->n = 0;

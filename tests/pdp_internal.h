@@ -1824,11 +1824,14 @@ typedef struct pdp__trace_sink {
     int enabled;              /* read with PDP__LOAD_ACQ on the hot path */
     FILE *f;
     char path[1024];
+    char prev_path[1024];     /* the file completed last (reopen) */
     long data_end;            /* file offset where the closing trailer starts */
     int64_t written;          /* events written so far (for the separator) */
     pdp__trace_ev *ev;
     int n, cap;
     int next_tid;
+    bool reopen;              /* a file of this process was completed at path: a later open
+                                 appends to it instead of truncating it */
     pdp_status io_status;     /* first write error, reported by pdp_trace_flush */
     unsigned char named_pid[PDP__TRACE_MAX_PIDS / 8];
 } pdp__trace_sink;

@@ -636,6 +636,7 @@ TEST ddp_buckets_of_unused_parameters_launch_at_the_end_of_backward(void)
 typedef struct count_hook {
     atomic_int launches, finishes, bad_views;
     int fail_launch, fail_finish;
+    int fail_rank1;    /* r + 1: only rank r's launch of bucket 0 fails */
 } count_hook;
 
 static pdp_status count_launch(void *state, pdp_comm *c, const pdp_comm_hook_bucket *b,
@@ -646,7 +647,7 @@ static pdp_status count_launch(void *state, pdp_comm *c, const pdp_comm_hook_buc
     if (b->reduce_scatter || b->recv || !b->scratch || b->world_size != pdp_comm_size(c) ||
         b->rank != pdp_comm_rank(c) || b->index < 0 || b->index >= b->nbuckets)
         atomic_fetch_add(&h->bad_views, 1);
-    if (h->fail_launch)
+    if (h->fail_launch || (h->fail_rank1 == b->rank + 1 && b->index == 0))
         return pdp__err(PDP_ERR_INVALID, "count_launch: refusing bucket %d", b->index);
     memset(b->scratch, 0xab, (size_t)b->count * 4); /* its own piece: writable, no overlap */
     return pdp_comm_allreduce(c, b->grad, b->count, PDP_REDUCE_SUM, work);
@@ -856,6 +857,32 @@ TEST ddp_user_hook_replaces_the_allreduce(void)
     ASSERT_EQ(9 * hk[0].nbuckets, atomic_load(&user.launches));
     ASSERT_EQ(9 * hk[0].nbuckets, atomic_load(&user.finishes));
     ASSERT_EQ(0, atomic_load(&user.bad_views));
+    PASS();
+}
+
+/* A hook whose launch fails on rank 1 alone, at its first bucket of several: rank 1 issues
+   no later collective, so ranks 0 and 2 fail at that bucket (had it gone on, their bucket 0
+   would have been summed with its bucket 1, of the same size here, and their error named a
+   later bucket); rank 1's own message names the hook. */
+TEST ddp_hook_failing_on_one_rank_fails_every_rank_at_that_bucket(void)
+{
+    static hook_ctx hk[MAXR];
+    static count_hook user;
+    int r;
+    memset(hk, 0, sizeof hk);
+    memset(&user, 0, sizeof user);
+    user.fail_rank1 = 2;
+    for (r = 0; r < 3; r++) hk[r].hook = 3, hk[r].user = &user;
+    run_hook_ranks(3, hk);
+    ASSERT(hk[0].nbuckets >= 3);
+    ASSERT_ENUM_EQm(hk[1].msg, PDP_ERR_INVALID, hk[1].st, pdp_status_name);
+    ASSERTm(hk[1].msg, strstr(hk[1].msg, "count_launch: refusing bucket 0") != NULL);
+    for (r = 0; r < 3; r += 2) {
+        char want[64];
+        snprintf(want, sizeof want, "bucket 0 of %d", hk[0].nbuckets);
+        ASSERTm(hk[r].msg, hk[r].st != PDP_OK);
+        ASSERTm(hk[r].msg, strstr(hk[r].msg, want) != NULL);
+    }
     PASS();
 }
 
@@ -1829,6 +1856,7 @@ SUITE(comm_hooks)
 {
     RUN_TEST(ddp_compress_hooks_match_fp32_within_the_rounding_bound);
     RUN_TEST(ddp_user_hook_replaces_the_allreduce);
+    RUN_TEST(ddp_hook_failing_on_one_rank_fails_every_rank_at_that_bucket);
     RUN_TEST(ddp_compress_hook_training_reaches_the_fp32_loss);
     RUN_TEST(ddp_comm_hook_errors);
 }

@@ -1,7 +1,8 @@
 /* Tests of the Chrome trace sink (src/trace.c): off without PDP_TRACE, valid
    JSON (checked by Python's json module, independently of our writer) with the
    expected events, units and escaping, per-rank file names, reference-counted
-   open/close, a mid-run pdp_trace_flush, and a hot path that allocates nothing
+   open/close, a mid-run pdp_trace_flush, a second run in one process that keeps the
+   first's events, and a hot path that allocates nothing
    after warm-up while four threads record far more events than the buffer
    holds. ZeRO stage 3: reduce-scatter and all-gather lanes, and the prefetch
    overlap (the next unit's gather starts before the current unit's forward
@@ -215,6 +216,39 @@ TEST trace_refcounted_and_flush_mid_run(void)
     PASS();
 }
 
+/* Two traced runs in one process (a DDP run, then a ZeRO run, each opening and closing the
+   sink): the second continues the first's file, which stays valid JSON with both runs'
+   events (the second open truncated it). A new process, or a file gone, starts afresh. */
+TEST trace_second_run_in_a_process_keeps_the_first(void)
+{
+    char path[512];
+    int run, t;
+    counts c;
+    if (!have_python()) SKIPm(pdp_test_python_missing("json"));
+    path_of(path, sizeof path, "two_runs.json");
+    remove(path);
+    for (run = 0; run < 2; run++) {
+        setenv("PDP_TRACE", path, 1);
+        ASSERT_ENUM_EQ(PDP_OK, pdp__trace_open(-1), pdp_status_name);
+        t = pdp__trace_track(0, run ? "compute (run 2)" : "compute");
+        pdp__trace_complete(0, t, "compute", "step", 1.0 + run, 1.5 + run, NULL);
+        pdp__trace_complete(0, t, "compute", "step", 1.5 + run, 2.0 + run, NULL);
+        pdp__trace_close();
+        ASSERT_EQm("not valid JSON", 0, json_counts(path, &c));
+        ASSERT_EQ(2 * (run + 1), c.x);
+    }
+    remove(path); /* gone: the next run writes a new file */
+    ASSERT_ENUM_EQ(PDP_OK, pdp__trace_open(-1), pdp_status_name);
+    t = pdp__trace_track(0, "compute");
+    pdp__trace_complete(0, t, "compute", "step", 1.0, 2.0, NULL);
+    pdp__trace_close();
+    ASSERT_EQ(0, json_counts(path, &c));
+    ASSERT_EQ(1, c.x);
+    unsetenv("PDP_TRACE");
+    remove(path);
+    PASS();
+}
+
 /* ---- hot path: four threads, many buffer refills, no allocation ---- */
 
 #define HOT_THREADS 4
@@ -400,6 +434,7 @@ SUITE(trace)
     RUN_TEST(trace_rank_file_names);
     RUN_TEST(trace_bad_path_fails_with_message);
     RUN_TEST(trace_refcounted_and_flush_mid_run);
+    RUN_TEST(trace_second_run_in_a_process_keeps_the_first);
     RUN_TEST(trace_hot_path_allocates_nothing);
     RUN_TEST(trace_zero_lanes_and_prefetch_overlap);
 }
