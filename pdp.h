@@ -5901,6 +5901,8 @@ struct pdp_comm {
     const pdp__comm_ops *ops;
     pdp_backend backend;
     int rank, size;
+    int trace_pid;          /* this rank's process lane in the trace: its rank in the world it
+                               was split from (MPI: the world rank), so groups do not merge */
     double timeout_s;
     pdp_device device;
     char name[PDP__COMM_NAME_CAP];
@@ -14518,7 +14520,7 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
     pdp__mutex_unlock(&g->mu);
     lc->head.ops = &pdp__local_ops;
     lc->head.backend = PDP_BACKEND_LOCAL;
-    lc->head.rank = rank;
+    lc->head.rank = lc->head.trace_pid = rank; /* a split's: its parent's (comm.c) */
     lc->head.size = g->size;
     lc->head.timeout_s = g->timeout_s;
     lc->head.device = g->device;
@@ -15450,6 +15452,7 @@ PDP__PRIVATE pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char
     mc->head.ops = &pdp__mpi_ops;
     mc->head.backend = PDP_BACKEND_MPI;
     mc->head.rank = rank;
+    mc->head.trace_pid = world_rank;
     mc->head.size = size;
     mc->head.timeout_s = timeout_s;
     mc->head.device = pdp_cpu();
@@ -15900,8 +15903,8 @@ PDP__PRIVATE pdp_status pdp__nccl_wait(pdp_work *w)
     if (nc->trace_tid) {
         char args[64];
         snprintf(args, sizeof args, "\"seq\":%lld", (long long)w->seq);
-        pdp__trace_async(c->rank, nc->trace_tid, "comm", w->op_name, (uint64_t)w->seq, w->t_start,
-                         w->t_done, args);
+        pdp__trace_async(c->trace_pid, nc->trace_tid, "comm", w->op_name, (uint64_t)w->seq,
+                         w->t_start, w->t_done, args);
     }
     return PDP_OK;
 }
@@ -15925,8 +15928,8 @@ PDP__PRIVATE void pdp__nccl_destroy(pdp_comm *c)
 }
 
 PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank,
-                                       int size, double timeout_s, const char *name,
-                                       bool process_rank, const char *fn);
+                                       int size, int trace_pid, double timeout_s,
+                                       const char *name, bool process_rank, const char *fn);
 
 /* ---- comm_nccl: split ----
    ncclCommSplit over c (thread ranks and process ranks alike: it needs NCCL 2.18),
@@ -15948,8 +15951,8 @@ PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int ne
         return pdp__err(st, "split of comm '%s' (rank %d of %d, colour %d): pdp_cuda: %s",
                         c->name, c->rank, c->size, colour, pdp_cudak_error());
     if (colour < 0) return PDP_OK;
-    if ((st = pdp__nccl_wrap(out, h, c->device.ordinal, new_rank, new_size, c->timeout_s, name,
-                             nc->traced_process, "split")) != PDP_OK)
+    if ((st = pdp__nccl_wrap(out, h, c->device.ordinal, new_rank, new_size, c->trace_pid,
+                             c->timeout_s, name, nc->traced_process, "split")) != PDP_OK)
         return st;
     return PDP_OK;
 }
@@ -15960,10 +15963,11 @@ static const pdp__comm_ops pdp__nccl_ops = {
     pdp__nccl_sendrecv,  pdp__nccl_split,     pdp__nccl_wait,      pdp__nccl_done,
     pdp__nccl_destroy};
 
-/* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
+/* Wraps an initialised handle h (taken over, freed on failure) as rank of size; trace_pid:
+   its lane in the trace (a split's parent's, else -1: rank). */
 PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank,
-                                       int size, double timeout_s, const char *name,
-                                       bool process_rank, const char *fn)
+                                       int size, int trace_pid, double timeout_s,
+                                       const char *name, bool process_rank, const char *fn)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)pdp__calloc(sizeof *nc);
     pdp_status st;
@@ -15975,6 +15979,7 @@ PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int de
     nc->head.ops = &pdp__nccl_ops;
     nc->head.backend = PDP_BACKEND_NCCL;
     nc->head.rank = rank;
+    nc->head.trace_pid = trace_pid >= 0 ? trace_pid : rank;
     nc->head.size = size;
     nc->head.timeout_s = timeout_s;
     nc->head.device = pdp_cuda(dev);
@@ -15987,12 +15992,13 @@ PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int de
         return st;
     }
     nc->traced_process = process_rank;
-    if (pdp__trace_open(process_rank && size > 1 ? rank : -1) == PDP_OK) {
+    if (pdp__trace_open(process_rank && (size > 1 || trace_pid >= 0) ? nc->head.trace_pid : -1)
+        == PDP_OK) {
         nc->traced = true;
         if (pdp__trace_enabled()) {
             char track[PDP__COMM_NAME_CAP + 16];
             snprintf(track, sizeof track, "comm %s (nccl)", nc->head.name);
-            nc->trace_tid = pdp__trace_track(rank, track);
+            nc->trace_tid = pdp__trace_track(nc->head.trace_pid, track);
         }
     }
     *out = &nc->head;
@@ -16031,7 +16037,7 @@ PDP__PRIVATE pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_d
                       env.world_size, dev, pdp_cudak_error());
         goto done;
     }
-    st = pdp__nccl_wrap(out, h, dev, env.rank, env.world_size, timeout,
+    st = pdp__nccl_wrap(out, h, dev, env.rank, env.world_size, -1, timeout,
                         desc ? desc->name : NULL, true, fn);
 done:
     pdp_store_free(store);
@@ -16118,8 +16124,8 @@ PDP_API pdp_status pdp_comm_create_nccl(pdp_comm **out, pdp_nccl_group *g, int r
         if (!h)
             return pdp__err(PDP_ERR_STATE, "%s: rank %d already has its communicator", fn, rank);
         g->handles[rank] = NULL;
-        return pdp__nccl_wrap(out, h, g->devices[rank].ordinal, rank, g->n, g->timeout_s, g->name,
-                              false, fn);
+        return pdp__nccl_wrap(out, h, g->devices[rank].ordinal, rank, g->n, -1, g->timeout_s,
+                              g->name, false, fn);
     }
 #else
     return pdp__err(PDP_ERR_UNSUPPORTED, "%s: " PDP__NO_CUDA_MSG, fn);
@@ -16575,6 +16581,8 @@ PDP__PRIVATE pdp_status pdp__comm_split(pdp_comm *c, int colour, int key, const 
     }
     if ((st = c->ops->split(c, colour, key, new_rank, new_size, leader, name, out)) != PDP_OK)
         st = pdp__err_wrap(st, "%s", fn);
+    else if (*out)
+        (*out)->trace_pid = c->trace_pid; /* the world's rank: one trace lane per rank */
     if (st == PDP_ERR_TIMEOUT) return st; /* c timed out: an agreement would wait as long */
     if ((st = pdp__comm_agree(c, st, fn)) != PDP_OK && *out) { /* a member is missing */
         pdp_comm_free(*out);
@@ -28980,14 +28988,14 @@ PDP__PRIVATE pdp_status pdp__reducer_join(pdp__reducer *r, const char *fn)
         (st = pdp_comm_broadcast(c, m->param_block, m->param_count, 0, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: broadcasting rank 0's parameters", fn, c->rank);
     pdp_model_zero_grad(m);
-    if (pdp__trace_open(c->backend == PDP_BACKEND_LOCAL ? -1 : c->rank) == PDP_OK) {
+    if (pdp__trace_open(c->backend == PDP_BACKEND_LOCAL ? -1 : c->trace_pid) == PDP_OK) {
         r->traced = true;
         if (pdp__trace_enabled()) {
             char name[PDP__COMM_NAME_CAP + 8];
-            r->trace_compute = pdp__trace_track(c->rank, "compute");
+            r->trace_compute = pdp__trace_track(c->trace_pid, "compute");
             snprintf(name, sizeof name, "comm %s", c->name);
-            r->trace_comm = pdp__trace_track(c->rank, name);
-            m->trace_pid = c->rank;
+            r->trace_comm = pdp__trace_track(c->trace_pid, name);
+            m->trace_pid = c->trace_pid;
             m->trace_tid = r->trace_compute;
         }
     }
@@ -29327,8 +29335,8 @@ PDP__PRIVATE pdp_status pdp__reducer_wait_work(pdp__reducer *r, int b)
         snprintf(args, sizeof args, "\"grad_bytes\":%lld,\"seq\":%lld,\"queued_us\":%.1f",
                  (long long)k->info.count * 4, (long long)k->work->seq,
                  (k->work->t_start - k->t_launch) * 1e6);
-        pdp__trace_async(r->c->rank, r->trace_comm, "comm", name,
-                         ((uint64_t)r->c->rank << 40) | (uint64_t)k->work->seq, k->t_launch,
+        pdp__trace_async(r->c->trace_pid, r->trace_comm, "comm", name,
+                         ((uint64_t)r->c->trace_pid << 40) | (uint64_t)k->work->seq, k->t_launch,
                          k->work->t_done, args);
     }
     k->work = NULL;
@@ -29379,7 +29387,7 @@ PDP__PRIVATE pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
     busy = r->busy;
     snprintf(msg, sizeof msg, "%s", r->wait_msg);
     r->state = PDP__RED_IDLE;
-    if (r->trace_compute) pdp__trace_complete(r->c->rank, r->trace_compute, "compute",
+    if (r->trace_compute) pdp__trace_complete(r->c->trace_pid, r->trace_compute, "compute",
                                               "wait for buckets", t0, t1, NULL);
     if (first == PDP_OK && r->launch_status != PDP_OK) {
         first = r->launch_status;
@@ -29425,7 +29433,7 @@ PDP__PRIVATE pdp_status pdp__reducer_step(pdp__reducer *r, pdp_optim *opt, const
         return pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
     pdp_model_zero_grad(r->m);
     if (r->trace_compute)
-        pdp__trace_complete(r->c->rank, r->trace_compute, "compute", "optimizer step", t0,
+        pdp__trace_complete(r->c->trace_pid, r->trace_compute, "compute", "optimizer step", t0,
                             pdp__now(), NULL);
     if (r->desc.after_step && (st = r->desc.after_step(r, fn)) != PDP_OK) return st;
     return PDP_OK;
@@ -31231,8 +31239,8 @@ PDP__PRIVATE pdp_status pdp__zero_wait_slot(pdp_zero *z, int i)
         char ev[48], args[64];
         snprintf(ev, sizeof ev, "allgather unit %d", p->unit);
         snprintf(args, sizeof args, "\"bytes\":%lld", (long long)z->units[p->unit].s * 4 * z->size);
-        pdp__trace_async(z->rank, z->trace_gather, "comm", ev,
-                         ((uint64_t)z->rank << 40) | (uint64_t)p->work->seq, p->t_launch,
+        pdp__trace_async(z->c->trace_pid, z->trace_gather, "comm", ev,
+                         ((uint64_t)z->c->trace_pid << 40) | (uint64_t)p->work->seq, p->t_launch,
                          p->work->t_done, args);
     }
     p->work = NULL;
@@ -31634,7 +31642,7 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     if (z->r.trace_comm) { /* the reduce-scatters on the reducer's lane, the gathers on this */
         char lane[PDP__COMM_NAME_CAP + 16];
         snprintf(lane, sizeof lane, "allgather %s", c->name);
-        z->trace_gather = pdp__trace_track(z->rank, lane);
+        z->trace_gather = pdp__trace_track(c->trace_pid, lane);
     }
     /* units: the buckets; shard offsets in flat-block order (the last bucket first) */
     z->nunits = z->r.nbuckets;
@@ -31872,7 +31880,8 @@ PDP__PRIVATE pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const cha
         if (z->trace_gather && st == PDP_OK) {
             char ev[48];
             snprintf(ev, sizeof ev, "allgather unit %d", u);
-            pdp__trace_complete(z->rank, z->trace_gather, "comm", ev, t0, pdp__now(), NULL);
+            pdp__trace_complete(z->c->trace_pid, z->trace_gather, "comm", ev, t0, pdp__now(),
+                                NULL);
         }
         if (st != PDP_OK) {
             char name[96];
@@ -31960,7 +31969,7 @@ PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt)
              : pdp__dev_memset0(z->dev, z->grad_shard, (size_t)z->shard_count * sizeof(float));
     if (st != PDP_OK) return pdp__err_wrap(st, "%s: rank %d: zeroing the gradients", fn, z->rank);
     if (z->r.trace_compute)
-        pdp__trace_complete(z->rank, z->r.trace_compute, "compute", "optimizer step", t0,
+        pdp__trace_complete(z->c->trace_pid, z->r.trace_compute, "compute", "optimizer step", t0,
                             pdp__now(), NULL);
     if (z->stage <= 2) {
         if ((st = pdp__zero_gather_full(z, z->m->param_block, fn)) != PDP_OK) return st;

@@ -445,6 +445,8 @@ PDP__PRIVATE pdp_status pdp__comm_split(pdp_comm *c, int colour, int key, const 
     }
     if ((st = c->ops->split(c, colour, key, new_rank, new_size, leader, name, out)) != PDP_OK)
         st = pdp__err_wrap(st, "%s", fn);
+    else if (*out)
+        (*out)->trace_pid = c->trace_pid; /* the world's rank: one trace lane per rank */
     if (st == PDP_ERR_TIMEOUT) return st; /* c timed out: an agreement would wait as long */
     if ((st = pdp__comm_agree(c, st, fn)) != PDP_OK && *out) { /* a member is missing */
         pdp_comm_free(*out);

@@ -647,7 +647,7 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
     pdp__mutex_unlock(&g->mu);
     lc->head.ops = &pdp__local_ops;
     lc->head.backend = PDP_BACKEND_LOCAL;
-    lc->head.rank = rank;
+    lc->head.rank = lc->head.trace_pid = rank; /* a split's: its parent's (comm.c) */
     lc->head.size = g->size;
     lc->head.timeout_s = g->timeout_s;
     lc->head.device = g->device;

@@ -905,6 +905,7 @@ PDP__PRIVATE pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char
     mc->head.ops = &pdp__mpi_ops;
     mc->head.backend = PDP_BACKEND_MPI;
     mc->head.rank = rank;
+    mc->head.trace_pid = world_rank;
     mc->head.size = size;
     mc->head.timeout_s = timeout_s;
     mc->head.device = pdp_cpu();

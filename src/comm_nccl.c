@@ -353,8 +353,8 @@ PDP__PRIVATE pdp_status pdp__nccl_wait(pdp_work *w)
     if (nc->trace_tid) {
         char args[64];
         snprintf(args, sizeof args, "\"seq\":%lld", (long long)w->seq);
-        pdp__trace_async(c->rank, nc->trace_tid, "comm", w->op_name, (uint64_t)w->seq, w->t_start,
-                         w->t_done, args);
+        pdp__trace_async(c->trace_pid, nc->trace_tid, "comm", w->op_name, (uint64_t)w->seq,
+                         w->t_start, w->t_done, args);
     }
     return PDP_OK;
 }
@@ -378,8 +378,8 @@ PDP__PRIVATE void pdp__nccl_destroy(pdp_comm *c)
 }
 
 PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank,
-                                       int size, double timeout_s, const char *name,
-                                       bool process_rank, const char *fn);
+                                       int size, int trace_pid, double timeout_s,
+                                       const char *name, bool process_rank, const char *fn);
 
 /* ---- comm_nccl: split ----
    ncclCommSplit over c (thread ranks and process ranks alike: it needs NCCL 2.18),
@@ -401,8 +401,8 @@ PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int ne
         return pdp__err(st, "split of comm '%s' (rank %d of %d, colour %d): pdp_cuda: %s",
                         c->name, c->rank, c->size, colour, pdp_cudak_error());
     if (colour < 0) return PDP_OK;
-    if ((st = pdp__nccl_wrap(out, h, c->device.ordinal, new_rank, new_size, c->timeout_s, name,
-                             nc->traced_process, "split")) != PDP_OK)
+    if ((st = pdp__nccl_wrap(out, h, c->device.ordinal, new_rank, new_size, c->trace_pid,
+                             c->timeout_s, name, nc->traced_process, "split")) != PDP_OK)
         return st;
     return PDP_OK;
 }
@@ -413,10 +413,11 @@ static const pdp__comm_ops pdp__nccl_ops = {
     pdp__nccl_sendrecv,  pdp__nccl_split,     pdp__nccl_wait,      pdp__nccl_done,
     pdp__nccl_destroy};
 
-/* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
+/* Wraps an initialised handle h (taken over, freed on failure) as rank of size; trace_pid:
+   its lane in the trace (a split's parent's, else -1: rank). */
 PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank,
-                                       int size, double timeout_s, const char *name,
-                                       bool process_rank, const char *fn)
+                                       int size, int trace_pid, double timeout_s,
+                                       const char *name, bool process_rank, const char *fn)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)pdp__calloc(sizeof *nc);
     pdp_status st;
@@ -428,6 +429,7 @@ PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int de
     nc->head.ops = &pdp__nccl_ops;
     nc->head.backend = PDP_BACKEND_NCCL;
     nc->head.rank = rank;
+    nc->head.trace_pid = trace_pid >= 0 ? trace_pid : rank;
     nc->head.size = size;
     nc->head.timeout_s = timeout_s;
     nc->head.device = pdp_cuda(dev);
@@ -440,12 +442,13 @@ PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int de
         return st;
     }
     nc->traced_process = process_rank;
-    if (pdp__trace_open(process_rank && size > 1 ? rank : -1) == PDP_OK) {
+    if (pdp__trace_open(process_rank && (size > 1 || trace_pid >= 0) ? nc->head.trace_pid : -1)
+        == PDP_OK) {
         nc->traced = true;
         if (pdp__trace_enabled()) {
             char track[PDP__COMM_NAME_CAP + 16];
             snprintf(track, sizeof track, "comm %s (nccl)", nc->head.name);
-            nc->trace_tid = pdp__trace_track(rank, track);
+            nc->trace_tid = pdp__trace_track(nc->head.trace_pid, track);
         }
     }
     *out = &nc->head;
@@ -484,7 +487,7 @@ PDP__PRIVATE pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_d
                       env.world_size, dev, pdp_cudak_error());
         goto done;
     }
-    st = pdp__nccl_wrap(out, h, dev, env.rank, env.world_size, timeout,
+    st = pdp__nccl_wrap(out, h, dev, env.rank, env.world_size, -1, timeout,
                         desc ? desc->name : NULL, true, fn);
 done:
     pdp_store_free(store);
@@ -571,8 +574,8 @@ PDP_API pdp_status pdp_comm_create_nccl(pdp_comm **out, pdp_nccl_group *g, int r
         if (!h)
             return pdp__err(PDP_ERR_STATE, "%s: rank %d already has its communicator", fn, rank);
         g->handles[rank] = NULL;
-        return pdp__nccl_wrap(out, h, g->devices[rank].ordinal, rank, g->n, g->timeout_s, g->name,
-                              false, fn);
+        return pdp__nccl_wrap(out, h, g->devices[rank].ordinal, rank, g->n, -1, g->timeout_s,
+                              g->name, false, fn);
     }
 #else
     return pdp__err(PDP_ERR_UNSUPPORTED, "%s: " PDP__NO_CUDA_MSG, fn);

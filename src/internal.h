@@ -818,6 +818,8 @@ struct pdp_comm {
     const pdp__comm_ops *ops;
     pdp_backend backend;
     int rank, size;
+    int trace_pid;          /* this rank's process lane in the trace: its rank in the world it
+                               was split from (MPI: the world rank), so groups do not merge */
     double timeout_s;
     pdp_device device;
     char name[PDP__COMM_NAME_CAP];

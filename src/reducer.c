@@ -532,14 +532,14 @@ PDP__PRIVATE pdp_status pdp__reducer_join(pdp__reducer *r, const char *fn)
         (st = pdp_comm_broadcast(c, m->param_block, m->param_count, 0, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: broadcasting rank 0's parameters", fn, c->rank);
     pdp_model_zero_grad(m);
-    if (pdp__trace_open(c->backend == PDP_BACKEND_LOCAL ? -1 : c->rank) == PDP_OK) {
+    if (pdp__trace_open(c->backend == PDP_BACKEND_LOCAL ? -1 : c->trace_pid) == PDP_OK) {
         r->traced = true;
         if (pdp__trace_enabled()) {
             char name[PDP__COMM_NAME_CAP + 8];
-            r->trace_compute = pdp__trace_track(c->rank, "compute");
+            r->trace_compute = pdp__trace_track(c->trace_pid, "compute");
             snprintf(name, sizeof name, "comm %s", c->name);
-            r->trace_comm = pdp__trace_track(c->rank, name);
-            m->trace_pid = c->rank;
+            r->trace_comm = pdp__trace_track(c->trace_pid, name);
+            m->trace_pid = c->trace_pid;
             m->trace_tid = r->trace_compute;
         }
     }
@@ -879,8 +879,8 @@ PDP__PRIVATE pdp_status pdp__reducer_wait_work(pdp__reducer *r, int b)
         snprintf(args, sizeof args, "\"grad_bytes\":%lld,\"seq\":%lld,\"queued_us\":%.1f",
                  (long long)k->info.count * 4, (long long)k->work->seq,
                  (k->work->t_start - k->t_launch) * 1e6);
-        pdp__trace_async(r->c->rank, r->trace_comm, "comm", name,
-                         ((uint64_t)r->c->rank << 40) | (uint64_t)k->work->seq, k->t_launch,
+        pdp__trace_async(r->c->trace_pid, r->trace_comm, "comm", name,
+                         ((uint64_t)r->c->trace_pid << 40) | (uint64_t)k->work->seq, k->t_launch,
                          k->work->t_done, args);
     }
     k->work = NULL;
@@ -931,7 +931,7 @@ PDP__PRIVATE pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
     busy = r->busy;
     snprintf(msg, sizeof msg, "%s", r->wait_msg);
     r->state = PDP__RED_IDLE;
-    if (r->trace_compute) pdp__trace_complete(r->c->rank, r->trace_compute, "compute",
+    if (r->trace_compute) pdp__trace_complete(r->c->trace_pid, r->trace_compute, "compute",
                                               "wait for buckets", t0, t1, NULL);
     if (first == PDP_OK && r->launch_status != PDP_OK) {
         first = r->launch_status;
@@ -977,7 +977,7 @@ PDP__PRIVATE pdp_status pdp__reducer_step(pdp__reducer *r, pdp_optim *opt, const
         return pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
     pdp_model_zero_grad(r->m);
     if (r->trace_compute)
-        pdp__trace_complete(r->c->rank, r->trace_compute, "compute", "optimizer step", t0,
+        pdp__trace_complete(r->c->trace_pid, r->trace_compute, "compute", "optimizer step", t0,
                             pdp__now(), NULL);
     if (r->desc.after_step && (st = r->desc.after_step(r, fn)) != PDP_OK) return st;
     return PDP_OK;

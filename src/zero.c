@@ -267,8 +267,8 @@ PDP__PRIVATE pdp_status pdp__zero_wait_slot(pdp_zero *z, int i)
         char ev[48], args[64];
         snprintf(ev, sizeof ev, "allgather unit %d", p->unit);
         snprintf(args, sizeof args, "\"bytes\":%lld", (long long)z->units[p->unit].s * 4 * z->size);
-        pdp__trace_async(z->rank, z->trace_gather, "comm", ev,
-                         ((uint64_t)z->rank << 40) | (uint64_t)p->work->seq, p->t_launch,
+        pdp__trace_async(z->c->trace_pid, z->trace_gather, "comm", ev,
+                         ((uint64_t)z->c->trace_pid << 40) | (uint64_t)p->work->seq, p->t_launch,
                          p->work->t_done, args);
     }
     p->work = NULL;
@@ -670,7 +670,7 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     if (z->r.trace_comm) { /* the reduce-scatters on the reducer's lane, the gathers on this */
         char lane[PDP__COMM_NAME_CAP + 16];
         snprintf(lane, sizeof lane, "allgather %s", c->name);
-        z->trace_gather = pdp__trace_track(z->rank, lane);
+        z->trace_gather = pdp__trace_track(c->trace_pid, lane);
     }
     /* units: the buckets; shard offsets in flat-block order (the last bucket first) */
     z->nunits = z->r.nbuckets;
@@ -908,7 +908,8 @@ PDP__PRIVATE pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const cha
         if (z->trace_gather && st == PDP_OK) {
             char ev[48];
             snprintf(ev, sizeof ev, "allgather unit %d", u);
-            pdp__trace_complete(z->rank, z->trace_gather, "comm", ev, t0, pdp__now(), NULL);
+            pdp__trace_complete(z->c->trace_pid, z->trace_gather, "comm", ev, t0, pdp__now(),
+                                NULL);
         }
         if (st != PDP_OK) {
             char name[96];
@@ -996,7 +997,7 @@ PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt)
              : pdp__dev_memset0(z->dev, z->grad_shard, (size_t)z->shard_count * sizeof(float));
     if (st != PDP_OK) return pdp__err_wrap(st, "%s: rank %d: zeroing the gradients", fn, z->rank);
     if (z->r.trace_compute)
-        pdp__trace_complete(z->rank, z->r.trace_compute, "compute", "optimizer step", t0,
+        pdp__trace_complete(z->c->trace_pid, z->r.trace_compute, "compute", "optimizer step", t0,
                             pdp__now(), NULL);
     if (z->stage <= 2) {
         if ((st = pdp__zero_gather_full(z, z->m->param_block, fn)) != PDP_OK) return st;

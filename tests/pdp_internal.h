@@ -1233,6 +1233,8 @@ struct pdp_comm {
     const pdp__comm_ops *ops;
     pdp_backend backend;
     int rank, size;
+    int trace_pid;          /* this rank's process lane in the trace: its rank in the world it
+                               was split from (MPI: the world rank), so groups do not merge */
     double timeout_s;
     pdp_device device;
     char name[PDP__COMM_NAME_CAP];
@@ -4722,8 +4724,8 @@ PDP__PRIVATE bool pdp__nccl_done(pdp_work *w);
 PDP__PRIVATE void pdp__nccl_destroy(pdp_comm *c);
 
 PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank,
-                                       int size, double timeout_s, const char *name,
-                                       bool process_rank, const char *fn);
+                                       int size, int trace_pid, double timeout_s,
+                                       const char *name, bool process_rank, const char *fn);
 
 /* ---- comm_nccl: split ----
    ncclCommSplit over c (thread ranks and process ranks alike: it needs NCCL 2.18),
@@ -4734,10 +4736,11 @@ PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int ne
                                         int new_size, int leader, const char *name,
                                         pdp_comm **out);
 
-/* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
+/* Wraps an initialised handle h (taken over, freed on failure) as rank of size; trace_pid:
+   its lane in the trace (a split's parent's, else -1: rank). */
 PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank,
-                                       int size, double timeout_s, const char *name,
-                                       bool process_rank, const char *fn);
+                                       int size, int trace_pid, double timeout_s,
+                                       const char *name, bool process_rank, const char *fn);
 
 /* pdp_comm_init_env for PDP_BACKEND_NCCL: one process per GPU. The unique id
    travels through rendezvous.c; the store stays open until ncclCommInitRank

@@ -6,7 +6,7 @@
    after warm-up while four threads record far more events than the buffer
    holds. ZeRO stage 3: reduce-scatter and all-gather lanes, and the prefetch
    overlap (the next unit's gather starts before the current unit's forward
-   ends). */
+   ends). DDP on groups split from the world: a lane per world rank. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include <stddef.h>
@@ -427,6 +427,83 @@ TEST trace_zero_lanes_and_prefetch_overlap(void)
     PASS();
 }
 
+/* DDP on groups split from the world (4 thread ranks, 2 groups of 2): each rank keeps its
+   world rank as its trace lane, so the trace has four processes, not two groups' ranks 0
+   and 1 merged, and no two async events share an id. */
+typedef struct split_rank {
+    pdp_local_group *g;
+    int rank;
+    pdp_status st;
+} split_rank;
+
+static void *split_rank_main(void *arg)
+{
+    split_rank *sr = (split_rank *)arg;
+    pdp_comm *world = NULL, *half = NULL;
+    pdp_model *m = NULL;
+    pdp_ddp *d = NULL;
+    pdp_model_desc md;
+    float x[8 * 16], loss;
+    int32_t y[8];
+    int64_t shape[2] = {8, 16};
+    pdp_tensor xt;
+    int i;
+    for (i = 0; i < 8 * 16; i++) x[i] = (float)((i * 7 + sr->rank) % 13) / 13.0f;
+    for (i = 0; i < 8; i++) y[i] = (i + sr->rank) % 4;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 16;
+    if ((sr->st = pdp_comm_create_local(&world, sr->g, sr->rank)) ||
+        (sr->st = pdp_comm_split(world, sr->rank / 2, sr->rank, &half)) ||
+        (sr->st = pdp_model_create(&m, &md)) || (sr->st = pdp_model_add_linear(m, 8)) ||
+        (sr->st = pdp_model_add_relu(m)) || (sr->st = pdp_model_add_linear(m, 4)) ||
+        (sr->st = pdp_ddp_create(&d, m, half, NULL)))
+        goto out;
+    pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+    if ((sr->st = pdp_ddp_forward_backward(d, &xt, y, &loss)) == PDP_OK)
+        sr->st = pdp_ddp_finish(d);
+out:
+    pdp_ddp_free(d);
+    pdp_model_free(m);
+    pdp_comm_free(half);
+    pdp_comm_free(world);
+    return NULL;
+}
+
+TEST trace_split_groups_keep_the_world_ranks(void)
+{
+    char path[512], cmd[1400];
+    pdp_local_group *g = NULL;
+    pthread_t t[4];
+    split_rank sr[4];
+    int r;
+    if (!have_python()) SKIPm(pdp_test_python_missing("json"));
+    path_of(path, sizeof path, "split.json");
+    remove(path);
+    setenv("PDP_TRACE", path, 1);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 4, NULL), pdp_status_name);
+    for (r = 0; r < 4; r++) {
+        memset(&sr[r], 0, sizeof sr[r]);
+        sr[r].g = g, sr[r].rank = r;
+        pthread_create(&t[r], NULL, split_rank_main, &sr[r]);
+    }
+    for (r = 0; r < 4; r++) pthread_join(t[r], NULL);
+    pdp_local_group_free(g);
+    unsetenv("PDP_TRACE");
+    for (r = 0; r < 4; r++) ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, sr[r].st, pdp_status_name);
+    snprintf(cmd, sizeof cmd,
+             "\"%s\" -c 'import json,sys\n"
+             "ev=json.load(open(sys.argv[1]))[\"traceEvents\"]\n"
+             "pids=sorted(set(e[\"pid\"] for e in ev if e[\"ph\"]==\"X\"))\n"
+             "ids=[e[\"id\"] for e in ev if e[\"ph\"]==\"b\"]\n"
+             "assert pids==[0,1,2,3], pids\n"
+             "assert ids and len(ids)==len(set(ids)), ids\n' '%s'",
+             pdp_test_python("json"), path);
+    ASSERT_EQm("the trace merged the groups' ranks or repeated an id (python says which)", 0,
+               system(cmd));
+    remove(path);
+    PASS();
+}
+
 SUITE(trace)
 {
     RUN_TEST(trace_off_without_env);
@@ -437,6 +514,7 @@ SUITE(trace)
     RUN_TEST(trace_second_run_in_a_process_keeps_the_first);
     RUN_TEST(trace_hot_path_allocates_nothing);
     RUN_TEST(trace_zero_lanes_and_prefetch_overlap);
+    RUN_TEST(trace_split_groups_keep_the_world_ranks);
 }
 
 GREATEST_MAIN_DEFS();
