@@ -37,6 +37,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     const pdp_token_dataset *ds = user; /* the text, read once, shared by the ranks */
     int n = ctx->world_size / tp; /* the data-parallel size */
     int64_t T = g.context, b = B / n, every = steps >= 20 ? steps / 10 : steps, step;
+    int64_t rows = strategy == PDP_STRATEGY_DP ? (B + np - 1) / np : b; /* a replica's batch */
     size_t size = 4096 + strlen(prompt) + (size_t)n_new; /* the reports, then the text */
     int32_t *x = malloc(sizeof *x * (size_t)(2 * B * T)), *y = x + B * T;
     char *text = malloc(size);
@@ -62,8 +63,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
                threads, pdp_strategy_name((pdp_strategy)strategy), np, cuda ? " on CUDA" : "");
     PDP_TRY(pdp_gpt_create(&m, &gd));
     PDP_TRY(pdp_tensor_create_ids(&ids, ctx->device, 2, (int64_t[]){b, T}));
-    PDP_TRY(pdp_model_reserve(m, b)); /* activations for b sequences: steps allocate nothing */
-    PDP_TRY(pdp_gpt_activation_report(m, &gd, b, text, size, NULL));
+    PDP_TRY(pdp_model_reserve(m, rows)); /* activations for its sequences: steps allocate none */
+    PDP_TRY(pdp_gpt_activation_report(m, &gd, rows, text, size, NULL));
     if (ctx->rank == 0) printf("%s", text);
     PDP_TRY(pdp_trainer_create(&t, m, &(pdp_trainer_desc){ /* DDP, ZeRO: over the DP ranks */
         .strategy = (pdp_strategy)strategy, .comm = strategy >= PDP_STRATEGY_DDP ? dpc : NULL,
@@ -97,7 +98,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     }
 
     /* this rank's memory beside ZeRO's formulas (DP's workers, threads of one rank: their own) */
-    PDP_TRY(pdp_trainer_memory_report(t, b, text, size));
+    PDP_TRY(pdp_trainer_memory_report(t, rows, text, size));
     PDP_TRY(pdp_print_by_rank(ctx->world, "rank %d: %s", ctx->rank, text));
     PDP_TRY(pdp_trainer_get_memory(t, &mm)); /* the formulas for every stage, below */
     if (ctx->rank == 0 && tp > 1) { /* a step's TP traffic beside its formula */

@@ -786,6 +786,14 @@ PDP__PRIVATE pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor
     return PDP_OK;
 }
 
+/* The master's optimizer, for its memory figure, when steps go through the optimizer and
+   not pdp_dp_step (pdp_trainer's DP: pdp_dp_forward_backward, then pdp_optim_step). */
+PDP__PRIVATE void pdp__dp_count_optim(pdp_dp *dp, const pdp_optim *opt)
+{
+    dp->optim_bytes = opt ? (size_t)opt->nstate * (size_t)opt->count * sizeof(float) : 0;
+    if (dp->stats.steps) pdp__dp_memory(dp);
+}
+
 PDP_API pdp_status pdp_dp_step(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
                                const int32_t *labels, float *loss)
 {

@@ -93,6 +93,7 @@ PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
                   : pdp_optim_create(&t->opt, m, &d.optim);
     if (st != PDP_OK)
         st = pdp__err_wrap(st, "%s (strategy %s)", fn, pdp_strategy_name(d.strategy));
+    if (st == PDP_OK && t->dp) pdp__dp_count_optim(t->dp, t->opt); /* the master's memory */
     /* DDP's replicas step by the same optimizer (ZeRO's shard optimizer checks its own) */
     if (t->ddp && (st = pdp__comm_agree(d.comm, st, fn)) == PDP_OK)
         st = pdp__optim_agree(d.comm, &t->opt->desc, fn);

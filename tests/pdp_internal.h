@@ -8392,6 +8392,10 @@ PDP__PRIVATE pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor
                                     const int32_t *labels, float *loss, bool zero_and_step,
                                     const char *fn);
 
+/* The master's optimizer, for its memory figure, when steps go through the optimizer and
+   not pdp_dp_step (pdp_trainer's DP: pdp_dp_forward_backward, then pdp_optim_step). */
+PDP__PRIVATE void pdp__dp_count_optim(pdp_dp *dp, const pdp_optim *opt);
+
 /* PDP_API pdp_status pdp_dp_step(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x, const int32_t *labels, float *loss) */
 
 /* PDP_API pdp_status pdp_dp_forward_backward(pdp_dp *dp, const pdp_tensor *x, const int32_t *labels, float *loss) */

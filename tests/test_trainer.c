@@ -506,7 +506,10 @@ static pdp_status memory_rank(const pdp_launch_ctx *ctx, void *user)
                  "(parameters, gradients, AdamW's state, its activations,\n  the gathered "
                  "outputs), each other worker %.2f MB: DP saves nothing and overloads worker 0\n",
                  j->workers, (double)ds.master_bytes / 1e6, (double)ds.replica_bytes / 1e6);
-        if (ds.master_bytes <= ds.replica_bytes || !ds.replica_bytes) st = PDP_ERR_STATE;
+        /* the master holds a replica's share and, beyond it, the parameters the replicas
+           read in place (4 Psi) and AdamW's m and v (8 Psi) */
+        if (!ds.replica_bytes || ds.master_bytes < ds.replica_bytes + 12 * (size_t)j->count)
+            st = PDP_ERR_STATE;
     } else if ((st = pdp_trainer_get_memory(t, &mm)) == PDP_OK)
         st = pdp_gpt_memory_report(m, &mm, b, j->want[r], sizeof j->want[r]);
 done:
