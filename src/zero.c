@@ -1252,19 +1252,23 @@ PDP_API int pdp_zero_memory_format(const pdp_zero_memory *m, char *buf, size_t b
                                                                 : "does not save");
     len = pdp__zero_put(buf, bytes, len, "why: sharding saves (1 - 1/N) x %.0f, %.0f, %.0f Psi "
                         "(stages 1, 2, 3) and the buffers cost %d, %d, %d x 4 U_max, U_max = the "
-                        "largest unit (%.0f parameters, %.0f%% of the model: units hold whole "
-                        "layers, so it does not shrink with N); a stage saves when its saving "
-                        "exceeds its buffers: here (1 - 1/N) Psi = %.0f against U_max = %.0f, so "
-                        "with this model", k, 4 + k, 8 + k, m->stages[1].buffers,
-                        m->stages[2].buffers, m->stages[3].buffers, u, 100.0 * u / psi,
-                        (1.0 - 1.0 / n) * psi, u);
+                        "largest unit (%.0f parameters with padding, %.0f%% of the model: units "
+                        "hold whole layers, so it does not shrink with N); a stage saves when its "
+                        "saving exceeds its buffers: here, N = %d,", k, 4 + k, 8 + k,
+                        m->stages[1].buffers, m->stages[2].buffers, m->stages[3].buffers, u,
+                        100.0 * u / psi, n);
+    for (s = 1; s < 4; s++) /* each stage's own comparison, in bytes */
+        len = pdp__zero_put(buf, bytes, len, "%s stage %d %.2f MB against %.2f MB%s", s > 1 ? ","
+                            : "", s, (1.0 - 1.0 / n) * (cf[0] - (s == 1 ? 8 : s == 2 ? 4 : 0)) *
+                            psi / mb, 4.0 * m->stages[s].buffers * u / mb, s == 3 ? ";" : "");
+    len = pdp__zero_put(buf, bytes, len, " so with this model");
     for (s = 1; s < 4; s++) {
         from = pdp__zero_saves_from(psi, u, cf[0] - (s == 1 ? 8 : s == 2 ? 4 : 0),
                                     m->stages[s].buffers);
         if (from) len = pdp__zero_put(buf, bytes, len, "%s from N = %d", lead[s], from);
         else len = pdp__zero_put(buf, bytes, len, "%s never", lead[s]);
     }
-    return pdp__zero_put(buf, bytes, len, " (N = %d here).\n", n);
+    return pdp__zero_put(buf, bytes, len, ".\n");
 }
 
 PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out)

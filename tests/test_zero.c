@@ -642,6 +642,15 @@ static enum greatest_test_res check_memory_report(const pdp_zero_memory *mm,
     ASSERT(strstr(text, "measured, stage") != NULL);
     ASSERT(strstr(text, mm->total_bytes < 16 * psi ? "saves memory here" : "does not save here"));
     ASSERT(strstr(text, "paper 4 Psi + 12 Psi/N") != NULL);
+    { /* why: each stage's saving (1 - 1/N) x 8, 12, 16 Psi against its buffers, in MB */
+        char want[160];
+        for (i = 1; i < 4; i++) {
+            snprintf(want, sizeof want, "stage %d %.2f MB against %.2f MB", i,
+                     (1.0 - 1.0 / dn) * (4.0 + 4.0 * i) * (double)psi / 1e6,
+                     4.0 * bufs[i] * (double)u / 1e6);
+            ASSERTm(want, strstr(text, want) != NULL);
+        }
+    }
     ASSERT_EQ(10, pdp_zero_memory_format(mm, text, 11) > 10 ? (int)strlen(text) : -1);
     PASS();
 }
