@@ -10,8 +10,9 @@
    Run:    ./train_gpt     (PDP_SHORT=1: a few steps; -prompt "Q: " -temperature 0.6 -top_k 10)
            ./train_gpt -strategy zero3 -np 2 -tp 2 -sp 1 -recompute selective -precision bf16
            ./train_gpt_cuda -device cuda -strategy zero2 -np 2       (a thread per GPU)
-   Output: "step  2000  loss 2.0720  val 2.0638  ...", "rank 0: parameters 1.91 MB (4Psi 1.91),
-           ...", a sample "The parter onemiturartual moct ..." (README.md, "A GPT", has it all)
+   Output: "step  2000  loss 2.0720 (mean of 200 steps)  val 2.0638  ...", "rank 0: parameters
+           1.91 MB (4Psi 1.91), ...", a sample "The parter onemiturartual moct ..." (README.md,
+           "A GPT", has it all)
    Next:   train_tp.c (each layer split across ranks instead of the batch or the state). */
 
 #define PDP_IMPLEMENTATION
@@ -91,8 +92,9 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         /* the same validation windows every time; every rank: collective under ZeRO-3 */
         PDP_TRY(pdp_gpt_evaluate(m, ds, PDP_SPLIT_VAL, b, (short_run ? 1 : 8) * n, 1234, &val));
         if (ctx->rank == 0)
-            printf("step %5lld  loss %.4f  val %.4f  %.0f tokens/s  %.1f s\n", (long long)step + 1,
-                   loss_sum / (step % every + 1), val, (step + 1) * B * T / t_train, t_train);
+            printf("step %5lld  loss %.4f (mean of %d steps)  val %.4f  %.0f tokens/s  %.1f s\n",
+                   (long long)step + 1, loss_sum / (step % every + 1), (int)(step % every + 1),
+                   val, (step + 1) * B * T / t_train, t_train);
         fflush(stdout);
         loss_sum = 0;
     }
