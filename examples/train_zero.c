@@ -34,7 +34,7 @@
 
 static int np = 2, epochs = 1, stage = 3, accum = 1, layers = 2; /* np: thread ranks */
 static int64_t batch = 256, hidden = 512, seed = 1; /* batch: the global batch */
-static double lr = 0.001, cap_mb = 0.5;             /* units of at most 0.5 MiB (whole layers) */
+static double lr = 0.001, cap_mb = 0.5; /* units of 0.5 MiB or one layer (a larger layer alone) */
 static const char *backend = "local";
 static pdp_dataset *train, *test;
 
@@ -104,7 +104,10 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         pdp_zero_memory_format(&mm, report, sizeof report);
         printf("(each rank's loss is the mean over its own shard, so the ranks' losses differ; "
                "their parameters, and test accuracies, do not. DDP (train_ddp.c, this model) "
-               "sends 2 (N-1)/N x 4 Psi a step: stages 1-2 as much, stage 3 1.5x)\n%s", report);
+               "sends 2 (N-1)/N x 4 Psi a step, its k = %d backward passes accumulated under "
+               "no_sync: stage 1 as much, stage 2 (k + 1)/2 = %.1fx, stage 3 1.5k = %.1fx, "
+               "less, at k > 1, the units it keeps gathered)\n%s", accum, (accum + 1) / 2.0,
+               1.5 * accum, report);
     }
     pdp_batcher_free(b);
     pdp_dist_sampler_free(sampler);
