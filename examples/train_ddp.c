@@ -100,9 +100,10 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
             seen += got;
             pdp_ddp_get_stats(ddp, &s); /* the last step's figures */
             if (rank == 0 && (++step % (short_run ? 5 : 100) == 0))
-                printf("step %4lld  loss %.4f  sent/rank %.2f MB  ring 2(N-1)/N x grads %.2f MB"
-                       "  hidden %.0f%% (this step)\n", (long long)step, (double)loss,
-                       s.bytes_sent / 1e6, 2.0 * (n - 1) / n * (double)s.grad_bytes / 1e6 * wire,
+                printf("step %4lld  loss %.4f  sent/rank %.2f MB  ring 2(N-1)/N x grads%s %.2f "
+                       "MB  hidden %.0f%% (this step)\n", (long long)step, (double)loss,
+                       s.bytes_sent / 1e6, wire < 1 ? " x 1/2" : "",
+                       2.0 * (n - 1) / n * (double)s.grad_bytes / 1e6 * wire,
                        100.0 * s.hidden_share);
         }
         PDP_TRY(pdp_batcher_status(b));
