@@ -118,9 +118,11 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     PDP_TRY(pdp_mesh_format(mesh, groups, sizeof groups)); /* its coordinates and groups */
     PDP_TRY(pdp_pp_rank_report(p, o, report, sizeof report)); /* memory, bytes, bubble */
     PDP_TRY(pdp_print_by_rank(ctx->world, "%s\n%s", groups, report)); /* rank 0 prints all */
-    if (ctx->rank == 0) /* why a measured bubble is above the formulas */
+    if (ctx->rank == 0) /* why a measured bubble is above, or below, the formulas */
         printf("(the formulas take stages of equal time and free hand-offs: a stage that "
-               "computes less waits more%s)\n", sysconf(_SC_NPROCESSORS_ONLN) < ctx->world_size
+               "computes less waits more%s; a stage's compute also counts its waits in TP's "
+               "all-reduces, so its bubble can read below them)\n",
+               sysconf(_SC_NPROCESSORS_ONLN) < ctx->world_size
                ? "; and with more ranks than cores, ranks wait for a core" : "");
     pdp_optim_free(o);
     pdp_pp_free(p);

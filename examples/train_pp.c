@@ -1,11 +1,12 @@
 /* train_pp.c - pipeline parallelism: train_ddp.c's MLP split into stages across ranks.
 
    Every rank builds the same MLP 784-512-512-10 (Adam, lr 0.001; -hidden H, -layers L for
-   784-H-..-H-10) and keeps its stage's layers, split so that the stages' work is equal
-   (PDP_PP_BALANCE_WORK: FLOPs from the layers' shapes; the default split, by parameter
-   count, leaves a stage nearly idle). Each batch is cut into m micro-batches that flow
-   through the stages: activations go forward with send/recv, their gradients come back and
-   accumulate, so a step is a step of single-device training on the whole batch. GPipe runs
+   784-H-..-H-10) and keeps its stage's layers, split so that the stages' work is as equal
+   as whole layers allow (PDP_PP_BALANCE_WORK: FLOPs from the layers' shapes; the default
+   split, by parameter count, leaves a stage nearly idle). Each batch is cut into m
+   micro-batches that flow through the stages: activations go forward with send/recv, their
+   gradients come back and accumulate, so a step is a step of single-device training on the
+   whole batch. GPipe runs
    all forwards, then all backwards; 1F1B one forward, one backward after a warm-up. Rank 0
    prints each stage's measured bubble (idle share of the step) beside (p-1)/(m+p-1), met
    within 0.10 when every stage has a core of its own (else it says the stages share cores),
@@ -107,10 +108,12 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         pdp_pp_stats_format(&st, line, sizeof line);
         PDP_TRY(pdp_print_by_rank(ctx->world, "%s", line)); /* every stage's, in stage order */
         if (rank == 0) /* what the figures mean */
-            printf("(%s)\n1F1B changes the memory, not the bubble: both schedules idle "
-                   "(p-1)/(m+p-1) of a step, but stage s of 1F1B holds at most min(p-s, m) "
-                   "micro-batches' activations where GPipe holds all m (so the stages differ: the "
-                   "first holds the most). Only the last stage knows the loss, so it prints it.\n",
+            printf("(the formula takes stages of equal time: a stage that computes less, as its "
+                   "compute figure says, waits more; %s)\n1F1B changes the memory, not the "
+                   "bubble: both schedules idle (p-1)/(m+p-1) of a step, but stage s of 1F1B "
+                   "holds at most min(p-s, m) micro-batches' activations where GPipe holds all m "
+                   "(the first stage the most micro-batches). Only the last stage knows the "
+                   "loss, so it prints it.\n",
                    sysconf(_SC_NPROCESSORS_ONLN) >= n ? "as many cores as stages: on an idle "
                    "machine the bubble is the pipeline's waiting alone, within the margin"
                    : "fewer cores than stages: the stages share cores, so the measured bubble "
@@ -141,6 +144,9 @@ int main(int argc, char **argv)
     if (short_run) batch = 64; /* 10 steps; -batch overrides */
     PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
     PDP_CHECK(pdp_backend_from_name(backend, &ld.backend));
+    if (batch < micro)
+        return fprintf(stderr, "-batch %lld: fewer rows than -micro %d\n", (long long)batch,
+                       micro), 2;
     pdp_dataset_desc dd = {.flat = true, .mean = PDP_FASHION_MNIST_MEAN,
                            .std = PDP_FASHION_MNIST_STD, .max_samples = short_run ? 640 : 0,
                            .seed = (uint64_t)seed, .synthetic_fallback = true};
