@@ -819,25 +819,29 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes)
 {
     const pdp_dp_times *t, *u;
     double ms = 1e3, mean = 1e3 / (double)PDP__MAX(s ? s->steps : 1, 1);
+    char step[32];
     if (!s) return 0;
     t = &s->last;
     u = &s->sum;
+    /* on CPU replicas the master's step runs inside the reduce (pdp__dp_fused_step) */
+    if (s->params_shared && t->step == 0.0) snprintf(step, sizeof step, "(in reduce)");
+    else snprintf(step, sizeof step, "%.3f", t->step * ms);
     return snprintf(
         buf, bytes,
-        "dp: %d workers (%d active), batch %lld, step %lld, params %s\n"
+        "dp: %d workers (%d active), last batch %lld, step %lld, params %s\n"
         "  last step ms: replicate %.3f  scatter %.3f  apply %.3f (workers %.3f..%.3f)"
-        "  gather %.3f  reduce %.3f  step %.3f  total %.3f\n"
+        "  gather %.3f  reduce %.3f  step %s  total %.3f\n"
         "  mean ms:      replicate %.3f  scatter %.3f  apply %.3f  gather %.3f  reduce %.3f"
         "  step %.3f  total %.3f\n"
-        "  traffic: master -> replicas %.2f MB (params %.2f, inputs %.2f), "
+        "  traffic%s: master -> replicas %.2f MB (params %.2f, inputs %.2f), "
         "replicas -> master %.2f MB (grads %.2f, outputs %.3f)\n"
         "  memory: master %.2f MB, largest other replica %.2f MB (master / replica %.2fx)\n",
         s->num_workers, s->active_workers, (long long)s->batch, (long long)s->steps,
         s->params_shared ? "shared (read in place)" : "copied", t->replicate * ms,
         t->scatter * ms, t->apply * ms, s->apply_worker_min * ms, s->apply_worker_max * ms,
-        t->gather * ms, t->reduce * ms, t->step * ms, t->total * ms, u->replicate * mean,
+        t->gather * ms, t->reduce * ms, step, t->total * ms, u->replicate * mean,
         u->scatter * mean, u->apply * mean, u->gather * mean, u->reduce * mean, u->step * mean,
-        u->total * mean,
+        u->total * mean, s->params_shared ? " (what DP across devices sends; here shared)" : "",
         (double)s->bytes_from_master / 1e6, (double)s->replicate_bytes / 1e6,
         (double)s->scatter_bytes / 1e6, (double)s->bytes_to_master / 1e6,
         (double)s->reduce_bytes / 1e6, (double)s->gather_bytes / 1e6,

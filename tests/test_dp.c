@@ -544,6 +544,8 @@ TEST dp_stats_count_bytes_and_master_memory(void)
     ASSERT(st.master_bytes > st.replica_bytes + 2 * pbytes);
     ASSERT(pdp_dp_stats_format(&st, text, sizeof text) > 0);
     ASSERT(strstr(text, "replicate") && strstr(text, "master"));
+    ASSERT(strstr(text, "last batch 10,")); /* the shared parameters' traffic is labelled */
+    ASSERT(!st.params_shared || strstr(text, "traffic (what DP across devices sends"));
     CHECK_OK(pdp_dp_step(dp, o, &x, dt.y, NULL));
     CHECK_OK(pdp_dp_get_stats(dp, &st));
     ASSERT_EQ(2, st.steps);
