@@ -162,7 +162,8 @@ int main(int argc, char **argv)
     const char *bad = strategy == PDP_STRATEGY_SINGLE && np > 1 ? "-np needs -strategy dp, ddp "
                       "or zero1-3" : B % ranks ? "-batch must divide by -np" : !prompt[0]
                       ? "-prompt is empty" : tp > 1 && strategy == PDP_STRATEGY_DP
-                      ? "-tp goes with single, ddp or zero1-3" : NULL;
+                      ? "-tp goes with single, ddp or zero1-3" : sp && tp < 2
+                      ? "-sp 1 needs -tp 2 or more" : NULL;
     if (bad) return fprintf(stderr, "%s\n", bad), 2;
     PDP_CHECK(pdp_set_num_threads(threads));
     g.dropout = (float)dropout, g.seed = (uint64_t)seed, g.sequence_parallel = sp;

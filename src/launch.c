@@ -390,13 +390,20 @@ PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, in
         else if (i + 1 == argc)
             snprintf(why, sizeof why, "%s needs a value", argv[i]);
         else if (!pdp__arg_set(&args[k], argv[i + 1])) {
-            /* "-np '9' is not an integer in 1..8", "-backend 'x' is not one of local|mpi" */
+            /* "-np '9' is outside 1..8", "-np '3x' is not an integer in 1..8",
+               "-backend 'x' is not one of local|mpi" */
             bool str = args[k].type == PDP_ARG_STRING || args[k].type == PDP_ARG_CHOICE;
             const char *kind = str ? "one of" : args[k].type == PDP_ARG_DOUBLE ? "a number"
                                                                                : "an integer";
+            pdp_arg whole = args[k]; /* the value's type without the range, into a scratch */
+            union { int i; int64_t l; double d; } scratch;
             pdp__arg_accepts(&args[k], accepts, sizeof accepts);
-            snprintf(why, sizeof why, "%s '%s' is not %s%s%s", argv[i], argv[i + 1], kind,
-                     !accepts[0] ? "" : str ? " " : " in ", accepts);
+            whole.min = whole.max = 0.0, whole.value = &scratch;
+            if (!str && accepts[0] && pdp__arg_set(&whole, argv[i + 1]))
+                snprintf(why, sizeof why, "%s '%s' is outside %s", argv[i], argv[i + 1], accepts);
+            else
+                snprintf(why, sizeof why, "%s '%s' is not %s%s%s", argv[i], argv[i + 1], kind,
+                         !accepts[0] ? "" : str ? " " : " in ", accepts);
         }
     }
     if (!why[0]) return PDP_OK;

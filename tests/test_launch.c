@@ -302,6 +302,10 @@ TEST launch_args_parse(void)
     ASSERT_STR_EQ("pdp_args_parse: prog: -lr 'nan' is not a number in 1e-09..10\nusage: prog "
                   "[-np 4 (1..8)] [-stage -7] [-batch 1000000 (1..1000000)] [-lr 0.0025 "
                   "(1e-09..10)] [-backend mpi (local|mpi|nccl)]", pdp_last_error());
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(3, bad[0], args, 5), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), ": -np '9' is outside 1..8\n")); /* a number, out of range */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(3, bad[1], args, 5), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), ": -np '3x' is not an integer in 1..8\n"));
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(3, bad[5], args, 5), pdp_status_name);
     ASSERT(strstr(pdp_last_error(), ": -backend 'mp' is not one of local|mpi|nccl\n"));
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(3, bad[6], args, 5), pdp_status_name);
