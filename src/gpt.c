@@ -650,7 +650,7 @@ PDP_API pdp_status pdp_gpt_memory_report(const pdp_model *m, const struct pdp_ze
     act = pdp_model_activation_bytes(m, 0, m->nlayers, batch);
     P4 = 4.0 * (double)mm->param_count, n = mm->world_size, k = mm->state_per_param;
     len = snprintf(buf, bytes, "parameters %.2f MB (4Psi%s %.2f), gradients %.2f (4Psi%s %.2f), "
-                   "%s %.2f (%dPsi%s %.2f),\n  activations %.2f (%lld sequences), buffers %.2f "
+                   "%s %.2f (%dPsi%s %.2f),\n  activations kept %.2f (%lld sequences), buffers %.2f "
                    "(at most %.2f): %.2f MB\n", (double)mm->param_bytes / 1e6,
                    mm->stage >= 3 ? "/N" : "", P4 / (mm->stage >= 3 ? n : 1) / 1e6,
                    (double)mm->grad_bytes / 1e6, mm->stage >= 2 ? "/N" : "",

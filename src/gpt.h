@@ -198,11 +198,11 @@ PDP_API pdp_status pdp_gpt_tp_report(const pdp_gpt_desc *desc, int64_t batch,
    pdp_zero_memory_plan: stage 0 is a whole replica, single's or DDP's), each beside its
    formula, 4 Psi, 4 Psi and 4 k Psi bytes for k state floats a parameter (named "Adam's
    m, v" for 2, "momentum" for 1), divided by N from the stage that shards it (1 the state,
-   2 the gradients, 3 the parameters); then m's activations at batch sequences
-   (pdp_model_activation_bytes of every layer), the working buffers and their bound, and
-   the sum:
+   2 the gradients, 3 the parameters); then the activations m keeps for backward at batch
+   sequences (pdp_model_activation_bytes of every layer: not the scratch a recomputation or
+   a backward works in), the working buffers and their bound, and the sum:
        parameters 0.96 MB (4Psi/N 0.96), gradients 0.96 (4Psi/N 0.96), Adam's m, v 1.91
-       (8Psi/N 1.91),\n  activations 8.60 (4 sequences), buffers 1.20 (at most 1.20): 13.62 MB
+       (8Psi/N 1.91),\n  activations kept 8.60 (4 sequences), buffers 1.20 (at most 1.20): 13.62 MB
    m is this rank's model (split by desc.tp or not; any model, a GPT's or not). MB are 1e6
    bytes, as pdp_zero_memory_format's. examples/train_gpt.c prints it for every rank. */
 struct pdp_zero_memory;

@@ -1620,7 +1620,7 @@ TEST gpt_memory_report_is_each_stages_formula_beside_the_bytes(void)
         ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_memory_report(m, &mm, 3, line, sizeof line),
                        pdp_status_name);
         snprintf(want, sizeof want, "parameters %.2f MB (4Psi%s %.2f), gradients %.2f (4Psi%s "
-                 "%.2f), Adam's m, v %.2f (8Psi%s %.2f),\n  activations %.2f (3 sequences), "
+                 "%.2f), Adam's m, v %.2f (8Psi%s %.2f),\n  activations kept %.2f (3 sequences), "
                  "buffers %.2f (at most %.2f): %.2f MB\n", mm.param_bytes / 1e6,
                  shard[k].params > 1 ? "/N" : "", P4 / shard[k].params / 1e6,
                  mm.grad_bytes / 1e6, shard[k].grads > 1 ? "/N" : "", P4 / shard[k].grads / 1e6,

@@ -544,7 +544,7 @@ TEST trainer_memory_report_names_each_strategy_s_memory(void)
             snprintf(want, sizeof want, "(4Psi%s %.2f)", n > 1 ? "/N" : "",
                      4.0 * (double)j.count / n / 1e6);
             ASSERTm(msg, strstr(j.text[r], want) != NULL);
-            snprintf(want, sizeof want, "activations %.2f (%d sequences)", j.act / 1e6,
+            snprintf(want, sizeof want, "activations kept %.2f (%d sequences)", j.act / 1e6,
                      BATCH / k[i].ranks);
             ASSERTm(msg, strstr(j.text[r], want) != NULL);
         }
