@@ -567,7 +567,8 @@ PDP_API pdp_status pdp_gpt_activation_report(const pdp_model *m, const pdp_gpt_d
     s = (double)m->in_shape[0], h = (double)desc->dim, a = desc->heads;
     sbh = s * (double)batch * h;
     kept = pdp_model_activation_bytes(m, lo, hi, batch);
-    pdp__ckpt_put(buf, bytes, &len, &ok, "one block's activations (layers %d-%d), s %g b %lld h "
+    pdp__ckpt_put(buf, bytes, &len, &ok, "one block's activations (model layers %d-%d: those "
+                  "that keep some below), s %g b %lld h "
                   "%g a %g, TP %d%s: bytes per sbh, MB\n  recompute  Megatron: 16-bit, 1-byte "
                   "masks      its tensors in fp32, p %s 0\n", lo, hi - 1, s, (long long)batch, h,
                   a, tp, sp ? " + SP" : "", desc->dropout > 0 ? ">" : "=");
@@ -591,14 +592,16 @@ PDP_API pdp_status pdp_gpt_activation_report(const pdp_model *m, const pdp_gpt_d
     }
     pdp__ckpt_put(buf, bytes, &len, &ok, "\n    = %.2f, %.2f MB (pdp_model_activation_bytes)\n"
                   "  pdp keeps every layer's output in fp32, Megatron what backward reads at 16 "
-                  "bits, so pdp also keeps\n  %s;\n  LayerNorm's mean and rstd (16/h a block), no "
-                  "mask for P (it is redrawn); full keeps both regions' inputs: 8%s per sbh\n",
-                  (double)kept / sbh, (double)kept / 1e6,
+                  "bits, so pdp also keeps\n  %s;\n  LayerNorm's mean and rstd (%s a block), "
+                  "no mask for P (it is redrawn)%s; full keeps both regions' inputs: 8%s per "
+                  "sbh\n", (double)kept / sbh, (double)kept / 1e6,
                   tp == 1 ? "c_proj's outputs (no backward reads them)"
                   : sp    ? "the row-parallel partial sums and g's slices (no backward reads "
                             "them), f's gathered sequence (Megatron: a slice)"
                           : "the row-parallel partial sums and g's sums (no backward reads "
-                            "them), f's copies of LayerNorm's outputs", sp ? "/t" : "");
+                            "them), f's copies of LayerNorm's outputs", sp ? "16/(ht)" : "16/h",
+                  desc->dropout > 0 ? ", Dropout's outputs in fp32 and its masks in 4 bytes"
+                                    : "", sp ? "/t" : "");
     if (!ok) return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes do not hold the report", fn, bytes);
     if (block_bytes) *block_bytes = kept;
     return PDP_OK;
@@ -622,12 +625,13 @@ PDP_API pdp_status pdp_gpt_tp_report(const pdp_gpt_desc *desc, int64_t batch,
     k = sp ? 8 * L + 2 + 4 * L * re : 4 * L + 2 * L * re; /* the collectives of P bytes */
     sent = (sp ? 1.0 : 2.0) * (t - 1) / t * (double)(k * P) +
            (sp ? 2.0 * (t - 1) / t * (double)((2 * L + 1) * 2 * desc->dim * 4) : 0);
-    n = snprintf(buf, bytes, "TP %g%s, one step: %lld %s of %.3f MB (%s)%s, %.3f MB sent by "
-                 "this rank (formula %.3f)\n", t, sp ? " + SP" : "",
+    n = snprintf(buf, bytes, "TP %g%s, one step: %lld %s of a %.3f MB tensor (%s; a rank sends "
+                 "%s/t of each)%s, %.3f MB sent by this rank (formula %.3f)\n", t,
+                 sp ? " + SP" : "",
                  (long long)(s->forward_allreduces + s->backward_allreduces + s->allgathers +
                              s->reduce_scatters),
                  sp ? "all-gathers and reduce-scatters" : "all-reduces", (double)P / 1e6,
-                 sp ? (re ? "12L + 2" : "8L + 2") : (re ? "6L" : "4L"),
+                 sp ? (re ? "12L + 2" : "8L + 2") : (re ? "6L" : "4L"), sp ? "(t-1)" : "2 (t-1)",
                  sp ? "\n  and the 2L + 1 LayerNorms' gradients all-reduced (each rank saw its "
                  "slice of the sequence)" : "", (double)s->bytes_sent / 1e6, sent / 1e6);
     if (n < 0 || (size_t)n >= bytes)
@@ -650,8 +654,8 @@ PDP_API pdp_status pdp_gpt_memory_report(const pdp_model *m, const struct pdp_ze
     act = pdp_model_activation_bytes(m, 0, m->nlayers, batch);
     P4 = 4.0 * (double)mm->param_count, n = mm->world_size, k = mm->state_per_param;
     len = snprintf(buf, bytes, "parameters %.2f MB (4Psi%s %.2f), gradients %.2f (4Psi%s %.2f), "
-                   "%s %.2f (%dPsi%s %.2f),\n  activations kept %.2f (%lld sequences), buffers %.2f "
-                   "(at most %.2f): %.2f MB\n", (double)mm->param_bytes / 1e6,
+                   "%s %.2f (%dPsi%s %.2f),\n  activations kept %.2f (%lld sequences), "
+                   "buffers %.2f (at most %.2f): %.2f MB\n", (double)mm->param_bytes / 1e6,
                    mm->stage >= 3 ? "/N" : "", P4 / (mm->stage >= 3 ? n : 1) / 1e6,
                    (double)mm->grad_bytes / 1e6, mm->stage >= 2 ? "/N" : "",
                    P4 / (mm->stage >= 2 ? n : 1) / 1e6, state[k < 3 ? k : 0],

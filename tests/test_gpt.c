@@ -1480,8 +1480,8 @@ TEST gpt_tp_report_formula_is_the_measured_traffic(void)
             ASSERT_ENUM_EQm(msg, PDP_OK, pdp_launch(2, NULL, report_rank, &c), pdp_status_name);
             ASSERTm(msg, c.sent > 0);
             ASSERT_EQm(msg, (double)c.sent, c.formula);
-            ASSERTm(msg, strstr(c.tp_line, sp ? (mode ? "(12L + 2)" : "(8L + 2)")
-                                              : (mode ? "(6L)" : "(4L)")) != NULL);
+            ASSERTm(msg, strstr(c.tp_line, sp ? (mode ? "(12L + 2;" : "(8L + 2;")
+                                              : (mode ? "(6L;" : "(4L;")) != NULL);
             ASSERTm(msg, !strstr(c.tp_line, "LayerNorms' gradients all-reduced") == !sp);
         }
     PASS();
