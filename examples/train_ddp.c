@@ -24,7 +24,6 @@
            step  100  loss 0.3812  sent/rank 2.68 MB  ring 2(N-1)/N x grads 2.68 MB  hidden ...
            epoch 1  loss 0.4848  test 85.40%  11440 samples/s  all-reduce hidden under ...
            (the losses are rank 0's, over its own shard of each batch: the other ranks' ...)
-           ("hidden" stays low when idle: layer 0's bucket, 60% of the bytes, fills last)
    Next:   train_zero.c (the same model and optimizer with ZeRO's shards). */
 
 #define PDP_IMPLEMENTATION
@@ -119,7 +118,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     }
     if (rank == 0)
         printf("(the losses are rank 0's, over its own shard of each batch: the other ranks' "
-               "differ; the parameters after each step do not)\n");
+               "differ; the parameters after each step do not. \"hidden\" stays low: layer 0's "
+               "bucket, 60%% of the bytes, is ready last, when backward ends)\n");
     pdp_batcher_free(b);
     pdp_dist_sampler_free(sampler);
     pdp_batcher_free(tb);

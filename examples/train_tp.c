@@ -25,10 +25,9 @@
    Output (PDP_SHORT=1, 2 ranks, seed 1):
            seed 1: Fashion-MNIST, backend local, 2 TP ranks, batch 32, MLP [f, 784-512 ...
            rank 0 holds hidden features [0, 256) of 512: 337674 of 669706 parameters
-           step    5  loss 1.6526  all-reduced/rank: fwd 65536 B (formula B x 512 x 4 = 65536
-             B)  bwd 0 B  sent 65536 B (ring 2(N-1)/N x fwd = 65536 B)
+           step    5  loss 1.6526  all-reduced/rank a step: fwd 65536 B (formula B x 512 x 4 =
+             65536 B)  bwd 0 B (f at the input: no gradient to sum)  sent 65536 B (ring ...)
            epoch 1  loss 1.5867  test 58.75%  3696 samples/s  all-reduce 72% of the time ...
-           (2 busy cores; the share includes waiting for the other rank: g and f are synchronous)
    Next:   train_pp.c (splitting the layers across ranks instead of each layer). */
 
 #define PDP_IMPLEMENTATION
@@ -100,13 +99,13 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
             seen += got;
             if (rank == 0 && (++step % (short_run ? 5 : 100) == 0)) {
                 pdp_tp_get_stats(m, &s);
-                printf("step %4lld  loss %.4f  all-reduced/rank: fwd %lld B (formula B x %d x 4 "
-                       "= %lld B)  bwd %lld B  sent %.0f B (ring 2(N-1)/N x fwd = %.0f B)\n",
-                       (long long)step, (double)loss, (long long)(s.forward_bytes /
-                       (s.forward_allreduces ? s.forward_allreduces : 1)), H,
-                       (long long)(got * H * 4), (long long)s.backward_bytes,
-                       (double)s.bytes_sent / (double)s.forward_allreduces,
-                       2.0 * (n - 1) / n * (double)(got * H * 4));
+                int64_t k = s.forward_allreduces ? s.forward_allreduces : 1; /* steps */
+                printf("step %4lld  loss %.4f  all-reduced/rank a step: fwd %lld B (formula B x "
+                       "%d x 4 = %lld B)  bwd %lld B%s  sent %.0f B (ring 2(N-1)/N x fwd = %.0f "
+                       "B)\n", (long long)step, (double)loss, (long long)(s.forward_bytes / k),
+                       H, (long long)(got * H * 4), (long long)(s.backward_bytes / k),
+                       s.backward_bytes ? "" : " (f at the input: no gradient to sum)",
+                       (double)s.bytes_sent / (double)k, 2.0 * (n - 1) / n * (double)(got * H * 4));
             }
         }
         PDP_TRY(pdp_batcher_status(b));
@@ -115,7 +114,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         PDP_TRY(pdp_model_accuracy(m, tb, &acc)); /* a forward too: every rank takes part in g */
         if (rank == 0)
             printf("epoch %d  loss %.4f  test %.2f%%  %.0f samples/s  all-reduce %.0f%% of the "
-                   "time (%.3f s)\n", e + 1, loss_sum / (double)seen, 100.0 * acc,
+                   "time (%.3f s, waiting for the other ranks included: g and f are "
+                   "synchronous)\n", e + 1, loss_sum / (double)seen, 100.0 * acc,
                    (double)seen / dt, 100.0 * s.allreduce_s / dt, s.allreduce_s);
     }
     if (save_path) {
