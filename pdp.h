@@ -409,12 +409,14 @@
    Uneven shards: each rank's loss is the mean over its own batch and the all-reduce
    averages over ranks, so a step trains the mean of per-rank means, (1/N) sum_r
    mean_r, as PyTorch's DDP does; it equals the mean over the global batch only when
-   every rank has the same number of samples. desc.batch_mean = PDP_BATCH_MEAN_GLOBAL
-   (DDP and ZeRO) trains the global batch's mean instead, as one device on the
-   concatenated shards: each backward all-reduces the ranks' batch sizes (one float,
-   counted in bytes_sent; hidden behind the forward in pdp_ddp_forward_backward) and
-   weighs rank r's loss gradient by N n_r / T. With accumulation each backward is
-   weighted by its own global batch.
+   every rank has the same number of samples (labels that count, for a GPT).
+   desc.batch_mean = PDP_BATCH_MEAN_GLOBAL (DDP and ZeRO) trains the global batch's mean
+   instead, as one device on the concatenated shards: each backward all-reduces the ranks'
+   counts (one float, counted in bytes_sent; hidden behind the forward in
+   pdp_ddp_forward_backward: with the built-in cross-entropy the labels that are not -1,
+   with an own loss the samples) and weighs rank r's loss gradient by N n_r / T. With
+   accumulation each backward is weighted by its own global batch; with dropout the masks
+   are one device's on even shards only (keyed by r x the shard).
 
    Communication hooks (PyTorch's register_comm_hook): pdp_ddp_register_comm_hook (or
    pdp_zero_register_comm_hook) before the first backward puts a user's launch (and
