@@ -1886,7 +1886,10 @@ PDP_API pdp_status pdp_store_wait(pdp_store *s, const char **keys, int n, double
    text, so pdp_store_get on one reads e.g. "3". */
 PDP_API pdp_status pdp_store_add(pdp_store *s, const char *key, int64_t delta, int64_t *result);
 /* Returns once world_size ranks (0 = desc.world_size) have called it with this
-   name; reusable: the k-th call on every rank meets the k-th call on the others. */
+   name; reusable: the k-th call on every rank meets the k-th call on the others (each
+   rank's handle counts its own calls, a call that timed out included: one handle a
+   rank). More arrivals than world_size in a round (two ranks with one id, or world
+   sizes that differ) is PDP_ERR_INVALID. */
 PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_size,
                                      double timeout_s);
 /* ---- end src/store.h ---- */
@@ -1999,11 +2002,15 @@ PDP_API void pdp_local_group_free(pdp_local_group *g);
 PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int rank);
 
 /* ---- from the environment (torchrun or mpirun) ----
-   MPI: the rank and size come from MPI itself; NCCL: RANK, WORLD_SIZE,
-   LOCAL_RANK, MASTER_ADDR, MASTER_PORT (or OMPI_COMM_WORLD_*), the unique id
-   through the TCP store on rank 0. Local is not available here (it needs a
-   group). A backend that was not compiled in fails with PDP_ERR_UNSUPPORTED
-   naming the macro.
+   MPI: the rank and size come from MPI itself, so its ranks are started by mpirun
+   (processes started as torchrun starts them, each an MPI world of one, are refused:
+   PDP_ERR_INVALID naming RANK/WORLD_SIZE and MPI's rank and size); NCCL: RANK,
+   WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (or OMPI_COMM_WORLD_*), the unique
+   id through the TCP store on rank 0. Local is not available here (it needs a group):
+   CPU ranks in separate processes are MPI's. A backend that was not compiled in fails
+   with PDP_ERR_UNSUPPORTED naming the macro. An MPI error never aborts the job: when pdp
+   initialises MPI, MPI_COMM_WORLD's handler returns too (OpenMPI reports a non-blocking
+   collective's error there), and the error becomes PDP_ERR_COMM.
 
    MPI start-up, what is and is not bounded by timeout_s (when pdp initialises
    MPI, i.e. the program did not call MPI_Init_thread itself):
@@ -7669,9 +7676,11 @@ PDP_API pdp_status pdp_trace_flush(void)
    version, op, key length (1..PDP_STORE_MAX_KEY) or value length (at most
    PDP_STORE_MAX_VALUE) gets an ERROR reply and then the connection is closed.
 
-   Counters (ADD) are decimal text, as in PyTorch's TCPStore. Barriers are an ADD
-   on "pdp/barrier/<name>" plus a WAIT on "pdp/barrier/<name>/<generation>", which
-   the last rank of each generation sets, so one name can be reused. Keys live in
+   Counters (ADD) are decimal text, as in PyTorch's TCPStore. A barrier's k-th call on
+   a handle (the handle counts its calls by name) is an ADD on "pdp/barrier/<name>/<k>/n"
+   plus a WAIT on "pdp/barrier/<name>/<k>", which the last rank of round k sets, so one
+   name can be reused and a call that timed out, whose arrival stays counted, is not
+   counted again by the retry. Keys live in
    a flat array searched linearly: a rendezvous store holds tens of keys, and
    every barrier generation adds one.
 
@@ -8264,6 +8273,11 @@ PDP__PRIVATE void pdp__store_server_stop(pdp__store_server *srv)
 
 /* ---- client ---- */
 
+typedef struct pdp__store_round { /* a barrier name's calls on a handle so far */
+    char *name;
+    int64_t calls;
+} pdp__store_round;
+
 struct pdp_store {
     pdp__sock fd;               /* connection to the server; PDP__SOCK_NONE once it broke */
     pdp__mutex lock;       /* one request at a time on this handle */
@@ -8272,6 +8286,8 @@ struct pdp_store {
     int world_size;
     double timeout_s;
     pdp__store_server *server;  /* on the serving rank only */
+    pdp__store_round *rounds;   /* barriers: this handle's calls, by name */
+    int n_rounds, cap_rounds;
 };
 
 /* Connects s->fd to host:s->port, retrying until timeout_s has passed. */
@@ -8500,9 +8516,12 @@ PDP_API pdp_status pdp_store_create(pdp_store **out, const pdp_store_desc *desc)
 
 PDP_API void pdp_store_free(pdp_store *s)
 {
+    int i;
     if (!s) return;
     if (s->fd != PDP__SOCK_NONE) pdp__sock_close(s->fd);
     pdp__store_server_stop(s->server);
+    for (i = 0; i < s->n_rounds; i++) pdp__dealloc(s->rounds[i].name);
+    pdp__dealloc(s->rounds);
     pdp__mutex_destroy(&s->lock);
     pdp__dealloc(s);
 }
@@ -8587,12 +8606,40 @@ PDP_API pdp_status pdp_store_add(pdp_store *s, const char *key, int64_t delta, i
     return st;
 }
 
+/* The round this handle's call of barrier name joins: its k-th call joins round k,
+   whatever became of the earlier ones (a round that timed out keeps this rank's arrival,
+   so a retry must not count in it again). */
+PDP__PRIVATE pdp_status pdp__store_next_round(pdp_store *s, const char *name, int64_t *round)
+{
+    int i;
+    pdp__mutex_lock(&s->lock);
+    for (i = 0; i < s->n_rounds && strcmp(s->rounds[i].name, name); i++) {}
+    if (i == s->n_rounds) { /* the name's first call on this handle */
+        pdp__store_round *g = (pdp__store_round *)pdp__store_grow(
+            s->rounds, &s->cap_rounds, s->n_rounds + 1, sizeof *s->rounds);
+        char *copy = (char *)pdp__alloc(strlen(name) + 1);
+        if (g) s->rounds = g;
+        if (!g || !copy) {
+            pdp__dealloc(copy);
+            pdp__mutex_unlock(&s->lock);
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_barrier: '%s': no memory", name);
+        }
+        memcpy(copy, name, strlen(name) + 1);
+        s->rounds[i].name = copy;
+        s->rounds[i].calls = 0;
+        s->n_rounds++;
+    }
+    *round = s->rounds[i].calls++;
+    pdp__mutex_unlock(&s->lock);
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_size,
                                      double timeout_s)
 {
     char counter[PDP_STORE_MAX_KEY + 1], done[PDP_STORE_MAX_KEY + 1];
     const char *keys[1];
-    int64_t arrived = 0, gen, now_in = 0;
+    int64_t arrived = 0, gen = 0, now_in = 0;
     int world;
     pdp_status st;
 
@@ -8605,12 +8652,16 @@ PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_s
     if (strlen(name) + 40 > PDP_STORE_MAX_KEY)
         return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: name '%.64s...' is too long", name);
     timeout_s = PDP__DEF(timeout_s, s->timeout_s);
-    snprintf(counter, sizeof counter, "pdp/barrier/%s", name);
+    if ((st = pdp__store_next_round(s, name, &gen)) != PDP_OK) return st;
+    snprintf(counter, sizeof counter, "pdp/barrier/%s/%lld/n", name, (long long)gen);
     if ((st = pdp_store_add(s, counter, 1, &arrived)) != PDP_OK)
         return pdp__err_wrap(st, "pdp_store_barrier: '%s'", name);
-    gen = (arrived - 1) / world;
+    if (arrived > world)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: '%s' (round %lld): %lld ranks "
+                        "arrived, more than world_size %d (two ranks with one rank id, or world "
+                        "sizes that differ)", name, (long long)gen, (long long)arrived, world);
     snprintf(done, sizeof done, "pdp/barrier/%s/%lld", name, (long long)gen);
-    if (arrived % world == 0 && (st = pdp_store_set(s, done, "", 0)) != PDP_OK)
+    if (arrived == world && (st = pdp_store_set(s, done, "", 0)) != PDP_OK)
         return pdp__err_wrap(st, "pdp_store_barrier: '%s'", name);
     keys[0] = done;
     st = pdp_store_wait(s, keys, 1, timeout_s);
@@ -8618,7 +8669,7 @@ PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_s
         pdp_store_add(s, counter, 0, &now_in); /* best effort, for the message */
         return pdp__err(st, "pdp_store_barrier: '%s' (round %lld): %lld of %d ranks arrived "
                         "within %g s (store %s:%d)", name, (long long)gen,
-                        (long long)(now_in - gen * world), world, timeout_s, s->host, s->port);
+                        (long long)now_in, world, timeout_s, s->host, s->port);
     }
     if (st != PDP_OK) return pdp__err_wrap(st, "pdp_store_barrier: '%s'", name);
     return PDP_OK;
@@ -13290,7 +13341,11 @@ PDP__PRIVATE pdp_status pdp__rendezvous_store(pdp_store **out, const pdp_env_inf
     sd.port = env->master_port;
     /* torchrun's own store holds MASTER_PORT; ours takes the next port */
     if (getenv("TORCHELASTIC_RUN_ID")) sd.port = env->master_port + 1;
-    if ((port_env = getenv("PDP_STORE_PORT")) && *port_env) sd.port = atoi(port_env);
+    if ((port_env = getenv("PDP_STORE_PORT")) && *port_env) {
+        pdp_status pst = pdp__env_int("PDP_STORE_PORT", port_env, 1, 65535, "", &sd.port);
+        if (pst != PDP_OK) return pdp__err_wrap(pst, "%s: %s rank %d of %d", fn, what, env->rank,
+                                                env->world_size);
+    }
     sd.is_server = env->rank == 0;
     sd.world_size = env->world_size;
     sd.timeout_s = timeout_s;
@@ -15358,6 +15413,10 @@ PDP__PRIVATE pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeo
             goto out;
         }
         pdp__mpi_we_init = true;
+        /* OpenMPI reports an error of a non-blocking collective's request (MPI_Test) on
+           MPI_COMM_WORLD's handler, not on our duplicate's: pdp owns MPI here, so make that
+           handler return too (else MPI_ERRORS_ARE_FATAL aborts the whole job) */
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     } else {
         MPI_Query_thread(&provided);
     }
@@ -15427,6 +15486,22 @@ PDP__PRIVATE pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *des
         if (mcomm != MPI_COMM_NULL) MPI_Comm_free(&mcomm);
         pdp__mpi_release();
         return pdp__err(PDP_ERR_COMM, "%s: duplicating MPI_COMM_WORLD failed: %s", fn, e);
+    }
+    {   /* the launcher's variables must describe this MPI world (a torchrun-style start of
+           separate processes without mpirun gives each its own MPI world of one) */
+        pdp_env_info env;
+        if (pdp_env_read(&env) == PDP_OK && env.from_env &&
+            (env.rank != rank || env.world_size != size)) {
+            MPI_Comm_free(&mcomm);
+            pdp__mpi_release();
+            return pdp__err(PDP_ERR_INVALID, "%s: the environment makes this process rank %d of %d "
+                            "(%s), but MPI_COMM_WORLD makes it rank %d of %d: the MPI backend's "
+                            "ranks must be started by mpirun (or mpiexec), not as separate "
+                            "processes", fn, env.rank, env.world_size,
+                            getenv("RANK") && *getenv("RANK") ? "RANK/WORLD_SIZE"
+                                                              : "OMPI_COMM_WORLD_*",
+                            rank, size);
+        }
     }
     return pdp__mpi_wrap(out, mcomm, desc && desc->name ? desc->name : "comm", timeout_s, fn);
 }

@@ -77,11 +77,15 @@ PDP_API void pdp_local_group_free(pdp_local_group *g);
 PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int rank);
 
 /* ---- from the environment (torchrun or mpirun) ----
-   MPI: the rank and size come from MPI itself; NCCL: RANK, WORLD_SIZE,
-   LOCAL_RANK, MASTER_ADDR, MASTER_PORT (or OMPI_COMM_WORLD_*), the unique id
-   through the TCP store on rank 0. Local is not available here (it needs a
-   group). A backend that was not compiled in fails with PDP_ERR_UNSUPPORTED
-   naming the macro.
+   MPI: the rank and size come from MPI itself, so its ranks are started by mpirun
+   (processes started as torchrun starts them, each an MPI world of one, are refused:
+   PDP_ERR_INVALID naming RANK/WORLD_SIZE and MPI's rank and size); NCCL: RANK,
+   WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (or OMPI_COMM_WORLD_*), the unique
+   id through the TCP store on rank 0. Local is not available here (it needs a group):
+   CPU ranks in separate processes are MPI's. A backend that was not compiled in fails
+   with PDP_ERR_UNSUPPORTED naming the macro. An MPI error never aborts the job: when pdp
+   initialises MPI, MPI_COMM_WORLD's handler returns too (OpenMPI reports a non-blocking
+   collective's error there), and the error becomes PDP_ERR_COMM.
 
    MPI start-up, what is and is not bounded by timeout_s (when pdp initialises
    MPI, i.e. the program did not call MPI_Init_thread itself):

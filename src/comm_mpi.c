@@ -809,6 +809,10 @@ PDP__PRIVATE pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeo
             goto out;
         }
         pdp__mpi_we_init = true;
+        /* OpenMPI reports an error of a non-blocking collective's request (MPI_Test) on
+           MPI_COMM_WORLD's handler, not on our duplicate's: pdp owns MPI here, so make that
+           handler return too (else MPI_ERRORS_ARE_FATAL aborts the whole job) */
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     } else {
         MPI_Query_thread(&provided);
     }
@@ -878,6 +882,22 @@ PDP__PRIVATE pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *des
         if (mcomm != MPI_COMM_NULL) MPI_Comm_free(&mcomm);
         pdp__mpi_release();
         return pdp__err(PDP_ERR_COMM, "%s: duplicating MPI_COMM_WORLD failed: %s", fn, e);
+    }
+    {   /* the launcher's variables must describe this MPI world (a torchrun-style start of
+           separate processes without mpirun gives each its own MPI world of one) */
+        pdp_env_info env;
+        if (pdp_env_read(&env) == PDP_OK && env.from_env &&
+            (env.rank != rank || env.world_size != size)) {
+            MPI_Comm_free(&mcomm);
+            pdp__mpi_release();
+            return pdp__err(PDP_ERR_INVALID, "%s: the environment makes this process rank %d of %d "
+                            "(%s), but MPI_COMM_WORLD makes it rank %d of %d: the MPI backend's "
+                            "ranks must be started by mpirun (or mpiexec), not as separate "
+                            "processes", fn, env.rank, env.world_size,
+                            getenv("RANK") && *getenv("RANK") ? "RANK/WORLD_SIZE"
+                                                              : "OMPI_COMM_WORLD_*",
+                            rank, size);
+        }
     }
     return pdp__mpi_wrap(out, mcomm, desc && desc->name ? desc->name : "comm", timeout_s, fn);
 }

@@ -127,7 +127,11 @@ PDP__PRIVATE pdp_status pdp__rendezvous_store(pdp_store **out, const pdp_env_inf
     sd.port = env->master_port;
     /* torchrun's own store holds MASTER_PORT; ours takes the next port */
     if (getenv("TORCHELASTIC_RUN_ID")) sd.port = env->master_port + 1;
-    if ((port_env = getenv("PDP_STORE_PORT")) && *port_env) sd.port = atoi(port_env);
+    if ((port_env = getenv("PDP_STORE_PORT")) && *port_env) {
+        pdp_status pst = pdp__env_int("PDP_STORE_PORT", port_env, 1, 65535, "", &sd.port);
+        if (pst != PDP_OK) return pdp__err_wrap(pst, "%s: %s rank %d of %d", fn, what, env->rank,
+                                                env->world_size);
+    }
     sd.is_server = env->rank == 0;
     sd.world_size = env->world_size;
     sd.timeout_s = timeout_s;

@@ -30,9 +30,11 @@
    version, op, key length (1..PDP_STORE_MAX_KEY) or value length (at most
    PDP_STORE_MAX_VALUE) gets an ERROR reply and then the connection is closed.
 
-   Counters (ADD) are decimal text, as in PyTorch's TCPStore. Barriers are an ADD
-   on "pdp/barrier/<name>" plus a WAIT on "pdp/barrier/<name>/<generation>", which
-   the last rank of each generation sets, so one name can be reused. Keys live in
+   Counters (ADD) are decimal text, as in PyTorch's TCPStore. A barrier's k-th call on
+   a handle (the handle counts its calls by name) is an ADD on "pdp/barrier/<name>/<k>/n"
+   plus a WAIT on "pdp/barrier/<name>/<k>", which the last rank of round k sets, so one
+   name can be reused and a call that timed out, whose arrival stays counted, is not
+   counted again by the retry. Keys live in
    a flat array searched linearly: a rendezvous store holds tens of keys, and
    every barrier generation adds one.
 
@@ -625,6 +627,11 @@ PDP__PRIVATE void pdp__store_server_stop(pdp__store_server *srv)
 
 /* ---- client ---- */
 
+typedef struct pdp__store_round { /* a barrier name's calls on a handle so far */
+    char *name;
+    int64_t calls;
+} pdp__store_round;
+
 struct pdp_store {
     pdp__sock fd;               /* connection to the server; PDP__SOCK_NONE once it broke */
     pdp__mutex lock;       /* one request at a time on this handle */
@@ -633,6 +640,8 @@ struct pdp_store {
     int world_size;
     double timeout_s;
     pdp__store_server *server;  /* on the serving rank only */
+    pdp__store_round *rounds;   /* barriers: this handle's calls, by name */
+    int n_rounds, cap_rounds;
 };
 
 /* Connects s->fd to host:s->port, retrying until timeout_s has passed. */
@@ -861,9 +870,12 @@ PDP_API pdp_status pdp_store_create(pdp_store **out, const pdp_store_desc *desc)
 
 PDP_API void pdp_store_free(pdp_store *s)
 {
+    int i;
     if (!s) return;
     if (s->fd != PDP__SOCK_NONE) pdp__sock_close(s->fd);
     pdp__store_server_stop(s->server);
+    for (i = 0; i < s->n_rounds; i++) pdp__dealloc(s->rounds[i].name);
+    pdp__dealloc(s->rounds);
     pdp__mutex_destroy(&s->lock);
     pdp__dealloc(s);
 }
@@ -948,12 +960,40 @@ PDP_API pdp_status pdp_store_add(pdp_store *s, const char *key, int64_t delta, i
     return st;
 }
 
+/* The round this handle's call of barrier name joins: its k-th call joins round k,
+   whatever became of the earlier ones (a round that timed out keeps this rank's arrival,
+   so a retry must not count in it again). */
+PDP__PRIVATE pdp_status pdp__store_next_round(pdp_store *s, const char *name, int64_t *round)
+{
+    int i;
+    pdp__mutex_lock(&s->lock);
+    for (i = 0; i < s->n_rounds && strcmp(s->rounds[i].name, name); i++) {}
+    if (i == s->n_rounds) { /* the name's first call on this handle */
+        pdp__store_round *g = (pdp__store_round *)pdp__store_grow(
+            s->rounds, &s->cap_rounds, s->n_rounds + 1, sizeof *s->rounds);
+        char *copy = (char *)pdp__alloc(strlen(name) + 1);
+        if (g) s->rounds = g;
+        if (!g || !copy) {
+            pdp__dealloc(copy);
+            pdp__mutex_unlock(&s->lock);
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_barrier: '%s': no memory", name);
+        }
+        memcpy(copy, name, strlen(name) + 1);
+        s->rounds[i].name = copy;
+        s->rounds[i].calls = 0;
+        s->n_rounds++;
+    }
+    *round = s->rounds[i].calls++;
+    pdp__mutex_unlock(&s->lock);
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_size,
                                      double timeout_s)
 {
     char counter[PDP_STORE_MAX_KEY + 1], done[PDP_STORE_MAX_KEY + 1];
     const char *keys[1];
-    int64_t arrived = 0, gen, now_in = 0;
+    int64_t arrived = 0, gen = 0, now_in = 0;
     int world;
     pdp_status st;
 
@@ -966,12 +1006,16 @@ PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_s
     if (strlen(name) + 40 > PDP_STORE_MAX_KEY)
         return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: name '%.64s...' is too long", name);
     timeout_s = PDP__DEF(timeout_s, s->timeout_s);
-    snprintf(counter, sizeof counter, "pdp/barrier/%s", name);
+    if ((st = pdp__store_next_round(s, name, &gen)) != PDP_OK) return st;
+    snprintf(counter, sizeof counter, "pdp/barrier/%s/%lld/n", name, (long long)gen);
     if ((st = pdp_store_add(s, counter, 1, &arrived)) != PDP_OK)
         return pdp__err_wrap(st, "pdp_store_barrier: '%s'", name);
-    gen = (arrived - 1) / world;
+    if (arrived > world)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: '%s' (round %lld): %lld ranks "
+                        "arrived, more than world_size %d (two ranks with one rank id, or world "
+                        "sizes that differ)", name, (long long)gen, (long long)arrived, world);
     snprintf(done, sizeof done, "pdp/barrier/%s/%lld", name, (long long)gen);
-    if (arrived % world == 0 && (st = pdp_store_set(s, done, "", 0)) != PDP_OK)
+    if (arrived == world && (st = pdp_store_set(s, done, "", 0)) != PDP_OK)
         return pdp__err_wrap(st, "pdp_store_barrier: '%s'", name);
     keys[0] = done;
     st = pdp_store_wait(s, keys, 1, timeout_s);
@@ -979,7 +1023,7 @@ PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_s
         pdp_store_add(s, counter, 0, &now_in); /* best effort, for the message */
         return pdp__err(st, "pdp_store_barrier: '%s' (round %lld): %lld of %d ranks arrived "
                         "within %g s (store %s:%d)", name, (long long)gen,
-                        (long long)(now_in - gen * world), world, timeout_s, s->host, s->port);
+                        (long long)now_in, world, timeout_s, s->host, s->port);
     }
     if (st != PDP_OK) return pdp__err_wrap(st, "pdp_store_barrier: '%s'", name);
     return PDP_OK;

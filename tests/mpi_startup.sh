@@ -8,7 +8,15 @@
 #   3. no store port: the watchdog reports through desc.log after 2 s that MPI_Init_thread has
 #      not returned (the rank then stays in it until mpirun ends the job);
 #   4. mpirun --enable-recovery, rank 1 SIGKILLed: rank 0's all-reduce fails with
-#      PDP_ERR_TIMEOUT at the 2 s timeout.
+#      PDP_ERR_TIMEOUT at the 2 s timeout;
+#   5. mpirun --enable-recovery, rank 1 all-reduces half the others' count: every rank
+#      returns a status (MPI's fatal handler aborted the job: OpenMPI reports a
+#      non-blocking collective's error on MPI_COMM_WORLD's handler);
+#   6. two processes started torchrun's way (RANK, WORLD_SIZE, MASTER_PORT), no mpirun:
+#      each is an MPI world of one, and both refuse, naming their RANK and MPI's rank
+#      (each trained alone with PDP_OK);
+#   7. PDP_STORE_PORT=abc: refused at once, naming it (atoi read port 0, and the ranks timed
+#      out naming each other).
 # Every mpirun is wrapped in `timeout` (mpirun sometimes never exits after its ranks did).
 bin=$1
 shift
@@ -44,5 +52,27 @@ timeout 60 "$@" --enable-recovery -np 2 "$bin" --killed >"$out" 2>&1
 check "mpirun --enable-recovery: the survivor of a SIGKILL times out" \
     "killed: rank 0: PDP_ERR_TIMEOUT after [23]\.[0-9] s"
 
-rm -f "$out"
+timeout -k 5 60 "$@" --enable-recovery -np 3 "$bin" --mismatch >"$out" 2>&1
+for r in 0 1 2; do
+    check "a collective's count that differs on rank 1: rank $r returns a status" \
+        "mismatch: rank $r: PDP_ERR_"
+done
+
+port=$((port + 1))
+for r in 0 1; do
+    RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$bin" --startup 9 0 \
+        >"$out.$r" 2>&1 &
+done
+wait
+cat "$out.0" "$out.1" >"$out"
+for r in 0 1; do
+    check "processes started without mpirun: RANK=$r refuses" \
+        "PDP_ERR_INVALID.*the environment makes this process rank $r of 2 (RANK/WORLD_SIZE), but MPI_COMM_WORLD makes it rank 0 of 1"
+done
+
+PDP_STORE_PORT=abc timeout 60 "$@" -x PDP_STORE_PORT -np 2 "$bin" --startup 9 0 >"$out" 2>&1
+check "PDP_STORE_PORT that is no number: refused at once" \
+    "startup: rank 1: PDP_ERR_INVALID after 0\.[0-9] s: .*PDP_STORE_PORT='abc' is not an integer"
+
+rm -f "$out" "$out.0" "$out.1"
 exit $fail

@@ -1930,9 +1930,11 @@ PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char
    version, op, key length (1..PDP_STORE_MAX_KEY) or value length (at most
    PDP_STORE_MAX_VALUE) gets an ERROR reply and then the connection is closed.
 
-   Counters (ADD) are decimal text, as in PyTorch's TCPStore. Barriers are an ADD
-   on "pdp/barrier/<name>" plus a WAIT on "pdp/barrier/<name>/<generation>", which
-   the last rank of each generation sets, so one name can be reused. Keys live in
+   Counters (ADD) are decimal text, as in PyTorch's TCPStore. A barrier's k-th call on
+   a handle (the handle counts its calls by name) is an ADD on "pdp/barrier/<name>/<k>/n"
+   plus a WAIT on "pdp/barrier/<name>/<k>", which the last rank of round k sets, so one
+   name can be reused and a call that timed out, whose arrival stays counted, is not
+   counted again by the retry. Keys live in
    a flat array searched linearly: a rendezvous store holds tens of keys, and
    every barrier generation adds one.
 
@@ -2078,6 +2080,11 @@ PDP__PRIVATE void pdp__store_server_stop(pdp__store_server *srv);
 
 /* ---- client ---- */
 
+typedef struct pdp__store_round { /* a barrier name's calls on a handle so far */
+    char *name;
+    int64_t calls;
+} pdp__store_round;
+
 struct pdp_store {
     pdp__sock fd;               /* connection to the server; PDP__SOCK_NONE once it broke */
     pdp__mutex lock;       /* one request at a time on this handle */
@@ -2086,6 +2093,8 @@ struct pdp_store {
     int world_size;
     double timeout_s;
     pdp__store_server *server;  /* on the serving rank only */
+    pdp__store_round *rounds;   /* barriers: this handle's calls, by name */
+    int n_rounds, cap_rounds;
 };
 
 /* Connects s->fd to host:s->port, retrying until timeout_s has passed. */
@@ -2133,6 +2142,11 @@ PDP__PRIVATE pdp_status pdp__store_check(const pdp_store *s, const char *fn, con
 /* PDP_API pdp_status pdp_store_wait(pdp_store *s, const char **keys, int n, double timeout_s) */
 
 /* PDP_API pdp_status pdp_store_add(pdp_store *s, const char *key, int64_t delta, int64_t *result) */
+
+/* The round this handle's call of barrier name joins: its k-th call joins round k,
+   whatever became of the earlier ones (a round that timed out keeps this rank's arrival,
+   so a retry must not count in it again). */
+PDP__PRIVATE pdp_status pdp__store_next_round(pdp_store *s, const char *name, int64_t *round);
 
 /* PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_size, double timeout_s) */
 

@@ -1354,7 +1354,7 @@ GREATEST_MAIN_DEFS();
    exits without MPI; every other rank calls pdp_comm_init_env with a 2 s timeout and prints
    "startup: rank R: STATUS after T s: message"; the watchdog's log lines read "startup-log: ...".
    test_mpi --killed: rank 1 SIGKILLs itself after a barrier; rank 0's all-reduce prints
-   "killed: rank 0: STATUS after T s: message". */
+   "killed: rank 0: STATUS after T s: message". test_mpi --mismatch: below. */
 static void startup_log(pdp_log_level level, const char *msg, void *user)
 {
     (void)level;
@@ -1410,6 +1410,29 @@ static int killed_main(void)
     fflush(stdout);
     _exit(0); /* MPI_Finalize could wait for the dead rank */
 }
+
+/* test_mpi --mismatch: rank 1 all-reduces 512 floats where the others give 1024; every rank
+   prints "mismatch: rank R: STATUS: message" (a status, never MPI's fatal handler's abort) */
+static int mismatch_main(void)
+{
+    static float b[1024];
+    pdp_comm *c = NULL;
+    pdp_comm_desc d;
+    pdp_status st;
+    memset(&d, 0, sizeof d);
+    d.backend = PDP_BACKEND_MPI;
+    d.timeout_s = 2.0;
+    if (pdp_comm_init_env(&c, &d) != PDP_OK) {
+        printf("mismatch: %s\n", pdp_last_error());
+        return 1;
+    }
+    st = pdp_comm_allreduce(c, b, pdp_comm_rank(c) == 1 ? 512 : 1024, PDP_REDUCE_SUM, NULL);
+    if (st == PDP_OK) st = pdp_comm_allreduce(c, b, 1024, PDP_REDUCE_SUM, NULL);
+    printf("mismatch: rank %d: %s: %s\n", pdp_comm_rank(c), pdp_status_name(st),
+           st != PDP_OK ? pdp_last_error() : "");
+    fflush(stdout);
+    _exit(0); /* MPI_Finalize could wait for a rank that has failed */
+}
 #endif
 
 int main(int argc, char **argv)
@@ -1420,6 +1443,7 @@ int main(int argc, char **argv)
     pdp_comm_desc d;
     if (argc > 3 && strcmp(argv[1], "--startup") == 0) return startup_main(argv);
     if (argc > 1 && strcmp(argv[1], "--killed") == 0) return killed_main();
+    if (argc > 1 && strcmp(argv[1], "--mismatch") == 0) return mismatch_main();
     alarm(120); /* a hang becomes a failure (SIGALRM ends the rank, mpirun reports it) */
     memset(&d, 0, sizeof d);
     d.backend = PDP_BACKEND_MPI;

@@ -601,6 +601,19 @@ TEST store_get_timeout(void)
     ASSERT_HAS(pdp_last_error(), "'lonely'");
     ASSERT_HAS(pdp_last_error(), "1 of 3 ranks");
     ASSERT(dt >= 0.18 && dt < 0.7);
+    /* a retry is this rank's next round, not a second arrival in the one that timed out
+       (which would let it through alone at 2 of 2) */
+    ASSERT_ENUM_EQ(PDP_ERR_TIMEOUT, pdp_store_barrier(s, "pair", 2, 0.1), status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_TIMEOUT, pdp_store_barrier(s, "pair", 2, 0.1), status_name);
+    ASSERT_HAS(pdp_last_error(), "'pair' (round 1): 1 of 2 ranks");
+    { /* two handles that both think they are the one rank of a world of 1 */
+        pdp_store *c = NULL;
+        ASSERT_OK(connect_client(&c, pdp_store_port(s), 0, 1.0));
+        ASSERT_OK(pdp_store_barrier(s, "twice", 1, 0.2));
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_store_barrier(c, "twice", 1, 0.2), status_name);
+        ASSERT_HAS(pdp_last_error(), "2 ranks arrived, more than world_size 1");
+        pdp_store_free(c);
+    }
     ASSERT_OK(pdp_store_barrier(s, "alone", 0, 0.2)); /* world 1 from the desc */
     {
         pdp_store *c = NULL; /* no world_size in the desc, none in the call */
