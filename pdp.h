@@ -8294,7 +8294,7 @@ struct pdp_store {
 PDP__PRIVATE pdp_status pdp__store_connect(pdp_store *s, const char *host)
 {
     double deadline = pdp__now() + s->timeout_s, backoff = 0.01;
-    char service[16], why[128] = "no attempt";
+    char service[16], why[128] = "no attempt", attempt[128];
     snprintf(service, sizeof service, "%d", s->port);
     for (;;) {
         struct addrinfo hints, *res = NULL, *ai;
@@ -8306,8 +8306,13 @@ PDP__PRIVATE pdp_status pdp__store_connect(pdp_store *s, const char *host)
         hints.ai_flags = AI_NUMERICSERV;
         rc = getaddrinfo(host, service, &hints, &res);
         if (rc == 0) {
-            for (ai = res; ai && s->fd == PDP__SOCK_NONE; ai = ai->ai_next)
-                s->fd = pdp__sock_connect(ai, deadline, why, sizeof why);
+            for (ai = res; ai && s->fd == PDP__SOCK_NONE; ai = ai->ai_next) {
+                s->fd = pdp__sock_connect(ai, deadline, attempt, sizeof attempt);
+                /* an attempt the deadline cut short keeps the last real reason ("refused") */
+                if (s->fd == PDP__SOCK_NONE &&
+                    (pdp__now() < deadline || !strcmp(why, "no attempt")))
+                    memcpy(why, attempt, sizeof why);
+            }
             freeaddrinfo(res);
             if (s->fd != PDP__SOCK_NONE) return PDP_OK;
         } else if (rc == EAI_AGAIN) {
@@ -8574,8 +8579,9 @@ PDP_API pdp_status pdp_store_wait(pdp_store *s, const char **keys, int n, double
     if (!s) return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: store is NULL");
     if (n < 0 || (n > 0 && !keys))
         return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: %d keys at %p", n, (const void *)keys);
-    if (timeout_s < 0)
-        return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: timeout_s = %g is negative", timeout_s);
+    if (!(timeout_s >= 0) || !isfinite(timeout_s)) /* NaN too */
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: timeout_s = %g is not a finite "
+                        "number >= 0", timeout_s);
     for (i = 0; i < n; i++)
         if ((st = pdp__store_check(s, "pdp_store_wait", keys[i])) != PDP_OK) return st;
     t = PDP__DEF(timeout_s, s->timeout_s);
@@ -13343,7 +13349,7 @@ PDP__PRIVATE pdp_status pdp__rendezvous_store(pdp_store **out, const pdp_env_inf
     if (getenv("TORCHELASTIC_RUN_ID")) sd.port = env->master_port + 1;
     if ((port_env = getenv("PDP_STORE_PORT")) && *port_env) {
         pdp_status pst = pdp__env_int("PDP_STORE_PORT", port_env, 1, 65535, "", &sd.port);
-        if (pst != PDP_OK) return pdp__err_wrap(pst, "%s: %s rank %d of %d", fn, what, env->rank,
+        if (pst != PDP_OK) return pdp__err_wrap(pst, "%s: %s: rank %d of %d", fn, what, env->rank,
                                                 env->world_size);
     }
     sd.is_server = env->rank == 0;
@@ -13351,7 +13357,7 @@ PDP__PRIVATE pdp_status pdp__rendezvous_store(pdp_store **out, const pdp_env_inf
     sd.timeout_s = timeout_s;
     if (env->world_size > 1) {
         if ((st = pdp_store_create(out, &sd)) != PDP_OK)
-            return pdp__err_wrap(st, "%s: %s rank %d of %d: the TCP store", fn, what, env->rank,
+            return pdp__err_wrap(st, "%s: %s: rank %d of %d: the TCP store", fn, what, env->rank,
                                  env->world_size);
     }
     return PDP_OK;

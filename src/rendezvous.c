@@ -129,7 +129,7 @@ PDP__PRIVATE pdp_status pdp__rendezvous_store(pdp_store **out, const pdp_env_inf
     if (getenv("TORCHELASTIC_RUN_ID")) sd.port = env->master_port + 1;
     if ((port_env = getenv("PDP_STORE_PORT")) && *port_env) {
         pdp_status pst = pdp__env_int("PDP_STORE_PORT", port_env, 1, 65535, "", &sd.port);
-        if (pst != PDP_OK) return pdp__err_wrap(pst, "%s: %s rank %d of %d", fn, what, env->rank,
+        if (pst != PDP_OK) return pdp__err_wrap(pst, "%s: %s: rank %d of %d", fn, what, env->rank,
                                                 env->world_size);
     }
     sd.is_server = env->rank == 0;
@@ -137,7 +137,7 @@ PDP__PRIVATE pdp_status pdp__rendezvous_store(pdp_store **out, const pdp_env_inf
     sd.timeout_s = timeout_s;
     if (env->world_size > 1) {
         if ((st = pdp_store_create(out, &sd)) != PDP_OK)
-            return pdp__err_wrap(st, "%s: %s rank %d of %d: the TCP store", fn, what, env->rank,
+            return pdp__err_wrap(st, "%s: %s: rank %d of %d: the TCP store", fn, what, env->rank,
                                  env->world_size);
     }
     return PDP_OK;

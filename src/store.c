@@ -648,7 +648,7 @@ struct pdp_store {
 PDP__PRIVATE pdp_status pdp__store_connect(pdp_store *s, const char *host)
 {
     double deadline = pdp__now() + s->timeout_s, backoff = 0.01;
-    char service[16], why[128] = "no attempt";
+    char service[16], why[128] = "no attempt", attempt[128];
     snprintf(service, sizeof service, "%d", s->port);
     for (;;) {
         struct addrinfo hints, *res = NULL, *ai;
@@ -660,8 +660,13 @@ PDP__PRIVATE pdp_status pdp__store_connect(pdp_store *s, const char *host)
         hints.ai_flags = AI_NUMERICSERV;
         rc = getaddrinfo(host, service, &hints, &res);
         if (rc == 0) {
-            for (ai = res; ai && s->fd == PDP__SOCK_NONE; ai = ai->ai_next)
-                s->fd = pdp__sock_connect(ai, deadline, why, sizeof why);
+            for (ai = res; ai && s->fd == PDP__SOCK_NONE; ai = ai->ai_next) {
+                s->fd = pdp__sock_connect(ai, deadline, attempt, sizeof attempt);
+                /* an attempt the deadline cut short keeps the last real reason ("refused") */
+                if (s->fd == PDP__SOCK_NONE &&
+                    (pdp__now() < deadline || !strcmp(why, "no attempt")))
+                    memcpy(why, attempt, sizeof why);
+            }
             freeaddrinfo(res);
             if (s->fd != PDP__SOCK_NONE) return PDP_OK;
         } else if (rc == EAI_AGAIN) {
@@ -928,8 +933,9 @@ PDP_API pdp_status pdp_store_wait(pdp_store *s, const char **keys, int n, double
     if (!s) return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: store is NULL");
     if (n < 0 || (n > 0 && !keys))
         return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: %d keys at %p", n, (const void *)keys);
-    if (timeout_s < 0)
-        return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: timeout_s = %g is negative", timeout_s);
+    if (!(timeout_s >= 0) || !isfinite(timeout_s)) /* NaN too */
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: timeout_s = %g is not a finite "
+                        "number >= 0", timeout_s);
     for (i = 0; i < n; i++)
         if ((st = pdp__store_check(s, "pdp_store_wait", keys[i])) != PDP_OK) return st;
     t = PDP__DEF(timeout_s, s->timeout_s);
