@@ -372,7 +372,8 @@
    exit, for main) and PDP_TRY(call) (return the status, for fn) are for programs, as are
    pdp_backend_from_name("local" | "mpi" | "nccl", &desc.backend) for a -backend argument
    and pdp_args_parse for "-name value" options (PDP_ARG_INT, _INT64, _DOUBLE, _STRING, and
-   _CHOICE: the index of one of "a|b|c" into an int; listed in an enum's order, its value).
+   _CHOICE: the index of one of "a|b|c" into an int; listed in an enum's order, its value),
+   or pdp_args_parse_or_exit, which prints the usage and exits 0 on -h, 2 on a mistake.
 
    DataParallel, one process (dp.h)
    --------------------------------
@@ -4337,6 +4338,11 @@ typedef struct pdp_arg {
 } pdp_arg;
 
 PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count);
+/* pdp_args_parse for a program's main, as PDP_CHECK: returns when the options parse; on
+   -h, -help or --help prints the usage to stdout and exits with 0; on a mistake prints the
+   message and the usage to stderr and exits with 2 (a command line's mistake, as getopt
+   programs do). The library itself never exits. */
+PDP_API void pdp_args_parse_or_exit(int argc, char **argv, const pdp_arg *args, int count);
 /* ---- end src/launch.h ---- */
 
 #ifdef __cplusplus
@@ -35298,6 +35304,20 @@ PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, in
     }
     if (!why[0]) return PDP_OK;
     return pdp__err(PDP_ERR_INVALID, "pdp_args_parse: %s: %s\n%s", prog, why, usage);
+}
+
+PDP_API void pdp_args_parse_or_exit(int argc, char **argv, const pdp_arg *args, int count)
+{
+    const char *m, *usage;
+    if (pdp_args_parse(argc, argv, args, count) == PDP_OK) return;
+    m = pdp_last_error();
+    usage = strstr(m, ": the options, each with its default\nusage: "); /* -h (launch.c) */
+    if (usage) {
+        printf("%s\n", strchr(usage, '\n') + 1);
+        exit(0);
+    }
+    fprintf(stderr, "%s\n", m);
+    exit(2);
 }
 /* ---- end src/launch.c ---- */
 

@@ -47,7 +47,7 @@ int main(int argc, char **argv)
     };
 
     if (short_run) epochs = 1; /* -epochs overrides */
-    PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
+    pdp_args_parse_or_exit(argc, argv, args, sizeof args / sizeof args[0]); /* -h: usage */
     pdp_device dev = cuda ? pdp_cuda(0) : pdp_cpu();
     PDP_CHECK(pdp_set_num_threads(threads));
     if (short_run) epochs = 1;

@@ -143,7 +143,7 @@ int main(int argc, char **argv)
     };
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
     if (short_run) batch = 32; /* 10 steps, quick under the sanitizers; -batch overrides */
-    PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
+    pdp_args_parse_or_exit(argc, argv, args, sizeof args / sizeof args[0]); /* -h: usage */
     PDP_CHECK(pdp_backend_from_name(backend, &ld.backend));
     if (batch < np) {
         fprintf(stderr, "-batch %lld: fewer samples than the %d ranks\n", (long long)batch, np);

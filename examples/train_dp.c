@@ -57,7 +57,7 @@ int main(int argc, char **argv)
     };
 
     if (short_run) epochs = 1; /* -epochs overrides */
-    PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
+    pdp_args_parse_or_exit(argc, argv, args, sizeof args / sizeof args[0]); /* -h: usage */
     if (gpus > 0 && workers < 1)
         return fprintf(stderr, "-gpus %d needs -j 1 or more (a worker per GPU)\n", gpus), 2;
 

@@ -157,7 +157,7 @@ int main(int argc, char **argv)
     pdp_token_dataset *ds;
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
     if (short_run) steps = 10, n_new = 40; /* -steps, -tokens override */
-    PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
+    pdp_args_parse_or_exit(argc, argv, args, sizeof args / sizeof args[0]); /* -h: usage */
     int ranks = strategy >= PDP_STRATEGY_DDP ? np : 1; /* DP: np workers, one rank */
     const char *bad = strategy == PDP_STRATEGY_SINGLE && np > 1 ? "-np needs -strategy dp, ddp "
                       "or zero1-3" : B % ranks ? "-batch must divide by -np" : !prompt[0]

@@ -146,7 +146,7 @@ int main(int argc, char **argv)
         {"-backend", PDP_ARG_STRING, &backend, 0, 0, "local|mpi"},
     };
     if (getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"))) steps = 3;
-    PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
+    pdp_args_parse_or_exit(argc, argv, args, sizeof args / sizeof args[0]); /* -h: usage */
     PDP_CHECK(pdp_backend_from_name(backend, &ld.backend));
     g.seed = (uint64_t)seed;
     PDP_CHECK(pdp_token_dataset_synthetic(&ds, &(pdp_token_dataset_desc){

@@ -142,7 +142,7 @@ int main(int argc, char **argv)
     };
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
     if (short_run) batch = 64; /* 10 steps; -batch overrides */
-    PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
+    pdp_args_parse_or_exit(argc, argv, args, sizeof args / sizeof args[0]); /* -h: usage */
     PDP_CHECK(pdp_backend_from_name(backend, &ld.backend));
     if (batch < micro)
         return fprintf(stderr, "-batch %lld: fewer rows than -micro %d\n", (long long)batch,

@@ -136,7 +136,7 @@ int main(int argc, char **argv)
         {"-accum", PDP_ARG_INT, &accum, 1, 1000, NULL}, /* backward passes per step */
     };
     if (short_run) batch = 32; /* 10 steps; -batch overrides */
-    PDP_CHECK(pdp_args_parse(argc, argv, args, sizeof args / sizeof args[0]));
+    pdp_args_parse_or_exit(argc, argv, args, sizeof args / sizeof args[0]); /* -h: usage */
     PDP_CHECK(pdp_backend_from_name(backend, &ld.backend));
     if (batch < np) {
         fprintf(stderr, "-batch %lld: fewer samples than the %d ranks\n", (long long)batch, np);

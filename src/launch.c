@@ -409,3 +409,17 @@ PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, in
     if (!why[0]) return PDP_OK;
     return pdp__err(PDP_ERR_INVALID, "pdp_args_parse: %s: %s\n%s", prog, why, usage);
 }
+
+PDP_API void pdp_args_parse_or_exit(int argc, char **argv, const pdp_arg *args, int count)
+{
+    const char *m, *usage;
+    if (pdp_args_parse(argc, argv, args, count) == PDP_OK) return;
+    m = pdp_last_error();
+    usage = strstr(m, ": the options, each with its default\nusage: "); /* -h (launch.c) */
+    if (usage) {
+        printf("%s\n", strchr(usage, '\n') + 1);
+        exit(0);
+    }
+    fprintf(stderr, "%s\n", m);
+    exit(2);
+}

@@ -122,3 +122,8 @@ typedef struct pdp_arg {
 } pdp_arg;
 
 PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count);
+/* pdp_args_parse for a program's main, as PDP_CHECK: returns when the options parse; on
+   -h, -help or --help prints the usage to stdout and exits with 0; on a mistake prints the
+   message and the usage to stderr and exits with 2 (a command line's mistake, as getopt
+   programs do). The library itself never exits. */
+PDP_API void pdp_args_parse_or_exit(int argc, char **argv, const pdp_arg *args, int count);

@@ -10031,6 +10031,8 @@ PDP__PRIVATE bool pdp__arg_is_help(const char *name);
 
 /* PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count) */
 
+/* PDP_API void pdp_args_parse_or_exit(int argc, char **argv, const pdp_arg *args, int count) */
+
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC diagnostic pop
 #endif

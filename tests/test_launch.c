@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 #include "test_platform.h"
+#include "child_process.h"
 
 #define MAXR 8
 
@@ -324,6 +325,28 @@ TEST launch_args_parse(void)
     PASS();
 }
 
+/* pdp_args_parse_or_exit, a program's: it returns when the options parse; -h exits with 0
+   (the usage on stdout), a mistake with 2 (on stderr). In a child process (this binary with
+   --args-child: its exit status). */
+static int args_child_status(const char *a1, const char *a2)
+{
+    char *argv[5] = {"test_launch", "--args-child", (char *)a1, (char *)a2, NULL};
+    child c;
+    if (child_spawn(&c, argv) != 0) return -100;
+    return child_wait(&c);
+}
+
+TEST launch_args_parse_or_exit_exits_0_for_help_2_for_a_mistake(void)
+{
+    ASSERT_EQm("-np 3 parses: it returns", 7, args_child_status("-np", "3"));
+    ASSERT_EQm("-h: the usage, exit 0", 0, args_child_status("-h", NULL));
+    ASSERT_EQm("--help after an option", 0, args_child_status("-np", "3") == 7 ?
+               args_child_status("--help", NULL) : -1);
+    ASSERT_EQm("-np 9: out of range, exit 2", 2, args_child_status("-np", "9"));
+    ASSERT_EQm("-nq 3: unknown, exit 2", 2, args_child_status("-nq", "3"));
+    PASS();
+}
+
 /* An option table's own mistakes (no name, no variable, a type of none of the five) are
    PDP_ERR_INVALID naming the entry, before the usage line reads any variable. */
 TEST launch_args_refuse_malformed_options(void)
@@ -448,6 +471,7 @@ SUITE(launch)
     RUN_TEST(launch_helpers);
     RUN_TEST(launch_backend_from_name);
     RUN_TEST(launch_args_parse);
+    RUN_TEST(launch_args_parse_or_exit_exits_0_for_help_2_for_a_mistake);
     RUN_TEST(launch_args_choice);
     RUN_TEST(launch_args_refuse_malformed_options);
     RUN_TEST(launch_print_by_rank);
@@ -455,8 +479,25 @@ SUITE(launch)
 
 GREATEST_MAIN_DEFS();
 
+/* test_launch --args-child ARGS...: pdp_args_parse_or_exit on ARGS with launch_args_exit's
+   table; exits 7 when it returns (the options parsed). */
+static int args_child(int argc, char **argv)
+{
+    int np = 2;
+    const pdp_arg args[] = {{"-np", PDP_ARG_INT, &np, 1, 8, NULL}};
+#ifdef _WIN32
+    const char *null_device = "NUL";
+#else
+    const char *null_device = "/dev/null";
+#endif
+    if (!freopen(null_device, "w", stdout) || !freopen(null_device, "w", stderr)) return 1;
+    pdp_args_parse_or_exit(argc, argv, args, 1);
+    return np == 3 ? 7 : 1;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "--args-child")) return args_child(argc - 1, argv + 1);
     GREATEST_MAIN_BEGIN();
     RUN_SUITE(launch);
     GREATEST_MAIN_END();
