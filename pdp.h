@@ -1149,8 +1149,11 @@ typedef enum pdp_recompute {
 } pdp_recompute;
 
 typedef struct pdp_model_desc {
-    int input_ndim;          /* 1 (features) or 3 (channels, height, width); 0 = count of
-                                nonzero input_shape entries */
+    int input_ndim;          /* 1 (features), 2 (positions, features: Linear, LayerNorm and
+                                the element-wise layers act per position) or 3 (channels,
+                                height, width); 0 = the count of leading nonzero
+                                input_shape entries (a size after a 0 is then refused);
+                                given, the entries past it are unused */
     int64_t input_shape[3];  /* one sample, without the batch dimension; required */
     uint64_t seed;           /* parameter initialisation and dropout masks; default 0 */
     pdp_device device;       /* default CPU */
@@ -1388,7 +1391,9 @@ typedef struct pdp_optim_desc {
 } pdp_optim_desc;
 
 /* desc may be NULL (SGD, lr 0.01). Invalid fields fail with PDP_ERR_INVALID
-   naming the field and its value ("lr -0.1 < 0"). */
+   naming the field and its value ("lr -0.1 < 0"). The optimizer steps m's parameters in
+   place: m must outlive it (free the optimizer first). Fields of the other kind (SGD's
+   momentum for Adam, Adam's betas for SGD) are not read. */
 PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc);
 PDP_API void pdp_optim_free(pdp_optim *o); /* NULL is fine */
 /* One update of every parameter from its gradient; then steps += 1. Large
@@ -3549,7 +3554,11 @@ PDP_API pdp_trainer_desc pdp_trainer_get_desc(const pdp_trainer *t);
    over calls until pdp_trainer_step. DDP and ZeRO: the reduction over the ranks starts during
    backward, one call a step (to accumulate, pdp_ddp_set_no_sync(pdp_trainer_ddp(t), true) or
    pdp_zero_set_no_sync for the calls before the last). *loss (may be NULL): the mean over
-   x's labels, which under DDP and ZeRO is this rank's slice's. */
+   x's labels, which under DDP and ZeRO is this rank's slice's. Another loss (a target
+   tensor, a loss of your own): under DDP and ZeRO the executor's forward and backward on
+   pdp_trainer_ddp(t) or pdp_trainer_zero(t) (pdp_ddp_forward, then pdp_ddp_backward with
+   your dy), under single pdp_model_forward and pdp_model_backward, then
+   pdp_trainer_clip_grad_norm and pdp_trainer_step as here (DP takes labels only). */
 PDP_API pdp_status pdp_trainer_forward_backward(pdp_trainer *t, const pdp_tensor *x,
                                                 const int32_t *labels, float *loss);
 /* Waits for the gradients' reduction (DDP, ZeRO), then scales them so that the whole
@@ -21224,8 +21233,18 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
                         "pdp_model_create: desc is NULL (input_shape is required)");
     for (i = 0; i < 3 && desc->input_shape[i] > 0; i++) ndim++;
     if (desc->input_ndim) ndim = desc->input_ndim;
-    if (ndim != 1 && ndim != 3)
-        return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: input_ndim %d (must be 1 or 3)", ndim);
+    if (ndim < 1 || ndim > 3)
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: input_shape {%lld, %lld, %lld} "
+                        "(input_ndim %d): one sample's shape, 1 to 3 positive sizes: (F), "
+                        "(T, C) or (C, H, W)", (long long)desc->input_shape[0],
+                        (long long)desc->input_shape[1], (long long)desc->input_shape[2], ndim);
+    for (i = ndim; i < 3 && !desc->input_ndim; i++) /* a size after a 0: dropped, silently */
+        if (desc->input_shape[i] != 0 && desc->input_shape[i] != 1)
+            return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: input_shape {%lld, %lld, %lld} has "
+                            "a size past its %d dimension%s (input_shape[%d] = %lld)",
+                            (long long)desc->input_shape[0], (long long)desc->input_shape[1],
+                            (long long)desc->input_shape[2], ndim, ndim == 1 ? "" : "s", i,
+                            (long long)desc->input_shape[i]);
     if (desc->input_dtype != PDP_DTYPE_F32 && desc->input_dtype != PDP_DTYPE_I32)
         return pdp__err(PDP_ERR_INVALID, "pdp_model_create: input_dtype %d (must be "
                         "PDP_DTYPE_F32 or PDP_DTYPE_I32)", (int)desc->input_dtype);
@@ -21233,6 +21252,12 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
         return pdp__err(PDP_ERR_INVALID, "pdp_model_create: recompute %d (must be NONE, "
                         "SELECTIVE or FULL)", (int)desc->recompute);
     if ((st = pdp__check_device(desc->device, "pdp_model_create")) != PDP_OK) return st;
+#ifndef PDP_CUDA
+    if (desc->device.kind == PDP_DEVICE_CUDA) /* here, not at the first layer's parameters */
+        return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_model_create: device cuda:%d: built without "
+                        "PDP_CUDA (compile with -DPDP_CUDA and link pdp_cuda.o)",
+                        desc->device.ordinal);
+#endif
     if (desc->input_dtype == PDP_DTYPE_I32 && ndim != 1)
         return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: int32 inputs are token ids, one "
                         "sequence [T] a sample; input_ndim is %d", ndim);

@@ -44,8 +44,18 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
                         "pdp_model_create: desc is NULL (input_shape is required)");
     for (i = 0; i < 3 && desc->input_shape[i] > 0; i++) ndim++;
     if (desc->input_ndim) ndim = desc->input_ndim;
-    if (ndim != 1 && ndim != 3)
-        return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: input_ndim %d (must be 1 or 3)", ndim);
+    if (ndim < 1 || ndim > 3)
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: input_shape {%lld, %lld, %lld} "
+                        "(input_ndim %d): one sample's shape, 1 to 3 positive sizes: (F), "
+                        "(T, C) or (C, H, W)", (long long)desc->input_shape[0],
+                        (long long)desc->input_shape[1], (long long)desc->input_shape[2], ndim);
+    for (i = ndim; i < 3 && !desc->input_ndim; i++) /* a size after a 0: dropped, silently */
+        if (desc->input_shape[i] != 0 && desc->input_shape[i] != 1)
+            return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: input_shape {%lld, %lld, %lld} has "
+                            "a size past its %d dimension%s (input_shape[%d] = %lld)",
+                            (long long)desc->input_shape[0], (long long)desc->input_shape[1],
+                            (long long)desc->input_shape[2], ndim, ndim == 1 ? "" : "s", i,
+                            (long long)desc->input_shape[i]);
     if (desc->input_dtype != PDP_DTYPE_F32 && desc->input_dtype != PDP_DTYPE_I32)
         return pdp__err(PDP_ERR_INVALID, "pdp_model_create: input_dtype %d (must be "
                         "PDP_DTYPE_F32 or PDP_DTYPE_I32)", (int)desc->input_dtype);
@@ -53,6 +63,12 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
         return pdp__err(PDP_ERR_INVALID, "pdp_model_create: recompute %d (must be NONE, "
                         "SELECTIVE or FULL)", (int)desc->recompute);
     if ((st = pdp__check_device(desc->device, "pdp_model_create")) != PDP_OK) return st;
+#ifndef PDP_CUDA
+    if (desc->device.kind == PDP_DEVICE_CUDA) /* here, not at the first layer's parameters */
+        return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_model_create: device cuda:%d: built without "
+                        "PDP_CUDA (compile with -DPDP_CUDA and link pdp_cuda.o)",
+                        desc->device.ordinal);
+#endif
     if (desc->input_dtype == PDP_DTYPE_I32 && ndim != 1)
         return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: int32 inputs are token ids, one "
                         "sequence [T] a sample; input_ndim is %d", ndim);

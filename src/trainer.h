@@ -87,7 +87,11 @@ PDP_API pdp_trainer_desc pdp_trainer_get_desc(const pdp_trainer *t);
    over calls until pdp_trainer_step. DDP and ZeRO: the reduction over the ranks starts during
    backward, one call a step (to accumulate, pdp_ddp_set_no_sync(pdp_trainer_ddp(t), true) or
    pdp_zero_set_no_sync for the calls before the last). *loss (may be NULL): the mean over
-   x's labels, which under DDP and ZeRO is this rank's slice's. */
+   x's labels, which under DDP and ZeRO is this rank's slice's. Another loss (a target
+   tensor, a loss of your own): under DDP and ZeRO the executor's forward and backward on
+   pdp_trainer_ddp(t) or pdp_trainer_zero(t) (pdp_ddp_forward, then pdp_ddp_backward with
+   your dy), under single pdp_model_forward and pdp_model_backward, then
+   pdp_trainer_clip_grad_norm and pdp_trainer_step as here (DP takes labels only). */
 PDP_API pdp_status pdp_trainer_forward_backward(pdp_trainer *t, const pdp_tensor *x,
                                                 const int32_t *labels, float *loss);
 /* Waits for the gradients' reduction (DDP, ZeRO), then scales them so that the whole

@@ -1797,13 +1797,64 @@ TEST layers_model_device_is_the_desc_device(void)
     ASSERT_EQ(PDP_DEVICE_CPU, dev.kind);
     memset(&d, 0, sizeof d);
     d.input_shape[0] = 5;
-    d.device = pdp_cuda(1); /* creating allocates nothing, so this works without a GPU */
+    d.device = pdp_cuda(1);
+#ifdef PDP_CUDA /* creating allocates nothing, so this works without a GPU */
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&g, &d), pdp_status_name);
     dev = pdp_model_device(g);
     ASSERT_EQ(PDP_DEVICE_CUDA, dev.kind);
     ASSERT_EQ(1, dev.ordinal);
     pdp_model_free(g);
+#else /* refused at once, as a tensor is, not at the first layer's parameters */
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_model_create(&g, &d), pdp_status_name);
+    ASSERT(g == NULL && strstr(pdp_last_error(), "cuda:1: built without PDP_CUDA"));
+#endif
     pdp_model_free(m);
+    PASS();
+}
+
+/* A float model whose samples are (T, C): Linear, GELU and LayerNorm act per position, so
+   its loss, parameters and gradients are, bit for bit, those of the same model on the
+   B T rows as samples of C; input_shape with a size past its dimensions, or none, is
+   refused naming it. */
+TEST layers_positions_input_equals_rows(void)
+{
+    static const int64_t shape3[3] = {2, 4, 3}, rows[2] = {8, 3}, t3[3] = {2, 4, 2};
+    static const int64_t trows[2] = {8, 2};
+    pdp_model_desc d;
+    pdp_model *m[2] = {NULL, NULL};
+    pdp_tensor x, t, p[2], g[2];
+    float xs[24], ts[16], loss[2];
+    int i, k;
+    for (i = 0; i < 24; i++) xs[i] = (float)((i * 7) % 11) / 11.0f - 0.4f;
+    for (i = 0; i < 16; i++) ts[i] = (float)((i * 5) % 7) / 7.0f;
+    for (k = 0; k < 2; k++) {
+        memset(&d, 0, sizeof d);
+        d.input_shape[0] = k ? 3 : 4, d.input_shape[1] = k ? 0 : 3, d.seed = 3;
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_model_create(&m[k], &d), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], 5), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_gelu(m[k]), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_layernorm(m[k], 1e-5f), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], 2), pdp_status_name);
+        pdp_tensor_wrap(xs, pdp_cpu(), k ? 2 : 3, k ? rows : shape3, &x);
+        pdp_tensor_wrap(ts, pdp_cpu(), k ? 2 : 3, k ? trows : t3, &t);
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK,
+                        pdp_model_forward_backward_target(m[k], &x, &t, &loss[k]),
+                        pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(m[k], &p[k], &g[k]), pdp_status_name);
+    }
+    ASSERT_EQ(2, pdp_model_get_desc(m[0]).input_ndim);
+    ASSERT_EQ(loss[1], loss[0]);
+    ASSERT_EQ(p[1].count, p[0].count);
+    ASSERT_MEM_EQ(p[1].data, p[0].data, (size_t)p[0].count * sizeof(float));
+    ASSERT_MEM_EQ(g[1].data, g[0].data, (size_t)g[0].count * sizeof(float));
+    for (k = 0; k < 2; k++) pdp_model_free(m[k]);
+    memset(&d, 0, sizeof d);
+    d.input_shape[0] = 4, d.input_shape[2] = 3; /* {4, 0, 3}: the 3 would be dropped */
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_create(&m[0], &d), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "{4, 0, 3} has a size past its 1 dimension"));
+    d.input_shape[0] = -4, d.input_shape[2] = 0;
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_create(&m[0], &d), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "input_shape {-4, 0, 0}"));
     PASS();
 }
 
@@ -1867,6 +1918,7 @@ SUITE(layers)
     RUN_TEST(layers_a_layer_status_reaches_the_caller_naming_the_layer);
     RUN_TEST(layers_model_layer_name_names_every_layer);
     RUN_TEST(layers_model_device_is_the_desc_device);
+    RUN_TEST(layers_positions_input_equals_rows);
 #ifndef PDP_CUDA
     RUN_TEST(layers_cuda_call_without_pdp_cuda_names_the_macro);
 #endif
