@@ -30696,7 +30696,7 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     md.device = d.device;
     md.precision = d.precision;
     md.recompute = d.recompute;
-    if ((st = pdp_model_create(&m, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if ((st = pdp_model_create(&m, &md)) != PDP_OK) goto fail; /* m NULL */
     if (d.tp && (st = pdp_model_set_tp(m, d.tp)) != PDP_OK) goto fail;
     if ((st = pdp__model_reserve_params(m, pdp__gpt_rank_param_count(
              &d, d.tp ? pdp_comm_size(d.tp) : 1))) != PDP_OK) /* its layers fill it in place */
@@ -30717,11 +30717,19 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     if ((st = pdp__model_fit_params(m)) != PDP_OK || /* built: no spare capacity */
         (st = d.tp ? pdp__gpt_init_tp(m, &d) : pdp__gpt_init(m, &d)) != PDP_OK)
         goto fail;
+    /* collective over desc.tp: a rank that failed alone (its model on another device than
+       the communicator, no memory) would leave its peers to wait in their first TP
+       collective until the timeout; every rank learns of it here instead */
+    if (d.tp && (st = pdp__comm_agree(d.tp, PDP_OK, fn)) != PDP_OK) {
+        pdp_model_free(m);
+        return st;
+    }
     *out = m;
     return PDP_OK;
 fail:
     pdp_model_free(m);
-    return pdp__err_wrap(st, "%s", fn);
+    st = pdp__err_wrap(st, "%s", fn);
+    return d.tp ? pdp__comm_agree(d.tp, st, fn) : st;
 }
 
 /* ---- gpt: generation ---- */
@@ -31761,6 +31769,7 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     int64_t acc, base;
     int b, l, n;
     char why[1024]; /* the thread-local message's size */
+    bool peer;
     if (out) *out = NULL;
     if (!c) return pdp__err(PDP_ERR_INVALID, "%s: comm is NULL", fn);
     if (!out) st = pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
@@ -31874,10 +31883,12 @@ oom:
                   (long long)m->param_count, z->nunits);
 fail:
     st = pdp__comm_agree(c, st, fn);
-release: /* pdp_zero_free's best-effort allocations must not replace the message */
+release: /* pdp_zero_free's best-effort allocations must not replace the message, nor its
+            mark of a peer's failure (pdp_launch then reports that peer's message) */
+    peer = pdp__err_is_peer();
     snprintf(why, sizeof why, "%s", pdp_last_error());
     pdp_zero_free(z);
-    return pdp__err(st, "%s", why);
+    return peer ? pdp__err_peer(st, "%s", why) : pdp__err(st, "%s", why);
 }
 
 PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp_optim_desc *desc)
@@ -34060,6 +34071,7 @@ PDP__PRIVATE void pdp__pp_free_buffers(pdp_pp *pp)
 PDP__PRIVATE void pdp__pp_drain(pdp_pp *pp)
 {
     char kept[1024];
+    bool peer = pdp__err_is_peer(); /* kept too: pdp_launch reports the rank it points at */
     int i, k;
     snprintf(kept, sizeof kept, "%s", pdp_last_error());
     for (i = 0; i < 2; i++) pdp_work_wait(pp->rwork[i]), pp->rwork[i] = NULL;
@@ -34072,7 +34084,7 @@ PDP__PRIVATE void pdp__pp_drain(pdp_pp *pp)
     }
     if (pp->dp_work) pdp_work_wait(pp->dp_work);
     pp->dp_work = NULL;
-    (void)pdp__err(PDP_OK, "%s", kept);
+    (void)(peer ? pdp__err_peer(PDP_OK, "%s", kept) : pdp__err(PDP_OK, "%s", kept));
 }
 
 PDP_API void pdp_pp_free(pdp_pp *pp)

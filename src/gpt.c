@@ -266,7 +266,7 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     md.device = d.device;
     md.precision = d.precision;
     md.recompute = d.recompute;
-    if ((st = pdp_model_create(&m, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if ((st = pdp_model_create(&m, &md)) != PDP_OK) goto fail; /* m NULL */
     if (d.tp && (st = pdp_model_set_tp(m, d.tp)) != PDP_OK) goto fail;
     if ((st = pdp__model_reserve_params(m, pdp__gpt_rank_param_count(
              &d, d.tp ? pdp_comm_size(d.tp) : 1))) != PDP_OK) /* its layers fill it in place */
@@ -287,11 +287,19 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     if ((st = pdp__model_fit_params(m)) != PDP_OK || /* built: no spare capacity */
         (st = d.tp ? pdp__gpt_init_tp(m, &d) : pdp__gpt_init(m, &d)) != PDP_OK)
         goto fail;
+    /* collective over desc.tp: a rank that failed alone (its model on another device than
+       the communicator, no memory) would leave its peers to wait in their first TP
+       collective until the timeout; every rank learns of it here instead */
+    if (d.tp && (st = pdp__comm_agree(d.tp, PDP_OK, fn)) != PDP_OK) {
+        pdp_model_free(m);
+        return st;
+    }
     *out = m;
     return PDP_OK;
 fail:
     pdp_model_free(m);
-    return pdp__err_wrap(st, "%s", fn);
+    st = pdp__err_wrap(st, "%s", fn);
+    return d.tp ? pdp__comm_agree(d.tp, st, fn) : st;
 }
 
 /* ---- gpt: generation ---- */

@@ -876,6 +876,7 @@ PDP__PRIVATE void pdp__pp_free_buffers(pdp_pp *pp)
 PDP__PRIVATE void pdp__pp_drain(pdp_pp *pp)
 {
     char kept[1024];
+    bool peer = pdp__err_is_peer(); /* kept too: pdp_launch reports the rank it points at */
     int i, k;
     snprintf(kept, sizeof kept, "%s", pdp_last_error());
     for (i = 0; i < 2; i++) pdp_work_wait(pp->rwork[i]), pp->rwork[i] = NULL;
@@ -888,7 +889,7 @@ PDP__PRIVATE void pdp__pp_drain(pdp_pp *pp)
     }
     if (pp->dp_work) pdp_work_wait(pp->dp_work);
     pp->dp_work = NULL;
-    (void)pdp__err(PDP_OK, "%s", kept);
+    (void)(peer ? pdp__err_peer(PDP_OK, "%s", kept) : pdp__err(PDP_OK, "%s", kept));
 }
 
 PDP_API void pdp_pp_free(pdp_pp *pp)

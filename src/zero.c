@@ -659,6 +659,7 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     int64_t acc, base;
     int b, l, n;
     char why[1024]; /* the thread-local message's size */
+    bool peer;
     if (out) *out = NULL;
     if (!c) return pdp__err(PDP_ERR_INVALID, "%s: comm is NULL", fn);
     if (!out) st = pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
@@ -772,10 +773,12 @@ oom:
                   (long long)m->param_count, z->nunits);
 fail:
     st = pdp__comm_agree(c, st, fn);
-release: /* pdp_zero_free's best-effort allocations must not replace the message */
+release: /* pdp_zero_free's best-effort allocations must not replace the message, nor its
+            mark of a peer's failure (pdp_launch then reports that peer's message) */
+    peer = pdp__err_is_peer();
     snprintf(why, sizeof why, "%s", pdp_last_error());
     pdp_zero_free(z);
-    return pdp__err(st, "%s", why);
+    return peer ? pdp__err_peer(st, "%s", why) : pdp__err(st, "%s", why);
 }
 
 PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp_optim_desc *desc)

@@ -440,6 +440,25 @@ static pdp_status tp_heads_differ(const pdp_launch_ctx *ctx, void *user)
     return st == PDP_ERR_INVALID ? PDP_OK : PDP_ERR_STATE;
 }
 
+#ifndef PDP_CUDA
+/* Rank 1 cannot build its model (a CUDA device in a build without PDP_CUDA): rank 0's
+   pdp_gpt_create fails too, at once, naming rank 1 (it returned a model, and its first
+   forward waited in a TP collective for the timeout). */
+static pdp_status tp_one_fails(const pdp_launch_ctx *ctx, void *user)
+{
+    pdp_gpt_desc d = sp_desc(0.0f);
+    pdp_model *m = NULL;
+    pdp_status st;
+    char *msg = (char *)user;
+    d.tp = ctx->world;
+    if (ctx->rank == 1) d.device = pdp_cuda(0);
+    st = pdp_gpt_create(&m, &d);
+    if (ctx->rank == 0) snprintf(msg, 1024, "%s %s", pdp_status_name(st), pdp_last_error());
+    pdp_model_free(m);
+    return st != PDP_OK && !m ? PDP_OK : PDP_ERR_STATE;
+}
+#endif
+
 TEST gpt_sp_errors(void)
 {
     differ_job j;
@@ -460,6 +479,10 @@ TEST gpt_sp_errors(void)
     j.seed_per_rank = true;
     ASSERT_ENUM_EQ(PDP_OK, pdp_launch(2, NULL, tp_heads_differ, &j), pdp_status_name);
     ASSERTm(j.msg, strstr(j.msg, "differ between TP rank 1 and TP rank 0"));
+#ifndef PDP_CUDA
+    ASSERT_ENUM_EQm(msg, PDP_OK, pdp_launch(2, NULL, tp_one_fails, msg), pdp_status_name);
+    ASSERTm(msg, strstr(msg, "PDP_ERR_COMM pdp_gpt_create: rank 0: rank 1 of comm"));
+#endif
     d.sequence_parallel = true; /* and no desc.tp */
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_create(&m, &d), pdp_status_name);
     ASSERT(m == NULL);

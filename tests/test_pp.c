@@ -940,6 +940,29 @@ static void run_err(int n, err_ctx *e)
     pdp_local_group_free(g);
 }
 
+/* pdp_pp_create refused on rank 1 alone (its micro_batches), rank 1 returning last:
+   pdp_launch names rank 1's reason, not rank 0's "rank 1 failed" (whose mark of a peer's
+   failure the pipeline's clean-up dropped when it kept the message). */
+static pdp_status pp_late_failure(const pdp_launch_ctx *ctx, void *user)
+{
+    pdp_model *full = NULL;
+    pdp_pp *pp = NULL;
+    pdp_pp_desc pd;
+    pdp_status st;
+    (void)user;
+    if ((st = build_model(&full, MLP)) != PDP_OK) return st;
+    memset(&pd, 0, sizeof pd);
+    if (ctx->rank == 1) pd.micro_batches = -1;
+    st = pdp_pp_create(&pp, full, ctx->world, &pd);
+    if (ctx->rank == 1) {
+        struct timespec nap = {0, 200000000L}; /* 0.2 s: rank 0 returns first */
+        nanosleep(&nap, NULL);
+    }
+    pdp_pp_free(pp);
+    pdp_model_free(full);
+    return st;
+}
+
 TEST pp_errors(void)
 {
     static const int cut1[] = {0, 1}, cut2[] = {0, 2}, bad[] = {0, 0}, late[] = {0, 3};
@@ -991,6 +1014,9 @@ TEST pp_errors(void)
     ASSERT(strstr(e[1].msg, "rank 1: the full model's parameters differ from rank 0's (their "
                   "values)") != NULL);
     ASSERT(e[0].st != PDP_OK);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_launch(2, NULL, pp_late_failure, NULL), pdp_status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_launch: rank 1 of 2: ") &&
+                                  strstr(pdp_last_error(), "micro_batches"));
     /* a batch smaller than m; no labels on the last stage */
     ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);

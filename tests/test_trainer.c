@@ -425,6 +425,30 @@ static pdp_status lone_failure_rank(const pdp_launch_ctx *ctx, void *user)
     return PDP_OK;
 }
 
+/* ZeRO's create refused on rank 1 alone (its bucket_cap_mb), rank 1 returning last:
+   pdp_launch names rank 1's reason, not rank 0's "rank 1 failed" (whose mark of a peer's
+   failure ZeRO's clean-up dropped when it kept the message). */
+static pdp_status late_failure_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    pdp_model *m = small_gpt();
+    pdp_trainer *t = NULL;
+    pdp_trainer_desc d;
+    pdp_status st;
+    (void)user;
+    if (!m) return PDP_ERR_OUT_OF_MEMORY;
+    memset(&d, 0, sizeof d);
+    d.strategy = PDP_STRATEGY_ZERO3, d.comm = ctx->world;
+    if (ctx->rank == 1) d.zero.bucket_cap_mb = -1.0;
+    st = pdp_trainer_create(&t, m, &d);
+    if (ctx->rank == 1) {
+        struct timespec nap = {0, 200000000L}; /* 0.2 s: rank 0 returns first */
+        nanosleep(&nap, NULL);
+    }
+    pdp_trainer_free(t);
+    pdp_model_free(m);
+    return st;
+}
+
 TEST trainer_create_fails_on_every_rank_when_one_fails(void)
 {
     static const pdp_strategy strategies[] = {PDP_STRATEGY_DDP, PDP_STRATEGY_ZERO2};
@@ -452,6 +476,10 @@ TEST trainer_create_fails_on_every_rank_when_one_fails(void)
         ASSERT_ENUM_EQm(j.msg[1], PDP_ERR_INVALID, j.st[1], pdp_status_name);
         ASSERTm(j.msg[1], strstr(j.msg[1], "rank 1: SGD lr 0.2 here, but not on every rank"));
     }
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_launch(2, NULL, late_failure_rank, NULL),
+                   pdp_status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_launch: rank 1 of 2: ") &&
+                                  strstr(pdp_last_error(), "bucket_cap_mb"));
     PASS();
 }
 
