@@ -8443,7 +8443,7 @@ PDP__PRIVATE pdp_status pdp__store_call(pdp_store *s, const char *fn, int op, co
                                  sizeof why) != 0)
             goto broken;
         msg[PDP__MIN(h.value_bytes, sizeof msg - 1)] = '\0';
-        return pdp__err(PDP_ERR_COMM, "%s: the store at %s:%d refused key '%s': %s", fn,
+        return pdp__err(PDP_ERR_COMM, "%s: the store at %s:%d refused key '%.64s': %s", fn,
                         s->host, s->port, key, msg);
     }
     if (pdp__store_recv_into(s->fd, buf, cap, h.value_bytes, deadline, why, sizeof why) != 0)
@@ -8454,7 +8454,7 @@ PDP__PRIVATE pdp_status pdp__store_call(pdp_store *s, const char *fn, int op, co
 broken:
     pdp__sock_close(s->fd);
     s->fd = PDP__SOCK_NONE;
-    return pdp__err(PDP_ERR_COMM, "%s: key '%s': connection to the store at %s:%d failed: %s",
+    return pdp__err(PDP_ERR_COMM, "%s: key '%.64s': connection to the store at %s:%d failed: %s",
                     fn, key, s->host, s->port, why);
 }
 
@@ -8553,11 +8553,11 @@ PDP_API pdp_status pdp_store_set(pdp_store *s, const char *key, const void *valu
     pdp_status st = pdp__store_check(s, "pdp_store_set", key);
     if (st != PDP_OK) return st;
     if (bytes > PDP_STORE_MAX_VALUE)
-        return pdp__err(PDP_ERR_INVALID, "pdp_store_set: key '%s': value of %zu bytes exceeds "
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_set: key '%.64s': value of %zu bytes exceeds "
                         "PDP_STORE_MAX_VALUE (%lu)", key, bytes,
                         (unsigned long)PDP_STORE_MAX_VALUE);
     if (bytes && !value)
-        return pdp__err(PDP_ERR_INVALID, "pdp_store_set: key '%s': value is NULL", key);
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_set: key '%.64s': value is NULL", key);
     pdp__mutex_lock(&s->lock);
     st = pdp__store_call(s, "pdp_store_set", PDP__STORE_SET, key, value, bytes, 0, s->timeout_s,
                          NULL, 0, NULL, NULL);
@@ -8571,17 +8571,17 @@ PDP_API pdp_status pdp_store_get(pdp_store *s, const char *key, void *buf, size_
     size_t got = 0;
     pdp_status st = pdp__store_check(s, "pdp_store_get", key);
     if (st != PDP_OK) return st;
-    if (cap && !buf) return pdp__err(PDP_ERR_INVALID, "pdp_store_get: key '%s': buf is NULL", key);
+    if (cap && !buf) return pdp__err(PDP_ERR_INVALID, "pdp_store_get: key '%.64s': buf is NULL", key);
     pdp__mutex_lock(&s->lock);
     st = pdp__store_call(s, "pdp_store_get", PDP__STORE_GET, key, NULL, 0,
                          pdp__store_ms(s->timeout_s), s->timeout_s, buf, cap, &got, NULL);
     pdp__mutex_unlock(&s->lock);
     if (bytes) *bytes = got;
     if (st == PDP_ERR_TIMEOUT)
-        return pdp__err(st, "pdp_store_get: key '%s' was not set within %g s (store %s:%d)", key,
+        return pdp__err(st, "pdp_store_get: key '%.64s' was not set within %g s (store %s:%d)", key,
                         s->timeout_s, s->host, s->port);
     if (st == PDP_OK && got > cap)
-        return pdp__err(PDP_ERR_INVALID, "pdp_store_get: key '%s' holds %zu bytes, the buffer "
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_get: key '%.64s' holds %zu bytes, the buffer "
                         "only %zu", key, got, cap);
     return st;
 }
@@ -8609,7 +8609,7 @@ PDP_API pdp_status pdp_store_wait(pdp_store *s, const char **keys, int n, double
     }
     pdp__mutex_unlock(&s->lock);
     if (st == PDP_ERR_TIMEOUT)
-        return pdp__err(st, "pdp_store_wait: key '%s' (%d of %d) was not set within %g s "
+        return pdp__err(st, "pdp_store_wait: key '%.64s' (%d of %d) was not set within %g s "
                         "(store %s:%d)", keys[i - 1], i, n, t, s->host, s->port);
     return st;
 }
