@@ -8571,7 +8571,8 @@ PDP_API pdp_status pdp_store_get(pdp_store *s, const char *key, void *buf, size_
     size_t got = 0;
     pdp_status st = pdp__store_check(s, "pdp_store_get", key);
     if (st != PDP_OK) return st;
-    if (cap && !buf) return pdp__err(PDP_ERR_INVALID, "pdp_store_get: key '%.64s': buf is NULL", key);
+    if (cap && !buf)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_get: key '%.64s': buf is NULL", key);
     pdp__mutex_lock(&s->lock);
     st = pdp__store_call(s, "pdp_store_get", PDP__STORE_GET, key, NULL, 0,
                          pdp__store_ms(s->timeout_s), s->timeout_s, buf, cap, &got, NULL);
