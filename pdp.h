@@ -262,7 +262,13 @@
    its CPU. Tested: 5 epochs of the Fashion-MNIST MLP reach 88.99% in bf16 against
    88.90% in fp32 (train_mnist -precision bf16, seed 1, 2 threads, on an AMD EPYC Zen 4: the last
    digits move with the CPU's kernels, THREADS AND DETERMINISM); one autocast MLP step
-   against a PyTorch fixture (tests/test_bf16.c).
+   against a PyTorch fixture (tests/test_bf16.c). Under DDP and ZeRO each rank's loss
+   gradient is scaled by its own batch before backward rounds it to bf16, and the ranks'
+   gradients are averaged after: with N a power of two the division commutes with that
+   rounding, otherwise bf16 runs stay within bf16's rounding of one device, not fp32's
+   (measured, an MLP at N = 3: 0.11 of the largest parameter after 4 AdamW steps at lr
+   0.01, where N = 2 gave 1.5e-7; DP scales by the whole batch and keeps the fp32 figure).
+   PyTorch's DDP under autocast averages the same way.
 
    THREADS AND DETERMINISM
    =======================
@@ -460,8 +466,8 @@
    forward skips (the units backward left gathered; all of them when there are no more
    units than param_buffers: then (2k + 1)/2 x); pdp_zero_get_stats gives k, the bytes
    sent and the formula (its value, and in words). Uneven shards: as DDP, batch_mean
-   above. Tested equal to DDP and one device on local and MPI ranks (CPU models) and
-   over NCCL (CUDA models, on the emulator in CI).
+   above. Tested equal to DDP and one device (fp32; bf16: PRECISION) on local and MPI
+   ranks (CPU models) and over NCCL (CUDA models, on the emulator in CI).
 
    Checkpoints: pdp_zero_checkpoint_save(z, opt, prefix) (collective) writes
    prefix.rank<r>.safetensors per rank atomically, then rank 0 the marker prefix.done
@@ -2445,7 +2451,10 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes);
    *loss stays this rank's mean, and with accumulation each backward is weighted
    by its own global batch: k backward passes sum k global-batch means, as k
    backward passes on one device. Every rank must pass the same batch_mean
-   (checked by pdp_ddp_create: PDP_ERR_INVALID naming both values).
+   (checked by pdp_ddp_create: PDP_ERR_INVALID naming both values). In bf16 precision
+   the loss gradient is rounded to bf16 in backward after its rank's scaling and the
+   average divides by N after: at N not a power of two the result is one device's
+   within bf16's rounding, not fp32's (manual, PRECISION), as PyTorch's under autocast.
 
    Gradient accumulation (no_sync): while no_sync is on, backward only adds to
    the local gradients (under PDP_BATCH_MEAN_GLOBAL it still all-reduces the

@@ -55,7 +55,10 @@
    *loss stays this rank's mean, and with accumulation each backward is weighted
    by its own global batch: k backward passes sum k global-batch means, as k
    backward passes on one device. Every rank must pass the same batch_mean
-   (checked by pdp_ddp_create: PDP_ERR_INVALID naming both values).
+   (checked by pdp_ddp_create: PDP_ERR_INVALID naming both values). In bf16 precision
+   the loss gradient is rounded to bf16 in backward after its rank's scaling and the
+   average divides by N after: at N not a power of two the result is one device's
+   within bf16's rounding, not fp32's (manual, PRECISION), as PyTorch's under autocast.
 
    Gradient accumulation (no_sync): while no_sync is on, backward only adds to
    the local gradients (under PDP_BATCH_MEAN_GLOBAL it still all-reduces the
