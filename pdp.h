@@ -291,8 +291,9 @@
    Another build need not: gcc's -ffp-contract=fast (its default in the GNU modes,
    -std=gnu99 or no -std) fuses a*b + c into one FMA where -ffp-contract=off (the
    default under -std=c99) rounds the product first, and at -O2 and above (gcc 12's two
-   -O1 builds wrote the same bits here) the two builds write different checkpoints; so may another -march (another GEMM kernel), PDP_NO_SIMD, another bf16
-   path (AMX, sgemm-rounded: another CPU may take another) or another device (CUDA).
+   -O1 builds wrote the same bits here) the two builds write different checkpoints; so
+   may another -march (another GEMM kernel), PDP_NO_SIMD, another bf16 path (AMX,
+   sgemm-rounded: another CPU may take another) or another device (CUDA).
 
    Process-wide state: pdp's state hangs off the objects you create, or off the calling
    thread (the error message, the intra-op thread count, the profile counters; with tcc

@@ -10,8 +10,8 @@
    bytes of the formulas, 4 Psi of parameters and 8 Psi of Adam's state on a whole replica
    (single, DP, DDP) and 4 x the shard at ZeRO where it shards them. Steps 2-3 allocate
    nothing (one rank). PDP_BATCH_MEAN_GLOBAL: DDP and ZeRO 1-3 on uneven shards that
-   ignore different numbers of positions equal one device on the whole batch. Errors: an unknown strategy, DP or single with a communicator, DDP or
-   ZeRO without one, a ZeRO stage other than the strategy's, an executor's or the
+   ignore different numbers of positions equal one device on the whole batch. Errors: an
+   unknown strategy, DP or single with a communicator, DDP or ZeRO without one, a ZeRO stage other than the strategy's, an executor's or the
    optimizer's refusal, each PDP_ERR_INVALID with a message naming pdp_trainer_create and
    the field; the model is free again after a refused create; strategy names round-trip and
    an unknown one is refused; pdp_trainer_get_desc fills the defaults in.
