@@ -13,8 +13,9 @@
    ignore different numbers of positions equal one device on the whole batch. Errors: an
    unknown strategy, DP or single with a communicator, DDP or ZeRO without one, a ZeRO
    stage other than the strategy's, an executor's or the optimizer's refusal, each
-   PDP_ERR_INVALID with a message naming pdp_trainer_create and the field; the model is free again after a refused create; strategy names round-trip and
-   an unknown one is refused; pdp_trainer_get_desc fills the defaults in.
+   PDP_ERR_INVALID with a message naming pdp_trainer_create and the field; the model is
+   free again after a refused create; strategy names round-trip and an unknown one is
+   refused; pdp_trainer_get_desc fills the defaults in.
    pdp_trainer_memory_report: DP's line from pdp_dp_get_stats, the others' from
    pdp_trainer_get_memory with Psi and the activations counted here; its refusals.
 
