@@ -206,10 +206,11 @@
    =============
    In every desc, zero means the default. A value outside a field's documented
    range (negative where it must be positive, NaN, infinite) fails with
-   PDP_ERR_INVALID naming the function and the field; it is never clamped or
-   silently replaced. The object's get_desc returns the desc in use, every default
-   filled in (pdp_model_, pdp_optim_, pdp_batcher_, pdp_comm_, pdp_dp_, pdp_ddp_,
-   pdp_zero_ and pdp_pp_get_desc).
+   PDP_ERR_INVALID (PDP_ERR_SHAPE for a shape, such as pdp_model_desc.input_shape)
+   naming the function and the field; it is never clamped or silently replaced. The
+   object's get_desc returns the desc in use, every default filled in (pdp_model_,
+   pdp_optim_, pdp_batcher_, pdp_comm_, pdp_dp_, pdp_ddp_, pdp_zero_, pdp_pp_ and
+   pdp_trainer_get_desc).
 
    MEMORY
    ======
@@ -259,18 +260,18 @@
    on the CUDA emulator and on one NVIDIA H200). bf16 is not always faster than fp32 on a CPU: it
    depends on the path and the model. `make bench` (bench/train) measures both on your
    CPU beside PyTorch's autocast; CHANGELOG.md keeps the runs we measured, each with
-   its CPU. Tested: 5 epochs of the Fashion-MNIST MLP reach 88.99% in bf16 against
+   its CPU. Measured: 5 epochs of the Fashion-MNIST MLP reach 88.99% in bf16 against
    88.90% in fp32 (train_mnist -precision bf16, seed 1, 2 threads, on an AMD EPYC Zen 4: the last
    digits move with the CPU's kernels, THREADS AND DETERMINISM); one autocast MLP step
    against a PyTorch fixture (tests/test_bf16.c). Under DDP and ZeRO each rank's loss
    gradient is scaled by its own batch before backward rounds it to bf16, and the ranks'
-   gradients are averaged after: with N a power of two the division commutes with that
-   rounding, otherwise bf16 runs stay within bf16's rounding of one device, not fp32's
-   (measured, an MLP at N = 3: the first gradient norm 3.1e-5 relative from one device's,
-   0 at N = 2; after 4 AdamW steps at lr 0.01, which magnify differences in gradients near
-   zero, 0.11 of the largest parameter where N = 2 gave 1.5e-7; DP scales by the whole batch
-   and keeps the fp32 figure).
-   PyTorch's DDP under autocast averages the same way.
+   gradients are averaged after, as PyTorch's DDP does under autocast: with N a power of
+   two the division commutes with that rounding; otherwise a bf16 run stays within bf16's
+   rounding of one device, not fp32's. Measured once, by an audit (CHANGELOG.md; no test
+   holds these figures): an MLP at N = 3 started 3.1e-5 (relative) from one device's first
+   gradient norm, 0 at N = 2, and after 4 AdamW steps at lr 0.01, which magnify differences
+   in gradients near zero, stood 0.11 of the largest parameter away (1.5e-7 at N = 2); DP
+   scales by the whole batch and keeps the fp32 figure.
 
    THREADS AND DETERMINISM
    =======================
@@ -405,9 +406,9 @@
        CHECK(pdp_ddp_forward_backward(ddp, &x, y, &loss));  // x: this rank's shard
        CHECK(pdp_ddp_step(ddp, opt));                       // wait, average, step
    Every rank holds a full model and a pdp_comm. pdp_ddp_create checks that all ranks
-   have the same parameters and broadcasts rank 0's; buckets (25 MiB, the first 1 MiB)
-   are ranges of the gradient block, so there is no copy; each bucket's all-reduce
-   starts as soon as backward produced its last gradient. Every backward of a wrapped
+   have the same parameter names and shapes and broadcasts rank 0's values; buckets (25
+   MiB, the first 1 MiB) are ranges of the gradient block, so there is no copy; each
+   bucket's all-reduce starts as soon as backward produced its last gradient. Every backward of a wrapped
    model synchronises, whatever the loss: for your own loss call pdp_ddp_forward,
    compute the loss and its gradient, then pdp_ddp_backward(ddp, dy) (or
    pdp_model_forward/backward on the model); a second backward before the step fails
@@ -469,8 +470,8 @@
    forward skips (the units backward left gathered; all of them when there are no more
    units than param_buffers: then (2k + 1)/2 x); pdp_zero_get_stats gives k, the bytes
    sent and the formula (its value, and in words). Uneven shards: as DDP, batch_mean
-   above. Tested equal to DDP and one device (fp32; bf16: PRECISION) on local and MPI
-   ranks (CPU models) and over NCCL (CUDA models, on the emulator in CI).
+   above. Tested equal to DDP and one device in fp32 on local and MPI ranks (CPU models)
+   and over NCCL (CUDA models, on the emulator in CI); bf16: PRECISION.
 
    Checkpoints: pdp_zero_checkpoint_save(z, opt, prefix) (collective) writes
    prefix.rank<r>.safetensors per rank atomically, then rank 0 the marker prefix.done
@@ -1161,8 +1162,8 @@ typedef struct pdp_model_desc {
     int input_ndim;          /* 1 (features), 2 (positions, features: Linear, LayerNorm and
                                 the element-wise layers act per position) or 3 (channels,
                                 height, width); 0 = the count of leading nonzero
-                                input_shape entries (a size after a 0 is then refused);
-                                given, the entries past it are unused */
+                                input_shape entries (a size other than 1 after a 0 is
+                                then refused); given, the entries past it are unused */
     int64_t input_shape[3];  /* one sample, without the batch dimension; required */
     uint64_t seed;           /* parameter initialisation and dropout masks; default 0 */
     pdp_device device;       /* default CPU */
@@ -1903,8 +1904,8 @@ PDP_API pdp_status pdp_store_add(pdp_store *s, const char *key, int64_t delta, i
 /* Returns once world_size ranks (0 = desc.world_size) have called it with this
    name; reusable: the k-th call on every rank meets the k-th call on the others (each
    rank's handle counts its own calls, a call that timed out included: one handle a
-   rank). More arrivals than world_size in a round (two ranks with one id, or world
-   sizes that differ) is PDP_ERR_INVALID. */
+   rank). More arrivals in a round than a rank's world_size (two ranks with one id, or
+   world sizes that differ) is PDP_ERR_INVALID on that rank. */
 PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_size,
                                      double timeout_s);
 /* ---- end src/store.h ---- */
@@ -3597,7 +3598,7 @@ PDP_API pdp_status pdp_trainer_get_memory(const pdp_trainer *t, pdp_zero_memory 
    model, a GPT's or not); under DP, whose workers are threads of this rank, the master's
    peak and the largest other worker's (pdp_dp_stats, measured: after a step; batch is
    then unused), two lines:
-       DP, 2 workers: the master holds 24.20 MB (parameters, gradients, AdamW's state, its
+       DP, 2 workers: the master holds 18.23 MB (parameters, gradients, AdamW's state, its
        activations,\n  the gathered outputs), each other worker 11.97 MB: DP saves nothing
        and overloads worker 0
    PDP_ERR_INVALID for a NULL argument, batch < 1 or when buf's bytes do not hold it;
@@ -4338,7 +4339,8 @@ PDP_API pdp_status pdp_print_by_rank(pdp_comm *c, const char *fmt, ...);
    the option, the value and what it accepts, then the usage: "usage: PROG [-np 2 (1..8)]
    [-backend local (local|mpi|nccl)] ...", each option with its default (a choice's by
    name). "-h", "-help" or "--help" (unless an option has that name) returns
-   PDP_ERR_INVALID with "PROG: -h: the options, each with its default" and the usage.
+   PDP_ERR_INVALID with "pdp_args_parse: PROG: -h: the options, each with its default"
+   and the usage (pdp_args_parse_or_exit prints that usage and exits 0).
    Variables already set stay set. A choice whose default is not the index of one
    of its choices (or whose choices are NULL), an option without a name or a value, or one
    of no type above fails before anything is parsed, naming it. */
@@ -34035,7 +34037,7 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
                                                           pp->m->param_count, 0, NULL)))
             goto wrap;
     }
-    pp->trace_pid = pp->dp ? pp->dp->rank * pp->p + pp->stage : c->rank;
+    pp->trace_pid = c->trace_pid; /* the world's rank (comm.c): TP ranks of a stage apart */
     if (pdp__trace_open(c->backend == PDP_BACKEND_LOCAL ? -1 : pp->trace_pid) == PDP_OK) {
         char name[48];
         pp->traced = true;

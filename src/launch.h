@@ -101,7 +101,8 @@ PDP_API pdp_status pdp_print_by_rank(pdp_comm *c, const char *fmt, ...);
    the option, the value and what it accepts, then the usage: "usage: PROG [-np 2 (1..8)]
    [-backend local (local|mpi|nccl)] ...", each option with its default (a choice's by
    name). "-h", "-help" or "--help" (unless an option has that name) returns
-   PDP_ERR_INVALID with "PROG: -h: the options, each with its default" and the usage.
+   PDP_ERR_INVALID with "pdp_args_parse: PROG: -h: the options, each with its default"
+   and the usage (pdp_args_parse_or_exit prints that usage and exits 0).
    Variables already set stay set. A choice whose default is not the index of one
    of its choices (or whose choices are NULL), an option without a name or a value, or one
    of no type above fails before anything is parsed, naming it. */

@@ -39,8 +39,8 @@ typedef struct pdp_model_desc {
     int input_ndim;          /* 1 (features), 2 (positions, features: Linear, LayerNorm and
                                 the element-wise layers act per position) or 3 (channels,
                                 height, width); 0 = the count of leading nonzero
-                                input_shape entries (a size after a 0 is then refused);
-                                given, the entries past it are unused */
+                                input_shape entries (a size other than 1 after a 0 is
+                                then refused); given, the entries past it are unused */
     int64_t input_shape[3];  /* one sample, without the batch dimension; required */
     uint64_t seed;           /* parameter initialisation and dropout masks; default 0 */
     pdp_device device;       /* default CPU */

@@ -827,7 +827,7 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
                                                           pp->m->param_count, 0, NULL)))
             goto wrap;
     }
-    pp->trace_pid = pp->dp ? pp->dp->rank * pp->p + pp->stage : c->rank;
+    pp->trace_pid = c->trace_pid; /* the world's rank (comm.c): TP ranks of a stage apart */
     if (pdp__trace_open(c->backend == PDP_BACKEND_LOCAL ? -1 : pp->trace_pid) == PDP_OK) {
         char name[48];
         pp->traced = true;

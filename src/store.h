@@ -58,7 +58,7 @@ PDP_API pdp_status pdp_store_add(pdp_store *s, const char *key, int64_t delta, i
 /* Returns once world_size ranks (0 = desc.world_size) have called it with this
    name; reusable: the k-th call on every rank meets the k-th call on the others (each
    rank's handle counts its own calls, a call that timed out included: one handle a
-   rank). More arrivals than world_size in a round (two ranks with one id, or world
-   sizes that differ) is PDP_ERR_INVALID. */
+   rank). More arrivals in a round than a rank's world_size (two ranks with one id, or
+   world sizes that differ) is PDP_ERR_INVALID on that rank. */
 PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_size,
                                      double timeout_s);

@@ -118,7 +118,7 @@ PDP_API pdp_status pdp_trainer_get_memory(const pdp_trainer *t, pdp_zero_memory 
    model, a GPT's or not); under DP, whose workers are threads of this rank, the master's
    peak and the largest other worker's (pdp_dp_stats, measured: after a step; batch is
    then unused), two lines:
-       DP, 2 workers: the master holds 24.20 MB (parameters, gradients, AdamW's state, its
+       DP, 2 workers: the master holds 18.23 MB (parameters, gradients, AdamW's state, its
        activations,\n  the gathered outputs), each other worker 11.97 MB: DP saves nothing
        and overloads worker 0
    PDP_ERR_INVALID for a NULL argument, batch < 1 or when buf's bytes do not hold it;

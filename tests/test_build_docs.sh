@@ -56,7 +56,7 @@ where_check() {
     wbad=0
     while read -r wfile wname; do
         wf=src/$wfile; [ "$wfile" = pdp_cuda.cu ] && wf=pdp_cuda.cu
-        if [ ! -f "$wf" ]; then echo "WHERE TO READ names $wfile, which is not in src/"; wwbad=1; continue; fi
+        if [ ! -f "$wf" ]; then echo "WHERE TO READ names $wfile, which is not in src/"; wbad=1; continue; fi
         if ! defined_in "$wf" "$wname"; then
             now=""
             for wg in src/*.c src/*.h pdp_cuda.cu; do defined_in "$wg" "$wname" && now="$now $wg"; done
@@ -82,7 +82,7 @@ check manual_names_exist names_check
 # ---- no speed figures in the manual or the README: they hold for one CPU (CHANGELOG.md and
 # make bench keep them, with the CPU named) ----
 speed_check() {
-    ! grep -nE 'samples/s|[0-9.]+x (the )?(fp32|bf16|PyTorch|autocast)' "$M" README.md
+    ! grep -nE 'samples/s|[0-9.]+x (the )?(fp32|bf16|PyTorch|autocast)|times (pdp|their|the fp32)|percent of (their|the) fp32' "$M" README.md
 }
 check manual_and_readme_carry_no_speed_figures speed_check
 
