@@ -1821,6 +1821,32 @@ static enum greatest_test_res check_gpt_3d(gpt_case *c, const gpt_case *one, int
     PASS();
 }
 
+/* Traced, TP 2 x PP 2 on 4 thread ranks (the GPT of pp_interleaved_*): each rank draws its
+   "pipeline stage" lane under its own process, its world rank (the pipeline's position
+   gave a stage's two TP ranks one lane). */
+TEST pp_trace_lanes_are_the_world_ranks(void)
+{
+    static gpt_case c;
+    char path[256], cmd[1400];
+    if (!pdp_test_python("json")) SKIPm(pdp_test_python_missing("json"));
+    gpt_data(&c);
+    c.layers = 4, c.steps = 1, c.tp = 2, c.m = 2;
+    snprintf(path, sizeof path, "/tmp/pdp_test_pp_lanes_%ld.json", (long)getpid());
+    remove(path);
+    setenv("PDP_TRACE", path, 1);
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(4, NULL, gpt_rank, &c), pdp_status_name);
+    unsetenv("PDP_TRACE");
+    snprintf(cmd, sizeof cmd,
+             "\"%s\" -c 'import json,sys\n"
+             "ev=json.load(open(sys.argv[1]))[\"traceEvents\"]\n"
+             "p=sorted(set(e[\"pid\"] for e in ev if e[\"ph\"]==\"M\" and "
+             "e[\"name\"]==\"thread_name\" and e[\"args\"][\"name\"].startswith(\"pipeline\")))\n"
+             "assert p==[0,1,2,3], p\n' '%s'", pdp_test_python("json"), path);
+    ASSERT_EQm("pipeline lanes are not one per world rank (python says which)", 0, system(cmd));
+    remove(path);
+    PASS();
+}
+
 TEST pp_interleaved_tp_gpt_equals_single_device(void)
 {
     static gpt_case c, one[2];
@@ -2247,6 +2273,7 @@ SUITE(pp)
     RUN_TEST(pp_schedules_cannot_deadlock);
     RUN_TEST(pp_interleaved_lists_meet_the_bubble_formula);
     RUN_TEST(pp_interleaved_gpt_equals_single_device);
+    RUN_TEST(pp_trace_lanes_are_the_world_ranks);
     RUN_TEST(pp_gpt_own_loss_reports_the_sum_of_the_shares);
     RUN_TEST(pp_interleaved_tp_gpt_equals_single_device);
     RUN_TEST(pp_sequence_parallel_gpt_equals_single_device);
