@@ -5237,6 +5237,13 @@ PDP__PRIVATE PDP__UNUSED int pdp__mul3_ok(int64_t a, int64_t b, int64_t c, int64
 PDP__PRIVATE pdp_status pdp__err(pdp_status status, const char *fmt, ...);
 /* Prepends "context: " to the current message (for errors passed up a level). */
 PDP__PRIVATE pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...);
+/* The thread's error (its message and its mark of a peer's failure, pdp__err_peer) kept
+   across clean-up whose own calls would replace it: pdp__err_keep, then the waits and frees,
+   then return pdp__err_restore(status, &kept). */
+typedef struct pdp__err_kept {
+    char msg[1024]; /* the thread-local message's size */
+    bool peer;
+} pdp__err_kept;
 
 /* PDP_MALLOC'd memory aligned to 64 bytes (the original pointer is stored just
    before the block). Returns NULL on failure; bytes == 0 gives a valid block. */
@@ -6893,6 +6900,19 @@ PDP__PRIVATE pdp_status pdp__err_peer(pdp_status status, const char *fmt, ...)
 }
 
 PDP__PRIVATE bool pdp__err_is_peer(void) { return pdp__errpeer; }
+
+PDP__PRIVATE void pdp__err_keep(pdp__err_kept *k)
+{
+    snprintf(k->msg, sizeof k->msg, "%s", pdp__errbuf);
+    k->peer = pdp__errpeer;
+}
+
+PDP__PRIVATE pdp_status pdp__err_restore(pdp_status status, const pdp__err_kept *k)
+{
+    snprintf(pdp__errbuf, sizeof pdp__errbuf, "%s", k->msg);
+    pdp__errpeer = k->peer;
+    return status;
+}
 
 PDP__PRIVATE pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...)
 {
@@ -16626,15 +16646,14 @@ PDP__PRIVATE pdp_status pdp__comm_sum_host(pdp_comm *c, float *v, int n)
 
 PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *fn)
 {
-    char why[1024]; /* the thread-local message's size */
+    pdp__err_kept why; /* this rank's failure, and whether it was another rank's */
     float v[2];
-    bool peer = st != PDP_OK && pdp__err_is_peer(); /* this rank failed because another did */
     pdp_status ast;
-    if (st != PDP_OK) snprintf(why, sizeof why, "%s", pdp_last_error());
+    if (st != PDP_OK) pdp__err_keep(&why);
     v[0] = st != PDP_OK ? 1.0f : 0.0f;
     v[1] = st != PDP_OK ? (float)c->rank : 0.0f;
     ast = pdp__comm_sum_host(c, v, 2);
-    if (st != PDP_OK) return peer ? pdp__err_peer(st, "%s", why) : pdp__err(st, "%s", why);
+    if (st != PDP_OK) return pdp__err_restore(st, &why);
     if (ast != PDP_OK)
         return pdp__err_wrap(ast, "%s: rank %d: agreeing that every rank succeeded", fn, c->rank);
     if (v[0] >= 2.0f)
@@ -31783,8 +31802,7 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     pdp_status st;
     int64_t acc, base;
     int b, l, n;
-    char why[1024]; /* the thread-local message's size */
-    bool peer;
+    pdp__err_kept why; /* the failure, kept across pdp_zero_free */
     if (out) *out = NULL;
     if (!c) return pdp__err(PDP_ERR_INVALID, "%s: comm is NULL", fn);
     if (!out) st = pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
@@ -31900,10 +31918,9 @@ fail:
     st = pdp__comm_agree(c, st, fn);
 release: /* pdp_zero_free's best-effort allocations must not replace the message, nor its
             mark of a peer's failure (pdp_launch then reports that peer's message) */
-    peer = pdp__err_is_peer();
-    snprintf(why, sizeof why, "%s", pdp_last_error());
+    pdp__err_keep(&why);
     pdp_zero_free(z);
-    return peer ? pdp__err_peer(st, "%s", why) : pdp__err(st, "%s", why);
+    return pdp__err_restore(st, &why);
 }
 
 PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp_optim_desc *desc)
@@ -34085,10 +34102,9 @@ PDP__PRIVATE void pdp__pp_free_buffers(pdp_pp *pp)
    after a failed pass it is the one that names the call, the stage and the action. */
 PDP__PRIVATE void pdp__pp_drain(pdp_pp *pp)
 {
-    char kept[1024];
-    bool peer = pdp__err_is_peer(); /* kept too: pdp_launch reports the rank it points at */
+    pdp__err_kept kept; /* with its mark: pdp_launch reports the rank a peer's error names */
     int i, k;
-    snprintf(kept, sizeof kept, "%s", pdp_last_error());
+    pdp__err_keep(&kept);
     for (i = 0; i < 2; i++) pdp_work_wait(pp->rwork[i]), pp->rwork[i] = NULL;
     pp->nbatch = 0; /* a failed step's sends, never issued */
     for (k = 0; pp->ck && k < pp->v; k++) {
@@ -34099,7 +34115,7 @@ PDP__PRIVATE void pdp__pp_drain(pdp_pp *pp)
     }
     if (pp->dp_work) pdp_work_wait(pp->dp_work);
     pp->dp_work = NULL;
-    (void)(peer ? pdp__err_peer(PDP_OK, "%s", kept) : pdp__err(PDP_OK, "%s", kept));
+    (void)pdp__err_restore(PDP_OK, &kept);
 }
 
 PDP_API void pdp_pp_free(pdp_pp *pp)
@@ -34356,10 +34372,10 @@ PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp)
        must not overwrite */
     st = pdp__pp_wait(&rw);
     if (st != PDP_OK) {
-        char why[1024];
-        snprintf(why, sizeof why, "%s", pdp_last_error());
+        pdp__err_kept why;
+        pdp__err_keep(&why);
         pdp_work_wait(sw);
-        return pdp__err(st, "%s", why);
+        return pdp__err_restore(st, &why);
     }
     if ((st = pdp__pp_wait(&sw)) != PDP_OK) return st;
     return pdp__dev_add(m->device, g, pp->tied_buf, e->count);

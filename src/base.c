@@ -110,6 +110,19 @@ PDP__PRIVATE pdp_status pdp__err_peer(pdp_status status, const char *fmt, ...)
 
 PDP__PRIVATE bool pdp__err_is_peer(void) { return pdp__errpeer; }
 
+PDP__PRIVATE void pdp__err_keep(pdp__err_kept *k)
+{
+    snprintf(k->msg, sizeof k->msg, "%s", pdp__errbuf);
+    k->peer = pdp__errpeer;
+}
+
+PDP__PRIVATE pdp_status pdp__err_restore(pdp_status status, const pdp__err_kept *k)
+{
+    snprintf(pdp__errbuf, sizeof pdp__errbuf, "%s", k->msg);
+    pdp__errpeer = k->peer;
+    return status;
+}
+
 PDP__PRIVATE pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...)
 {
     char prefix[256];

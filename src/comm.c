@@ -377,15 +377,14 @@ PDP__PRIVATE pdp_status pdp__comm_sum_host(pdp_comm *c, float *v, int n)
 
 PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *fn)
 {
-    char why[1024]; /* the thread-local message's size */
+    pdp__err_kept why; /* this rank's failure, and whether it was another rank's */
     float v[2];
-    bool peer = st != PDP_OK && pdp__err_is_peer(); /* this rank failed because another did */
     pdp_status ast;
-    if (st != PDP_OK) snprintf(why, sizeof why, "%s", pdp_last_error());
+    if (st != PDP_OK) pdp__err_keep(&why);
     v[0] = st != PDP_OK ? 1.0f : 0.0f;
     v[1] = st != PDP_OK ? (float)c->rank : 0.0f;
     ast = pdp__comm_sum_host(c, v, 2);
-    if (st != PDP_OK) return peer ? pdp__err_peer(st, "%s", why) : pdp__err(st, "%s", why);
+    if (st != PDP_OK) return pdp__err_restore(st, &why);
     if (ast != PDP_OK)
         return pdp__err_wrap(ast, "%s: rank %d: agreeing that every rank succeeded", fn, c->rank);
     if (v[0] >= 2.0f)

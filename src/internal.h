@@ -116,6 +116,13 @@ PDP__PRIVATE PDP__UNUSED int pdp__mul3_ok(int64_t a, int64_t b, int64_t c, int64
 PDP__PRIVATE pdp_status pdp__err(pdp_status status, const char *fmt, ...);
 /* Prepends "context: " to the current message (for errors passed up a level). */
 PDP__PRIVATE pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...);
+/* The thread's error (its message and its mark of a peer's failure, pdp__err_peer) kept
+   across clean-up whose own calls would replace it: pdp__err_keep, then the waits and frees,
+   then return pdp__err_restore(status, &kept). */
+typedef struct pdp__err_kept {
+    char msg[1024]; /* the thread-local message's size */
+    bool peer;
+} pdp__err_kept;
 
 /* PDP_MALLOC'd memory aligned to 64 bytes (the original pointer is stored just
    before the block). Returns NULL on failure; bytes == 0 gives a valid block. */

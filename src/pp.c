@@ -875,10 +875,9 @@ PDP__PRIVATE void pdp__pp_free_buffers(pdp_pp *pp)
    after a failed pass it is the one that names the call, the stage and the action. */
 PDP__PRIVATE void pdp__pp_drain(pdp_pp *pp)
 {
-    char kept[1024];
-    bool peer = pdp__err_is_peer(); /* kept too: pdp_launch reports the rank it points at */
+    pdp__err_kept kept; /* with its mark: pdp_launch reports the rank a peer's error names */
     int i, k;
-    snprintf(kept, sizeof kept, "%s", pdp_last_error());
+    pdp__err_keep(&kept);
     for (i = 0; i < 2; i++) pdp_work_wait(pp->rwork[i]), pp->rwork[i] = NULL;
     pp->nbatch = 0; /* a failed step's sends, never issued */
     for (k = 0; pp->ck && k < pp->v; k++) {
@@ -889,7 +888,7 @@ PDP__PRIVATE void pdp__pp_drain(pdp_pp *pp)
     }
     if (pp->dp_work) pdp_work_wait(pp->dp_work);
     pp->dp_work = NULL;
-    (void)(peer ? pdp__err_peer(PDP_OK, "%s", kept) : pdp__err(PDP_OK, "%s", kept));
+    (void)pdp__err_restore(PDP_OK, &kept);
 }
 
 PDP_API void pdp_pp_free(pdp_pp *pp)
@@ -1146,10 +1145,10 @@ PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp)
        must not overwrite */
     st = pdp__pp_wait(&rw);
     if (st != PDP_OK) {
-        char why[1024];
-        snprintf(why, sizeof why, "%s", pdp_last_error());
+        pdp__err_kept why;
+        pdp__err_keep(&why);
         pdp_work_wait(sw);
-        return pdp__err(st, "%s", why);
+        return pdp__err_restore(st, &why);
     }
     if ((st = pdp__pp_wait(&sw)) != PDP_OK) return st;
     return pdp__dev_add(m->device, g, pp->tied_buf, e->count);

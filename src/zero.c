@@ -658,8 +658,7 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     pdp_status st;
     int64_t acc, base;
     int b, l, n;
-    char why[1024]; /* the thread-local message's size */
-    bool peer;
+    pdp__err_kept why; /* the failure, kept across pdp_zero_free */
     if (out) *out = NULL;
     if (!c) return pdp__err(PDP_ERR_INVALID, "%s: comm is NULL", fn);
     if (!out) st = pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
@@ -775,10 +774,9 @@ fail:
     st = pdp__comm_agree(c, st, fn);
 release: /* pdp_zero_free's best-effort allocations must not replace the message, nor its
             mark of a peer's failure (pdp_launch then reports that peer's message) */
-    peer = pdp__err_is_peer();
-    snprintf(why, sizeof why, "%s", pdp_last_error());
+    pdp__err_keep(&why);
     pdp_zero_free(z);
-    return peer ? pdp__err_peer(st, "%s", why) : pdp__err(st, "%s", why);
+    return pdp__err_restore(st, &why);
 }
 
 PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp_optim_desc *desc)
