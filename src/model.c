@@ -62,13 +62,8 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     if ((unsigned)desc->recompute > PDP_RECOMPUTE_FULL)
         return pdp__err(PDP_ERR_INVALID, "pdp_model_create: recompute %d (must be NONE, "
                         "SELECTIVE or FULL)", (int)desc->recompute);
+    /* a CUDA device without PDP_CUDA: here, not at the first layer's parameters */
     if ((st = pdp__check_device(desc->device, "pdp_model_create")) != PDP_OK) return st;
-#ifndef PDP_CUDA
-    if (desc->device.kind == PDP_DEVICE_CUDA) /* here, not at the first layer's parameters */
-        return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_model_create: device cuda:%d: built without "
-                        "PDP_CUDA (compile with -DPDP_CUDA and link pdp_cuda.o)",
-                        desc->device.ordinal);
-#endif
     if (desc->input_dtype == PDP_DTYPE_I32 && ndim != 1)
         return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: int32 inputs are token ids, one "
                         "sequence [T] a sample; input_ndim is %d", ndim);

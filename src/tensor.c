@@ -56,10 +56,16 @@ PDP__PRIVATE bool pdp__same_device(pdp_device a, pdp_device b)
     return a.kind == b.kind && a.ordinal == b.ordinal;
 }
 
-/* A device pdp knows: the CPU (ordinal 0) or a CUDA device (ordinal >= 0; whether it
-   exists is the CUDA calls' to say). */
+/* A device pdp knows: the CPU (ordinal 0) or a CUDA device (ordinal >= 0, in a build with
+   PDP_CUDA: PDP_ERR_UNSUPPORTED naming the macro otherwise; whether it exists is the CUDA
+   calls' to say). */
 PDP__PRIVATE pdp_status pdp__check_device(pdp_device d, const char *fn)
 {
+#ifndef PDP_CUDA
+    if (d.kind == PDP_DEVICE_CUDA && d.ordinal >= 0)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: device cuda:%d: built without PDP_CUDA "
+                        "(compile with -DPDP_CUDA and link pdp_cuda.o)", fn, d.ordinal);
+#endif
     if ((d.kind == PDP_DEVICE_CPU && d.ordinal == 0) ||
         (d.kind == PDP_DEVICE_CUDA && d.ordinal >= 0))
         return PDP_OK;

@@ -2300,8 +2300,9 @@ PDP__PRIVATE const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t b
 /* Is a the device b is? (kind and ordinal) */
 PDP__PRIVATE bool pdp__same_device(pdp_device a, pdp_device b);
 
-/* A device pdp knows: the CPU (ordinal 0) or a CUDA device (ordinal >= 0; whether it
-   exists is the CUDA calls' to say). */
+/* A device pdp knows: the CPU (ordinal 0) or a CUDA device (ordinal >= 0, in a build with
+   PDP_CUDA: PDP_ERR_UNSUPPORTED naming the macro otherwise; whether it exists is the CUDA
+   calls' to say). */
 PDP__PRIVATE pdp_status pdp__check_device(pdp_device d, const char *fn);
 
 /* ---- tensor: lifecycle ---- */
