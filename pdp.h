@@ -408,11 +408,11 @@
    Every rank holds a full model and a pdp_comm. pdp_ddp_create checks that all ranks
    have the same parameter names and shapes and broadcasts rank 0's values; buckets (25
    MiB, the first 1 MiB) are ranges of the gradient block, so there is no copy; each
-   bucket's all-reduce starts as soon as backward produced its last gradient. Every backward of a wrapped
-   model synchronises, whatever the loss: for your own loss call pdp_ddp_forward,
-   compute the loss and its gradient, then pdp_ddp_backward(ddp, dy) (or
-   pdp_model_forward/backward on the model); a second backward before the step fails
-   with PDP_ERR_STATE saying what to call. pdp_ddp_set_no_sync accumulates locally.
+   bucket's all-reduce starts as soon as backward produced its last gradient. Every
+   backward of a wrapped model synchronises, whatever the loss: for your own loss call
+   pdp_ddp_forward, compute the loss and its gradient, then pdp_ddp_backward(ddp, dy) (or
+   pdp_model_forward/backward on the model); a second backward before the step fails with
+   PDP_ERR_STATE saying what to call. pdp_ddp_set_no_sync accumulates locally.
    pdp_dist_sampler gives each rank a disjoint shard of a seeded permutation (pad or
    drop_last); a batcher with desc.sampler set walks it, pdp_batcher_reset(b, e) setting
    the sampler's epoch (DataLoader(sampler=s) after s.set_epoch(e)).
