@@ -388,26 +388,33 @@ static pdp_status sp_bad_T(const pdp_launch_ctx *ctx, void *user)
     return st == PDP_ERR_INVALID && !m ? PDP_OK : PDP_ERR_STATE;
 }
 
-/* Rank 1 builds the GPT without sequence parallelism: the first forward fails on both
-   ranks (tp.c's width check), naming the layers that differ. */
-static pdp_status sp_mixed(const pdp_launch_ctx *ctx, void *user)
+/* Builds the GPT d describes and runs one forward of a sequence of zeros, which must fail
+   with PDP_ERR_INVALID (the TP ranks' models differ); rank `reporter` keeps the message. */
+static pdp_status first_forward_refused(const pdp_launch_ctx *ctx, const pdp_gpt_desc *d,
+                                        int reporter, char *msg)
 {
-    pdp_gpt_desc d = sp_desc(0.0f);
     pdp_model *m = NULL;
     pdp_tensor x;
     const pdp_tensor *y;
     int32_t ids[ST] = {0};
     int64_t shape[2] = {1, ST};
     pdp_status st;
-    char *msg = (char *)user;
-    d.tp = ctx->world;
-    d.sequence_parallel = ctx->rank == 0;
-    if ((st = pdp_gpt_create(&m, &d)) != PDP_OK) return st;
+    if ((st = pdp_gpt_create(&m, d)) != PDP_OK) return st;
     pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
     st = pdp_model_forward(m, &x, &y);
-    if (ctx->rank == 1) snprintf(msg, 1024, "%s", pdp_last_error());
+    if (ctx->rank == reporter) snprintf(msg, 1024, "%s", pdp_last_error());
     pdp_model_free(m);
     return st == PDP_ERR_INVALID ? PDP_OK : PDP_ERR_STATE;
+}
+
+/* Rank 1 builds the GPT without sequence parallelism: the first forward fails on both
+   ranks (tp.c's width check), naming the layers that differ. */
+static pdp_status sp_mixed(const pdp_launch_ctx *ctx, void *user)
+{
+    pdp_gpt_desc d = sp_desc(0.0f);
+    d.tp = ctx->world;
+    d.sequence_parallel = ctx->rank == 0;
+    return first_forward_refused(ctx, &d, 1, (char *)user);
 }
 
 /* Rank 1 builds the GPT with half the heads (and no sequence parallelism on either): the
@@ -422,22 +429,11 @@ typedef struct differ_job {
 static pdp_status tp_heads_differ(const pdp_launch_ctx *ctx, void *user)
 {
     pdp_gpt_desc d = sp_desc(0.0f);
-    pdp_model *m = NULL;
-    pdp_tensor x;
-    const pdp_tensor *y;
-    int32_t ids[ST] = {0};
-    int64_t shape[2] = {1, ST};
-    pdp_status st;
     differ_job *j = (differ_job *)user;
     d.tp = ctx->world;
     if (j->seed_per_rank) d.seed = 7 + (uint64_t)ctx->rank;
     else d.heads = ctx->rank == 1 ? 2 : 4;
-    if ((st = pdp_gpt_create(&m, &d)) != PDP_OK) return st;
-    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
-    st = pdp_model_forward(m, &x, &y);
-    if (ctx->rank == 0) snprintf(j->msg, sizeof j->msg, "%s", pdp_last_error());
-    pdp_model_free(m);
-    return st == PDP_ERR_INVALID ? PDP_OK : PDP_ERR_STATE;
+    return first_forward_refused(ctx, &d, 0, j->msg);
 }
 
 #ifndef PDP_CUDA
