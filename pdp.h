@@ -511,7 +511,10 @@
    pdp_trainer_gather_params puts ZeRO-3's full
    parameters back before pdp_trainer_free; pdp_trainer_optim (pdp_optim_set_lr),
    pdp_trainer_dp, _ddp and _zero reach the parts (stats, hooks, checkpoints, no_sync).
-   examples/train_gpt.c trains with it.
+   desc.accum_steps = k makes a step k forward_backward calls on micro-batches whose
+   gradients are averaged (PyTorch's loss / k; DDP and ZeRO reduce once, in the k-th
+   backward; a call too many or a clip or step too early is PDP_ERR_STATE); without it the
+   calls' gradients add up. examples/train_gpt.c trains with pdp_trainer.
 
    Tensor parallel (tp.h)
    ----------------------
@@ -2465,7 +2468,11 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes);
    batch sizes); the next backward with no_sync off all-reduces the
    accumulated sums. As in PyTorch, k accumulated backward passes of mean losses
    give the sum of k mean gradients: the same as k backward passes on a single
-   device (divide the learning rate by k, or scale the loss, for the mean).
+   device. For the mean (PyTorch's (loss / k).backward(), nanoGPT's), pdp_trainer's
+   desc.accum_steps = k, or your own loss's dy scaled by 1/k (pdp_ddp_forward, then
+   pdp_ddp_backward). A learning rate / k is no substitute: Adam and AdamW hardly see the
+   gradients' scale (eps aside), so it would step k times shorter and decay less, and a
+   clip of the sum at max_norm is the mean's at max_norm / k.
 
    Faults never hang: a rank that stops issuing collectives makes the others
    fail with PDP_ERR_TIMEOUT within the communicator's timeout, naming the
@@ -3497,8 +3504,9 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
        zero1-3   pdp_zero_create +  pdp_zero_...      pdp_zero_finish +        pdp_zero_step
                  _zero_optim_create                   pdp_zero_clip_grad_norm
 
-   and adds nothing to them: the same bits as the direct calls, no allocation in a step,
-   every failure the executor's status and message. (DP steps on the master's thread:
+   and adds nothing to them but gradient accumulation's average (desc.accum_steps): the same
+   bits as the direct calls, no allocation in a step, every failure the executor's status and
+   message. (DP steps on the master's thread:
    pdp_dp_step's step by the workers, each on the slice it reduced, leaves no place for
    clipping between; the bits are the same.) x is what the executor takes: the
    global batch under single and DP (DP splits it over its workers), this rank's slice of
@@ -3540,6 +3548,9 @@ typedef struct pdp_trainer_desc {
     pdp_ddp_desc ddp;       /* DDP: bucket sizes */
     pdp_zero_desc zero;     /* ZeRO: units and buffers; stage 0 (the strategy's) or the
                                strategy's own, any other PDP_ERR_INVALID */
+    int accum_steps;        /* gradient accumulation: k pdp_trainer_forward_backward calls a
+                               step, their gradients averaged (below); 0 or 1: none; the
+                               same on every rank; negative: PDP_ERR_INVALID */
 } pdp_trainer_desc;
 
 /* Wraps m (which stays the caller's and must outlive t) in desc's executor and creates the
@@ -3571,7 +3582,15 @@ PDP_API pdp_trainer_desc pdp_trainer_get_desc(const pdp_trainer *t);
    tensor, a loss of your own): under DDP and ZeRO the executor's forward and backward on
    pdp_trainer_ddp(t) or pdp_trainer_zero(t) (pdp_ddp_forward, then pdp_ddp_backward with
    your dy), under single pdp_model_forward and pdp_model_backward, then
-   pdp_trainer_clip_grad_norm and pdp_trainer_step as here (DP takes labels only). */
+   pdp_trainer_clip_grad_norm and pdp_trainer_step as here (DP takes labels only).
+   With desc.accum_steps k > 1 a step is k calls, each on a micro-batch: the gradients are
+   the mean of the k backward passes (their sum times 1/k, applied once the reduction is
+   done), which is PyTorch's (loss / k).backward() and nanoGPT's gradient_accumulation_steps
+   up to rounding, clipping included; DDP and ZeRO reduce once, during the k-th backward
+   (the trainer sets no_sync: leave it alone). A k + 1-th call before the step, and a clip
+   or step after fewer than k calls, are PDP_ERR_STATE naming the count. Without it, the
+   calls of a step (single and DP; DDP and ZeRO under no_sync) add their gradients: the sum,
+   as plain backward passes in PyTorch (Adam's step hardly sees the scale, clipping does). */
 PDP_API pdp_status pdp_trainer_forward_backward(pdp_trainer *t, const pdp_tensor *x,
                                                 const int32_t *labels, float *loss);
 /* Waits for the gradients' reduction (DDP, ZeRO), then scales them so that the whole
@@ -31992,6 +32011,19 @@ PDP__PRIVATE float *pdp__zero_grad_slice(pdp_zero *z, int u)
     return z->stage == 1 ? k->gbuf + (int64_t)z->rank * k->s : z->grad_shard + k->shard_off;
 }
 
+/* This rank's slices of the averaged gradients, the ones its step reads, times coef
+   (clipping; the trainer's accum_steps). */
+PDP__PRIVATE pdp_status pdp__zero_grad_scale(pdp_zero *z, float coef, const char *fn)
+{
+    pdp_status st;
+    int u;
+    for (u = 0; u < z->nunits; u++)
+        if ((st = pdp__grad_scale(z->m, pdp__zero_grad_slice(z, u), z->units[u].mine, coef, fn)) !=
+            PDP_OK)
+            return st;
+    return PDP_OK;
+}
+
 /* The squared norm of this rank's slices, all-reduced over the DP group (every element of
    the flat block once); on a TP model the elements count as pdp__grad_sumsq_range counts
    them (a slice on every TP rank, a replicated tensor on TP rank 0 only) and a second
@@ -32025,12 +32057,7 @@ PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *t
     if (total_norm) *total_norm = (float)norm;
     if (!isfinite(norm)) return pdp__err(PDP_ERR_NUMERIC, "%s: the gradient norm is %g", fn, norm);
     coef = pdp__clip_coef(max_norm, norm);
-    if (coef >= 1.0f) return PDP_OK;
-    for (u = 0; u < z->nunits; u++)
-        if ((st = pdp__grad_scale(z->m, pdp__zero_grad_slice(z, u), z->units[u].mine, coef, fn)) !=
-            PDP_OK)
-            return st;
-    return PDP_OK;
+    return coef >= 1.0f ? PDP_OK : pdp__zero_grad_scale(z, coef, fn);
 }
 
 /* Stages 1-2: every rank's updated slices into every rank's full parameters. */
@@ -33006,8 +33033,10 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
 /* trainer: the strategy-agnostic front of the data-parallel executors (trainer.h). A trainer
    holds at most one executor, the one its strategy names (the others stay NULL), and the
    optimizer made for it; each call is a switch over the strategy into the executors' own
-   calls, nothing more, so a trainer step is bit for bit the direct calls' step
-   (tests/test_trainer.c holds every strategy at 1-3 ranks to one device). */
+   calls, so a trainer step is bit for bit the direct calls' step (tests/test_trainer.c holds
+   every strategy at 1-3 ranks to one device). What it adds is desc.accum_steps: a count of
+   the backward passes, no_sync set for the executor, and the sum scaled by 1/k once it is
+   reduced (pdp__trainer_ready). */
 
 struct pdp_trainer {
     pdp_trainer_desc desc; /* as given, with zero.stage the strategy's */
@@ -33017,6 +33046,8 @@ struct pdp_trainer {
     pdp_ddp *ddp;
     pdp_zero *z;
     pdp_device gpus[PDP_DP_MAX_WORKERS]; /* DP on a CUDA model without dp.devices */
+    int micro;   /* accum_steps: forward_backward calls since the last step */
+    bool scaled; /* accum_steps: this step's gradients have been averaged */
 };
 
 static const char *const pdp__strategy_names[] = {"single", "dp", "ddp", "zero1", "zero2", "zero3"};
@@ -33037,6 +33068,23 @@ PDP_API pdp_status pdp_strategy_from_name(const char *name, pdp_strategy *out)
         }
     return pdp__err(PDP_ERR_INVALID, "pdp_strategy_from_name: '%s' is not a strategy (single, "
                     "dp, ddp, zero1, zero2 or zero3)", name ? name : "(null)");
+}
+
+/* Every rank accumulates over the same number of backward passes: a rank reducing on another
+   call than its peers would sum another step's gradients with theirs. */
+PDP__PRIVATE pdp_status pdp__trainer_accum_agree(pdp_comm *c, int k, const char *fn)
+{
+    float sum = (float)k;
+    int n = pdp_comm_size(c);
+    pdp_status st = pdp__comm_sum_host(c, &sum, 1);
+    if (st != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: comparing the ranks' accum_steps", fn,
+                             pdp_comm_rank(c));
+    if ((double)sum != (double)n * k)
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d: desc.accum_steps %d here, but not on "
+                        "every rank (the sum over %d ranks is %g): the ranks reduce together",
+                        fn, pdp_comm_rank(c), k, n, (double)sum);
+    return PDP_OK;
 }
 
 /* The desc's own fields checked, zero.stage set to the strategy's; in may be NULL. */
@@ -33062,6 +33110,10 @@ PDP__PRIVATE pdp_status pdp__trainer_desc_defaults(const pdp_trainer_desc *in,
         return pdp__err(PDP_ERR_INVALID, "%s: strategy %s with desc.zero.stage %d (leave it 0, "
                         "or give %d)", fn, pdp_strategy_name(d.strategy), d.zero.stage, stage);
     d.zero.stage = stage;
+    if (d.accum_steps < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.accum_steps %d is negative (0 or 1: no "
+                        "accumulation, k: k backward passes a step)", fn, d.accum_steps);
+    if (d.accum_steps == 0) d.accum_steps = 1;
     *out = d;
     return PDP_OK;
 }
@@ -33102,6 +33154,7 @@ PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
     /* DDP's replicas step by the same optimizer (ZeRO's shard optimizer checks its own) */
     if (t->ddp && (st = pdp__comm_agree(d.comm, st, fn)) == PDP_OK)
         st = pdp__optim_agree(d.comm, &t->opt->desc, fn);
+    if (d.comm && st == PDP_OK) st = pdp__trainer_accum_agree(d.comm, d.accum_steps, fn);
     /* The optimizer (and the executor after its collectives) can fail on one rank alone, an
        allocation or a desc that differs: every rank learns it here instead of waiting in the
        first step's collective for a rank that has left. After a timeout it would wait as
@@ -33134,6 +33187,7 @@ PDP_API pdp_trainer_desc pdp_trainer_get_desc(const pdp_trainer *t)
     d.comm = t->desc.comm;
     d.optim = pdp_optim_get_desc(t->opt);
     if (t->dp) d.dp = pdp_dp_get_desc(t->dp);
+    d.accum_steps = t->desc.accum_steps;
     if (t->ddp) d.ddp = pdp_ddp_get_desc(t->ddp);
     if (t->z) d.zero = pdp_zero_get_desc(t->z);
     return d;
@@ -33142,36 +33196,71 @@ PDP_API pdp_trainer_desc pdp_trainer_get_desc(const pdp_trainer *t)
 PDP_API pdp_status pdp_trainer_forward_backward(pdp_trainer *t, const pdp_tensor *x,
                                                 const int32_t *labels, float *loss)
 {
+    static const char *fn = "pdp_trainer_forward_backward";
+    int k;
     float unused;
-    if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_trainer_forward_backward: trainer is NULL");
+    pdp_status st;
+    if (!t) return pdp__err(PDP_ERR_INVALID, "%s: trainer is NULL", fn);
     if (!loss) loss = &unused; /* trainer.h: may be NULL (the executors want somewhere) */
-    if (t->dp) return pdp_dp_forward_backward(t->dp, x, labels, loss); /* split over workers */
-    if (t->ddp) return pdp_ddp_forward_backward(t->ddp, x, labels, loss);
-    if (t->z) return pdp_zero_forward_backward(t->z, x, labels, loss);
-    return pdp_model_forward_backward(t->m, x, labels, loss);
+    k = t->desc.accum_steps;
+    if (k > 1 && t->micro == k)
+        return pdp__err(PDP_ERR_STATE, "%s: %d backward passes since the step, desc.accum_steps "
+                        "%d: call pdp_trainer_step", fn, t->micro, k);
+    if (k > 1) { /* the k-th backward reduces; those before it add locally */
+        if (t->ddp) pdp_ddp_set_no_sync(t->ddp, t->micro + 1 < k);
+        if (t->z) pdp_zero_set_no_sync(t->z, t->micro + 1 < k);
+    }
+    if (t->dp) st = pdp_dp_forward_backward(t->dp, x, labels, loss); /* split over workers */
+    else if (t->ddp) st = pdp_ddp_forward_backward(t->ddp, x, labels, loss);
+    else if (t->z) st = pdp_zero_forward_backward(t->z, x, labels, loss);
+    else st = pdp_model_forward_backward(t->m, x, labels, loss);
+    if (st == PDP_OK) t->micro++;
+    return st;
+}
+
+/* Before clipping and stepping: the reduction finished (DDP, ZeRO) and, under accum_steps k,
+   the k backward passes' sum times 1/k (every gradient this rank steps: ZeRO's shard), once. */
+PDP__PRIVATE pdp_status pdp__trainer_ready(pdp_trainer *t, const char *fn)
+{
+    int k = t->desc.accum_steps;
+    float coef = 1.0f / (float)k;
+    pdp_status st;
+    if (k > 1 && t->micro != k)
+        return pdp__err(PDP_ERR_STATE, "%s: %d of desc.accum_steps %d backward passes: call "
+                        "pdp_trainer_forward_backward %d more time(s) first", fn, t->micro, k,
+                        k - t->micro);
+    if (t->z && (st = pdp_zero_finish(t->z)) != PDP_OK) return st;
+    if (t->ddp && (st = pdp_ddp_finish(t->ddp)) != PDP_OK) return st; /* averaged */
+    if (k == 1 || t->scaled) return PDP_OK;
+    st = t->z ? pdp__zero_grad_scale(t->z, coef, fn)
+              : pdp__grad_scale(t->m, t->m->grad_block, t->m->param_count, coef, fn);
+    t->scaled = st == PDP_OK;
+    return st;
 }
 
 PDP_API pdp_status pdp_trainer_clip_grad_norm(pdp_trainer *t, float max_norm, float *total_norm)
 {
+    static const char *fn = "pdp_trainer_clip_grad_norm";
     pdp_status st;
-    if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_trainer_clip_grad_norm: trainer is NULL");
-    if (t->z) { /* the shards' norm: this rank's part of the averaged gradients */
-        if ((st = pdp_zero_finish(t->z)) != PDP_OK) return st;
-        return pdp_zero_clip_grad_norm(t->z, max_norm, total_norm);
-    }
-    if (t->ddp && (st = pdp_ddp_finish(t->ddp)) != PDP_OK) return st; /* averaged */
+    if (total_norm) *total_norm = 0.0f;
+    if (!t) return pdp__err(PDP_ERR_INVALID, "%s: trainer is NULL", fn);
+    if ((st = pdp__trainer_ready(t, fn)) != PDP_OK) return st;
+    /* ZeRO: the shards' norm, this rank's part of the averaged gradients */
+    if (t->z) return pdp_zero_clip_grad_norm(t->z, max_norm, total_norm);
     return pdp_clip_grad_norm(t->m, max_norm, total_norm); /* DP: the master's, reduced */
 }
 
 PDP_API pdp_status pdp_trainer_step(pdp_trainer *t)
 {
+    static const char *fn = "pdp_trainer_step";
     pdp_status st;
-    if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_trainer_step: trainer is NULL");
-    if (t->z) return pdp_zero_step(t->z, t->opt); /* finish, step the shard, zero, gather */
-    if (t->ddp) return pdp_ddp_step(t->ddp, t->opt); /* finish, step, zero */
-    if ((st = pdp_optim_step(t->opt)) != PDP_OK) return st;
-    pdp_optim_zero_grad(t->opt);
-    return PDP_OK;
+    if (!t) return pdp__err(PDP_ERR_INVALID, "%s: trainer is NULL", fn);
+    if ((st = pdp__trainer_ready(t, fn)) != PDP_OK) return st;
+    if (t->z) st = pdp_zero_step(t->z, t->opt); /* step the shard, zero, gather */
+    else if (t->ddp) st = pdp_ddp_step(t->ddp, t->opt); /* step, zero */
+    else if ((st = pdp_optim_step(t->opt)) == PDP_OK) pdp_optim_zero_grad(t->opt);
+    if (st == PDP_OK) t->micro = 0, t->scaled = false; /* a failed step keeps its gradients */
+    return st;
 }
 
 PDP_API pdp_status pdp_trainer_get_memory(const pdp_trainer *t, pdp_zero_memory *out)

@@ -65,7 +65,11 @@
    batch sizes); the next backward with no_sync off all-reduces the
    accumulated sums. As in PyTorch, k accumulated backward passes of mean losses
    give the sum of k mean gradients: the same as k backward passes on a single
-   device (divide the learning rate by k, or scale the loss, for the mean).
+   device. For the mean (PyTorch's (loss / k).backward(), nanoGPT's), pdp_trainer's
+   desc.accum_steps = k, or your own loss's dy scaled by 1/k (pdp_ddp_forward, then
+   pdp_ddp_backward). A learning rate / k is no substitute: Adam and AdamW hardly see the
+   gradients' scale (eps aside), so it would step k times shorter and decay less, and a
+   clip of the sum at max_norm is the mean's at max_norm / k.
 
    Faults never hang: a rank that stops issuing collectives makes the others
    fail with PDP_ERR_TIMEOUT within the communicator's timeout, naming the

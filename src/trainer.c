@@ -1,8 +1,10 @@
 /* trainer: the strategy-agnostic front of the data-parallel executors (trainer.h). A trainer
    holds at most one executor, the one its strategy names (the others stay NULL), and the
    optimizer made for it; each call is a switch over the strategy into the executors' own
-   calls, nothing more, so a trainer step is bit for bit the direct calls' step
-   (tests/test_trainer.c holds every strategy at 1-3 ranks to one device). */
+   calls, so a trainer step is bit for bit the direct calls' step (tests/test_trainer.c holds
+   every strategy at 1-3 ranks to one device). What it adds is desc.accum_steps: a count of
+   the backward passes, no_sync set for the executor, and the sum scaled by 1/k once it is
+   reduced (pdp__trainer_ready). */
 
 struct pdp_trainer {
     pdp_trainer_desc desc; /* as given, with zero.stage the strategy's */
@@ -12,6 +14,8 @@ struct pdp_trainer {
     pdp_ddp *ddp;
     pdp_zero *z;
     pdp_device gpus[PDP_DP_MAX_WORKERS]; /* DP on a CUDA model without dp.devices */
+    int micro;   /* accum_steps: forward_backward calls since the last step */
+    bool scaled; /* accum_steps: this step's gradients have been averaged */
 };
 
 static const char *const pdp__strategy_names[] = {"single", "dp", "ddp", "zero1", "zero2", "zero3"};
@@ -32,6 +36,23 @@ PDP_API pdp_status pdp_strategy_from_name(const char *name, pdp_strategy *out)
         }
     return pdp__err(PDP_ERR_INVALID, "pdp_strategy_from_name: '%s' is not a strategy (single, "
                     "dp, ddp, zero1, zero2 or zero3)", name ? name : "(null)");
+}
+
+/* Every rank accumulates over the same number of backward passes: a rank reducing on another
+   call than its peers would sum another step's gradients with theirs. */
+PDP__PRIVATE pdp_status pdp__trainer_accum_agree(pdp_comm *c, int k, const char *fn)
+{
+    float sum = (float)k;
+    int n = pdp_comm_size(c);
+    pdp_status st = pdp__comm_sum_host(c, &sum, 1);
+    if (st != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: comparing the ranks' accum_steps", fn,
+                             pdp_comm_rank(c));
+    if ((double)sum != (double)n * k)
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d: desc.accum_steps %d here, but not on "
+                        "every rank (the sum over %d ranks is %g): the ranks reduce together",
+                        fn, pdp_comm_rank(c), k, n, (double)sum);
+    return PDP_OK;
 }
 
 /* The desc's own fields checked, zero.stage set to the strategy's; in may be NULL. */
@@ -57,6 +78,10 @@ PDP__PRIVATE pdp_status pdp__trainer_desc_defaults(const pdp_trainer_desc *in,
         return pdp__err(PDP_ERR_INVALID, "%s: strategy %s with desc.zero.stage %d (leave it 0, "
                         "or give %d)", fn, pdp_strategy_name(d.strategy), d.zero.stage, stage);
     d.zero.stage = stage;
+    if (d.accum_steps < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.accum_steps %d is negative (0 or 1: no "
+                        "accumulation, k: k backward passes a step)", fn, d.accum_steps);
+    if (d.accum_steps == 0) d.accum_steps = 1;
     *out = d;
     return PDP_OK;
 }
@@ -97,6 +122,7 @@ PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
     /* DDP's replicas step by the same optimizer (ZeRO's shard optimizer checks its own) */
     if (t->ddp && (st = pdp__comm_agree(d.comm, st, fn)) == PDP_OK)
         st = pdp__optim_agree(d.comm, &t->opt->desc, fn);
+    if (d.comm && st == PDP_OK) st = pdp__trainer_accum_agree(d.comm, d.accum_steps, fn);
     /* The optimizer (and the executor after its collectives) can fail on one rank alone, an
        allocation or a desc that differs: every rank learns it here instead of waiting in the
        first step's collective for a rank that has left. After a timeout it would wait as
@@ -129,6 +155,7 @@ PDP_API pdp_trainer_desc pdp_trainer_get_desc(const pdp_trainer *t)
     d.comm = t->desc.comm;
     d.optim = pdp_optim_get_desc(t->opt);
     if (t->dp) d.dp = pdp_dp_get_desc(t->dp);
+    d.accum_steps = t->desc.accum_steps;
     if (t->ddp) d.ddp = pdp_ddp_get_desc(t->ddp);
     if (t->z) d.zero = pdp_zero_get_desc(t->z);
     return d;
@@ -137,36 +164,71 @@ PDP_API pdp_trainer_desc pdp_trainer_get_desc(const pdp_trainer *t)
 PDP_API pdp_status pdp_trainer_forward_backward(pdp_trainer *t, const pdp_tensor *x,
                                                 const int32_t *labels, float *loss)
 {
+    static const char *fn = "pdp_trainer_forward_backward";
+    int k;
     float unused;
-    if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_trainer_forward_backward: trainer is NULL");
+    pdp_status st;
+    if (!t) return pdp__err(PDP_ERR_INVALID, "%s: trainer is NULL", fn);
     if (!loss) loss = &unused; /* trainer.h: may be NULL (the executors want somewhere) */
-    if (t->dp) return pdp_dp_forward_backward(t->dp, x, labels, loss); /* split over workers */
-    if (t->ddp) return pdp_ddp_forward_backward(t->ddp, x, labels, loss);
-    if (t->z) return pdp_zero_forward_backward(t->z, x, labels, loss);
-    return pdp_model_forward_backward(t->m, x, labels, loss);
+    k = t->desc.accum_steps;
+    if (k > 1 && t->micro == k)
+        return pdp__err(PDP_ERR_STATE, "%s: %d backward passes since the step, desc.accum_steps "
+                        "%d: call pdp_trainer_step", fn, t->micro, k);
+    if (k > 1) { /* the k-th backward reduces; those before it add locally */
+        if (t->ddp) pdp_ddp_set_no_sync(t->ddp, t->micro + 1 < k);
+        if (t->z) pdp_zero_set_no_sync(t->z, t->micro + 1 < k);
+    }
+    if (t->dp) st = pdp_dp_forward_backward(t->dp, x, labels, loss); /* split over workers */
+    else if (t->ddp) st = pdp_ddp_forward_backward(t->ddp, x, labels, loss);
+    else if (t->z) st = pdp_zero_forward_backward(t->z, x, labels, loss);
+    else st = pdp_model_forward_backward(t->m, x, labels, loss);
+    if (st == PDP_OK) t->micro++;
+    return st;
+}
+
+/* Before clipping and stepping: the reduction finished (DDP, ZeRO) and, under accum_steps k,
+   the k backward passes' sum times 1/k (every gradient this rank steps: ZeRO's shard), once. */
+PDP__PRIVATE pdp_status pdp__trainer_ready(pdp_trainer *t, const char *fn)
+{
+    int k = t->desc.accum_steps;
+    float coef = 1.0f / (float)k;
+    pdp_status st;
+    if (k > 1 && t->micro != k)
+        return pdp__err(PDP_ERR_STATE, "%s: %d of desc.accum_steps %d backward passes: call "
+                        "pdp_trainer_forward_backward %d more time(s) first", fn, t->micro, k,
+                        k - t->micro);
+    if (t->z && (st = pdp_zero_finish(t->z)) != PDP_OK) return st;
+    if (t->ddp && (st = pdp_ddp_finish(t->ddp)) != PDP_OK) return st; /* averaged */
+    if (k == 1 || t->scaled) return PDP_OK;
+    st = t->z ? pdp__zero_grad_scale(t->z, coef, fn)
+              : pdp__grad_scale(t->m, t->m->grad_block, t->m->param_count, coef, fn);
+    t->scaled = st == PDP_OK;
+    return st;
 }
 
 PDP_API pdp_status pdp_trainer_clip_grad_norm(pdp_trainer *t, float max_norm, float *total_norm)
 {
+    static const char *fn = "pdp_trainer_clip_grad_norm";
     pdp_status st;
-    if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_trainer_clip_grad_norm: trainer is NULL");
-    if (t->z) { /* the shards' norm: this rank's part of the averaged gradients */
-        if ((st = pdp_zero_finish(t->z)) != PDP_OK) return st;
-        return pdp_zero_clip_grad_norm(t->z, max_norm, total_norm);
-    }
-    if (t->ddp && (st = pdp_ddp_finish(t->ddp)) != PDP_OK) return st; /* averaged */
+    if (total_norm) *total_norm = 0.0f;
+    if (!t) return pdp__err(PDP_ERR_INVALID, "%s: trainer is NULL", fn);
+    if ((st = pdp__trainer_ready(t, fn)) != PDP_OK) return st;
+    /* ZeRO: the shards' norm, this rank's part of the averaged gradients */
+    if (t->z) return pdp_zero_clip_grad_norm(t->z, max_norm, total_norm);
     return pdp_clip_grad_norm(t->m, max_norm, total_norm); /* DP: the master's, reduced */
 }
 
 PDP_API pdp_status pdp_trainer_step(pdp_trainer *t)
 {
+    static const char *fn = "pdp_trainer_step";
     pdp_status st;
-    if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_trainer_step: trainer is NULL");
-    if (t->z) return pdp_zero_step(t->z, t->opt); /* finish, step the shard, zero, gather */
-    if (t->ddp) return pdp_ddp_step(t->ddp, t->opt); /* finish, step, zero */
-    if ((st = pdp_optim_step(t->opt)) != PDP_OK) return st;
-    pdp_optim_zero_grad(t->opt);
-    return PDP_OK;
+    if (!t) return pdp__err(PDP_ERR_INVALID, "%s: trainer is NULL", fn);
+    if ((st = pdp__trainer_ready(t, fn)) != PDP_OK) return st;
+    if (t->z) st = pdp_zero_step(t->z, t->opt); /* step the shard, zero, gather */
+    else if (t->ddp) st = pdp_ddp_step(t->ddp, t->opt); /* step, zero */
+    else if ((st = pdp_optim_step(t->opt)) == PDP_OK) pdp_optim_zero_grad(t->opt);
+    if (st == PDP_OK) t->micro = 0, t->scaled = false; /* a failed step keeps its gradients */
+    return st;
 }
 
 PDP_API pdp_status pdp_trainer_get_memory(const pdp_trainer *t, pdp_zero_memory *out)

@@ -17,8 +17,9 @@
        zero1-3   pdp_zero_create +  pdp_zero_...      pdp_zero_finish +        pdp_zero_step
                  _zero_optim_create                   pdp_zero_clip_grad_norm
 
-   and adds nothing to them: the same bits as the direct calls, no allocation in a step,
-   every failure the executor's status and message. (DP steps on the master's thread:
+   and adds nothing to them but gradient accumulation's average (desc.accum_steps): the same
+   bits as the direct calls, no allocation in a step, every failure the executor's status and
+   message. (DP steps on the master's thread:
    pdp_dp_step's step by the workers, each on the slice it reduced, leaves no place for
    clipping between; the bits are the same.) x is what the executor takes: the
    global batch under single and DP (DP splits it over its workers), this rank's slice of
@@ -60,6 +61,9 @@ typedef struct pdp_trainer_desc {
     pdp_ddp_desc ddp;       /* DDP: bucket sizes */
     pdp_zero_desc zero;     /* ZeRO: units and buffers; stage 0 (the strategy's) or the
                                strategy's own, any other PDP_ERR_INVALID */
+    int accum_steps;        /* gradient accumulation: k pdp_trainer_forward_backward calls a
+                               step, their gradients averaged (below); 0 or 1: none; the
+                               same on every rank; negative: PDP_ERR_INVALID */
 } pdp_trainer_desc;
 
 /* Wraps m (which stays the caller's and must outlive t) in desc's executor and creates the
@@ -91,7 +95,15 @@ PDP_API pdp_trainer_desc pdp_trainer_get_desc(const pdp_trainer *t);
    tensor, a loss of your own): under DDP and ZeRO the executor's forward and backward on
    pdp_trainer_ddp(t) or pdp_trainer_zero(t) (pdp_ddp_forward, then pdp_ddp_backward with
    your dy), under single pdp_model_forward and pdp_model_backward, then
-   pdp_trainer_clip_grad_norm and pdp_trainer_step as here (DP takes labels only). */
+   pdp_trainer_clip_grad_norm and pdp_trainer_step as here (DP takes labels only).
+   With desc.accum_steps k > 1 a step is k calls, each on a micro-batch: the gradients are
+   the mean of the k backward passes (their sum times 1/k, applied once the reduction is
+   done), which is PyTorch's (loss / k).backward() and nanoGPT's gradient_accumulation_steps
+   up to rounding, clipping included; DDP and ZeRO reduce once, during the k-th backward
+   (the trainer sets no_sync: leave it alone). A k + 1-th call before the step, and a clip
+   or step after fewer than k calls, are PDP_ERR_STATE naming the count. Without it, the
+   calls of a step (single and DP; DDP and ZeRO under no_sync) add their gradients: the sum,
+   as plain backward passes in PyTorch (Adam's step hardly sees the scale, clipping does). */
 PDP_API pdp_status pdp_trainer_forward_backward(pdp_trainer *t, const pdp_tensor *x,
                                                 const int32_t *labels, float *loss);
 /* Waits for the gradients' reduction (DDP, ZeRO), then scales them so that the whole

@@ -847,6 +847,19 @@ PDP__PRIVATE float *pdp__zero_grad_slice(pdp_zero *z, int u)
     return z->stage == 1 ? k->gbuf + (int64_t)z->rank * k->s : z->grad_shard + k->shard_off;
 }
 
+/* This rank's slices of the averaged gradients, the ones its step reads, times coef
+   (clipping; the trainer's accum_steps). */
+PDP__PRIVATE pdp_status pdp__zero_grad_scale(pdp_zero *z, float coef, const char *fn)
+{
+    pdp_status st;
+    int u;
+    for (u = 0; u < z->nunits; u++)
+        if ((st = pdp__grad_scale(z->m, pdp__zero_grad_slice(z, u), z->units[u].mine, coef, fn)) !=
+            PDP_OK)
+            return st;
+    return PDP_OK;
+}
+
 /* The squared norm of this rank's slices, all-reduced over the DP group (every element of
    the flat block once); on a TP model the elements count as pdp__grad_sumsq_range counts
    them (a slice on every TP rank, a replicated tensor on TP rank 0 only) and a second
@@ -880,12 +893,7 @@ PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *t
     if (total_norm) *total_norm = (float)norm;
     if (!isfinite(norm)) return pdp__err(PDP_ERR_NUMERIC, "%s: the gradient norm is %g", fn, norm);
     coef = pdp__clip_coef(max_norm, norm);
-    if (coef >= 1.0f) return PDP_OK;
-    for (u = 0; u < z->nunits; u++)
-        if ((st = pdp__grad_scale(z->m, pdp__zero_grad_slice(z, u), z->units[u].mine, coef, fn)) !=
-            PDP_OK)
-            return st;
-    return PDP_OK;
+    return coef >= 1.0f ? PDP_OK : pdp__zero_grad_scale(z, coef, fn);
 }
 
 /* Stages 1-2: every rank's updated slices into every rank's full parameters. */

@@ -9346,6 +9346,10 @@ PDP__PRIVATE pdp_status pdp__zero_prepare(pdp_zero **out, pdp_model *m, pdp_comm
 /* Stage 1: the rank's slice of unit u in its padded buffer; stages 2-3: in the shard. */
 PDP__PRIVATE float *pdp__zero_grad_slice(pdp_zero *z, int u);
 
+/* This rank's slices of the averaged gradients, the ones its step reads, times coef
+   (clipping; the trainer's accum_steps). */
+PDP__PRIVATE pdp_status pdp__zero_grad_scale(pdp_zero *z, float coef, const char *fn);
+
 /* The squared norm of this rank's slices, all-reduced over the DP group (every element of
    the flat block once); on a TP model the elements count as pdp__grad_sumsq_range counts
    them (a slice on every TP rank, a replicated tensor on TP rank 0 only) and a second
@@ -9547,8 +9551,10 @@ PDP__PRIVATE pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const
 /* trainer: the strategy-agnostic front of the data-parallel executors (trainer.h). A trainer
    holds at most one executor, the one its strategy names (the others stay NULL), and the
    optimizer made for it; each call is a switch over the strategy into the executors' own
-   calls, nothing more, so a trainer step is bit for bit the direct calls' step
-   (tests/test_trainer.c holds every strategy at 1-3 ranks to one device). */
+   calls, so a trainer step is bit for bit the direct calls' step (tests/test_trainer.c holds
+   every strategy at 1-3 ranks to one device). What it adds is desc.accum_steps: a count of
+   the backward passes, no_sync set for the executor, and the sum scaled by 1/k once it is
+   reduced (pdp__trainer_ready). */
 
 struct pdp_trainer {
     pdp_trainer_desc desc; /* as given, with zero.stage the strategy's */
@@ -9558,11 +9564,17 @@ struct pdp_trainer {
     pdp_ddp *ddp;
     pdp_zero *z;
     pdp_device gpus[PDP_DP_MAX_WORKERS]; /* DP on a CUDA model without dp.devices */
+    int micro;   /* accum_steps: forward_backward calls since the last step */
+    bool scaled; /* accum_steps: this step's gradients have been averaged */
 };
 
 /* PDP_API const char *pdp_strategy_name(pdp_strategy s) */
 
 /* PDP_API pdp_status pdp_strategy_from_name(const char *name, pdp_strategy *out) */
+
+/* Every rank accumulates over the same number of backward passes: a rank reducing on another
+   call than its peers would sum another step's gradients with theirs. */
+PDP__PRIVATE pdp_status pdp__trainer_accum_agree(pdp_comm *c, int k, const char *fn);
 
 /* The desc's own fields checked, zero.stage set to the strategy's; in may be NULL. */
 PDP__PRIVATE pdp_status pdp__trainer_desc_defaults(const pdp_trainer_desc *in,
@@ -9575,6 +9587,10 @@ PDP__PRIVATE pdp_status pdp__trainer_desc_defaults(const pdp_trainer_desc *in,
 /* PDP_API pdp_trainer_desc pdp_trainer_get_desc(const pdp_trainer *t) */
 
 /* PDP_API pdp_status pdp_trainer_forward_backward(pdp_trainer *t, const pdp_tensor *x, const int32_t *labels, float *loss) */
+
+/* Before clipping and stepping: the reduction finished (DDP, ZeRO) and, under accum_steps k,
+   the k backward passes' sum times 1/k (every gradient this rank steps: ZeRO's shard), once. */
+PDP__PRIVATE pdp_status pdp__trainer_ready(pdp_trainer *t, const char *fn);
 
 /* PDP_API pdp_status pdp_trainer_clip_grad_norm(pdp_trainer *t, float max_norm, float *total_norm) */
 

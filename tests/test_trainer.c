@@ -1,8 +1,8 @@
 /* test_trainer.c - the strategy-agnostic front (src/trainer.c) on the local backend.
 
    Equivalence: a GPT (its head tied to the token embedding, dropout 0.1, a -1 target a
-   sequence) trains 3 AdamW steps (nanoGPT's decay groups) with its gradients clipped to norm 0.5 through
-   pdp_trainer under every strategy, single, DP at 1-3 workers, DDP and ZeRO 1-3 at 1-3
+   sequence) trains 3 AdamW steps (nanoGPT's decay groups) with its gradients clipped to
+   norm 0.5 through pdp_trainer under every strategy, single, DP at 1-3 workers, DDP and ZeRO 1-3 at 1-3
    thread ranks (each rank its slice of the global batch), and each rank's parameters, and
    the norms before clipping, equal one device trained by the direct calls
    (pdp_model_forward_backward, pdp_clip_grad_norm, pdp_optim_step) within 1e-5; the first
@@ -18,6 +18,8 @@
    refused; pdp_trainer_get_desc fills the defaults in.
    pdp_trainer_memory_report: DP's line from pdp_dp_get_stats, the others' from
    pdp_trainer_get_memory with Psi and the activations counted here; its refusals.
+   desc.accum_steps: k micro-batches a step average to one device's whole batch under every
+   strategy, one reduction a step; its refusals (a count wrong, ranks that differ).
 
    cc -std=c99 -O2 -Itests -I. tests/test_trainer.c -lm -lpthread (or make) */
 #define _POSIX_C_SOURCE 200809L
@@ -309,6 +311,124 @@ TEST trainer_global_batch_mean_counts_a_gpt_s_labels(void)
     PASS();
 }
 
+/* desc.accum_steps k: a step of k micro-batches, their gradients averaged. With every
+   micro-batch's labels counting (no -1) and the shards equal, the mean of the k micro-batch
+   means is the mean over the whole batch: one device's single backward on all BATCH samples
+   is the reference (SGD with momentum, which shows the gradients' scale; clipped at CLIP),
+   for single and DP at k = 2, 3, 6 and DDP and ZeRO 1-3 at (k, ranks) = (3, 2) and (2, 3),
+   within 1e-5. DDP and ZeRO reduce once a step (their stats). */
+typedef struct acase {
+    pdp_strategy strategy;
+    int k;
+    int32_t ids[BATCH * T], tg[BATCH * T];
+    float *params[MAXR], norms[MAXR][STEPS];
+    int64_t reductions[MAXR]; /* DDP: synchronised backward passes; ZeRO: the last step's k */
+} acase;
+
+static pdp_status accum_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    acase *c = (acase *)user;
+    int r = ctx->rank, n = ctx->world_size, step, j;
+    int64_t b = BATCH / (n * c->k), shape[2] = {b, T}, count = 0;
+    pdp_model *m = gpt_with_dropout(0);
+    pdp_trainer *t = NULL;
+    pdp_trainer_desc td;
+    pdp_tensor x;
+    pdp_status st = PDP_OK;
+    if (!m) return PDP_ERR_OUT_OF_MEMORY;
+    memset(&td, 0, sizeof td);
+    td.strategy = c->strategy, td.optim = sgd(), td.accum_steps = c->k, td.dp.num_workers = 2;
+    td.comm = c->strategy >= PDP_STRATEGY_DDP ? ctx->world : NULL;
+    td.zero.bucket_cap_mb = td.zero.first_bucket_mb = 0.005;
+    if ((st = pdp_trainer_create(&t, m, &td)) != PDP_OK) goto done;
+    for (step = 0; step < STEPS; step++) {
+        for (j = 0; j < c->k; j++) { /* micro-batch j: rank r's b samples of it */
+            int64_t first = (j * n + r) * b * T;
+            pdp_tensor_wrap_ids(c->ids + first, pdp_cpu(), 2, shape, &x);
+            if ((st = pdp_trainer_forward_backward(t, &x, c->tg + first, NULL)) != PDP_OK)
+                goto done;
+        }
+        if ((st = pdp_trainer_clip_grad_norm(t, CLIP, &c->norms[r][step])) != PDP_OK ||
+            (st = pdp_trainer_step(t)) != PDP_OK)
+            goto done;
+    }
+    if (pdp_trainer_ddp(t)) {
+        pdp_ddp_stats ds;
+        pdp_ddp_get_stats(pdp_trainer_ddp(t), &ds);
+        c->reductions[r] = ds.steps;
+    } else if (pdp_trainer_zero(t)) {
+        pdp_zero_stats zs;
+        pdp_zero_get_stats(pdp_trainer_zero(t), &zs);
+        c->reductions[r] = zs.micro_steps;
+    }
+    st = take_params(&t, m, &c->params[r], &count);
+done:
+    pdp_trainer_free(t);
+    pdp_model_free(m);
+    return st;
+}
+
+TEST trainer_accum_steps_average_the_micro_batches(void)
+{
+    static acase c;
+    static const int cases[][3] = {{PDP_STRATEGY_SINGLE, 2, 1}, {PDP_STRATEGY_SINGLE, 3, 1},
+                                   {PDP_STRATEGY_SINGLE, 6, 1}, {PDP_STRATEGY_DP, 3, 1},
+                                   {PDP_STRATEGY_DDP, 3, 2},    {PDP_STRATEGY_DDP, 2, 3},
+                                   {PDP_STRATEGY_ZERO1, 3, 2},  {PDP_STRATEGY_ZERO2, 2, 3},
+                                   {PDP_STRATEGY_ZERO3, 3, 2},  {PDP_STRATEGY_ZERO3, 2, 3}};
+    int64_t shape[2] = {BATCH, T}, count;
+    float ref[8192], ref_norms[STEPS], loss;
+    int i, r, k, step;
+    pdp_model *m = gpt_with_dropout(0);
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = sgd();
+    pdp_tensor x, p;
+    memset(&c, 0, sizeof c);
+    for (k = 0; k < BATCH * T; k++) {
+        c.ids[k] = (int32_t)((k * 5 + 3) % V);
+        c.tg[k] = (int32_t)((k * 7 + 1) % V);
+    }
+    ASSERT(m != NULL);
+    pdp_tensor_wrap_ids(c.ids, pdp_cpu(), 2, shape, &x);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
+    for (step = 0; step < STEPS; step++) {
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_model_forward_backward(m, &x, c.tg, &loss),
+                        pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(m, CLIP, &ref_norms[step]), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), pdp_status_name);
+        pdp_optim_zero_grad(o);
+    }
+    ASSERT_GT(ref_norms[0], CLIP);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(m, &p, NULL), pdp_status_name);
+    count = p.count;
+    ASSERT(count <= 8192);
+    memcpy(ref, p.data, (size_t)count * sizeof(float));
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        int n = cases[i][2];
+        char msg[1100];
+        pdp_status st;
+        c.strategy = (pdp_strategy)cases[i][0], c.k = cases[i][1];
+        st = pdp_launch(n, NULL, accum_rank, &c);
+        snprintf(msg, sizeof msg, "%s, k = %d, %d rank(s): %s", pdp_strategy_name(c.strategy),
+                 c.k, n, st == PDP_OK ? "" : pdp_last_error());
+        ASSERT_ENUM_EQm(msg, PDP_OK, st, pdp_status_name);
+        for (r = 0; r < n; r++) {
+            ASSERTm(msg, c.params[r] != NULL);
+            ASSERT_LTEm(msg, fixture_rel_err(c.params[r], ref, count), 1e-5);
+            for (step = 0; step < STEPS; step++)
+                ASSERT_LTEm(msg, fabs(c.norms[r][step] - ref_norms[step]),
+                            1e-5 * ref_norms[step]);
+            if (c.strategy == PDP_STRATEGY_DDP) ASSERT_EQm(msg, STEPS, c.reductions[r]);
+            if (c.strategy >= PDP_STRATEGY_ZERO1) ASSERT_EQm(msg, c.k, c.reductions[r]);
+            free(c.params[r]);
+            c.params[r] = NULL;
+        }
+    }
+    PASS();
+}
+
 /* Each refusal: PDP_ERR_INVALID, a message with the call and the words given. */
 static int refused(pdp_model *m, const pdp_trainer_desc *d, const char *w1, const char *w2)
 {
@@ -395,6 +515,69 @@ TEST trainer_refuses_bad_descs_naming_the_field(void)
     ASSERT(strstr(pdp_last_error(), "zero3"));
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_trainer_step(NULL), pdp_status_name);
     ASSERT(strstr(pdp_last_error(), "pdp_trainer_step"));
+    PASS();
+}
+
+/* accum_steps' refusals: negative; a call too many, a clip or step too early (PDP_ERR_STATE,
+   the count named, and the step still possible once the count is right); ranks that differ
+   (every rank fails). */
+static pdp_status accum_errors_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    int *ok = (int *)user;
+    pdp_status st;
+    pdp_model *m = gpt_with_dropout(0);
+    pdp_trainer *t = NULL;
+    pdp_trainer_desc d;
+    if (!m) return PDP_ERR_OUT_OF_MEMORY;
+    memset(&d, 0, sizeof d);
+    d.strategy = PDP_STRATEGY_DDP, d.comm = ctx->world, d.accum_steps = 2 + ctx->rank;
+    st = pdp_trainer_create(&t, m, &d);
+    ok[ctx->rank] = st == PDP_ERR_INVALID && !t && strstr(pdp_last_error(), "accum_steps");
+    pdp_trainer_free(t);
+    pdp_model_free(m);
+    return PDP_OK;
+}
+
+TEST trainer_accum_steps_refuses_a_wrong_count(void)
+{
+    int32_t ids[2 * T], tg[2 * T];
+    int64_t shape[2] = {2, T};
+    int ok[2] = {0, 0};
+    pdp_model *m = gpt_with_dropout(0);
+    pdp_trainer *t = NULL;
+    pdp_trainer_desc d;
+    pdp_tensor x;
+    int k;
+    for (k = 0; k < 2 * T; k++) ids[k] = k % V, tg[k] = (k * 3) % V;
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
+    ASSERT(m != NULL);
+    memset(&d, 0, sizeof d);
+    d.accum_steps = -2;
+    ASSERT(refused(m, &d, "desc.accum_steps -2", NULL));
+    d.accum_steps = 0;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_trainer_create(&t, m, &d), pdp_status_name);
+    ASSERT_EQ(1, pdp_trainer_get_desc(t).accum_steps); /* 0: the default, none */
+    pdp_trainer_free(t);
+    d.accum_steps = 3;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_trainer_create(&t, m, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_trainer_step(t), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_trainer_step: 0 of desc.accum_steps 3"));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_trainer_forward_backward(t, &x, tg, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_trainer_clip_grad_norm(t, 1.0f, NULL), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "1 of desc.accum_steps 3 backward passes"));
+    ASSERT(strstr(pdp_last_error(), "2 more time(s)"));
+    for (k = 0; k < 2; k++)
+        ASSERT_ENUM_EQ(PDP_OK, pdp_trainer_forward_backward(t, &x, tg, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_trainer_forward_backward(t, &x, tg, NULL),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "3 backward passes since the step"));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_trainer_step(t), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_trainer_forward_backward(t, &x, tg, NULL), pdp_status_name);
+    pdp_trainer_free(t);
+    pdp_model_free(m);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_launch(2, NULL, accum_errors_rank, ok), pdp_status_name);
+    ASSERTm("rank 0 (accum_steps 2) refused", ok[0]);
+    ASSERTm("rank 1 (accum_steps 3) refused", ok[1]);
     PASS();
 }
 
@@ -589,7 +772,9 @@ SUITE(trainer)
     RUN_TEST(trainer_memory_report_names_each_strategy_s_memory);
     RUN_TEST(trainer_every_strategy_equals_one_device);
     RUN_TEST(trainer_global_batch_mean_counts_a_gpt_s_labels);
+    RUN_TEST(trainer_accum_steps_average_the_micro_batches);
     RUN_TEST(trainer_refuses_bad_descs_naming_the_field);
+    RUN_TEST(trainer_accum_steps_refuses_a_wrong_count);
     RUN_TEST(trainer_create_fails_on_every_rank_when_one_fails);
 }
 
