@@ -1244,7 +1244,10 @@ PDP_API pdp_status pdp_model_residual_end(pdp_model *m);
 PDP_API pdp_status pdp_model_add_tied_linear(pdp_model *m, const char *param);
 
 /* x is [batch, input_shape...]; *y points at the model's own output tensor
-   [batch, output features...], valid until the next forward. Activations are
+   [batch, output features...], valid until the next forward. The model keeps x's pointer,
+   not a copy: the backward reads x again (the first layer's weight gradient, an
+   Embedding's rows), so leave its memory as it was until then (an Embedding's backward
+   refuses ids that are now outside [0, vocab), PDP_ERR_INVALID). Activations are
    sized for the largest batch seen so far (pdp_model_reserve avoids growth in
    the training loop). */
 PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y);
@@ -9198,6 +9201,16 @@ PDP__PRIVATE const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t b
 PDP__PRIVATE bool pdp__same_device(pdp_device a, pdp_device b)
 {
     return a.kind == b.kind && a.ordinal == b.ordinal;
+}
+
+/* Do a and b have one shape? (ndim and every dimension; dtype and device are not compared) */
+PDP__PRIVATE bool pdp__same_shape(const pdp_tensor *a, const pdp_tensor *b)
+{
+    int i;
+    if (a->ndim != b->ndim) return false;
+    for (i = 0; i < a->ndim && i < PDP_MAX_DIMS; i++)
+        if (a->shape[i] != b->shape[i]) return false;
+    return true;
 }
 
 /* A device pdp knows: the CPU (ordinal 0) or a CUDA device (ordinal >= 0, in a build with
@@ -20095,10 +20108,20 @@ PDP__PRIVATE pdp_status pdp__embedding_forward(const pdp__layer *l, const pdp__l
                               "token ids");
 }
 
+/* The backward reads the forward's ids again (model.c keeps the input's pointer, not a copy):
+   a caller that changed them since (a loader refilling its buffer) would scatter into rows
+   past dwte. Checked again here, before anything is added: B T compares. */
 PDP__PRIVATE pdp_status pdp__embedding_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    pdp__embed_backward((const int32_t *)(const void *)io->x, io->batch, l->in_shape[0],
-                        l->out_features, io->dy, io->dw, io->db);
+    const int32_t *ids = (const int32_t *)(const void *)io->x;
+    int64_t i, T = l->in_shape[0];
+    for (i = 0; i < io->batch * T; i++)
+        if (ids[i] < 0 || ids[i] >= l->vocab)
+            return pdp__err(PDP_ERR_INVALID, "token ids: token id %ld at position (%lld, %lld) is "
+                            "outside [0, %lld): the ids changed after the forward (the backward "
+                            "reads the forward's input again)", (long)ids[i], (long long)(i / T),
+                            (long long)(i % T), (long long)l->vocab);
+    pdp__embed_backward(ids, io->batch, T, l->out_features, io->dy, io->dw, io->db);
     return PDP_OK;
 }
 
@@ -22250,10 +22273,13 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
     if (!pdp__same_device(dy->device, m->device))
         return pdp__err(PDP_ERR_DEVICE, "pdp_model_backward: dy on device %d:%d, model on %d:%d",
                         dy->device.kind, dy->device.ordinal, m->device.kind, m->device.ordinal);
-    if (dy->count != m->out_view.count) {
+    /* the shape, not only the count: a transposed [C, B] or flattened [B C] dy of the right
+       count would be read as [B, C] rows, a wrong gradient with PDP_OK */
+    if (!pdp__same_shape(dy, &m->out_view)) {
         char a[96], b[96];
-        return pdp__err(PDP_ERR_SHAPE, "pdp_model_backward: dy is %s, the output was %s",
-                        pdp__shape_str(dy, a, sizeof a), pdp__shape_str(&m->out_view, b, sizeof b));
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_backward: dy is %s, the output was %s (dy "
+                        "takes the output's shape)", pdp__shape_str(dy, a, sizeof a),
+                        pdp__shape_str(&m->out_view, b, sizeof b));
     }
     if (m->event && (st = m->event(m->event_user, m, PDP__EV_BACKWARD_BEGIN, -1, PDP_OK)))
         return pdp__err_wrap(st, "pdp_model_backward");
@@ -28736,6 +28762,8 @@ typedef struct pdp__reducer_desc {
     pdp__model_event_fn event;        /* the model's events (BACKWARD_BEGIN/END after the
                                          reducer's own handling), user = the reducer */
     pdp_batch_mean batch_mean;        /* ddp.h; GLOBAL: each backward's weight (below) */
+    int stage;                        /* ZeRO's stage, 0 under DDP: checked equal on every
+                                         rank, as batch_mean and the caps are */
     const char *backward_names;       /* for messages: "pdp_ddp_forward_backward or
                                          pdp_ddp_backward" */
 } pdp__reducer_desc;
@@ -29044,11 +29072,16 @@ PDP__PRIVATE pdp_status pdp__reducer_allgather_host(pdp_comm *c, const float *se
 /* Every rank compares its registry with rank 0's; all learn the first
    difference of every rank through an all-gather, so all fail together. */
 PDP__PRIVATE pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c,
-                                                  pdp_batch_mean mean, const char *fn)
+                                                  const pdp__reducer_desc *d, const char *fn)
 {
+    /* the desc's fields that must agree: GLOBAL adds a collective per backward, another
+       stage or cap cuts other buckets (collectives of other sizes, or a hang) */
+    static const char *const field[] = {"batch_mean", "stage", "bucket_cap_mb",
+                                        "first_bucket_mb"};
+    enum { NF = 1 + 4 };
     int64_t n0 = m->nparams;
     pdp__red_sig *table = NULL, mine;
-    float diff[2], *all = NULL;
+    float diff[NF], *all = NULL;
     int p, q, mine_at = -1, worst_rank = -1, worst_at = -1, size = c->size;
     pdp_status st;
     if ((st = pdp_comm_broadcast_bytes(c, &n0, sizeof n0, 0)) != PDP_OK)
@@ -29056,7 +29089,7 @@ PDP__PRIVATE pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *
     if (n0 < 0 || n0 > (1 << 24))
         return pdp__err(PDP_ERR_INVALID, "%s: rank 0 reports %lld parameters", fn, (long long)n0);
     table = (pdp__red_sig *)pdp__calloc((size_t)PDP__MAX(1, n0) * sizeof *table);
-    all = (float *)pdp__calloc((size_t)size * 2 * sizeof *all);
+    all = (float *)pdp__calloc((size_t)size * NF * sizeof *all);
     if (!table || !all) {
         st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld parameter signatures", fn,
                       (long long)n0);
@@ -29080,23 +29113,26 @@ PDP__PRIVATE pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *
         }
     }
     diff[0] = (float)mine_at;
-    diff[1] = (float)mean; /* the ranks must agree: GLOBAL adds a collective per backward */
-    if ((st = pdp__reducer_allgather_host(c, diff, all, 2)) != PDP_OK) {
+    diff[1] = (float)d->batch_mean, diff[2] = (float)d->stage;
+    diff[3] = (float)(d->cap_bytes / (1024.0 * 1024.0));
+    diff[4] = (float)(d->first_bytes / (1024.0 * 1024.0));
+    if ((st = pdp__reducer_allgather_host(c, diff, all, NF)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s: rank %d: exchanging the check's verdicts", fn, c->rank);
         goto out;
     }
     for (q = 0; q < size; q++)
-        if (all[2 * q] >= 0.0f && (worst_at < 0 || (int)all[2 * q] < worst_at)) {
-            worst_at = (int)all[2 * q];
+        if (all[NF * q] >= 0.0f && (worst_at < 0 || (int)all[NF * q] < worst_at)) {
+            worst_at = (int)all[NF * q];
             worst_rank = q;
         }
     for (q = 1; q < size && worst_at < 0; q++)
-        if (all[2 * q + 1] != all[1]) {
-            st = pdp__err(PDP_ERR_INVALID, "%s: batch_mean differs across ranks: %d on rank %d, "
-                          "%d on rank 0 (every rank must pass the same)", fn, (int)all[2 * q + 1],
-                          q, (int)all[1]);
-            goto out;
-        }
+        for (p = 1; p < NF; p++)
+            if (all[NF * q + p] != all[p]) {
+                st = pdp__err(PDP_ERR_INVALID, "%s: %s differs across ranks: %g on rank %d, %g "
+                              "on rank 0 (every rank must pass the same)", fn, field[p - 1],
+                              (double)all[NF * q + p], q, (double)all[p]);
+                goto out;
+            }
     if (worst_at >= 0) {
         char a[160], b[160];
         if (mine_at >= 0) {
@@ -29163,7 +29199,7 @@ PDP__PRIVATE pdp_status pdp__reducer_join(pdp__reducer *r, const char *fn)
     pdp_model *m = r->m;
     pdp_comm *c = r->c;
     pdp_status st;
-    if ((st = pdp__reducer_check_params(m, c, r->desc.batch_mean, fn)) != PDP_OK) return st;
+    if ((st = pdp__reducer_check_params(m, c, &r->desc, fn)) != PDP_OK) return st;
     if (m->param_count &&
         (st = pdp_comm_broadcast(c, m->param_block, m->param_count, 0, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: broadcasting rank 0's parameters", fn, c->rank);
@@ -29408,7 +29444,7 @@ PDP__PRIVATE pdp_status pdp__reducer_backward_global(pdp__reducer *r, const pdp_
     if (!m->have_forward)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: no forward since the last backward", fn,
                         r->c->rank);
-    if (dy->count != m->out_view.count) {
+    if (!pdp__same_shape(dy, &m->out_view)) {
         char a[96], b[96];
         return pdp__err(PDP_ERR_SHAPE, "%s: rank %d: dy is %s, the output was %s", fn, r->c->rank,
                         pdp__shape_str(dy, a, sizeof a), pdp__shape_str(&m->out_view, b, sizeof b));
@@ -29844,6 +29880,11 @@ PDP_API pdp_status pdp_ddp_step(pdp_ddp *d, pdp_optim *opt)
     static const char *fn = "pdp_ddp_step";
     pdp_status st;
     if (!d || !opt) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, d ? "opt" : "ddp");
+    /* another model's optimizer would step that model and leave this one's averaged
+       gradients to be zeroed: a step that trains nothing, with PDP_OK (as pdp_dp_step) */
+    if (opt->model != d->r.m)
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d: the optimizer was created on another "
+                        "model, not the one DDP wraps (pdp_ddp_model)", fn, d->r.c->rank);
     if ((st = pdp_ddp_finish(d)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     return pdp__reducer_step(&d->r, opt, fn);
 }
@@ -31805,6 +31846,7 @@ PDP__PRIVATE pdp_status pdp__zero_prepare(pdp_zero **out, pdp_model *m, pdp_comm
     rd.finish_names = "pdp_zero_step or pdp_zero_finish";
     rd.backward_names = "pdp_zero_forward_backward or pdp_zero_backward";
     rd.batch_mean = z->desc.batch_mean;
+    rd.stage = z->desc.stage;
     rd.user = z;
     return pdp__reducer_init(&z->r, m, c, &rd, fn);
 }

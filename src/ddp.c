@@ -213,6 +213,11 @@ PDP_API pdp_status pdp_ddp_step(pdp_ddp *d, pdp_optim *opt)
     static const char *fn = "pdp_ddp_step";
     pdp_status st;
     if (!d || !opt) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, d ? "opt" : "ddp");
+    /* another model's optimizer would step that model and leave this one's averaged
+       gradients to be zeroed: a step that trains nothing, with PDP_OK (as pdp_dp_step) */
+    if (opt->model != d->r.m)
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d: the optimizer was created on another "
+                        "model, not the one DDP wraps (pdp_ddp_model)", fn, d->r.c->rank);
     if ((st = pdp_ddp_finish(d)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     return pdp__reducer_step(&d->r, opt, fn);
 }

@@ -415,10 +415,20 @@ PDP__PRIVATE pdp_status pdp__embedding_forward(const pdp__layer *l, const pdp__l
                               "token ids");
 }
 
+/* The backward reads the forward's ids again (model.c keeps the input's pointer, not a copy):
+   a caller that changed them since (a loader refilling its buffer) would scatter into rows
+   past dwte. Checked again here, before anything is added: B T compares. */
 PDP__PRIVATE pdp_status pdp__embedding_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    pdp__embed_backward((const int32_t *)(const void *)io->x, io->batch, l->in_shape[0],
-                        l->out_features, io->dy, io->dw, io->db);
+    const int32_t *ids = (const int32_t *)(const void *)io->x;
+    int64_t i, T = l->in_shape[0];
+    for (i = 0; i < io->batch * T; i++)
+        if (ids[i] < 0 || ids[i] >= l->vocab)
+            return pdp__err(PDP_ERR_INVALID, "token ids: token id %ld at position (%lld, %lld) is "
+                            "outside [0, %lld): the ids changed after the forward (the backward "
+                            "reads the forward's input again)", (long)ids[i], (long long)(i / T),
+                            (long long)(i % T), (long long)l->vocab);
+    pdp__embed_backward(ids, io->batch, T, l->out_features, io->dy, io->dw, io->db);
     return PDP_OK;
 }
 

@@ -1002,10 +1002,13 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
     if (!pdp__same_device(dy->device, m->device))
         return pdp__err(PDP_ERR_DEVICE, "pdp_model_backward: dy on device %d:%d, model on %d:%d",
                         dy->device.kind, dy->device.ordinal, m->device.kind, m->device.ordinal);
-    if (dy->count != m->out_view.count) {
+    /* the shape, not only the count: a transposed [C, B] or flattened [B C] dy of the right
+       count would be read as [B, C] rows, a wrong gradient with PDP_OK */
+    if (!pdp__same_shape(dy, &m->out_view)) {
         char a[96], b[96];
-        return pdp__err(PDP_ERR_SHAPE, "pdp_model_backward: dy is %s, the output was %s",
-                        pdp__shape_str(dy, a, sizeof a), pdp__shape_str(&m->out_view, b, sizeof b));
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_backward: dy is %s, the output was %s (dy "
+                        "takes the output's shape)", pdp__shape_str(dy, a, sizeof a),
+                        pdp__shape_str(&m->out_view, b, sizeof b));
     }
     if (m->event && (st = m->event(m->event_user, m, PDP__EV_BACKWARD_BEGIN, -1, PDP_OK)))
         return pdp__err_wrap(st, "pdp_model_backward");

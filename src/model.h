@@ -118,7 +118,10 @@ PDP_API pdp_status pdp_model_residual_end(pdp_model *m);
 PDP_API pdp_status pdp_model_add_tied_linear(pdp_model *m, const char *param);
 
 /* x is [batch, input_shape...]; *y points at the model's own output tensor
-   [batch, output features...], valid until the next forward. Activations are
+   [batch, output features...], valid until the next forward. The model keeps x's pointer,
+   not a copy: the backward reads x again (the first layer's weight gradient, an
+   Embedding's rows), so leave its memory as it was until then (an Embedding's backward
+   refuses ids that are now outside [0, vocab), PDP_ERR_INVALID). Activations are
    sized for the largest batch seen so far (pdp_model_reserve avoids growth in
    the training loop). */
 PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y);

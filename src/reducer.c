@@ -100,6 +100,8 @@ typedef struct pdp__reducer_desc {
     pdp__model_event_fn event;        /* the model's events (BACKWARD_BEGIN/END after the
                                          reducer's own handling), user = the reducer */
     pdp_batch_mean batch_mean;        /* ddp.h; GLOBAL: each backward's weight (below) */
+    int stage;                        /* ZeRO's stage, 0 under DDP: checked equal on every
+                                         rank, as batch_mean and the caps are */
     const char *backward_names;       /* for messages: "pdp_ddp_forward_backward or
                                          pdp_ddp_backward" */
 } pdp__reducer_desc;
@@ -408,11 +410,16 @@ PDP__PRIVATE pdp_status pdp__reducer_allgather_host(pdp_comm *c, const float *se
 /* Every rank compares its registry with rank 0's; all learn the first
    difference of every rank through an all-gather, so all fail together. */
 PDP__PRIVATE pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c,
-                                                  pdp_batch_mean mean, const char *fn)
+                                                  const pdp__reducer_desc *d, const char *fn)
 {
+    /* the desc's fields that must agree: GLOBAL adds a collective per backward, another
+       stage or cap cuts other buckets (collectives of other sizes, or a hang) */
+    static const char *const field[] = {"batch_mean", "stage", "bucket_cap_mb",
+                                        "first_bucket_mb"};
+    enum { NF = 1 + 4 };
     int64_t n0 = m->nparams;
     pdp__red_sig *table = NULL, mine;
-    float diff[2], *all = NULL;
+    float diff[NF], *all = NULL;
     int p, q, mine_at = -1, worst_rank = -1, worst_at = -1, size = c->size;
     pdp_status st;
     if ((st = pdp_comm_broadcast_bytes(c, &n0, sizeof n0, 0)) != PDP_OK)
@@ -420,7 +427,7 @@ PDP__PRIVATE pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *
     if (n0 < 0 || n0 > (1 << 24))
         return pdp__err(PDP_ERR_INVALID, "%s: rank 0 reports %lld parameters", fn, (long long)n0);
     table = (pdp__red_sig *)pdp__calloc((size_t)PDP__MAX(1, n0) * sizeof *table);
-    all = (float *)pdp__calloc((size_t)size * 2 * sizeof *all);
+    all = (float *)pdp__calloc((size_t)size * NF * sizeof *all);
     if (!table || !all) {
         st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld parameter signatures", fn,
                       (long long)n0);
@@ -444,23 +451,26 @@ PDP__PRIVATE pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *
         }
     }
     diff[0] = (float)mine_at;
-    diff[1] = (float)mean; /* the ranks must agree: GLOBAL adds a collective per backward */
-    if ((st = pdp__reducer_allgather_host(c, diff, all, 2)) != PDP_OK) {
+    diff[1] = (float)d->batch_mean, diff[2] = (float)d->stage;
+    diff[3] = (float)(d->cap_bytes / (1024.0 * 1024.0));
+    diff[4] = (float)(d->first_bytes / (1024.0 * 1024.0));
+    if ((st = pdp__reducer_allgather_host(c, diff, all, NF)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s: rank %d: exchanging the check's verdicts", fn, c->rank);
         goto out;
     }
     for (q = 0; q < size; q++)
-        if (all[2 * q] >= 0.0f && (worst_at < 0 || (int)all[2 * q] < worst_at)) {
-            worst_at = (int)all[2 * q];
+        if (all[NF * q] >= 0.0f && (worst_at < 0 || (int)all[NF * q] < worst_at)) {
+            worst_at = (int)all[NF * q];
             worst_rank = q;
         }
     for (q = 1; q < size && worst_at < 0; q++)
-        if (all[2 * q + 1] != all[1]) {
-            st = pdp__err(PDP_ERR_INVALID, "%s: batch_mean differs across ranks: %d on rank %d, "
-                          "%d on rank 0 (every rank must pass the same)", fn, (int)all[2 * q + 1],
-                          q, (int)all[1]);
-            goto out;
-        }
+        for (p = 1; p < NF; p++)
+            if (all[NF * q + p] != all[p]) {
+                st = pdp__err(PDP_ERR_INVALID, "%s: %s differs across ranks: %g on rank %d, %g "
+                              "on rank 0 (every rank must pass the same)", fn, field[p - 1],
+                              (double)all[NF * q + p], q, (double)all[p]);
+                goto out;
+            }
     if (worst_at >= 0) {
         char a[160], b[160];
         if (mine_at >= 0) {
@@ -527,7 +537,7 @@ PDP__PRIVATE pdp_status pdp__reducer_join(pdp__reducer *r, const char *fn)
     pdp_model *m = r->m;
     pdp_comm *c = r->c;
     pdp_status st;
-    if ((st = pdp__reducer_check_params(m, c, r->desc.batch_mean, fn)) != PDP_OK) return st;
+    if ((st = pdp__reducer_check_params(m, c, &r->desc, fn)) != PDP_OK) return st;
     if (m->param_count &&
         (st = pdp_comm_broadcast(c, m->param_block, m->param_count, 0, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: broadcasting rank 0's parameters", fn, c->rank);
@@ -772,7 +782,7 @@ PDP__PRIVATE pdp_status pdp__reducer_backward_global(pdp__reducer *r, const pdp_
     if (!m->have_forward)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: no forward since the last backward", fn,
                         r->c->rank);
-    if (dy->count != m->out_view.count) {
+    if (!pdp__same_shape(dy, &m->out_view)) {
         char a[96], b[96];
         return pdp__err(PDP_ERR_SHAPE, "%s: rank %d: dy is %s, the output was %s", fn, r->c->rank,
                         pdp__shape_str(dy, a, sizeof a), pdp__shape_str(&m->out_view, b, sizeof b));

@@ -56,6 +56,16 @@ PDP__PRIVATE bool pdp__same_device(pdp_device a, pdp_device b)
     return a.kind == b.kind && a.ordinal == b.ordinal;
 }
 
+/* Do a and b have one shape? (ndim and every dimension; dtype and device are not compared) */
+PDP__PRIVATE bool pdp__same_shape(const pdp_tensor *a, const pdp_tensor *b)
+{
+    int i;
+    if (a->ndim != b->ndim) return false;
+    for (i = 0; i < a->ndim && i < PDP_MAX_DIMS; i++)
+        if (a->shape[i] != b->shape[i]) return false;
+    return true;
+}
+
 /* A device pdp knows: the CPU (ordinal 0) or a CUDA device (ordinal >= 0, in a build with
    PDP_CUDA: PDP_ERR_UNSUPPORTED naming the macro otherwise; whether it exists is the CUDA
    calls' to say). */

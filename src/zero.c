@@ -641,6 +641,7 @@ PDP__PRIVATE pdp_status pdp__zero_prepare(pdp_zero **out, pdp_model *m, pdp_comm
     rd.finish_names = "pdp_zero_step or pdp_zero_finish";
     rd.backward_names = "pdp_zero_forward_backward or pdp_zero_backward";
     rd.batch_mean = z->desc.batch_mean;
+    rd.stage = z->desc.stage;
     rd.user = z;
     return pdp__reducer_init(&z->r, m, c, &rd, fn);
 }

@@ -2300,6 +2300,9 @@ PDP__PRIVATE const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t b
 /* Is a the device b is? (kind and ordinal) */
 PDP__PRIVATE bool pdp__same_device(pdp_device a, pdp_device b);
 
+/* Do a and b have one shape? (ndim and every dimension; dtype and device are not compared) */
+PDP__PRIVATE bool pdp__same_shape(const pdp_tensor *a, const pdp_tensor *b);
+
 /* A device pdp knows: the CPU (ordinal 0) or a CUDA device (ordinal >= 0, in a build with
    PDP_CUDA: PDP_ERR_UNSUPPORTED naming the macro otherwise; whether it exists is the CUDA
    calls' to say). */
@@ -6183,6 +6186,9 @@ PDP__PRIVATE void pdp__embedding_init(const pdp__layer *l, float *w, float *b, p
 
 PDP__PRIVATE pdp_status pdp__embedding_forward(const pdp__layer *l, const pdp__layer_io *io);
 
+/* The backward reads the forward's ids again (model.c keeps the input's pointer, not a copy):
+   a caller that changed them since (a loader refilling its buffer) would scatter into rows
+   past dwte. Checked again here, before anything is added: B T compares. */
 PDP__PRIVATE pdp_status pdp__embedding_backward(const pdp__layer *l, const pdp__layer_io *io);
 
 PDP__PRIVATE pdp_status pdp__attention_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
@@ -8535,6 +8541,8 @@ typedef struct pdp__reducer_desc {
     pdp__model_event_fn event;        /* the model's events (BACKWARD_BEGIN/END after the
                                          reducer's own handling), user = the reducer */
     pdp_batch_mean batch_mean;        /* ddp.h; GLOBAL: each backward's weight (below) */
+    int stage;                        /* ZeRO's stage, 0 under DDP: checked equal on every
+                                         rank, as batch_mean and the caps are */
     const char *backward_names;       /* for messages: "pdp_ddp_forward_backward or
                                          pdp_ddp_backward" */
 } pdp__reducer_desc;
@@ -8650,7 +8658,7 @@ PDP__PRIVATE pdp_status pdp__reducer_allgather_host(pdp_comm *c, const float *se
 /* Every rank compares its registry with rank 0's; all learn the first
    difference of every rank through an all-gather, so all fail together. */
 PDP__PRIVATE pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c,
-                                                  pdp_batch_mean mean, const char *fn);
+                                                  const pdp__reducer_desc *d, const char *fn);
 
 /* Sets up r (zeroed memory, owned by the executor) on m and c, on this rank alone: checks
    that the model can take a reducer and plans the buckets. Then pdp__reducer_join. On

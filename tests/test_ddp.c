@@ -1828,6 +1828,49 @@ TEST ddp_tied_weight_bucket_launches_once_after_the_embedding(void)
     PASS();
 }
 
+TEST ddp_step_refuses_an_optimizer_of_another_model(void)
+{
+    /* pdp_ddp_step with an optimizer made on another model stepped that model and zeroed
+       the wrapped one's gradients: PDP_OK and no training. Refused now, as pdp_dp_step does,
+       before the buckets are waited (the gradients stay for a step with the right one). */
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL, *other = NULL;
+    pdp_ddp *d = NULL;
+    pdp_optim *o_other = NULL, *o = NULL;
+    pdp_param before, after;
+    float x[4 * IN], loss, w0;
+    int32_t y[4] = {0, 1, 2, 0};
+    pdp_tensor xt;
+    int i;
+    for (i = 0; i < 4 * IN; i++) x[i] = (float)((i * 7) % 11) / 11.0f - 0.5f;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&other, 2, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_create(&d, m, c, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o_other, other, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_wrap(x, pdp_cpu(), 2, (int64_t[]){4, IN}, &xt),
+                   pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_forward_backward(d, &xt, y, &loss), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_param(m, 0, &before), pdp_status_name);
+    w0 = before.value.data[0];
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_ddp_step(d, o_other), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "another model") != NULL);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_step(d, o), pdp_status_name); /* the gradients were kept */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_param(m, 0, &after), pdp_status_name);
+    ASSERT(after.value.data[0] != w0);
+    pdp_optim_free(o);
+    pdp_optim_free(o_other);
+    pdp_ddp_free(d);
+    pdp_model_free(other);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
 SUITE(ddp)
 {
     RUN_TEST(ddp_equals_single_device_on_the_global_batch);
@@ -1844,6 +1887,7 @@ SUITE(ddp)
     RUN_TEST(collective_constructors_fail_on_every_rank_when_one_fails);
     RUN_TEST(ddp_wrapped_model_refuses_layout_changes);
     RUN_TEST(ddp_tied_weight_bucket_launches_once_after_the_embedding);
+    RUN_TEST(ddp_step_refuses_an_optimizer_of_another_model);
 }
 
 SUITE(ddp_uneven)

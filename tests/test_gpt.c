@@ -485,6 +485,41 @@ TEST gpt_generate_greedy_top_k_and_seeds(void)
     PASS();
 }
 
+/* The backward reads the forward's ids again (model.c keeps x's pointer): ids changed to
+   one past the vocabulary after a good forward are refused, nothing scattered (without the
+   check the row of id 50 is dwpe's first row here: a silent wrong gradient; further out, a
+   write past the gradient block) */
+TEST gpt_embedding_backward_refuses_ids_changed_after_the_forward(void)
+{
+    pdp_model *m = NULL;
+    const pdp_tensor *y;
+    pdp_tensor x, dy;
+    pdp_param tok, pos;
+    int32_t ids[2 * 4] = {1, 2, 3, 4, 5, 6, 7, 8};
+    float g[2 * 4 * 5];
+    int64_t shape[2] = {2, 4}, yshape[3] = {2, 4, 5}, i;
+    for (i = 0; i < 40; i++) g[i] = 1.0f;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&m, &(pdp_model_desc){.input_shape = {4},
+                                                                  .input_dtype = PDP_DTYPE_I32}),
+                   pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_embedding(m, 50, 8, 4), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 5), pdp_status_name);
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
+    pdp_tensor_wrap(g, pdp_cpu(), 3, yshape, &dy);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ids[4 + 2] = 50; /* sequence 1, position 2: one past the vocabulary */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_backward(m, &dy), pdp_status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "layer 0 (Embedding)") != NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "token id 50 at position (1, 2) is "
+                                     "outside [0, 50): the ids changed after the forward") != NULL);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m, "0.token.weight", &tok), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m, "0.position.weight", &pos), pdp_status_name);
+    for (i = 0; i < tok.count; i++) ASSERT_EQ(0.0f, ((const float *)tok.grad.data)[i]);
+    for (i = 0; i < pos.count; i++) ASSERT_EQ(0.0f, ((const float *)pos.grad.data)[i]);
+    pdp_model_free(m);
+    PASS();
+}
+
 TEST gpt_errors_name_layer_position_and_lengths(void)
 {
     pdp_model *m = fixture_gpt(0, PDP_PRECISION_FP32), *p = NULL;
@@ -1735,6 +1770,7 @@ SUITE(gpt)
     RUN_TEST(gpt_under_dataparallel_equals_one_device);
     RUN_TEST(gpt_under_ddp_equals_one_device);
     RUN_TEST(gpt_names_and_shapes_are_nanogpts);
+    RUN_TEST(gpt_embedding_backward_refuses_ids_changed_after_the_forward);
     RUN_TEST(gpt_matches_pytorch_logits_loss_and_every_gradient);
     RUN_TEST(gpt_gelu_erf_matches_nanogpts_exact_gelu);
     RUN_TEST(gpt_five_adamw_steps_with_clipping_match_pytorch);

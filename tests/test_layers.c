@@ -1089,6 +1089,33 @@ TEST layers_backward_without_forward_fails(void)
     PASS();
 }
 
+/* dy takes the output's shape, not only its count: a transposed [5, 2] or flat [10] dy of
+   a [2, 5] output was read as [2, 5] rows (a wrong gradient, PDP_OK); each is refused,
+   naming both shapes, and the forward stays for a backward with the right dy. */
+TEST layers_backward_refuses_a_dy_of_another_shape(void)
+{
+    pdp_model *m = new_model(1, 7, 0, 0, 23);
+    float xd[2 * 7] = {0}, dyd[2 * 5] = {0}, dxd[2 * 7];
+    int64_t good[2] = {2, 5}, transposed[2] = {5, 2}, flat[1] = {10};
+    pdp_tensor x, dy, dx;
+    const pdp_tensor *y;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 5), pdp_status_name);
+    wrap_input(m, xd, 2, &x);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    pdp_tensor_wrap(dyd, pdp_cpu(), 2, transposed, &dy);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_backward(m, &dy), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "[5, 2]") && strstr(pdp_last_error(), "[2, 5]"));
+    pdp_tensor_wrap(dyd, pdp_cpu(), 1, flat, &dy);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_backward(m, &dy), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "[10]") && strstr(pdp_last_error(), "[2, 5]"));
+    pdp_tensor_wrap(dxd, pdp_cpu(), 2, (int64_t[]){2, 7}, &dx);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_backward_dx(m, &dy, &dx), pdp_status_name);
+    pdp_tensor_wrap(dyd, pdp_cpu(), 2, good, &dy);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(m, &dy), pdp_status_name);
+    pdp_model_free(m);
+    PASS();
+}
+
 /* What a backward reads must be this forward's: a forward that failed (a later one than the
    good forward; an Embedding's bad id fails it after rows were written), a layer added since
    (its buffers were re-planned: the backward read freed memory) and a reserve that
@@ -1906,6 +1933,7 @@ SUITE(layers)
     RUN_TEST(layers_sizes_that_overflow_fail);
     RUN_TEST(layers_option_values_outside_their_range_fail);
     RUN_TEST(layers_backward_without_forward_fails);
+    RUN_TEST(layers_backward_refuses_a_dy_of_another_shape);
     RUN_TEST(layers_backward_needs_this_forward_whole);
     RUN_TEST(layers_backward_dx_is_the_input_gradient);
     RUN_TEST(layers_training_step_allocates_nothing_after_the_first);

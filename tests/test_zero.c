@@ -464,6 +464,55 @@ static enum greatest_test_res check_equivalence(const config *cf)
     PASS();
 }
 
+/* Ranks whose descs differ where the buckets depend on them (the stage, the caps) are
+   refused at create on every rank, naming the field and both values: stages 2 and 3 mixed
+   were created with PDP_OK and failed in the first forward with collectives that differ;
+   other caps cut other units. */
+typedef struct desc_job {
+    int field;          /* 0: rank 1's stage 3 (rank 0's 2), 1: rank 1's bucket_cap_mb */
+    pdp_status st[2];
+    char msg[2][1024];
+} desc_job;
+
+static pdp_status differing_desc_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    desc_job *j = (desc_job *)user;
+    pdp_model *m = NULL;
+    pdp_zero *z = NULL;
+    pdp_zero_desc zd;
+    int r = ctx->rank;
+    memset(&zd, 0, sizeof zd);
+    zd.stage = j->field == 0 && r == 1 ? 3 : 2;
+    zd.bucket_cap_mb = j->field == 1 && r == 1 ? 0.02 : 0.01;
+    zd.first_bucket_mb = 0.01;
+    if ((j->st[r] = build_model(&m, 3, 0)) == PDP_OK)
+        j->st[r] = pdp_zero_create(&z, m, ctx->world, &zd);
+    snprintf(j->msg[r], sizeof j->msg[r], "%s", pdp_last_error());
+    pdp_zero_free(z);
+    pdp_model_free(m);
+    return PDP_OK;
+}
+
+TEST zero_create_refuses_ranks_whose_descs_differ(void)
+{
+    static desc_job j;
+    static const char *const want[2] = {"pdp_zero_create: stage differs across ranks: 3 on "
+                                        "rank 1, 2 on rank 0",
+                                        "pdp_zero_create: bucket_cap_mb differs across ranks: "
+                                        "0.02 on rank 1, 0.01 on rank 0"};
+    int f, r;
+    for (f = 0; f < 2; f++) {
+        memset(&j, 0, sizeof j);
+        j.field = f;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_launch(2, NULL, differing_desc_rank, &j), pdp_status_name);
+        for (r = 0; r < 2; r++) {
+            ASSERT_ENUM_EQm(j.msg[r], PDP_ERR_INVALID, j.st[r], pdp_status_name);
+            ASSERTm(j.msg[r], strstr(j.msg[r], want[f]) != NULL);
+        }
+    }
+    PASS();
+}
+
 TEST zero_equals_ddp_and_single_device(void)
 {
     static const double caps[] = {1e-9, 1e6}; /* a unit per layer; one unit */
@@ -1912,6 +1961,7 @@ TEST zero_uneven_shards_train_the_mean_batch_mean_says(void)
 SUITE(zero)
 {
     RUN_TEST(zero_equals_ddp_and_single_device);
+    RUN_TEST(zero_create_refuses_ranks_whose_descs_differ);
     RUN_TEST(zero_own_loss_synchronises);
     RUN_TEST(zero_bf16_compress_hook_stages_1_to_3);
     RUN_TEST(zero_world_sizes_5_to_8_and_every_optimizer);
