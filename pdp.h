@@ -289,7 +289,8 @@
    masks a single device would. Reductions run in a fixed order. So one build of pdp,
    run again with the same seed, gives the same bits whatever the thread count
    (pdp_set_num_threads, DP's threads_per_worker) and whichever thread wins the pool.
-   Another build need not: gcc's -ffp-contract=fast (its default in the GNU modes,
+   Another build draws the same initial parameters (computed in double, where a fused
+   multiply-add rounds as the two operations do) but need not train to them: gcc's -ffp-contract=fast (its default in the GNU modes,
    -std=gnu99 or no -std) fuses a*b + c into one FMA where -ffp-contract=off (the
    default under -std=c99) rounds the product first, and at -O2 and above (gcc 12's two
    -O1 builds wrote the same bits here) the two builds write different checkpoints; so
@@ -1408,7 +1409,8 @@ typedef struct pdp_optim_desc {
 
 /* desc may be NULL (SGD, lr 0.01). Invalid fields fail with PDP_ERR_INVALID
    naming the field and its value ("lr -0.1 < 0"). The optimizer steps m's parameters in
-   place: m must outlive it (free the optimizer first). Fields of the other kind (SGD's
+   place: m must outlive its use (pdp_optim_free reads no model: either may be freed
+   first). Fields of the other kind (SGD's
    momentum for Adam, Adam's betas for SGD) are not read. */
 PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc);
 PDP_API void pdp_optim_free(pdp_optim *o); /* NULL is fine */
@@ -1610,7 +1612,8 @@ typedef struct pdp_batcher pdp_batcher;
 typedef struct pdp_batcher_desc {
     int64_t batch_size;     /* samples per batch; default 64 */
     bool shuffle;           /* default false: in index order, as PyTorch's DataLoader */
-    bool drop_last;         /* default false: the last batch of an epoch may be smaller */
+    bool drop_last;         /* default false: the last batch of an epoch may be smaller;
+                               true with batch_size above the samples: PDP_ERR_INVALID */
     uint64_t seed;          /* with shuffle: epoch e's order is pdp_permutation(seed, e) of
                                the index list */
     const int64_t *indices; /* iterate over these samples (copied at create; they may repeat,
@@ -9475,6 +9478,14 @@ PDP_API float pdp_rng_normal(pdp_rng *r)
 }
 
 /* Fills a CPU tensor directly, any other device through a host staging copy. */
+/* One draw in [lo, hi). In double, where the product of two floats is exact: a build that
+   fuses the multiply and the add (gcc's GNU modes) rounds as one that does not, so a seed's
+   initial parameters are the same bits in every build (pdp_tensor_normal likewise). */
+PDP__PRIVATE float pdp__draw_uniform(pdp_rng *r, float lo, float hi)
+{
+    return (float)((double)lo + (double)(hi - lo) * (double)pdp_rng_uniform(r));
+}
+
 PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, float a, float b,
                                          const char *fn)
 {
@@ -9485,11 +9496,15 @@ PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, 
     if (t->dtype != PDP_DTYPE_F32)
         return pdp__err(PDP_ERR_INVALID, "%s: the tensor holds %s, not floats", fn,
                         pdp_dtype_name(t->dtype));
+    if (!isfinite(a) || !isfinite(b) || (normal ? b < 0.0f : a > b)) /* torch refuses them too */
+        return pdp__err(PDP_ERR_INVALID, normal ? "%s: mean %g, std %g (finite, std >= 0)"
+                        : "%s: [%g, %g) (finite, lo <= hi)", fn, (double)a, (double)b);
     host = t->device.kind == PDP_DEVICE_CPU ? t->data
                                             : (float *)pdp__alloc((size_t)t->count * sizeof(float));
     if (!host) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for a staging copy", fn);
     for (i = 0; i < t->count; i++)
-        host[i] = normal ? a + b * pdp_rng_normal(r) : a + (b - a) * pdp_rng_uniform(r);
+        host[i] = normal ? (float)((double)a + (double)b * (double)pdp_rng_normal(r))
+                         : pdp__draw_uniform(r, a, b);
     if (host != t->data) {
         st = pdp_tensor_upload(t, host);
         pdp__dealloc(host);
@@ -20776,7 +20791,7 @@ PDP__PRIVATE void pdp__tp_draw(float *dst, int64_t rows, pdp__tp_slice2d s, floa
     int64_t i, j, w = s.c1 - s.c0, block = rows / (s.parts > 1 ? s.parts : 1);
     for (i = 0; i < rows; i++)
         for (j = 0; j < s.cols; j++) {
-            float v = lo + (hi - lo) * pdp_rng_uniform(r);
+            float v = pdp__draw_uniform(r, lo, hi); /* as pdp_tensor_uniform draws */
             int64_t p = i / block, k = i % block;
             if (k >= s.r0 && k < s.r1 && j >= s.c0 && j < s.c1)
                 dst[(p * (s.r1 - s.r0) + k - s.r0) * w + (j - s.c0)] = v;
@@ -22246,13 +22261,16 @@ bad_shape:
     {
         char got[96], want[96];
         pdp_tensor expect;
+        bool one = x->ndim == m->in_ndim; /* a sample without its batch dimension? */
+        for (d = 0; one && d < m->in_ndim; d++) one = x->shape[d] == m->in_shape[d];
         shape[0] = x->shape[0];
         memcpy(shape + 1, m->in_shape, 3 * sizeof *shape);
         pdp__set_shape(&expect, m->in_ndim + 1, shape, 0);
-        return pdp__err(PDP_ERR_SHAPE, "pdp_model_forward: layer 0 (%s) expects %s, got %s",
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_forward: layer 0 (%s) expects %s, got %s%s",
                         pdp__layer_kind_name(m->layers[0].kind),
                         pdp__shape_str(&expect, want, sizeof want),
-                        pdp__shape_str(x, got, sizeof got));
+                        pdp__shape_str(x, got, sizeof got), one ? " (one sample without the "
+                        "batch dimension: give it as [1, ...])" : "");
     }
 }
 
@@ -23388,6 +23406,7 @@ PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *la
 
 struct pdp_optim {
     pdp_model *model;
+    pdp_device device;     /* the model's at creation: pdp_optim_free needs no model */
     pdp_optim_desc desc;   /* defaults filled in, validated */
     int64_t count;         /* the model's param_count at creation */
     int64_t lo, hi;        /* the range of the flat block the state covers */
@@ -23498,6 +23517,7 @@ PDP__PRIVATE pdp_status pdp__optim_alloc(pdp_optim **out, pdp_model *m, const pd
     o = (pdp_optim *)pdp__calloc(sizeof *o);
     if (!o) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     o->model = m;
+    o->device = m->device;
     o->desc = d;
     o->count = m->param_count;
     o->lo = lo;
@@ -23591,7 +23611,7 @@ PDP_API void pdp_optim_free(pdp_optim *o)
 {
     int k;
     if (!o) return;
-    for (k = 0; k < 2; k++) pdp__dev_free(o->model->device, o->state[k]);
+    for (k = 0; k < 2; k++) pdp__dev_free(o->device, o->state[k]); /* the model may be gone */
     pdp__dealloc(o);
 }
 
@@ -25359,6 +25379,11 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
             return pdp__err(PDP_ERR_INVALID, "%s: desc.%s[%lld] = %lld is outside [0, %lld)", fn,
                             d.sampler ? "sampler's indices" : "indices", (long long)i,
                             (long long)d.indices[i], (long long)ds->count);
+    if (d.drop_last && d.batch_size > (d.indices ? d.num_indices : ds->count))
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.batch_size %lld with drop_last over %lld "
+                        "samples%s: an epoch of no batch", fn, (long long)d.batch_size,
+                        (long long)(d.indices ? d.num_indices : ds->count),
+                        d.sampler ? " (the sampler's shard)" : "");
     if (!(b = (pdp_batcher *)pdp__calloc(sizeof *b)))
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     b->ds = ds;

@@ -113,7 +113,8 @@ int main(int argc, char **argv)
         float loss;
         pdp_batcher_reset(batcher, (uint64_t)i);
         while (pdp_batcher_next(batcher, &x, &y, &n)) {
-            pdp_optim_set_lr(opt, pdp_lr_warmup_cosine(step++, 100, total_steps, lr, lr / 20));
+            pdp_optim_set_lr(opt, pdp_lr_warmup_cosine(step++, total_steps < 2000 ? total_steps
+                                                       / 20 : 100, total_steps, lr, lr / 20));
             /* replicate, scatter, parallel apply, gather, reduce, step */
             PDP_CHECK(pdp_dp_step(dp, opt, &x, y, &loss));
             PDP_CHECK(pdp_count_correct(pdp_dp_output(dp), y, &c)); /* the gathered outputs */

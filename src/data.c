@@ -657,6 +657,11 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
             return pdp__err(PDP_ERR_INVALID, "%s: desc.%s[%lld] = %lld is outside [0, %lld)", fn,
                             d.sampler ? "sampler's indices" : "indices", (long long)i,
                             (long long)d.indices[i], (long long)ds->count);
+    if (d.drop_last && d.batch_size > (d.indices ? d.num_indices : ds->count))
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.batch_size %lld with drop_last over %lld "
+                        "samples%s: an epoch of no batch", fn, (long long)d.batch_size,
+                        (long long)(d.indices ? d.num_indices : ds->count),
+                        d.sampler ? " (the sampler's shard)" : "");
     if (!(b = (pdp_batcher *)pdp__calloc(sizeof *b)))
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     b->ds = ds;

@@ -154,7 +154,8 @@ typedef struct pdp_batcher pdp_batcher;
 typedef struct pdp_batcher_desc {
     int64_t batch_size;     /* samples per batch; default 64 */
     bool shuffle;           /* default false: in index order, as PyTorch's DataLoader */
-    bool drop_last;         /* default false: the last batch of an epoch may be smaller */
+    bool drop_last;         /* default false: the last batch of an epoch may be smaller;
+                               true with batch_size above the samples: PDP_ERR_INVALID */
     uint64_t seed;          /* with shuffle: epoch e's order is pdp_permutation(seed, e) of
                                the index list */
     const int64_t *indices; /* iterate over these samples (copied at create; they may repeat,

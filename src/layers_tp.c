@@ -401,7 +401,7 @@ PDP__PRIVATE void pdp__tp_draw(float *dst, int64_t rows, pdp__tp_slice2d s, floa
     int64_t i, j, w = s.c1 - s.c0, block = rows / (s.parts > 1 ? s.parts : 1);
     for (i = 0; i < rows; i++)
         for (j = 0; j < s.cols; j++) {
-            float v = lo + (hi - lo) * pdp_rng_uniform(r);
+            float v = pdp__draw_uniform(r, lo, hi); /* as pdp_tensor_uniform draws */
             int64_t p = i / block, k = i % block;
             if (k >= s.r0 && k < s.r1 && j >= s.c0 && j < s.c1)
                 dst[(p * (s.r1 - s.r0) + k - s.r0) * w + (j - s.c0)] = v;

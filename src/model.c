@@ -975,13 +975,16 @@ bad_shape:
     {
         char got[96], want[96];
         pdp_tensor expect;
+        bool one = x->ndim == m->in_ndim; /* a sample without its batch dimension? */
+        for (d = 0; one && d < m->in_ndim; d++) one = x->shape[d] == m->in_shape[d];
         shape[0] = x->shape[0];
         memcpy(shape + 1, m->in_shape, 3 * sizeof *shape);
         pdp__set_shape(&expect, m->in_ndim + 1, shape, 0);
-        return pdp__err(PDP_ERR_SHAPE, "pdp_model_forward: layer 0 (%s) expects %s, got %s",
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_forward: layer 0 (%s) expects %s, got %s%s",
                         pdp__layer_kind_name(m->layers[0].kind),
                         pdp__shape_str(&expect, want, sizeof want),
-                        pdp__shape_str(x, got, sizeof got));
+                        pdp__shape_str(x, got, sizeof got), one ? " (one sample without the "
+                        "batch dimension: give it as [1, ...])" : "");
     }
 }
 

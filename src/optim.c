@@ -39,6 +39,7 @@
 
 struct pdp_optim {
     pdp_model *model;
+    pdp_device device;     /* the model's at creation: pdp_optim_free needs no model */
     pdp_optim_desc desc;   /* defaults filled in, validated */
     int64_t count;         /* the model's param_count at creation */
     int64_t lo, hi;        /* the range of the flat block the state covers */
@@ -149,6 +150,7 @@ PDP__PRIVATE pdp_status pdp__optim_alloc(pdp_optim **out, pdp_model *m, const pd
     o = (pdp_optim *)pdp__calloc(sizeof *o);
     if (!o) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     o->model = m;
+    o->device = m->device;
     o->desc = d;
     o->count = m->param_count;
     o->lo = lo;
@@ -242,7 +244,7 @@ PDP_API void pdp_optim_free(pdp_optim *o)
 {
     int k;
     if (!o) return;
-    for (k = 0; k < 2; k++) pdp__dev_free(o->model->device, o->state[k]);
+    for (k = 0; k < 2; k++) pdp__dev_free(o->device, o->state[k]); /* the model may be gone */
     pdp__dealloc(o);
 }
 

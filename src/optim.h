@@ -51,7 +51,8 @@ typedef struct pdp_optim_desc {
 
 /* desc may be NULL (SGD, lr 0.01). Invalid fields fail with PDP_ERR_INVALID
    naming the field and its value ("lr -0.1 < 0"). The optimizer steps m's parameters in
-   place: m must outlive it (free the optimizer first). Fields of the other kind (SGD's
+   place: m must outlive its use (pdp_optim_free reads no model: either may be freed
+   first). Fields of the other kind (SGD's
    momentum for Adam, Adam's betas for SGD) are not read. */
 PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc);
 PDP_API void pdp_optim_free(pdp_optim *o); /* NULL is fine */

@@ -328,6 +328,14 @@ PDP_API float pdp_rng_normal(pdp_rng *r)
 }
 
 /* Fills a CPU tensor directly, any other device through a host staging copy. */
+/* One draw in [lo, hi). In double, where the product of two floats is exact: a build that
+   fuses the multiply and the add (gcc's GNU modes) rounds as one that does not, so a seed's
+   initial parameters are the same bits in every build (pdp_tensor_normal likewise). */
+PDP__PRIVATE float pdp__draw_uniform(pdp_rng *r, float lo, float hi)
+{
+    return (float)((double)lo + (double)(hi - lo) * (double)pdp_rng_uniform(r));
+}
+
 PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, float a, float b,
                                          const char *fn)
 {
@@ -338,11 +346,15 @@ PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, 
     if (t->dtype != PDP_DTYPE_F32)
         return pdp__err(PDP_ERR_INVALID, "%s: the tensor holds %s, not floats", fn,
                         pdp_dtype_name(t->dtype));
+    if (!isfinite(a) || !isfinite(b) || (normal ? b < 0.0f : a > b)) /* torch refuses them too */
+        return pdp__err(PDP_ERR_INVALID, normal ? "%s: mean %g, std %g (finite, std >= 0)"
+                        : "%s: [%g, %g) (finite, lo <= hi)", fn, (double)a, (double)b);
     host = t->device.kind == PDP_DEVICE_CPU ? t->data
                                             : (float *)pdp__alloc((size_t)t->count * sizeof(float));
     if (!host) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for a staging copy", fn);
     for (i = 0; i < t->count; i++)
-        host[i] = normal ? a + b * pdp_rng_normal(r) : a + (b - a) * pdp_rng_uniform(r);
+        host[i] = normal ? (float)((double)a + (double)b * (double)pdp_rng_normal(r))
+                         : pdp__draw_uniform(r, a, b);
     if (host != t->data) {
         st = pdp_tensor_upload(t, host);
         pdp__dealloc(host);

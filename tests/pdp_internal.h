@@ -2358,6 +2358,11 @@ PDP__PRIVATE pdp_status pdp__tensor_create(const char *fn, pdp_tensor **out, pdp
 /* PDP_API float pdp_rng_normal(pdp_rng *r) */
 
 /* Fills a CPU tensor directly, any other device through a host staging copy. */
+/* One draw in [lo, hi). In double, where the product of two floats is exact: a build that
+   fuses the multiply and the add (gcc's GNU modes) rounds as one that does not, so a seed's
+   initial parameters are the same bits in every build (pdp_tensor_normal likewise). */
+PDP__PRIVATE float pdp__draw_uniform(pdp_rng *r, float lo, float hi);
+
 PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, float a, float b,
                                          const char *fn);
 
@@ -7119,6 +7124,7 @@ PDP__PRIVATE pdp_status pdp__model_check_logits(pdp_model *m, const pdp_tensor *
 
 struct pdp_optim {
     pdp_model *model;
+    pdp_device device;     /* the model's at creation: pdp_optim_free needs no model */
     pdp_optim_desc desc;   /* defaults filled in, validated */
     int64_t count;         /* the model's param_count at creation */
     int64_t lo, hi;        /* the range of the flat block the state covers */

@@ -1003,6 +1003,16 @@ TEST data_batcher_covers_each_sample_once(void)
     }
     ASSERT_EQ(10, (int)batches);
     pdp_batcher_free(b);
+    /* drop_last with a batch larger than the data: no batch at all (PDP_OK, then an epoch
+       that yields nothing), refused instead, as num_indices 0 is */
+    bd.batch_size = 104;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "desc.batch_size 104 with drop_last over 103 samples: an "
+                                    "epoch of no batch"));
+    bd.batch_size = 103; /* one batch */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    ASSERT_EQ(1, (int)pdp_batcher_num_batches(b));
+    pdp_batcher_free(b);
     pdp_dataset_free(ds);
     PASS();
 }

@@ -1112,6 +1112,14 @@ TEST layers_backward_refuses_a_dy_of_another_shape(void)
     ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_backward_dx(m, &dy, &dx), pdp_status_name);
     pdp_tensor_wrap(dyd, pdp_cpu(), 2, good, &dy);
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(m, &dy), pdp_status_name);
+    /* one sample given without its batch dimension: said so (it read as a batch of 7) */
+    pdp_tensor_wrap(xd, pdp_cpu(), 1, (int64_t[]){7}, &x);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "got [7] (one sample without the batch dimension: give it "
+                                    "as [1, ...])"));
+    pdp_tensor_wrap(xd, pdp_cpu(), 2, (int64_t[]){1, 6}, &x); /* a wrong width: no such hint */
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "got [1, 6]") && !strstr(pdp_last_error(), "batch dim"));
     pdp_model_free(m);
     PASS();
 }

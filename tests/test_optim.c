@@ -582,7 +582,13 @@ TEST optim_create_null_arguments_and_failing_allocations(void)
     }
     pdp_comm_free(c);
     pdp_local_group_free(g);
+    /* the model freed before its optimizer: pdp_optim_free read the model's device (a use
+       after free that make sanitize reports) */
+    memset(&a.d, 0, sizeof a.d);
+    a.d.kind = PDP_OPTIM_ADAM;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, a.m, &a.d), status_name);
     pdp_model_free(a.m);
+    pdp_optim_free(o);
     PASS();
 }
 

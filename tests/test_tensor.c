@@ -309,6 +309,24 @@ TEST rng_initialisers_respect_bounds(void)
     for (i = 0; i < t->count; i++) mx = fabsf(t->data[i]) > mx ? fabsf(t->data[i]) : mx;
     ASSERT(mx <= bound_x * 1.0001f && mx > bound_x * 0.95f);
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_tensor_kaiming_uniform(t, &r, 0, 0.0f), pdp_status_name);
+    /* each draw is lo + (hi - lo) u rounded once (the exact value's nearest float, here
+       through long double), whether or not the build fuses the multiply and the add: the
+       same initial parameters in every build */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_uniform(t, &r, -0.3f, 0.7f), pdp_status_name);
+    pdp_rng_seed(&r, 1, 0);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_kaiming_uniform(t, &r, 100, sqrtf(5.0f)), pdp_status_name);
+    pdp_rng_seed(&r, 1, 0);
+    for (i = 0; i < t->count; i++) {
+        long double u = pdp_rng_uniform(&r), lo = -bound_k, w = 2.0f * bound_k;
+        ASSERT_EQ_FMT((double)(float)(lo + w * u), (double)t->data[i], "%.9g");
+    }
+    /* what torch.nn.init refuses: an empty or reversed range, a negative or NaN std */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_tensor_uniform(t, &r, 1.0f, 0.0f), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_tensor_uniform: [1, 0) (finite, lo <= hi)"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_tensor_uniform(t, &r, 0.0f, INFINITY), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_tensor_normal(t, &r, 0.0f, -1.0f), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_tensor_normal: mean 0, std -1 (finite, std >= 0)"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_tensor_normal(t, &r, NAN, 1.0f), pdp_status_name);
     pdp_tensor_free(t);
     PASS();
 }
@@ -334,7 +352,8 @@ TEST rng_tensor_normal_moments_and_determinism(void)
     ASSERT_IN_RANGE(mean, s / t->count, 0.005);
     ASSERT_IN_RANGE((double)std * std, s2 / t->count - (s / t->count) * (s / t->count), 0.005);
     ASSERT_IN_RANGE(0.6827, (double)within / t->count, 0.005);
-    /* the same seed and stream give the same bits: mean + std * pdp_rng_normal, in order */
+    /* the same seed and stream give the same bits: mean + std * pdp_rng_normal, in order
+       (0.5 x: exact, so one rounding either way) */
     pdp_rng_seed(&r, 99, 3);
     ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_normal(u, &r, mean, std), pdp_status_name);
     ASSERT_MEM_EQ(t->data, u->data, (size_t)t->count * sizeof(float));
