@@ -1470,10 +1470,12 @@ static __global__ void pdp__embed_wpe_bwd(const float *dout, float *dwpe, int64_
     }
 }
 
-/* Under scratch_mu: the check and the gather, then the check's answer on the host. */
-static pdp_status pdp__cu_embed_fwd(int dev, pdp__cu_ctx *c, const int32_t *ids,
-                                    const float *wte, const float *wpe, float *out, int64_t B,
-                                    int64_t T, int64_t V, int64_t C)
+/* Under scratch_mu: the ids' check (forward: with the gather, backward: before the
+   scatter), then its answer on the host; why is added to the message. */
+static pdp_status pdp__cu_embed_check(int dev, pdp__cu_ctx *c, const int32_t *ids,
+                                      const float *wte, const float *wpe, float *out,
+                                      int64_t B, int64_t T, int64_t V, int64_t C,
+                                      const char *why)
 {
     int64_t n = B * T, bad[2];
     void *scratch;
@@ -1481,15 +1483,17 @@ static pdp_status pdp__cu_embed_fwd(int dev, pdp__cu_ctx *c, const int32_t *ids,
     if ((st = pdp__cu_scratch(dev, c, sizeof bad, &scratch)) != PDP_OK) return st;
     pdp__embed_check_fwd<<<1, PDP__CU_THREADS, 0, c->stream>>>(ids, n, V, (int64_t *)scratch);
     PDP__LAUNCHED(pdp__embed_check_fwd);
-    pdp__embed_fwd<<<pdp__cu_grid(n * C), PDP__CU_THREADS, 0, c->stream>>>(ids, wte, wpe, out, n,
-                                                                            T, V, C);
-    PDP__LAUNCHED(pdp__embed_fwd);
+    if (out) {
+        pdp__embed_fwd<<<pdp__cu_grid(n * C), PDP__CU_THREADS, 0, c->stream>>>(ids, wte, wpe,
+                                                                                out, n, T, V, C);
+        PDP__LAUNCHED(pdp__embed_fwd);
+    }
     PDP__CU(cudaMemcpyAsync(bad, scratch, sizeof bad, cudaMemcpyDeviceToHost, c->stream));
     PDP__CU(cudaStreamSynchronize(c->stream));
     if (bad[0] < n)
         return pdp__cu_fail(PDP_ERR_INVALID, "token id %lld at position (%lld, %lld) is outside "
-                            "[0, %lld)", (long long)bad[1], (long long)(bad[0] / T),
-                            (long long)(bad[0] % T), (long long)V);
+                            "[0, %lld)%s", (long long)bad[1], (long long)(bad[0] / T),
+                            (long long)(bad[0] % T), (long long)V, why);
     return PDP_OK;
 }
 
@@ -1502,7 +1506,7 @@ extern "C" pdp_status pdp_cudak_embed_fwd(int dev, const int32_t *ids, const flo
     if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
     if (B * T <= 0) return PDP_OK;
     pthread_mutex_lock(&c->scratch_mu);
-    st = pdp__cu_embed_fwd(dev, c, ids, wte, wpe, out, B, T, V, C);
+    st = pdp__cu_embed_check(dev, c, ids, wte, wpe, out, B, T, V, C, "");
     pthread_mutex_unlock(&c->scratch_mu);
     return st;
 }
@@ -1514,10 +1518,16 @@ extern "C" pdp_status pdp_cudak_embed_bwd(int dev, const int32_t *ids, const flo
     pdp__cu_ctx *c;
     pdp_status st;
     int64_t n = B * T;
-    (void)V; /* the forward checked every id against it */
     if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
     PDP__ARGS(n < 2147483647LL, "Embedding: %lld positions: positions are int32", (long long)n);
     if (n <= 0) return PDP_OK;
+    /* the ids again: the model keeps the forward's input, not a copy, and ids changed since
+       would scatter past dwte (layers_gpt.c checks the CPU's alike) */
+    pthread_mutex_lock(&c->scratch_mu);
+    st = pdp__cu_embed_check(dev, c, ids, NULL, NULL, NULL, B, T, V, C, ": the ids changed "
+                             "after the forward (the backward reads the forward's input again)");
+    pthread_mutex_unlock(&c->scratch_mu);
+    if (st != PDP_OK) return st;
     pdp__embed_wpe_bwd<<<pdp__cu_grid(T * C), PDP__CU_THREADS, 0, c->stream>>>(dout, dwpe, B, T,
                                                                                C);
     PDP__LAUNCHED(pdp__embed_wpe_bwd);

@@ -171,8 +171,9 @@ pdp_status pdp_cudak_maxpool_bwd(int dev, const pdp_cudak_conv *g, const float *
 
 /* a GPT's layers (layers_gpt.c's formulas). Embedding: ids [B, T] int32 on dev; an id
    outside [0, V) is PDP_ERR_INVALID naming its position and value (the forward waits for
-   the check); backward accumulates dwte and dwpe (+=) in the CPU's order per channel, no
-   atomics; work: B T int32. */
+   the check); backward checks them again (the caller may have changed them since: the same
+   error, before anything is added) and accumulates dwte and dwpe (+=) in the CPU's order per
+   channel, no atomics; work: B T int32. */
 pdp_status pdp_cudak_embed_fwd(int dev, const int32_t *ids, const float *wte, const float *wpe,
                                float *out, int64_t B, int64_t T, int64_t V, int64_t C);
 pdp_status pdp_cudak_embed_bwd(int dev, const int32_t *ids, const float *dout, float *dwte,

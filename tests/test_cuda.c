@@ -752,6 +752,18 @@ TEST cuda_embedding_and_tied_head_match_cpu(void)
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_forward(m[1], &xg, &yg), pdp_status_name);
     ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "token id 5 at position (2, 3)") != NULL);
     ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "layer 0 (Embedding)") != NULL);
+    /* ids changed between a good forward and its backward: refused before the scatter (it
+       would have added rows past dwte) */
+    ids[2 * 7 + 3] = 4;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(buf, (const float *)(const void *)ids),
+                   pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_model_forward(m[1], &xg, &yg) == PDP_OK);
+    ids[2 * 7 + 3] = 5;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(buf, (const float *)(const void *)ids),
+                   pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_backward(m[1], dyg), pdp_status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "token id 5 at position (2, 3) is "
+                                     "outside [0, 5): the ids changed after the forward"));
     pdp_tensor_free(buf);
     pdp_tensor_free(dyc);
     pdp_tensor_free(dyg);

@@ -694,10 +694,12 @@ pdp_status pdp_cudak_embed_bwd(int dev, const int32_t *ids, const float *dout, f
     if (fake__check(__func__, "work", dev, work, F(B * T))) return PDP_ERR_CUDA;
     fake__poison(work, F(B * T));
     OWN(dev, ids, F(B * T));
-    for (i = 0; i < B * T; i++) /* the forward checked them; a GPU would scatter anywhere */
+    for (i = 0; i < B * T; i++) /* changed since the forward: pdp_cuda.cu's check, its status */
         if (ids[i] < 0 || ids[i] >= V)
-            return fake__fail(PDP_ERR_CUDA, "%s: id %ld at position %lld is outside [0, %lld)",
-                              __func__, (long)ids[i], (long long)i, (long long)V);
+            return fake__fail(PDP_ERR_INVALID, "token id %ld at position (%lld, %lld) is "
+                              "outside [0, %lld): the ids changed after the forward",
+                              (long)ids[i], (long long)(i / T), (long long)(i % T),
+                              (long long)V);
     l.vocab = V, l.out_features = C, l.context = T;
     io.x = (const float *)(const void *)ids, io.dy = dout, io.dw = dwte, io.db = dwpe;
     return fake__layer(__func__, dev, &l, &io, 1, FAKE__X | FAKE__DY | FAKE__DW | FAKE__DB, NULL);
