@@ -10,9 +10,8 @@
    Run:    ./train_gpt     (PDP_SHORT=1: a few steps; -prompt "Q: " -temperature 0.6 -top_k 10)
            ./train_gpt -strategy zero3 -np 2 -tp 2 -sp 1 -recompute selective -precision bf16
            ./train_gpt_cuda -device cuda -strategy zero2 -np 2       (a thread per GPU)
-   Output: "step  2000  loss 2.0720 (mean of 200 steps)  val 2.0638  ...", "rank 0: parameters
-           1.91 MB (4Psi 1.91), ...", a sample "The parter onemiturartual moct ..." (README.md,
-           "A GPT", has it all)
+           ./train_gpt -accum 4     (nanoGPT's gradient accumulation: 4 batches a step)
+   Output: losses, each rank's memory, a sample of text (README.md, "A GPT", shows it all)
    Next:   train_tp.c (each layer split across ranks instead of the batch or the state). */
 
 #define PDP_IMPLEMENTATION
@@ -24,7 +23,7 @@
 
 static pdp_gpt_desc g = {.vocab = 256, .context = 64, .layers = 4, .heads = 4, .dim = 96};
 static int64_t B = 8, steps = 2000, n_new = 500, seed = 1; /* B: the global batch */
-static int np = 1, tp = 1, sp = 0, threads = 1, top_k = 40, short_run;
+static int np = 1, tp = 1, sp = 0, threads = 1, top_k = 40, accum = 1, short_run;
 static int strategy, cuda, recompute, bf16; /* -strategy, -device, ...: their choice's index */
 static double lr = 3e-3; /* at dim 128, 2e-3 and 4e-3 beat nanoGPT's 1e-3 over 1200 steps */
 static double dropout = 0, temperature = 0.8;
@@ -60,8 +59,9 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     gd.device = ctx->device;          /* the CPU, or this rank's GPU */
     PDP_TRY(pdp_gpt_desc_format(&gd, text, size)); /* its sizes, parameters, TP, precision */
     if (ctx->rank == 0)
-        printf("%s; batch %lld, AdamW lr %g, %d thread(s), %s x %d%s\n", text, (long long)B, lr,
-               threads, pdp_strategy_name((pdp_strategy)strategy), np, cuda ? " on CUDA" : "");
+        printf("%s; batch %lld x %d accumulated, AdamW lr %g, %d thread(s), %s x %d%s\n", text,
+               (long long)B, accum, lr, threads, pdp_strategy_name((pdp_strategy)strategy), np,
+               cuda ? " on CUDA" : "");
     PDP_TRY(pdp_gpt_create(&m, &gd));
     PDP_TRY(pdp_tensor_create_ids(&ids, ctx->device, 2, (int64_t[]){b, T}));
     PDP_TRY(pdp_model_reserve(m, rows)); /* activations for its sequences: steps allocate none */
@@ -72,7 +72,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         .optim = {.kind = PDP_OPTIM_ADAMW, .lr = lr, .beta1 = 0.9, .beta2 = 0.95, /* nanoGPT's: */
                   .weight_decay = 0.1, .decay_params = PDP_DECAY_MATRICES}, /* biases, LN: 0 */
         /* DP: np workers (cuda: GPUs); ZeRO: units of 0.25 MiB */
-        .dp = {.num_workers = np}, .zero = {.bucket_cap_mb = 0.25, .first_bucket_mb = 0.25}}));
+        .dp = {.num_workers = np}, .zero = {.bucket_cap_mb = 0.25, .first_bucket_mb = 0.25},
+        .accum_steps = accum}));
 
     pdp_rng_seed(&r, (uint64_t)seed, 0);
     for (step = 0; step < steps; step++) { /* the same loop for every strategy */
@@ -80,21 +81,23 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         float loss, val;
         PDP_TRY(pdp_optim_set_lr(pdp_trainer_optim(t),
                                  pdp_lr_warmup_cosine(step, steps / 20, steps, lr, lr / 10)));
-        PDP_TRY(pdp_token_dataset_sample(ds, PDP_SPLIT_TRAIN, &r, B, x, y)); /* the global batch */
-        PDP_TRY(pdp_tensor_upload(ids, x + rank * b * T)); /* this rank's slice (DP: all of it) */
-        PDP_TRY(pdp_trainer_forward_backward(t, ids, y + rank * b * T, &loss));
+        for (int j = 0; j < accum; j++) { /* -accum: micro-batches, their gradients averaged */
+            PDP_TRY(pdp_token_dataset_sample(ds, PDP_SPLIT_TRAIN, &r, B, x, y)); /* global batch */
+            PDP_TRY(pdp_tensor_upload(ids, x + rank * b * T)); /* this rank's slice (DP: all) */
+            PDP_TRY(pdp_trainer_forward_backward(t, ids, y + rank * b * T, &loss));
+            loss_sum += loss / accum;
+        }
         PDP_TRY(pdp_trainer_clip_grad_norm(t, 1.0f, NULL)); /* once DDP, ZeRO have averaged */
         PDP_TRY(pdp_trainer_step(t)); /* AdamW (ZeRO: this rank's shard, then all-gathers) */
         t_train += pdp_seconds() - t0;
         if (step == 0) pdp_tp_get_stats(m, &ts); /* TP: every step sends the same; no eval yet */
-        loss_sum += loss;
         if ((step + 1) % every && step + 1 < steps) continue; /* a line every tenth */
         /* the same validation windows every time; every rank: collective under ZeRO-3 */
         PDP_TRY(pdp_gpt_evaluate(m, ds, PDP_SPLIT_VAL, b, (short_run ? 1 : 8) * n, 1234, &val));
         if (ctx->rank == 0)
             printf("step %5lld  loss %.4f (mean of %d steps)  val %.4f  %.0f tokens/s  %.1f s\n",
                    (long long)step + 1, loss_sum / (step % every + 1), (int)(step % every + 1),
-                   val, (step + 1) * B * T / t_train, t_train);
+                   val, (step + 1) * B * T * accum / t_train, t_train);
         fflush(stdout);
         loss_sum = 0;
     }
@@ -140,6 +143,7 @@ int main(int argc, char **argv)
         {"-precision", PDP_ARG_CHOICE, &bf16, 0, 0, "fp32|bf16"},
         {"-steps", PDP_ARG_INT64, &steps, 1, 1e9, NULL},
         {"-batch", PDP_ARG_INT64, &B, 1, 1 << 20, NULL}, /* global: at least 1 per rank */
+        {"-accum", PDP_ARG_INT, &accum, 1, 1024, NULL}, /* batches a step (each -batch) */
         {"-context", PDP_ARG_INT64, &g.context, 1, 1 << 16, NULL},
         {"-layers", PDP_ARG_INT, &g.layers, 1, 1000, NULL},
         {"-heads", PDP_ARG_INT, &g.heads, 1, 1000, NULL},
