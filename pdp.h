@@ -290,10 +290,11 @@
    run again with the same seed, gives the same bits whatever the thread count
    (pdp_set_num_threads, DP's threads_per_worker) and whichever thread wins the pool.
    Another build draws the same initial parameters (computed in double, where a fused
-   multiply-add rounds as the two operations do) but need not train to them: gcc's -ffp-contract=fast (its default in the GNU modes,
-   -std=gnu99 or no -std) fuses a*b + c into one FMA where -ffp-contract=off (the
-   default under -std=c99) rounds the product first, and at -O2 and above (gcc 12's two
-   -O1 builds wrote the same bits here) the two builds write different checkpoints; so
+   multiply-add rounds as the two operations do) but need not train to the same bits:
+   gcc's -ffp-contract=fast (its default in the GNU modes, -std=gnu99 or no -std) fuses
+   a*b + c into one FMA where -ffp-contract=off (the default under -std=c99) rounds the
+   product first, and at -O2 and above (gcc 12's two -O1 builds wrote the same bits
+   here) the two builds write different checkpoints after training; so
    may another -march (another GEMM kernel), PDP_NO_SIMD, another bf16 path (AMX,
    sgemm-rounded: another CPU may take another) or another device (CUDA).
 
@@ -326,7 +327,8 @@
    ("crc32c.<name>") and of the header ("crc32c.header"); a load verifies them and
    fails with PDP_ERR_FORMAT naming the tensor or the header, leaving the model and
    optimizer untouched. Files without checksums (other tools) load unverified. A
-   save writes <path>.tmp.<pid>, syncs it (fsync; FlushFileBuffers on Windows), renames
+   save writes <path>.tmp.<pid>.<thread> (thread ranks saving one path each write their
+   own), syncs it (fsync; FlushFileBuffers on Windows), renames
    it over <path> (rename; MoveFileExA with MOVEFILE_REPLACE_EXISTING and
    MOVEFILE_WRITE_THROUGH on Windows) and syncs the directory (POSIX), so a crash loses
    nothing, and removes temporaries left by writers that were killed. Every load error starts
@@ -1809,10 +1811,11 @@ PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accu
    nanoGPT's attention registers its causal mask as a buffer, "attn.bias", that the file
    does not hold: load_state_dict(sd, strict=False)). */
 
-/* Writes path atomically: the bytes go to "<path>.tmp.<pid>", which is
+/* Writes path atomically: the bytes go to "<path>.tmp.<pid>.<thread>" (a name of its own
+   for each thread, so thread ranks saving one path at once do not collide), which is
    flushed, fsync'd and renamed over path, then the directory is fsync'd. A
    failure or a crash at any point leaves any previous file at path intact (and
-   on failure the temporary is removed). Temporaries "<path>.tmp.<pid>" that a
+   on failure the temporary is removed). Temporaries "<path>.tmp.<pid>[.<thread>]" that a
    killed writer left behind are removed first, when no process has that pid
    (another live writer's are kept). o may be NULL (parameters only).
    Errors: PDP_ERR_IO naming the file and the failed call. */
@@ -3328,7 +3331,11 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
    (zeroed) and, at stage 3, a parameter block holding this rank's slices only
    (call pdp_zero_gather_params(z, NULL) first for the full values); the model is the
    caller's again (layers may be added; pdp_model_param views taken while wrapped are
-   stale). Not collective. NULL is fine. */
+   stale). Not collective. NULL is fine. A stage-3 model of 2 or more ranks freed without
+   that gather is marked as holding slices: its forward (so pdp_gpt_generate and
+   pdp_gpt_evaluate), pdp_checkpoint_save, pdp_tp_checkpoint_save and a new executor fail
+   with PDP_ERR_STATE naming the rank and the calls to make, until pdp_checkpoint_load (or
+   pdp_tp_checkpoint_load) fills every parameter. */
 PDP_API void pdp_zero_free(pdp_zero *z);
 /* The desc in use, defaults filled in (sokol's query-defaults): grad_buffers cut to the
    units there are (0 at stage 1), param_buffers 0 below stage 3. A zero desc for NULL. */
@@ -3572,7 +3579,8 @@ PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
                                       const pdp_trainer_desc *desc);
 /* Frees the optimizer and the executor: the model is the caller's again (layers may be
    added), whole but at ZeRO-3, where it keeps this rank's slices unless
-   pdp_trainer_gather_params ran (zero.h: pdp_zero_free). Not collective. NULL is fine. */
+   pdp_trainer_gather_params ran (zero.h: pdp_zero_free; such a model's forward, generation
+   and saves then fail with PDP_ERR_STATE saying so). Not collective. NULL is fine. */
 PDP_API void pdp_trainer_free(pdp_trainer *t);
 /* The desc in use, defaults filled in (sokol's query-defaults): the optimizer's and the
    strategy's executor's resolved descs (pdp_optim_get_desc, pdp_dp_get_desc, ...), the other
@@ -5725,6 +5733,12 @@ struct pdp_model {
     pdp__wrap wrapped;         /* the executor holding the model (PDP__WRAP_NONE: none); set
                                   by its create, cleared by its free (pdp__model_wrap) */
     int wrap_stage;            /* ZeRO's stage while wrapped by ZeRO; else 0 */
+    int sliced_rank, sliced_world; /* sliced_world > 1: ZeRO stage 3 was freed without
+                                  gathering (pdp_zero_free), so the parameter block holds rank
+                                  sliced_rank's slices and zeros elsewhere: a forward, a save
+                                  and a new executor refuse it (pdp__model_check_whole) until a
+                                  whole checkpoint loads (pdp_checkpoint_load,
+                                  pdp_tp_checkpoint_load) */
     pdp__model_views_fn views; /* pdp_model_param's views (above); NULL: the blocks' */
     void *views_user;
     pdp__model_event_fn event; /* the executor seam (above); NULL: off */
@@ -5754,6 +5768,9 @@ PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage,
 PDP__PRIVATE pdp_status pdp__model_reserve_params(pdp_model *m, int64_t count);
 PDP__PRIVATE pdp_status pdp__model_fit_params(pdp_model *m);
 PDP__PRIVATE void pdp__model_unwrap(pdp_model *m);
+/* PDP_OK, or PDP_ERR_STATE (the message starting with fn) for a model whose parameter block
+   holds one rank's ZeRO-3 slices only (sliced_world above). */
+PDP__PRIVATE pdp_status pdp__model_check_whole(const pdp_model *m, const char *fn);
 PDP__PRIVATE const char *pdp__model_wrapper(const pdp_model *m);
 PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what,
                                                 const char *fn);
@@ -21461,6 +21478,7 @@ PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage,
     static const char *frees[5] = {"", "pdp_dp_free", "pdp_ddp_free", "pdp_zero_free",
                                    "pdp_pp_free"};
     PDP_ASSERT(kind > PDP__WRAP_NONE && kind <= PDP__WRAP_PP);
+    if (pdp__model_check_whole(m, fn) != PDP_OK) return PDP_ERR_STATE;
     if (m->wrapped != PDP__WRAP_NONE)
         return pdp__err(PDP_ERR_STATE, "%s: the model is already wrapped by %s; one executor "
                         "holds a model at a time: %s it before wrapping the model in %s", fn,
@@ -21468,6 +21486,16 @@ PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage,
     m->wrapped = kind;
     m->wrap_stage = stage;
     return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__model_check_whole(const pdp_model *m, const char *fn)
+{
+    if (m->sliced_world < 2) return PDP_OK;
+    return pdp__err(PDP_ERR_STATE, "%s: the model holds only rank %d of %d's slices of its "
+                    "parameters (zeros elsewhere): ZeRO stage 3 was freed without gathering "
+                    "them; call pdp_trainer_gather_params (or pdp_zero_gather_params(z, NULL)) "
+                    "before pdp_trainer_free (pdp_zero_free), or load a whole checkpoint "
+                    "(pdp_checkpoint_load)", fn, m->sliced_rank, m->sliced_world);
 }
 
 PDP__PRIVATE void pdp__model_unwrap(pdp_model *m)
@@ -22224,6 +22252,7 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     m->have_forward = false; /* until this forward is whole: a failed one leaves no backward */
     if (m->nlayers == 0)
         return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the model has no layers");
+    if ((st = pdp__model_check_whole(m, "pdp_model_forward")) != PDP_OK) return st;
     if (m->open_residual >= 0)
         return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the residual region opened at layer "
                         "%d is never closed (pdp_model_residual_end)", m->open_residual);
@@ -26455,7 +26484,7 @@ PDP__PRIVATE const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int
    JSON and the tiling of the data section).
 
    Invariants. Save never exposes a half-written file: it writes
-   "<path>.tmp.<pid>", flush and sync it, rename it over path, sync the directory
+   "<path>.tmp.<pid>.<thread>", flush and sync it, rename it over path, sync the directory
    (platform.h: fsync and rename on POSIX; FlushFileBuffers and MoveFileExA with
    MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH on Win32);
    first it removes the temporaries of path whose pid is no live process (a
@@ -26852,8 +26881,8 @@ PDP__PRIVATE int pdp__ckpt_sync_dir(const char *path)
     return pdp__dir_sync(dir);
 }
 
-/* Removes the temporaries "<path>.tmp.<pid>" that writers of path killed
-   mid-save left behind: only those whose pid names no live process
+/* Removes the temporaries "<path>.tmp.<pid>" and "<path>.tmp.<pid>.<thread>" that writers
+   of path killed mid-save left behind: only those whose pid names no live process
    (pdp__pid_alive), never another live writer's, nor ours.
    Best effort: what cannot be listed or removed stays. (A pid is a local
    name: on a filesystem shared between machines, writers of one path on two
@@ -26872,6 +26901,8 @@ PDP__PRIVATE void pdp__ckpt_remove_stale(const char *path)
         if (strncmp(name, base, blen) != 0 || strncmp(name + blen, ".tmp.", 5) != 0) continue;
         for (s = name + blen + 5; *s >= '0' && *s <= '9' && pid <= INT_MAX / 10; s++)
             pid = pid * 10 + (*s - '0');
+        if (*s == '.' && s > name + blen + 5) /* ".<thread>" (a save's own name) */
+            for (s++; (*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f'); s++) continue;
         if (*s || s == name + blen + 5 || pid <= 0 || pid > INT_MAX || pid == pdp__pid() ||
             pdp__pid_alive(pid))
             continue;
@@ -26907,7 +26938,7 @@ PDP__PRIVATE pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, con
     crc_at = (size_t *)pdp__alloc((size_t)(nt + 1) * sizeof *crc_at);
     crcs = (uint32_t *)pdp__alloc((size_t)PDP__MAX(1, nt) * sizeof *crcs);
     crc = (pdp__crc32c *)pdp__alloc(sizeof *crc);
-    tmp_bytes = strlen(path) + 32;
+    tmp_bytes = strlen(path) + 48;
     tmp = (char *)pdp__alloc(tmp_bytes);
     if (staged) host = (float *)pdp__alloc((size_t)PDP__MAX(1, hi - lo) * 4);
     if (!crc_at || !crcs || !crc || !tmp || (staged && !host)) {
@@ -26921,7 +26952,10 @@ PDP__PRIVATE pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, con
     }
     pdp__crc32c_init(crc);
     pdp__ckpt_remove_stale(path);
-    snprintf(tmp, tmp_bytes, "%s.tmp.%ld", path, pdp__pid());
+    /* the pid and, in hex, the address of this thread's message buffer: threads of one
+       process (thread ranks) saving one path at once each write a temporary of their own */
+    snprintf(tmp, tmp_bytes, "%s.tmp.%ld.%llx", path, pdp__pid(),
+             (unsigned long long)(uintptr_t)pdp_last_error());
     for (k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)hlen >> (8 * k));
 
     if (!(f = fopen(tmp, "wb"))) {
@@ -27033,6 +27067,7 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
     const char *fn = "pdp_checkpoint_save";
     pdp_status st;
     if ((st = pdp__ckpt_whole_args(path, m, o, fn)) != PDP_OK) return st;
+    if ((st = pdp__model_check_whole(m, fn)) != PDP_OK) return st;
     return pdp__ckpt_save(path, m, m->param_block, true, o, 0, m->param_count, false, NULL, fn);
 }
 
@@ -27811,8 +27846,10 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
     const char *fn = "pdp_checkpoint_load";
     pdp_status st;
     if ((st = pdp__ckpt_whole_args(path, m, o, fn)) != PDP_OK) return st;
-    return pdp__ckpt_load(path, m, m->param_block, true, o, 0, m->param_count, false, NULL,
-                          fn);
+    if ((st = pdp__ckpt_load(path, m, m->param_block, true, o, 0, m->param_count, false, NULL,
+                             fn)) == PDP_OK)
+        m->sliced_world = m->sliced_rank = 0; /* every parameter written: whole again */
+    return st;
 }
 
 PDP__PRIVATE pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
@@ -30467,6 +30504,7 @@ PDP_API pdp_status pdp_tp_checkpoint_save(const char *path, const pdp_model *m,
     int32_t root_st;
     int k;
     if ((st = pdp__tp_ckpt_args(m, o, fn)) != PDP_OK) return st;
+    if ((st = pdp__model_check_whole(m, fn)) != PDP_OK) return st;
     if ((st = pdp__tp_full_model(m, &full, fn)) != PDP_OK) return st;
     if ((st = pdp__tp_gather(m, full, m->param_block, full->param_block)) != PDP_OK) goto out;
     if (o) {
@@ -30539,6 +30577,7 @@ PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_op
         o->steps = fo->steps;
     }
     m->step = full->step;
+    m->sliced_world = m->sliced_rank = 0; /* every slice written: whole again */
 out:
     pdp_optim_free(fo);
     pdp_model_free(full);
@@ -31638,6 +31677,7 @@ PDP_API void pdp_zero_free(pdp_zero *z)
             pdp__dev_free(m->device, m->grad_block);
             m->grad_block = NULL;
         }
+        m->sliced_world = m->sliced_rank = 0; /* a gathered block, or stages 1-2: whole */
         if (!m->param_block && m->param_count &&
             pdp__dev_alloc(m->device, bytes, (void **)&m->param_block) == PDP_OK) {
             pdp_status st = pdp__dev_memset0(m->device, m->param_block, bytes);
@@ -31650,6 +31690,9 @@ PDP_API void pdp_zero_free(pdp_zero *z)
             if (st != PDP_OK) {
                 pdp__dev_free(m->device, m->param_block);
                 m->param_block = NULL;
+            } else if (z->param_shard && z->size > 1) { /* this rank's slices, zeros around */
+                m->sliced_world = z->size;
+                m->sliced_rank = z->rank;
             }
         }
     }
@@ -34124,6 +34167,7 @@ PDP__PRIVATE pdp_status pdp__pp_prepare(pdp_pp **out, const pdp_model *full, pdp
     pdp_pp *pp;
     pdp_status st;
     if (!full) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if ((st = pdp__model_check_whole(full, fn)) != PDP_OK) return st;
     if (c->size > PDP_PP_MAX_STAGES)
         return pdp__err(PDP_ERR_INVALID, "%s: %d ranks (at most PDP_PP_MAX_STAGES = %d stages)",
                         fn, c->size, PDP_PP_MAX_STAGES);

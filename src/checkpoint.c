@@ -6,7 +6,7 @@
    JSON and the tiling of the data section).
 
    Invariants. Save never exposes a half-written file: it writes
-   "<path>.tmp.<pid>", flush and sync it, rename it over path, sync the directory
+   "<path>.tmp.<pid>.<thread>", flush and sync it, rename it over path, sync the directory
    (platform.h: fsync and rename on POSIX; FlushFileBuffers and MoveFileExA with
    MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH on Win32);
    first it removes the temporaries of path whose pid is no live process (a
@@ -403,8 +403,8 @@ PDP__PRIVATE int pdp__ckpt_sync_dir(const char *path)
     return pdp__dir_sync(dir);
 }
 
-/* Removes the temporaries "<path>.tmp.<pid>" that writers of path killed
-   mid-save left behind: only those whose pid names no live process
+/* Removes the temporaries "<path>.tmp.<pid>" and "<path>.tmp.<pid>.<thread>" that writers
+   of path killed mid-save left behind: only those whose pid names no live process
    (pdp__pid_alive), never another live writer's, nor ours.
    Best effort: what cannot be listed or removed stays. (A pid is a local
    name: on a filesystem shared between machines, writers of one path on two
@@ -423,6 +423,8 @@ PDP__PRIVATE void pdp__ckpt_remove_stale(const char *path)
         if (strncmp(name, base, blen) != 0 || strncmp(name + blen, ".tmp.", 5) != 0) continue;
         for (s = name + blen + 5; *s >= '0' && *s <= '9' && pid <= INT_MAX / 10; s++)
             pid = pid * 10 + (*s - '0');
+        if (*s == '.' && s > name + blen + 5) /* ".<thread>" (a save's own name) */
+            for (s++; (*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f'); s++) continue;
         if (*s || s == name + blen + 5 || pid <= 0 || pid > INT_MAX || pid == pdp__pid() ||
             pdp__pid_alive(pid))
             continue;
@@ -458,7 +460,7 @@ PDP__PRIVATE pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, con
     crc_at = (size_t *)pdp__alloc((size_t)(nt + 1) * sizeof *crc_at);
     crcs = (uint32_t *)pdp__alloc((size_t)PDP__MAX(1, nt) * sizeof *crcs);
     crc = (pdp__crc32c *)pdp__alloc(sizeof *crc);
-    tmp_bytes = strlen(path) + 32;
+    tmp_bytes = strlen(path) + 48;
     tmp = (char *)pdp__alloc(tmp_bytes);
     if (staged) host = (float *)pdp__alloc((size_t)PDP__MAX(1, hi - lo) * 4);
     if (!crc_at || !crcs || !crc || !tmp || (staged && !host)) {
@@ -472,7 +474,10 @@ PDP__PRIVATE pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, con
     }
     pdp__crc32c_init(crc);
     pdp__ckpt_remove_stale(path);
-    snprintf(tmp, tmp_bytes, "%s.tmp.%ld", path, pdp__pid());
+    /* the pid and, in hex, the address of this thread's message buffer: threads of one
+       process (thread ranks) saving one path at once each write a temporary of their own */
+    snprintf(tmp, tmp_bytes, "%s.tmp.%ld.%llx", path, pdp__pid(),
+             (unsigned long long)(uintptr_t)pdp_last_error());
     for (k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)hlen >> (8 * k));
 
     if (!(f = fopen(tmp, "wb"))) {
@@ -584,6 +589,7 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
     const char *fn = "pdp_checkpoint_save";
     pdp_status st;
     if ((st = pdp__ckpt_whole_args(path, m, o, fn)) != PDP_OK) return st;
+    if ((st = pdp__model_check_whole(m, fn)) != PDP_OK) return st;
     return pdp__ckpt_save(path, m, m->param_block, true, o, 0, m->param_count, false, NULL, fn);
 }
 
@@ -1362,8 +1368,10 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
     const char *fn = "pdp_checkpoint_load";
     pdp_status st;
     if ((st = pdp__ckpt_whole_args(path, m, o, fn)) != PDP_OK) return st;
-    return pdp__ckpt_load(path, m, m->param_block, true, o, 0, m->param_count, false, NULL,
-                          fn);
+    if ((st = pdp__ckpt_load(path, m, m->param_block, true, o, 0, m->param_count, false, NULL,
+                             fn)) == PDP_OK)
+        m->sliced_world = m->sliced_rank = 0; /* every parameter written: whole again */
+    return st;
 }
 
 PDP__PRIVATE pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,

@@ -35,10 +35,11 @@
    nanoGPT's attention registers its causal mask as a buffer, "attn.bias", that the file
    does not hold: load_state_dict(sd, strict=False)). */
 
-/* Writes path atomically: the bytes go to "<path>.tmp.<pid>", which is
+/* Writes path atomically: the bytes go to "<path>.tmp.<pid>.<thread>" (a name of its own
+   for each thread, so thread ranks saving one path at once do not collide), which is
    flushed, fsync'd and renamed over path, then the directory is fsync'd. A
    failure or a crash at any point leaves any previous file at path intact (and
-   on failure the temporary is removed). Temporaries "<path>.tmp.<pid>" that a
+   on failure the temporary is removed). Temporaries "<path>.tmp.<pid>[.<thread>]" that a
    killed writer left behind are removed first, when no process has that pid
    (another live writer's are kept). o may be NULL (parameters only).
    Errors: PDP_ERR_IO naming the file and the failed call. */

@@ -578,6 +578,12 @@ struct pdp_model {
     pdp__wrap wrapped;         /* the executor holding the model (PDP__WRAP_NONE: none); set
                                   by its create, cleared by its free (pdp__model_wrap) */
     int wrap_stage;            /* ZeRO's stage while wrapped by ZeRO; else 0 */
+    int sliced_rank, sliced_world; /* sliced_world > 1: ZeRO stage 3 was freed without
+                                  gathering (pdp_zero_free), so the parameter block holds rank
+                                  sliced_rank's slices and zeros elsewhere: a forward, a save
+                                  and a new executor refuse it (pdp__model_check_whole) until a
+                                  whole checkpoint loads (pdp_checkpoint_load,
+                                  pdp_tp_checkpoint_load) */
     pdp__model_views_fn views; /* pdp_model_param's views (above); NULL: the blocks' */
     void *views_user;
     pdp__model_event_fn event; /* the executor seam (above); NULL: off */
@@ -607,6 +613,9 @@ PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage,
 PDP__PRIVATE pdp_status pdp__model_reserve_params(pdp_model *m, int64_t count);
 PDP__PRIVATE pdp_status pdp__model_fit_params(pdp_model *m);
 PDP__PRIVATE void pdp__model_unwrap(pdp_model *m);
+/* PDP_OK, or PDP_ERR_STATE (the message starting with fn) for a model whose parameter block
+   holds one rank's ZeRO-3 slices only (sliced_world above). */
+PDP__PRIVATE pdp_status pdp__model_check_whole(const pdp_model *m, const char *fn);
 PDP__PRIVATE const char *pdp__model_wrapper(const pdp_model *m);
 PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what,
                                                 const char *fn);

@@ -174,6 +174,7 @@ PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage,
     static const char *frees[5] = {"", "pdp_dp_free", "pdp_ddp_free", "pdp_zero_free",
                                    "pdp_pp_free"};
     PDP_ASSERT(kind > PDP__WRAP_NONE && kind <= PDP__WRAP_PP);
+    if (pdp__model_check_whole(m, fn) != PDP_OK) return PDP_ERR_STATE;
     if (m->wrapped != PDP__WRAP_NONE)
         return pdp__err(PDP_ERR_STATE, "%s: the model is already wrapped by %s; one executor "
                         "holds a model at a time: %s it before wrapping the model in %s", fn,
@@ -181,6 +182,16 @@ PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage,
     m->wrapped = kind;
     m->wrap_stage = stage;
     return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__model_check_whole(const pdp_model *m, const char *fn)
+{
+    if (m->sliced_world < 2) return PDP_OK;
+    return pdp__err(PDP_ERR_STATE, "%s: the model holds only rank %d of %d's slices of its "
+                    "parameters (zeros elsewhere): ZeRO stage 3 was freed without gathering "
+                    "them; call pdp_trainer_gather_params (or pdp_zero_gather_params(z, NULL)) "
+                    "before pdp_trainer_free (pdp_zero_free), or load a whole checkpoint "
+                    "(pdp_checkpoint_load)", fn, m->sliced_rank, m->sliced_world);
 }
 
 PDP__PRIVATE void pdp__model_unwrap(pdp_model *m)
@@ -937,6 +948,7 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     m->have_forward = false; /* until this forward is whole: a failed one leaves no backward */
     if (m->nlayers == 0)
         return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the model has no layers");
+    if ((st = pdp__model_check_whole(m, "pdp_model_forward")) != PDP_OK) return st;
     if (m->open_residual >= 0)
         return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the residual region opened at layer "
                         "%d is never closed (pdp_model_residual_end)", m->open_residual);

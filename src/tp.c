@@ -510,6 +510,7 @@ PDP_API pdp_status pdp_tp_checkpoint_save(const char *path, const pdp_model *m,
     int32_t root_st;
     int k;
     if ((st = pdp__tp_ckpt_args(m, o, fn)) != PDP_OK) return st;
+    if ((st = pdp__model_check_whole(m, fn)) != PDP_OK) return st;
     if ((st = pdp__tp_full_model(m, &full, fn)) != PDP_OK) return st;
     if ((st = pdp__tp_gather(m, full, m->param_block, full->param_block)) != PDP_OK) goto out;
     if (o) {
@@ -582,6 +583,7 @@ PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_op
         o->steps = fo->steps;
     }
     m->step = full->step;
+    m->sliced_world = m->sliced_rank = 0; /* every slice written: whole again */
 out:
     pdp_optim_free(fo);
     pdp_model_free(full);

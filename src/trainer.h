@@ -79,7 +79,8 @@ PDP_API pdp_status pdp_trainer_create(pdp_trainer **out, pdp_model *m,
                                       const pdp_trainer_desc *desc);
 /* Frees the optimizer and the executor: the model is the caller's again (layers may be
    added), whole but at ZeRO-3, where it keeps this rank's slices unless
-   pdp_trainer_gather_params ran (zero.h: pdp_zero_free). Not collective. NULL is fine. */
+   pdp_trainer_gather_params ran (zero.h: pdp_zero_free; such a model's forward, generation
+   and saves then fail with PDP_ERR_STATE saying so). Not collective. NULL is fine. */
 PDP_API void pdp_trainer_free(pdp_trainer *t);
 /* The desc in use, defaults filled in (sokol's query-defaults): the optimizer's and the
    strategy's executor's resolved descs (pdp_optim_get_desc, pdp_dp_get_desc, ...), the other

@@ -407,6 +407,7 @@ PDP_API void pdp_zero_free(pdp_zero *z)
             pdp__dev_free(m->device, m->grad_block);
             m->grad_block = NULL;
         }
+        m->sliced_world = m->sliced_rank = 0; /* a gathered block, or stages 1-2: whole */
         if (!m->param_block && m->param_count &&
             pdp__dev_alloc(m->device, bytes, (void **)&m->param_block) == PDP_OK) {
             pdp_status st = pdp__dev_memset0(m->device, m->param_block, bytes);
@@ -419,6 +420,9 @@ PDP_API void pdp_zero_free(pdp_zero *z)
             if (st != PDP_OK) {
                 pdp__dev_free(m->device, m->param_block);
                 m->param_block = NULL;
+            } else if (z->param_shard && z->size > 1) { /* this rank's slices, zeros around */
+                m->sliced_world = z->size;
+                m->sliced_rank = z->rank;
             }
         }
     }

@@ -200,7 +200,11 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
    (zeroed) and, at stage 3, a parameter block holding this rank's slices only
    (call pdp_zero_gather_params(z, NULL) first for the full values); the model is the
    caller's again (layers may be added; pdp_model_param views taken while wrapped are
-   stale). Not collective. NULL is fine. */
+   stale). Not collective. NULL is fine. A stage-3 model of 2 or more ranks freed without
+   that gather is marked as holding slices: its forward (so pdp_gpt_generate and
+   pdp_gpt_evaluate), pdp_checkpoint_save, pdp_tp_checkpoint_save and a new executor fail
+   with PDP_ERR_STATE naming the rank and the calls to make, until pdp_checkpoint_load (or
+   pdp_tp_checkpoint_load) fills every parameter. */
 PDP_API void pdp_zero_free(pdp_zero *z);
 /* The desc in use, defaults filled in (sokol's query-defaults): grad_buffers cut to the
    units there are (0 at stage 1), param_buffers 0 below stage 3. A zero desc for NULL. */

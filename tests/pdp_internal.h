@@ -993,6 +993,12 @@ struct pdp_model {
     pdp__wrap wrapped;         /* the executor holding the model (PDP__WRAP_NONE: none); set
                                   by its create, cleared by its free (pdp__model_wrap) */
     int wrap_stage;            /* ZeRO's stage while wrapped by ZeRO; else 0 */
+    int sliced_rank, sliced_world; /* sliced_world > 1: ZeRO stage 3 was freed without
+                                  gathering (pdp_zero_free), so the parameter block holds rank
+                                  sliced_rank's slices and zeros elsewhere: a forward, a save
+                                  and a new executor refuse it (pdp__model_check_whole) until a
+                                  whole checkpoint loads (pdp_checkpoint_load,
+                                  pdp_tp_checkpoint_load) */
     pdp__model_views_fn views; /* pdp_model_param's views (above); NULL: the blocks' */
     void *views_user;
     pdp__model_event_fn event; /* the executor seam (above); NULL: off */
@@ -1022,6 +1028,9 @@ PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage,
 PDP__PRIVATE pdp_status pdp__model_reserve_params(pdp_model *m, int64_t count);
 PDP__PRIVATE pdp_status pdp__model_fit_params(pdp_model *m);
 PDP__PRIVATE void pdp__model_unwrap(pdp_model *m);
+/* PDP_OK, or PDP_ERR_STATE (the message starting with fn) for a model whose parameter block
+   holds one rank's ZeRO-3 slices only (sliced_world above). */
+PDP__PRIVATE pdp_status pdp__model_check_whole(const pdp_model *m, const char *fn);
 PDP__PRIVATE const char *pdp__model_wrapper(const pdp_model *m);
 PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what,
                                                 const char *fn);
@@ -6676,6 +6685,8 @@ PDP__PRIVATE const char *pdp__model_wrapper(const pdp_model *m);
 
 PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn);
 
+PDP__PRIVATE pdp_status pdp__model_check_whole(const pdp_model *m, const char *fn);
+
 PDP__PRIVATE void pdp__model_unwrap(pdp_model *m);
 
 PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what,
@@ -7820,7 +7831,7 @@ PDP__PRIVATE const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int
    JSON and the tiling of the data section).
 
    Invariants. Save never exposes a half-written file: it writes
-   "<path>.tmp.<pid>", flush and sync it, rename it over path, sync the directory
+   "<path>.tmp.<pid>.<thread>", flush and sync it, rename it over path, sync the directory
    (platform.h: fsync and rename on POSIX; FlushFileBuffers and MoveFileExA with
    MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH on Win32);
    first it removes the temporaries of path whose pid is no live process (a
@@ -7959,8 +7970,8 @@ PDP__PRIVATE bool pdp__ckpt_dirname(const char *path, char *dir, size_t cap);
 /* Syncs the directory holding path, so the rename itself is durable. */
 PDP__PRIVATE int pdp__ckpt_sync_dir(const char *path);
 
-/* Removes the temporaries "<path>.tmp.<pid>" that writers of path killed
-   mid-save left behind: only those whose pid names no live process
+/* Removes the temporaries "<path>.tmp.<pid>" and "<path>.tmp.<pid>.<thread>" that writers
+   of path killed mid-save left behind: only those whose pid names no live process
    (pdp__pid_alive), never another live writer's, nor ours.
    Best effort: what cannot be listed or removed stays. (A pid is a local
    name: on a filesystem shared between machines, writers of one path on two

@@ -1432,7 +1432,7 @@ static int save_loop_child(const char *path)
         if (pdp_checkpoint_save(path, m, NULL) != PDP_OK) return 1;
 }
 
-/* A writer SIGKILLed mid-save leaves "<path>.tmp.<its pid>" behind; the next
+/* A writer SIGKILLed mid-save leaves "<path>.tmp.<its pid>.<thread>" behind; the next
    save of path (by anyone) removes it. */
 TEST checkpoint_killed_save_cleaned_up(void)
 {
@@ -1446,18 +1446,59 @@ TEST checkpoint_killed_save_cleaned_up(void)
         char *argv[] = {"test_checkpoint", "save-loop", path, NULL};
         child c;
         ASSERT_EQ(0, child_spawn(&c, argv));
-        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, c.pid);
-        while (!exists(tmp) && now_seconds() - t0 < 5.0) child_nap();
+        snprintf(tmp, sizeof tmp, "killed.safetensors.tmp.%ld.", c.pid); /* .<thread> */
+        while (!tmp_files_left(tmp) && now_seconds() - t0 < 5.0) child_nap();
         child_kill(&c);
-        left = exists(tmp);
+        left = tmp_files_left(tmp);
     }
     if (!left) {
         pdp_model_free(m);
         SKIPm("no kill landed inside a save in 5 tries");
     }
     ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_checkpoint_save(path, m, NULL), status_name);
-    ASSERTm("the killed writer's temporary is still there", !exists(tmp));
+    ASSERTm("the killed writer's temporary is still there", !tmp_files_left(tmp));
     ASSERT_EQ(0, tmp_files_left("killed.safetensors"));
+    pdp_model_free(m);
+    PASS();
+}
+
+/* Thread ranks (one process) saving one path at once, as every rank of a DDP run calling
+   pdp_checkpoint_save does: each save succeeds and the file loads whole. Before: both
+   wrote "<path>.tmp.<pid>" (one pid), so one rank's rename failed ("rename of ... failed:
+   No such file or directory") or moved a file the other was still writing. */
+typedef struct same_path_job {
+    char path[128];
+    pdp_status st[2];
+    char msg[2][1024];
+} same_path_job;
+
+static pdp_status same_path_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    same_path_job *j = (same_path_job *)user;
+    pdp_model *m = make_model(64, 512, 64, false, 1);
+    int k;
+    if (!m) return PDP_ERR_OUT_OF_MEMORY;
+    j->st[ctx->rank] = pdp_comm_barrier(ctx->world, NULL);
+    for (k = 0; k < 40 && j->st[ctx->rank] == PDP_OK; k++)
+        j->st[ctx->rank] = pdp_checkpoint_save(j->path, m, NULL);
+    snprintf(j->msg[ctx->rank], sizeof j->msg[ctx->rank], "%s", pdp_last_error());
+    pdp_model_free(m);
+    return PDP_OK;
+}
+
+TEST checkpoint_thread_ranks_save_one_path(void)
+{
+    same_path_job j;
+    pdp_model *m = make_model(64, 512, 64, false, 1);
+    ASSERT(m != NULL);
+    memset(&j, 0, sizeof j);
+    path_in_tmp(j.path, sizeof j.path, "same_path.safetensors");
+    ASSERT_ENUM_EQ(PDP_OK, pdp_launch(2, NULL, same_path_rank, &j), status_name);
+    ASSERT_ENUM_EQm(j.msg[0], PDP_OK, j.st[0], status_name);
+    ASSERT_ENUM_EQm(j.msg[1], PDP_OK, j.st[1], status_name);
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_checkpoint_load(j.path, m, NULL), status_name);
+    ASSERT_EQ(0, tmp_files_left("same_path.safetensors"));
+    remove(j.path);
     pdp_model_free(m);
     PASS();
 }
@@ -2257,6 +2298,7 @@ SUITE(checkpoint)
     RUN_TEST(checkpoint_failed_save_keeps_previous_file);
     RUN_TEST(checkpoint_stale_temporaries_removed);
     RUN_TEST(checkpoint_killed_save_cleaned_up);
+    RUN_TEST(checkpoint_thread_ranks_save_one_path);
     RUN_TEST(checkpoint_exact_resume_adam_fresh_process);
     RUN_TEST(checkpoint_exact_resume_sgd_momentum_fresh_process);
     RUN_TEST(checkpoint_gpt_loads_nanogpt_files);

@@ -767,6 +767,91 @@ TEST trainer_memory_report_names_each_strategy_s_memory(void)
     PASS();
 }
 
+/* ZeRO-3 freed without pdp_trainer_gather_params (2 ranks): the model's block holds this
+   rank's slices and zeros elsewhere. Its forward, pdp_gpt_generate, pdp_gpt_evaluate,
+   pdp_checkpoint_save and a new trainer are PDP_ERR_STATE naming the rank and
+   pdp_trainer_gather_params, on every rank; pdp_checkpoint_load of a whole file makes it
+   whole again (the forward then gives the file's model's logits). With the gather, the
+   model is whole and every call works. Before: each returned PDP_OK on the half-zero model
+   (generate wrote text from it, the save wrote its zeros). */
+typedef struct sliced_job {
+    bool gather;
+    int ok[2];
+    char msg[2][1024];
+} sliced_job;
+
+static pdp_status sliced_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    sliced_job *j = (sliced_job *)user;
+    char path[64];
+    int32_t ids[2 * T], tg[2 * T], gen[5];
+    int64_t shape[2] = {2, T};
+    pdp_model *m = gpt_with_dropout(0), *ref = gpt_with_dropout(0);
+    pdp_trainer *t = NULL, *t2 = NULL;
+    pdp_trainer_desc d;
+    const pdp_tensor *y;
+    pdp_tensor x;
+    pdp_rng r;
+    float loss;
+    int k, ok = 1;
+    if (!m || !ref) return PDP_ERR_OUT_OF_MEMORY;
+    for (k = 0; k < 2 * T; k++) ids[k] = k % V, tg[k] = (k * 3) % V;
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
+    memset(&d, 0, sizeof d);
+    d.strategy = PDP_STRATEGY_ZERO3, d.comm = ctx->world;
+    PDP_TRY(pdp_trainer_create(&t, m, &d));
+    if (j->gather) PDP_TRY(pdp_trainer_gather_params(t));
+    pdp_trainer_free(t);
+    snprintf(path, sizeof path, "sliced_%d_%d.safetensors", (int)j->gather, ctx->rank);
+    pdp_rng_seed(&r, 1, 0);
+#define SLICED(call) (j->gather ? (call) == PDP_OK                                          \
+                      : (call) == PDP_ERR_STATE &&                                          \
+                        strstr(pdp_last_error(), "pdp_trainer_gather_params") &&            \
+                        strstr(pdp_last_error(), ctx->rank ? "rank 1 of 2" : "rank 0 of 2"))
+    ok &= SLICED(pdp_model_forward(m, &x, &y));
+    if (ok) ok &= SLICED(pdp_model_forward_backward(m, &x, tg, &loss));
+    gen[0] = 1, gen[1] = 2;
+    if (ok) ok &= SLICED(pdp_gpt_generate(m, gen, 2, 3, 0.0f, 0, &r));
+    if (ok) ok &= SLICED(pdp_checkpoint_save(path, m, NULL));
+    memset(&d, 0, sizeof d);
+    d.strategy = PDP_STRATEGY_DP, d.dp.num_workers = 1; /* an executor: DP's master */
+    if (ok) ok &= SLICED(pdp_trainer_create(&t2, m, &d));
+#undef SLICED
+    snprintf(j->msg[ctx->rank], sizeof j->msg[ctx->rank], "%s", pdp_last_error());
+    pdp_trainer_free(t2);
+    /* a whole file makes it whole again: the logits of the model in the file */
+    if (ok && !j->gather) {
+        float want[2 * T * V];
+        pdp_model_zero_grad(ref);
+        ok &= pdp_checkpoint_save(path, ref, NULL) == PDP_OK &&
+              pdp_checkpoint_load(path, m, NULL) == PDP_OK &&
+              pdp_model_forward(ref, &x, &y) == PDP_OK;
+        if (ok) memcpy(want, y->data, sizeof want);
+        ok &= ok && pdp_model_forward(m, &x, &y) == PDP_OK &&
+              memcmp(want, y->data, sizeof want) == 0;
+    }
+    remove(path);
+    j->ok[ctx->rank] = ok;
+    pdp_model_free(m);
+    pdp_model_free(ref);
+    return PDP_OK;
+}
+
+TEST trainer_zero3_freed_without_gather_refuses_its_slices(void)
+{
+    int g;
+    for (g = 0; g <= 1; g++) {
+        sliced_job j;
+        memset(&j, 0, sizeof j);
+        j.gather = g;
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(2, NULL, sliced_rank, &j),
+                        pdp_status_name);
+        ASSERTm(j.msg[0], j.ok[0]);
+        ASSERTm(j.msg[1], j.ok[1]);
+    }
+    PASS();
+}
+
 SUITE(trainer)
 {
     RUN_TEST(trainer_memory_report_names_each_strategy_s_memory);
@@ -776,6 +861,7 @@ SUITE(trainer)
     RUN_TEST(trainer_refuses_bad_descs_naming_the_field);
     RUN_TEST(trainer_accum_steps_refuses_a_wrong_count);
     RUN_TEST(trainer_create_fails_on_every_rank_when_one_fails);
+    RUN_TEST(trainer_zero3_freed_without_gather_refuses_its_slices);
 }
 
 GREATEST_MAIN_DEFS();
