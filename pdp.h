@@ -3602,7 +3602,8 @@ PDP_API pdp_trainer_desc pdp_trainer_get_desc(const pdp_trainer *t);
    done), which is PyTorch's (loss / k).backward() and nanoGPT's gradient_accumulation_steps
    up to rounding, clipping included; DDP and ZeRO reduce once, during the k-th backward
    (the trainer sets no_sync: leave it alone). A k + 1-th call before the step, and a clip
-   or step after fewer than k calls, are PDP_ERR_STATE naming the count. Without it, the
+   or step after fewer than k calls, are PDP_ERR_STATE naming the count. It counts these
+   calls only: with a loss of your own (above), leave it 0 and scale your dy by 1/k. Without it, the
    calls of a step (single and DP; DDP and ZeRO under no_sync) add their gradients: the sum,
    as plain backward passes in PyTorch (Adam's step hardly sees the scale, clipping does). */
 PDP_API pdp_status pdp_trainer_forward_backward(pdp_trainer *t, const pdp_tensor *x,
