@@ -24204,6 +24204,7 @@ typedef struct pdp__inflate {
     pdp__huff lencode, distcode;
     size_t want;     /* decode until out_len reaches it (SIZE_MAX: all), then ask again */
     size_t hint;     /* the whole output's likely size (the gzip trailer's ISIZE) */
+    size_t bound;    /* the most the input can decode to: DEFLATE expands at most 1032:1 */
     pdp__gunzip_enough enough; /* NULL: decode everything */
     const void *enough_ctx;
     bool stopped;    /* enough said the prefix is complete: decoding ended early */
@@ -24242,13 +24243,15 @@ PDP__PRIVATE uint32_t pdp__inf_bits(pdp__inflate *s, int n)
 }
 
 /* Makes room for `more` output bytes: at once for what the decode is expected to write (the
-   prefix the caller's rule wants and one match past it, else the whole output's hint),
-   doubling past that. */
+   prefix the caller's rule wants and one match past it, else the whole output's hint; never
+   more than the input can decode to, whatever size a hostile header makes the rule ask
+   for), doubling past that. */
 PDP__PRIVATE pdp_status pdp__inf_room(pdp__inflate *s, size_t more)
 {
     size_t need, cap, expect = s->want >= SIZE_MAX - 258 ? s->hint : s->want + 258;
     uint8_t *bigger;
     if (s->out_cap - s->out_len >= more) return PDP_OK;
+    if (expect > s->bound) expect = s->bound;
     need = s->out_len + more;
     if (need > PDP_MAX_FILE_BYTES || need < s->out_len)
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: decompresses to more than %zu bytes", s->fn,
@@ -24552,7 +24555,8 @@ PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, 
     /* the last member's ISIZE is the whole size for a one-member file: a good first guess
        (a prefix decode reserves only what its rule wants: pdp__inf_room) */
     hint = n >= 4 ? pdp__le32(in + n - 4) : 0;
-    s->hint = hint > n * 1032 + 1024 ? n * 4 : hint;
+    s->bound = n > (SIZE_MAX - 1024) / 1032 ? SIZE_MAX : n * 1032 + 1024;
+    s->hint = hint > s->bound ? n * 4 : hint;
     pdp__inf_enough(s); /* the first want */
     if ((st = pdp__inf_room(s, 1)) != PDP_OK) goto done; /* out never NULL */
     while (p < n && !s->stopped) {

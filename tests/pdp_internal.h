@@ -7406,6 +7406,7 @@ typedef struct pdp__inflate {
     pdp__huff lencode, distcode;
     size_t want;     /* decode until out_len reaches it (SIZE_MAX: all), then ask again */
     size_t hint;     /* the whole output's likely size (the gzip trailer's ISIZE) */
+    size_t bound;    /* the most the input can decode to: DEFLATE expands at most 1032:1 */
     pdp__gunzip_enough enough; /* NULL: decode everything */
     const void *enough_ctx;
     bool stopped;    /* enough said the prefix is complete: decoding ended early */
@@ -7422,8 +7423,9 @@ PDP__PRIVATE pdp_status pdp__inf_refill(pdp__inflate *s);
 PDP__PRIVATE uint32_t pdp__inf_bits(pdp__inflate *s, int n);
 
 /* Makes room for `more` output bytes: at once for what the decode is expected to write (the
-   prefix the caller's rule wants and one match past it, else the whole output's hint),
-   doubling past that. */
+   prefix the caller's rule wants and one match past it, else the whole output's hint; never
+   more than the input can decode to, whatever size a hostile header makes the rule ask
+   for), doubling past that. */
 PDP__PRIVATE pdp_status pdp__inf_room(pdp__inflate *s, size_t more);
 
 /* Called once out_len has reached want: asks the caller's rule again; true (and

@@ -666,6 +666,40 @@ TEST data_idx_max_samples_reads_only_those(void)
     PASS();
 }
 
+/* A gzipped IDX file whose header claims far more than it holds: a max_samples load asks the
+   decoder for the header's prefix (here 65535 x 65535 bytes, 4 GB, for one sample), but the
+   decoder reserves no more than its few hundred input bytes can decode to (found by
+   fuzzing: the whole prefix was allocated at once). */
+TEST data_idx_max_samples_hostile_header_reserves_little(void)
+{
+    static uint8_t plain[16 + 5000], defl[sizeof plain + 64], gz[sizeof defl + 64];
+    const char *ip = tmp_path("h_img.idx.gz"), *lp = tmp_path("h_lab.idx");
+    uint8_t lab[8 + 2];
+    pdp_dataset_desc d = {0};
+    pdp_dataset *ds = NULL;
+    size_t n = 0, gn, i;
+    uint32_t dims[4] = {0x803, 2, 65535, 65535};
+    for (i = 0; i < 16; i++) plain[i] = (uint8_t)(dims[i / 4] >> (24 - 8 * (i % 4)));
+    for (i = 16; i < sizeof plain; i++) plain[i] = (uint8_t)i;
+    /* two stored blocks: the header, then the pixels (decoded once the rule has sized the
+       prefix from the header) */
+    defl[n++] = 0x00; defl[n++] = 16; defl[n++] = 0; defl[n++] = 0xef; defl[n++] = 0xff;
+    memcpy(defl + n, plain, 16); n += 16;
+    defl[n++] = 0x01; defl[n++] = (uint8_t)(5000 & 0xff); defl[n++] = (uint8_t)(5000 >> 8);
+    defl[n++] = (uint8_t)~(5000 & 0xff); defl[n++] = (uint8_t)~(5000 >> 8);
+    memcpy(defl + n, plain + 16, 5000); n += 5000;
+    gn = gzip_wrap(gz, defl, n, plain, sizeof plain, 0);
+    ASSERT_EQ(0, write_file(ip, gz, gn));
+    ASSERT_EQ(0, write_file(lp, lab, make_idx_labels(lab, 2)));
+    d.max_samples = 1;
+    g_alloc_max = 0;
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, pdp_dataset_load_idx(&ds, ip, lp, &d), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), ip) && strstr(pdp_last_error(), "truncated"));
+    ASSERT(ds == NULL);
+    ASSERT_GTE(gn * 1032 + 1024 + 128, g_alloc_max); /* was 4294836499 */
+    PASS();
+}
+
 TEST data_idx_errors_name_the_file(void)
 {
     static uint8_t img[16 + 5 * 4 * 4], lab[8 + 6];
@@ -2238,6 +2272,7 @@ SUITE(data)
     RUN_TEST(data_idx_round_trip);
     RUN_TEST(data_idx_errors_name_the_file);
     RUN_TEST(data_idx_max_samples_reads_only_those);
+    RUN_TEST(data_idx_max_samples_hostile_header_reserves_little);
     RUN_TEST(data_fashion_mnist_real_files);
     RUN_TEST(data_fashion_mnist_missing_says_how_to_get_it);
     RUN_TEST(data_fashion_mnist_synthetic_fallback);
