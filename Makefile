@@ -8,6 +8,7 @@
 #                   threads is the one test_gemm runs under TSan: 15 s saved)
 #   make bench      benchmarks (ratios against peers measured in the same run)
 #   make demo       train the Fashion-MNIST MLP (examples/train_mnist.c)
+#   make fuzz       the parsers under libFuzzer, a minute each (tests/fuzz/run.sh; clang)
 #   make cuda       pdp_cuda.cu and the examples with nvcc (compile and link only)
 
 # Without -j on the command line, make runs one job per core (make -j1 for one at a time).
@@ -37,7 +38,7 @@ ifeq ($(shell pkg-config --exists openblas 2>/dev/null && echo yes),yes)
 BENCH_LIBS_gemm = -DPDP_BENCH_OPENBLAS $(shell pkg-config --cflags --libs openblas)
 endif
 
-.PHONY: all test sanitize tsan bench demo cuda examples clean
+.PHONY: all test sanitize tsan bench demo cuda examples clean fuzz
 all: $(TESTS) $(EXAMPLES)
 
 # pdp.h is generated from src/ but committed: a fresh clone's timestamps can make src/ look
@@ -680,3 +681,8 @@ cross-test:
 	else \
 	    echo "cross-test: Windows skipped: $(MINGW_CC) or $(WINE) not found"; \
 	fi
+
+# ---- fuzz: libFuzzer harnesses of the parsers (tests/fuzz/run.sh; clang; not in make test) ----
+# make fuzz [FUZZ_SECONDS=60] [FUZZ="gzip data ckpt store args"]
+fuzz: pdp.h
+	sh tests/fuzz/run.sh
