@@ -2,8 +2,9 @@
 
    Equivalence: a GPT (its head tied to the token embedding, dropout 0.1, a -1 target a
    sequence) trains 3 AdamW steps (nanoGPT's decay groups) with its gradients clipped to
-   norm 0.5 through pdp_trainer under every strategy, single, DP at 1-3 workers, DDP and ZeRO 1-3 at 1-3
-   thread ranks (each rank its slice of the global batch), and each rank's parameters, and
+   norm 0.5 through pdp_trainer under every strategy, single, DP at 1-3 workers, DDP and
+   ZeRO 1-3 at 1-3 thread ranks (each rank its slice of the global batch), and each rank's
+   parameters, and
    the norms before clipping, equal one device trained by the direct calls
    (pdp_model_forward_backward, pdp_clip_grad_norm, pdp_optim_step) within 1e-5; the first
    step's norm is above 0.5, so clipping scales. Memory: pdp_trainer_get_memory gives the
@@ -220,6 +221,39 @@ TEST trainer_every_strategy_equals_one_device(void)
     PASS();
 }
 
+/* The reference of the SGD tests below: one device, a dropout-free GPT, rows sequences of
+   ids and targets, STEPS steps of the direct calls, clipped at clip (norms[step]: the norm
+   before) unless clip is 0; the parameters into params (at most 8192), their count. */
+static pdp_status sgd_one_device(int32_t *ids, const int32_t *tg, int64_t rows, float clip,
+                                 float *params, float *norms, int64_t *count)
+{
+    pdp_model *m = gpt_with_dropout(0);
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = sgd();
+    pdp_tensor x, p;
+    int64_t shape[2] = {rows, T};
+    float loss;
+    int step;
+    pdp_status st;
+    if (!m) return PDP_ERR_OUT_OF_MEMORY;
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
+    st = pdp_optim_create(&o, m, &od);
+    for (step = 0; st == PDP_OK && step < STEPS; step++) {
+        if ((st = pdp_model_forward_backward(m, &x, tg, &loss)) == PDP_OK && clip > 0)
+            st = pdp_clip_grad_norm(m, clip, &norms[step]);
+        if (st == PDP_OK) st = pdp_optim_step(o);
+        pdp_optim_zero_grad(o);
+    }
+    if (st == PDP_OK && (st = pdp_model_flat(m, &p, NULL)) == PDP_OK) {
+        if (p.count > 8192) st = PDP_ERR_OUT_OF_MEMORY; /* more than params holds */
+        else memcpy(params, p.data, (size_t)p.count * sizeof(float));
+        *count = p.count;
+    }
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    return st;
+}
+
 /* PDP_BATCH_MEAN_GLOBAL on a GPT: uneven shards (BATCH - 1 = 5 samples: 3 + 2, 2 + 2 + 1)
    whose ranks ignore different numbers of positions (-1), one all ignored on a rank at 3
    ranks: DDP and ZeRO 1-3 train the mean over the global batch's labels that count, one
@@ -264,34 +298,17 @@ done:
 TEST trainer_global_batch_mean_counts_a_gpt_s_labels(void)
 {
     static gcase c;
-    int64_t G = BATCH - 1, shape[2] = {BATCH - 1, T}, count = 0;
-    float ref[8192], loss;
-    int s, n, r, k, step;
-    pdp_model *m = gpt_with_dropout(0);
-    pdp_optim *o = NULL;
-    pdp_optim_desc od = sgd();
-    pdp_tensor x, p;
+    int64_t G = BATCH - 1, count = 0;
+    float ref[8192];
+    int s, n, r, k;
     memset(&c, 0, sizeof c);
     for (k = 0; k < G * T; k++) { /* sample 0: 6 of 8 ignored; sample 4 (3 ranks: rank 2's
                                       only sample): all of them */
         c.ids[k] = (int32_t)((k * 5 + 3) % V);
         c.tg[k] = (k < T && k % T < 6) || k >= 4 * T ? -1 : (int32_t)((k * 7 + 1) % V);
     }
-    ASSERT(m != NULL);
-    pdp_tensor_wrap_ids(c.ids, pdp_cpu(), 2, shape, &x);
-    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
-    for (step = 0; step < STEPS; step++) {
-        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_model_forward_backward(m, &x, c.tg, &loss),
-                        pdp_status_name);
-        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), pdp_status_name);
-        pdp_optim_zero_grad(o);
-    }
-    ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(m, &p, NULL), pdp_status_name);
-    count = p.count;
-    ASSERT(count <= 8192);
-    memcpy(ref, p.data, (size_t)count * sizeof(float));
-    pdp_optim_free(o);
-    pdp_model_free(m);
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK,
+                    sgd_one_device(c.ids, c.tg, G, 0.0f, ref, NULL, &count), pdp_status_name);
     for (s = PDP_STRATEGY_DDP; s <= PDP_STRATEGY_ZERO3; s++)
         for (n = 2; n <= MAXR; n++) {
             char msg[1100];
@@ -376,35 +393,18 @@ TEST trainer_accum_steps_average_the_micro_batches(void)
                                    {PDP_STRATEGY_DDP, 3, 2},    {PDP_STRATEGY_DDP, 2, 3},
                                    {PDP_STRATEGY_ZERO1, 3, 2},  {PDP_STRATEGY_ZERO2, 2, 3},
                                    {PDP_STRATEGY_ZERO3, 3, 2},  {PDP_STRATEGY_ZERO3, 2, 3}};
-    int64_t shape[2] = {BATCH, T}, count;
-    float ref[8192], ref_norms[STEPS], loss;
+    int64_t count = 0;
+    float ref[8192], ref_norms[STEPS];
     int i, r, k, step;
-    pdp_model *m = gpt_with_dropout(0);
-    pdp_optim *o = NULL;
-    pdp_optim_desc od = sgd();
-    pdp_tensor x, p;
     memset(&c, 0, sizeof c);
     for (k = 0; k < BATCH * T; k++) {
         c.ids[k] = (int32_t)((k * 5 + 3) % V);
         c.tg[k] = (int32_t)((k * 7 + 1) % V);
     }
-    ASSERT(m != NULL);
-    pdp_tensor_wrap_ids(c.ids, pdp_cpu(), 2, shape, &x);
-    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
-    for (step = 0; step < STEPS; step++) {
-        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_model_forward_backward(m, &x, c.tg, &loss),
-                        pdp_status_name);
-        ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(m, CLIP, &ref_norms[step]), pdp_status_name);
-        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), pdp_status_name);
-        pdp_optim_zero_grad(o);
-    }
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK,
+                    sgd_one_device(c.ids, c.tg, BATCH, CLIP, ref, ref_norms, &count),
+                    pdp_status_name);
     ASSERT_GT(ref_norms[0], CLIP);
-    ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(m, &p, NULL), pdp_status_name);
-    count = p.count;
-    ASSERT(count <= 8192);
-    memcpy(ref, p.data, (size_t)count * sizeof(float));
-    pdp_optim_free(o);
-    pdp_model_free(m);
     for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
         int n = cases[i][2];
         char msg[1100];
