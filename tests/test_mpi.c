@@ -1100,17 +1100,20 @@ MPI_TEST(mpi_trace_has_collectives_per_rank)
 
 /* Rank 1 does not create the communicator in time: the others' creation fails
    with PDP_ERR_TIMEOUT after about timeout_s instead of hanging in the
-   duplication. Rank 1 then creates it late, which completes the orphaned
-   duplications (pdp frees them before MPI_Finalize). */
+   duplication. Rank 1 then creates it late, once every other rank has timed out
+   (a go from each: after rank 0's alone, a slower rank 2 still waiting saw its
+   duplication complete), which completes the orphaned duplications (pdp frees
+   them before MPI_Finalize). */
 MPI_TEST(mpi_init_env_times_out_when_a_rank_is_missing)
 {
     pdp_comm *x = NULL;
     pdp_status st;
     double t0, t;
-    int go = 1;
+    int go = 1, r;
     if (world_size < 2) SKIPm("needs at least 2 ranks");
     if (my_rank == 1) {
-        MPI_Recv(&go, 1, MPI_INT, 0, 78, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        for (r = 0; r < world_size; r++)
+            if (r != 1) MPI_Recv(&go, 1, MPI_INT, r, 78, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         ASSERT_ENUM_EQ(PDP_OK, make_comm(&x, "late-init", 20.0), pdp_status_name);
         pdp_comm_free(x);
         PASS();
@@ -1118,7 +1121,7 @@ MPI_TEST(mpi_init_env_times_out_when_a_rank_is_missing)
     t0 = pdp__now();
     st = make_comm(&x, "never", 1.0);
     t = pdp__now() - t0;
-    if (my_rank == 0) MPI_Send(&go, 1, MPI_INT, 1, 78, MPI_COMM_WORLD);
+    MPI_Send(&go, 1, MPI_INT, 1, 78, MPI_COMM_WORLD); /* timed out (or not): rank 1 may go */
     ASSERT_ENUM_EQ(PDP_ERR_TIMEOUT, st, pdp_status_name);
     ASSERT(x == NULL);
     ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_comm_init_env") != NULL);
