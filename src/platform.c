@@ -373,9 +373,20 @@ PDP__PRIVATE int pdp__file_sync(FILE *f)
 
 PDP__PRIVATE int pdp__file_replace(const char *from, const char *to)
 {
-    /* the A form reads paths in the ANSI code page, as fopen does */
-    if (MoveFileExA(from, to, MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) return 0;
-    errno = pdp__win_errno(GetLastError());
+    DWORD e = 0;
+    int tries;
+    /* the A form reads paths in the ANSI code page, as fopen does. Replacing a file that
+       another handle holds (another thread's rename over the same path, a reader) fails
+       with a sharing or access error while that handle lives: tried again for up to about
+       a second, as such a handle is brief */
+    for (tries = 0; tries < 100; tries++) {
+        if (MoveFileExA(from, to, MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) return 0;
+        e = GetLastError();
+        if (e != ERROR_ACCESS_DENIED && e != ERROR_SHARING_VIOLATION && e != ERROR_LOCK_VIOLATION)
+            break;
+        Sleep(10);
+    }
+    errno = pdp__win_errno(e);
     return -1;
 }
 
