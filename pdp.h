@@ -9507,7 +9507,6 @@ PDP_API float pdp_rng_normal(pdp_rng *r)
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
-/* Fills a CPU tensor directly, any other device through a host staging copy. */
 /* One draw in [lo, hi). In double, where the product of two floats is exact: a build that
    fuses the multiply and the add (gcc's GNU modes) rounds as one that does not, so a seed's
    initial parameters are the same bits in every build (pdp_tensor_normal likewise). */
@@ -9516,6 +9515,7 @@ PDP__PRIVATE float pdp__draw_uniform(pdp_rng *r, float lo, float hi)
     return (float)((double)lo + (double)(hi - lo) * (double)pdp_rng_uniform(r));
 }
 
+/* Fills a CPU tensor directly, any other device through a host staging copy. */
 PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, float a, float b,
                                          const char *fn)
 {
@@ -16727,6 +16727,27 @@ PDP__PRIVATE pdp_status pdp__comm_sum_host(pdp_comm *c, float *v, int n)
     return st;
 }
 
+/* Do all c's ranks hold this rank's n values (n <= 16)? Each value's sum over the ranks
+   (rounded to float; sum[k] gets it) against size x this rank's: the first `exact` values
+   are integers and compare within 0.5, the others within 1e-4 relative (float sums in any
+   order). *differs: the first value that does not agree, or -1. Collective over c. */
+PDP__PRIVATE pdp_status pdp__comm_same_values(pdp_comm *c, const double *mine, float *sum, int n,
+                                              int exact, int *differs)
+{
+    double size = (double)c->size, tol = PDP__MAX(1e-4, size * 1.2e-7);
+    pdp_status st;
+    int k;
+    PDP_ASSERT(n <= 16);
+    *differs = -1;
+    for (k = 0; k < n; k++) sum[k] = (float)mine[k];
+    if ((st = pdp__comm_sum_host(c, sum, n)) != PDP_OK) return st;
+    for (k = 0; k < n && *differs < 0; k++)
+        if (fabs((double)sum[k] - size * (double)(float)mine[k]) >
+            (k < exact ? 0.5 : tol * size * fabs((double)(float)mine[k])))
+            *differs = k;
+    return PDP_OK;
+}
+
 PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *fn)
 {
     pdp__err_kept why; /* this rank's failure, and whether it was another rank's */
@@ -23608,33 +23629,28 @@ PDP__PRIVATE pdp_status pdp__optim_create_shard(pdp_optim **out, pdp_model *m,
     return pdp__optim_alloc(out, m, desc, 0, count, true, fn);
 }
 
-/* Does every rank step by the same rule (ZeRO's shards, DDP's replicas)? The sums over c's
-   ranks of the resolved desc's fields are size times this rank's (the integers exactly; the
-   doubles, rounded to float and summed in any order, within 1e-4 relative): an optimizer
-   that differs on one rank (Adam here, SGD there; another lr) would update its parameters by
-   another rule, silently. Collective over c. */
+/* Does every rank step by the same rule (ZeRO's shards, DDP's replicas)? The resolved desc's
+   fields, compared over c's ranks (pdp__comm_same_values: the integers exactly, the doubles
+   within 1e-4 relative): an optimizer that differs on one rank (Adam here, SGD there; another
+   lr) would update its parameters by another rule, silently. Collective over c. */
 PDP__PRIVATE pdp_status pdp__optim_agree(pdp_comm *c, const pdp_optim_desc *d, const char *fn)
 {
     static const char *const names[] = {"kind", "decay_params", "nesterov", "lr", "momentum",
                                         "dampening", "weight_decay", "beta1", "beta2", "eps"};
     double mine[10];
     float sum[10];
-    double n = (double)pdp_comm_size(c), tol = PDP__MAX(1e-4, n * 1.2e-7);
     pdp_status st;
     int k, rank = pdp_comm_rank(c);
     mine[0] = d->kind, mine[1] = d->decay_params, mine[2] = d->nesterov, mine[3] = d->lr;
     mine[4] = d->momentum, mine[5] = d->dampening, mine[6] = d->weight_decay;
     mine[7] = d->beta1, mine[8] = d->beta2, mine[9] = d->eps;
-    for (k = 0; k < 10; k++) sum[k] = (float)mine[k];
-    if ((st = pdp__comm_sum_host(c, sum, 10)) != PDP_OK)
+    if ((st = pdp__comm_same_values(c, mine, sum, 10, 3, &k)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: comparing the ranks' optimizers", fn, rank);
-    for (k = 0; k < 10; k++)
-        if (fabs((double)sum[k] - n * (double)(float)mine[k]) >
-            (k < 3 ? 0.5 : tol * n * fabs((double)(float)mine[k])))
-            return pdp__err(PDP_ERR_INVALID, "%s: rank %d: %s %s %g here, but not on every rank "
-                            "(the sum over %d ranks is %g): every rank steps by the same "
-                            "optimizer", fn, rank, pdp_optim_kind_name(d->kind), names[k],
-                            mine[k], (int)n, (double)sum[k]);
+    if (k >= 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d: %s %s %g here, but not on every rank "
+                        "(the sum over %d ranks is %g): every rank steps by the same "
+                        "optimizer", fn, rank, pdp_optim_kind_name(d->kind), names[k],
+                        mine[k], pdp_comm_size(c), (double)sum[k]);
     return PDP_OK;
 }
 
@@ -33201,16 +33217,17 @@ PDP_API pdp_status pdp_strategy_from_name(const char *name, pdp_strategy *out)
    call than its peers would sum another step's gradients with theirs. */
 PDP__PRIVATE pdp_status pdp__trainer_accum_agree(pdp_comm *c, int k, const char *fn)
 {
-    float sum = (float)k;
-    int n = pdp_comm_size(c);
-    pdp_status st = pdp__comm_sum_host(c, &sum, 1);
+    double mine = (double)k;
+    float sum;
+    int differs;
+    pdp_status st = pdp__comm_same_values(c, &mine, &sum, 1, 1, &differs);
     if (st != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: comparing the ranks' accum_steps", fn,
                              pdp_comm_rank(c));
-    if ((double)sum != (double)n * k)
+    if (differs >= 0)
         return pdp__err(PDP_ERR_INVALID, "%s: rank %d: desc.accum_steps %d here, but not on "
                         "every rank (the sum over %d ranks is %g): the ranks reduce together",
-                        fn, pdp_comm_rank(c), k, n, (double)sum);
+                        fn, pdp_comm_rank(c), k, pdp_comm_size(c), (double)sum);
     return PDP_OK;
 }
 

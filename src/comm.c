@@ -375,6 +375,27 @@ PDP__PRIVATE pdp_status pdp__comm_sum_host(pdp_comm *c, float *v, int n)
     return st;
 }
 
+/* Do all c's ranks hold this rank's n values (n <= 16)? Each value's sum over the ranks
+   (rounded to float; sum[k] gets it) against size x this rank's: the first `exact` values
+   are integers and compare within 0.5, the others within 1e-4 relative (float sums in any
+   order). *differs: the first value that does not agree, or -1. Collective over c. */
+PDP__PRIVATE pdp_status pdp__comm_same_values(pdp_comm *c, const double *mine, float *sum, int n,
+                                              int exact, int *differs)
+{
+    double size = (double)c->size, tol = PDP__MAX(1e-4, size * 1.2e-7);
+    pdp_status st;
+    int k;
+    PDP_ASSERT(n <= 16);
+    *differs = -1;
+    for (k = 0; k < n; k++) sum[k] = (float)mine[k];
+    if ((st = pdp__comm_sum_host(c, sum, n)) != PDP_OK) return st;
+    for (k = 0; k < n && *differs < 0; k++)
+        if (fabs((double)sum[k] - size * (double)(float)mine[k]) >
+            (k < exact ? 0.5 : tol * size * fabs((double)(float)mine[k])))
+            *differs = k;
+    return PDP_OK;
+}
+
 PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *fn)
 {
     pdp__err_kept why; /* this rank's failure, and whether it was another rank's */

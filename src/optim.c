@@ -199,33 +199,28 @@ PDP__PRIVATE pdp_status pdp__optim_create_shard(pdp_optim **out, pdp_model *m,
     return pdp__optim_alloc(out, m, desc, 0, count, true, fn);
 }
 
-/* Does every rank step by the same rule (ZeRO's shards, DDP's replicas)? The sums over c's
-   ranks of the resolved desc's fields are size times this rank's (the integers exactly; the
-   doubles, rounded to float and summed in any order, within 1e-4 relative): an optimizer
-   that differs on one rank (Adam here, SGD there; another lr) would update its parameters by
-   another rule, silently. Collective over c. */
+/* Does every rank step by the same rule (ZeRO's shards, DDP's replicas)? The resolved desc's
+   fields, compared over c's ranks (pdp__comm_same_values: the integers exactly, the doubles
+   within 1e-4 relative): an optimizer that differs on one rank (Adam here, SGD there; another
+   lr) would update its parameters by another rule, silently. Collective over c. */
 PDP__PRIVATE pdp_status pdp__optim_agree(pdp_comm *c, const pdp_optim_desc *d, const char *fn)
 {
     static const char *const names[] = {"kind", "decay_params", "nesterov", "lr", "momentum",
                                         "dampening", "weight_decay", "beta1", "beta2", "eps"};
     double mine[10];
     float sum[10];
-    double n = (double)pdp_comm_size(c), tol = PDP__MAX(1e-4, n * 1.2e-7);
     pdp_status st;
     int k, rank = pdp_comm_rank(c);
     mine[0] = d->kind, mine[1] = d->decay_params, mine[2] = d->nesterov, mine[3] = d->lr;
     mine[4] = d->momentum, mine[5] = d->dampening, mine[6] = d->weight_decay;
     mine[7] = d->beta1, mine[8] = d->beta2, mine[9] = d->eps;
-    for (k = 0; k < 10; k++) sum[k] = (float)mine[k];
-    if ((st = pdp__comm_sum_host(c, sum, 10)) != PDP_OK)
+    if ((st = pdp__comm_same_values(c, mine, sum, 10, 3, &k)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: comparing the ranks' optimizers", fn, rank);
-    for (k = 0; k < 10; k++)
-        if (fabs((double)sum[k] - n * (double)(float)mine[k]) >
-            (k < 3 ? 0.5 : tol * n * fabs((double)(float)mine[k])))
-            return pdp__err(PDP_ERR_INVALID, "%s: rank %d: %s %s %g here, but not on every rank "
-                            "(the sum over %d ranks is %g): every rank steps by the same "
-                            "optimizer", fn, rank, pdp_optim_kind_name(d->kind), names[k],
-                            mine[k], (int)n, (double)sum[k]);
+    if (k >= 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d: %s %s %g here, but not on every rank "
+                        "(the sum over %d ranks is %g): every rank steps by the same "
+                        "optimizer", fn, rank, pdp_optim_kind_name(d->kind), names[k],
+                        mine[k], pdp_comm_size(c), (double)sum[k]);
     return PDP_OK;
 }
 

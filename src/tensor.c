@@ -327,7 +327,6 @@ PDP_API float pdp_rng_normal(pdp_rng *r)
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
-/* Fills a CPU tensor directly, any other device through a host staging copy. */
 /* One draw in [lo, hi). In double, where the product of two floats is exact: a build that
    fuses the multiply and the add (gcc's GNU modes) rounds as one that does not, so a seed's
    initial parameters are the same bits in every build (pdp_tensor_normal likewise). */
@@ -336,6 +335,7 @@ PDP__PRIVATE float pdp__draw_uniform(pdp_rng *r, float lo, float hi)
     return (float)((double)lo + (double)(hi - lo) * (double)pdp_rng_uniform(r));
 }
 
+/* Fills a CPU tensor directly, any other device through a host staging copy. */
 PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, float a, float b,
                                          const char *fn)
 {

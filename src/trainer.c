@@ -42,16 +42,17 @@ PDP_API pdp_status pdp_strategy_from_name(const char *name, pdp_strategy *out)
    call than its peers would sum another step's gradients with theirs. */
 PDP__PRIVATE pdp_status pdp__trainer_accum_agree(pdp_comm *c, int k, const char *fn)
 {
-    float sum = (float)k;
-    int n = pdp_comm_size(c);
-    pdp_status st = pdp__comm_sum_host(c, &sum, 1);
+    double mine = (double)k;
+    float sum;
+    int differs;
+    pdp_status st = pdp__comm_same_values(c, &mine, &sum, 1, 1, &differs);
     if (st != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: comparing the ranks' accum_steps", fn,
                              pdp_comm_rank(c));
-    if ((double)sum != (double)n * k)
+    if (differs >= 0)
         return pdp__err(PDP_ERR_INVALID, "%s: rank %d: desc.accum_steps %d here, but not on "
                         "every rank (the sum over %d ranks is %g): the ranks reduce together",
-                        fn, pdp_comm_rank(c), k, n, (double)sum);
+                        fn, pdp_comm_rank(c), k, pdp_comm_size(c), (double)sum);
     return PDP_OK;
 }
 

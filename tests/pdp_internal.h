@@ -2366,12 +2366,12 @@ PDP__PRIVATE pdp_status pdp__tensor_create(const char *fn, pdp_tensor **out, pdp
 
 /* PDP_API float pdp_rng_normal(pdp_rng *r) */
 
-/* Fills a CPU tensor directly, any other device through a host staging copy. */
 /* One draw in [lo, hi). In double, where the product of two floats is exact: a build that
    fuses the multiply and the add (gcc's GNU modes) rounds as one that does not, so a seed's
    initial parameters are the same bits in every build (pdp_tensor_normal likewise). */
 PDP__PRIVATE float pdp__draw_uniform(pdp_rng *r, float lo, float hi);
 
+/* Fills a CPU tensor directly, any other device through a host staging copy. */
 PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, float a, float b,
                                          const char *fn);
 
@@ -4929,6 +4929,13 @@ PDP__PRIVATE pdp_status pdp__comm_check_p2p(const pdp_comm *c, int peer, int tag
    communicator of GPUs). */
 PDP__PRIVATE pdp_status pdp__comm_sum_host(pdp_comm *c, float *v, int n);
 
+/* Do all c's ranks hold this rank's n values (n <= 16)? Each value's sum over the ranks
+   (rounded to float; sum[k] gets it) against size x this rank's: the first `exact` values
+   are integers and compare within 0.5, the others within 1e-4 relative (float sums in any
+   order). *differs: the first value that does not agree, or -1. Collective over c. */
+PDP__PRIVATE pdp_status pdp__comm_same_values(pdp_comm *c, const double *mine, float *sum, int n,
+                                              int exact, int *differs);
+
 PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *fn);
 
 /* ---- comm: process groups ---- */
@@ -7186,11 +7193,10 @@ PDP__PRIVATE pdp_status pdp__optim_create_shard(pdp_optim **out, pdp_model *m,
                                                 const pdp_optim_desc *desc, int64_t count,
                                                 const char *fn);
 
-/* Does every rank step by the same rule (ZeRO's shards, DDP's replicas)? The sums over c's
-   ranks of the resolved desc's fields are size times this rank's (the integers exactly; the
-   doubles, rounded to float and summed in any order, within 1e-4 relative): an optimizer
-   that differs on one rank (Adam here, SGD there; another lr) would update its parameters by
-   another rule, silently. Collective over c. */
+/* Does every rank step by the same rule (ZeRO's shards, DDP's replicas)? The resolved desc's
+   fields, compared over c's ranks (pdp__comm_same_values: the integers exactly, the doubles
+   within 1e-4 relative): an optimizer that differs on one rank (Adam here, SGD there; another
+   lr) would update its parameters by another rule, silently. Collective over c. */
 PDP__PRIVATE pdp_status pdp__optim_agree(pdp_comm *c, const pdp_optim_desc *d, const char *fn);
 
 /* PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc) */
