@@ -50,25 +50,35 @@
 /* out[b, t, :] = wte[ids[b, t], :] + wpe[t, :] for ids [B, T] (int32), wte [V, C], wpe
    [context, C], out [B, T, C]. T > context, or an id outside [0, V), is PDP_ERR_INVALID
    naming fn, the lengths or the position (b, t) and the id; out is then unspecified. */
+/* Every id of [B, T] in [0, V), or PDP_ERR_INVALID naming the first that is not, its
+   position and why (appended: "" in the forward). */
+PDP__PRIVATE pdp_status pdp__embed_check_ids(const int32_t *ids, int64_t B, int64_t T, int64_t V,
+                                             const char *fn, const char *why)
+{
+    int64_t i;
+    for (i = 0; i < B * T; i++)
+        if (ids[i] < 0 || ids[i] >= V)
+            return pdp__err(PDP_ERR_INVALID, "%s: token id %ld at position (%lld, %lld) is "
+                            "outside [0, %lld)%s", fn, (long)ids[i], (long long)(i / T),
+                            (long long)(i % T), (long long)V, why);
+    return PDP_OK;
+}
+
 PDP__PRIVATE pdp_status pdp__embed_forward(const int32_t *ids, int64_t B, int64_t T,
                                            int64_t context, int64_t V, int64_t C,
                                            const float *wte, const float *wpe, float *out,
                                            const char *fn)
 {
     int64_t b, t, c;
+    pdp_status st;
     if (T > context)
         return pdp__err(PDP_ERR_INVALID, "%s: a sequence of %lld tokens is longer than the "
                         "context of %lld", fn, (long long)T, (long long)context);
+    if ((st = pdp__embed_check_ids(ids, B, T, V, fn, "")) != PDP_OK) return st;
     for (b = 0; b < B; b++)
         for (t = 0; t < T; t++) {
-            int32_t id = ids[b * T + t];
-            const float *e, *p = wpe + t * C;
+            const float *e = wte + (int64_t)ids[b * T + t] * C, *p = wpe + t * C;
             float *o = out + (b * T + t) * C;
-            if (id < 0 || id >= V)
-                return pdp__err(PDP_ERR_INVALID, "%s: token id %ld at position (%lld, %lld) is "
-                                "outside [0, %lld)", fn, (long)id, (long long)b, (long long)t,
-                                (long long)V);
-            e = wte + (int64_t)id * C;
             for (c = 0; c < C; c++) o[c] = e[c] + p[c];
         }
     return PDP_OK;
@@ -421,15 +431,13 @@ PDP__PRIVATE pdp_status pdp__embedding_forward(const pdp__layer *l, const pdp__l
 PDP__PRIVATE pdp_status pdp__embedding_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     const int32_t *ids = (const int32_t *)(const void *)io->x;
-    int64_t i, T = l->in_shape[0];
-    for (i = 0; i < io->batch * T; i++)
-        if (ids[i] < 0 || ids[i] >= l->vocab)
-            return pdp__err(PDP_ERR_INVALID, "token ids: token id %ld at position (%lld, %lld) is "
-                            "outside [0, %lld): the ids changed after the forward (the backward "
-                            "reads the forward's input again)", (long)ids[i], (long long)(i / T),
-                            (long long)(i % T), (long long)l->vocab);
-    pdp__embed_backward(ids, io->batch, T, l->out_features, io->dy, io->dw, io->db);
-    return PDP_OK;
+    int64_t T = l->in_shape[0];
+    pdp_status st = pdp__embed_check_ids(ids, io->batch, T, l->vocab, "token ids", ": the ids "
+                                         "changed after the forward (the backward reads the "
+                                         "forward's input again)");
+    if (st == PDP_OK)
+        pdp__embed_backward(ids, io->batch, T, l->out_features, io->dy, io->dw, io->db);
+    return st;
 }
 
 PDP__PRIVATE pdp_status pdp__attention_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)

@@ -6072,6 +6072,11 @@ PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pd
 /* out[b, t, :] = wte[ids[b, t], :] + wpe[t, :] for ids [B, T] (int32), wte [V, C], wpe
    [context, C], out [B, T, C]. T > context, or an id outside [0, V), is PDP_ERR_INVALID
    naming fn, the lengths or the position (b, t) and the id; out is then unspecified. */
+/* Every id of [B, T] in [0, V), or PDP_ERR_INVALID naming the first that is not, its
+   position and why (appended: "" in the forward). */
+PDP__PRIVATE pdp_status pdp__embed_check_ids(const int32_t *ids, int64_t B, int64_t T, int64_t V,
+                                             const char *fn, const char *why);
+
 PDP__PRIVATE pdp_status pdp__embed_forward(const int32_t *ids, int64_t B, int64_t T,
                                            int64_t context, int64_t V, int64_t C,
                                            const float *wte, const float *wpe, float *out,

@@ -1125,7 +1125,7 @@ TEST layers_backward_refuses_a_dy_of_another_shape(void)
 }
 
 /* What a backward reads must be this forward's: a forward that failed (a later one than the
-   good forward; an Embedding's bad id fails it after rows were written), a layer added since
+   good forward; an Embedding's bad id fails it), a layer added since
    (its buffers were re-planned: the backward read freed memory) and a reserve that
    re-planned the memory each leave PDP_ERR_STATE; dy must hold floats. */
 TEST layers_backward_needs_this_forward_whole(void)
