@@ -1007,7 +1007,9 @@ PDP_API uint32_t pdp_rng_u32(pdp_rng *r);
 PDP_API float pdp_rng_uniform(pdp_rng *r);          /* [0, 1) */
 PDP_API float pdp_rng_normal(pdp_rng *r);           /* mean 0, std 1 */
 PDP_API uint32_t pdp_rng_below(pdp_rng *r, uint32_t n); /* [0, n), unbiased */
-/* Initialisers on CPU tensors (or any device through a host staging copy). */
+/* Initialisers on CPU tensors (or any device through a host staging copy). lo and hi finite,
+   lo <= hi and hi - lo <= FLT_MAX (torch's uniform_ rule), mean and std finite, std >= 0:
+   else PDP_ERR_INVALID naming them. */
 PDP_API pdp_status pdp_tensor_uniform(pdp_tensor *t, pdp_rng *r, float lo, float hi);
 PDP_API pdp_status pdp_tensor_normal(pdp_tensor *t, pdp_rng *r, float mean, float std);
 /* Kaiming (He) uniform for ReLU nets: U(-b, b), b = gain * sqrt(3 / fan_in), with
@@ -9526,9 +9528,12 @@ PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, 
     if (t->dtype != PDP_DTYPE_F32)
         return pdp__err(PDP_ERR_INVALID, "%s: the tensor holds %s, not floats", fn,
                         pdp_dtype_name(t->dtype));
-    if (!isfinite(a) || !isfinite(b) || (normal ? b < 0.0f : a > b)) /* torch refuses them too */
+    /* torch refuses them too; a range wider than FLT_MAX too (uniform_: to - from <= max):
+       hi - lo would be Inf, and every draw Inf or NaN */
+    if (!isfinite(a) || !isfinite(b) || (normal ? b < 0.0f : a > b || !isfinite(b - a)))
         return pdp__err(PDP_ERR_INVALID, normal ? "%s: mean %g, std %g (finite, std >= 0)"
-                        : "%s: [%g, %g) (finite, lo <= hi)", fn, (double)a, (double)b);
+                        : "%s: [%g, %g) (finite, lo <= hi) of width at most FLT_MAX", fn,
+                        (double)a, (double)b);
     host = t->device.kind == PDP_DEVICE_CPU ? t->data
                                             : (float *)pdp__alloc((size_t)t->count * sizeof(float));
     if (!host) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for a staging copy", fn);
@@ -9570,7 +9575,7 @@ PDP_API pdp_status pdp_tensor_xavier_uniform(pdp_tensor *t, pdp_rng *r, int64_t 
     if (fan_in < 1 || fan_out < 1)
         return pdp__err(PDP_ERR_INVALID, "pdp_tensor_xavier_uniform: fan_in %lld, fan_out %lld",
                         (long long)fan_in, (long long)fan_out);
-    bound = sqrt(6.0 / (double)(fan_in + fan_out));
+    bound = sqrt(6.0 / ((double)fan_in + (double)fan_out)); /* the sum may pass INT64_MAX */
     return pdp__tensor_init(t, r, 0, (float)-bound, (float)bound, "pdp_tensor_xavier_uniform");
 }
 /* ---- end src/tensor.c ---- */
@@ -31187,9 +31192,9 @@ PDP_API pdp_status pdp_gpt_activation_report(const pdp_model *m, const pdp_gpt_d
     double s, h, a, t = tp, sbh;
     size_t len = 0;
     int64_t kept;
-    if (!m || !desc || !buf || batch < 1)
-        return pdp__err(PDP_ERR_INVALID, "%s: NULL argument or batch %lld < 1", fn,
-                        (long long)batch);
+    if (!m || !desc || !buf) /* what is wrong, and nothing else */
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, !m ? "m" : !desc ? "desc" : "buf");
+    if (batch < 1) return pdp__err(PDP_ERR_INVALID, "%s: batch %lld < 1", fn, (long long)batch);
     for (i = 0; i < m->nlayers && hi < 0; i++) { /* the first block */
         const char *name = pdp_model_layer_name(m, i);
         if (lo < 0 && !strcmp(name, "Residual")) lo = i;
@@ -31250,25 +31255,27 @@ PDP_API pdp_status pdp_gpt_tp_report(const pdp_gpt_desc *desc, int64_t batch,
                                      double *formula_bytes)
 {
     const char *fn = "pdp_gpt_tp_report";
-    int64_t L, P, re, k;
-    double t, sent;
+    int64_t L, re, k;
+    double t, sent, P; /* P in double: batch T dim 4 bytes may pass INT64_MAX */
     bool sp;
     int n;
-    if (!desc || !desc->tp || !s || !buf || batch < 1)
-        return pdp__err(PDP_ERR_INVALID, "%s: NULL argument, no desc->tp or batch %lld < 1", fn,
-                        (long long)batch);
+    if (!desc || !desc->tp || !s || !buf)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn,
+                        !desc ? "desc" : !desc->tp ? "desc->tp" : !s ? "s" : "buf");
+    if (batch < 1) return pdp__err(PDP_ERR_INVALID, "%s: batch %lld < 1", fn, (long long)batch);
     t = pdp_comm_size(desc->tp), sp = desc->sequence_parallel;
     L = desc->layers, re = desc->recompute == PDP_RECOMPUTE_FULL;
-    P = batch * (desc->sequence ? desc->sequence : desc->context) * desc->dim * 4;
+    P = (double)batch * (double)(desc->sequence ? desc->sequence : desc->context) *
+        (double)desc->dim * 4.0;
     k = sp ? 8 * L + 2 + 4 * L * re : 4 * L + 2 * L * re; /* the collectives of P bytes */
-    sent = (sp ? 1.0 : 2.0) * (t - 1) / t * (double)(k * P) +
-           (sp ? 2.0 * (t - 1) / t * (double)((2 * L + 1) * 2 * desc->dim * 4) : 0);
+    sent = (sp ? 1.0 : 2.0) * (t - 1) / t * ((double)k * P) +
+           (sp ? 2.0 * (t - 1) / t * ((double)(2 * L + 1) * 8.0 * (double)desc->dim) : 0);
     n = snprintf(buf, bytes, "TP %g%s, one step: %lld %s of a %.3f MB tensor (%s; a rank sends "
                  "%s/t of each)%s, %.3f MB sent by this rank (formula %.3f)\n", t,
                  sp ? " + SP" : "",
                  (long long)(s->forward_allreduces + s->backward_allreduces + s->allgathers +
                              s->reduce_scatters),
-                 sp ? "all-gathers and reduce-scatters" : "all-reduces", (double)P / 1e6,
+                 sp ? "all-gathers and reduce-scatters" : "all-reduces", P / 1e6,
                  sp ? (re ? "12L + 2" : "8L + 2") : (re ? "6L" : "4L"), sp ? "(t-1)" : "2 (t-1)",
                  sp ? "\n  and the 2L + 1 LayerNorms' gradients all-reduced (each rank saw its "
                  "slice of the sequence)" : "", (double)s->bytes_sent / 1e6, sent / 1e6);
@@ -31286,9 +31293,12 @@ PDP_API pdp_status pdp_gpt_memory_report(const pdp_model *m, const struct pdp_ze
     int64_t act;
     double P4, n;
     int k, len;
-    if (!m || !mm || !buf || batch < 1 || mm->world_size < 1 || mm->state_per_param < 0)
-        return pdp__err(PDP_ERR_INVALID, "%s: NULL argument, batch %lld < 1 or a bad memory "
-                        "report", fn, (long long)batch);
+    if (!m || !mm || !buf)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, !m ? "m" : !mm ? "mm" : "buf");
+    if (batch < 1) return pdp__err(PDP_ERR_INVALID, "%s: batch %lld < 1", fn, (long long)batch);
+    if (mm->world_size < 1 || mm->state_per_param < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: a bad memory report (world_size %d < 1 or "
+                        "state_per_param %d < 0)", fn, mm->world_size, mm->state_per_param);
     act = pdp_model_activation_bytes(m, 0, m->nlayers, batch);
     P4 = 4.0 * (double)mm->param_count, n = mm->world_size, k = mm->state_per_param;
     len = snprintf(buf, bytes, "parameters %.2f MB (4Psi%s %.2f), gradients %.2f (4Psi%s %.2f), "
@@ -35532,6 +35542,13 @@ PDP__PRIVATE bool pdp__arg_set(const pdp_arg *a, const char *text)
         v = (double)i;
     }
     if (end == text || *end || errno || !isfinite(v) || (ranged && (v < a->min || v > a->max)))
+        return false;
+    /* an integer past 2^53 rounds to a double that may equal the bound it passes (max
+       2^53 took 2^53 + 1): at a bound, compare the integers (a bound of 2^63 or more is past
+       every int64 already) */
+    if (a->type != PDP_ARG_DOUBLE && ranged &&
+        ((v == a->max && fabs(v) < 9223372036854775808.0 && i > (long long)a->max) ||
+         (v == a->min && fabs(v) < 9223372036854775808.0 && i < (long long)a->min)))
         return false;
     if (a->type == PDP_ARG_INT && (i < INT_MIN || i > INT_MAX)) return false;
     if (a->type == PDP_ARG_INT) *(int *)a->value = (int)i;

@@ -557,9 +557,9 @@ PDP_API pdp_status pdp_gpt_activation_report(const pdp_model *m, const pdp_gpt_d
     double s, h, a, t = tp, sbh;
     size_t len = 0;
     int64_t kept;
-    if (!m || !desc || !buf || batch < 1)
-        return pdp__err(PDP_ERR_INVALID, "%s: NULL argument or batch %lld < 1", fn,
-                        (long long)batch);
+    if (!m || !desc || !buf) /* what is wrong, and nothing else */
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, !m ? "m" : !desc ? "desc" : "buf");
+    if (batch < 1) return pdp__err(PDP_ERR_INVALID, "%s: batch %lld < 1", fn, (long long)batch);
     for (i = 0; i < m->nlayers && hi < 0; i++) { /* the first block */
         const char *name = pdp_model_layer_name(m, i);
         if (lo < 0 && !strcmp(name, "Residual")) lo = i;
@@ -620,25 +620,27 @@ PDP_API pdp_status pdp_gpt_tp_report(const pdp_gpt_desc *desc, int64_t batch,
                                      double *formula_bytes)
 {
     const char *fn = "pdp_gpt_tp_report";
-    int64_t L, P, re, k;
-    double t, sent;
+    int64_t L, re, k;
+    double t, sent, P; /* P in double: batch T dim 4 bytes may pass INT64_MAX */
     bool sp;
     int n;
-    if (!desc || !desc->tp || !s || !buf || batch < 1)
-        return pdp__err(PDP_ERR_INVALID, "%s: NULL argument, no desc->tp or batch %lld < 1", fn,
-                        (long long)batch);
+    if (!desc || !desc->tp || !s || !buf)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn,
+                        !desc ? "desc" : !desc->tp ? "desc->tp" : !s ? "s" : "buf");
+    if (batch < 1) return pdp__err(PDP_ERR_INVALID, "%s: batch %lld < 1", fn, (long long)batch);
     t = pdp_comm_size(desc->tp), sp = desc->sequence_parallel;
     L = desc->layers, re = desc->recompute == PDP_RECOMPUTE_FULL;
-    P = batch * (desc->sequence ? desc->sequence : desc->context) * desc->dim * 4;
+    P = (double)batch * (double)(desc->sequence ? desc->sequence : desc->context) *
+        (double)desc->dim * 4.0;
     k = sp ? 8 * L + 2 + 4 * L * re : 4 * L + 2 * L * re; /* the collectives of P bytes */
-    sent = (sp ? 1.0 : 2.0) * (t - 1) / t * (double)(k * P) +
-           (sp ? 2.0 * (t - 1) / t * (double)((2 * L + 1) * 2 * desc->dim * 4) : 0);
+    sent = (sp ? 1.0 : 2.0) * (t - 1) / t * ((double)k * P) +
+           (sp ? 2.0 * (t - 1) / t * ((double)(2 * L + 1) * 8.0 * (double)desc->dim) : 0);
     n = snprintf(buf, bytes, "TP %g%s, one step: %lld %s of a %.3f MB tensor (%s; a rank sends "
                  "%s/t of each)%s, %.3f MB sent by this rank (formula %.3f)\n", t,
                  sp ? " + SP" : "",
                  (long long)(s->forward_allreduces + s->backward_allreduces + s->allgathers +
                              s->reduce_scatters),
-                 sp ? "all-gathers and reduce-scatters" : "all-reduces", (double)P / 1e6,
+                 sp ? "all-gathers and reduce-scatters" : "all-reduces", P / 1e6,
                  sp ? (re ? "12L + 2" : "8L + 2") : (re ? "6L" : "4L"), sp ? "(t-1)" : "2 (t-1)",
                  sp ? "\n  and the 2L + 1 LayerNorms' gradients all-reduced (each rank saw its "
                  "slice of the sequence)" : "", (double)s->bytes_sent / 1e6, sent / 1e6);
@@ -656,9 +658,12 @@ PDP_API pdp_status pdp_gpt_memory_report(const pdp_model *m, const struct pdp_ze
     int64_t act;
     double P4, n;
     int k, len;
-    if (!m || !mm || !buf || batch < 1 || mm->world_size < 1 || mm->state_per_param < 0)
-        return pdp__err(PDP_ERR_INVALID, "%s: NULL argument, batch %lld < 1 or a bad memory "
-                        "report", fn, (long long)batch);
+    if (!m || !mm || !buf)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, !m ? "m" : !mm ? "mm" : "buf");
+    if (batch < 1) return pdp__err(PDP_ERR_INVALID, "%s: batch %lld < 1", fn, (long long)batch);
+    if (mm->world_size < 1 || mm->state_per_param < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: a bad memory report (world_size %d < 1 or "
+                        "state_per_param %d < 0)", fn, mm->world_size, mm->state_per_param);
     act = pdp_model_activation_bytes(m, 0, m->nlayers, batch);
     P4 = 4.0 * (double)mm->param_count, n = mm->world_size, k = mm->state_per_param;
     len = snprintf(buf, bytes, "parameters %.2f MB (4Psi%s %.2f), gradients %.2f (4Psi%s %.2f), "

@@ -326,6 +326,13 @@ PDP__PRIVATE bool pdp__arg_set(const pdp_arg *a, const char *text)
     }
     if (end == text || *end || errno || !isfinite(v) || (ranged && (v < a->min || v > a->max)))
         return false;
+    /* an integer past 2^53 rounds to a double that may equal the bound it passes (max
+       2^53 took 2^53 + 1): at a bound, compare the integers (a bound of 2^63 or more is past
+       every int64 already) */
+    if (a->type != PDP_ARG_DOUBLE && ranged &&
+        ((v == a->max && fabs(v) < 9223372036854775808.0 && i > (long long)a->max) ||
+         (v == a->min && fabs(v) < 9223372036854775808.0 && i < (long long)a->min)))
+        return false;
     if (a->type == PDP_ARG_INT && (i < INT_MIN || i > INT_MAX)) return false;
     if (a->type == PDP_ARG_INT) *(int *)a->value = (int)i;
     else if (a->type == PDP_ARG_INT64) *(int64_t *)a->value = (int64_t)i;

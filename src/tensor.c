@@ -346,9 +346,12 @@ PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, 
     if (t->dtype != PDP_DTYPE_F32)
         return pdp__err(PDP_ERR_INVALID, "%s: the tensor holds %s, not floats", fn,
                         pdp_dtype_name(t->dtype));
-    if (!isfinite(a) || !isfinite(b) || (normal ? b < 0.0f : a > b)) /* torch refuses them too */
+    /* torch refuses them too; a range wider than FLT_MAX too (uniform_: to - from <= max):
+       hi - lo would be Inf, and every draw Inf or NaN */
+    if (!isfinite(a) || !isfinite(b) || (normal ? b < 0.0f : a > b || !isfinite(b - a)))
         return pdp__err(PDP_ERR_INVALID, normal ? "%s: mean %g, std %g (finite, std >= 0)"
-                        : "%s: [%g, %g) (finite, lo <= hi)", fn, (double)a, (double)b);
+                        : "%s: [%g, %g) (finite, lo <= hi) of width at most FLT_MAX", fn,
+                        (double)a, (double)b);
     host = t->device.kind == PDP_DEVICE_CPU ? t->data
                                             : (float *)pdp__alloc((size_t)t->count * sizeof(float));
     if (!host) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for a staging copy", fn);
@@ -390,6 +393,6 @@ PDP_API pdp_status pdp_tensor_xavier_uniform(pdp_tensor *t, pdp_rng *r, int64_t 
     if (fan_in < 1 || fan_out < 1)
         return pdp__err(PDP_ERR_INVALID, "pdp_tensor_xavier_uniform: fan_in %lld, fan_out %lld",
                         (long long)fan_in, (long long)fan_out);
-    bound = sqrt(6.0 / (double)(fan_in + fan_out));
+    bound = sqrt(6.0 / ((double)fan_in + (double)fan_out)); /* the sum may pass INT64_MAX */
     return pdp__tensor_init(t, r, 0, (float)-bound, (float)bound, "pdp_tensor_xavier_uniform");
 }

@@ -115,7 +115,9 @@ PDP_API uint32_t pdp_rng_u32(pdp_rng *r);
 PDP_API float pdp_rng_uniform(pdp_rng *r);          /* [0, 1) */
 PDP_API float pdp_rng_normal(pdp_rng *r);           /* mean 0, std 1 */
 PDP_API uint32_t pdp_rng_below(pdp_rng *r, uint32_t n); /* [0, n), unbiased */
-/* Initialisers on CPU tensors (or any device through a host staging copy). */
+/* Initialisers on CPU tensors (or any device through a host staging copy). lo and hi finite,
+   lo <= hi and hi - lo <= FLT_MAX (torch's uniform_ rule), mean and std finite, std >= 0:
+   else PDP_ERR_INVALID naming them. */
 PDP_API pdp_status pdp_tensor_uniform(pdp_tensor *t, pdp_rng *r, float lo, float hi);
 PDP_API pdp_status pdp_tensor_normal(pdp_tensor *t, pdp_rng *r, float mean, float std);
 /* Kaiming (He) uniform for ReLU nets: U(-b, b), b = gain * sqrt(3 / fan_in), with

@@ -1522,6 +1522,72 @@ TEST gpt_tp_report_formula_is_the_measured_traffic(void)
     PASS();
 }
 
+/* The formula at a batch whose bytes, batch T dim 4, pass INT64_MAX: computed in double (an
+   int64 product overflowed, UB, and printed a tensor of negative MB). No collective runs:
+   rank 0 of a local group of 2 is enough for t = 2. */
+TEST gpt_tp_report_formula_past_int64(void)
+{
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_gpt_desc d;
+    pdp_tp_stats s;
+    char line[512];
+    double formula = 0, p = 4.0 * 4398046511104.0 * 1024.0 * 768.0; /* batch 2^42 */
+    memset(&d, 0, sizeof d);
+    memset(&s, 0, sizeof s);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 2, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    d.context = 1024, d.layers = 12, d.heads = 12, d.dim = 768, d.tp = c;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_tp_report(&d, (int64_t)1 << 42, &s, line, sizeof line,
+                                             &formula), pdp_status_name);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    ASSERT_IN_RANGE(48.0 * p, formula, 48.0 * p * 1e-12); /* 4L = 48 of 2 (t - 1) / t = 1 */
+    ASSERT(strstr(line, "of a 13835058055282.164 MB tensor"));
+    PASS();
+}
+
+/* The reports' argument errors say what is wrong and nothing else: a NULL buf at batch 2 was
+   "NULL argument or batch 2 < 1", a comparison that is false. */
+TEST gpt_reports_name_the_bad_argument(void)
+{
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_gpt_desc d;
+    pdp_tp_stats s;
+    pdp_zero_memory mm;
+    char buf[64];
+    memset(&d, 0, sizeof d);
+    memset(&s, 0, sizeof s);
+    d.context = 8, d.layers = 1, d.heads = 2, d.dim = 8;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&m, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_zero_memory_plan(m, 1, 0, NULL, NULL, &mm), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_activation_report(m, &d, 2, NULL, 64, NULL),
+                   pdp_status_name);
+    ASSERT_STR_EQ("pdp_gpt_activation_report: buf is NULL", pdp_last_error());
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_activation_report(m, &d, 0, buf, 64, NULL),
+                   pdp_status_name);
+    ASSERT_STR_EQ("pdp_gpt_activation_report: batch 0 < 1", pdp_last_error());
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_memory_report(m, &mm, 2, NULL, 64), pdp_status_name);
+    ASSERT_STR_EQ("pdp_gpt_memory_report: buf is NULL", pdp_last_error());
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_memory_report(NULL, &mm, 2, buf, 64),
+                   pdp_status_name);
+    ASSERT_STR_EQ("pdp_gpt_memory_report: m is NULL", pdp_last_error());
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_tp_report(&d, 2, &s, buf, 64, NULL), pdp_status_name);
+    ASSERT_STR_EQ("pdp_gpt_tp_report: desc->tp is NULL", pdp_last_error());
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    d.tp = c;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_tp_report(&d, -3, &s, buf, 64, NULL),
+                   pdp_status_name);
+    ASSERT_STR_EQ("pdp_gpt_tp_report: batch -3 < 1", pdp_last_error());
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    pdp_model_free(m);
+    PASS();
+}
+
 /* pdp_gpt_evaluate: the mean loss over the windows a pdp_rng seeded (seed, 0) draws, in
    evaluation mode: a GPT with dropout 0.1 evaluates as the same GPT without dropout trains
    (its forward_backward's loss over the same windows), and stays in training mode. */
@@ -1784,6 +1850,8 @@ SUITE(gpt)
     /* evaluation and the reports */
     RUN_TEST(gpt_activation_report_matches_megatron_and_a_count_by_hand);
     RUN_TEST(gpt_tp_report_formula_is_the_measured_traffic);
+    RUN_TEST(gpt_tp_report_formula_past_int64);
+    RUN_TEST(gpt_reports_name_the_bad_argument);
     RUN_TEST(gpt_evaluate_is_the_mean_loss_without_dropout);
     RUN_TEST(gpt_generate_text_is_generate_as_printable_bytes);
     RUN_TEST(gpt_memory_report_is_each_stages_formula_beside_the_bytes);

@@ -325,6 +325,25 @@ TEST launch_args_parse(void)
     PASS();
 }
 
+/* An int64 option's range is exact past 2^53, where the value's double rounds onto the
+   bound: max 2^53 refused 2^53 + 1 only after the integers were compared (and min alike). */
+TEST launch_args_int64_range_is_exact_past_2_53(void)
+{
+    int64_t n = 1;
+    const pdp_arg hi[] = {{"-n", PDP_ARG_INT64, &n, 1, 9007199254740992.0, NULL}};
+    const pdp_arg lo[] = {{"-n", PDP_ARG_INT64, &n, -9007199254740992.0, -1, NULL}};
+    char *over[] = {"prog", "-n", "9007199254740993"}, *at[] = {"prog", "-n", "9007199254740992"};
+    char *under[] = {"prog", "-n", "-9007199254740993"};
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(3, over, hi, 1), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "-n '9007199254740993' is outside 1.."));
+    ASSERT_EQ(1, n);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_args_parse(3, at, hi, 1), pdp_status_name);
+    ASSERT_EQ((int64_t)9007199254740992, n);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_args_parse(3, under, lo, 1), pdp_status_name);
+    ASSERT_EQ((int64_t)9007199254740992, n);
+    PASS();
+}
+
 /* pdp_args_parse_or_exit, a program's: it returns when the options parse; -h exits with 0
    (the usage on stdout), a mistake with 2 (on stderr). In a child process (this binary with
    --args-child: its exit status). */
@@ -471,6 +490,7 @@ SUITE(launch)
     RUN_TEST(launch_helpers);
     RUN_TEST(launch_backend_from_name);
     RUN_TEST(launch_args_parse);
+    RUN_TEST(launch_args_int64_range_is_exact_past_2_53);
     RUN_TEST(launch_args_parse_or_exit_exits_0_for_help_2_for_a_mistake);
     RUN_TEST(launch_args_choice);
     RUN_TEST(launch_args_refuse_malformed_options);

@@ -331,6 +331,30 @@ TEST rng_initialisers_respect_bounds(void)
     PASS();
 }
 
+/* A range whose width passes FLT_MAX (torch's uniform_ refuses it) would make every draw Inf
+   or NaN with PDP_OK; xavier's fan_in + fan_out past INT64_MAX was a signed overflow (UB) that
+   failed naming a range [nan, -nan). */
+TEST rng_initialisers_refuse_ranges_that_overflow(void)
+{
+    float v[64];
+    int64_t n = 64, i;
+    pdp_tensor t;
+    pdp_rng r;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_wrap(v, pdp_cpu(), 1, &n, &t), pdp_status_name);
+    pdp_rng_seed(&r, 1, 0);
+    for (i = 0; i < n; i++) v[i] = 7.0f;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_tensor_uniform(&t, &r, -3e38f, 3e38f), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_tensor_uniform: [-3e+38, 3e+38)"));
+    ASSERT(strstr(pdp_last_error(), "FLT_MAX"));
+    for (i = 0; i < n; i++) ASSERT_EQ_FMT(7.0, (double)v[i], "%g"); /* untouched */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_uniform(&t, &r, -1e38f, 1e38f), pdp_status_name);
+    for (i = 0; i < n; i++) ASSERT(v[i] >= -1e38f && v[i] <= 1e38f);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_xavier_uniform(&t, &r, INT64_MAX, INT64_MAX),
+                   pdp_status_name);
+    for (i = 0; i < n; i++) ASSERT(isfinite(v[i]) && fabsf(v[i]) < 1e-9f);
+    PASS();
+}
+
 TEST rng_tensor_normal_moments_and_determinism(void)
 {
     pdp_tensor *t, *u;
@@ -405,6 +429,7 @@ SUITE(rng)
     RUN_TEST(rng_streams_are_deterministic_and_distinct);
     RUN_TEST(rng_uniform_and_normal_moments);
     RUN_TEST(rng_initialisers_respect_bounds);
+    RUN_TEST(rng_initialisers_refuse_ranges_that_overflow);
     RUN_TEST(rng_tensor_normal_moments_and_determinism);
 }
 
