@@ -1313,7 +1313,8 @@ PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pd
 /* Views of the whole flat blocks (param_count floats each); either may be NULL. Under
    ZeRO the gradients (every stage) and the parameters (stage 3) are not one block on
    this rank: asking for them fails with PDP_ERR_STATE naming pdp_model_param and
-   pdp_zero_gather_params; the parameters at stages 1-2 are the full block. */
+   pdp_zero_gather_params; the parameters at stages 1-2 are the full block. A model with no
+   parameters (activations only) has no block: PDP_ERR_STATE. */
 PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_tensor *grads);
 
 /* Called during backward right after a parameter's gradient is final for this
