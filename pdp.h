@@ -298,6 +298,11 @@
    may another -march (another GEMM kernel), PDP_NO_SIMD, another bf16 path (AMX,
    sgemm-rounded: another CPU may take another) or another device (CUDA).
 
+   Objects and threads: pdp takes no lock for an object (a model, its optimizer, a batcher,
+   an executor): one thread at a time calls into each, and a program that shares one between
+   threads orders those calls itself. Different objects are independent: models trained at
+   once on threads of their own (alone, in a pdp_launch world each, under DP or ZeRO) give
+   the bits each gives alone.
    Process-wide state: pdp's state hangs off the objects you create, or off the calling
    thread (the error message, the intra-op thread count, the profile counters; with tcc
    under a thread-local key, and the pool's flags ordered by a process-wide mutex: BUILD), with
@@ -312,6 +317,10 @@
    workspace, and the TF32 switch (pdp_cuda.cu), kept until pdp_cuda_release gives the
    device's back (when nothing of pdp's lives there) or the process ends.
    With PDP_STATIC each copy of pdp in a program has its own, but for pdp_cuda.cu's.
+   fork(): the child (its one thread) may go on using pdp: the intra-op pool is forgotten
+   there (a pthread_atfork handler) and its next parallel job starts workers of its own. The
+   objects made before the fork that run threads (a communicator, DP, DDP and ZeRO over
+   them) are the parent's: the child frees nothing of theirs and must not use them.
 
    DEVICES AND CUDA
    ================
@@ -1136,9 +1145,9 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
    "3.weight", ... as a PyTorch nn.Sequential's state_dict), so a checkpoint maps
    one to one onto the matching PyTorch module and a DDP bucket is a plain range
    of the gradient block. Backward accumulates into the gradients (zero them
-   with pdp_model_zero_grad) and, right after each layer, calls the grad hook
-   once for each parameter of that layer: the hook DDP's and ZeRO's bucket reducer
-   (reducer.c) listens to.
+   with pdp_model_zero_grad) and, right after each layer, calls the grad hooks
+   once for each parameter of that layer: the user's (pdp_model_set_grad_hook), then the
+   one DDP's and ZeRO's bucket reducer (reducer.c) listens to.
 
    Wrapped models. While an executor holds a model (pdp_dp_create's master,
    pdp_ddp_create, pdp_zero_create, a pipeline's stage), every call that would change
@@ -1318,7 +1327,14 @@ PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pd
 PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_tensor *grads);
 
 /* Called during backward right after a parameter's gradient is final for this
-   backward pass: once per parameter, in reverse layer order. */
+   backward pass: once per parameter, in reverse layer order, on the thread running
+   backward. One user hook a model (a later call replaces it; fn NULL removes it). It is
+   the caller's own: an executor's (DDP, ZeRO) is kept apart, so a hook set before or
+   while one wraps the model runs beside it (first, with this rank's local gradient,
+   before the bucket holding it is reduced) and neither replaces nor removes it. The hook
+   may train or query other models; on its own model a forward, pdp_model_reserve or a new
+   layer fails with PDP_ERR_STATE (that backward still reads what they replace), and it must
+   not free it. */
 typedef void (*pdp_grad_hook)(void *user, pdp_model *m, int param_index);
 PDP_API void pdp_model_set_grad_hook(pdp_model *m, pdp_grad_hook fn, void *user);
 
@@ -5031,6 +5047,9 @@ PDP__PRIVATE int pdp__cpu_count(void);
 /* This process's id; whether a process with id pid exists (true when it cannot tell). */
 PDP__PRIVATE long pdp__pid(void);
 PDP__PRIVATE bool pdp__pid_alive(long pid);
+/* Has fn run in the child of every later fork(), on its one thread (pthread_atfork's child
+   handler); 0 or an errno. Windows has no fork: 0 and nothing. */
+PDP__PRIVATE int pdp__at_fork_child(void (*fn)(void));
 /* strerror(e) into buf, without strerror's shared buffer; returns buf. */
 PDP__PRIVATE const char *pdp__errstr(int e, char *buf, size_t cap);
 
@@ -5727,10 +5746,16 @@ struct pdp_model {
     bool training;
     pdp_precision precision; /* of Linear and Conv2d products (pdp_model_set_precision) */
     bool have_forward;       /* a forward ran since the last backward */
+    bool in_backward;        /* pdp_model_backward is running (its grad hooks may call in):
+                                a pass, a re-plan or a new layer is refused until it returns
+                                (pdp__model_check_idle) */
     uint64_t step;           /* training forwards so far (keys dropout masks) */
     int64_t sample_base;     /* global index of this model's first sample (DP replicas) */
-    pdp_grad_hook hook;
+    pdp_grad_hook hook;        /* the user's (pdp_model_set_grad_hook) */
     void *hook_user;
+    pdp_grad_hook exec_hook;   /* the executor's (DDP's and ZeRO's reducer), called after the
+                                  user's: a user's hook never replaces it */
+    void *exec_hook_user;
     int trace_pid, trace_tid;  /* trace forward/backward per layer on this track (tid 0: off);
                                   set by the DDP reducer when PDP_TRACE is on */
     pdp__tp_state tp;          /* tensor parallel: the TP communicator (pdp_model_set_tp) */
@@ -6277,6 +6302,8 @@ PDP__PRIVATE int pdp__cpu_count(void)
 
 PDP__PRIVATE long pdp__pid(void) { return (long)getpid(); }
 
+PDP__PRIVATE int pdp__at_fork_child(void (*fn)(void)) { return pthread_atfork(NULL, NULL, fn); }
+
 PDP__PRIVATE bool pdp__pid_alive(long pid)
 {
     if (pid <= 0 || (long)(pid_t)pid != pid) return true;
@@ -6335,6 +6362,12 @@ PDP__PRIVATE int pdp__cpu_count(void)
 }
 
 PDP__PRIVATE long pdp__pid(void) { return (long)GetCurrentProcessId(); }
+
+PDP__PRIVATE int pdp__at_fork_child(void (*fn)(void))
+{
+    (void)fn; /* no fork() */
+    return 0;
+}
 
 PDP__PRIVATE bool pdp__pid_alive(long pid)
 {
@@ -7334,6 +7367,22 @@ typedef struct pdp__pool {
 
 static pdp__pool pdp__the_pool;
 
+/* fork(): the child has the calling thread only, not the pool's workers, and busy or the
+   team's lock may have been held, at the fork, by threads the child does not have. Its
+   first job then waited forever for members that did not exist (pending never reached 0),
+   and pdp_shutdown_threads joined threads that were not its own. In the child the pool is
+   forgotten (its lock and conditions are not destroyed: they may be held) and busy made
+   free, so that the child's first job starts a team of its own. */
+static pdp__once pdp__pool_fork_once = PDP__ONCE_INIT;
+
+PDP__PRIVATE void pdp__pool_after_fork(void)
+{
+    memset(&pdp__the_pool, 0, sizeof pdp__the_pool);
+    pdp__mutex_init(&pdp__pool_busy);
+}
+
+PDP__PRIVATE void pdp__pool_fork_init(void) { (void)pdp__at_fork_child(pdp__pool_after_fork); }
+
 /* The job under a profile: a member times its index in its own slot, the caller
    notes when it finished its own; the caller reads both once pdp__team_run has
    returned (which orders the members' writes before it). */
@@ -7362,6 +7411,7 @@ PDP__PRIVATE void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), 
     }
     /* a team that cannot start, or threads that cannot be made: pdp__team_run has the
        caller run the indices no member runs */
+    if (!pool->team.ok) pdp__once_run(&pdp__pool_fork_once, pdp__pool_fork_init);
     if (pool->team.ok || pdp__team_init(&pool->team) == 0) pdp__team_grow(&pool->team, n - 1);
     if (!pdp__prof.on) {
         pdp__team_run(&pool->team, n, fn, arg);
@@ -21545,6 +21595,18 @@ PDP__PRIVATE pdp_status pdp__model_check_whole(const pdp_model *m, const char *f
                     "(pdp_checkpoint_load)", fn, m->sliced_rank, m->sliced_world);
 }
 
+/* PDP_ERR_STATE while the model's backward runs: a grad hook (model.h) that calls fn on the
+   model it was called for would overwrite (a forward: the activations and the input backward
+   still reads) or free (a larger batch's re-plan, a new layer) what that backward goes on to
+   read. */
+PDP__PRIVATE pdp_status pdp__model_check_idle(const pdp_model *m, const char *fn)
+{
+    if (!m->in_backward) return PDP_OK;
+    return pdp__err(PDP_ERR_STATE, "%s: called during the model's backward (from its grad hook), "
+                    "which still reads the activations a forward, a re-plan or a new layer "
+                    "replaces: call it after pdp_model_backward returns", fn);
+}
+
 PDP__PRIVATE void pdp__model_unwrap(pdp_model *m)
 {
     m->wrapped = PDP__WRAP_NONE;
@@ -21556,6 +21618,8 @@ PDP__PRIVATE void pdp__model_unwrap(pdp_model *m)
 PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what,
                                                 const char *fn)
 {
+    pdp_status st;
+    if ((st = pdp__model_check_idle(m, fn)) != PDP_OK) return st;
     if (m->wrapped != PDP__WRAP_NONE)
         return pdp__err(PDP_ERR_STATE, "%s: the model is wrapped by %s; %s", fn,
                         pdp__model_wrapper(m), what);
@@ -22136,6 +22200,7 @@ PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
     if (max_batch < 1)
         return pdp__err(PDP_ERR_SHAPE, "pdp_model_reserve: batch %lld < 1", (long long)max_batch);
     if (max_batch <= m->max_batch) return PDP_OK;
+    if ((st = pdp__model_check_idle(m, "pdp_model_reserve")) != PDP_OK) return st;
     pdp__model_free_buffers(m);
     m->act = (float **)pdp__calloc((size_t)(m->nlayers + 1) * sizeof *m->act);
     m->saved_off = (int64_t *)pdp__calloc((size_t)(m->nlayers + 1) * sizeof *m->saved_off);
@@ -22296,6 +22361,7 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     pdp_status st;
     if (!m || !x || !y) return pdp__err(PDP_ERR_INVALID, "pdp_model_forward: NULL argument");
     *y = NULL;
+    if ((st = pdp__model_check_idle(m, "pdp_model_forward")) != PDP_OK) return st;
     m->have_forward = false; /* until this forward is whole: a failed one leaves no backward */
     if (m->nlayers == 0)
         return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the model has no layers");
@@ -22379,6 +22445,7 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
     if (m->event && (st = m->event(m->event_user, m, PDP__EV_BACKWARD_BEGIN, -1, PDP_OK)))
         return pdp__err_wrap(st, "pdp_model_backward");
     m->have_forward = false;
+    m->in_backward = true; /* until it returns: the grad hooks may call in (check_idle) */
     g = dy->data;
     st = PDP_OK;
     for (i = m->nlayers - 1; i >= 0; i--) {
@@ -22421,15 +22488,18 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             if (pdp__prof.on) pdp__model_profile(l, t0);
             if (io.dx) g = io.dx;
         }
-        if (m->hook)
-            for (p = l->param_first + l->nparams - 1; p >= l->param_first; p--)
-                m->hook(m->hook_user, m, p);
+        if (m->hook || m->exec_hook)
+            for (p = l->param_first + l->nparams - 1; p >= l->param_first; p--) {
+                if (m->hook) m->hook(m->hook_user, m, p);
+                if (m->exec_hook) m->exec_hook(m->exec_hook_user, m, p);
+            }
     }
     /* a pipeline stage whose first layers are views: its input gradient is dy seen again */
     if (st == PDP_OK && m->input_grad && g != m->input_grad)
         st = pdp__dev_copy(m->device, m->input_grad, m->device, g,
                            (size_t)(m->batch * m->in_count) * sizeof(float));
     if (m->event) m->event(m->event_user, m, PDP__EV_BACKWARD_END, -1, st);
+    m->in_backward = false;
     return st;
 }
 
@@ -22700,6 +22770,8 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
     m->max_batch = 0;
     m->hook = NULL;
     m->hook_user = NULL;
+    m->exec_hook = NULL;
+    m->exec_hook_user = NULL;
     m->event = NULL;
     m->event_user = NULL;
     m->layer_w = m->layer_dw = NULL;
@@ -29276,8 +29348,9 @@ PDP__PRIVATE pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_com
     PDP_ASSERT(desc && desc->reduce && desc->op_name && desc->finish_names);
     if (m->params_shared)
         return pdp__err(PDP_ERR_STATE, "%s: the model is a DataParallel replica", fn);
-    if (m->hook || m->event)
-        return pdp__err(PDP_ERR_STATE, "%s: the model already has a grad hook (another DDP?)", fn);
+    if (m->exec_hook || m->event)
+        return pdp__err(PDP_ERR_STATE, "%s: the model already has an executor's grad hook "
+                        "(another DDP?)", fn);
     if (m->device.kind != c->device.kind || m->device.ordinal != c->device.ordinal)
         return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
                         fn, m->device.kind, m->device.ordinal, c->name, c->device.kind,
@@ -29324,7 +29397,8 @@ PDP__PRIVATE pdp_status pdp__reducer_join(pdp__reducer *r, const char *fn)
             m->trace_tid = r->trace_compute;
         }
     }
-    pdp_model_set_grad_hook(m, pdp__reducer_hook, r);
+    m->exec_hook = pdp__reducer_hook; /* beside the user's (pdp_model_set_grad_hook) */
+    m->exec_hook_user = r;
     m->event = pdp__reducer_event;
     m->event_user = r;
     r->stats.buckets = r->nbuckets;
@@ -29342,8 +29416,9 @@ PDP__PRIVATE void pdp__reducer_release(pdp__reducer *r)
     r->count_work = NULL;
     if (r->dcount) pdp__dev_free(r->c->device, r->dcount);
     r->dcount = NULL;
-    if (r->m && r->m->hook == pdp__reducer_hook && r->m->hook_user == r) {
-        pdp_model_set_grad_hook(r->m, NULL, NULL);
+    if (r->m && r->m->exec_hook == pdp__reducer_hook && r->m->exec_hook_user == r) {
+        r->m->exec_hook = NULL;
+        r->m->exec_hook_user = NULL;
         r->m->event = NULL;
         r->m->event_user = NULL;
         r->m->trace_tid = 0;

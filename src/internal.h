@@ -568,10 +568,16 @@ struct pdp_model {
     bool training;
     pdp_precision precision; /* of Linear and Conv2d products (pdp_model_set_precision) */
     bool have_forward;       /* a forward ran since the last backward */
+    bool in_backward;        /* pdp_model_backward is running (its grad hooks may call in):
+                                a pass, a re-plan or a new layer is refused until it returns
+                                (pdp__model_check_idle) */
     uint64_t step;           /* training forwards so far (keys dropout masks) */
     int64_t sample_base;     /* global index of this model's first sample (DP replicas) */
-    pdp_grad_hook hook;
+    pdp_grad_hook hook;        /* the user's (pdp_model_set_grad_hook) */
     void *hook_user;
+    pdp_grad_hook exec_hook;   /* the executor's (DDP's and ZeRO's reducer), called after the
+                                  user's: a user's hook never replaces it */
+    void *exec_hook_user;
     int trace_pid, trace_tid;  /* trace forward/backward per layer on this track (tid 0: off);
                                   set by the DDP reducer when PDP_TRACE is on */
     pdp__tp_state tp;          /* tensor parallel: the TP communicator (pdp_model_set_tp) */

@@ -194,6 +194,18 @@ PDP__PRIVATE pdp_status pdp__model_check_whole(const pdp_model *m, const char *f
                     "(pdp_checkpoint_load)", fn, m->sliced_rank, m->sliced_world);
 }
 
+/* PDP_ERR_STATE while the model's backward runs: a grad hook (model.h) that calls fn on the
+   model it was called for would overwrite (a forward: the activations and the input backward
+   still reads) or free (a larger batch's re-plan, a new layer) what that backward goes on to
+   read. */
+PDP__PRIVATE pdp_status pdp__model_check_idle(const pdp_model *m, const char *fn)
+{
+    if (!m->in_backward) return PDP_OK;
+    return pdp__err(PDP_ERR_STATE, "%s: called during the model's backward (from its grad hook), "
+                    "which still reads the activations a forward, a re-plan or a new layer "
+                    "replaces: call it after pdp_model_backward returns", fn);
+}
+
 PDP__PRIVATE void pdp__model_unwrap(pdp_model *m)
 {
     m->wrapped = PDP__WRAP_NONE;
@@ -205,6 +217,8 @@ PDP__PRIVATE void pdp__model_unwrap(pdp_model *m)
 PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what,
                                                 const char *fn)
 {
+    pdp_status st;
+    if ((st = pdp__model_check_idle(m, fn)) != PDP_OK) return st;
     if (m->wrapped != PDP__WRAP_NONE)
         return pdp__err(PDP_ERR_STATE, "%s: the model is wrapped by %s; %s", fn,
                         pdp__model_wrapper(m), what);
@@ -785,6 +799,7 @@ PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
     if (max_batch < 1)
         return pdp__err(PDP_ERR_SHAPE, "pdp_model_reserve: batch %lld < 1", (long long)max_batch);
     if (max_batch <= m->max_batch) return PDP_OK;
+    if ((st = pdp__model_check_idle(m, "pdp_model_reserve")) != PDP_OK) return st;
     pdp__model_free_buffers(m);
     m->act = (float **)pdp__calloc((size_t)(m->nlayers + 1) * sizeof *m->act);
     m->saved_off = (int64_t *)pdp__calloc((size_t)(m->nlayers + 1) * sizeof *m->saved_off);
@@ -945,6 +960,7 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     pdp_status st;
     if (!m || !x || !y) return pdp__err(PDP_ERR_INVALID, "pdp_model_forward: NULL argument");
     *y = NULL;
+    if ((st = pdp__model_check_idle(m, "pdp_model_forward")) != PDP_OK) return st;
     m->have_forward = false; /* until this forward is whole: a failed one leaves no backward */
     if (m->nlayers == 0)
         return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the model has no layers");
@@ -1028,6 +1044,7 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
     if (m->event && (st = m->event(m->event_user, m, PDP__EV_BACKWARD_BEGIN, -1, PDP_OK)))
         return pdp__err_wrap(st, "pdp_model_backward");
     m->have_forward = false;
+    m->in_backward = true; /* until it returns: the grad hooks may call in (check_idle) */
     g = dy->data;
     st = PDP_OK;
     for (i = m->nlayers - 1; i >= 0; i--) {
@@ -1070,15 +1087,18 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             if (pdp__prof.on) pdp__model_profile(l, t0);
             if (io.dx) g = io.dx;
         }
-        if (m->hook)
-            for (p = l->param_first + l->nparams - 1; p >= l->param_first; p--)
-                m->hook(m->hook_user, m, p);
+        if (m->hook || m->exec_hook)
+            for (p = l->param_first + l->nparams - 1; p >= l->param_first; p--) {
+                if (m->hook) m->hook(m->hook_user, m, p);
+                if (m->exec_hook) m->exec_hook(m->exec_hook_user, m, p);
+            }
     }
     /* a pipeline stage whose first layers are views: its input gradient is dy seen again */
     if (st == PDP_OK && m->input_grad && g != m->input_grad)
         st = pdp__dev_copy(m->device, m->input_grad, m->device, g,
                            (size_t)(m->batch * m->in_count) * sizeof(float));
     if (m->event) m->event(m->event_user, m, PDP__EV_BACKWARD_END, -1, st);
+    m->in_backward = false;
     return st;
 }
 
@@ -1349,6 +1369,8 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
     m->max_batch = 0;
     m->hook = NULL;
     m->hook_user = NULL;
+    m->exec_hook = NULL;
+    m->exec_hook_user = NULL;
     m->event = NULL;
     m->event_user = NULL;
     m->layer_w = m->layer_dw = NULL;

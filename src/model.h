@@ -5,9 +5,9 @@
    "3.weight", ... as a PyTorch nn.Sequential's state_dict), so a checkpoint maps
    one to one onto the matching PyTorch module and a DDP bucket is a plain range
    of the gradient block. Backward accumulates into the gradients (zero them
-   with pdp_model_zero_grad) and, right after each layer, calls the grad hook
-   once for each parameter of that layer: the hook DDP's and ZeRO's bucket reducer
-   (reducer.c) listens to.
+   with pdp_model_zero_grad) and, right after each layer, calls the grad hooks
+   once for each parameter of that layer: the user's (pdp_model_set_grad_hook), then the
+   one DDP's and ZeRO's bucket reducer (reducer.c) listens to.
 
    Wrapped models. While an executor holds a model (pdp_dp_create's master,
    pdp_ddp_create, pdp_zero_create, a pipeline's stage), every call that would change
@@ -187,7 +187,14 @@ PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pd
 PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_tensor *grads);
 
 /* Called during backward right after a parameter's gradient is final for this
-   backward pass: once per parameter, in reverse layer order. */
+   backward pass: once per parameter, in reverse layer order, on the thread running
+   backward. One user hook a model (a later call replaces it; fn NULL removes it). It is
+   the caller's own: an executor's (DDP, ZeRO) is kept apart, so a hook set before or
+   while one wraps the model runs beside it (first, with this rank's local gradient,
+   before the bucket holding it is reduced) and neither replaces nor removes it. The hook
+   may train or query other models; on its own model a forward, pdp_model_reserve or a new
+   layer fails with PDP_ERR_STATE (that backward still reads what they replace), and it must
+   not free it. */
 typedef void (*pdp_grad_hook)(void *user, pdp_model *m, int param_index);
 PDP_API void pdp_model_set_grad_hook(pdp_model *m, pdp_grad_hook fn, void *user);
 

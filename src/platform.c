@@ -198,6 +198,8 @@ PDP__PRIVATE int pdp__cpu_count(void)
 
 PDP__PRIVATE long pdp__pid(void) { return (long)getpid(); }
 
+PDP__PRIVATE int pdp__at_fork_child(void (*fn)(void)) { return pthread_atfork(NULL, NULL, fn); }
+
 PDP__PRIVATE bool pdp__pid_alive(long pid)
 {
     if (pid <= 0 || (long)(pid_t)pid != pid) return true;
@@ -256,6 +258,12 @@ PDP__PRIVATE int pdp__cpu_count(void)
 }
 
 PDP__PRIVATE long pdp__pid(void) { return (long)GetCurrentProcessId(); }
+
+PDP__PRIVATE int pdp__at_fork_child(void (*fn)(void))
+{
+    (void)fn; /* no fork() */
+    return 0;
+}
 
 PDP__PRIVATE bool pdp__pid_alive(long pid)
 {

@@ -302,6 +302,9 @@ PDP__PRIVATE int pdp__cpu_count(void);
 /* This process's id; whether a process with id pid exists (true when it cannot tell). */
 PDP__PRIVATE long pdp__pid(void);
 PDP__PRIVATE bool pdp__pid_alive(long pid);
+/* Has fn run in the child of every later fork(), on its one thread (pthread_atfork's child
+   handler); 0 or an errno. Windows has no fork: 0 and nothing. */
+PDP__PRIVATE int pdp__at_fork_child(void (*fn)(void));
 /* strerror(e) into buf, without strerror's shared buffer; returns buf. */
 PDP__PRIVATE const char *pdp__errstr(int e, char *buf, size_t cap);
 

@@ -505,8 +505,9 @@ PDP__PRIVATE pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_com
     PDP_ASSERT(desc && desc->reduce && desc->op_name && desc->finish_names);
     if (m->params_shared)
         return pdp__err(PDP_ERR_STATE, "%s: the model is a DataParallel replica", fn);
-    if (m->hook || m->event)
-        return pdp__err(PDP_ERR_STATE, "%s: the model already has a grad hook (another DDP?)", fn);
+    if (m->exec_hook || m->event)
+        return pdp__err(PDP_ERR_STATE, "%s: the model already has an executor's grad hook "
+                        "(another DDP?)", fn);
     if (m->device.kind != c->device.kind || m->device.ordinal != c->device.ordinal)
         return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
                         fn, m->device.kind, m->device.ordinal, c->name, c->device.kind,
@@ -553,7 +554,8 @@ PDP__PRIVATE pdp_status pdp__reducer_join(pdp__reducer *r, const char *fn)
             m->trace_tid = r->trace_compute;
         }
     }
-    pdp_model_set_grad_hook(m, pdp__reducer_hook, r);
+    m->exec_hook = pdp__reducer_hook; /* beside the user's (pdp_model_set_grad_hook) */
+    m->exec_hook_user = r;
     m->event = pdp__reducer_event;
     m->event_user = r;
     r->stats.buckets = r->nbuckets;
@@ -571,8 +573,9 @@ PDP__PRIVATE void pdp__reducer_release(pdp__reducer *r)
     r->count_work = NULL;
     if (r->dcount) pdp__dev_free(r->c->device, r->dcount);
     r->dcount = NULL;
-    if (r->m && r->m->hook == pdp__reducer_hook && r->m->hook_user == r) {
-        pdp_model_set_grad_hook(r->m, NULL, NULL);
+    if (r->m && r->m->exec_hook == pdp__reducer_hook && r->m->exec_hook_user == r) {
+        r->m->exec_hook = NULL;
+        r->m->exec_hook_user = NULL;
         r->m->event = NULL;
         r->m->event_user = NULL;
         r->m->trace_tid = 0;

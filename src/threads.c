@@ -317,6 +317,22 @@ typedef struct pdp__pool {
 
 static pdp__pool pdp__the_pool;
 
+/* fork(): the child has the calling thread only, not the pool's workers, and busy or the
+   team's lock may have been held, at the fork, by threads the child does not have. Its
+   first job then waited forever for members that did not exist (pending never reached 0),
+   and pdp_shutdown_threads joined threads that were not its own. In the child the pool is
+   forgotten (its lock and conditions are not destroyed: they may be held) and busy made
+   free, so that the child's first job starts a team of its own. */
+static pdp__once pdp__pool_fork_once = PDP__ONCE_INIT;
+
+PDP__PRIVATE void pdp__pool_after_fork(void)
+{
+    memset(&pdp__the_pool, 0, sizeof pdp__the_pool);
+    pdp__mutex_init(&pdp__pool_busy);
+}
+
+PDP__PRIVATE void pdp__pool_fork_init(void) { (void)pdp__at_fork_child(pdp__pool_after_fork); }
+
 /* The job under a profile: a member times its index in its own slot, the caller
    notes when it finished its own; the caller reads both once pdp__team_run has
    returned (which orders the members' writes before it). */
@@ -345,6 +361,7 @@ PDP__PRIVATE void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), 
     }
     /* a team that cannot start, or threads that cannot be made: pdp__team_run has the
        caller run the indices no member runs */
+    if (!pool->team.ok) pdp__once_run(&pdp__pool_fork_once, pdp__pool_fork_init);
     if (pool->team.ok || pdp__team_init(&pool->team) == 0) pdp__team_grow(&pool->team, n - 1);
     if (!pdp__prof.on) {
         pdp__team_run(&pool->team, n, fn, arg);

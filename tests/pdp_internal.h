@@ -319,6 +319,9 @@ PDP__PRIVATE int pdp__cpu_count(void);
 /* This process's id; whether a process with id pid exists (true when it cannot tell). */
 PDP__PRIVATE long pdp__pid(void);
 PDP__PRIVATE bool pdp__pid_alive(long pid);
+/* Has fn run in the child of every later fork(), on its one thread (pthread_atfork's child
+   handler); 0 or an errno. Windows has no fork: 0 and nothing. */
+PDP__PRIVATE int pdp__at_fork_child(void (*fn)(void));
 /* strerror(e) into buf, without strerror's shared buffer; returns buf. */
 PDP__PRIVATE const char *pdp__errstr(int e, char *buf, size_t cap);
 
@@ -983,10 +986,16 @@ struct pdp_model {
     bool training;
     pdp_precision precision; /* of Linear and Conv2d products (pdp_model_set_precision) */
     bool have_forward;       /* a forward ran since the last backward */
+    bool in_backward;        /* pdp_model_backward is running (its grad hooks may call in):
+                                a pass, a re-plan or a new layer is refused until it returns
+                                (pdp__model_check_idle) */
     uint64_t step;           /* training forwards so far (keys dropout masks) */
     int64_t sample_base;     /* global index of this model's first sample (DP replicas) */
-    pdp_grad_hook hook;
+    pdp_grad_hook hook;        /* the user's (pdp_model_set_grad_hook) */
     void *hook_user;
+    pdp_grad_hook exec_hook;   /* the executor's (DDP's and ZeRO's reducer), called after the
+                                  user's: a user's hook never replaces it */
+    void *exec_hook_user;
     int trace_pid, trace_tid;  /* trace forward/backward per layer on this track (tid 0: off);
                                   set by the DDP reducer when PDP_TRACE is on */
     pdp__tp_state tp;          /* tensor parallel: the TP communicator (pdp_model_set_tp) */
@@ -1415,6 +1424,8 @@ PDP__PRIVATE int pdp__cpu_count(void);
 
 PDP__PRIVATE long pdp__pid(void);
 
+PDP__PRIVATE int pdp__at_fork_child(void (*fn)(void));
+
 PDP__PRIVATE bool pdp__pid_alive(long pid);
 
 /* strerror without its shared buffer: glibc's strerror_r is the GNU variant under
@@ -1434,6 +1445,8 @@ PDP__PRIVATE void pdp__yield(void);
 PDP__PRIVATE int pdp__cpu_count(void);
 
 PDP__PRIVATE long pdp__pid(void);
+
+PDP__PRIVATE int pdp__at_fork_child(void (*fn)(void));
 
 PDP__PRIVATE bool pdp__pid_alive(long pid);
 
@@ -1763,6 +1776,17 @@ typedef struct pdp__pool {
     double busy_s[PDP__MAX_THREADS]; /* index i's seconds inside fn, written by its member */
     double caller_done;        /* when the caller finished its last index */
 } pdp__pool;
+
+/* fork(): the child has the calling thread only, not the pool's workers, and busy or the
+   team's lock may have been held, at the fork, by threads the child does not have. Its
+   first job then waited forever for members that did not exist (pending never reached 0),
+   and pdp_shutdown_threads joined threads that were not its own. In the child the pool is
+   forgotten (its lock and conditions are not destroyed: they may be held) and busy made
+   free, so that the child's first job starts a team of its own. */
+
+PDP__PRIVATE void pdp__pool_after_fork(void);
+
+PDP__PRIVATE void pdp__pool_fork_init(void);
 
 /* The job under a profile: a member times its index in its own slot, the caller
    notes when it finished its own; the caller reads both once pdp__team_run has
@@ -6698,6 +6722,12 @@ PDP__PRIVATE const char *pdp__model_wrapper(const pdp_model *m);
 PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn);
 
 PDP__PRIVATE pdp_status pdp__model_check_whole(const pdp_model *m, const char *fn);
+
+/* PDP_ERR_STATE while the model's backward runs: a grad hook (model.h) that calls fn on the
+   model it was called for would overwrite (a forward: the activations and the input backward
+   still reads) or free (a larger batch's re-plan, a new layer) what that backward goes on to
+   read. */
+PDP__PRIVATE pdp_status pdp__model_check_idle(const pdp_model *m, const char *fn);
 
 PDP__PRIVATE void pdp__model_unwrap(pdp_model *m);
 

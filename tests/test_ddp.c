@@ -582,8 +582,8 @@ static void *unused_rank(void *arg)
     if ((st = pdp_model_forward(m, &xt, &out))) goto out;
     /* a synchronised backward that reaches the last layer only */
     if ((st = m->event(m->event_user, m, PDP__EV_BACKWARD_BEGIN, -1, PDP_OK))) goto out;
-    m->hook(m->hook_user, m, m->nparams - 1);
-    m->hook(m->hook_user, m, m->nparams - 2);
+    m->exec_hook(m->exec_hook_user, m, m->nparams - 1);
+    m->exec_hook(m->exec_hook_user, m, m->nparams - 2);
     m->event(m->event_user, m, PDP__EV_BACKWARD_END, -1, PDP_OK);
     if ((st = pdp_ddp_finish(d))) goto out;
     memcpy(u->after, m->grad_block, (size_t)m->param_count * sizeof(float));
@@ -1045,7 +1045,7 @@ TEST reducer_collective_and_after_step_are_parameters(void)
     ASSERT_ENUM_EQ(PDP_OK, pdp__reducer_init(&r, m, c, &rd, "seam"), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp__reducer_join(&r, "seam"), pdp_status_name);
     ASSERT_EQ(m->nparams, r.nbuckets);
-    ASSERT(m->hook != NULL);
+    ASSERT(m->exec_hook != NULL);
     pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
     for (step = 0; step < 3; step++) {
         make_batch(step, x, y);
@@ -1072,7 +1072,7 @@ TEST reducer_collective_and_after_step_are_parameters(void)
         ASSERT_EQ(step + 1, (int)pdp_optim_steps(o));
     }
     pdp__reducer_release(&r);
-    ASSERT(m->hook == NULL);
+    ASSERT(m->exec_hook == NULL);
     pdp_optim_free(o);
     pdp_model_free(m);
     pdp_comm_free(c);
@@ -1761,8 +1761,8 @@ static pdp_status tied_rank(const pdp_launch_ctx *ctx, void *user)
     if ((st = pdp_ddp_create(&d, m, ctx->world, &dd)) != PDP_OK ||
         (st = pdp_optim_create(&o, m, &od)) != PDP_OK)
         goto out;
-    spy_hook_next = m->hook, spy_hook_user = m->hook_user;
-    m->hook = spy_hook;
+    spy_hook_next = m->exec_hook, spy_hook_user = m->exec_hook_user;
+    m->exec_hook = spy_hook;
     spy_event_next = m->event;
     m->event = spy_event;
     spy_reduce_next = d->r.desc.reduce;
@@ -1871,6 +1871,79 @@ TEST ddp_step_refuses_an_optimizer_of_another_model(void)
     PASS();
 }
 
+/* A user's grad hook on a wrapped model (pdp_model_set_grad_hook after pdp_ddp_create): it
+   replaced the reducer's, so no bucket launched and pdp_ddp_step stepped each rank's own
+   gradient with PDP_OK (the ranks drifted apart), and pdp_ddp_free, seeing another hook, left
+   the model's executor seam pointing at the freed reducer (the next backward read it: a use
+   after free). Now both run. */
+typedef struct user_hook_job {
+    int calls[2];
+    float params[2][1024];
+    int64_t count[2];
+    bool seam_left[2];
+} user_hook_job;
+
+static void user_hook_count(void *user, pdp_model *m, int p)
+{
+    (void)m;
+    (void)p;
+    (*(int *)user)++;
+}
+
+static pdp_status user_hook_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    user_hook_job *j = (user_hook_job *)user;
+    int r = ctx->rank, half = B / 2;
+    float x[B * IN], loss;
+    int32_t y[B];
+    pdp_model *m = NULL;
+    pdp_ddp *d = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = sgd();
+    pdp_tensor xt, p;
+    pdp_status st;
+    make_batch(0, x, y);
+    if ((st = build_model(&m, 1, 0)) != PDP_OK) return st;
+    if ((st = pdp_ddp_create(&d, m, ctx->world, NULL)) != PDP_OK) goto out;
+    pdp_model_set_grad_hook(m, user_hook_count, &j->calls[r]);
+    if ((st = pdp_optim_create(&o, m, &od)) != PDP_OK) goto out;
+    pdp_tensor_wrap(x + r * half * IN, pdp_cpu(), 2, (int64_t[]){half, IN}, &xt);
+    if ((st = pdp_ddp_forward_backward(d, &xt, y + r * half, &loss)) != PDP_OK ||
+        (st = pdp_ddp_step(d, o)) != PDP_OK)
+        goto out;
+    pdp_ddp_free(d);
+    d = NULL;
+    j->seam_left[r] = m->event != NULL || m->event_user != NULL;
+    if ((st = pdp_model_flat(m, &p, NULL)) != PDP_OK) goto out;
+    j->count[r] = p.count;
+    if (p.count <= 1024) memcpy(j->params[r], p.data, (size_t)p.count * sizeof(float));
+out:
+    pdp_optim_free(o);
+    pdp_ddp_free(d);
+    pdp_model_free(m);
+    return st;
+}
+
+TEST ddp_user_grad_hook_runs_beside_the_reducer(void)
+{
+    static user_hook_job j;
+    pdp_model *m = NULL;
+    int r;
+    memset(&j, 0, sizeof j);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 0), pdp_status_name);
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(2, NULL, user_hook_rank, &j),
+                    pdp_status_name);
+    ASSERT(j.count[0] > 0 && j.count[0] <= 1024 && j.count[1] == j.count[0]);
+    for (r = 0; r < 2; r++) {
+        ASSERT_EQ(pdp_model_num_params(m), j.calls[r]); /* once per parameter */
+        ASSERTm("pdp_ddp_free left the model's seam on the freed reducer", !j.seam_left[r]);
+    }
+    /* the gradients were averaged: both ranks took the same step */
+    ASSERT_MEM_EQ(j.params[0], j.params[1], (size_t)j.count[0] * sizeof(float));
+    pdp_model_free(m);
+    PASS();
+}
+
 SUITE(ddp)
 {
     RUN_TEST(ddp_equals_single_device_on_the_global_batch);
@@ -1888,6 +1961,7 @@ SUITE(ddp)
     RUN_TEST(ddp_wrapped_model_refuses_layout_changes);
     RUN_TEST(ddp_tied_weight_bucket_launches_once_after_the_embedding);
     RUN_TEST(ddp_step_refuses_an_optimizer_of_another_model);
+    RUN_TEST(ddp_user_grad_hook_runs_beside_the_reducer);
 }
 
 SUITE(ddp_uneven)

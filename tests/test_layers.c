@@ -921,6 +921,87 @@ TEST layers_grad_hook_fires_once_per_param_in_reverse_order(void)
     PASS();
 }
 
+/* A grad hook that calls back into its own model. A forward there overwrote the activations
+   and the input the running backward still read (the earlier layers' gradients came from the
+   hook's batch, with PDP_OK; a larger batch freed them: a use after free), and a new layer
+   moved the layers under it (a crash). Each now fails with PDP_ERR_STATE naming the call,
+   and the backward's gradients are those of a backward without the hook. Another model
+   trains from the hook as usual. */
+typedef struct reenter_log {
+    pdp_model *other;
+    float *other_x;
+    pdp_status forward, reserve, add, other_st;
+    char msg[3][1024];
+} reenter_log;
+
+static void reenter_hook(void *user, pdp_model *m, int param_index)
+{
+    static float hx[2 * 8];
+    reenter_log *log = (reenter_log *)user;
+    pdp_tensor x;
+    const pdp_tensor *y;
+    int i;
+    if (param_index != pdp_model_num_params(m) - 1) return; /* the first hook: layers left */
+    for (i = 0; i < 2 * 8; i++) hx[i] = (float)(i % 5) - 2.0f; /* another batch than backward's */
+    wrap_input(m, hx, 2, &x);
+    log->forward = pdp_model_forward(m, &x, &y);
+    snprintf(log->msg[0], sizeof log->msg[0], "%s", pdp_last_error());
+    if (log->forward == PDP_OK) return; /* unguarded, the two below would crash backward */
+    log->reserve = pdp_model_reserve(m, 64);
+    snprintf(log->msg[1], sizeof log->msg[1], "%s", pdp_last_error());
+    log->add = pdp_model_add_linear(m, 3);
+    snprintf(log->msg[2], sizeof log->msg[2], "%s", pdp_last_error());
+    wrap_input(log->other, log->other_x, 2, &x);
+    log->other_st = pdp_model_forward(log->other, &x, &y);
+}
+
+TEST layers_grad_hook_cannot_run_its_own_model(void)
+{
+    pdp_model *m[2], *other = new_model(1, 8, 0, 0, 5);
+    pdp_tensor x, dy;
+    const pdp_tensor *y;
+    pdp_tensor grads[2];
+    float xd[2 * 8], dyd[2 * 4];
+    static reenter_log log;
+    int k, i;
+    for (i = 0; i < 2 * 8; i++) xd[i] = (float)((i * 7) % 9) / 9.0f - 0.5f;
+    for (i = 0; i < 2 * 4; i++) dyd[i] = (float)(i % 3) - 1.0f;
+    ASSERT(other != NULL);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(other, 4), pdp_status_name);
+    memset(&log, 0, sizeof log);
+    log.other = other;
+    log.other_x = xd;
+    log.other_st = PDP_ERR_STATE;
+    for (k = 0; k < 2; k++) { /* k 0: the reference, without the hook */
+        m[k] = new_model(1, 8, 0, 0, 21);
+        ASSERT(m[k] != NULL);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], 6), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_relu(m[k]), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], 4), pdp_status_name);
+        if (k == 1) pdp_model_set_grad_hook(m[k], reenter_hook, &log);
+        wrap_input(m[k], xd, 2, &x);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m[k], &x, &y), pdp_status_name);
+        pdp_tensor_wrap(dyd, pdp_cpu(), 2, y->shape, &dy);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(m[k], &dy), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(m[k], NULL, &grads[k]), pdp_status_name);
+    }
+    ASSERT_ENUM_EQm(log.msg[0], PDP_ERR_STATE, log.forward, pdp_status_name);
+    ASSERTm(log.msg[0], strstr(log.msg[0], "pdp_model_forward: called during the model's "
+                                           "backward (from its grad hook)") != NULL);
+    ASSERT_ENUM_EQm(log.msg[1], PDP_ERR_STATE, log.reserve, pdp_status_name);
+    ASSERTm(log.msg[1], strstr(log.msg[1], "pdp_model_reserve: called during") != NULL);
+    ASSERT_ENUM_EQm(log.msg[2], PDP_ERR_STATE, log.add, pdp_status_name);
+    ASSERTm(log.msg[2], strstr(log.msg[2], "pdp_model_add_linear: called during") != NULL);
+    ASSERT_ENUM_EQ(PDP_OK, log.other_st, pdp_status_name); /* another model: as usual */
+    ASSERT_EQ(3, pdp_model_num_layers(m[1]));
+    ASSERT_EQ(grads[0].count, grads[1].count);
+    ASSERT_MEM_EQ(grads[0].data, grads[1].data, (size_t)grads[0].count * sizeof(float));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_reserve(m[1], 64), pdp_status_name); /* after: fine */
+    for (k = 0; k < 2; k++) pdp_model_free(m[k]);
+    pdp_model_free(other);
+    PASS();
+}
+
 /* ---- errors ---- */
 
 TEST layers_bad_configs_fail_with_messages(void)
@@ -1936,6 +2017,7 @@ SUITE(layers)
     RUN_TEST(layers_dropout_eval_is_identity);
     RUN_TEST(layers_dropout_masks_are_deterministic_and_split_invariant);
     RUN_TEST(layers_grad_hook_fires_once_per_param_in_reverse_order);
+    RUN_TEST(layers_grad_hook_cannot_run_its_own_model);
     RUN_TEST(layers_bad_configs_fail_with_messages);
     RUN_TEST(layers_wrong_input_width_names_layer_and_shapes);
     RUN_TEST(layers_sizes_that_overflow_fail);

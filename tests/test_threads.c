@@ -15,6 +15,11 @@
 #include "pdp_test.h"
 
 #include <pthread.h>
+#ifndef _WIN32
+#  include <signal.h>
+#  include <sys/wait.h>
+#  include <unistd.h>
+#endif
 
 /* ---- helpers ---- */
 
@@ -219,6 +224,53 @@ TEST threads_shutdown_then_reuse(void)
     PASS();
 }
 
+/* fork() after the pool started: the child has the forking thread only. Its first job waited
+   for the parent's workers (pending never reached 0): a hang; pdp_shutdown_threads there
+   joined threads that were not the child's. The child runs jobs, shuts the pool down and
+   runs again; the parent gives it 60 seconds. */
+TEST threads_pool_works_in_a_forked_child(void)
+{
+#if defined(_WIN32)
+    SKIPm("no fork() on Windows");
+#elif PDP_TEST_UNDER_TSAN
+    SKIPm("ThreadSanitizer starts no thread in the child of a multi-threaded fork()");
+#else
+    hits h;
+    pid_t pid;
+    int status = -1, i;
+    double t0;
+    memset(&h, 0, sizeof h);
+    pdp__parallel_for(4, mark, &h); /* the pool runs, with 3 workers */
+    for (i = 0; i < 4; i++) ASSERT_EQ(1, h.count[i]);
+    fflush(NULL);
+    pid = fork();
+    ASSERT(pid >= 0);
+    if (pid == 0) {
+        int ok = 1, rep, j;
+        for (rep = 0; rep < 2; rep++) {
+            hits c;
+            memset(&c, 0, sizeof c);
+            pdp__parallel_for(4, mark, &c);
+            for (j = 0; j < 4; j++) ok &= c.count[j] == 1;
+            pdp_shutdown_threads();
+        }
+        _exit(ok ? 0 : 1);
+    }
+    t0 = pdp_seconds();
+    while (waitpid(pid, &status, WNOHANG) == 0 && pdp_seconds() - t0 < 60) pdp__sleep_s(0.01);
+    if (pdp_seconds() - t0 >= 60) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        FAILm("the child's first job hung (it waited for the parent's workers)");
+    }
+    ASSERTm("the child died or failed", WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    memset(&h, 0, sizeof h);
+    pdp__parallel_for(4, mark, &h); /* the parent's pool is untouched */
+    for (i = 0; i < 4; i++) ASSERT_EQ(1, h.count[i]);
+    PASS();
+#endif
+}
+
 TEST threads_scratch_grows_and_is_reused(void)
 {
     unsigned char *p = (unsigned char *)pdp__thread_scratch(1000), *q;
@@ -355,6 +407,7 @@ SUITE(threads)
     RUN_TEST(threads_nested_call_runs_serially);
     RUN_TEST(threads_concurrent_callers_do_not_deadlock);
     RUN_TEST(threads_shutdown_then_reuse);
+    RUN_TEST(threads_pool_works_in_a_forked_child);
     RUN_TEST(threads_scratch_grows_and_is_reused);
     RUN_TEST(threads_profile_parts_add_up_and_stop);
     RUN_TEST(threads_profile_idle_is_workers_without_work);
