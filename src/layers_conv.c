@@ -186,7 +186,10 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
    few weights (conv 1 -> 16, k 5: 400) it is O C k k dot products over the grid
    (pdp__sgemm_dots): nothing packed, where packing cost more than the products.
    The grid's columns over the bands compute values nobody reads: pad / (W + pad) more
-   GEMM work (12% for a 5x5 "same" convolution on 14x14) for no copies at all.
+   GEMM work (12% for a 5x5 "same" convolution on 14x14) for no copies at all. In the dW
+   share their dy is 0, which a NaN or an infinity of x there turns into NaN: a share that
+   is not finite is summed again over the samples' own columns (pdp__conv_implicit_dw_exact),
+   so that it holds them where PyTorch's does and nowhere else.
 
    im2col (any other stride or padding, and PDP_CBLAS builds): the column matrix
    [C k k, n] of a chunk is materialised with exact Wo columns (Chellapilla et al.,
@@ -707,6 +710,46 @@ PDP__PRIVATE void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
     }
 }
 
+/* Implicit path: the chunk's dW share again, over the samples' own output columns only,
+   when the GEMM's is not finite. The GEMM also runs over the grid's band columns, where dy
+   is 0, and those read a sample's edge pixels with taps that reach past it: a NaN or an
+   infinity there made 0 x inf = NaN in taps where PyTorch's sum has no such term. Here in
+   double, x and dy rounded to bf16 in bf16 (the GEMM's inputs); the grid (row stride wt,
+   sample j's columns from j (W + pad)) holds dy as the GEMM read it. A slow path, taken
+   only for inputs that are not finite. */
+PDP__PRIVATE void pdp__conv_implicit_dw_exact(const pdp__conv_job *job, const pdp__conv_chunk *k,
+                                              const float *grid, int64_t ldg)
+{
+    const pdp__conv_geom *g = &job->g;
+    const pdp__layer_io *io = job->io;
+    int64_t o, r, s, oh, ow, n = g->O * g->ckk;
+    for (r = 0; r < n && isfinite(k->share[r]); r++) {}
+    if (r == n) return;
+    for (o = 0; o < g->O; o++)
+        for (r = 0; r < g->ckk; r++) {
+            int64_t c = r / (g->k * g->k), ki = r / g->k % g->k, kj = r % g->k;
+            double sum = 0.0;
+            for (s = k->s0; s < k->s1; s++) {
+                const float *x = io->x + s * job->l->in_count + c * g->H * g->W;
+                const float *d = grid + o * ldg + (s - k->s0) * (g->W + g->pad);
+                for (oh = 0; oh < g->Ho; oh++) {
+                    int64_t ih = oh - g->pad + ki;
+                    if (ih < 0 || ih >= g->H) continue;
+                    for (ow = 0; ow < g->Wo; ow++) {
+                        int64_t iw = ow - g->pad + kj;
+                        float xv, dv;
+                        if (iw < 0 || iw >= g->W) continue;
+                        xv = x[ih * g->W + iw];
+                        dv = d[oh * k->wt + ow];
+                        if (io->bf16) xv = pdp__bf16_round(xv), dv = pdp__bf16_round(dv);
+                        sum += (double)dv * (double)xv;
+                    }
+                }
+            }
+            k->share[g->dw_t ? r * g->O + o : o * g->ckk + r] = (float)sum;
+        }
+}
+
 PDP__PRIVATE void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
 {
     const pdp__conv_job *job = (const pdp__conv_job *)arg;
@@ -758,6 +801,7 @@ PDP__PRIVATE void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
         else
             pdp__sgemm_rows(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols, 1.0f, grid, ldg, k.xp,
                             k.offx, 0.0f, k.share, g->ckk);
+        pdp__conv_implicit_dw_exact(job, &k, grid, ldg); /* when not finite */
         if (!io->dx) continue;
 #if defined(PDP__GEMM_RUNS)
         if (okk >= PDP__CONV_RUNS_MIN_K && !job->packed16) {

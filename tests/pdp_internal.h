@@ -5743,7 +5743,10 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
    few weights (conv 1 -> 16, k 5: 400) it is O C k k dot products over the grid
    (pdp__sgemm_dots): nothing packed, where packing cost more than the products.
    The grid's columns over the bands compute values nobody reads: pad / (W + pad) more
-   GEMM work (12% for a 5x5 "same" convolution on 14x14) for no copies at all.
+   GEMM work (12% for a 5x5 "same" convolution on 14x14) for no copies at all. In the dW
+   share their dy is 0, which a NaN or an infinity of x there turns into NaN: a share that
+   is not finite is summed again over the samples' own columns (pdp__conv_implicit_dw_exact),
+   so that it holds them where PyTorch's does and nowhere else.
 
    im2col (any other stride or padding, and PDP_CBLAS builds): the column matrix
    [C k k, n] of a chunk is materialised with exact Wo columns (Chellapilla et al.,
@@ -5971,6 +5974,16 @@ PDP__PRIVATE void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__c
                                           const float *dy, bool backward);
 
 PDP__PRIVATE void pdp__conv_implicit_forward_part(void *arg, int i, int parts);
+
+/* Implicit path: the chunk's dW share again, over the samples' own output columns only,
+   when the GEMM's is not finite. The GEMM also runs over the grid's band columns, where dy
+   is 0, and those read a sample's edge pixels with taps that reach past it: a NaN or an
+   infinity there made 0 x inf = NaN in taps where PyTorch's sum has no such term. Here in
+   double, x and dy rounded to bf16 in bf16 (the GEMM's inputs); the grid (row stride wt,
+   sample j's columns from j (W + pad)) holds dy as the GEMM read it. A slow path, taken
+   only for inputs that are not finite. */
+PDP__PRIVATE void pdp__conv_implicit_dw_exact(const pdp__conv_job *job, const pdp__conv_chunk *k,
+                                              const float *grid, int64_t ldg);
 
 PDP__PRIVATE void pdp__conv_implicit_backward_part(void *arg, int i, int parts);
 

@@ -709,6 +709,74 @@ TEST layers_maxpool_nan_wins_as_in_pytorch(void)
     PASS();
 }
 
+/* A NaN or an infinity of x in a Conv2d's weight gradient (stride 1: the implicit path) only
+   where PyTorch's sum has it: in the taps that read that pixel at a real output position. x
+   is 2 samples of (1, 4, 5), k 3, padding 1, the bad value at column 0 of sample 1 (and, the
+   second time, at column 4 of sample 0): tap kj = 2 (kj = 0) never reads that column, so its
+   three weights stay finite, the sum over the finite terms, as in torch; the other taps are
+   not finite. The grid's band columns between the samples, where dy is 0, read that pixel:
+   0 x NaN there made those taps NaN. */
+TEST layers_conv2d_nonfinite_x_stays_in_its_taps(void)
+{
+    static const float bad[2] = {NAN, INFINITY};
+    int v, side;
+    for (v = 0; v < 2; v++)
+        for (side = 0; side < 2; side++) {
+            pdp_model *m = new_model(3, 1, 4, 5, 41);
+            float xd[40], dy[40], dx[40];
+            /* the bad pixel (row 2), and the kj of the taps that stay finite */
+            int64_t at = side ? 2 * 5 + 4 : 20 + 2 * 5, clean = side ? 0 : 2;
+            pdp_tensor x;
+            const pdp_tensor *y;
+            pdp_param w;
+            int i, ki, kj, oh, ow;
+            ASSERT(m != NULL);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 1, 3, 1, 1), pdp_status_name);
+            for (i = 0; i < 40; i++) {
+                xd[i] = (float)((i * 7) % 11) / 4.0f - 1.0f;
+                dy[i] = (float)((i * 5) % 9) / 3.0f - 1.0f;
+            }
+            xd[at] = bad[v];
+            wrap_input(m, xd, 2, &x);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+            pdp_model_zero_grad(m);
+            ASSERT_ENUM_EQ(PDP_OK, fixture_backward_with_dx(m, dy, dx), pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m, "0.weight", &w), pdp_status_name);
+            for (ki = 0; ki < 3; ki++)
+                for (kj = 0; kj < 3; kj++) {
+                    float g = w.grad.data[ki * 3 + kj];
+                    double want = 0.0;
+                    int s;
+                    if (kj != clean) {
+                        ASSERT(!isfinite(g)); /* as torch: the taps that read the pixel */
+                        continue;
+                    }
+                    for (s = 0; s < 2; s++)
+                        for (oh = 0; oh < 4; oh++)
+                            for (ow = 0; ow < 5; ow++) {
+                                int ih = oh - 1 + ki, iw = ow - 1 + kj;
+                                if (ih < 0 || ih >= 4 || iw < 0 || iw >= 5) continue;
+                                want += (double)dy[s * 20 + oh * 5 + ow] *
+                                        xd[s * 20 + ih * 5 + iw];
+                            }
+                    ASSERT(isfinite(g));
+                    ASSERT_IN_RANGE(want, g, 1e-5 * (1.0 + fabs(want)));
+                }
+            { /* the same without dx (a first layer's backward): the same bits */
+                float before[9];
+                pdp_tensor dyt;
+                memcpy(before, w.grad.data, sizeof before);
+                ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+                pdp_tensor_wrap(dy, pdp_cpu(), 4, y->shape, &dyt);
+                pdp_model_zero_grad(m);
+                ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(m, &dyt), pdp_status_name);
+                ASSERT_MEM_EQ(before, w.grad.data, sizeof before);
+            }
+            pdp_model_free(m);
+        }
+    PASS();
+}
+
 TEST layers_relu_nan_as_in_pytorch(void)
 {
     /* torch.relu([nan, -1, 2, 0, -0., -inf, inf]) = [nan, 0, 2, 0, 0, 0, inf]; backward
@@ -2012,6 +2080,7 @@ SUITE(layers)
     RUN_TEST(layers_linear_gelu_fused_matches_unfused);
     RUN_TEST(layers_maxpool_ties_go_to_the_first_maximum);
     RUN_TEST(layers_maxpool_nan_wins_as_in_pytorch);
+    RUN_TEST(layers_conv2d_nonfinite_x_stays_in_its_taps);
     RUN_TEST(layers_relu_nan_as_in_pytorch);
     RUN_TEST(layers_init_follows_pytorch_and_the_seed);
     RUN_TEST(layers_dropout_eval_is_identity);
