@@ -11,7 +11,10 @@
 PDP__PRIVATE pdp_status pdp__gpt_name(pdp_model *m, int p, const char *prefix, const char *what)
 {
     char name[64];
-    snprintf(name, sizeof name, "%s.%s", prefix, what);
+    int n = snprintf(name, sizeof name, "%s.%s", prefix, what);
+    if (n < 0 || (size_t)n >= sizeof name) /* a layer count of 10^40 would not fit */
+        return pdp__err(PDP_ERR_INVALID, "pdp_gpt_create: the name %s.%s is too long", prefix,
+                        what);
     return pdp__model_rename_param(m, p, name);
 }
 
