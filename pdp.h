@@ -680,7 +680,8 @@
    opens with a comment that explains it. Read in this order:
 
    One device       model.c: pdp_model_forward, pdp_model_backward (after each layer it
-                    fires the grad hook per parameter: where DDP and ZeRO listen);
+                    fires the grad hooks per parameter: the user's, then the executor's,
+                    where DDP and ZeRO listen);
                     loss.c: pdp_model_forward_backward; optim.c: pdp_optim_step
    A GPT            gpt.c: pdp_gpt_create (the blocks: pdp__gpt_block), pdp_gpt_generate,
                     pdp_gpt_generate_text, pdp_gpt_evaluate, pdp_gpt_activation_report
