@@ -1332,7 +1332,10 @@ PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_te
    backward. One user hook a model (a later call replaces it; fn NULL removes it). It is
    the caller's own: an executor's (DDP, ZeRO) is kept apart, so a hook set before or
    while one wraps the model runs beside it (first, with this rank's local gradient,
-   before the bucket holding it is reduced) and neither replaces nor removes it. The hook
+   before the bucket holding it is reduced) and neither replaces nor removes it. Under DP
+   (dp.h) it runs in the master's backward only, on the master's share of the batch, before
+   the workers' gradients are added in; a pipeline's stage model (pp.h) calls it with the
+   stage's parameter indices. The hook
    may train or query other models; on its own model a forward, pdp_model_reserve or a new
    layer fails with PDP_ERR_STATE (that backward still reads what they replace), and it must
    not free it. */
@@ -2580,7 +2583,11 @@ PDP_API pdp_status pdp_ddp_forward(pdp_ddp *ddp, const pdp_tensor *x, const pdp_
 PDP_API pdp_status pdp_ddp_backward(pdp_ddp *ddp, const pdp_tensor *dy);
 /* Waits for every bucket of the last synchronised backward: the model's
    gradients are then the average over ranks. PDP_ERR_STATE when the last
-   backward ran under no_sync. OK and nothing to do when nothing is pending. */
+   backward ran under no_sync. OK and nothing to do when nothing is pending. Until it
+   has run (or pdp_ddp_step) after a synchronised backward, pdp_clip_grad_norm and
+   pdp_optim_step on the model fail with PDP_ERR_STATE naming it: the collectives are
+   still writing the gradients (PyTorch's backward returns them reduced; here clip between
+   pdp_ddp_finish and pdp_ddp_step). */
 PDP_API pdp_status pdp_ddp_finish(pdp_ddp *ddp);
 /* pdp_ddp_finish, then pdp_optim_step(opt), then zeroes the gradients. */
 PDP_API pdp_status pdp_ddp_step(pdp_ddp *ddp, pdp_optim *opt);
@@ -5684,13 +5691,17 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
    (BACKWARD_LAYER), before the forward of each such layer of a region that FULL
    recomputation runs again inside backward (RECOMPUTE_LAYER: the region's, in forward
    order, before the BACKWARD_LAYER of its ResidualAdd and of its layers), and after the
-   last layer or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
+   last layer or the failing one (BACKWARD_END, st = the pass's status, return ignored), and
+   when pdp_model_zero_grad runs, before it zeroes the model's gradient block (ZERO_GRAD,
+   layer -1, return ignored: the executor waits for collectives still writing gradients and
+   zeroes those it holds itself, ZeRO's buffers and shard). */
 typedef enum pdp__model_event {
     PDP__EV_FORWARD_LAYER,
     PDP__EV_BACKWARD_BEGIN,
     PDP__EV_BACKWARD_LAYER,
     PDP__EV_RECOMPUTE_LAYER,
-    PDP__EV_BACKWARD_END
+    PDP__EV_BACKWARD_END,
+    PDP__EV_ZERO_GRAD
 } pdp__model_event;
 typedef pdp_status (*pdp__model_event_fn)(void *user, pdp_model *m, pdp__model_event ev,
                                           int layer, pdp_status st);
@@ -5763,6 +5774,10 @@ struct pdp_model {
     pdp__wrap wrapped;         /* the executor holding the model (PDP__WRAP_NONE: none); set
                                   by its create, cleared by its free (pdp__model_wrap) */
     int wrap_stage;            /* ZeRO's stage while wrapped by ZeRO; else 0 */
+    const char *grads_reducing; /* not NULL while DDP's or ZeRO's reducer has collectives in
+                                  flight on the gradients (reducer.c, REDUCING): the calls that
+                                  wait for them; pdp_clip_grad_norm and pdp_optim_step refuse
+                                  the model until then (the progress thread writes them) */
     int sliced_rank, sliced_world; /* sliced_world > 1: ZeRO stage 3 was freed without
                                   gathering (pdp_zero_free), so the parameter block holds rank
                                   sliced_rank's slices and zeros elsewhere: a forward, a save
@@ -8907,7 +8922,7 @@ PDP__PRIVATE void pdp__dev_free(pdp_device d, void *p)
 PDP__PRIVATE pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes)
 {
     if (d.kind == PDP_DEVICE_CPU) {
-        memset(p, 0, bytes);
+        if (bytes) memset(p, 0, bytes); /* an empty block may be NULL */
         return PDP_OK;
     }
 #ifdef PDP_CUDA
@@ -8936,7 +8951,7 @@ PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device 
                                       const void *src, size_t bytes)
 {
     if (dst_dev.kind == PDP_DEVICE_CPU && src_dev.kind == PDP_DEVICE_CPU) {
-        if (dst != src) memmove(dst, src, bytes);
+        if (dst != src && bytes) memmove(dst, src, bytes); /* an empty block may be NULL */
         return PDP_OK;
     }
 #ifdef PDP_CUDA
@@ -22618,7 +22633,10 @@ PDP__PRIVATE pdp_status pdp__model_param_hash(const pdp_model *m,
 
 PDP_API void pdp_model_zero_grad(pdp_model *m)
 {
-    if (m && m->param_count && m->grad_block) /* NULL: ZeRO holds the gradients */
+    if (!m) return;
+    /* DDP and ZeRO: their collectives waited for, and ZeRO's own gradients zeroed */
+    if (m->event) (void)m->event(m->event_user, m, PDP__EV_ZERO_GRAD, -1, PDP_OK);
+    if (m->param_count && m->grad_block) /* NULL: ZeRO holds the gradients */
         pdp__dev_memset0(m->device, m->grad_block, (size_t)m->param_count * sizeof(float));
 }
 
@@ -23825,7 +23843,8 @@ PDP_API void pdp_optim_zero_grad(pdp_optim *o)
 {
     double t0 = pdp__prof.on ? pdp__now() : 0.0;
     pdp_model *m = o ? o->model : NULL;
-    if (m && m->device.kind == PDP_DEVICE_CPU && m->param_count && m->grad_block) {
+    /* an executor's model (m->event: DDP, ZeRO) through pdp_model_zero_grad, which tells it */
+    if (m && !m->event && m->device.kind == PDP_DEVICE_CPU && m->param_count && m->grad_block) {
         pdp__zero_job j;
         int threads = pdp__threads_for_caller();
         j.g = m->grad_block;
@@ -24139,6 +24158,9 @@ PDP__PRIVATE pdp_status pdp__optim_check_step(const pdp_optim *o)
     if (m->param_count > 0 && (!m->param_block || !m->grad_block))
         return pdp__err(PDP_ERR_STATE, "pdp_optim_step: the model's %s sharded by ZeRO: step "
                         "with pdp_zero_step", m->grad_block ? "parameters are" : "gradients are");
+    if (m->grads_reducing)
+        return pdp__err(PDP_ERR_STATE, "pdp_optim_step: the last backward's gradients are still "
+                        "being reduced over the ranks: call %s first", m->grads_reducing);
     return PDP_OK;
 }
 
@@ -24251,6 +24273,9 @@ PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total
     if (m->wrapped == PDP__WRAP_ZERO || (!m->grad_block && m->param_count))
         return pdp__err(PDP_ERR_STATE, "%s: the model's gradients are sharded by ZeRO: use "
                         "pdp_zero_clip_grad_norm", fn);
+    if (m->grads_reducing)
+        return pdp__err(PDP_ERR_STATE, "%s: the last backward's gradients are still being "
+                        "reduced over the ranks: call %s first", fn, m->grads_reducing);
     if ((st = pdp__grad_sumsq_range(m, m->grad_block, 0, m->param_count, &sum, fn)) != PDP_OK)
         return st;
     if (m->tp.comm && m->tp.size > 1 &&
@@ -29210,9 +29235,12 @@ PDP__PRIVATE void pdp__reducer_arm(pdp__reducer *r)
     r->armed = true;
 }
 
+PDP__PRIVATE pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn); /* below */
+
 /* The model's events. BACKWARD_BEGIN refuses a backward while the last one is
    being reduced and arms the reducer (unless no_sync); BACKWARD_END launches the
-   buckets whose parameters got no gradient and records the state. */
+   buckets whose parameters got no gradient and records the state; ZERO_GRAD waits for the
+   buckets in flight and forgets what no_sync accumulated. */
 PDP__PRIVATE pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
                                            pdp_status st)
 {
@@ -29229,9 +29257,16 @@ PDP__PRIVATE pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_
         r->backward_seen = true;
         if (!r->no_sync) pdp__reducer_arm(r);
         break;
+    case PDP__EV_ZERO_GRAD:
+        /* the gradients are being discarded: wait for the collectives still writing them (a
+           failure shows again at the group's next collective) */
+        if (r->state == PDP__RED_REDUCING) (void)pdp__reducer_finish(r, "pdp_model_zero_grad");
+        if (r->state == PDP__RED_LOCAL) r->state = PDP__RED_IDLE; /* nothing left to reduce */
+        break;
     case PDP__EV_BACKWARD_END:
         if (r->armed) {
             r->state = PDP__RED_REDUCING;
+            m->grads_reducing = r->desc.finish_names;
             r->failed = st != PDP_OK;
             if (st == PDP_OK) { /* buckets of parameters that got no gradient */
                 int b;
@@ -29467,6 +29502,7 @@ PDP__PRIVATE void pdp__reducer_release(pdp__reducer *r)
         r->m->event = NULL;
         r->m->event_user = NULL;
         r->m->trace_tid = 0;
+        r->m->grads_reducing = NULL;
     }
     if (r->traced) pdp__trace_close();
     if (r->scratch) pdp__dev_free(r->m->device, r->scratch);
@@ -29832,6 +29868,7 @@ PDP__PRIVATE pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
     busy = r->busy;
     snprintf(msg, sizeof msg, "%s", r->wait_msg);
     r->state = PDP__RED_IDLE;
+    r->m->grads_reducing = NULL;
     if (r->trace_compute) pdp__trace_complete(r->c->trace_pid, r->trace_compute, "compute",
                                               "wait for buckets", t0, t1, NULL);
     if (first == PDP_OK && r->launch_status != PDP_OK) {
@@ -31818,6 +31855,12 @@ PDP__PRIVATE pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_eve
         if (z->stage >= 2 && !z->units[u].gbuf && (st = pdp__zero_take_gbuf(z, u)) != PDP_OK)
             return st;
         return z->stage == 3 ? pdp__zero_need(z, u, z->next_bwd[layer]) : PDP_OK;
+    case PDP__EV_ZERO_GRAD: /* after the reducer's wait: the gradients this rank holds */
+        (void)(z->stage == 1 ? pdp__dev_memset0(z->dev, z->grad_all,
+                                                (size_t)z->padded_count * sizeof(float))
+                             : pdp__dev_memset0(z->dev, z->grad_shard,
+                                                (size_t)z->shard_count * sizeof(float)));
+        return PDP_OK;
     case PDP__EV_BACKWARD_END:
         /* stages 2-3 under no_sync: reduce now, into the shard (no full gradient to
            accumulate in); a failure is reported by the next finish */
@@ -33690,6 +33733,8 @@ typedef struct pdp__pp_chunk {
     int64_t act_bytes;            /* one micro-batch's activations (the last pass) */
     int param0;                   /* its first parameter's index in the stage model */
     bool view;                    /* its blocks are the stage model's (v > 1) */
+    pdp_model *stage_m;           /* v > 1: the stage model whose grad hook its backward calls
+                                     (pdp__pp_sync_chunks) */
     float **in_buf;               /* nslots + 1: received inputs (pieces after 0) */
     float *dy_buf[2];             /* received output gradients (pieces before the last) */
     float *dx_buf[2];             /* input gradients sent back (pieces after 0) */
@@ -34343,6 +34388,10 @@ PDP__PRIVATE pdp_status pdp__pp_prepare(pdp_pp **out, const pdp_model *full, pdp
     pdp_status st;
     if (!full) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if ((st = pdp__model_check_whole(full, fn)) != PDP_OK) return st;
+    if (full->param_count && !full->param_block) /* the stages copy their parameters from it */
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: the model's parameters are sharded by %s: "
+                        "it has no parameter block to split (pdp_zero_gather_params(z, NULL) "
+                        "puts the full values there)", fn, c->rank, pdp__model_wrapper(full));
     if (c->size > PDP_PP_MAX_STAGES)
         return pdp__err(PDP_ERR_INVALID, "%s: %d ranks (at most PDP_PP_MAX_STAGES = %d stages)",
                         fn, c->size, PDP_PP_MAX_STAGES);
@@ -34799,6 +34848,33 @@ PDP__PRIVATE pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows)
     return PDP_OK;
 }
 
+/* With v > 1 the chunks' models run and the stage model (pdp_pp_model, the caller's handle)
+   does not: its user grad hook runs through this, with the stage model and the parameter's
+   index in it, as on one chunk. */
+PDP__PRIVATE void pdp__pp_chunk_hook(void *user, pdp_model *m, int param_index)
+{
+    const pdp__pp_chunk *ck = (const pdp__pp_chunk *)user;
+    pdp_model *s = ck->stage_m;
+    (void)m;
+    if (s && s->hook) s->hook(s->hook_user, s, ck->param0 + param_index);
+}
+
+/* What the caller set on the stage model (model.h: pdp_model_set_training, _set_precision,
+   _set_grad_hook stay allowed on a wrapped model) reaches the chunks that run it. */
+PDP__PRIVATE void pdp__pp_sync_chunks(pdp_pp *pp)
+{
+    int c;
+    if (pp->v == 1) return; /* the stage model is chunk 0's */
+    for (c = 0; c < pp->v; c++) {
+        pdp__pp_chunk *ck = &pp->ck[c];
+        ck->stage_m = pp->m;
+        ck->m->training = pp->m->training;
+        ck->m->precision = pp->m->precision;
+        ck->m->hook = pp->m->hook ? pdp__pp_chunk_hook : NULL;
+        ck->m->hook_user = pp->m->hook ? ck : NULL;
+    }
+}
+
 PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
                                            const int32_t *labels, float *loss)
 {
@@ -34829,6 +34905,7 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
     }
     if (pdp__pp_cut(pp, rows) != PDP_OK)
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    pdp__pp_sync_chunks(pp);
     pp->counted = rows * pp->positions;
     tail = pp->ck[pp->v - 1].m; /* on the last stage: the last piece */
     if (last && labels && !pp->desc.loss &&
@@ -34928,7 +35005,9 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
         pp->dp_sent += d1.bytes_sent - d0.bytes_sent;
     }
     pdp_comm_get_stats(pp->c, &c1);
-    pp->steps++;
+    /* the single-device run's step: its forward counts training passes only (model.c), and
+       the next training pass's dropout keys are that count's */
+    if (pp->m->training) pp->steps++;
     pp->stats.steps++;
     pp->stats.step_s = t1 - t0;
     pp->stats.compute_s = busy;

@@ -63,7 +63,7 @@ PDP__PRIVATE void pdp__dev_free(pdp_device d, void *p)
 PDP__PRIVATE pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes)
 {
     if (d.kind == PDP_DEVICE_CPU) {
-        memset(p, 0, bytes);
+        if (bytes) memset(p, 0, bytes); /* an empty block may be NULL */
         return PDP_OK;
     }
 #ifdef PDP_CUDA
@@ -92,7 +92,7 @@ PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device 
                                       const void *src, size_t bytes)
 {
     if (dst_dev.kind == PDP_DEVICE_CPU && src_dev.kind == PDP_DEVICE_CPU) {
-        if (dst != src) memmove(dst, src, bytes);
+        if (dst != src && bytes) memmove(dst, src, bytes); /* an empty block may be NULL */
         return PDP_OK;
     }
 #ifdef PDP_CUDA

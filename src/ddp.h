@@ -148,7 +148,11 @@ PDP_API pdp_status pdp_ddp_forward(pdp_ddp *ddp, const pdp_tensor *x, const pdp_
 PDP_API pdp_status pdp_ddp_backward(pdp_ddp *ddp, const pdp_tensor *dy);
 /* Waits for every bucket of the last synchronised backward: the model's
    gradients are then the average over ranks. PDP_ERR_STATE when the last
-   backward ran under no_sync. OK and nothing to do when nothing is pending. */
+   backward ran under no_sync. OK and nothing to do when nothing is pending. Until it
+   has run (or pdp_ddp_step) after a synchronised backward, pdp_clip_grad_norm and
+   pdp_optim_step on the model fail with PDP_ERR_STATE naming it: the collectives are
+   still writing the gradients (PyTorch's backward returns them reduced; here clip between
+   pdp_ddp_finish and pdp_ddp_step). */
 PDP_API pdp_status pdp_ddp_finish(pdp_ddp *ddp);
 /* pdp_ddp_finish, then pdp_optim_step(opt), then zeroes the gradients. */
 PDP_API pdp_status pdp_ddp_step(pdp_ddp *ddp, pdp_optim *opt);

@@ -505,13 +505,17 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
    (BACKWARD_LAYER), before the forward of each such layer of a region that FULL
    recomputation runs again inside backward (RECOMPUTE_LAYER: the region's, in forward
    order, before the BACKWARD_LAYER of its ResidualAdd and of its layers), and after the
-   last layer or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
+   last layer or the failing one (BACKWARD_END, st = the pass's status, return ignored), and
+   when pdp_model_zero_grad runs, before it zeroes the model's gradient block (ZERO_GRAD,
+   layer -1, return ignored: the executor waits for collectives still writing gradients and
+   zeroes those it holds itself, ZeRO's buffers and shard). */
 typedef enum pdp__model_event {
     PDP__EV_FORWARD_LAYER,
     PDP__EV_BACKWARD_BEGIN,
     PDP__EV_BACKWARD_LAYER,
     PDP__EV_RECOMPUTE_LAYER,
-    PDP__EV_BACKWARD_END
+    PDP__EV_BACKWARD_END,
+    PDP__EV_ZERO_GRAD
 } pdp__model_event;
 typedef pdp_status (*pdp__model_event_fn)(void *user, pdp_model *m, pdp__model_event ev,
                                           int layer, pdp_status st);
@@ -584,6 +588,10 @@ struct pdp_model {
     pdp__wrap wrapped;         /* the executor holding the model (PDP__WRAP_NONE: none); set
                                   by its create, cleared by its free (pdp__model_wrap) */
     int wrap_stage;            /* ZeRO's stage while wrapped by ZeRO; else 0 */
+    const char *grads_reducing; /* not NULL while DDP's or ZeRO's reducer has collectives in
+                                  flight on the gradients (reducer.c, REDUCING): the calls that
+                                  wait for them; pdp_clip_grad_norm and pdp_optim_step refuse
+                                  the model until then (the progress thread writes them) */
     int sliced_rank, sliced_world; /* sliced_world > 1: ZeRO stage 3 was freed without
                                   gathering (pdp_zero_free), so the parameter block holds rank
                                   sliced_rank's slices and zeros elsewhere: a forward, a save

@@ -1172,7 +1172,10 @@ PDP__PRIVATE pdp_status pdp__model_param_hash(const pdp_model *m,
 
 PDP_API void pdp_model_zero_grad(pdp_model *m)
 {
-    if (m && m->param_count && m->grad_block) /* NULL: ZeRO holds the gradients */
+    if (!m) return;
+    /* DDP and ZeRO: their collectives waited for, and ZeRO's own gradients zeroed */
+    if (m->event) (void)m->event(m->event_user, m, PDP__EV_ZERO_GRAD, -1, PDP_OK);
+    if (m->param_count && m->grad_block) /* NULL: ZeRO holds the gradients */
         pdp__dev_memset0(m->device, m->grad_block, (size_t)m->param_count * sizeof(float));
 }
 

@@ -191,7 +191,10 @@ PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_te
    backward. One user hook a model (a later call replaces it; fn NULL removes it). It is
    the caller's own: an executor's (DDP, ZeRO) is kept apart, so a hook set before or
    while one wraps the model runs beside it (first, with this rank's local gradient,
-   before the bucket holding it is reduced) and neither replaces nor removes it. The hook
+   before the bucket holding it is reduced) and neither replaces nor removes it. Under DP
+   (dp.h) it runs in the master's backward only, on the master's share of the batch, before
+   the workers' gradients are added in; a pipeline's stage model (pp.h) calls it with the
+   stage's parameter indices. The hook
    may train or query other models; on its own model a forward, pdp_model_reserve or a new
    layer fails with PDP_ERR_STATE (that backward still reads what they replace), and it must
    not free it. */

@@ -264,7 +264,8 @@ PDP_API void pdp_optim_zero_grad(pdp_optim *o)
 {
     double t0 = pdp__prof.on ? pdp__now() : 0.0;
     pdp_model *m = o ? o->model : NULL;
-    if (m && m->device.kind == PDP_DEVICE_CPU && m->param_count && m->grad_block) {
+    /* an executor's model (m->event: DDP, ZeRO) through pdp_model_zero_grad, which tells it */
+    if (m && !m->event && m->device.kind == PDP_DEVICE_CPU && m->param_count && m->grad_block) {
         pdp__zero_job j;
         int threads = pdp__threads_for_caller();
         j.g = m->grad_block;
@@ -578,6 +579,9 @@ PDP__PRIVATE pdp_status pdp__optim_check_step(const pdp_optim *o)
     if (m->param_count > 0 && (!m->param_block || !m->grad_block))
         return pdp__err(PDP_ERR_STATE, "pdp_optim_step: the model's %s sharded by ZeRO: step "
                         "with pdp_zero_step", m->grad_block ? "parameters are" : "gradients are");
+    if (m->grads_reducing)
+        return pdp__err(PDP_ERR_STATE, "pdp_optim_step: the last backward's gradients are still "
+                        "being reduced over the ranks: call %s first", m->grads_reducing);
     return PDP_OK;
 }
 
@@ -690,6 +694,9 @@ PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total
     if (m->wrapped == PDP__WRAP_ZERO || (!m->grad_block && m->param_count))
         return pdp__err(PDP_ERR_STATE, "%s: the model's gradients are sharded by ZeRO: use "
                         "pdp_zero_clip_grad_norm", fn);
+    if (m->grads_reducing)
+        return pdp__err(PDP_ERR_STATE, "%s: the last backward's gradients are still being "
+                        "reduced over the ranks: call %s first", fn, m->grads_reducing);
     if ((st = pdp__grad_sumsq_range(m, m->grad_block, 0, m->param_count, &sum, fn)) != PDP_OK)
         return st;
     if (m->tp.comm && m->tp.size > 1 &&

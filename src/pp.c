@@ -87,6 +87,8 @@ typedef struct pdp__pp_chunk {
     int64_t act_bytes;            /* one micro-batch's activations (the last pass) */
     int param0;                   /* its first parameter's index in the stage model */
     bool view;                    /* its blocks are the stage model's (v > 1) */
+    pdp_model *stage_m;           /* v > 1: the stage model whose grad hook its backward calls
+                                     (pdp__pp_sync_chunks) */
     float **in_buf;               /* nslots + 1: received inputs (pieces after 0) */
     float *dy_buf[2];             /* received output gradients (pieces before the last) */
     float *dx_buf[2];             /* input gradients sent back (pieces after 0) */
@@ -740,6 +742,10 @@ PDP__PRIVATE pdp_status pdp__pp_prepare(pdp_pp **out, const pdp_model *full, pdp
     pdp_status st;
     if (!full) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if ((st = pdp__model_check_whole(full, fn)) != PDP_OK) return st;
+    if (full->param_count && !full->param_block) /* the stages copy their parameters from it */
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: the model's parameters are sharded by %s: "
+                        "it has no parameter block to split (pdp_zero_gather_params(z, NULL) "
+                        "puts the full values there)", fn, c->rank, pdp__model_wrapper(full));
     if (c->size > PDP_PP_MAX_STAGES)
         return pdp__err(PDP_ERR_INVALID, "%s: %d ranks (at most PDP_PP_MAX_STAGES = %d stages)",
                         fn, c->size, PDP_PP_MAX_STAGES);
@@ -1196,6 +1202,33 @@ PDP__PRIVATE pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows)
     return PDP_OK;
 }
 
+/* With v > 1 the chunks' models run and the stage model (pdp_pp_model, the caller's handle)
+   does not: its user grad hook runs through this, with the stage model and the parameter's
+   index in it, as on one chunk. */
+PDP__PRIVATE void pdp__pp_chunk_hook(void *user, pdp_model *m, int param_index)
+{
+    const pdp__pp_chunk *ck = (const pdp__pp_chunk *)user;
+    pdp_model *s = ck->stage_m;
+    (void)m;
+    if (s && s->hook) s->hook(s->hook_user, s, ck->param0 + param_index);
+}
+
+/* What the caller set on the stage model (model.h: pdp_model_set_training, _set_precision,
+   _set_grad_hook stay allowed on a wrapped model) reaches the chunks that run it. */
+PDP__PRIVATE void pdp__pp_sync_chunks(pdp_pp *pp)
+{
+    int c;
+    if (pp->v == 1) return; /* the stage model is chunk 0's */
+    for (c = 0; c < pp->v; c++) {
+        pdp__pp_chunk *ck = &pp->ck[c];
+        ck->stage_m = pp->m;
+        ck->m->training = pp->m->training;
+        ck->m->precision = pp->m->precision;
+        ck->m->hook = pp->m->hook ? pdp__pp_chunk_hook : NULL;
+        ck->m->hook_user = pp->m->hook ? ck : NULL;
+    }
+}
+
 PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
                                            const int32_t *labels, float *loss)
 {
@@ -1226,6 +1259,7 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
     }
     if (pdp__pp_cut(pp, rows) != PDP_OK)
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    pdp__pp_sync_chunks(pp);
     pp->counted = rows * pp->positions;
     tail = pp->ck[pp->v - 1].m; /* on the last stage: the last piece */
     if (last && labels && !pp->desc.loss &&
@@ -1325,7 +1359,9 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
         pp->dp_sent += d1.bytes_sent - d0.bytes_sent;
     }
     pdp_comm_get_stats(pp->c, &c1);
-    pp->steps++;
+    /* the single-device run's step: its forward counts training passes only (model.c), and
+       the next training pass's dropout keys are that count's */
+    if (pp->m->training) pp->steps++;
     pp->stats.steps++;
     pp->stats.step_s = t1 - t0;
     pp->stats.compute_s = busy;

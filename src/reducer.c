@@ -322,9 +322,12 @@ PDP__PRIVATE void pdp__reducer_arm(pdp__reducer *r)
     r->armed = true;
 }
 
+PDP__PRIVATE pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn); /* below */
+
 /* The model's events. BACKWARD_BEGIN refuses a backward while the last one is
    being reduced and arms the reducer (unless no_sync); BACKWARD_END launches the
-   buckets whose parameters got no gradient and records the state. */
+   buckets whose parameters got no gradient and records the state; ZERO_GRAD waits for the
+   buckets in flight and forgets what no_sync accumulated. */
 PDP__PRIVATE pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
                                            pdp_status st)
 {
@@ -341,9 +344,16 @@ PDP__PRIVATE pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_
         r->backward_seen = true;
         if (!r->no_sync) pdp__reducer_arm(r);
         break;
+    case PDP__EV_ZERO_GRAD:
+        /* the gradients are being discarded: wait for the collectives still writing them (a
+           failure shows again at the group's next collective) */
+        if (r->state == PDP__RED_REDUCING) (void)pdp__reducer_finish(r, "pdp_model_zero_grad");
+        if (r->state == PDP__RED_LOCAL) r->state = PDP__RED_IDLE; /* nothing left to reduce */
+        break;
     case PDP__EV_BACKWARD_END:
         if (r->armed) {
             r->state = PDP__RED_REDUCING;
+            m->grads_reducing = r->desc.finish_names;
             r->failed = st != PDP_OK;
             if (st == PDP_OK) { /* buckets of parameters that got no gradient */
                 int b;
@@ -579,6 +589,7 @@ PDP__PRIVATE void pdp__reducer_release(pdp__reducer *r)
         r->m->event = NULL;
         r->m->event_user = NULL;
         r->m->trace_tid = 0;
+        r->m->grads_reducing = NULL;
     }
     if (r->traced) pdp__trace_close();
     if (r->scratch) pdp__dev_free(r->m->device, r->scratch);
@@ -944,6 +955,7 @@ PDP__PRIVATE pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
     busy = r->busy;
     snprintf(msg, sizeof msg, "%s", r->wait_msg);
     r->state = PDP__RED_IDLE;
+    r->m->grads_reducing = NULL;
     if (r->trace_compute) pdp__trace_complete(r->c->trace_pid, r->trace_compute, "compute",
                                               "wait for buckets", t0, t1, NULL);
     if (first == PDP_OK && r->launch_status != PDP_OK) {

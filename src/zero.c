@@ -374,6 +374,12 @@ PDP__PRIVATE pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_eve
         if (z->stage >= 2 && !z->units[u].gbuf && (st = pdp__zero_take_gbuf(z, u)) != PDP_OK)
             return st;
         return z->stage == 3 ? pdp__zero_need(z, u, z->next_bwd[layer]) : PDP_OK;
+    case PDP__EV_ZERO_GRAD: /* after the reducer's wait: the gradients this rank holds */
+        (void)(z->stage == 1 ? pdp__dev_memset0(z->dev, z->grad_all,
+                                                (size_t)z->padded_count * sizeof(float))
+                             : pdp__dev_memset0(z->dev, z->grad_shard,
+                                                (size_t)z->shard_count * sizeof(float)));
+        return PDP_OK;
     case PDP__EV_BACKWARD_END:
         /* stages 2-3 under no_sync: reduce now, into the shard (no full gradient to
            accumulate in); a failure is reported by the next finish */

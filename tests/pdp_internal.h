@@ -923,13 +923,17 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
    (BACKWARD_LAYER), before the forward of each such layer of a region that FULL
    recomputation runs again inside backward (RECOMPUTE_LAYER: the region's, in forward
    order, before the BACKWARD_LAYER of its ResidualAdd and of its layers), and after the
-   last layer or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
+   last layer or the failing one (BACKWARD_END, st = the pass's status, return ignored), and
+   when pdp_model_zero_grad runs, before it zeroes the model's gradient block (ZERO_GRAD,
+   layer -1, return ignored: the executor waits for collectives still writing gradients and
+   zeroes those it holds itself, ZeRO's buffers and shard). */
 typedef enum pdp__model_event {
     PDP__EV_FORWARD_LAYER,
     PDP__EV_BACKWARD_BEGIN,
     PDP__EV_BACKWARD_LAYER,
     PDP__EV_RECOMPUTE_LAYER,
-    PDP__EV_BACKWARD_END
+    PDP__EV_BACKWARD_END,
+    PDP__EV_ZERO_GRAD
 } pdp__model_event;
 typedef pdp_status (*pdp__model_event_fn)(void *user, pdp_model *m, pdp__model_event ev,
                                           int layer, pdp_status st);
@@ -1002,6 +1006,10 @@ struct pdp_model {
     pdp__wrap wrapped;         /* the executor holding the model (PDP__WRAP_NONE: none); set
                                   by its create, cleared by its free (pdp__model_wrap) */
     int wrap_stage;            /* ZeRO's stage while wrapped by ZeRO; else 0 */
+    const char *grads_reducing; /* not NULL while DDP's or ZeRO's reducer has collectives in
+                                  flight on the gradients (reducer.c, REDUCING): the calls that
+                                  wait for them; pdp_clip_grad_norm and pdp_optim_step refuse
+                                  the model until then (the progress thread writes them) */
     int sliced_rank, sliced_world; /* sliced_world > 1: ZeRO stage 3 was freed without
                                   gathering (pdp_zero_free), so the parameter block holds rank
                                   sliced_rank's slices and zeros elsewhere: a forward, a save
@@ -8703,9 +8711,12 @@ PDP__PRIVATE void pdp__reducer_hook(void *user, pdp_model *m, int p);
 
 PDP__PRIVATE void pdp__reducer_arm(pdp__reducer *r);
 
+PDP__PRIVATE pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn); /* below */
+
 /* The model's events. BACKWARD_BEGIN refuses a backward while the last one is
    being reduced and arms the reducer (unless no_sync); BACKWARD_END launches the
-   buckets whose parameters got no gradient and records the state. */
+   buckets whose parameters got no gradient and records the state; ZERO_GRAD waits for the
+   buckets in flight and forgets what no_sync accumulated. */
 PDP__PRIVATE pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
                                            pdp_status st);
 
@@ -9779,6 +9790,8 @@ typedef struct pdp__pp_chunk {
     int64_t act_bytes;            /* one micro-batch's activations (the last pass) */
     int param0;                   /* its first parameter's index in the stage model */
     bool view;                    /* its blocks are the stage model's (v > 1) */
+    pdp_model *stage_m;           /* v > 1: the stage model whose grad hook its backward calls
+                                     (pdp__pp_sync_chunks) */
     float **in_buf;               /* nslots + 1: received inputs (pieces after 0) */
     float *dy_buf[2];             /* received output gradients (pieces before the last) */
     float *dx_buf[2];             /* input gradients sent back (pieces after 0) */
@@ -9997,6 +10010,15 @@ PDP__PRIVATE void pdp__pp_fold_tp_stats(pdp_pp *pp);
 
 /* Micro-batch sizes of a batch of rows rows (the first rows % m one larger). */
 PDP__PRIVATE pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows);
+
+/* With v > 1 the chunks' models run and the stage model (pdp_pp_model, the caller's handle)
+   does not: its user grad hook runs through this, with the stage model and the parameter's
+   index in it, as on one chunk. */
+PDP__PRIVATE void pdp__pp_chunk_hook(void *user, pdp_model *m, int param_index);
+
+/* What the caller set on the stage model (model.h: pdp_model_set_training, _set_precision,
+   _set_grad_hook stay allowed on a wrapped model) reaches the chunks that run it. */
+PDP__PRIVATE void pdp__pp_sync_chunks(pdp_pp *pp);
 
 /* PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x, const int32_t *labels, float *loss) */
 

@@ -1871,6 +1871,59 @@ TEST ddp_step_refuses_an_optimizer_of_another_model(void)
     PASS();
 }
 
+/* pdp_clip_grad_norm (or pdp_optim_step) on the wrapped model right after the backward, as
+   PyTorch's loop clips after loss.backward(): the buckets were still being all-reduced, so it
+   read and scaled gradients the progress thread was writing, and pdp_ddp_step then stepped
+   with PDP_OK on the local norm's coefficient (2 ranks: parameters off by 5x the reference's
+   scale, every rank alike). Refused now until pdp_ddp_finish, as pdp_zero_clip_grad_norm is. */
+TEST ddp_clip_and_step_refuse_gradients_still_being_reduced(void)
+{
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_ddp *d = NULL;
+    pdp_optim *o = NULL;
+    float x[4 * IN], loss, norm;
+    int32_t y[4] = {0, 1, 2, 0};
+    pdp_tensor xt;
+    int i;
+    for (i = 0; i < 4 * IN; i++) x[i] = (float)((i * 7) % 11) / 11.0f - 0.5f;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_create(&d, m, c, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_wrap(x, pdp_cpu(), 2, (int64_t[]){4, IN}, &xt),
+                   pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_forward_backward(d, &xt, y, &loss), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_clip_grad_norm(m, 0.01f, &norm), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_ddp_finish") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_optim_step(o), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_ddp_finish") != NULL);
+    ASSERT_EQ(0, pdp_optim_steps(o));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_finish(d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(m, 0.01f, &norm), pdp_status_name);
+    ASSERT(norm > 0.0f);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_step(d, o), pdp_status_name);
+    ASSERT_EQ(1, pdp_optim_steps(o));
+    /* under no_sync nothing is in flight: the local sums may be clipped and stepped */
+    pdp_ddp_set_no_sync(d, true);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_forward_backward(d, &xt, y, &loss), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(m, 0.01f, &norm), pdp_status_name);
+    pdp_ddp_set_no_sync(d, false);
+    /* a freed DDP leaves a plain model, even with a backward's buckets unfinished */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_forward_backward(d, &xt, y, &loss), pdp_status_name);
+    pdp_ddp_free(d);
+    d = NULL;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(m, 0.01f, &norm), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), pdp_status_name);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
 /* A user's grad hook on a wrapped model (pdp_model_set_grad_hook after pdp_ddp_create): it
    replaced the reducer's, so no bucket launched and pdp_ddp_step stepped each rank's own
    gradient with PDP_OK (the ranks drifted apart), and pdp_ddp_free, seeing another hook, left
@@ -1961,6 +2014,7 @@ SUITE(ddp)
     RUN_TEST(ddp_wrapped_model_refuses_layout_changes);
     RUN_TEST(ddp_tied_weight_bucket_launches_once_after_the_embedding);
     RUN_TEST(ddp_step_refuses_an_optimizer_of_another_model);
+    RUN_TEST(ddp_clip_and_step_refuse_gradients_still_being_reduced);
     RUN_TEST(ddp_user_grad_hook_runs_beside_the_reducer);
 }
 

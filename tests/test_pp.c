@@ -2020,6 +2020,237 @@ TEST pp_interleaved_checkpoint_resumes_at_another_stage_count(void)
     PASS();
 }
 
+/* Under the interleaved schedule the chunks' models run and the stage model (pdp_pp_model,
+   the caller's only handle once the full model is freed) does not: pdp_model_set_training,
+   pdp_model_set_precision and pdp_model_set_grad_hook on it were silently ignored (dropout
+   and fp32 products went on, parameters off by up to 5x those of one device trained the same
+   way; the hook never ran). Now each pass hands them to the chunks; the hook sees the stage
+   model and its own parameter indices, once per parameter and micro-batch, as under 1F1B.
+   Modes 2-3 (any schedule): a pass in evaluation mode advanced the pipeline's dropout step,
+   which one device's evaluation forward does not, so every later training pass drew other
+   masks than the single-device run (parameters off by 7x); it counts training passes now. */
+typedef struct stage_settings_job {
+    bool eval, bf16;
+    int eval_first;             /* the first steps in evaluation mode, then training */
+    pdp_pp_schedule schedule;
+    const pdp_model *ref;       /* one device trained the same way */
+    double worst[2];            /* each stage's largest difference from it, by name */
+    int nparams[2], hook_calls[2], bad_hook[2];
+} stage_settings_job;
+
+static void stage_hook(void *user, pdp_model *m, int p)
+{
+    int *calls = (int *)user; /* [0] calls, [1] calls with an index that is not m's */
+    pdp_param prm;
+    if (pdp_model_param(m, p, &prm) != PDP_OK || !prm.grad.data) calls[1]++;
+    calls[0]++;
+}
+
+static pdp_status stage_settings_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    stage_settings_job *j = (stage_settings_job *)user;
+    int r = ctx->rank, s, i, calls[2] = {0, 0};
+    pdp_model *full = NULL, *sm;
+    pdp_pp *pp = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = sgd();
+    pdp_pp_desc pd;
+    float x[B * MAXF], target[B * 4], loss;
+    int32_t y[B];
+    pdp_tensor xt;
+    pdp_status st;
+    memset(&pd, 0, sizeof pd);
+    pd.schedule = j->schedule, pd.micro_batches = 2;
+    if (j->schedule == PDP_PP_INTERLEAVED_1F1B) pd.chunks = 2;
+    if ((st = build_model(&full, MLP)) != PDP_OK) return st;
+    st = pdp_pp_create(&pp, full, ctx->world, &pd);
+    pdp_model_free(full);
+    if (st != PDP_OK) return st;
+    sm = pdp_pp_model(pp);
+    if ((st = pdp_optim_create(&o, sm, &od)) != PDP_OK) goto out;
+    pdp_model_set_training(sm, !j->eval);
+    if (j->bf16 && (st = pdp_model_set_precision(sm, PDP_PRECISION_BF16)) != PDP_OK) goto out;
+    pdp_model_set_grad_hook(sm, stage_hook, calls);
+    for (s = 0; s < STEPS; s++) {
+        make_batch(s, 20, x, y, target);
+        pdp_tensor_wrap(x, pdp_cpu(), 2, (int64_t[]){B, 20}, &xt);
+        if (j->eval_first) pdp_model_set_training(sm, s >= j->eval_first);
+        if ((st = pdp_pp_forward_backward(pp, &xt, y, &loss)) != PDP_OK ||
+            (st = pdp_pp_step(pp, o)) != PDP_OK)
+            goto out;
+    }
+    j->nparams[r] = pdp_model_num_params(sm);
+    for (i = 0; i < j->nparams[r]; i++) {
+        pdp_param p, q;
+        int64_t e;
+        if ((st = pdp_model_param(sm, i, &p)) != PDP_OK ||
+            (st = pdp_model_find_param(j->ref, p.name, &q)) != PDP_OK)
+            goto out;
+        for (e = 0; e < p.count && e < q.count; e++) {
+            double d = fabs((double)p.value.data[e] - q.value.data[e]);
+            if (d > j->worst[r] || d != d) j->worst[r] = d;
+        }
+    }
+    j->hook_calls[r] = calls[0];
+    j->bad_hook[r] = calls[1];
+out:
+    pdp_optim_free(o);
+    pdp_pp_free(pp);
+    return st;
+}
+
+TEST pp_interleaved_stage_model_settings_reach_the_chunks(void)
+{
+    static stage_settings_job j;
+    int mode, r;
+    for (mode = 0; mode < 4; mode++) {
+        pdp_model *ref = NULL;
+        pdp_optim *o = NULL;
+        pdp_optim_desc od = sgd();
+        float x[B * MAXF], target[B * 4], loss;
+        int32_t y[B];
+        pdp_tensor xt;
+        int s;
+        memset(&j, 0, sizeof j);
+        j.eval = mode == 0, j.bf16 = mode == 1;
+        /* modes 2-3: a first step in evaluation mode, which the single-device run does not
+           count in its dropout keys' step (model.c): neither may the pipeline */
+        j.eval_first = mode >= 2;
+        j.schedule = mode == 2 ? PDP_PP_1F1B : PDP_PP_INTERLEAVED_1F1B;
+        ASSERT_ENUM_EQ(PDP_OK, build_model(&ref, MLP), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, ref, &od), pdp_status_name);
+        pdp_model_set_training(ref, !j.eval);
+        if (j.bf16)
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_set_precision(ref, PDP_PRECISION_BF16),
+                           pdp_status_name);
+        for (s = 0; s < STEPS; s++) {
+            make_batch(s, 20, x, y, target);
+            pdp_tensor_wrap(x, pdp_cpu(), 2, (int64_t[]){B, 20}, &xt);
+            if (j.eval_first) pdp_model_set_training(ref, s >= j.eval_first);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ref, &xt, y, &loss),
+                           pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), pdp_status_name);
+            pdp_model_zero_grad(ref);
+        }
+        j.ref = ref;
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(2, NULL, stage_settings_rank, &j),
+                        pdp_status_name);
+        ASSERT_EQ(pdp_model_num_params(ref), j.nparams[0] + j.nparams[1]);
+        for (r = 0; r < 2; r++)
+            ASSERTm(j.eval ? "evaluation mode did not reach the chunks (dropout ran)"
+                    : j.bf16 ? "bf16 did not reach the chunks"
+                             : "a pass in evaluation mode moved the dropout keys' step",
+                    j.worst[r] <= 1e-5);
+        /* once per parameter and micro-batch (2) a step, on the stage that holds it */
+        for (r = 0; r < 2; r++) {
+            ASSERT_EQ(j.nparams[r] * 2 * STEPS, j.hook_calls[r]);
+            ASSERT_EQ(0, j.bad_hook[r]);
+        }
+        pdp_optim_free(o);
+        pdp_model_free(ref);
+    }
+    PASS();
+}
+
+/* A model that ZeRO stage 3 wraps holds no parameter block (each rank keeps its slices):
+   pdp_pp_create, which copies each stage's parameters from the full model, read through the
+   NULL block and crashed (SEGV in pdp__model_stage). Now it fails with PDP_ERR_STATE on every
+   rank naming the gather that fills the block, and after that gather it builds the pipeline. */
+typedef struct pp_zero3_job {
+    pdp_status before[2], after[2];
+    bool named[2];
+} pp_zero3_job;
+
+static pdp_status pp_zero3_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    pp_zero3_job *j = (pp_zero3_job *)user;
+    int r = ctx->rank;
+    pdp_model *m = NULL;
+    pdp_zero *z = NULL;
+    pdp_pp *pp = NULL;
+    pdp_zero_desc zd;
+    pdp_status st;
+    memset(&zd, 0, sizeof zd);
+    zd.stage = 3;
+    if ((st = build_model(&m, MLP)) != PDP_OK) return st;
+    if ((st = pdp_zero_create(&z, m, ctx->world, &zd)) != PDP_OK) goto out;
+    j->before[r] = pdp_pp_create(&pp, m, ctx->world, NULL);
+    j->named[r] = strstr(pdp_last_error(), "pdp_zero_gather_params") != NULL;
+    pdp_pp_free(pp);
+    pp = NULL;
+    if ((st = pdp_zero_gather_params(z, NULL)) != PDP_OK) goto out;
+    j->after[r] = pdp_pp_create(&pp, m, ctx->world, NULL);
+out:
+    pdp_pp_free(pp);
+    pdp_zero_free(z);
+    pdp_model_free(m);
+    return st;
+}
+
+TEST pp_create_refuses_a_zero3_model_without_its_parameter_block(void)
+{
+    static pp_zero3_job j;
+    int r;
+    memset(&j, 0, sizeof j);
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(2, NULL, pp_zero3_rank, &j),
+                    pdp_status_name);
+    for (r = 0; r < 2; r++) {
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, j.before[r], pdp_status_name);
+        ASSERT(j.named[r]);
+        ASSERT_ENUM_EQ(PDP_OK, j.after[r], pdp_status_name);
+    }
+    PASS();
+}
+
+/* A stage with no parameters (first_layer cutting an activation and a Dropout out on their
+   own): pdp_pp_checkpoint_save and _load copied its empty run to or from its NULL
+   parameter block, memmove(NULL, src, 0): undefined behaviour that make sanitize
+   (-fno-sanitize-recover=undefined) stops on. Save and load, then train on. */
+static pdp_status pp_empty_stage_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    static const int first[3] = {0, 1, 3}; /* stage 1: ReLU, Dropout */
+    const char *path = (const char *)user;
+    pdp_model *full = NULL;
+    pdp_pp *pp = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = sgd();
+    pdp_pp_desc pd;
+    float x[B * MAXF], target[B * 4], loss;
+    int32_t y[B];
+    pdp_tensor xt;
+    pdp_status st;
+    memset(&pd, 0, sizeof pd);
+    pd.first_layer = first;
+    if ((st = build_model(&full, MLP)) != PDP_OK) return st;
+    st = pdp_pp_create(&pp, full, ctx->world, &pd);
+    pdp_model_free(full);
+    if (st != PDP_OK) return st;
+    make_batch(0, 20, x, y, target);
+    pdp_tensor_wrap(x, pdp_cpu(), 2, (int64_t[]){B, 20}, &xt);
+    if ((st = pdp_optim_create(&o, pdp_pp_model(pp), &od)) != PDP_OK ||
+        (st = pdp_pp_forward_backward(pp, &xt, y, &loss)) != PDP_OK ||
+        (st = pdp_pp_step(pp, o)) != PDP_OK ||
+        (st = pdp_pp_checkpoint_save(pp, o, path)) != PDP_OK ||
+        (st = pdp_pp_checkpoint_load(pp, o, path)) != PDP_OK ||
+        (st = pdp_pp_forward_backward(pp, &xt, y, &loss)) != PDP_OK)
+        goto out;
+    st = pdp_pp_step(pp, o);
+out:
+    pdp_optim_free(o);
+    pdp_pp_free(pp);
+    return st;
+}
+
+TEST pp_checkpoint_of_a_stage_without_parameters(void)
+{
+    char path[128];
+    snprintf(path, sizeof path, "build/test_pp_empty.%ld.safetensors", (long)getpid());
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(3, NULL, pp_empty_stage_rank, path),
+                    pdp_status_name);
+    remove(path);
+    PASS();
+}
+
 /* A GPT of one block (no dropout) over 6 stages: a stage starts outside every residual
    region, and that GPT has 5 such places: refused on every rank, saying how many stages
    fit. */
@@ -2279,6 +2510,9 @@ SUITE(pp)
     RUN_TEST(pp_sequence_parallel_gpt_equals_single_device);
     RUN_TEST(pp_gpt_balanced_by_time_and_work);
     RUN_TEST(pp_interleaved_checkpoint_resumes_at_another_stage_count);
+    RUN_TEST(pp_interleaved_stage_model_settings_reach_the_chunks);
+    RUN_TEST(pp_create_refuses_a_zero3_model_without_its_parameter_block);
+    RUN_TEST(pp_checkpoint_of_a_stage_without_parameters);
     RUN_TEST(pp_interleaved_errors);
     RUN_TEST(pp_gpt_stages_that_do_not_fit_say_how_many_do);
     RUN_TEST(pp_interleaved_stats_format);

@@ -1958,9 +1958,92 @@ TEST zero_uneven_shards_train_the_mean_batch_mean_says(void)
     PASS();
 }
 
+/* Discarding a backward (a loss that came out NaN, a batch to skip: PyTorch's
+   optimizer.zero_grad() before the next one): pdp_model_zero_grad and pdp_optim_zero_grad
+   on a ZeRO model did nothing (the model has no gradient block; ZeRO's buffers and shard hold
+   the gradients), so the next step took the discarded batch's gradients too, with PDP_OK
+   (parameters off by 2x the step). Now they zero what ZeRO holds, waiting first for a
+   backward's reduce-scatters still in flight; under no_sync too. Each run must end with the
+   bits of the run that never saw the discarded batch. */
+typedef struct discard_job {
+    int stage, mode; /* mode 0: none discarded; 1: after finish, pdp_model_zero_grad; 2: at
+                        once (reduce-scatters in flight), pdp_optim_zero_grad; 3: a no_sync
+                        backward, pdp_model_zero_grad */
+    float params[MAXR][MAXP];
+    int64_t count;
+} discard_job;
+
+static pdp_status discard_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    discard_job *j = (discard_job *)user;
+    int r = ctx->rank, half = B / 2, s;
+    float x[B * IN], loss;
+    int32_t y[B];
+    pdp_model *m = NULL;
+    pdp_zero *z = NULL;
+    pdp_optim *o = NULL;
+    pdp_zero_desc zd;
+    pdp_optim_desc od;
+    pdp_tensor xt;
+    pdp_status st;
+    memset(&zd, 0, sizeof zd);
+    memset(&od, 0, sizeof od);
+    zd.stage = j->stage;
+    zd.bucket_cap_mb = 0.001; /* several units */
+    od.kind = PDP_OPTIM_SGD, od.lr = 0.1;
+    if ((st = build_model(&m, 1, 16)) != PDP_OK) return st;
+    if ((st = pdp_zero_create(&z, m, ctx->world, &zd)) != PDP_OK ||
+        (st = pdp_zero_optim_create(&o, z, &od)) != PDP_OK)
+        goto out;
+    for (s = j->mode ? 0 : 1; s < 3; s++) { /* s 0: the batch discarded */
+        make_batch(s, B, x, y);
+        pdp_tensor_wrap(x + r * half * IN, pdp_cpu(), 2, (int64_t[]){half, IN}, &xt);
+        pdp_zero_set_no_sync(z, s == 0 && j->mode == 3);
+        if ((st = pdp_zero_forward_backward(z, &xt, y + r * half, &loss)) != PDP_OK) goto out;
+        if (s == 0) {
+            if (j->mode == 1 && (st = pdp_zero_finish(z)) != PDP_OK) goto out;
+            if (j->mode == 2) pdp_optim_zero_grad(o);
+            else pdp_model_zero_grad(m);
+            continue;
+        }
+        if ((st = pdp_zero_step(z, o)) != PDP_OK) goto out;
+    }
+    j->count = pdp_model_param_count(m);
+    if (j->count <= MAXP) st = pdp_zero_gather_params(z, j->params[r]);
+out:
+    pdp_optim_free(o);
+    pdp_zero_free(z);
+    pdp_model_free(m);
+    return st;
+}
+
+TEST zero_grad_discards_a_backward_at_every_stage(void)
+{
+    static discard_job ref, j;
+    int stage, mode, r;
+    for (stage = 1; stage <= 3; stage++) {
+        memset(&ref, 0, sizeof ref);
+        ref.stage = stage;
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(2, NULL, discard_rank, &ref),
+                        pdp_status_name);
+        ASSERT(ref.count > 0 && ref.count <= MAXP);
+        for (mode = 1; mode <= 3; mode++) {
+            memset(&j, 0, sizeof j);
+            j.stage = stage, j.mode = mode;
+            ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_launch(2, NULL, discard_rank, &j),
+                            pdp_status_name);
+            for (r = 0; r < 2; r++)
+                ASSERT_MEM_EQm("the discarded backward's gradients were stepped", ref.params[0],
+                               j.params[r], (size_t)ref.count * sizeof(float));
+        }
+    }
+    PASS();
+}
+
 SUITE(zero)
 {
     RUN_TEST(zero_equals_ddp_and_single_device);
+    RUN_TEST(zero_grad_discards_a_backward_at_every_stage);
     RUN_TEST(zero_create_refuses_ranks_whose_descs_differ);
     RUN_TEST(zero_own_loss_synchronises);
     RUN_TEST(zero_bf16_compress_hook_stages_1_to_3);
