@@ -2008,8 +2008,8 @@ static pdp_status discard_rank(const pdp_launch_ctx *ctx, void *user)
         }
         if ((st = pdp_zero_step(z, o)) != PDP_OK) goto out;
     }
-    j->count = pdp_model_param_count(m);
-    if (j->count <= MAXP) st = pdp_zero_gather_params(z, j->params[r]);
+    if (r == 0) j->count = pdp_model_param_count(m); /* the same on every rank: one writer */
+    if (pdp_model_param_count(m) <= MAXP) st = pdp_zero_gather_params(z, j->params[r]);
 out:
     pdp_optim_free(o);
     pdp_zero_free(z);
