@@ -301,8 +301,8 @@
    Objects and threads: pdp takes no lock for an object (a model, its optimizer, a batcher,
    an executor): one thread at a time calls into each, and a program that shares one between
    threads orders those calls itself. Different objects are independent: models trained at
-   once on threads of their own (alone, in a pdp_launch world each, under DP or ZeRO) give
-   the bits each gives alone.
+   once on threads of their own (alone, or a DDP world of thread ranks each) give the bits
+   each gives alone (test_threads).
    Process-wide state: pdp's state hangs off the objects you create, or off the calling
    thread (the error message, the intra-op thread count, the profile counters; with tcc
    under a thread-local key, and the pool's flags ordered by a process-wide mutex: BUILD), with
@@ -19922,9 +19922,6 @@ PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pd
 
 /* ---- gpt: token and position embedding ---- */
 
-/* out[b, t, :] = wte[ids[b, t], :] + wpe[t, :] for ids [B, T] (int32), wte [V, C], wpe
-   [context, C], out [B, T, C]. T > context, or an id outside [0, V), is PDP_ERR_INVALID
-   naming fn, the lengths or the position (b, t) and the id; out is then unspecified. */
 /* Every id of [B, T] in [0, V), or PDP_ERR_INVALID naming the first that is not, its
    position and why (appended: "" in the forward). */
 PDP__PRIVATE pdp_status pdp__embed_check_ids(const int32_t *ids, int64_t B, int64_t T, int64_t V,
@@ -19939,6 +19936,9 @@ PDP__PRIVATE pdp_status pdp__embed_check_ids(const int32_t *ids, int64_t B, int6
     return PDP_OK;
 }
 
+/* out[b, t, :] = wte[ids[b, t], :] + wpe[t, :] for ids [B, T] (int32), wte [V, C], wpe
+   [context, C], out [B, T, C]. T > context, or an id outside [0, V), is PDP_ERR_INVALID
+   naming fn, the lengths or the position (b, t) and the id; out is then unspecified. */
 PDP__PRIVATE pdp_status pdp__embed_forward(const int32_t *ids, int64_t B, int64_t T,
                                            int64_t context, int64_t V, int64_t C,
                                            const float *wte, const float *wpe, float *out,
@@ -31830,6 +31830,14 @@ PDP__PRIVATE pdp_status pdp__zero_release_params(pdp_zero *z)
 
 /* ---- zero: the model's events ---- */
 
+/* Zeroes the gradients this rank holds: the full block at stage 1, the shard at 2-3. */
+PDP__PRIVATE pdp_status pdp__zero_clear_grads(pdp_zero *z)
+{
+    return z->stage == 1
+               ? pdp__dev_memset0(z->dev, z->grad_all, (size_t)z->padded_count * sizeof(float))
+               : pdp__dev_memset0(z->dev, z->grad_shard, (size_t)z->shard_count * sizeof(float));
+}
+
 PDP__PRIVATE pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
                                         pdp_status st)
 {
@@ -31856,10 +31864,7 @@ PDP__PRIVATE pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_eve
             return st;
         return z->stage == 3 ? pdp__zero_need(z, u, z->next_bwd[layer]) : PDP_OK;
     case PDP__EV_ZERO_GRAD: /* after the reducer's wait: the gradients this rank holds */
-        (void)(z->stage == 1 ? pdp__dev_memset0(z->dev, z->grad_all,
-                                                (size_t)z->padded_count * sizeof(float))
-                             : pdp__dev_memset0(z->dev, z->grad_shard,
-                                                (size_t)z->shard_count * sizeof(float)));
+        (void)pdp__zero_clear_grads(z);
         return PDP_OK;
     case PDP__EV_BACKWARD_END:
         /* stages 2-3 under no_sync: reduce now, into the shard (no full gradient to
@@ -32493,10 +32498,8 @@ PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt)
             return pdp__err_wrap(st, "%s: rank %d", fn, z->rank);
     }
     pdp__optim_finish_step(opt);
-    st = z->stage == 1
-             ? pdp__dev_memset0(z->dev, z->grad_all, (size_t)z->padded_count * sizeof(float))
-             : pdp__dev_memset0(z->dev, z->grad_shard, (size_t)z->shard_count * sizeof(float));
-    if (st != PDP_OK) return pdp__err_wrap(st, "%s: rank %d: zeroing the gradients", fn, z->rank);
+    if ((st = pdp__zero_clear_grads(z)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: zeroing the gradients", fn, z->rank);
     if (z->r.trace_compute)
         pdp__trace_complete(z->c->trace_pid, z->r.trace_compute, "compute", "optimizer step", t0,
                             pdp__now(), NULL);

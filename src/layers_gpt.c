@@ -47,9 +47,6 @@
 
 /* ---- gpt: token and position embedding ---- */
 
-/* out[b, t, :] = wte[ids[b, t], :] + wpe[t, :] for ids [B, T] (int32), wte [V, C], wpe
-   [context, C], out [B, T, C]. T > context, or an id outside [0, V), is PDP_ERR_INVALID
-   naming fn, the lengths or the position (b, t) and the id; out is then unspecified. */
 /* Every id of [B, T] in [0, V), or PDP_ERR_INVALID naming the first that is not, its
    position and why (appended: "" in the forward). */
 PDP__PRIVATE pdp_status pdp__embed_check_ids(const int32_t *ids, int64_t B, int64_t T, int64_t V,
@@ -64,6 +61,9 @@ PDP__PRIVATE pdp_status pdp__embed_check_ids(const int32_t *ids, int64_t B, int6
     return PDP_OK;
 }
 
+/* out[b, t, :] = wte[ids[b, t], :] + wpe[t, :] for ids [B, T] (int32), wte [V, C], wpe
+   [context, C], out [B, T, C]. T > context, or an id outside [0, V), is PDP_ERR_INVALID
+   naming fn, the lengths or the position (b, t) and the id; out is then unspecified. */
 PDP__PRIVATE pdp_status pdp__embed_forward(const int32_t *ids, int64_t B, int64_t T,
                                            int64_t context, int64_t V, int64_t C,
                                            const float *wte, const float *wpe, float *out,

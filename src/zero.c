@@ -349,6 +349,14 @@ PDP__PRIVATE pdp_status pdp__zero_release_params(pdp_zero *z)
 
 /* ---- zero: the model's events ---- */
 
+/* Zeroes the gradients this rank holds: the full block at stage 1, the shard at 2-3. */
+PDP__PRIVATE pdp_status pdp__zero_clear_grads(pdp_zero *z)
+{
+    return z->stage == 1
+               ? pdp__dev_memset0(z->dev, z->grad_all, (size_t)z->padded_count * sizeof(float))
+               : pdp__dev_memset0(z->dev, z->grad_shard, (size_t)z->shard_count * sizeof(float));
+}
+
 PDP__PRIVATE pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
                                         pdp_status st)
 {
@@ -375,10 +383,7 @@ PDP__PRIVATE pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_eve
             return st;
         return z->stage == 3 ? pdp__zero_need(z, u, z->next_bwd[layer]) : PDP_OK;
     case PDP__EV_ZERO_GRAD: /* after the reducer's wait: the gradients this rank holds */
-        (void)(z->stage == 1 ? pdp__dev_memset0(z->dev, z->grad_all,
-                                                (size_t)z->padded_count * sizeof(float))
-                             : pdp__dev_memset0(z->dev, z->grad_shard,
-                                                (size_t)z->shard_count * sizeof(float)));
+        (void)pdp__zero_clear_grads(z);
         return PDP_OK;
     case PDP__EV_BACKWARD_END:
         /* stages 2-3 under no_sync: reduce now, into the shard (no full gradient to
@@ -1012,10 +1017,8 @@ PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt)
             return pdp__err_wrap(st, "%s: rank %d", fn, z->rank);
     }
     pdp__optim_finish_step(opt);
-    st = z->stage == 1
-             ? pdp__dev_memset0(z->dev, z->grad_all, (size_t)z->padded_count * sizeof(float))
-             : pdp__dev_memset0(z->dev, z->grad_shard, (size_t)z->shard_count * sizeof(float));
-    if (st != PDP_OK) return pdp__err_wrap(st, "%s: rank %d: zeroing the gradients", fn, z->rank);
+    if ((st = pdp__zero_clear_grads(z)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: zeroing the gradients", fn, z->rank);
     if (z->r.trace_compute)
         pdp__trace_complete(z->c->trace_pid, z->r.trace_compute, "compute", "optimizer step", t0,
                             pdp__now(), NULL);

@@ -6114,14 +6114,14 @@ PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pd
 
 /* ---- gpt: token and position embedding ---- */
 
-/* out[b, t, :] = wte[ids[b, t], :] + wpe[t, :] for ids [B, T] (int32), wte [V, C], wpe
-   [context, C], out [B, T, C]. T > context, or an id outside [0, V), is PDP_ERR_INVALID
-   naming fn, the lengths or the position (b, t) and the id; out is then unspecified. */
 /* Every id of [B, T] in [0, V), or PDP_ERR_INVALID naming the first that is not, its
    position and why (appended: "" in the forward). */
 PDP__PRIVATE pdp_status pdp__embed_check_ids(const int32_t *ids, int64_t B, int64_t T, int64_t V,
                                              const char *fn, const char *why);
 
+/* out[b, t, :] = wte[ids[b, t], :] + wpe[t, :] for ids [B, T] (int32), wte [V, C], wpe
+   [context, C], out [B, T, C]. T > context, or an id outside [0, V), is PDP_ERR_INVALID
+   naming fn, the lengths or the position (b, t) and the id; out is then unspecified. */
 PDP__PRIVATE pdp_status pdp__embed_forward(const int32_t *ids, int64_t B, int64_t T,
                                            int64_t context, int64_t V, int64_t C,
                                            const float *wte, const float *wpe, float *out,
@@ -9365,6 +9365,9 @@ PDP__PRIVATE pdp_status pdp__zero_need(pdp_zero *z, int u, int next);
 PDP__PRIVATE pdp_status pdp__zero_release_params(pdp_zero *z);
 
 /* ---- zero: the model's events ---- */
+
+/* Zeroes the gradients this rank holds: the full block at stage 1, the shard at 2-3. */
+PDP__PRIVATE pdp_status pdp__zero_clear_grads(pdp_zero *z);
 
 PDP__PRIVATE pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
                                         pdp_status st);

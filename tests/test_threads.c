@@ -210,6 +210,91 @@ TEST threads_concurrent_callers_do_not_deadlock(void)
     PASS();
 }
 
+/* Independent objects on threads of their own (the manual's "Objects and threads"): a model
+   trained alone at 2 intra-op threads and a 2-rank DDP world (pdp_launch), each on a user
+   thread, at once, end with the bits each ends with alone. */
+#define IM_IN 24
+#define IM_B 8
+typedef struct indep_job {
+    int ddp;                 /* 0: one model alone; 1: a DDP world of 2 thread ranks */
+    float params[IM_IN * 32 + 32 + 32 * 4 + 4];
+    pdp_status st;
+} indep_job;
+
+static pdp_status indep_train(pdp_model *m, pdp_ddp *d, int rank, int ranks)
+{
+    float x[IM_B * IM_IN], loss;
+    int32_t y[IM_B];
+    int64_t rows = IM_B / ranks;
+    pdp_optim *o;
+    pdp_tensor xt;
+    pdp_status st = PDP_OK;
+    int i, step;
+    PDP_TRY(pdp_optim_create(&o, m, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM, .lr = 0.01}));
+    for (step = 0; st == PDP_OK && step < 3; step++) {
+        for (i = 0; i < IM_B * IM_IN; i++) x[i] = (float)((i * 7 + step * 3) % 17) * 0.1f - 0.8f;
+        for (i = 0; i < IM_B; i++) y[i] = (i + step) % 4;
+        pdp_tensor_wrap(x + rank * rows * IM_IN, pdp_cpu(), 2, (int64_t[]){rows, IM_IN}, &xt);
+        if (d && (st = pdp_ddp_forward_backward(d, &xt, y + rank * rows, &loss)) == PDP_OK)
+            st = pdp_ddp_step(d, o);
+        else if (!d && (st = pdp_model_forward_backward(m, &xt, y, &loss)) == PDP_OK) {
+            st = pdp_optim_step(o);
+            pdp_optim_zero_grad(o);
+        }
+    }
+    pdp_optim_free(o);
+    return st;
+}
+
+static pdp_status indep_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    indep_job *j = (indep_job *)user;
+    pdp_model *m;
+    pdp_ddp *d = NULL;
+    pdp_tensor p;
+    pdp_status st;
+    PDP_TRY(pdp_set_num_threads(2));
+    PDP_TRY(pdp_model_create(&m, &(pdp_model_desc){.input_shape = {IM_IN}, .seed = 5}));
+    if ((st = pdp_model_add_linear(m, 32)) == PDP_OK && (st = pdp_model_add_relu(m)) == PDP_OK &&
+        (st = pdp_model_add_linear(m, 4)) == PDP_OK &&
+        (!ctx->world || (st = pdp_ddp_create(&d, m, ctx->world, NULL)) == PDP_OK) &&
+        (st = indep_train(m, d, ctx->rank, ctx->world_size)) == PDP_OK &&
+        (st = pdp_model_flat(m, &p, NULL)) == PDP_OK && ctx->rank == 0)
+        memcpy(j->params, p.data, sizeof j->params);
+    pdp_ddp_free(d);
+    pdp_model_free(m);
+    return st;
+}
+
+static void *indep_run(void *arg)
+{
+    indep_job *j = (indep_job *)arg;
+    pdp_launch_ctx one = {0};
+    one.world_size = 1; /* alone: no world */
+    j->st = j->ddp ? pdp_launch(2, NULL, indep_rank, j) : indep_rank(&one, j);
+    return NULL;
+}
+
+TEST threads_independent_models_train_at_once_as_alone(void)
+{
+    static indep_job alone[2], together[2];
+    pthread_t t[2];
+    int i;
+    for (i = 0; i < 2; i++) {
+        alone[i].ddp = together[i].ddp = i;
+        indep_run(&alone[i]);
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, alone[i].st, pdp_status_name);
+    }
+    for (i = 0; i < 2; i++) ASSERT_EQ(0, pthread_create(&t[i], NULL, indep_run, &together[i]));
+    for (i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    for (i = 0; i < 2; i++) {
+        ASSERT_ENUM_EQ(PDP_OK, together[i].st, pdp_status_name);
+        ASSERT_MEM_EQ(alone[i].params, together[i].params, sizeof alone[i].params);
+    }
+    ASSERT(memcmp(alone[0].params, alone[1].params, sizeof alone[0].params) != 0);
+    PASS();
+}
+
 TEST threads_shutdown_then_reuse(void)
 {
     int rep, i;
@@ -408,6 +493,7 @@ SUITE(threads)
     RUN_TEST(threads_parallel_for_covers_every_index_once);
     RUN_TEST(threads_nested_call_runs_serially);
     RUN_TEST(threads_concurrent_callers_do_not_deadlock);
+    RUN_TEST(threads_independent_models_train_at_once_as_alone);
     RUN_TEST(threads_shutdown_then_reuse);
     RUN_TEST(threads_pool_works_in_a_forked_child);
     RUN_TEST(threads_scratch_grows_and_is_reused);
